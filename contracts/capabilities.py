@@ -1,0 +1,50 @@
+"""What a kernel target declares it accepts, in the manner of vLLM's AttentionBackend class data
+(vllm/v1/attention/backend.py: supported_dtypes, supported_kv_cache_dtypes, get_supported_head_sizes,
+supports_block_size). Strategies read a declaration and generate only batches inside it."""
+
+from __future__ import annotations
+
+import attrs
+
+from .batch import DTYPES, KV_CACHE_DTYPES
+from .contract import Contract
+
+
+def _nonempty(instance, attribute, value) -> None:
+    if not value:
+        raise ValueError(f"Capabilities.{attribute.name} must not be empty")
+
+
+@attrs.frozen
+class Capabilities:
+    """A target's declaration.
+
+    contract: which cache contract the kernel has (:class:`Contract`).
+    devices: where it runs ("cpu", "cuda").
+    dtypes, kv_cache_dtypes, head_sizes, block_sizes: what it accepts (names as in :class:`Batch`).
+    max_num_kv_heads: an upper bound strategies use to keep examples small.
+    """
+
+    contract: Contract
+    devices: tuple[str, ...] = attrs.field(converter=tuple, validator=_nonempty)
+    dtypes: tuple[str, ...] = attrs.field(converter=tuple, validator=_nonempty)
+    head_sizes: tuple[int, ...] = attrs.field(converter=tuple, validator=_nonempty)
+    block_sizes: tuple[int, ...] = attrs.field(converter=tuple, validator=_nonempty)
+    kv_cache_dtypes: tuple[str, ...] = attrs.field(default=("auto",), converter=tuple, validator=_nonempty)
+
+    def __attrs_post_init__(self) -> None:
+        bad = [d for d in self.dtypes if d not in DTYPES]
+        if bad:
+            raise ValueError(f"unknown dtypes {bad}; known: {list(DTYPES)}")
+        bad = [d for d in self.kv_cache_dtypes if d not in KV_CACHE_DTYPES]
+        if bad:
+            raise ValueError(f"unknown kv_cache_dtypes {bad}; known: {list(KV_CACHE_DTYPES)}")
+
+    def restrict(self, **kw) -> "Capabilities":
+        """A narrower declaration (e.g. ``dtypes=("float32",)``); raises ValueError if a value is not in
+        the original declaration."""
+        for k, v in kw.items():
+            extra = set(v) - set(getattr(self, k))
+            if extra:
+                raise ValueError(f"{k} {sorted(extra)} are not declared by this target ({getattr(self, k)})")
+        return attrs.evolve(self, **kw)

@@ -1,0 +1,35 @@
+"""The two cache contracts a paged-attention kernel can have with its caller.
+
+split (vllm/v1/attention/ops/chunked_prefill_paged_decode.py, chunked_prefill_paged_decode):
+    prefill sequences (query_len > 1) go to ``context_attention_fwd``, which reads positions
+    ``0 .. ctx_len-1`` from the cache and the query_len new tokens from the ``key``/``value`` arguments;
+    decode sequences (query_len == 1) go to ``kernel_paged_attention_2d``, which gets no key/value and reads
+    all ``seq_len`` positions from the cache. So the cache must hold ``ctx_len`` positions of a prefill and
+    ``seq_len`` positions of a decode.
+unified (vllm/v1/attention/ops/triton_unified_attention.py, unified_attention; vLLM's CPU op
+    cpu_attention_with_kv_cache):
+    every sequence is read entirely from the cache: all ``seq_len`` positions must be there; the new k/v
+    are written beforehand by reshape_and_cache.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from .batch import Batch
+
+
+class Contract(enum.Enum):
+    SPLIT = "split"
+    UNIFIED = "unified"
+
+    def cached_lens(self, batch: Batch) -> tuple[int, ...]:
+        """Per sequence, how many leading positions the cache must hold before the kernel runs."""
+        if self is Contract.UNIFIED:
+            return batch.seq_lens
+        return tuple(s if q == 1 else c for s, c, q in zip(batch.seq_lens, batch.ctx_lens, batch.query_lens))
+
+    @property
+    def passes_new_kv(self) -> bool:
+        """Whether the kernel takes the new tokens' k/v as separate ``key``/``value`` arguments."""
+        return self is Contract.SPLIT

@@ -1,0 +1,177 @@
+"""Invariants a caller must meet before a paged-attention kernel runs, checked against ground truth.
+
+decode invariant (split contract, vllm/v1/attention/ops/chunked_prefill_paged_decode.py,
+    kernel_paged_attention_2d): for every decode sequence the cache holds positions ``0 .. seq_len-1`` at
+    the slots its block table names.
+prefill invariant (split contract, vllm/v1/attention/ops/prefix_prefill.py, context_attention_fwd): for
+    every prefill sequence the cache holds positions ``0 .. ctx_len-1``, and the call's ``key``/``value``
+    hold its ``query_len`` new tokens, in query_start_loc order.
+unified invariant (vllm/v1/attention/ops/triton_unified_attention.py, unified_attention; vLLM's CPU op):
+    for every sequence the cache holds positions ``0 .. seq_len-1``.
+
+Comparison is bitwise: the harness writes the very values the reference uses, so anything but the same
+bits at a slot is a wrong cache state. Each :class:`Violation` says where: sequence, position, block, slot,
+kv head.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from .batch import Batch, positions
+from .contract import Contract
+from .data import BatchData
+from .layouts import CacheLayout
+
+DECODE = "decode invariant"
+PREFILL = "prefill invariant"
+UNIFIED = "unified invariant"
+
+_FIX = {
+    DECODE: "write the decode token's k/v into the cache (reshape_and_cache) before calling; in vLLM the "
+            "cache update runs before attention, so the decode kernel finds all seq_len positions there",
+    PREFILL: "write positions 0..ctx_len-1 of every prefill sequence into the cache and pass its query_len new "
+             "tokens' k/v as key/value, in query_start_loc order",
+    UNIFIED: "write every sequence's new tokens into the cache (reshape_and_cache) before calling: a unified "
+             "kernel reads all seq_len positions from the cache",
+}
+
+
+@attrs.frozen
+class Violation:
+    """One broken invariant, located.
+
+    invariant: DECODE, PREFILL or UNIFIED. what: "cache" (a slot holds the wrong bits) or "key"/"value"
+    (the separately passed new-token tensors). seq, position: the sequence and token position; block, slot:
+    the physical block and slot (-1 for key/value arguments); head: first kv head that differs;
+    expected/found: that element's values; count: how many (sequence, position) pairs of this kind and
+    sequence are wrong in total.
+    """
+
+    invariant: str
+    what: str
+    seq: int
+    position: int
+    block: int
+    slot: int
+    head: int
+    expected: float
+    found: float
+    count: int = 1
+    detail: str = ""
+
+    @property
+    def fix(self) -> str:
+        return _FIX[self.invariant]
+
+    def message(self) -> str:
+        where = (f"block {self.block}, slot {self.slot}" if self.what == "cache"
+                 else f"row {self.slot} of the {self.what} argument")
+        more = f" ({self.count} positions of this sequence are wrong)" if self.count > 1 else ""
+        extra = f" {self.detail}" if self.detail else ""
+        return (f"{self.invariant} violated: sequence {self.seq} position {self.position} ({where}, kv head "
+                f"{self.head}) holds {self.found:.6g}, expected {self.expected:.6g}{more}.{extra} "
+                f"Fix the caller: {self.fix}.")
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self) | {"message": self.message()}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _differing_rows(found: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """``[n, Hkv, D]`` x2 -> bool ``[n, Hkv]``: where the bits differ."""
+    return (_bits(found.contiguous()) != _bits(expected.to(found.dtype).contiguous())).any(dim=-1)
+
+
+def _first_per_seq(invariant: str, what: str, batch: Batch, seq: torch.Tensor, pos: torch.Tensor,
+                   slot: torch.Tensor, bad: torch.Tensor, found: torch.Tensor, expected: torch.Tensor,
+                   detail: str = "") -> list[Violation]:
+    """One Violation per sequence with any bad row, located at its first bad (position, head)."""
+    out = []
+    bad_rows = bad.any(dim=1)
+    if not bad_rows.any():
+        return out
+    for s in torch.unique(seq[bad_rows]).tolist():  # loop over offending sequences, not tokens
+        rows = torch.nonzero(bad_rows & (seq == s)).flatten()
+        r = int(rows[0])
+        h = int(torch.nonzero(bad[r]).flatten()[0])
+        d = int(torch.nonzero(_bits(found[r, h].contiguous()) != _bits(expected[r, h].to(found.dtype).contiguous()))[0])
+        sl = int(slot[r])
+        block = sl // batch.block_size if what == "cache" else -1
+        out.append(Violation(invariant, what, s, int(pos[r]), block, sl, h,
+                             float(expected[r, h, d]), float(found[r, h, d]), count=len(rows), detail=detail))
+    return out
+
+
+def check_cache_holds(invariant: str, batch: Batch, data: BatchData, layout: CacheLayout,
+                      key_cache: torch.Tensor, value_cache: torch.Tensor, lens: dict[int, int]) -> list[Violation]:
+    """Check that the cache holds positions ``0 .. lens[seq]-1`` of each listed sequence, bitwise, for keys
+    and for values. Vectorized over all (sequence, position) pairs."""
+    seqs = sorted(lens)
+    per_seq = [lens[s] if s in lens else 0 for s in range(batch.num_seqs)]
+    if not seqs or sum(per_seq) == 0:
+        return []
+    seq, pos = positions(per_seq)
+    slots = batch.slots(seq, pos)
+    rows = data.token_rows(batch, seq, pos)
+    k, v = layout.gather(key_cache, value_cache, slots.to(key_cache.device))
+    k, v = k.cpu(), v.cpu()
+    exp_k, exp_v = data.keys[rows], data.values[rows]
+    bad = _differing_rows(k, exp_k) | _differing_rows(v, exp_v)
+    # report the key's values where the key differs, else the value's
+    kbad = _differing_rows(k, exp_k).any(dim=1)
+    found = torch.where(kbad[:, None, None], k.to(exp_k.dtype), v.to(exp_v.dtype))
+    expected = torch.where(kbad[:, None, None], exp_k, exp_v)
+    return _first_per_seq(invariant, "cache", batch, seq, pos, slots, bad, found, expected)
+
+
+def check_decode_invariant(batch: Batch, data: BatchData, layout: CacheLayout, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor) -> list[Violation]:
+    """Every decode sequence's positions ``0 .. seq_len-1`` are in the cache (see module docstring)."""
+    lens = {s: batch.seq_lens[s] for s in batch.decode_seqs}
+    return check_cache_holds(DECODE, batch, data, layout, key_cache, value_cache, lens)
+
+
+def check_prefill_invariant(batch: Batch, data: BatchData, layout: CacheLayout, key_cache: torch.Tensor,
+                            value_cache: torch.Tensor, key: torch.Tensor | None,
+                            value: torch.Tensor | None) -> list[Violation]:
+    """Every prefill sequence's positions ``0 .. ctx_len-1`` are in the cache, and ``key``/``value``
+    (``[num_tokens, num_kv_heads, head_size]``) hold the new tokens of every sequence in query order."""
+    lens = {s: batch.ctx_lens[s] for s in batch.prefill_seqs}
+    out = check_cache_holds(PREFILL, batch, data, layout, key_cache, value_cache, lens)
+    exp_k, exp_v = data.new_kv(batch)
+    seq, pos = positions(batch.query_lens, offsets=batch.ctx_lens)
+    prefill = torch.tensor([not batch.is_decode(i) for i in range(batch.num_seqs)])[seq]
+    for name, got, exp in (("key", key, exp_k), ("value", value, exp_v)):
+        if got is None or tuple(got.shape) != tuple(exp.shape):
+            shape = None if got is None else tuple(got.shape)
+            out.append(Violation(PREFILL, name, -1, -1, -1, -1, -1, float("nan"), float("nan"),
+                                 detail=f"the {name} argument has shape {shape}, expected {tuple(exp.shape)} "
+                                        f"(sum(query_len) tokens x num_kv_heads x head_size)."))
+            continue
+        got = got.cpu()
+        bad = _differing_rows(got, exp) & prefill[:, None]
+        rows = torch.arange(len(seq))
+        out += _first_per_seq(PREFILL, name, batch, seq, pos, rows, bad, got, exp)
+    return out
+
+
+def check_unified_invariant(batch: Batch, data: BatchData, layout: CacheLayout, key_cache: torch.Tensor,
+                            value_cache: torch.Tensor) -> list[Violation]:
+    """Every sequence's positions ``0 .. seq_len-1`` are in the cache (see module docstring)."""
+    lens = dict(enumerate(batch.seq_lens))
+    return check_cache_holds(UNIFIED, batch, data, layout, key_cache, value_cache, lens)
+
+
+def check_contract(contract: Contract, batch: Batch, data: BatchData, layout: CacheLayout,
+                   key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor | None = None,
+                   value: torch.Tensor | None = None) -> list[Violation]:
+    """All invariants of ``contract`` for one call; an empty list means the caller kept the contract."""
+    if contract is Contract.SPLIT:
+        return (check_decode_invariant(batch, data, layout, key_cache, value_cache)
+                + check_prefill_invariant(batch, data, layout, key_cache, value_cache, key, value))
+    return check_unified_invariant(batch, data, layout, key_cache, value_cache)

@@ -1,0 +1,85 @@
+"""Cache states: write exactly the positions a contract requires into a layout, poison everything else."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+import torch
+
+from .batch import Batch, positions
+from .data import BatchData
+from .layouts import CacheLayout
+
+
+class Poison(enum.Enum):
+    """What fills every cache slot the materializer did not write.
+
+    NAN and INF: uninitialised memory; a kernel that lets an unwritten slot reach its output shows it at once.
+    STALE: large finite values, as a freed block's previous owner leaves behind; a wrong read becomes a wrong
+    (but finite) answer. ZEROS: a zero-initialised cache, as most kernel tests use; the gentlest.
+    """
+
+    NAN = "nan"
+    INF = "inf"
+    STALE = "stale"
+    ZEROS = "zeros"
+
+
+#: Magnitude of STALE poison (fits fp16 and bf16; dominates softmax of N(0, 1) keys).
+STALE_MAGNITUDE = 100.0
+
+
+@attrs.frozen(eq=False)
+class CacheState:
+    """A materialized cache: the tensors, the layout that reads them, and what was written where.
+
+    cached_lens: per sequence, how many leading positions were written (what the caller claims).
+    written_slots: int64 ``[n]`` slots that hold a token; every other slot holds ``poison``.
+    """
+
+    layout: CacheLayout
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    cached_lens: tuple[int, ...]
+    written_slots: torch.Tensor
+    poison: Poison
+
+
+def fill_poison(t: torch.Tensor, poison: Poison, seed: int) -> None:
+    """Overwrite all of ``t`` with ``poison`` (STALE values drawn from ``seed``)."""
+    if poison is Poison.NAN:
+        t.fill_(float("nan"))
+    elif poison is Poison.INF:
+        t.fill_(float("inf"))
+    elif poison is Poison.ZEROS:
+        t.zero_()
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        t.copy_(torch.randn(t.shape, generator=gen) * STALE_MAGNITUDE)
+
+
+def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens: tuple[int, ...],
+                poison: Poison, device: str | torch.device = "cpu") -> CacheState:
+    """Build a cache in ``layout`` that holds positions ``0 .. cached_lens[i]-1`` of every sequence ``i``
+    at the slots its block table names, and ``poison`` in every other slot.
+
+    ``cached_lens`` usually comes from :meth:`~kvfuzz.contracts.contract.Contract.cached_lens`; a caller
+    fault passes something else. Vectorized: one gather and one indexed store per cache.
+
+    Raises LayoutError if the layout cannot hold this batch; ValueError if a cached length exceeds seq_len.
+    """
+    if len(cached_lens) != batch.num_seqs:
+        raise ValueError(f"cached_lens has {len(cached_lens)} entries for {batch.num_seqs} sequences")
+    for i, (n, s) in enumerate(zip(cached_lens, batch.seq_lens)):
+        if not 0 <= n <= s:
+            raise ValueError(f"cached_lens[{i}] = {n} is outside 0..seq_len={s}")
+    kc, vc = layout.allocate(batch, device=device)
+    fill_poison(kc, poison, batch.seed + 1)
+    fill_poison(vc, poison, batch.seed + 2)
+    seq, pos = positions(cached_lens)
+    slots = batch.slots(seq, pos)
+    rows = data.token_rows(batch, seq, pos)
+    if len(slots):
+        layout.write(kc, vc, slots.to(device), data.keys[rows].to(device), data.values[rows].to(device))
+    return CacheState(layout, kc, vc, tuple(cached_lens), slots, poison)

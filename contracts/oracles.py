@@ -1,0 +1,113 @@
+"""Oracles a kernel's output must pass: finiteness, and agreement with the fp64 reference.
+
+Tolerance rule (calibration in docs/tolerance.md): per output row (query token t, head h),
+
+    max_d |out - ref|  <=  RTOL * max_d |out_lp - ref|  +  ATOL_FLOOR[dtype]
+
+where ``ref`` is the fp64 reference and ``out_lp`` the same math done naively in the batch dtype
+(:func:`~kvfuzz.contracts.reference.same_precision_attention`). This is FlashAttention's rule
+(tests/test_flash_attn.py: ``max|out - ref| <= 2 * max|out_pt - ref|``) applied row by row instead of over
+the whole batch, so an error confined to one token cannot hide behind a large rounding error elsewhere;
+the floor is FA3's ``fwd_atol`` idea (rounding of values of magnitude ~0.3 in the dtype) and covers rows
+where ``out_lp`` happens to be exact.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from .batch import Batch
+
+#: Multiple of the same-precision error a kernel may make (FlashAttention uses 2).
+RTOL = 2.0
+
+
+def atol_floor(dtype: torch.dtype) -> float:
+    """FA3's rounding floor ``2 * |(x + 0.3 - 0.3) - x|`` for x ~ 1 in ``dtype``: 2 ulp at 0.3."""
+    x = torch.tensor(0.3, dtype=torch.float64)
+    return 2.0 * float(((x.to(dtype) + 0.3) - 0.3).to(torch.float64).sub(x).abs().clamp_min(
+        torch.finfo(dtype).eps * 0.25))
+
+
+@attrs.frozen
+class OracleFailure:
+    """A failed oracle, located at its worst element.
+
+    oracle: "finite" or "agreement". seq, position: sequence and token position of the worst row; token:
+    its row in the output; head, dim: the worst element; error, bound: its error and the allowed bound
+    (NaN/inf for "finite"); bad_rows: how many (token, head) rows fail; bad_elements: elements that fail.
+    """
+
+    oracle: str
+    seq: int
+    position: int
+    token: int
+    head: int
+    dim: int
+    error: float
+    bound: float
+    bad_rows: int
+    bad_elements: int
+    bad_tokens: tuple[int, ...] = ()
+
+    def message(self) -> str:
+        if self.oracle == "finite":
+            return (f"non-finite output: {self.bad_elements} elements in {self.bad_rows} (token, head) rows; "
+                    f"first at sequence {self.seq} position {self.position} (output row {self.token}), "
+                    f"head {self.head}, dim {self.dim}: {self.error}")
+        return (f"kernel disagrees with the fp64 reference in {self.bad_rows} (token, head) rows; worst at "
+                f"sequence {self.seq} position {self.position} (output row {self.token}), head {self.head}, "
+                f"dim {self.dim}: |out - ref| = {self.error:.3g} > bound {self.bound:.3g}")
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self) | {"message": self.message()}
+
+
+def _locate(batch: Batch, token: int) -> tuple[int, int]:
+    qsl = batch.query_start_loc
+    seq = max(i for i in range(batch.num_seqs) if qsl[i] <= token)
+    return seq, batch.ctx_lens[seq] + token - qsl[seq]
+
+
+def check_finite(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
+    """NaN or inf anywhere in ``out`` ``[num_tokens, num_heads, head_size]`` is always a failure."""
+    bad = ~torch.isfinite(out.cpu())
+    if not bad.any():
+        return None
+    t, h, d = (int(i) for i in torch.nonzero(bad)[0])
+    rows = bad.any(dim=-1)
+    seq, pos = _locate(batch, t)
+    tokens = tuple(int(i) for i in torch.nonzero(rows.any(dim=1)).flatten())
+    return OracleFailure("finite", seq, pos, t, h, d, float(out[t, h, d]), float("nan"), int(rows.sum()),
+                         int(bad.sum()), tokens)
+
+
+def check_agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: torch.Tensor,
+                    rtol: float = RTOL) -> OracleFailure | None:
+    """Row-wise tolerance rule of the module docstring. ``out`` any float dtype, ``ref``/``lowp`` fp64, all
+    ``[num_tokens, num_heads, head_size]``. Returns None when every row passes."""
+    err = (out.cpu().to(torch.float64) - ref).abs()
+    pt = (lowp - ref).abs().amax(dim=-1)
+    bound = rtol * pt + atol_floor(batch.torch_dtype)
+    row_err = err.amax(dim=-1)
+    bad_rows = ~(row_err <= bound)  # NaN counts as bad
+    if not bad_rows.any():
+        return None
+    excess = torch.where(bad_rows, row_err - bound, torch.zeros_like(row_err)).nan_to_num(float("inf"))
+    t, h = divmod(int(torch.argmax(excess)), batch.num_heads)
+    d = int(torch.argmax(err[t, h].nan_to_num(float("inf"))))
+    seq, pos = _locate(batch, t)
+    tokens = tuple(int(i) for i in torch.nonzero(bad_rows.any(dim=1)).flatten())
+    bad_el = int((~(err <= bound[..., None])).sum())
+    return OracleFailure("agreement", seq, pos, t, h, d, float(err[t, h, d]), float(bound[t, h]),
+                         int(bad_rows.sum()), bad_el, tokens)
+
+
+def error_ratio(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: torch.Tensor) -> float:
+    """``max over rows of (|out - ref| - floor) / |out_lp - ref|``: how close a passing kernel came to
+    the bound (the calibration statistic of docs/tolerance.md; fails at ``> RTOL``)."""
+    err = (out.cpu().to(torch.float64) - ref).abs().amax(dim=-1)
+    pt = (lowp - ref).abs().amax(dim=-1)
+    r = (err - atol_floor(batch.torch_dtype)).clamp_min(0) / pt.clamp_min(1e-300)
+    return float(r.max())

@@ -1,0 +1,82 @@
+"""The adapter protocol between kvfuzz and a real kernel.
+
+A target declares what it accepts (:class:`~kvfuzz.contracts.capabilities.Capabilities`), names the cache
+layout it reads, builds the exact arguments of one kernel call from a batch and a materialized cache
+(:meth:`Target.build_call`), and runs it (:meth:`Target.run`). kvfuzz checks the call's arguments against
+the contract before the kernel runs, and the output against the fp64 reference after.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from kvfuzz.contracts.batch import Batch
+from kvfuzz.contracts.capabilities import Capabilities
+from kvfuzz.contracts.data import BatchData
+from kvfuzz.contracts.layouts import CacheLayout
+from kvfuzz.contracts.materialize import CacheState
+
+
+@attrs.frozen
+class Availability:
+    ok: bool
+    reason: str = ""
+    device: str = "cpu"
+
+
+@attrs.define
+class KernelCall:
+    """One call's arguments, by the kernel's own parameter names, plus the tensors the contract checkers read.
+
+    kwargs: passed to the kernel as is.
+    key_cache, value_cache: the caches (as passed; read through ``layout``).
+    key, value: the new tokens' k/v ``[num_tokens, num_kv_heads, head_size]`` for split-contract kernels,
+        ``None`` for unified kernels.
+    output: ``[num_tokens, num_heads, head_size]`` tensor the kernel writes.
+    """
+
+    kwargs: dict[str, Any]
+    layout: CacheLayout
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    output: torch.Tensor
+    key: torch.Tensor | None = None
+    value: torch.Tensor | None = None
+
+
+class Target(abc.ABC):
+    """Base class for kernel adapters. Subclasses set the class attributes and implement the methods."""
+
+    #: Registry name, e.g. "vllm.chunked_prefill_paged_decode".
+    name: ClassVar[str]
+    #: One line on what the kernel is and where it lives.
+    description: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+    @abc.abstractmethod
+    def availability(self) -> Availability:
+        """Whether the kernel can run here and, if not, why (say what to install)."""
+
+    @abc.abstractmethod
+    def layout(self, batch: Batch) -> CacheLayout:
+        """The physical cache layout the kernel reads."""
+
+    @property
+    def device(self) -> str:
+        return self.availability().device
+
+    @abc.abstractmethod
+    def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
+        """The arguments of one kernel call for ``batch`` with ``cache`` as the paged cache."""
+
+    @abc.abstractmethod
+    def run(self, call: KernelCall) -> torch.Tensor:
+        """Run the kernel; return the output ``[num_tokens, num_heads, head_size]``."""
+
+    def path(self, batch: Batch) -> str:
+        """Which kernel path ``batch`` takes inside the target (reported as a Hypothesis event)."""
+        return "default"
