@@ -1,0 +1,142 @@
+"""Hypothesis strategies for mixed paged-attention batches.
+
+Structure is drawn before contents: the number of sequences, each sequence's kind and lengths, heads, sizes
+and the block-table arrangement come first, and the tensor data only as a seed (``Batch.seed``), so
+shrinking works on structure and reaches small batches: one sequence, short lengths, few heads.
+Every ``sampled_from`` lists its simplest choice first, since Hypothesis shrinks toward it.
+"""
+
+from __future__ import annotations
+
+import attrs
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from kvfuzz.contracts.batch import Batch
+from kvfuzz.contracts.capabilities import Capabilities
+from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.materialize import Poison
+
+#: Sequence kinds, simplest first.
+KINDS = ("decode", "prefill", "prefill-no-ctx")
+#: Block-table arrangements, simplest first.
+ARRANGEMENTS = ("contiguous", "reversed", "permuted", "fragmented")
+#: GQA group sizes (num_heads // num_kv_heads); 1 is MHA, 7 is the FlashInfer 28/4 case.
+GQA_RATIOS = (1, 2, 4, 8, 16, 3, 7)
+NUM_KV_HEADS = (1, 2, 4)
+
+
+@attrs.frozen
+class Limits:
+    """Size bounds for generated batches (keep them small on CPU: the Triton interpreter is slow).
+
+    max_num_seqs: sequences per batch. max_ctx_len: cached tokens per sequence. max_query_len: new tokens
+    of a prefill. max_num_heads: query heads. max_spare_blocks: unused physical blocks beyond those needed.
+    """
+
+    max_num_seqs: int = 4
+    max_ctx_len: int = 96
+    max_query_len: int = 40
+    max_num_heads: int = 16
+    max_spare_blocks: int = 6
+
+    def __attrs_post_init__(self) -> None:
+        for a in attrs.fields(Limits):
+            v = getattr(self, a.name)
+            lo = 0 if a.name in ("max_ctx_len", "max_spare_blocks") else 1
+            if a.name == "max_query_len":
+                lo = 2
+            if not isinstance(v, int) or v < lo:
+                raise InvalidArgument(f"Limits.{a.name}={v!r} must be an int >= {lo}")
+
+
+def boundary_lengths(block_size: int, min_value: int, max_value: int) -> st.SearchStrategy[int]:
+    """Integers in ``[min_value, max_value]`` biased toward block boundaries: 0, 1, and ``k*block_size``
+    plus or minus one, where off-by-one bugs in masking and block arithmetic live."""
+    if min_value > max_value:
+        raise InvalidArgument(f"min_value={min_value} > max_value={max_value}")
+    edges = {0, 1, 2}
+    for k in range(1, max_value // block_size + 2):
+        edges |= {k * block_size - 1, k * block_size, k * block_size + 1}
+    edges = sorted(e for e in edges if min_value <= e <= max_value)
+    return st.one_of(st.sampled_from(edges), st.integers(min_value, max_value))
+
+
+@st.composite
+def gqa_heads(draw, max_num_heads: int = 16) -> tuple[int, int]:
+    """``(num_heads, num_kv_heads)`` with group sizes 1..16 (MHA, GQA) and MQA (one kv head)."""
+    ratios = [r for r in GQA_RATIOS if r <= max_num_heads]
+    ratio = draw(st.sampled_from(ratios))
+    kv = draw(st.sampled_from([k for k in NUM_KV_HEADS if k * ratio <= max_num_heads]))
+    return kv * ratio, kv
+
+
+@st.composite
+def sequence_lengths(draw, kind: str, block_size: int, limits: Limits) -> tuple[int, int]:
+    """``(query_len, ctx_len)`` for one sequence of ``kind`` (see :data:`KINDS`)."""
+    if kind == "decode":
+        seq_len = draw(boundary_lengths(block_size, 1, limits.max_ctx_len + 1))
+        return 1, seq_len - 1
+    query_len = draw(boundary_lengths(block_size, 2, limits.max_query_len))
+    ctx_len = 0 if kind == "prefill-no-ctx" else draw(boundary_lengths(block_size, 1, max(1, limits.max_ctx_len)))
+    return query_len, ctx_len
+
+
+@st.composite
+def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
+    """``(num_blocks, block_table)`` giving each sequence its own blocks: contiguous, reversed, permuted or
+    fragmented (sequences interleaved), with spare blocks and spare table columns."""
+    arrangement = draw(st.sampled_from(ARRANGEMENTS))
+    spare = draw(st.integers(0, max_spare_blocks))
+    extra_cols = draw(st.integers(0, 2))
+    total = sum(blocks_needed)
+    num_blocks = total + spare
+    if arrangement == "contiguous":
+        ids = list(range(total))
+    elif arrangement == "reversed":
+        ids = list(range(num_blocks - 1, num_blocks - 1 - total, -1))
+    elif arrangement == "permuted":
+        ids = draw(st.permutations(range(num_blocks)))[:total]
+    else:  # fragmented: round-robin over sequences, with spare blocks scattered in between
+        order = [(j, i) for i, n in enumerate(blocks_needed) for j in range(n)]
+        order.sort()
+        stride = 1 + (spare > 0)
+        slots = list(range(0, num_blocks, stride))[: total]
+        slots += [b for b in range(num_blocks) if b not in set(slots)][: total - len(slots)]
+        assigned = {key: slots[k] for k, key in enumerate(order)}
+        ids = [assigned[(j, i)] for i, n in enumerate(blocks_needed) for j in range(n)]
+    width = max(1, max(blocks_needed)) + extra_cols
+    table, k = [], 0
+    for n in blocks_needed:
+        table.append(list(ids[k : k + n]) + [0] * (width - n))  # vLLM pads unused columns with 0
+        k += n
+    return num_blocks, table, arrangement
+
+
+@st.composite
+def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batch:
+    """A mixed batch inside ``capabilities``: decode sequences, prefills with and without context."""
+    dtype = draw(st.sampled_from(capabilities.dtypes))
+    kv_cache_dtype = draw(st.sampled_from(capabilities.kv_cache_dtypes))
+    head_size = draw(st.sampled_from(sorted(capabilities.head_sizes)))
+    block_size = draw(st.sampled_from(sorted(capabilities.block_sizes)))
+    num_heads, num_kv_heads = draw(gqa_heads(limits.max_num_heads))
+    num_seqs = draw(st.integers(1, limits.max_num_seqs))
+    kinds = [draw(st.sampled_from(KINDS)) for _ in range(num_seqs)]
+    lens = [draw(sequence_lengths(k, block_size, limits)) for k in kinds]
+    query_lens = [q for q, _ in lens]
+    ctx_lens = [c for _, c in lens]
+    needed = [-(-(q + c) // block_size) for q, c in lens]
+    num_blocks, table, _ = draw(block_tables(needed, limits.max_spare_blocks))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                 head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
+                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed)
+
+
+def examples(capabilities: Capabilities, limits: Limits = Limits(),
+             poisons: tuple[Poison, ...] = tuple(Poison)) -> st.SearchStrategy[Example]:
+    """A batch plus the poison for the slots the contract leaves unwritten (NaN first: it shrinks there)."""
+    if not poisons:
+        raise InvalidArgument("poisons must name at least one Poison")
+    return st.builds(Example, batches(capabilities, limits), st.sampled_from(poisons))
