@@ -179,7 +179,14 @@ class CpuAttnLayout:
             raise ValueError(f"slots must lie in [0, {nb * bs}) (num_blocks*block_size), got [{lo}, {hi}]")
         key = key.to(device="cpu", dtype=key_cache.dtype).contiguous()
         value = value.to(device="cpu", dtype=key_cache.dtype).contiguous()
-        op(key, value, key_cache, value_cache, slots, self.isa, 1.0, 1.0, "auto")
+        try:
+            op(key, value, key_cache, value_cache, slots, self.isa, 1.0, 1.0, "auto")
+        except RuntimeError as e:  # e.g. "Unsupported CPU attention configuration" (isa not compiled in)
+            msg = str(e).strip().splitlines()
+            raise LayoutError(
+                f"{self.name}: cpu_attn_reshape_and_cache rejected dtype={key_cache.dtype} head_size={d} "
+                f"block_size={bs}: {msg[0] if msg else e}"
+            ) from e
 
     def gather(self, key_cache: torch.Tensor, value_cache: torch.Tensor,
                slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

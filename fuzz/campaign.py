@@ -1,0 +1,209 @@
+"""The campaign runner: fuzz targets with Hypothesis, shrink each new failure, write reproducers.
+
+Per target, a campaign
+1. replays the failures the example database holds for this target (Hypothesis's reuse phase), so the
+   next run tries them first;
+2. explores in chunks of fresh seeds until the example or time budget is spent (the time budget is checked
+   between examples of a chunk's size planned from the measured rate; a shrink in progress completes). A failure with a new
+   signature (failure kind, invariant or oracle) is raised, shrunk by Hypothesis and written as a
+   reproducer; a failure whose signature is already known is counted and exploration goes on;
+3. journals every example to ``<out>/inflight.json`` before its kernel runs: if the process dies inside a
+   kernel (segfault, abort), the next campaign finds the journal and writes that example as a
+   "kernel crash" reproducer, so no crashing example is lost.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import attrs
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+from kvfuzz.contracts.example import Example
+from kvfuzz.strategies.batches import Limits, examples
+
+from .faults import CallerFault
+from .findings import Finding, KernelCrash
+from .properties import Run, check_example, prepare
+from .reproducer import write_reproducer
+from .targets.base import Target
+
+
+@attrs.define
+class FoundFailure:
+    """One distinct failure: its minimal example, the finding, how often it was hit, its reproducer."""
+
+    target: str
+    finding: Finding
+    example: Example
+    run: Run | None
+    count: int = 1
+    reproducer: Path | None = None
+
+
+@attrs.define
+class TargetStats:
+    target: str
+    examples: int = 0
+    elapsed: float = 0.0
+    kernel_seconds: float = 0.0
+    harness_seconds: float = 0.0
+    paths: collections.Counter = attrs.Factory(collections.Counter)
+    failures: dict = attrs.Factory(dict)  # signature -> FoundFailure
+    max_error_ratio: float = 0.0
+
+    @property
+    def examples_per_second(self) -> float:
+        return self.examples / self.elapsed if self.elapsed else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "target": self.target,
+            "examples": self.examples,
+            "elapsed_s": round(self.elapsed, 3),
+            "examples_per_s": round(self.examples_per_second, 3),
+            "kernel_s": round(self.kernel_seconds, 3),
+            "harness_s": round(self.harness_seconds, 3),
+            "paths": dict(self.paths),
+            "max_error_ratio": self.max_error_ratio,
+            "failures": [
+                {"kind": f.finding.kind.value, "blame": f.finding.kind.blame, "check": f.finding.check,
+                 "count": f.count, "message": f.finding.message, "batch": f.example.batch.summary(),
+                 "reproducer": str(f.reproducer) if f.reproducer else None}
+                for f in self.failures.values()
+            ],
+        }
+
+
+@attrs.define
+class CampaignConfig:
+    """Budgets are per target: at most ``max_examples`` examples and ``duration`` seconds (None: no limit)."""
+
+    out: Path
+    max_examples: int = 30
+    duration: float | None = None
+    seed: int = 0
+    fault: CallerFault | None = None
+    limits: Limits = Limits()
+    chunk_examples: int = 25
+    database: ExampleDatabase | None = None
+
+    def db(self) -> ExampleDatabase:
+        return self.database or DirectoryBasedExampleDatabase(str(self.out / "hypothesis-db"))
+
+
+def _journal_path(out: Path) -> Path:
+    return out / "inflight.json"
+
+
+def recover_crashed(config: CampaignConfig, targets: dict[str, Target]) -> list[FoundFailure]:
+    """If a previous campaign died inside a kernel, turn its journaled example into a crash reproducer."""
+    path = _journal_path(config.out)
+    if not path.exists():
+        return []
+    entry = json.loads(path.read_text())
+    path.unlink()
+    example = Example.from_dict(entry["example"])
+    finding = KernelCrash("process died", "the process died while this example's kernel was running "
+                          "(segfault, abort or kill); recovered from the campaign journal",
+                          {"path": entry.get("path", "")})
+    found = FoundFailure(entry["target"], finding, example, None)
+    target = targets.get(entry["target"])
+    if target is not None:
+        found.reproducer = write_reproducer(config.out, target, example, finding, None,
+                                            fault_name=entry.get("fault"))
+    return [found]
+
+
+def fuzz_target(target: Target, config: CampaignConfig,
+                on_example: Callable[[TargetStats], None] = lambda s: None) -> TargetStats:
+    """Fuzz one target within the config's budget; returns its statistics and distinct failures."""
+    stats = TargetStats(target.name)
+    config.out.mkdir(parents=True, exist_ok=True)
+    journal = _journal_path(config.out)
+    fault_name = config.fault.name if config.fault else None
+    known: set[tuple[str, str]] = set()
+    latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
+    start = time.monotonic()
+    strategy = examples(target.capabilities, config.limits)
+
+    def body(example: Example) -> None:
+        journal.write_text(json.dumps({"target": target.name, "fault": fault_name, "path": target.path(example.batch),
+                                       "example": example.to_dict()}))
+        run = prepare(target, example, config.fault)
+        try:
+            check_example(target, example, config.fault, run=run)
+        except Finding as f:
+            sig = f.signature
+            if sig in known:
+                stats.failures[sig].count += 1
+                return
+            latest[sig] = (example, f, run)
+            raise
+        finally:
+            journal.unlink(missing_ok=True)
+            stats.examples += 1
+            stats.paths[run.path] += 1
+            stats.kernel_seconds += run.timings.kernel
+            stats.harness_seconds += sum(attrs.astuple(run.timings)) - run.timings.kernel
+            stats.max_error_ratio = max(stats.max_error_ratio, run.ratio)
+            stats.elapsed = time.monotonic() - start
+            on_example(stats)
+
+    key = f"kvfuzz:{target.name}:{fault_name}".encode()
+    db = config.db()
+
+    def make_test(phases, chunk_seed: int, max_examples: int):
+        test = settings(
+            database=db, max_examples=max_examples, deadline=None, phases=phases,
+            suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, report_multiple_bugs=True,
+            derandomize=False, print_blob=False,
+        )(seed(chunk_seed)(given(strategy)(body)))
+        test._hypothesis_internal_database_key = key  # one corpus per target and fault, as find() does
+        return test
+
+    def record(exc: BaseException) -> None:
+        errors = exc.exceptions if isinstance(exc, BaseExceptionGroup) else [exc]
+        for e in errors:
+            if not isinstance(e, Finding):
+                raise e
+            example, finding, run = latest[e.signature]
+            known.add(e.signature)
+            found = FoundFailure(target.name, finding, example, run)
+            found.reproducer = write_reproducer(config.out, target, example, finding, run, fault_name=fault_name)
+            stats.failures[e.signature] = found
+
+    # 1. replay what the database remembers for this target
+    try:
+        if next(iter(db.fetch(key)), None) is not None:
+            make_test([Phase.reuse, Phase.shrink], config.seed, 1)()
+    except (Finding, BaseExceptionGroup) as e:
+        record(e)
+    # 2. explore fresh seeds in chunks
+    chunk = 0
+    while stats.examples < config.max_examples:
+        if config.duration is not None and time.monotonic() - start > config.duration:
+            break
+        before = stats.examples
+        n = min(config.chunk_examples, config.max_examples - stats.examples)
+        if config.duration is not None and stats.examples:
+            # size the chunk to the time left, so the budget overshoots by at most one example (or a shrink)
+            per_example = (time.monotonic() - start) / stats.examples
+            n = max(1, min(n, int((config.duration - (time.monotonic() - start)) / per_example)))
+        try:
+            make_test([Phase.generate, Phase.target, Phase.shrink], config.seed * 100_003 + chunk, n)()
+        except (Finding, BaseExceptionGroup) as e:
+            record(e)
+        chunk += 1
+        if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
+            break
+    stats.elapsed = time.monotonic() - start
+    return stats
+
+
+__all__ = ["CampaignConfig", "FoundFailure", "TargetStats", "fuzz_target", "recover_crashed"]

