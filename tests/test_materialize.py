@@ -1,0 +1,87 @@
+"""The materializer: each required token at its slot, poison everywhere else, for each layout."""
+
+import pytest
+import torch
+
+from kvfuzz.contracts.batch import positions
+from kvfuzz.contracts.contract import Contract
+from kvfuzz.contracts.data import make_batch_data
+from kvfuzz.contracts.layouts import LayoutError, NHDLayout, VllmPagedLayout
+from kvfuzz.contracts.materialize import Poison, materialize
+
+LAYOUTS = [VllmPagedLayout(), NHDLayout()]
+
+
+def all_slots(b):
+    return torch.arange(b.num_blocks * b.block_size)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: l.name)
+@pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16"])
+@pytest.mark.parametrize("contract", list(Contract), ids=lambda c: c.value)
+def test_required_tokens_at_their_slots_and_poison_elsewhere(make_batch, layout, dtype, contract):
+    b = make_batch([(5, 3), (1, 20), (17, 0), (1, 0)], dtype=dtype, spare=2, reverse=True, seed=3)
+    d = make_batch_data(b)
+    lens = contract.cached_lens(b)
+    state = materialize(b, d, layout, lens, Poison.NAN)
+    seq, pos = positions(lens)
+    slots = b.slots(seq, pos)
+    k, v = layout.gather(state.key_cache, state.value_cache, slots)
+    rows = d.token_rows(b, seq, pos)
+    assert torch.equal(k, d.keys[rows]) and torch.equal(v, d.values[rows])
+    others = torch.ones(b.num_blocks * b.block_size, dtype=torch.bool)
+    others[slots] = False
+    ok, ov = layout.gather(state.key_cache, state.value_cache, all_slots(b)[others])
+    assert ok.isnan().all() and ov.isnan().all()
+    # exactly the required count was written: the split contract skips prefill new tokens
+    assert len(slots) == sum(lens)
+
+
+@pytest.mark.parametrize("poison", list(Poison), ids=lambda p: p.value)
+def test_each_poison_fills_unwritten_slots(make_batch, poison):
+    b = make_batch([(1, 5)], dtype="float16", spare=1)
+    d = make_batch_data(b)
+    layout = NHDLayout()
+    state = materialize(b, d, layout, (3,), poison)
+    k, v = layout.gather(state.key_cache, state.value_cache, torch.arange(3, b.num_blocks * b.block_size))
+    if poison is Poison.NAN:
+        assert k.isnan().all()
+    elif poison is Poison.INF:
+        assert (k == float("inf")).all()
+    elif poison is Poison.ZEROS:
+        assert (k == 0).all()
+    else:
+        assert k.abs().max() > 10 and torch.isfinite(k).all()
+
+
+def test_rejects_cached_len_past_seq_len(make_batch):
+    b = make_batch([(1, 5)])
+    with pytest.raises(ValueError, match="outside 0..seq_len"):
+        materialize(b, make_batch_data(b), NHDLayout(), (7,), Poison.ZEROS)
+
+
+def test_vllm_layout_rejects_head_size_not_multiple_of_x(make_batch):
+    b = make_batch([(1, 5)], head_size=20, dtype="float16")  # x = 8 for fp16
+    with pytest.raises(LayoutError, match="multiple of x=8"):
+        VllmPagedLayout().allocate(b)
+
+
+def test_fp8_cache_is_refused_clearly(make_batch):
+    import attrs
+    b = attrs.evolve(make_batch([(1, 5)]), kv_cache_dtype="fp8")
+    with pytest.raises(LayoutError, match="kv_cache_dtype='fp8' is not modeled"):
+        NHDLayout().allocate(b)
+
+
+def test_vllm_5d_layout_matches_vllm_documented_indexing(make_batch):
+    """Token t at (blk, off): key_cache[blk, h, d // x, off, d % x] and value_cache[blk, h, d, off]."""
+    b = make_batch([(1, 20)], dtype="float16", num_kv_heads=2, num_heads=2)
+    d = make_batch_data(b)
+    state = materialize(b, d, VllmPagedLayout(), (21,), Poison.ZEROS)
+    x = 8
+    p = 19  # position 19 -> block_table[0][1], offset 3
+    blk, off = b.block_table[0][1], 3
+    for h in range(2):
+        for dim in (0, 7, 8, 31):
+            assert state.key_cache[blk, h, dim // x, off, dim % x] == d.keys[p, h, dim]
+            assert state.value_cache[blk, h, dim, off] == d.values[p, h, dim]

@@ -1,0 +1,59 @@
+"""Strategies stay inside a target's declaration and shrink to small batches."""
+
+from hypothesis import find, given, settings
+
+from kvfuzz.contracts.batch import Batch
+from kvfuzz.contracts.capabilities import Capabilities
+from kvfuzz.contracts.contract import Contract
+from kvfuzz.fuzz.targets.vllm_triton import VllmChunkedPrefillPagedDecode
+from kvfuzz.strategies import Limits, batches, boundary_lengths, examples
+
+CAPS = Capabilities(contract=Contract.SPLIT, devices=("cpu",), dtypes=("float16", "float32"),
+                    head_sizes=(32, 64), block_sizes=(16, 32))
+LIMITS = Limits(max_num_seqs=5, max_ctx_len=70, max_query_len=20, max_num_heads=16)
+
+
+@settings(max_examples=200)
+@given(batches(CAPS, LIMITS))
+def test_batches_respect_capabilities_and_limits(b: Batch):
+    assert b.dtype in CAPS.dtypes and b.head_size in CAPS.head_sizes and b.block_size in CAPS.block_sizes
+    assert 1 <= b.num_seqs <= LIMITS.max_num_seqs and b.num_heads <= LIMITS.max_num_heads
+    assert max(b.ctx_lens) <= LIMITS.max_ctx_len and max(b.query_lens) <= LIMITS.max_query_len
+    assert b.num_heads % b.num_kv_heads == 0
+
+
+def test_triton_targets_never_get_bf16_on_cpu():
+    assert "bfloat16" not in VllmChunkedPrefillPagedDecode.capabilities.dtypes
+
+
+def test_mixed_batches_are_generated():
+    find(batches(CAPS, LIMITS), lambda b: b.decode_seqs and b.prefill_seqs and 0 in [
+        c for i, c in enumerate(b.ctx_lens) if not b.is_decode(i)], settings=settings(max_examples=500))
+
+
+def test_block_boundaries_are_reached():
+    for k in (15, 16, 17, 32):
+        find(boundary_lengths(16, 0, 40), lambda n, k=k: n == k, settings=settings(max_examples=300))
+    find(batches(CAPS, LIMITS), lambda b: any(s % b.block_size == 0 for s in b.seq_lens))
+
+
+def test_gqa_and_mqa_are_generated():
+    find(batches(CAPS, LIMITS), lambda b: b.num_kv_heads == 1 and b.num_heads > 1)
+    find(batches(CAPS, LIMITS), lambda b: b.gqa_ratio == 16, settings=settings(max_examples=1000))
+
+
+def test_block_tables_are_not_always_identity():
+    find(batches(CAPS, LIMITS), lambda b: any(r[0] > r[1] for r, n in zip(b.block_table, b.seq_lens)
+                                              if n > b.block_size))
+
+
+def test_shrinks_to_a_single_short_decode_sequence():
+    """What a decode-only failure shrinks to: the smallest batch that has a decode sequence."""
+    b = find(batches(CAPS, LIMITS), lambda b: len(b.decode_seqs) > 0)
+    assert b.num_seqs == 1 and b.query_lens == (1,) and b.ctx_lens == (0,)
+    assert b.num_heads == 1 and b.head_size == 32 and b.block_size == 16
+
+
+def test_examples_carry_a_poison():
+    e = find(examples(CAPS, LIMITS), lambda e: True)
+    assert e.poison.value == "nan"
