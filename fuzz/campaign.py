@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.materialize import Poison
 from kvfuzz.strategies.batches import Limits, examples
 
 from .faults import CallerFault
@@ -82,7 +83,9 @@ class TargetStats:
 
 @attrs.define
 class CampaignConfig:
-    """Budgets are per target: at most ``max_examples`` examples and ``duration`` seconds (None: no limit)."""
+    """Budgets are per target: at most ``max_examples`` examples and ``duration`` seconds (None: no limit).
+    ``poisons``: what may fill the slots the contract leaves unwritten (strictness: NaN and inf catch any read
+    of them that reaches the output, stale finite values catch reads that change the answer)."""
 
     out: Path
     max_examples: int = 30
@@ -90,6 +93,7 @@ class CampaignConfig:
     seed: int = 0
     fault: CallerFault | None = None
     limits: Limits = Limits()
+    poisons: tuple[Poison, ...] = tuple(Poison)
     chunk_examples: int = 25
     database: ExampleDatabase | None = None
 
@@ -130,7 +134,7 @@ def fuzz_target(target: Target, config: CampaignConfig,
     known: set[tuple[str, str]] = set()
     latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
     start = time.monotonic()
-    strategy = examples(target.capabilities, config.limits)
+    strategy = examples(target.capabilities, config.limits, config.poisons)
 
     def body(example: Example) -> None:
         journal.write_text(json.dumps({"target": target.name, "fault": fault_name, "path": target.path(example.batch),
