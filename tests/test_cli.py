@@ -1,0 +1,119 @@
+"""The kvfuzz command end to end: the seeds' caller fault found, shrunk, written, replayed."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvfuzz.fuzz.targets import get_target
+
+pytestmark = pytest.mark.kernel
+TRITON = "vllm.chunked_prefill_paged_decode"
+
+
+def kvfuzz(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=600)
+
+
+def need(name):
+    a = get_target(name).availability()
+    if not a.ok:
+        pytest.skip(f"{name} unavailable: {a.reason}")
+
+
+@pytest.fixture(scope="module")
+def caller_fault_run(tmp_path_factory):
+    need(TRITON)
+    out = tmp_path_factory.mktemp("fuzz")
+    r = kvfuzz("fuzz", "--target", TRITON, "--caller-fault", "decode-ctx-only", "--max-examples", "8",
+               "--seed", "3", "--out", str(out))
+    return r, out
+
+
+def test_caller_fault_exits_1_and_names_the_decode_invariant(caller_fault_run):
+    r, out = caller_fault_run
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "caller contract violation" in r.stdout and "decode invariant" in r.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    (t,) = summary["targets"]
+    kinds = {(f["kind"], f["check"], f["blame"]) for f in t["failures"]}
+    assert ("caller contract violation", "decode invariant", "caller") in kinds
+    assert not any(f["blame"] == "kernel" for f in t["failures"]), t["failures"]
+
+
+def test_reproducer_is_one_decode_sequence(caller_fault_run):
+    _, out = caller_fault_run
+    (d,) = [p for p in out.iterdir() if p.name.startswith(TRITON + "-caller-violation-decode-invariant")]
+    case = json.loads((d / "case.json").read_text())
+    batch = case["example"]["batch"]
+    assert batch["query_lens"] == [1] and case["derived"]["decode_seqs"] == [0]
+    assert case["kind"] == "caller contract violation" and case["blame"] == "caller"
+    assert case["details"]["kernel"]["outcome"] in ("non-finite", "mismatch")
+    assert case["details"]["violations"][0]["position"] == batch["ctx_lens"][0]
+    assert {"torch", "triton", "vllm", "hypothesis", "kvfuzz"} <= set(case["versions"])
+    from safetensors.torch import load_file
+    tensors = load_file(str(d / "tensors.safetensors"))
+    assert {"query", "key_cache", "value_cache", "block_table", "output", "reference"} <= set(tensors)
+
+
+def test_replay_and_test_case_fail_the_same_way(caller_fault_run):
+    _, out = caller_fault_run
+    (d,) = [p for p in out.iterdir() if p.name.startswith(TRITON + "-caller-violation")]
+    r = kvfuzz("replay", str(d))
+    assert r.returncode == 1 and "reproduced" in r.stdout and "decode invariant" in r.stdout, r.stdout + r.stderr
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(d / "test_case.py")],
+                       capture_output=True, text=True, timeout=600, cwd=d)
+    assert p.returncode == 1 and "CallerContractViolation" in p.stdout and "decode invariant" in p.stdout
+
+
+def test_the_database_replays_the_failure_first(caller_fault_run):
+    """A second campaign with no new examples to spend still finds the saved failure at once."""
+    _, out = caller_fault_run
+    r = kvfuzz("fuzz", "--target", TRITON, "--caller-fault", "decode-ctx-only", "--max-examples", "1",
+               "--seed", "99", "--out", str(out))
+    assert r.returncode == 1 and "decode invariant" in r.stdout
+
+
+def test_targets_lists_both_with_availability():
+    r = kvfuzz("targets", "--json")
+    assert r.returncode == 0
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    assert rows[TRITON]["contract"] == "split" and rows["vllm.cpu_attention"]["contract"] == "unified"
+    assert all(isinstance(row["available"], bool) and row["reason"] for row in rows.values())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["fuzz", "--target", "nope"], "unknown target 'nope'"),
+    (["fuzz", "--caller-fault", "nope"], "nope"),
+    (["fuzz", "--duration", "soon"], "give seconds"),
+    (["replay", "."], "has no case.json"),
+])
+def test_bad_usage_exits_2_with_the_problem_named(tmp_path, args, message):
+    r = kvfuzz(*args, cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_clean_run_exits_0(tmp_path):
+    need("vllm.cpu_attention")
+    r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--max-examples", "20", "--poison", "stale",
+               "--out", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (t,) = json.loads((tmp_path / "summary.json").read_text())["targets"]
+    assert t["examples"] == 20 and t["failures"] == [] and t["examples_per_s"] > 0
+
+
+def test_a_kernel_that_died_is_recovered_as_a_crash_reproducer(tmp_path, make_batch):
+    need("vllm.cpu_attention")
+    from kvfuzz.contracts.example import Example
+    b = make_batch([(1, 5)], head_size=64)
+    (tmp_path / "inflight.json").write_text(json.dumps(
+        {"target": "vllm.cpu_attention", "fault": None, "path": "vec16", "example": Example(b).to_dict()}))
+    r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--max-examples", "1", "--poison", "stale",
+               "--out", str(tmp_path))
+    assert r.returncode == 1 and "recovered a crash" in r.stdout
+    (d,) = [p for p in tmp_path.iterdir() if "kernel-crash" in p.name]
+    assert json.loads((d / "case.json").read_text())["kind"] == "kernel crash"
+    assert not (tmp_path / "inflight.json").exists()
