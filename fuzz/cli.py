@@ -25,7 +25,8 @@ from .faults import FAULTS, get_fault
 from .reproducer import replay as replay_case
 from .targets import BUILTIN, get_target
 
-console = Console(stderr=False)
+# Outside a terminal (a log file, CI) rich would wrap tables at 80 columns: give it room instead.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _duration(value: str | None) -> float | None:

@@ -117,3 +117,12 @@ def test_a_kernel_that_died_is_recovered_as_a_crash_reproducer(tmp_path, make_ba
     (d,) = [p for p in tmp_path.iterdir() if "kernel-crash" in p.name]
     assert json.loads((d / "case.json").read_text())["kind"] == "kernel crash"
     assert not (tmp_path / "inflight.json").exists()
+
+
+def test_a_user_adapter_loads_from_a_file_outside_the_package(tmp_path):
+    adapter = Path(__file__).resolve().parents[1] / "examples" / "sdpa_paged_target.py"
+    r = kvfuzz("fuzz", "--target", f"{adapter}:SdpaPaged", "--max-examples", "15", "--poison", "nan",
+               "--out", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (t,) = json.loads((tmp_path / "summary.json").read_text())["targets"]
+    assert t["target"] == "example.sdpa_paged" and t["examples"] == 15

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import os
 import sys
 import types
 
+import numpy as np
 import torch
 
 from kvfuzz.contracts.batch import Batch
@@ -47,11 +49,14 @@ def prepare_triton_runtime() -> str:
         )
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if "vllm.platforms.rocm" not in sys.modules:
         stub = types.ModuleType("vllm.platforms.rocm")
         stub.use_rocm_custom_paged_attention = lambda *a, **k: False  # no ROCm here: the Triton decode path
         sys.modules["vllm.platforms.rocm"] = stub
+    if importlib.util.find_spec("vllm") is not None:
+        import vllm.logger  # noqa: F401  (configures vLLM's loggers; then quiet its no-GPU import warnings)
+
+        logging.getLogger("vllm").setLevel(logging.ERROR)
     return "cpu"
 
 
@@ -125,7 +130,8 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         prepare_triton_runtime()
         from vllm.v1.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
 
-        chunked_prefill_paged_decode(**call.kwargs)
+        with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison arithmetic
+            chunked_prefill_paged_decode(**call.kwargs)
         return call.output
 
     def path(self, batch: Batch) -> str:
