@@ -28,7 +28,7 @@ from kvfuzz.contracts.reference import same_precision_attention
 
 
 def ratios(batch, out, ref, lowp):
-    err = (out.double() - ref).abs()
+    err = (out.cpu().double() - ref).abs()
     pt = (lowp - ref).abs()
     floor = atol_floor(batch.torch_dtype)
     tiny = 1e-300

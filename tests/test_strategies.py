@@ -23,7 +23,12 @@ def test_batches_respect_capabilities_and_limits(b: Batch):
 
 
 def test_triton_targets_never_get_bf16_on_cpu():
-    assert "bfloat16" not in VllmChunkedPrefillPagedDecode.capabilities.dtypes
+    import torch
+    t = VllmChunkedPrefillPagedDecode()
+    if torch.cuda.is_available():
+        assert "float32" not in t.capabilities.dtypes  # TF32 dots: not modeled yet
+    else:
+        assert "bfloat16" not in t.capabilities.dtypes  # Triton's interpreter computes bf16 wrongly
 
 
 def test_mixed_batches_are_generated():
