@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -113,7 +114,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         if not a.ok:
             if target_names:
                 raise click.UsageError(f"target {name} is not available here: {a.reason}")
-            console.print(f"[yellow]skipping {name}[/]: {a.reason}")
+            console.print(f"[yellow]skipping {name}[/]: {escape(a.reason)}")
             continue
         chosen.append(t)
     if not chosen:
@@ -127,8 +128,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     out.mkdir(parents=True, exist_ok=True)
     recovered = recover_crashed(config, {t.name: t for t in chosen})
     for r in recovered:
-        console.print(f"[red]recovered a crash[/] from the last campaign: {r.target}: {r.finding.message} "
-                      f"-> {r.reproducer}")
+        console.print(f"[red]recovered a crash[/] from the last campaign: {r.target}: "
+                      f"{escape(r.finding.message)} -> {escape(str(r.reproducer))}")
 
     results: list[TargetStats] = []
     interactive = console.is_terminal
@@ -178,8 +179,8 @@ def _print_summary(results: list[TargetStats], recovered) -> None:
     for s in results:
         for f in s.failures.values():
             console.print(f"[bold]{s.target}[/] [red]{f.finding.kind.value}[/] — blame: {f.finding.kind.blame}\n"
-                          f"  {f.finding.message}\n  minimal batch: {f.example.batch.summary()}, "
-                          f"poison={f.example.poison.value}\n  reproducer: {f.reproducer}")
+                          f"  {escape(f.finding.message)}\n  minimal batch: {escape(f.example.batch.summary())}, "
+                          f"poison={f.example.poison.value}\n  reproducer: {escape(str(f.reproducer))}")
 
 
 @main.command()
@@ -197,7 +198,7 @@ def replay(directory: str) -> None:
         console.print(f"[green]passes now[/]: recorded {r.expected[0]} ({r.expected[1]}) no longer reproduces")
         sys.exit(0)
     same = "reproduced" if r.reproduced else f"fails differently (recorded {r.expected[0]} / {r.expected[1]})"
-    console.print(f"[red]{same}[/]: {r.got[0]} ({r.got[1]})\n{r.message}")
+    console.print(f"[red]{same}[/]: {r.got[0]} ({r.got[1]})\n{escape(r.message)}")
     sys.exit(1)
 
 
