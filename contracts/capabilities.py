@@ -22,7 +22,7 @@ class Capabilities:
     contract: which cache contract the kernel has (:class:`Contract`).
     devices: where it runs ("cpu", "cuda").
     dtypes, kv_cache_dtypes, head_sizes, block_sizes: what it accepts (names as in :class:`Batch`).
-    max_num_kv_heads: an upper bound strategies use to keep examples small.
+    decode_only: the kernel takes decode sequences only (query_len == 1), e.g. vLLM's decode_attention_fwd.
     """
 
     contract: Contract
@@ -31,6 +31,7 @@ class Capabilities:
     head_sizes: tuple[int, ...] = attrs.field(converter=tuple, validator=_nonempty)
     block_sizes: tuple[int, ...] = attrs.field(converter=tuple, validator=_nonempty)
     kv_cache_dtypes: tuple[str, ...] = attrs.field(default=("auto",), converter=tuple, validator=_nonempty)
+    decode_only: bool = False
 
     def __attrs_post_init__(self) -> None:
         bad = [d for d in self.dtypes if d not in DTYPES]

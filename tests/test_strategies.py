@@ -62,3 +62,11 @@ def test_shrinks_to_a_single_short_decode_sequence():
 def test_examples_carry_a_poison():
     e = find(examples(CAPS, LIMITS), lambda e: True)
     assert e.poison.value == "nan"
+
+
+@settings(max_examples=100)
+@given(batches(Capabilities(contract=Contract.UNIFIED, devices=("cpu",),
+                                                            dtypes=("float16",), head_sizes=(64,),
+                                                            block_sizes=(16,), decode_only=True), LIMITS))
+def test_decode_only_targets_get_decode_sequences_only(b: Batch):
+    assert b.query_lens == (1,) * b.num_seqs

@@ -51,6 +51,9 @@ class KernelCall:
 class Target(abc.ABC):
     """Base class for kernel adapters. Subclasses set the class attributes and implement the methods."""
 
+    #: "attention" (output [T, H, D] checked against the reference) or "cache-writer" (the cache itself is
+    #: the output, checked by kvfuzz.fuzz.writer_property).
+    kind: ClassVar[str] = "attention"
     #: Registry name, e.g. "vllm.chunked_prefill_paged_decode".
     name: ClassVar[str]
     #: One line on what the kernel is and where it lives.
