@@ -30,7 +30,7 @@ from kvfuzz.strategies.batches import Limits, examples
 
 from .faults import CallerFault
 from .findings import Finding, KernelCrash
-from .properties import Run, check_example, prepare
+from .properties import Run, check_any, prepare_any
 from .reproducer import write_reproducer
 from .targets.base import Target
 
@@ -139,9 +139,9 @@ def fuzz_target(target: Target, config: CampaignConfig,
     def body(example: Example) -> None:
         journal.write_text(json.dumps({"target": target.name, "fault": fault_name, "path": target.path(example.batch),
                                        "example": example.to_dict()}))
-        run = prepare(target, example, config.fault)
+        run = prepare_any(target, example, config.fault)
         try:
-            check_example(target, example, config.fault, run=run)
+            check_any(target, example, config.fault, run=run)
         except Finding as f:
             sig = f.signature
             if sig in known:

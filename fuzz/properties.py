@@ -135,3 +135,21 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     if agree_fail is not None:
         raise KernelMismatch("agreement", agree_fail.message(), {**common, "oracle": agree_fail.to_dict()})
     return run
+
+
+def prepare_any(target: Target, example: Example, fault: CallerFault | None = None) -> Run:
+    """:func:`prepare` for attention targets; the cache-writer preparation for ``kind == "cache-writer"``."""
+    if target.kind == "cache-writer":
+        from .writer_property import prepare_writer
+
+        return prepare_writer(target, example, fault)
+    return prepare(target, example, fault)
+
+
+def check_any(target: Target, example: Example, fault: CallerFault | None = None, run: Run | None = None) -> Run:
+    """:func:`check_example` for attention targets; the cache-writer property for ``kind == "cache-writer"``."""
+    if target.kind == "cache-writer":
+        from .writer_property import check_writer_example
+
+        return check_writer_example(target, example, fault, run=run)
+    return check_example(target, example, fault, run=run)

@@ -25,7 +25,7 @@ from kvfuzz.contracts.example import Example
 
 from .faults import CallerFault, get_fault
 from .findings import FINDING_CLASSES, Finding
-from .properties import Run, check_example, prepare
+from .properties import Run, check_any, prepare_any
 from .targets.base import Target
 
 CASE_FORMAT = 1
@@ -116,7 +116,7 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
     d.mkdir(parents=True, exist_ok=True)
     (d / "case.json").write_text(json.dumps(case, indent=2) + "\n")
     if run is None:
-        run = prepare(target, example, get_fault(fault_name) if fault_name else None)
+        run = prepare_any(target, example, get_fault(fault_name) if fault_name else None)
     save_file(_tensors(run), str(d / "tensors.safetensors"))
     compact = json.dumps({"target": case["target"], "example": case["example"], "caller_fault": fault_name})
     (d / "test_case.py").write_text(_TEST_TEMPLATE.format(
@@ -134,7 +134,7 @@ def rerun(target_name: str, example: dict, fault_name: str | None) -> Run:
     if not avail.ok:
         raise RuntimeError(f"target {target_name} is not available here: {avail.reason}")
     fault = get_fault(fault_name) if fault_name else None
-    return check_example(target, Example.from_dict(example), fault)
+    return check_any(target, Example.from_dict(example), fault)
 
 
 @attrs.frozen
@@ -173,13 +173,13 @@ def replay(directory: str | Path) -> ReplayResult:
     example = Example.from_dict(case["example"])
     inputs_match = True
     tensors_file = d / "tensors.safetensors"
-    run = prepare(target, example, fault)
+    run = prepare_any(target, example, fault)
     if tensors_file.exists():
         stored = load_file(str(tensors_file))
         inputs_match = all(torch.equal(stored[k].view(torch.uint8), v.contiguous().view(torch.uint8))
                            for k, v in (("query", run.data.query), ("keys_ground_truth", run.data.keys)))
     try:
-        check_example(target, example, fault, run=run)
+        check_any(target, example, fault, run=run)
     except Finding as f:
         return ReplayResult(d, expected, f.signature, f.message, inputs_match)
     return ReplayResult(d, expected, None, "the example passes now", inputs_match)
