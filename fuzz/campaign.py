@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Callable
 
 import attrs
-from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+from hypothesis import HealthCheck, Phase, Verbosity, event, given, seed, settings, target as steer
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.materialize import Poison
 from kvfuzz.strategies.batches import Limits, examples
 
+from .coverage import Coverage, labels
 from .faults import CallerFault
 from .findings import Finding, KernelCrash
 from .properties import Run, check_any, prepare_any
@@ -57,6 +58,7 @@ class TargetStats:
     paths: collections.Counter = attrs.Factory(collections.Counter)
     failures: dict = attrs.Factory(dict)  # signature -> FoundFailure
     max_error_ratio: float = 0.0
+    coverage: Coverage = attrs.Factory(Coverage)
 
     @property
     def examples_per_second(self) -> float:
@@ -71,6 +73,7 @@ class TargetStats:
             "kernel_s": round(self.kernel_seconds, 3),
             "harness_s": round(self.harness_seconds, 3),
             "paths": dict(self.paths),
+            "coverage": self.coverage.to_dict(),
             "max_error_ratio": self.max_error_ratio,
             "failures": [
                 {"kind": f.finding.kind.value, "blame": f.finding.kind.blame, "check": f.finding.check,
@@ -137,6 +140,10 @@ def fuzz_target(target: Target, config: CampaignConfig,
     strategy = examples(target.capabilities, config.limits, config.poisons)
 
     def body(example: Example) -> None:
+        lab = labels(target, example.batch)
+        for k, v in lab.items():
+            event(f"{k}: {v}")
+        steer(stats.coverage.rarity(lab), label="rarely covered paths")
         journal.write_text(json.dumps({"target": target.name, "fault": fault_name, "path": target.path(example.batch),
                                        "example": example.to_dict()}))
         run = prepare_any(target, example, config.fault)
@@ -153,6 +160,7 @@ def fuzz_target(target: Target, config: CampaignConfig,
             journal.unlink(missing_ok=True)
             stats.examples += 1
             stats.paths[run.path] += 1
+            stats.coverage.add(lab)
             stats.kernel_seconds += run.timings.kernel
             stats.harness_seconds += sum(attrs.astuple(run.timings)) - run.timings.kernel
             stats.max_error_ratio = max(stats.max_error_ratio, run.ratio)

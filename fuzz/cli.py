@@ -177,6 +177,11 @@ def _print_summary(results: list[TargetStats], recovered) -> None:
         table.add_row(s.target, str(s.examples), f"{s.examples_per_second:.2f}", share, paths, fails)
     console.print(table)
     for s in results:
+        cov = s.coverage.to_dict()
+        if cov:
+            console.print(f"[bold]{s.target}[/] coverage: " + escape("; ".join(
+                f"{dim}: " + ", ".join(f"{v} {n}" for v, n in counts.items()) for dim, counts in cov.items())))
+    for s in results:
         for f in s.failures.values():
             console.print(f"[bold]{s.target}[/] [red]{f.finding.kind.value}[/] — blame: {f.finding.kind.blame}\n"
                           f"  {escape(f.finding.message)}\n  minimal batch: {escape(f.example.batch.summary())}, "
