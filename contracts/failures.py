@@ -15,6 +15,7 @@ class FailureKind(enum.Enum):
     KERNEL_MISMATCH = "kernel mismatch"
     NON_FINITE = "non-finite output"
     KERNEL_CRASH = "kernel crash"
+    KERNEL_HANG = "kernel hang"
 
     @property
     def blame(self) -> str:

@@ -30,7 +30,7 @@ from kvfuzz.strategies.batches import Limits, examples
 
 from .coverage import Coverage, labels
 from .faults import CallerFault
-from .findings import Finding, KernelCrash
+from .findings import Finding, KernelCrash, KernelHang
 from .properties import Run, check_any, prepare_any
 from .reproducer import write_reproducer
 from .targets.base import Target
@@ -77,7 +77,8 @@ class TargetStats:
             "max_error_ratio": self.max_error_ratio,
             "failures": [
                 {"kind": f.finding.kind.value, "blame": f.finding.kind.blame, "check": f.finding.check,
-                 "count": f.count, "message": f.finding.message, "batch": f.example.batch.summary(),
+                 "count": f.count, "message": f.finding.message,
+                 "batch": f"{f.example.batch.summary()}, poison={f.example.poison.value}",
                  "reproducer": str(f.reproducer) if f.reproducer else None}
                 for f in self.failures.values()
             ],
@@ -99,40 +100,80 @@ class CampaignConfig:
     poisons: tuple[Poison, ...] = tuple(Poison)
     chunk_examples: int = 25
     database: ExampleDatabase | None = None
+    #: Where this process journals its in-flight example and keeps its state (default: ``out``; a worker
+    #: of a multi-process campaign uses ``out/workers/wN``).
+    work_dir: Path | None = None
+    #: Hypothesis database: None for ``out/hypothesis-db``, a directory path, or ``redis://host:port/db``.
+    db_spec: str | None = None
 
     def db(self) -> ExampleDatabase:
-        return self.database or DirectoryBasedExampleDatabase(str(self.out / "hypothesis-db"))
+        if self.database is None:
+            self.database = open_database(self.db_spec, self.out)
+        return self.database
+
+    @property
+    def dir(self) -> Path:
+        return self.work_dir or self.out
 
 
-def _journal_path(out: Path) -> Path:
-    return out / "inflight.json"
+def open_database(spec: str | None, out: Path) -> ExampleDatabase:
+    """The example database all workers share: a directory (default ``out/hypothesis-db``) or Redis
+    (``redis://host:port/N``, through hypothesis.extra.redis; needs the ``redis`` package).
+
+    Raises ValueError naming the problem when a Redis URL is given without the redis package."""
+    if spec is None:
+        return DirectoryBasedExampleDatabase(str(out / "hypothesis-db"))
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        try:
+            import redis
+            from hypothesis.extra.redis import RedisExampleDatabase
+        except ImportError:
+            raise ValueError(f"--db {spec}: Redis needs the redis package (pip install 'kvfuzz[redis]')") from None
+        return RedisExampleDatabase(redis.Redis.from_url(spec))
+    return DirectoryBasedExampleDatabase(spec)
 
 
-def recover_crashed(config: CampaignConfig, targets: dict[str, Target]) -> list[FoundFailure]:
-    """If a previous campaign died inside a kernel, turn its journaled example into a crash reproducer."""
-    path = _journal_path(config.out)
+def _journal_path(work_dir: Path) -> Path:
+    return work_dir / "inflight.json"
+
+
+def recover_crashed(config: CampaignConfig, targets: dict[str, Target], hang: bool = False,
+                    write: bool = True) -> list[FoundFailure]:
+    """If a previous process died (or was killed for hanging) inside a kernel, turn its journaled example
+    into a "kernel crash" (or "kernel hang") reproducer (``write=False``: recover without writing, for a
+    failure already saved). Returns the recovered failures (0 or 1)."""
+    path = _journal_path(config.dir)
     if not path.exists():
         return []
     entry = json.loads(path.read_text())
     path.unlink()
     example = Example.from_dict(entry["example"])
-    finding = KernelCrash("process died", "the process died while this example's kernel was running "
-                          "(segfault, abort or kill); recovered from the campaign journal",
-                          {"path": entry.get("path", "")})
+    if hang:
+        finding = KernelHang("timeout", "the kernel ran past the per-example timeout and its worker was "
+                             "killed; recovered from the worker's journal", {"path": entry.get("path", "")})
+    else:
+        finding = KernelCrash("process died", "the process died while this example's kernel was running "
+                              "(segfault, abort or kill); recovered from the campaign journal",
+                              {"path": entry.get("path", "")})
     found = FoundFailure(entry["target"], finding, example, None)
     target = targets.get(entry["target"])
-    if target is not None:
+    if target is not None and write:
         found.reproducer = write_reproducer(config.out, target, example, finding, None,
                                             fault_name=entry.get("fault"))
     return [found]
 
 
 def fuzz_target(target: Target, config: CampaignConfig,
-                on_example: Callable[[TargetStats], None] = lambda s: None) -> TargetStats:
-    """Fuzz one target within the config's budget; returns its statistics and distinct failures."""
-    stats = TargetStats(target.name)
+                on_example: Callable[[TargetStats], None] = lambda s: None,
+                stats: TargetStats | None = None) -> TargetStats:
+    """Fuzz one target within the config's budget; returns its statistics and distinct failures.
+
+    Pass ``stats`` to keep what was counted if the run is interrupted (KeyboardInterrupt propagates
+    after the in-flight example's journal entry is removed)."""
+    stats = stats if stats is not None else TargetStats(target.name)
     config.out.mkdir(parents=True, exist_ok=True)
-    journal = _journal_path(config.out)
+    config.dir.mkdir(parents=True, exist_ok=True)
+    journal = _journal_path(config.dir)
     fault_name = config.fault.name if config.fault else None
     known: set[tuple[str, str]] = set()
     latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
@@ -144,7 +185,7 @@ def fuzz_target(target: Target, config: CampaignConfig,
         for k, v in lab.items():
             event(f"{k}: {v}")
         steer(stats.coverage.rarity(lab), label="rarely covered paths")
-        journal.write_text(json.dumps({"target": target.name, "fault": fault_name, "path": target.path(example.batch),
+        journal.write_text(json.dumps({"target": target.name, "fault": fault_name, "path": lab["path"],
                                        "example": example.to_dict()}))
         run = prepare_any(target, example, config.fault)
         try:
@@ -196,8 +237,10 @@ def fuzz_target(target: Target, config: CampaignConfig,
             make_test([Phase.reuse, Phase.shrink], config.seed, 1)()
     except (Finding, BaseExceptionGroup) as e:
         record(e)
-    # 2. explore fresh seeds in chunks
-    chunk = 0
+    # 2. explore fresh seeds in chunks; a resumed campaign continues the chunk sequence (new seeds)
+    state_file = config.dir / "state.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    chunk = state.get(target.name, {}).get("chunks", 0)
     while stats.examples < config.max_examples:
         if config.duration is not None and time.monotonic() - start > config.duration:
             break
@@ -212,6 +255,8 @@ def fuzz_target(target: Target, config: CampaignConfig,
         except (Finding, BaseExceptionGroup) as e:
             record(e)
         chunk += 1
+        state[target.name] = {"chunks": chunk, "seed": config.seed}
+        state_file.write_text(json.dumps(state))
         if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
             break
     stats.elapsed = time.monotonic() - start

