@@ -49,3 +49,44 @@ def test_two_workers_share_a_directory_corpus(tmp_path):
     r2 = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--max-examples", "1", "--poison", "nan",
                 "--db", str(db), "--out", str(tmp_path / "out2"))
     assert r2.returncode == 1 and "non-finite output" in r2.stdout
+
+
+def test_two_workers_share_a_redis_corpus(tmp_path):
+    """A real redis-server on loopback, started here, as workers on several hosts would share it."""
+    import shutil
+    import socket
+    import time
+
+    import pytest
+
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
+    pytest.importorskip("redis")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import redis
+        client = redis.Redis(host="127.0.0.1", port=port)
+        for _ in range(50):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        url = f"redis://127.0.0.1:{port}/0"
+        r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--workers", "2", "--max-examples", "15",
+                   "--poison", "nan", "--db", url, "--out", str(tmp_path / "out"))
+        assert r.returncode == 1, r.stdout + r.stderr
+        (t,) = json.loads((tmp_path / "out" / "summary.json").read_text())["targets"]
+        assert t["workers"] == 2 and [f["kind"] for f in t["failures"]] == ["non-finite output"]
+        assert client.dbsize() > 0, "the failure is stored in Redis"
+        r2 = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--max-examples", "1", "--poison", "nan",
+                    "--db", url, "--out", str(tmp_path / "out2"))
+        assert r2.returncode == 1 and "non-finite output" in r2.stdout
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
