@@ -34,3 +34,29 @@ class HangingSdpa(SdpaPaged):
             while True:
                 time.sleep(1)
         return super().run(call)
+
+
+class DecodeMissesOwnToken(SdpaPaged):
+    """A planted kernel regression: decode rows attend to positions 0..seq_len-2 (the off-by-one of a kernel
+    that takes context_len = seq_len - 1 as the number of keys to read)."""
+
+    name = "planted.decode_misses_own_token"
+    description = "SDPA whose decode rows leave out the current token"
+
+    def run(self, call):
+        a = call.kwargs
+        out = super().run(call)
+        qsl, seq_lens = a["query_start_loc"].tolist(), a["seq_lens"].tolist()
+        bs = a["key_cache"].shape[1]
+        import torch
+        for i, n in enumerate(seq_lens):
+            if qsl[i + 1] - qsl[i] == 1 and n > 1:
+                pos = torch.arange(n - 1)
+                slots = a["block_table"][i, pos // bs].long() * bs + pos % bs
+                k = a["key_cache"][slots // bs, slots % bs].float()
+                v = a["value_cache"][slots // bs, slots % bs].float()
+                q = a["query"][qsl[i]].float()
+                g = q.shape[0] // k.shape[1]
+                s = torch.einsum("hd,khd->hk", q, k.repeat_interleave(g, 1)) * a["scale"]
+                out[qsl[i]] = torch.einsum("hk,khd->hd", s.softmax(-1), v.repeat_interleave(g, 1)).to(out.dtype)
+        return out
