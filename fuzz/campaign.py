@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -208,6 +209,8 @@ def fuzz_target(target: Target, config: CampaignConfig,
             stats.elapsed = time.monotonic() - start
             on_example(stats)
 
+    # How Hypothesis and Tyche name the property (must be an identifier): kvfuzz_vllm_cpu_attention.
+    body.__name__ = body.__qualname__ = "kvfuzz_" + re.sub(r"\W", "_", target.name)
     key = f"kvfuzz:{target.name}:{fault_name}".encode()
     db = config.db()
 
@@ -241,24 +244,26 @@ def fuzz_target(target: Target, config: CampaignConfig,
     state_file = config.dir / "state.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
     chunk = state.get(target.name, {}).get("chunks", 0)
-    while stats.examples < config.max_examples:
-        if config.duration is not None and time.monotonic() - start > config.duration:
-            break
-        before = stats.examples
-        n = min(config.chunk_examples, config.max_examples - stats.examples)
-        if config.duration is not None and stats.examples:
-            # size the chunk to the time left, so the budget overshoots by at most one example (or a shrink)
-            per_example = (time.monotonic() - start) / stats.examples
-            n = max(1, min(n, int((config.duration - (time.monotonic() - start)) / per_example)))
-        try:
-            make_test([Phase.generate, Phase.target, Phase.shrink], config.seed * 100_003 + chunk, n)()
-        except (Finding, BaseExceptionGroup) as e:
-            record(e)
-        chunk += 1
-        state[target.name] = {"chunks": chunk, "seed": config.seed}
+    try:
+        while stats.examples < config.max_examples:
+            if config.duration is not None and time.monotonic() - start > config.duration:
+                break
+            before = stats.examples
+            n = min(config.chunk_examples, config.max_examples - stats.examples)
+            if config.duration is not None and stats.examples:
+                # size the chunk to the time left, so the budget overshoots by at most one example (or a shrink)
+                per_example = (time.monotonic() - start) / stats.examples
+                n = max(1, min(n, int((config.duration - (time.monotonic() - start)) / per_example)))
+            try:
+                make_test([Phase.generate, Phase.target, Phase.shrink], config.seed * 100_003 + chunk, n)()
+            except (Finding, BaseExceptionGroup) as e:
+                record(e)
+            chunk += 1
+            if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
+                break
+    finally:  # also when interrupted: a resumed campaign starts after the chunk that was running
+        state[target.name] = {"chunks": chunk + 1, "seed": config.seed}
         state_file.write_text(json.dumps(state))
-        if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
-            break
     stats.elapsed = time.monotonic() - start
     return stats
 

@@ -105,10 +105,13 @@ def _progress_line(s: TargetStats) -> str:
               help="With --workers > 1: seconds one example may run before its worker is killed as hung.")
 @click.option("--db", "db_spec", default=None,
               help="Shared example database: a directory or redis://host:port/N. Default: OUT/hypothesis-db.")
+@click.option("--observability", is_flag=True,
+              help="Write Hypothesis observability JSON lines (for Tyche) to OUT/observed/.")
 @click.option("--worker-dir", default=None, hidden=True, type=click.Path(file_okay=False))
 @click.option("--skip-target", "skip_targets", multiple=True, hidden=True)
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
-         max_query_len, poisons, threads, workers, example_timeout, db_spec, worker_dir, skip_targets) -> None:
+         max_query_len, poisons, threads, workers, example_timeout, db_spec, observability, worker_dir,
+         skip_targets) -> None:
     """Fuzz real kernels; shrink each failure and write a reproducer directory under --out."""
     import torch
 
@@ -141,6 +144,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         worker_args += [a for p in poisons for a in ("--poison", p)]
         worker_args += ["--caller-fault", caller_fault] if caller_fault else []
         worker_args += ["--db", db_spec] if db_spec else []
+        worker_args += ["--observability"] if observability else []
         console.print(f"fuzzing {', '.join(by_name)} with {workers} workers (logs: {out / 'workers'})")
         summaries, crashes, interrupted = run_workers(
             workers, worker_args, out, seed, budget, example_timeout, by_name, config,
@@ -149,6 +153,11 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         for r in crashes:
             console.print(f"[red]{r.finding.kind.value}[/] in {r.target} (x{r.count}) -> {escape(str(r.reproducer))}")
         results = merge_summaries(summaries)
+    elif observability:
+        from .observability import observe_to
+
+        with observe_to(out / "observed"):
+            results, interrupted = _fuzz_here(chosen, config, caller_fault)
     else:
         results, interrupted = _fuzz_here(chosen, config, caller_fault)
 

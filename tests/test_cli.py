@@ -126,3 +126,37 @@ def test_a_user_adapter_loads_from_a_file_outside_the_package(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     (t,) = json.loads((tmp_path / "summary.json").read_text())["targets"]
     assert t["target"] == "example.sdpa_paged" and t["examples"] == 15
+
+
+def test_observability_writes_tyche_json_lines(tmp_path):
+    need("vllm.cpu_attention")
+    r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--max-examples", "5", "--poison", "stale",
+               "--observability", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (f,) = list((tmp_path / "observed").glob("*_testcases.jsonl"))
+    lines = [json.loads(x) for x in f.read_text().splitlines()]
+    assert len(lines) >= 5 and all(x["type"] == "test_case" for x in lines)
+    assert lines[0]["property"] == "kvfuzz_vllm_cpu_attention"
+    assert any(k.startswith("path: ") for k in lines[0]["features"])
+
+
+def test_sigterm_stops_after_the_current_example_and_writes_the_summary(tmp_path):
+    import signal
+    import time
+    need(TRITON)
+    p = subprocess.Popen([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", TRITON, "--max-examples",
+                          "1000", "--poison", "stale", "--out", str(tmp_path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    for _ in range(600):
+        if (tmp_path / "status.json").exists():
+            break
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] is True and p.returncode == 0, out + err
+    assert 0 < summary["targets"][0]["examples"] < 1000
+    assert not (tmp_path / "inflight.json").exists()
+    # resuming continues the chunk sequence instead of repeating the seeds already explored
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert TRITON in state

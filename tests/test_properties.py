@@ -1,0 +1,35 @@
+"""The contract properties as plain @given tests, one per built-in target available here.
+
+They run under Hypothesis profiles (conftest.py: dev, ci, fuzz; `pytest --hypothesis-profile fuzz`), under
+pytest-xdist (`-n auto`), and under HypoFuzz unchanged (it runs any @given test; it is optional and never a
+dependency). Poisons are each target's gate_poisons, as in `kvfuzz check`."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from kvfuzz.contracts.materialize import Poison
+from kvfuzz.fuzz.check import CHECK_LIMITS
+from kvfuzz.fuzz.properties import check_any
+from kvfuzz.fuzz.targets import BUILTIN, get_target
+from kvfuzz.strategies import examples
+
+pytestmark = pytest.mark.kernel
+
+
+def _property(name):
+    target = get_target(name)
+    avail = target.availability()
+    strategy = examples(target.capabilities, CHECK_LIMITS, target.gate_poisons or tuple(Poison))
+
+    @pytest.mark.skipif(not avail.ok, reason=f"{name}: {avail.reason}")
+    @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # budget: the profile
+    @given(strategy)
+    def test(example):
+        check_any(target, example)
+
+    test.__name__ = f"test_contract_property[{name}]"
+    return test
+
+
+for _name in BUILTIN:
+    globals()[f"test_contract_property_{_name.replace('.', '_')}"] = _property(_name)
