@@ -1,7 +1,8 @@
 """Project-wide pytest setup: Hypothesis profiles and shared batch builders.
 
-Profiles (select with ``pytest --hypothesis-profile NAME``): ``dev`` (default), ``ci`` (derandomized, used
-automatically when CI is set), ``fuzz`` (many examples, for long local runs). Their max_examples is the
+Profiles (select with ``pytest --hypothesis-profile NAME``): ``dev`` (default; derandomized, so ``make test``
+is reproducible), ``ci`` (derandomized, no example database; used automatically when CI is set), ``fuzz``
+(random, many examples, for long local runs and HypoFuzz). Their max_examples is the
 budget of the contract properties in tests/test_properties.py (real kernels: keep dev/ci small); tests that
 need another budget set it explicitly.
 """
@@ -11,7 +12,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("dev", deadline=None, max_examples=10)
+settings.register_profile("dev", deadline=None, max_examples=10, derandomize=True)
 settings.register_profile("ci", deadline=None, max_examples=10, derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("fuzz", deadline=None, max_examples=2000, suppress_health_check=[HealthCheck.too_slow])

@@ -265,7 +265,8 @@ def context_attention_fwd_call(args: Mapping[str, Any]) -> PagedCall:
     kv_from_cache = _get(args, "k") is None
     sw = _get(args, "sliding_window")
     return PagedCall(
-        kernel="context_attention_fwd", contract=Contract.SPLIT, layout=VllmPagedLayout(),
+        kernel="context_attention_fwd", contract=Contract.SPLIT if skip_decode else Contract.PREFIX,
+        layout=VllmPagedLayout(),
         query=args["q"], key_cache=args["k_cache"], value_cache=args["v_cache"], block_table=args["b_loc"],
         query_start_loc=args["b_start_loc"], seq_lens=args["b_seq_len"], key=_get(args, "k"),
         value=_get(args, "v"), max_seq_len=_get(args, "max_seq_len"), max_query_len=_get(args, "max_input_len"),

@@ -1,4 +1,4 @@
-"""The two cache contracts a paged-attention kernel can have with its caller.
+"""The three cache contracts a paged-attention kernel can have with its caller.
 
 split (vllm/v1/attention/ops/chunked_prefill_paged_decode.py, chunked_prefill_paged_decode):
     prefill sequences (query_len > 1) go to ``context_attention_fwd``, which reads positions
@@ -10,6 +10,12 @@ unified (vllm/v1/attention/ops/triton_unified_attention.py, unified_attention; v
     cpu_attention_with_kv_cache):
     every sequence is read entirely from the cache: all ``seq_len`` positions must be there; the new k/v
     are written beforehand by reshape_and_cache.
+prefix (vllm/v1/attention/ops/prefix_prefill.py, context_attention_fwd called directly with
+    ``skip_decode=False``):
+    every sequence, decode included, is computed from the cache (positions ``0 .. ctx_len-1``) plus the
+    ``key``/``value`` arguments (its ``query_len`` new tokens, in query order). So the cache must hold
+    ``ctx_len`` positions of every sequence; a decode sequence's current token comes from ``key``/``value``,
+    not from the cache.
 """
 
 from __future__ import annotations
@@ -22,14 +28,17 @@ from .batch import Batch
 class Contract(enum.Enum):
     SPLIT = "split"
     UNIFIED = "unified"
+    PREFIX = "prefix"
 
     def cached_lens(self, batch: Batch) -> tuple[int, ...]:
         """Per sequence, how many leading positions the cache must hold before the kernel runs."""
         if self is Contract.UNIFIED:
             return batch.seq_lens
+        if self is Contract.PREFIX:
+            return batch.ctx_lens
         return tuple(s if q == 1 else c for s, c, q in zip(batch.seq_lens, batch.ctx_lens, batch.query_lens))
 
     @property
     def passes_new_kv(self) -> bool:
         """Whether the kernel takes the new tokens' k/v as separate ``key``/``value`` arguments."""
-        return self is Contract.SPLIT
+        return self in (Contract.SPLIT, Contract.PREFIX)

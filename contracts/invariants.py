@@ -8,6 +8,10 @@ prefill invariant (split contract, vllm/v1/attention/ops/prefix_prefill.py, cont
     hold its ``query_len`` new tokens, in query_start_loc order.
 unified invariant (vllm/v1/attention/ops/triton_unified_attention.py, unified_attention; vLLM's CPU op):
     for every sequence the cache holds positions ``0 .. seq_len-1``.
+prefix contract (vllm/v1/attention/ops/prefix_prefill.py, context_attention_fwd with ``skip_decode=False``):
+    the prefill invariant applied to every sequence, decode sequences included: the cache holds positions
+    ``0 .. ctx_len-1`` of every sequence and ``key``/``value`` hold the new tokens of every sequence
+    (:func:`check_prefix_invariant`).
 
 Comparison is bitwise: the harness writes the very values the reference uses, so anything but the same
 bits at a slot is a wrong cache state. Each :class:`Violation` says where: sequence, position, block, slot,
@@ -15,6 +19,8 @@ kv head.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import attrs
 import torch
@@ -31,7 +37,8 @@ UNIFIED = "unified invariant"
 _FIX = {
     DECODE: "write the decode token's k/v into the cache (reshape_and_cache) before calling; in vLLM the "
             "cache update runs before attention, so the decode kernel finds all seq_len positions there",
-    PREFILL: "write positions 0..ctx_len-1 of every prefill sequence into the cache and pass its query_len new "
+    PREFILL: "write positions 0..ctx_len-1 of every prefill sequence (under the prefix contract of "
+             "context_attention_fwd: of every sequence, decode included) into the cache and pass its query_len new "
              "tokens' k/v as key/value, in query_start_loc order",
     UNIFIED: "write every sequence's new tokens into the cache (reshape_and_cache) before calling: a unified "
              "kernel reads all seq_len positions from the cache",
@@ -138,14 +145,20 @@ def check_decode_invariant(batch: Batch, data: BatchData, layout: CacheLayout, k
 
 def check_prefill_invariant(batch: Batch, data: BatchData, layout: CacheLayout, key_cache: torch.Tensor,
                             value_cache: torch.Tensor, key: torch.Tensor | None,
-                            value: torch.Tensor | None) -> list[Violation]:
+                            value: torch.Tensor | None, seqs: Iterable[int] | None = None) -> list[Violation]:
     """Every prefill sequence's positions ``0 .. ctx_len-1`` are in the cache, and ``key``/``value``
-    (``[num_tokens, num_kv_heads, head_size]``) hold the new tokens of every sequence in query order."""
-    lens = {s: batch.ctx_lens[s] for s in batch.prefill_seqs}
+    (``[num_tokens, num_kv_heads, head_size]``) hold the new tokens of every sequence in query order.
+
+    ``seqs``: the sequences the prefill kernel computes; default the prefill sequences (split contract,
+    ``context_attention_fwd(..., skip_decode=True)``); every sequence for the prefix contract
+    (:func:`check_prefix_invariant`). Rows of ``key``/``value`` are checked for these sequences only.
+    """
+    seqs = batch.prefill_seqs if seqs is None else tuple(sorted(set(seqs)))
+    lens = {s: batch.ctx_lens[s] for s in seqs}
     out = check_cache_holds(PREFILL, batch, data, layout, key_cache, value_cache, lens)
     exp_k, exp_v = data.new_kv(batch)
     seq, pos = positions(batch.query_lens, offsets=batch.ctx_lens)
-    prefill = torch.tensor([not batch.is_decode(i) for i in range(batch.num_seqs)])[seq]
+    prefill = torch.tensor([i in seqs for i in range(batch.num_seqs)], dtype=torch.bool)[seq]
     for name, got, exp in (("key", key, exp_k), ("value", value, exp_v)):
         if got is None or tuple(got.shape) != tuple(exp.shape):
             shape = None if got is None else tuple(got.shape)
@@ -158,6 +171,16 @@ def check_prefill_invariant(batch: Batch, data: BatchData, layout: CacheLayout, 
         rows = torch.arange(len(seq))
         out += _first_per_seq(PREFILL, name, batch, seq, pos, rows, bad, got, exp)
     return out
+
+
+def check_prefix_invariant(batch: Batch, data: BatchData, layout: CacheLayout, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor, key: torch.Tensor | None,
+                           value: torch.Tensor | None) -> list[Violation]:
+    """The prefill invariant for every sequence, decode included (prefix contract: vLLM's
+    vllm/v1/attention/ops/prefix_prefill.py ``context_attention_fwd`` with ``skip_decode=False`` computes
+    every sequence from the cache, positions ``0 .. ctx_len-1``, plus ``key``/``value``, its new tokens)."""
+    return check_prefill_invariant(batch, data, layout, key_cache, value_cache, key, value,
+                                   seqs=range(batch.num_seqs))
 
 
 def check_unified_invariant(batch: Batch, data: BatchData, layout: CacheLayout, key_cache: torch.Tensor,
@@ -174,4 +197,6 @@ def check_contract(contract: Contract, batch: Batch, data: BatchData, layout: Ca
     if contract is Contract.SPLIT:
         return (check_decode_invariant(batch, data, layout, key_cache, value_cache)
                 + check_prefill_invariant(batch, data, layout, key_cache, value_cache, key, value))
+    if contract is Contract.PREFIX:
+        return check_prefix_invariant(batch, data, layout, key_cache, value_cache, key, value)
     return check_unified_invariant(batch, data, layout, key_cache, value_cache)

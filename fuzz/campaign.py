@@ -31,7 +31,7 @@ from kvfuzz.strategies.batches import Limits, examples
 
 from .coverage import Coverage, labels
 from .faults import CallerFault
-from .findings import Finding, KernelCrash, KernelHang
+from .findings import CallerContractViolation, Finding, KernelCrash, KernelHang
 from .properties import Run, check_any, prepare_any
 from .reproducer import write_reproducer
 from .targets.base import Target
@@ -106,6 +106,8 @@ class CampaignConfig:
     work_dir: Path | None = None
     #: Hypothesis database: None for ``out/hypothesis-db``, a directory path, or ``redis://host:port/db``.
     db_spec: str | None = None
+    #: Run calls whose arguments could make a kernel read out of bounds (set in isolated worker processes).
+    run_unsafe: bool = False
 
     def db(self) -> ExampleDatabase:
         if self.database is None:
@@ -156,8 +158,20 @@ def recover_crashed(config: CampaignConfig, targets: dict[str, Target], hang: bo
         finding = KernelCrash("process died", "the process died while this example's kernel was running "
                               "(segfault, abort or kill); recovered from the campaign journal",
                               {"path": entry.get("path", "")})
-    found = FoundFailure(entry["target"], finding, example, None)
     target = targets.get(entry["target"])
+    if target is not None and entry.get("fault"):
+        # a faulty caller's call killed the kernel: blame the caller, with the crash as the kernel's outcome
+        from .faults import get_fault
+        from .properties import caller_violations
+
+        violations = caller_violations(target, prepare_any(target, example, get_fault(entry["fault"])))
+        if violations:
+            outcome = "hung" if hang else "crashed (the process died)"
+            finding = CallerContractViolation(violations[0]["invariant"], violations[0]["message"] +
+                                              f" Kernel computed from this call: {outcome}.",
+                                              {"path": entry.get("path", ""), "violations": violations,
+                                               "kernel": {"outcome": outcome}})
+    found = FoundFailure(entry["target"], finding, example, None)
     if target is not None and write:
         found.reproducer = write_reproducer(config.out, target, example, finding, None,
                                             fault_name=entry.get("fault"))
@@ -190,7 +204,7 @@ def fuzz_target(target: Target, config: CampaignConfig,
                                        "example": example.to_dict()}))
         run = prepare_any(target, example, config.fault)
         try:
-            check_any(target, example, config.fault, run=run)
+            check_any(target, example, config.fault, run=run, run_unsafe=config.run_unsafe)
         except Finding as f:
             sig = f.signature
             if sig in known:

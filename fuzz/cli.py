@@ -56,7 +56,9 @@ def targets(as_json: bool) -> None:
         t = get_target(name)
         a = t.availability()
         c = t.capabilities
-        rows.append({"name": name, "contract": c.contract.value, "devices": list(c.devices),
+        contract = "writer" if t.kind == "cache-writer" else c.contract.value
+        contract += " (decode-only)" if c.decode_only else ""
+        rows.append({"name": name, "contract": contract, "devices": list(c.devices),
                      "dtypes": list(c.dtypes), "head_sizes": list(c.head_sizes), "block_sizes": list(c.block_sizes),
                      "kv_cache_dtypes": list(c.kv_cache_dtypes), "available": a.ok, "device": a.device,
                      "reason": a.reason, "description": t.description})
@@ -124,7 +126,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                             limits=Limits(max_num_seqs=max_num_seqs, max_ctx_len=max_ctx_len,
                                           max_query_len=max_query_len),
                             poisons=tuple(Poison(p) for p in poisons) or tuple(Poison),
-                            work_dir=Path(worker_dir) if worker_dir else None, db_spec=db_spec)
+                            work_dir=Path(worker_dir) if worker_dir else None, db_spec=db_spec,
+                            run_unsafe=worker_dir is not None)
     try:
         config.db()
     except ValueError as e:
@@ -151,7 +154,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
             on_event=lambda msg: console.print(f"[yellow]{escape(msg)}[/]"))
         recovered += crashes
         for r in crashes:
-            console.print(f"[red]{r.finding.kind.value}[/] in {r.target} (x{r.count}) -> {escape(str(r.reproducer))}")
+            console.print(f"[red]{r.finding.kind.value}[/] ({escape(r.finding.check)}) in {r.target} (x{r.count}), "
+                          f"recovered from a worker that died -> {escape(str(r.reproducer))}")
         results = merge_summaries(summaries)
     elif observability:
         from .observability import observe_to
@@ -164,8 +168,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     _print_summary(results, recovered)
     summary = {"targets": results, "caller_fault": caller_fault, "seed": seed, "workers": workers,
                "interrupted": interrupted,
-               "recovered": [{"kind": r.finding.kind.value, "target": r.target, "count": r.count,
-                              "reproducer": str(r.reproducer)}
+               "recovered": [{"kind": r.finding.kind.value, "check": r.finding.check, "target": r.target,
+                              "count": r.count, "reproducer": str(r.reproducer)}
                              for r in recovered]}
     summary_file = config.dir / "summary.json"
     summary_file.write_text(json.dumps(summary, indent=2) + "\n")

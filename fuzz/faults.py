@@ -1,30 +1,110 @@
-"""Caller faults: deliberate breaks of a cache contract in kvfuzz's own harness, modeled on real caller bugs.
+"""Caller faults: deliberate breaks of a kernel's contract in kvfuzz's own harness, each modeled on a real
+caller bug (../shared/seeds/, REFERENCE.md §5).
 
-A fault changes what the harness writes before the kernel runs. kvfuzz must then report a caller contract
-violation, never a kernel bug, and still show what the kernel computed from the broken cache.
+A fault changes what the harness writes into the cache (``cached_lens``) or the call's arguments after they
+are built (``mutate_call``). kvfuzz must then report a caller contract violation, never a kernel bug, and
+still show what the kernel computed from the broken call. A fault that cannot apply to an example (a
+two-sequence fault on a one-sequence batch, a max_seq_len fault on a kernel without that argument) leaves it
+alone; ``applies`` says which.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import attrs
+import torch
 
 from kvfuzz.contracts.batch import Batch
 
 
+def _required(batch: Batch, required: tuple[int, ...]) -> tuple[int, ...]:
+    return required
+
+
+def _decode_ctx_only(batch: Batch, required: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(batch.ctx_lens[i] if batch.is_decode(i) else n for i, n in enumerate(required))
+
+
+def _no_mutation(batch, data, cache, call) -> None:
+    return None
+
+
+def _int64_index(batch, data, cache, call) -> None:
+    """The seeds' first bug: index tensors built with dtype=torch.long (vllm-project test_prefix_prefill)."""
+    for name in ("block_table", "seq_lens", "query_start_loc", "b_loc", "b_seq_len", "b_start_loc"):
+        t = call.kwargs.get(name)
+        if isinstance(t, torch.Tensor):
+            call.kwargs[name] = t.to(torch.int64)
+
+
+def _max_seq_len_too_small(batch, data, cache, call) -> None:
+    """The seeds' test passed MAX_CTX_LEN as max_seq_len although its decode sequence reached one more."""
+    call.kwargs["max_seq_len"] = max(batch.ctx_lens)
+
+
+def _block_out_of_range(batch, data, cache, call) -> None:
+    """A block table entry one past the cache (an off-by-one in a block allocator): the last block the
+    longest sequence reads."""
+    seq = max(range(batch.num_seqs), key=lambda i: batch.seq_lens[i])
+    table = call.kwargs["block_table"]
+    table[seq, batch.blocks_needed(seq) - 1] = batch.num_blocks
+
+
+def _shared_block(batch, data, cache, call) -> None:
+    """Two sequences' tables name one physical block for positions they both write (a double-allocated
+    block): the second sequence's tokens overwrite the first's, as reshape_and_cache would with that table."""
+    a, b = 0, 1
+    table = call.kwargs["block_table"]
+    blk_a = batch.block_table[a][batch.blocks_needed(a) - 1]
+    col_b = batch.blocks_needed(b) - 1
+    table[b, col_b] = blk_a
+    # re-write b's positions in that block through the faulty table
+    bs = batch.block_size
+    start = col_b * bs
+    pos = torch.arange(start, min(batch.seq_lens[b], start + bs))
+    if len(pos):
+        seq = torch.full_like(pos, b)
+        rows = data.token_rows(batch, seq, pos)
+        slots = blk_a * bs + pos % bs
+        dev = cache.key_cache.device
+        cache.layout.write(cache.key_cache, cache.value_cache, slots.to(dev), data.keys[rows].to(dev),
+                           data.values[rows].to(dev))
+
+
+def _query_start_loc_mismatch(batch, data, cache, call) -> None:
+    """query_start_loc that does not match the query tokens: one sequence's start moved by one (a cumsum
+    built from the wrong lengths), so two sequences exchange a token."""
+    for name in ("query_start_loc", "b_start_loc"):
+        t = call.kwargs.get(name)
+        if isinstance(t, torch.Tensor):
+            t[1] += 1
+
+
 @attrs.frozen
 class CallerFault:
+    """name: the --caller-fault value. description: the real bug it models. cached_lens: what the faulty
+    caller writes into the cache instead of what the contract requires. mutate_call: how it breaks the built
+    call (in place). needs_seqs: fewest sequences it needs; needs_kwarg: an argument the kernel must take."""
+
     name: str
     description: str
+    cached_lens: Callable[[Batch, tuple[int, ...]], tuple[int, ...]] = _required
+    mutate_call: Callable = _no_mutation
+    needs_seqs: int = 1
+    needs_kwarg: str | None = None
+    needs_decode: bool = False
 
-    def cached_lens(self, batch: Batch, required: tuple[int, ...]) -> tuple[int, ...]:
-        """The per-sequence cached lengths the faulty caller writes instead of ``required``."""
-        if self.name == "decode-ctx-only":
-            return tuple(batch.ctx_lens[i] if batch.is_decode(i) else n for i, n in enumerate(required))
-        raise AssertionError(f"unhandled fault {self.name}")
+    def applies(self, batch: Batch, kwargs: dict | None = None) -> bool:
+        """Whether this fault breaks anything for ``batch`` (and a call with ``kwargs``)."""
+        if batch.num_seqs < self.needs_seqs or (self.needs_decode and not batch.decode_seqs):
+            return False
+        if self.name == "query-start-loc-mismatch" and batch.query_lens[0] < 2:
+            return False  # moving the boundary past a 1-token sequence would empty it
+        return self.needs_kwarg is None or kwargs is None or self.needs_kwarg in kwargs
 
-    def applies(self, batch: Batch) -> bool:
-        """Whether this fault changes anything for ``batch`` (the caller broke the contract)."""
-        return bool(batch.decode_seqs)
+    def supports(self, kwargs: dict) -> bool:
+        return self.needs_kwarg is None or self.needs_kwarg in kwargs
 
 
 FAULTS: dict[str, CallerFault] = {
@@ -34,7 +114,21 @@ FAULTS: dict[str, CallerFault] = {
             "decode-ctx-only",
             "fill decode sequences only up to ctx_len, leaving the current token out of the cache, as "
             "vLLM's tests/kernels/attention/test_prefix_prefill.py did (../shared/seeds/)",
+            cached_lens=_decode_ctx_only, needs_decode=True,
         ),
+        CallerFault("int64-index", "block_table, seq_lens and query_start_loc as int64 (torch.long); the ROCm "
+                    "kernel reads them as int32 (../shared/seeds/, FlashInfer issue 1654, vllm issue 28490)",
+                    mutate_call=_int64_index),
+        CallerFault("max-seq-len-too-small", "max_seq_len = the longest context, not the longest sequence "
+                    "(../shared/seeds/: MAX_CTX_LEN passed while a decode reached ctx_len + 1)",
+                    mutate_call=_max_seq_len_too_small, needs_kwarg="max_seq_len"),
+        CallerFault("block-out-of-range", "a block id equal to num_blocks in a column the kernel reads (an "
+                    "allocator off by one; REFERENCE.md §5 bugs 1, 2, 5)", mutate_call=_block_out_of_range),
+        CallerFault("shared-block", "two sequences' tables name one physical block for positions both write "
+                    "(a double-allocated block)", mutate_call=_shared_block, needs_seqs=2),
+        CallerFault("query-start-loc-mismatch", "query_start_loc shifted by one token at a sequence boundary "
+                    "(built from the wrong lengths; cf. vllm PR 28905)", mutate_call=_query_start_loc_mismatch,
+                    needs_seqs=2),
     ]
 }
 

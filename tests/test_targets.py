@@ -44,7 +44,7 @@ def test_seeds_fault_is_a_caller_violation_and_shows_the_kernel_outcome(make_bat
     v = f.details["violations"][0]
     assert (v["seq"], v["position"]) == (1, 20)
     assert f.details["kernel"]["outcome"] == "non-finite"  # what the kernel computed from that cache
-    assert "Kernel computed from this cache: non-finite" in f.message
+    assert "Kernel computed from this call: non-finite" in f.message
 
 
 @pytest.mark.parametrize("name", ["vllm.chunked_prefill_paged_decode", "vllm.cpu_attention"])

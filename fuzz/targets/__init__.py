@@ -11,7 +11,13 @@ from .base import Availability, KernelCall, Target
 #: Built-in targets: name -> "module:class" (imported lazily, so a missing kernel never breaks the CLI).
 BUILTIN = {
     "vllm.chunked_prefill_paged_decode": "kvfuzz.fuzz.targets.vllm_triton:VllmChunkedPrefillPagedDecode",
+    "vllm.context_attention_fwd": "kvfuzz.fuzz.targets.vllm_triton:VllmContextAttentionFwd",
+    "vllm.unified_attention": "kvfuzz.fuzz.targets.vllm_triton:VllmUnifiedAttention",
+    "vllm.decode_attention_fwd": "kvfuzz.fuzz.targets.vllm_triton:VllmDecodeAttentionFwd",
     "vllm.cpu_attention": "kvfuzz.fuzz.targets.vllm_cpu:VllmCpuAttention",
+    "vllm.reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmReshapeAndCacheFlash",
+    "vllm.cpu_reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmCpuReshapeAndCache",
+    "torch.flex_paged": "kvfuzz.fuzz.targets.torch_flex:TorchFlexPaged",
 }
 
 _cache: dict[str, Target] = {}

@@ -59,6 +59,9 @@ class Target(abc.ABC):
     #: One line on what the kernel is and where it lives.
     description: ClassVar[str]
     capabilities: ClassVar[Capabilities]
+    #: The kernel's name in kvfuzz.contracts.call_checks.CALL_BUILDERS: the property then also runs the
+    #: runtime guard's argument checks (index dtypes, lengths, block ids, max_seq_len, ...) on every call.
+    checked_kernel: ClassVar[str | None] = None
     #: Poisons the pre-merge gate (``kvfuzz check``) uses; None: all. A target restricts this only for a
     #: documented, known kernel limitation, which ``kvfuzz fuzz`` (all poisons) keeps reporting.
     gate_poisons: ClassVar[tuple[Poison, ...] | None] = None

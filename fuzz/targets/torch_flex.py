@@ -29,6 +29,10 @@ head ``h // (H // Hkv)``, vLLM's grouping).
 Runs eagerly on the CPU (flex's math implementation: the whole ``[N, H, Q, n_pages*page_size]`` score matrix
 with the paged ``mask_mod``; its block sparsity is not used), ``torch.compile``d on CUDA (the fused Triton
 kernel, which does walk ``kv_indices``). :meth:`TorchFlexPaged.path` says which.
+
+Known defect (kvfuzz finding, REFERENCE bug class 3): NaN/inf in the V rows of slots no query may see reach
+the output as ``0 * NaN``: eagerly from any slot of the pool (free pages and other sequences' pages included),
+compiled from the tail of a sequence's last page. Fuzz past it with ``--poison stale --poison zeros``.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.layouts import LayoutError
-from kvfuzz.contracts.materialize import CacheState
+from kvfuzz.contracts.materialize import Poison, CacheState
 
 from .base import Availability, KernelCall, Target
 
@@ -72,6 +76,20 @@ class FlexPagedLayout:
 
 def _on_cuda() -> bool:
     return torch.cuda.is_available()
+
+
+def _keep_triton_interpretable() -> None:
+    """flex_attention imports triton (through dynamo/inductor) even when it runs eagerly. On a machine without
+    CUDA, enable Triton's interpreter first (:func:`~kvfuzz.fuzz.targets.vllm_triton.prepare_triton_runtime`), so
+    vLLM's Triton targets still run in the same process; too late (triton already imported) changes nothing."""
+    if _on_cuda():
+        return
+    from .vllm_triton import prepare_triton_runtime
+
+    try:
+        prepare_triton_runtime()
+    except RuntimeError:
+        pass
 
 
 @functools.cache
@@ -102,11 +120,15 @@ class TorchFlexPaged(Target):
     """torch ``PagedAttention`` + ``flex_attention`` over kvfuzz's paged cache (unified contract).
 
     Declared from runs on this CPU (eager): float32/float16/bfloat16; head sizes 16..256 including non powers
-    of two (48, 80); page sizes 8..128. On CUDA the compiled kernel is used; head sizes are limited to powers
-    of two there.
+    of two (48, 80); page sizes 8..128. On CUDA the compiled kernel is used, with head sizes 16..256 (powers of
+    two; 48/80 not tried there) and pages 16..128, all fp16/bf16/fp32 combinations of which ran on an H200.
     """
 
     name = "torch.flex_paged"
+    # Known limitation (README, Findings): NaN/inf in unused V slots reaches the output (eager: any slot of the
+    # pool; compiled: the tail of the sequence's last page). The gate checks finite poisons; `kvfuzz fuzz`
+    # keeps reporting NaN.
+    gate_poisons = (Poison.STALE, Poison.ZEROS)
     description = ("torch PagedAttention (torch.nn.attention.experimental._paged_attention) + flex_attention, "
                    "kvfuzz's block table as its page table (unified contract)")
     capabilities = Capabilities(
@@ -125,6 +147,7 @@ class TorchFlexPaged(Target):
                                              block_sizes=self.cuda_block_sizes)
 
     def availability(self) -> Availability:
+        _keep_triton_interpretable()
         try:
             from torch.nn.attention.experimental._paged_attention import PagedAttention  # noqa: F401
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
@@ -140,7 +163,40 @@ class TorchFlexPaged(Target):
         return FlexPagedLayout()
 
     def path(self, batch: Batch) -> str:
-        return "compiled (cuda)" if _on_cuda() else "eager (cpu)"
+        if not _on_cuda():
+            return "eager (cpu)"
+        opts = self.kernel_options(batch, "cuda")
+        return "compiled (cuda)" + (f", BLOCK_M=32 BLOCK_N={opts['BLOCK_N']}" if opts else ", default blocks")
+
+    @staticmethod
+    def logical_mask_mod(query_lens: torch.Tensor, ctx_lens: torch.Tensor):
+        """The contract's mask on logical positions: padded query rows masked, query ``q_idx`` of sequence
+        ``b`` sees kv positions ``0 .. ctx_len[b] + q_idx``."""
+
+        def causal_paged(b, h, q_idx, kv_idx):
+            return (q_idx < query_lens[b]) & (kv_idx <= ctx_lens[b] + q_idx)
+
+        return causal_paged
+
+    def paged_attention(self, batch: Batch, device: str | torch.device):
+        """The ``PagedAttention`` the kernel reads through: :func:`paged_attention_for` (kvfuzz's table)."""
+        return paged_attention_for(batch, device)
+
+    @staticmethod
+    def kernel_options(batch: Batch, device: torch.device | str) -> dict | None:
+        """Compiled (CUDA), pages smaller than 128: a small fixed config, ``BLOCK_M=32, BLOCK_N=min(page_size,
+        32), num_warps=4, num_stages=1``; otherwise flex's defaults.
+
+        The fused kernel requires the block mask's KV block size (= the page size) to be a multiple of its
+        ``BLOCK_N``, whose default on sm90 is up to 128 (torch/_inductor/template_heuristics/triton.py,
+        ``h100_default_flex_config``): smaller pages fail with "Q and KV block size must be divisible by BLOCK_M
+        and BLOCK_N". Overriding ``BLOCK_N`` alone is not enough: with 64, fp32 at head size 256 needs 304 KB of
+        shared memory (limit 227 KB); with 32, fp16 at head size 128 (default BLOCK_M 128, 8 warps) has "no
+        valid choices". This config passed every (fp16/bf16/fp32) x (head size 16..256) x (page 16/32/64) case on
+        an H200 with torch 2.11. Eager: none."""
+        if torch.device(device).type != "cuda" or batch.block_size >= 128:
+            return None
+        return {"BLOCK_M": 32, "BLOCK_N": min(batch.block_size, 32), "num_warps": 4, "num_stages": 1}
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         from torch.nn.attention.flex_attention import create_block_mask
@@ -157,18 +213,15 @@ class TorchFlexPaged(Target):
         ctx_lens = torch.tensor(batch.ctx_lens, dtype=torch.int64, device=dev)
         seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=dev)
 
-        def causal_paged(b, h, q_idx, kv_idx):  # logical positions: the contract's mask
-            return (q_idx < query_lens[b]) & (kv_idx <= ctx_lens[b] + q_idx)
-
         logical_kv = max(batch.blocks_needed(i) for i in range(n)) * batch.block_size
-        logical = create_block_mask(causal_paged, n, None, qmax, logical_kv, device=str(dev),
-                                    BLOCK_SIZE=(128, batch.block_size))
-        pa = paged_attention_for(batch, dev)
+        logical = create_block_mask(self.logical_mask_mod(query_lens, ctx_lens), n, None, qmax, logical_kv,
+                                    device=str(dev), BLOCK_SIZE=(128, batch.block_size))
+        pa = self.paged_attention(batch, dev)
         block_mask = pa.convert_logical_block_mask(logical, torch.arange(n, device=dev), seq_lens)
         output = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype,
                              device=dev)
         kwargs = dict(query=query, key=cache.key_cache, value=cache.value_cache, block_mask=block_mask,
-                      scale=float(batch.scale), enable_gqa=True,
+                      scale=float(batch.scale), enable_gqa=True, kernel_options=self.kernel_options(batch, dev),
                       # not passed to flex_attention: where each output row comes from, and the page table
                       _token_seq=seq, _token_j=j, _paged_attention=pa,
                       block_table=batch.block_table_tensor(dev), seq_lens=batch.seq_lens_tensor(dev),
@@ -185,7 +238,7 @@ class TorchFlexPaged(Target):
             with torch._dynamo.config.patch(recompile_limit=10_000, accumulated_recompile_limit=10_000,
                                             fail_on_recompile_limit_hit=True):
                 out = fn(kw["query"], kw["key"], kw["value"], block_mask=kw["block_mask"], scale=kw["scale"],
-                         enable_gqa=kw["enable_gqa"])
+                         enable_gqa=kw["enable_gqa"], kernel_options=kw["kernel_options"])
         call.output.copy_(out[kw["_token_seq"], :, kw["_token_j"]])
         return call.output
 

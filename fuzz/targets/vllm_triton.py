@@ -25,7 +25,7 @@ from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.layouts import CacheLayout, NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.materialize import CacheState
+from kvfuzz.contracts.materialize import CacheState, fill_poison
 
 from .base import Availability, KernelCall, Target
 
@@ -118,6 +118,7 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
     """
 
     name = "vllm.chunked_prefill_paged_decode"
+    checked_kernel = "chunked_prefill_paged_decode"
     description = "vLLM Triton prefix-prefill + paged decode (split contract)"
     capabilities = Capabilities(
         contract=Contract.SPLIT,
@@ -169,8 +170,6 @@ def _poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: in
     kernel that reads a scratch element it did not write in this call reads stale data: the poison makes
     such a read visible (NaN/inf) or wrong (stale) instead of silently plausible.
     """
-    from kvfuzz.contracts.materialize import fill_poison
-
     t = torch.empty(shape, dtype=torch.float32, device=cache.key_cache.device)
     fill_poison(t, cache.poison, seed_offset)
     return t
@@ -188,18 +187,20 @@ class VllmContextAttentionFwd(VllmTritonTarget):
 
     Block sizes: the kernel walks the context in tiles of 32 tokens and resolves each token's physical block
     separately (``_paged_kv_cache_offsets``), so the physical block size need not be a power of 2 nor divide
-    32 (vLLM's comment names 544, Qwen3-Next). Declared: 16, 32 (vLLM's usual sizes), 48 (non-power-of-2,
-    a tile spans two blocks) and 544 (the hybrid-model size; one block per sequence at kvfuzz's lengths).
+    32 (vLLM's comment names 544, Qwen3-Next). Declared, each run interpreted on mixed batches with head
+    sizes 24-128: 1 (a tile spans 32 blocks), 16 and 32 (vLLM's usual sizes), 48 (not a power of 2; tiles
+    straddle blocks) and 544 (the hybrid-model size; one block per sequence at kvfuzz's lengths).
     """
 
     name = "vllm.context_attention_fwd"
+    checked_kernel = "context_attention_fwd"
     description = "vLLM Triton prefix-prefill kernel for every sequence, decode included (prefix contract)"
     capabilities = Capabilities(
         contract=Contract.PREFIX,
         devices=("cpu", "cuda"),
         dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
-        head_sizes=(32, 64, 80, 128),  # any D works (padded to a power of 2); the 5-D cache needs D % x == 0
-        block_sizes=(16, 32, 48, 544),
+        head_sizes=(32, 40, 64, 80, 128),  # padded to a power of 2 inside; the 5-D cache needs D % x == 0
+        block_sizes=(1, 16, 32, 48, 544),
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -258,18 +259,22 @@ class VllmUnifiedAttention(VllmTritonTarget):
     Paths (the kernel's own rule, :meth:`path`): "3d" (16-segment split softmax + ``reduce_segments``) for
     small batches with ``max_query_len <= 8``; "2d" otherwise.
 
-    Block sizes: the backend accepts multiples of 16 (``supports_block_size``); tiles of 16/32 tokens may
-    span blocks (each token's block is looked up separately). Declared 16, 32, 48, 64.
+    Head sizes: the backend accepts ``head_size >= 32`` (``supports_head_size``); 40 and 80 exercise the
+    padding masks. Block sizes: the backend accepts multiples of 16 (``supports_block_size``); tiles of
+    16/32 tokens may span blocks (each token's block is looked up separately). Declared 16, 32, 48, 64 and
+    544 (the hybrid-model size); the kernel also ran correctly interpreted with 1 and 8, which vLLM never
+    passes it.
     """
 
     name = "vllm.unified_attention"
+    checked_kernel = "unified_attention"
     description = "vLLM Triton unified attention, 2-D and 3-D split-softmax paths (unified contract)"
     capabilities = Capabilities(
         contract=Contract.UNIFIED,
         devices=("cpu", "cuda"),
         dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
-        head_sizes=(32, 64, 80, 128),  # padded to a power of 2 inside; 80 exercises the padding masks
-        block_sizes=(16, 32, 48, 64),
+        head_sizes=(32, 40, 64, 80, 128),
+        block_sizes=(16, 32, 48, 64, 544),
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -307,9 +312,9 @@ class VllmUnifiedAttention(VllmTritonTarget):
         return call.output
 
     def path(self, batch: Batch) -> str:
-        """"3d" or "2d", by ``unified_attention``'s own selection rule for the arguments :meth:`build_call`
-        passes (scratch always given, causal, no mm-prefix; ``is_batch_invariant`` and the Blackwell
-        large-head tuning read from vLLM itself)."""
+        """The kernel path, "3d" or "2d", by ``unified_attention``'s own selection rule for the arguments
+        :meth:`build_call` passes (scratch always given, causal, no mm-prefix; ``MAX_3D_QUERY_LEN``,
+        ``is_batch_invariant`` and the Blackwell large-head tuning read from vLLM itself)."""
         max_q, gqa = batch.max_query_len, batch.gqa_ratio
         block_m = 16 if gqa <= 16 else 1 << (gqa - 1).bit_length()
         block_q = block_m // gqa
@@ -355,8 +360,8 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         contract=Contract.UNIFIED,
         devices=("cpu", "cuda"),
         dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
-        head_sizes=(32, 64, 80, 128),
-        block_sizes=(1, 16, 32, 48),
+        head_sizes=(32, 40, 64, 80, 128),  # padded to a power of 2 inside
+        block_sizes=(1, 16, 32, 48, 64),  # page_size 1 is SGLang's default; vLLM's MLA backends use 16*k
         decode_only=True,
     )
 

@@ -1,0 +1,153 @@
+"""torch.flex_paged: torch's PagedAttention + flex_attention with kvfuzz's block table as its page table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvfuzz.contracts.batch import Batch, positions
+from kvfuzz.contracts.data import make_batch_data
+from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.materialize import Poison, materialize
+from kvfuzz.fuzz.campaign import CampaignConfig, fuzz_target
+from kvfuzz.fuzz.findings import KernelMismatch, NonFiniteOutput
+from kvfuzz.fuzz.properties import check_any
+from kvfuzz.fuzz.targets.torch_flex import FlexPagedLayout, TorchFlexPaged, paged_attention_for
+from kvfuzz.strategies import Limits
+
+pytestmark = pytest.mark.kernel
+
+TARGET = TorchFlexPaged()
+AVAIL = TARGET.availability()
+
+
+@pytest.fixture(autouse=True)
+def _needs_flex():
+    if not AVAIL.ok:
+        pytest.skip(f"torch.flex_paged unavailable: {AVAIL.reason}")
+
+
+def mixed_batch(dtype="float32", seed=0, block_size=16, head_size=32, num_heads=4, num_kv_heads=2) -> Batch:
+    """Prefill with context, decode, prefill without context; blocks in reverse order, spare blocks 0 and 7."""
+    return Batch(query_lens=[5, 1, 17], ctx_lens=[3, 20, 0], num_heads=num_heads, num_kv_heads=num_kv_heads,
+                 head_size=head_size, block_size=block_size, num_blocks=8, block_table=[[6, 0], [5, 4], [3, 2]],
+                 dtype=dtype, seed=seed)
+
+
+# ---- the page table and the layout ---------------------------------------------------------------------
+def test_page_table_is_the_block_table_in_the_state_reserve_leaves():
+    """For the table reserve() itself would build, paged_attention_for reproduces reserve()'s state exactly."""
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+
+    seq_lens = [8, 21, 17]
+    ref = PagedAttention(8, 16, 3, device="cpu")
+    for i, s in enumerate(seq_lens):
+        ref.reserve(torch.tensor(i), torch.tensor(s))
+    table = [[int(p) for p in ref.page_table[i] if p >= 0] for i in range(3)]
+    width = max(map(len, table))
+    b = Batch(query_lens=[1, 1, 1], ctx_lens=[s - 1 for s in seq_lens], num_heads=1, num_kv_heads=1, head_size=16,
+              block_size=16, num_blocks=8, block_table=[r + [0] * (width - len(r)) for r in table])
+    pa = paged_attention_for(b, "cpu")
+    for name in ("page_table", "physical_to_logical", "capacity"):
+        assert torch.equal(getattr(pa, name), getattr(ref, name)), name
+    assert pa.empty_pages == ref.empty_pages
+
+
+def test_page_table_of_an_arbitrary_block_table():
+    b = mixed_batch()
+    pa = paged_attention_for(b, "cpu")
+    for i, row in enumerate(b.block_table):
+        need = b.blocks_needed(i)
+        assert pa.page_table[i, :need].tolist() == list(row[:need])
+        assert (pa.page_table[i, need:] == -1).all()  # padding columns are not pages
+        assert [int(pa.physical_to_logical[i, p]) for p in row[:need]] == list(range(need))
+        assert int((pa.physical_to_logical[i] >= 0).sum()) == need
+    assert pa.empty_pages == [7, 1, 0]
+
+
+def test_layout_writes_where_paged_attention_assign_writes():
+    """kvfuzz's materializer (FlexPagedLayout.write at kvfuzz's slots) and PagedAttention.assign (through its
+    page table) produce the same cache, bit for bit."""
+    b = mixed_batch(dtype="bfloat16", seed=4)
+    data = make_batch_data(b)
+    ours = materialize(b, data, FlexPagedLayout(), b.seq_lens, Poison.ZEROS)
+    pa = paged_attention_for(b, "cpu")
+    kc, vc = FlexPagedLayout().allocate(b)
+    kc.zero_(), vc.zero_()
+    for i in range(b.num_seqs):
+        seq, pos = positions([b.seq_lens[i]])
+        rows = data.token_rows(b, seq + i, pos)
+        k = data.keys[rows].permute(1, 0, 2)[None]  # [1, Hkv, S, D]
+        v = data.values[rows].permute(1, 0, 2)[None]
+        pa.assign(torch.tensor([i]), pos[None], k, v, kc, vc)
+    assert torch.equal(ours.key_cache.view(torch.int16), kc.view(torch.int16))
+    assert torch.equal(ours.value_cache.view(torch.int16), vc.view(torch.int16))
+    got_k, got_v = FlexPagedLayout().gather(kc, vc, b.slot_mapping())
+    exp_k, exp_v = data.new_kv(b)
+    assert torch.equal(got_k, exp_k) and torch.equal(got_v, exp_v)
+
+
+# ---- end to end ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_flex_paged_agrees_with_the_reference(make_batch, dtype):
+    run = check_any(TARGET, Example(mixed_batch(dtype=dtype, seed=1), Poison.STALE))
+    assert run.path == "eager (cpu)" and run.output.shape == (23, 4, 32)
+    # GQA 7 over one kv head, a head size that is not a power of two, page size 8, pages in reverse order
+    b = make_batch([(9, 7), (1, 16), (1, 0)], num_heads=7, num_kv_heads=1, head_size=48, block_size=8, spare=2,
+                   dtype=dtype, seed=5, reverse=True)
+    run = check_any(TARGET, Example(b, Poison.ZEROS))
+    assert run.output.shape == (11, 7, 48)
+
+
+def test_nan_in_a_free_page_poisons_the_output():
+    """FINDING (torch 2.13 eager flex_attention, the math path): P @ V runs over every page of the pool, so NaN
+    in the V rows of any slot that no query may see - the tail of the sequence's own last page, other
+    sequences' pages, free pages - multiplies probability 0 and turns the whole output NaN (REFERENCE bug
+    class 3). Minimal case found by the campaign: one decode token, page size 8, one page. The compiled kernel
+    (torch 2.11, H200) skips pages outside the block mask but has the same defect in the tail of a sequence's
+    last page."""
+    b = Batch(query_lens=[1], ctx_lens=[0], num_heads=1, num_kv_heads=1, head_size=16, block_size=8,
+              num_blocks=1, block_table=[[0]], dtype="float32")
+    with pytest.raises(NonFiniteOutput) as info:
+        check_any(TARGET, Example(b, Poison.NAN))
+    assert info.value.details["oracle"]["bad_elements"] == 16
+    check_any(TARGET, Example(b, Poison.STALE))  # finite garbage there is masked correctly
+
+
+# ---- broken variants are caught ---------------------------------------------------------------------
+class MaskOffByOne(TorchFlexPaged):
+    """Query j sees positions 0 .. ctx_len + j - 1: its own token is left out."""
+
+    @staticmethod
+    def logical_mask_mod(query_lens, ctx_lens):
+        def mask(b, h, q_idx, kv_idx):
+            return (q_idx < query_lens[b]) & ((kv_idx < ctx_lens[b] + q_idx) | (kv_idx == 0))
+
+        return mask
+
+
+class OwnPageTable(TorchFlexPaged):
+    """The kernel reads through the pages reserve() hands out, not the ones kvfuzz wrote the cache at."""
+
+    def paged_attention(self, batch, device):
+        from torch.nn.attention.experimental._paged_attention import PagedAttention
+
+        pa = PagedAttention(batch.num_blocks, batch.block_size, batch.num_seqs, device=str(device))
+        for i, s in enumerate(batch.seq_lens):
+            pa.reserve(torch.tensor(i), torch.tensor(s))
+        return pa
+
+
+@pytest.mark.parametrize("cls", [MaskOffByOne, OwnPageTable])
+def test_broken_variant_is_a_kernel_mismatch(cls):
+    with pytest.raises(KernelMismatch) as info:
+        check_any(cls(), Example(mixed_batch(seed=2), Poison.STALE))
+    assert info.value.check == "agreement"
+
+
+def test_short_campaign(tmp_path):
+    cfg = CampaignConfig(out=tmp_path, max_examples=6, seed=1, poisons=(Poison.STALE, Poison.ZEROS),
+                         limits=Limits(max_num_seqs=3, max_ctx_len=40, max_query_len=12))
+    stats = fuzz_target(TARGET, cfg)
+    assert stats.failures == {}, [f.finding.message for f in stats.failures.values()]
+    assert stats.examples == 6 and stats.paths["eager (cpu)"] == 6
