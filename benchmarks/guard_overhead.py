@@ -29,7 +29,8 @@ from kvfuzz.fuzz.guard import guard
 from kvfuzz.fuzz.targets import get_target
 
 
-def make_batch(lens, *, num_heads=4, num_kv_heads=2, head_size=64, block_size=16, dtype="float32", seed=0):
+def make_batch(lens, *, num_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+               dtype="float16" if torch.cuda.is_available() else "float32", seed=0):
     needed = [-(-(q + c) // block_size) for q, c in lens]
     width = max(needed)
     table, k = [], 0
@@ -52,11 +53,14 @@ CLOCK = time.thread_time
 
 
 def median_s(fn, repeat: int) -> float:
-    fn()  # warm-up
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    fn()  # warm-up (and, compiled, the JIT)
+    sync()
     times = []
     for _ in range(repeat):
         t = CLOCK()
         fn()
+        sync()  # on a GPU, time the kernel, not its launch
         times.append(CLOCK() - t)
     return statistics.median(times)
 
@@ -71,7 +75,7 @@ def bench(target_name: str, entry, kernel: str, repeat: int, batches) -> list[tu
     for label, lens in batches.items():
         b = make_batch(lens)
         d = make_batch_data(b)
-        cs = materialize(b, d, t.layout(b), t.capabilities.contract.cached_lens(b), Poison.STALE)
+        cs = materialize(b, d, t.layout(b), t.capabilities.contract.cached_lens(b), Poison.STALE, device=t.device)
         kw = t.build_call(b, d, cs).kwargs
         fn = entry()
         plain = median_s(lambda: fn(**kw), repeat)
@@ -91,11 +95,12 @@ def main() -> None:
     ap.add_argument("--wall", action="store_true", help="wall-clock time (perf_counter), torch's default threads")
     args = ap.parse_args()
     global CLOCK
-    if args.wall:
+    if args.wall or torch.cuda.is_available():  # GPU: wall time around a synchronize
         CLOCK = time.perf_counter
     else:
         torch.set_num_threads(1)
-    print(f"clock: {'wall (perf_counter)' if args.wall else 'thread CPU time (thread_time), torch on 1 thread'}")
+    print(f"clock: {'wall (perf_counter)' if CLOCK is time.perf_counter else 'thread CPU time (thread_time), torch on 1 thread'}"
+          f"{'; CUDA: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else ''}")
     rows = bench("vllm.cpu_attention", lambda: torch.ops._C.cpu_attention_with_kv_cache,
                  "cpu_attention_with_kv_cache", args.repeat, BATCHES)
 
@@ -104,8 +109,10 @@ def main() -> None:
 
         return m.chunked_prefill_paged_decode
 
-    rows += bench("vllm.chunked_prefill_paged_decode", cppd, "chunked_prefill_paged_decode", args.interp_repeat,
-                  {k: v for k, v in BATCHES.items() if "cpu op only" not in k})
+    compiled = torch.cuda.is_available()
+    rows += bench("vllm.chunked_prefill_paged_decode", cppd, "chunked_prefill_paged_decode",
+                  args.repeat if compiled else args.interp_repeat,
+                  BATCHES if compiled else {k: v for k, v in BATCHES.items() if "cpu op only" not in k})
     print(f"{'kernel':30} {'batch':36} {'kernel ms':>10} {'guarded ms':>11} {'checks ms':>10} {'no-vacuity ms':>14}")
     for kernel, label, plain, guarded, checks, checks_nv in rows:
         print(f"{kernel:30} {label:36} {plain * 1e3:10.3f} {guarded * 1e3:11.3f} {checks * 1e3:10.3f} "

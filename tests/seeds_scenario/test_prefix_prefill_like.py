@@ -29,6 +29,9 @@ prepare_triton_runtime()  # TRITON_INTERPRET=1 on CPU, before vllm/triton are im
 
 from vllm.v1.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode  # noqa: E402
 
+if torch.cuda.is_available():  # as vLLM's test does (device "cuda:0"); on CPU the interpreter runs it
+    torch.set_default_device("cuda")
+
 NUM_HEADS = 4
 NUM_QUERIES_PER_KV = 2
 HEAD_SIZE = 32

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One GPU session on a machine with no network (this project's lent H100/H200): install what was carried,
+# list targets, fuzz every target compiled, measure the guard, run the seeds' scenario under the plugin.
+# Carried (ignored) folder .device/: whl/*.whl (hypothesis, attrs, click, rich, pyzmq, cachetools, blake3,
+# regex, ...) and vllm-py.tgz (vLLM 0.33.0's Python files, no .so). Usage: bash benchmarks/gpu_session.sh OUTDIR
+set -uo pipefail
+OUT=${1:-/tmp/kvfuzz-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl || exit 1
+mkdir -p /tmp/vllm && tar xzf .device/vllm-py.tgz -C /tmp/vllm || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/kv . || exit 1
+export PYTHONPATH=/tmp/kv:/tmp/site:/tmp/vllm
+KV="python3 -m kvfuzz.fuzz.cli"
+{
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  $KV targets
+  for t in vllm.chunked_prefill_paged_decode vllm.context_attention_fwd vllm.unified_attention \
+           vllm.decode_attention_fwd vllm.reshape_and_cache torch.flex_paged; do
+    timeout 120 $KV fuzz --target "$t" --max-examples 300 --duration "${FUZZ_SECONDS:-40}s" --out "$OUT/fuzz/$t" \
+      2>&1 | grep -v "^ *$" | tail -25
+  done
+  timeout 120 python3 benchmarks/guard_overhead.py --repeat 30
+  KVFUZZ_SEEDS_SCENARIO=1 timeout 120 python3 -m pytest -q -p kvfuzz.fuzz.pytest_plugin --kvfuzz-guard \
+    -p no:cacheprovider tests/seeds_scenario 2>&1 | tail -30
+} > "$OUT/log.txt" 2>&1
+tar czf "$OUT/reproducers.tgz" -C "$OUT" fuzz --exclude=hypothesis-db 2>/dev/null
+tail -c 20000 "$OUT/log.txt"
