@@ -104,8 +104,10 @@ def call_violations(target: Target, run: Run) -> list[dict]:
         return []
     from kvfuzz.contracts.call_checks import check_kernel_call
 
-    new = (None, None) if target.capabilities.contract.passes_new_kv else run.data.new_kv(run.example.batch)
-    found = check_kernel_call(target.checked_kernel, run.call.kwargs, key=new[0], value=new[1], vacuity=False)
+    key = value = None
+    if not target.capabilities.contract.passes_new_kv:  # unified: hand the guard the new tokens, where the call is
+        key, value = (t.to(run.call.key_cache.device) for t in run.data.new_kv(run.example.batch))
+    found = check_kernel_call(target.checked_kernel, run.call.kwargs, key=key, value=value, vacuity=False)
     return [v.to_dict() | {"invariant": v.check} for v in found if v.is_error]
 
 
