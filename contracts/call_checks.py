@@ -1023,8 +1023,15 @@ def check_call(call: PagedCall, *, rocm_arch: str | None = None,
 
     ``rocm_arch``: the ROCm architecture the call runs on (:func:`current_rocm_arch`), or None off ROCm (then
     ROCm-only problems are warnings for ``portability_archs``). ``vacuity``: also run :func:`check_vacuity`.
-    Never raises on odd arguments: a malformed call yields :data:`SHAPES` violations instead.
+    Never raises on odd arguments: a malformed call yields :data:`SHAPES` violations instead. Index arithmetic
+    runs on the CPU whatever ``torch.set_default_device`` says (vLLM's tests set "cuda").
     """
+    with torch.device("cpu"):
+        return _check_call(call, rocm_arch=rocm_arch, portability_archs=portability_archs, vacuity=vacuity)
+
+
+def _check_call(call: PagedCall, *, rocm_arch: str | None, portability_archs: tuple[str, ...],
+                vacuity: bool) -> list[CallViolation]:
     out = check_shapes(call)
     out += check_index_tensors(call) if not any(v.check == SHAPES and "is not a tensor" in v.message for v in out) \
         else []

@@ -515,3 +515,24 @@ def test_seeds_scenario_is_not_collected_by_the_normal_run():
     r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                         "tests/seeds_scenario"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "no tests collected" in r.stdout and r.returncode == 5, r.stdout + r.stderr
+
+
+def test_checks_ignore_the_default_device(make_batch):
+    """vLLM's tests call torch.set_default_device("cuda"); the guard's CPU-side index arithmetic must not
+    follow it (seen on an H100: 'Expected all tensors to be on the same device'). "meta" stands in for cuda."""
+    from kvfuzz.contracts.call_checks import check_kernel_call
+    from kvfuzz.contracts.data import make_batch_data
+    from kvfuzz.contracts.materialize import materialize
+    from kvfuzz.fuzz.targets import get_target
+
+    t = get_target("vllm.chunked_prefill_paged_decode")
+    b = make_batch([(5, 3), (1, 20)], dtype="float16", head_size=64)
+    d = make_batch_data(b)
+    c = materialize(b, d, t.layout(b), (3, 20), Poison.STALE)  # the seeds' fill: decode token missing
+    kw = t.build_call(b, d, c).kwargs
+    torch.set_default_device("meta")
+    try:
+        found = check_kernel_call("chunked_prefill_paged_decode", kw)
+    finally:
+        torch.set_default_device(None)
+    assert [v.check for v in found if v.is_error] == ["decode invariant"]
