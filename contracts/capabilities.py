@@ -41,6 +41,12 @@ class Capabilities:
         if bad:
             raise ValueError(f"unknown kv_cache_dtypes {bad}; known: {list(KV_CACHE_DTYPES)}")
 
+    def accepts(self, batch) -> bool:
+        """Whether ``batch`` (a :class:`~kvfuzz.contracts.batch.Batch`) is inside this declaration."""
+        return (batch.dtype in self.dtypes and batch.kv_cache_dtype in self.kv_cache_dtypes
+                and batch.head_size in self.head_sizes and batch.block_size in self.block_sizes
+                and (not self.decode_only or all(q == 1 for q in batch.query_lens)))
+
     def restrict(self, **kw) -> "Capabilities":
         """A narrower declaration (e.g. ``dtypes=("float32",)``); raises ValueError if a value is not in
         the original declaration."""

@@ -27,12 +27,12 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.materialize import Poison
-from kvfuzz.strategies.batches import Limits, examples
+from kvfuzz.strategies.batches import Limits, examples, undeclared_examples
 
 from .coverage import Coverage, labels
 from .faults import CallerFault
 from .findings import CallerContractViolation, Finding, KernelCrash, KernelHang
-from .properties import Run, check_any, prepare_any
+from .properties import Run, check_any, check_undeclared, prepare_any
 from .reproducer import write_reproducer
 from .targets.base import Target
 
@@ -60,6 +60,7 @@ class TargetStats:
     failures: dict = attrs.Factory(dict)  # signature -> FoundFailure
     max_error_ratio: float = 0.0
     coverage: Coverage = attrs.Factory(Coverage)
+    rejections: collections.Counter = attrs.Factory(collections.Counter)  # --undeclared: error -> count
 
     @property
     def examples_per_second(self) -> float:
@@ -75,6 +76,7 @@ class TargetStats:
             "harness_s": round(self.harness_seconds, 3),
             "paths": dict(self.paths),
             "coverage": self.coverage.to_dict(),
+            "rejections": dict(self.rejections.most_common(20)),
             "max_error_ratio": self.max_error_ratio,
             "failures": [
                 {"kind": f.finding.kind.value, "blame": f.finding.kind.blame, "check": f.finding.check,
@@ -108,6 +110,8 @@ class CampaignConfig:
     db_spec: str | None = None
     #: Run calls whose arguments could make a kernel read out of bounds (set in isolated worker processes).
     run_unsafe: bool = False
+    #: Draw configurations the target does not declare (kvfuzz.fuzz.properties.check_undeclared).
+    undeclared: bool = False
 
     def db(self) -> ExampleDatabase:
         if self.database is None:
@@ -193,7 +197,10 @@ def fuzz_target(target: Target, config: CampaignConfig,
     known: set[tuple[str, str]] = set()
     latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
     start = time.monotonic()
-    strategy = examples(target.capabilities, config.limits, config.poisons)
+    if config.undeclared:
+        strategy = undeclared_examples(target.capabilities, target.faithful_dtypes(), config.limits, config.poisons)
+    else:
+        strategy = examples(target.capabilities, config.limits, config.poisons)
 
     def body(example: Example) -> None:
         lab = labels(target, example.batch)
@@ -202,9 +209,26 @@ def fuzz_target(target: Target, config: CampaignConfig,
         steer(stats.coverage.rarity(lab), label="rarely covered paths")
         journal.write_text(json.dumps({"target": target.name, "fault": fault_name, "path": lab["path"],
                                        "example": example.to_dict()}))
-        run = prepare_any(target, example, config.fault)
+        if config.undeclared:
+            from kvfuzz.contracts.layouts import LayoutError
+            try:
+                run = prepare_any(target, example, config.fault)
+            except LayoutError:
+                journal.unlink(missing_ok=True)
+                from hypothesis import reject
+                reject()
+        else:
+            run = prepare_any(target, example, config.fault)
         try:
-            check_any(target, example, config.fault, run=run, run_unsafe=config.run_unsafe)
+            if config.undeclared:
+                run, outcome = check_undeclared(target, example, run=run)
+                kind = outcome.split(":")[0]
+                lab["undeclared"] = kind
+                event(f"undeclared: {kind}")
+                if kind == "rejected":
+                    stats.rejections[outcome.removeprefix("rejected: ")] += 1
+            else:
+                check_any(target, example, config.fault, run=run, run_unsafe=config.run_unsafe)
         except Finding as f:
             sig = f.signature
             if sig in known:

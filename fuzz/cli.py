@@ -107,13 +107,16 @@ def _progress_line(s: TargetStats) -> str:
               help="With --workers > 1: seconds one example may run before its worker is killed as hung.")
 @click.option("--db", "db_spec", default=None,
               help="Shared example database: a directory or redis://host:port/N. Default: OUT/hypothesis-db.")
+@click.option("--undeclared", is_flag=True,
+              help="Draw configurations the targets do not declare (head/block sizes, dtypes): each must be "
+                   "rejected with an error or computed right; silently wrong is a failure.")
 @click.option("--observability", is_flag=True,
               help="Write Hypothesis observability JSON lines (for Tyche) to OUT/observed/.")
 @click.option("--worker-dir", default=None, hidden=True, type=click.Path(file_okay=False))
 @click.option("--skip-target", "skip_targets", multiple=True, hidden=True)
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
-         max_query_len, poisons, threads, workers, example_timeout, db_spec, observability, worker_dir,
-         skip_targets) -> None:
+         max_query_len, poisons, threads, workers, example_timeout, db_spec, undeclared, observability,
+         worker_dir, skip_targets) -> None:
     """Fuzz real kernels; shrink each failure and write a reproducer directory under --out."""
     import torch
 
@@ -127,7 +130,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                                           max_query_len=max_query_len),
                             poisons=tuple(Poison(p) for p in poisons) or tuple(Poison),
                             work_dir=Path(worker_dir) if worker_dir else None, db_spec=db_spec,
-                            run_unsafe=worker_dir is not None)
+                            run_unsafe=worker_dir is not None, undeclared=undeclared)
     try:
         config.db()
     except ValueError as e:
@@ -148,6 +151,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         worker_args += ["--caller-fault", caller_fault] if caller_fault else []
         worker_args += ["--db", db_spec] if db_spec else []
         worker_args += ["--observability"] if observability else []
+        worker_args += ["--undeclared"] if undeclared else []
         console.print(f"fuzzing {', '.join(by_name)} with {workers} workers (logs: {out / 'workers'})")
         summaries, crashes, interrupted = run_workers(
             workers, worker_args, out, seed, budget, example_timeout, by_name, config,
@@ -264,6 +268,9 @@ def _print_summary(results: list[dict], recovered) -> None:
                           for f in s["failures"]) or "[green]none[/]"
         table.add_row(s["target"], str(s["examples"]), f"{s['examples_per_s']:.2f}", share, escape(paths), fails)
     console.print(table)
+    for s in results:
+        for msg, n in s.get("rejections", {}).items():
+            console.print(f"[bold]{s['target']}[/] rejected an undeclared configuration x{n}: {escape(msg)}")
     for s in results:
         if s.get("coverage"):
             console.print(f"[bold]{s['target']}[/] coverage: " + escape("; ".join(

@@ -45,5 +45,9 @@ class KernelHang(Finding):
     kind = FailureKind.KERNEL_HANG
 
 
+class SilentlyUnsupported(Finding):
+    kind = FailureKind.SILENT_UNSUPPORTED
+
+
 FINDING_CLASSES = {c.kind: c for c in (CallerContractViolation, KernelMismatch, NonFiniteOutput, KernelCrash,
-                                       KernelHang)}
+                                       KernelHang, SilentlyUnsupported)}

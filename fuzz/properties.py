@@ -3,6 +3,7 @@ that, returns finite output that agrees with the fp64 reference."""
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 from typing import Any
@@ -224,3 +225,38 @@ def check_any(target: Target, example: Example, fault: CallerFault | None = None
 
         return check_writer_example(target, example, fault, run=run)
     return check_example(target, example, fault, run=run, run_unsafe=run_unsafe)
+
+
+def check_undeclared(target: Target, example: Example, run: Run | None = None) -> tuple[Run, str]:
+    """The property for a configuration the target does *not* declare (kvfuzz fuzz --undeclared).
+
+    Returns ``(run, outcome)`` with outcome "rejected: <first line of the kernel's error>" (the expected
+    answer to an unsupported configuration: a clear error, counted, not a failure) or "accepted, correct"
+    (the declaration could be widened). Raises SilentlyUnsupported when the kernel accepted it and computed
+    it wrongly or non-finitely: wrong answers instead of an error. Raises hypothesis's UnsatisfiedAssumption
+    (via ``reject()``) when kvfuzz's own cache layout cannot hold the configuration.
+    """
+    from hypothesis import reject
+
+    from kvfuzz.contracts.layouts import LayoutError
+
+    from .findings import KernelCrash, KernelMismatch, NonFiniteOutput, SilentlyUnsupported
+
+    try:
+        run = run or prepare_any(target, example)
+    except LayoutError:
+        reject()  # kvfuzz's layout (or the op's own cache writer) cannot hold it: nothing to ask the kernel
+    b = example.batch
+    what = (f"dtype {b.dtype}, head_size {b.head_size}, block_size {b.block_size}"
+            f"{', kv_cache_dtype ' + b.kv_cache_dtype if b.kv_cache_dtype != 'auto' else ''}")
+    try:
+        check_any(target, example, run=run)
+    except KernelCrash as e:
+        # group equal errors: drop glog's "[F1121 10:07:04.913680852 " time stamps
+        return run, "rejected: " + re.sub(r"\[[A-Z]\d{4} [\d:.]+ ", "[", e.message.splitlines()[0])[:200]
+    except (KernelMismatch, NonFiniteOutput) as f:
+        raise SilentlyUnsupported(
+            f.check, f"{target.name} accepted an undeclared configuration ({what}) without an error and "
+                     f"computed it wrongly: {f.message}. Either the kernel should reject it or its "
+                     f"declaration is too narrow and it has a bug there.", f.details) from None
+    return run, "accepted, correct"

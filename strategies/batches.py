@@ -135,6 +135,24 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
                  dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed)
 
 
+#: Head and block sizes real deployments use, declared or not: where undeclared configurations are drawn.
+UNIVERSE_HEAD_SIZES = (16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 256)
+UNIVERSE_BLOCK_SIZES = (1, 8, 16, 32, 48, 64, 128)
+
+
+def undeclared_examples(capabilities: Capabilities, dtypes: tuple[str, ...], limits: Limits = Limits(),
+                        poisons: tuple[Poison, ...] = tuple(Poison)) -> st.SearchStrategy[Example]:
+    """Examples *outside* ``capabilities``: head size, block size or dtype (from ``dtypes``, those the
+    environment computes faithfully) the target does not declare. A kernel must reject them with an error or
+    compute them right (kvfuzz's taxonomy: "configuration rejected" vs "silently accepted but unsupported")."""
+    if not dtypes:
+        raise InvalidArgument("dtypes must name at least one dtype the environment computes faithfully")
+    universe = attrs.evolve(capabilities, dtypes=dtypes,
+                            head_sizes=tuple(sorted(set(UNIVERSE_HEAD_SIZES) | set(capabilities.head_sizes))),
+                            block_sizes=tuple(sorted(set(UNIVERSE_BLOCK_SIZES) | set(capabilities.block_sizes))))
+    return examples(universe, limits, poisons).filter(lambda e: not capabilities.accepts(e.batch))
+
+
 def examples(capabilities: Capabilities, limits: Limits = Limits(),
              poisons: tuple[Poison, ...] = tuple(Poison)) -> st.SearchStrategy[Example]:
     """A batch plus the poison for the slots the contract leaves unwritten (NaN first: it shrinks there)."""

@@ -60,3 +60,16 @@ class DecodeMissesOwnToken(SdpaPaged):
                 s = torch.einsum("hd,khd->hk", q, k.repeat_interleave(g, 1)) * a["scale"]
                 out[qsl[i]] = torch.einsum("hk,khd->hd", s.softmax(-1), v.repeat_interleave(g, 1)).to(out.dtype)
         return out
+
+
+class SilentOnUndeclaredHeadSizes(SdpaPaged):
+    """Declares head sizes 32/64/128 and, for any other head size, returns zeros instead of raising."""
+
+    name = "planted.silent_on_undeclared_head_sizes"
+    description = "SDPA that computes garbage for undeclared head sizes without an error"
+
+    def run(self, call):
+        out = super().run(call)
+        if out.shape[-1] not in self.capabilities.head_sizes:
+            out.zero_()
+        return out

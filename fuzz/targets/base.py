@@ -86,6 +86,11 @@ class Target(abc.ABC):
     def run(self, call: KernelCall) -> torch.Tensor:
         """Run the kernel; return the output ``[num_tokens, num_heads, head_size]``."""
 
+    def faithful_dtypes(self) -> tuple[str, ...]:
+        """Dtypes this environment computes faithfully for the target, declared or not (where undeclared
+        configurations may be drawn). Default: the declared ones."""
+        return self.capabilities.dtypes
+
     def path(self, batch: Batch) -> str:
         """Which kernel path ``batch`` takes inside the target (reported as a Hypothesis event)."""
         return "default"

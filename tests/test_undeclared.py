@@ -1,0 +1,62 @@
+"""Undeclared configurations: rejected with an error (expected), accepted and right, or silently wrong (a
+failure)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.failures import FailureKind
+from kvfuzz.contracts.materialize import Poison
+from kvfuzz.fuzz.campaign import CampaignConfig, fuzz_target
+from kvfuzz.fuzz.findings import SilentlyUnsupported
+from kvfuzz.fuzz.properties import check_undeclared
+from kvfuzz.fuzz.targets import get_target
+from kvfuzz.strategies import Limits
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from planted_targets import SilentOnUndeclaredHeadSizes  # noqa: E402
+
+pytestmark = pytest.mark.kernel
+
+
+def test_taxonomy_of_undeclared_outcomes():
+    assert FailureKind.CONFIG_REJECTED.blame == "none" and not FailureKind.CONFIG_REJECTED.is_failure
+    assert FailureKind.SILENT_UNSUPPORTED.blame == "kernel" and FailureKind.SILENT_UNSUPPORTED.is_failure
+
+
+def test_cpu_op_rejects_block_size_8_with_an_error(make_batch):
+    t = get_target("vllm.cpu_attention")
+    if not t.availability().ok:
+        pytest.skip(t.availability().reason)
+    b = make_batch([(3, 4), (1, 9)], block_size=8, head_size=64)
+    assert not t.capabilities.accepts(b)
+    _, outcome = check_undeclared(t, Example(b, Poison.STALE))
+    assert outcome.startswith("rejected: ") and "block_size" in outcome
+
+
+def test_silently_wrong_on_an_undeclared_head_size_is_a_failure(make_batch):
+    t = SilentOnUndeclaredHeadSizes()
+    b = make_batch([(3, 4)], head_size=48)
+    with pytest.raises(SilentlyUnsupported) as info:
+        check_undeclared(t, Example(b, Poison.STALE))
+    assert "accepted an undeclared configuration" in info.value.message and "head_size 48" in info.value.message
+    _, outcome = check_undeclared(t, Example(make_batch([(3, 4)], head_size=32, block_size=4), Poison.STALE))
+    assert outcome == "accepted, correct"  # block_size 4 is undeclared too, but computed right
+
+
+def test_undeclared_campaign_finds_the_silent_kernel_and_counts_rejections(tmp_path):
+    stats = fuzz_target(SilentOnUndeclaredHeadSizes(), CampaignConfig(
+        out=tmp_path, max_examples=30, seed=2, undeclared=True, poisons=(Poison.STALE,),
+        limits=Limits(max_num_seqs=2, max_ctx_len=20, max_query_len=8, max_num_heads=4)))
+    kinds = {f.finding.kind for f in stats.failures.values()}
+    assert kinds == {FailureKind.SILENT_UNSUPPORTED}
+    (f,) = stats.failures.values()
+    assert f.example.batch.head_size not in (32, 64, 128)
+    t = get_target("vllm.cpu_attention")
+    if t.availability().ok:
+        stats = fuzz_target(t, CampaignConfig(out=tmp_path / "cpu", max_examples=20, seed=1, undeclared=True,
+                                              poisons=(Poison.STALE,)))
+        assert not stats.failures and sum(stats.rejections.values()) > 0
+        assert all("[F1" not in m for m in stats.rejections)  # time stamps stripped, equal errors grouped
