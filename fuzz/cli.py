@@ -25,6 +25,7 @@ from kvfuzz.strategies.batches import Limits
 from .campaign import CampaignConfig, TargetStats, fuzz_target, recover_crashed
 from .workers import merge_summaries, run_workers
 from .faults import FAULTS, get_fault
+from .report import write_report
 from .reproducer import replay as replay_case
 from .targets import BUILTIN, get_target
 
@@ -178,6 +179,11 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     summary_file = config.dir / "summary.json"
     summary_file.write_text(json.dumps(summary, indent=2) + "\n")
     console.print(f"summary: {summary_file}" + (" (interrupted)" if interrupted else ""))
+    if worker_dir is None:
+        try:
+            console.print(f"report: {write_report(out)}")
+        except Exception as e:  # a plotting problem must not cost the campaign's exit status
+            console.print(f"[yellow]could not write the report[/]: {escape(repr(e))}")
     failed = recovered or any(t["failures"] for t in results)
     sys.exit(1 if failed else 0)
 
@@ -321,6 +327,16 @@ def check(target_names, max_examples, seed, corpus, junit_xml, out_dir) -> None:
     failed = [r for r in results if r.failure is not None]
     console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     sys.exit(1 if failed else 0)
+
+
+@main.command()
+@click.argument("out_dir", type=click.Path(exists=True, file_okay=False))
+def report(out_dir: str) -> None:
+    """Write OUT_DIR/report.md with coverage plots from OUT_DIR/summary.json."""
+    try:
+        console.print(f"report: {write_report(Path(out_dir))}")
+    except FileNotFoundError as e:
+        raise click.UsageError(str(e)) from None
 
 
 @main.command()

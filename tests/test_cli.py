@@ -160,3 +160,17 @@ def test_sigterm_stops_after_the_current_example_and_writes_the_summary(tmp_path
     # resuming continues the chunk sequence instead of repeating the seeds already explored
     state = json.loads((tmp_path / "state.json").read_text())
     assert TRITON in state
+
+
+def test_fuzz_writes_a_report_with_coverage_plots(tmp_path):
+    need("vllm.cpu_attention")
+    r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--max-examples", "20", "--poison", "nan",
+               "--out", str(tmp_path))
+    assert r.returncode == 1
+    report = (tmp_path / "report.md").read_text()
+    assert "| vllm.cpu_attention | 20 |" in report and "non-finite output" in report
+    png = tmp_path / "coverage-vllm.cpu_attention.png"
+    assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
+    assert "![coverage of vllm.cpu_attention](coverage-vllm.cpu_attention.png)" in report
+    r = kvfuzz("report", str(tmp_path / "nothing-here"))
+    assert r.returncode == 2
