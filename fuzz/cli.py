@@ -154,14 +154,16 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         worker_args += ["--observability"] if observability else []
         worker_args += ["--undeclared"] if undeclared else []
         console.print(f"fuzzing {', '.join(by_name)} with {workers} workers (logs: {out / 'workers'})")
+        started = time.monotonic()
         summaries, crashes, interrupted = run_workers(
             workers, worker_args, out, seed, budget, example_timeout, by_name, config,
             on_event=lambda msg: console.print(f"[yellow]{escape(msg)}[/]"))
+        wall = time.monotonic() - started
         recovered += crashes
         for r in crashes:
             console.print(f"[red]{r.finding.kind.value}[/] ({escape(r.finding.check)}) in {r.target} (x{r.count}), "
                           f"recovered from a worker that died -> {escape(str(r.reproducer))}")
-        results = merge_summaries(summaries)
+        results = merge_summaries(summaries, wall)
     elif observability:
         from .observability import observe_to
 

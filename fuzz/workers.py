@@ -177,9 +177,10 @@ def _restart(w: Worker, gpus: int, duration: float | None, start: float, stoppin
     _start(w, gpus, remaining)
 
 
-def merge_summaries(summaries: list[dict]) -> list[dict]:
+def merge_summaries(summaries: list[dict], wall: float | None = None) -> list[dict]:
     """Merge per-worker target summaries: sums of examples and times, one failure entry per (target, kind,
-    check) with counts summed."""
+    check) with counts summed. ``wall``: the campaign's wall-clock seconds; examples/s is then the aggregate
+    rate of all workers (examples / wall), else examples over the longest worker's time."""
     merged: dict[str, dict] = {}
     for s in summaries:
         for t in s["targets"]:
@@ -206,6 +207,8 @@ def merge_summaries(summaries: list[dict]) -> list[dict]:
     out = []
     for m in merged.values():
         m["failures"] = list(m["failures"].values())
+        if wall:
+            m["elapsed_s"] = round(wall, 3)
         m["examples_per_s"] = round(m["examples"] / m["elapsed_s"], 3) if m["elapsed_s"] else 0.0
         out.append(m)
     return out
