@@ -119,6 +119,16 @@ def test_a_kernel_that_died_is_recovered_as_a_crash_reproducer(tmp_path, make_ba
     assert not (tmp_path / "inflight.json").exists()
 
 
+def test_a_user_adapter_loads_as_package_module_class(tmp_path):
+    import os
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    r = subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", "sdpa_paged_target:SdpaPaged",
+                        "--max-examples", "5", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(examples)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["targets"][0]["target"] == "example.sdpa_paged"
+
+
 def test_a_user_adapter_loads_from_a_file_outside_the_package(tmp_path):
     adapter = Path(__file__).resolve().parents[1] / "examples" / "sdpa_paged_target.py"
     r = kvfuzz("fuzz", "--target", f"{adapter}:SdpaPaged", "--max-examples", "15", "--poison", "nan",
@@ -158,8 +168,11 @@ def test_sigterm_stops_after_the_current_example_and_writes_the_summary(tmp_path
     assert 0 < summary["targets"][0]["examples"] < 1000
     assert not (tmp_path / "inflight.json").exists()
     # resuming continues the chunk sequence instead of repeating the seeds already explored
-    state = json.loads((tmp_path / "state.json").read_text())
-    assert TRITON in state
+    chunks = json.loads((tmp_path / "state.json").read_text())[TRITON]["chunks"]
+    r = kvfuzz("fuzz", "--target", TRITON, "--max-examples", "2", "--poison", "stale", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((tmp_path / "state.json").read_text())[TRITON]["chunks"] > chunks
+    assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is False
 
 
 def test_fuzz_writes_a_report_with_coverage_plots(tmp_path):
