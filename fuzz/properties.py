@@ -112,6 +112,18 @@ def call_violations(target: Target, run: Run) -> list[dict]:
     return [v.to_dict() | {"invariant": v.check} for v in found if v.is_error]
 
 
+def run_kernel(target: Target, call: KernelCall) -> tuple[torch.Tensor | None, str | None]:
+    """Run the kernel (synchronizing CUDA so its errors surface here); returns ``(output, None)`` or
+    ``(None, "<error and the last frames of its traceback>")`` when it raised."""
+    try:
+        out = target.run(call)
+        if call.key_cache.is_cuda:
+            torch.cuda.synchronize()
+        return out, None
+    except Exception as e:  # the kernel's own error, reported as a finding
+        return None, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+
+
 def _kernel_summary(out: torch.Tensor | None, finite_fail, agree_fail, crash: str | None) -> dict[str, Any]:
     if crash is not None and crash.startswith("not run"):
         return {"outcome": "not run", "error": crash}
@@ -165,12 +177,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
         crash = (f"not run: this call ({', '.join(unsafe)}) can make the kernel read or write outside its "
                  "tensors; `kvfuzz fuzz --workers 2` runs such calls in isolated worker processes")
     else:
-        try:
-            run.output = target.run(run.call)
-            if run.output.is_cuda:
-                torch.cuda.synchronize()
-        except Exception as e:  # the kernel's own error, reported as a finding
-            crash = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+        run.output, crash = run_kernel(target, run.call)
     t.kernel = time.perf_counter() - s
 
     s = time.perf_counter()

@@ -28,7 +28,6 @@ is built independently of the kernel (and of ``layout.write``, which for vLLM's 
 from __future__ import annotations
 
 import time
-import traceback
 from typing import Any
 
 import attrs
@@ -42,7 +41,7 @@ from kvfuzz.contracts.materialize import materialize
 
 from .faults import CallerFault
 from .findings import KernelCrash, KernelMismatch
-from .properties import Run, Timings
+from .properties import Run, Timings, run_kernel
 from .targets.base import Target
 
 SLOT_CONTENTS = "writer: slot contents"
@@ -371,13 +370,7 @@ def check_writer_example(target: Target, example: Example, fault: CallerFault | 
     t.check_caller = time.perf_counter() - s
 
     s = time.perf_counter()
-    crash = None
-    try:
-        target.run(call)
-        if call.key_cache.is_cuda:
-            torch.cuda.synchronize()
-    except Exception as e:  # the kernel's own error, reported as a finding
-        crash = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+    _, crash = run_kernel(target, call)
     t.kernel = time.perf_counter() - s
 
     s = time.perf_counter()

