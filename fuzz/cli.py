@@ -143,6 +143,12 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         console.print(f"[red]recovered a crash[/] from the last campaign: {r.target}: "
                       f"{escape(r.finding.message)} -> {escape(str(r.reproducer))}")
 
+    if workers > 1 and not any(a.device == "cuda" for a in (t.availability() for t in chosen)):
+        import os
+
+        if workers > (os.cpu_count() or 1):
+            console.print(f"[yellow]--workers {workers} on {os.cpu_count()} CPU cores[/]: workers will share cores "
+                          "(one per core is the most that helps on CPU)")
     if workers > 1:
         worker_args = [a for name in target_names for a in ("--target", name)]
         worker_args += ["--max-examples", str(max_examples), "--out", str(out), "--max-num-seqs", str(max_num_seqs),
