@@ -322,8 +322,38 @@ def cpu_attention_with_kv_cache_call(args: Mapping[str, Any], key: Any = None, v
     )
 
 
+def decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``decode_attention_fwd(q [N, H, D], k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits,
+    num_kv_splits, sm_scale, page_size=1, logit_cap=0.0, k_scale=None, v_scale=None)``
+    (vllm/v1/attention/ops/triton_decode_attention.py): decode-only, one query token per sequence, so
+    query_start_loc is implicit (``arange(N + 1)``); caches ``[num_pages, page_size, Hkv, D]`` (NHD) read
+    through ``req_to_token`` (the block table); unified contract: all seq_len positions in the cache. The
+    new tokens can be compared with the cache only when handed over (``key``/``value``)."""
+    q = args["q"]
+    n = int(q.shape[0]) if isinstance(q, torch.Tensor) else 0
+    kc = args["k_buffer"]
+    if isinstance(kc, torch.Tensor) and kc.dim() == 3:  # flat [slots, Hkv, D]: pages of page_size
+        ps = int(_get(args, "page_size", 1))
+        kc = kc.view(-1, ps, *kc.shape[1:])
+        vc = args["v_buffer"].view(-1, ps, *args["v_buffer"].shape[1:])
+    else:
+        vc = args["v_buffer"]
+    qsl = torch.arange(n + 1, dtype=torch.int32, device=q.device if isinstance(q, torch.Tensor) else "cpu")
+    return PagedCall(
+        kernel="decode_attention_fwd", contract=Contract.UNIFIED, layout=NHDLayout(), query=q, key_cache=kc,
+        value_cache=vc, block_table=args["req_to_token"], query_start_loc=qsl, seq_lens=args["b_seq_len"],
+        key=key, value=value,
+        names=dict(query="q", key_cache="k_buffer", value_cache="v_buffer", block_table="req_to_token",
+                   query_start_loc="(implicit: one query token per sequence)", seq_lens="b_seq_len"),
+        kv_cache_dtype=None, k_scale=_get(args, "k_scale") if _get(args, "k_scale") is not None else 1.0,
+        v_scale=_get(args, "v_scale") if _get(args, "v_scale") is not None else 1.0,
+        new_tokens_cached="all" if key is not None else "none", cache_reads="all",
+    )
+
+
 #: kernel name -> builder of a :class:`PagedCall` from the call's arguments bound by parameter name.
 CALL_BUILDERS: dict[str, Callable[..., PagedCall]] = {
+    "decode_attention_fwd": decode_attention_fwd_call,
     "chunked_prefill_paged_decode": chunked_prefill_paged_decode_call,
     "context_attention_fwd": context_attention_fwd_call,
     "unified_attention": unified_attention_call,
@@ -1058,6 +1088,10 @@ def _check_call(call: PagedCall, *, rocm_arch: str | None, portability_archs: tu
     return out
 
 
+#: Kernels that take no new-token key/value (their builders accept them separately).
+UNIFIED_KERNELS = ("unified_attention", "cpu_attention_with_kv_cache", "decode_attention_fwd")
+
+
 def check_kernel_call(kernel: str, args: Mapping[str, Any], *, key: Any = None, value: Any = None,
                       **kw: Any) -> list[CallViolation]:
     """:func:`check_call` on the arguments of one call of ``kernel`` (a key of :data:`CALL_BUILDERS`), bound
@@ -1065,6 +1099,5 @@ def check_kernel_call(kernel: str, args: Mapping[str, Any], *, key: Any = None, 
     call, when known (ignored for split kernels, which take them as arguments). Raises KeyError for an
     unknown kernel."""
     builder = CALL_BUILDERS[kernel]
-    call = builder(args, key, value) if kernel in ("unified_attention", "cpu_attention_with_kv_cache") \
-        else builder(args)
+    call = builder(args, key, value) if kernel in UNIFIED_KERNELS else builder(args)
     return check_call(call, **kw)

@@ -20,7 +20,8 @@ runs. ``"record"``: nothing is raised or warned, the kernel runs. In every mode 
 
 What is intercepted (:data:`KERNELS`):
 
-- Python functions ``chunked_prefill_paged_decode``, ``context_attention_fwd`` and ``unified_attention`` of
+- Python functions ``chunked_prefill_paged_decode``, ``context_attention_fwd``, ``unified_attention`` and
+  ``decode_attention_fwd`` of
   vllm.v1.attention.ops (and the pre-v1 vllm.attention.ops paths): the defining module's attribute is replaced
   by a checking wrapper, and so is every module-level attribute in ``sys.modules`` that is the original
   function (``from vllm...chunked_prefill_paged_decode import chunked_prefill_paged_decode`` in a test module,
@@ -150,11 +151,13 @@ KERNELS: tuple[KernelEntry, ...] = (
                 ("vllm.v1.attention.ops.prefix_prefill", "vllm.attention.ops.prefix_prefill")),
     KernelEntry("unified_attention", "unified_attention",
                 ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention")),
+    KernelEntry("decode_attention_fwd", "decode_attention_fwd",
+                ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention")),
     KernelEntry("cpu_attention_with_kv_cache", "cpu_attention_with_kv_cache", op_namespace="_C"),
 )
 
 _WATCHED = {m: e for e in KERNELS for m in e.modules}
-_UNIFIED = ("unified_attention", "cpu_attention_with_kv_cache")
+_UNIFIED = ("unified_attention", "cpu_attention_with_kv_cache", "decode_attention_fwd")
 
 # ---- module-level patch state (one set of patches, shared by all active guards) ---------------------------
 _LOCK = threading.RLock()

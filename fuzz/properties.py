@@ -77,8 +77,10 @@ def metadata_violations(target: Target, run: Run) -> list[dict]:
         return []
     from kvfuzz.contracts.call_checks import CALL_BUILDERS
 
-    call = CALL_BUILDERS[target.checked_kernel](run.call.kwargs, *([None, None] if target.checked_kernel in (
-        "unified_attention", "cpu_attention_with_kv_cache") else []))
+    from kvfuzz.contracts.call_checks import UNIFIED_KERNELS
+
+    call = CALL_BUILDERS[target.checked_kernel](run.call.kwargs, *([None, None] if target.checked_kernel in
+                                                                   UNIFIED_KERNELS else []))
     batch = run.example.batch
     out = []
     for name, got, want, what in (("query_start_loc", call.query_start_loc, batch.query_start_loc, "query tokens"),

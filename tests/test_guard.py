@@ -536,3 +536,33 @@ def test_checks_ignore_the_default_device(make_batch):
     finally:
         torch.set_default_device(None)
     assert [v.check for v in found if v.is_error] == ["decode invariant"]
+
+
+@pytest.mark.kernel
+def test_decode_attention_fwd_is_guarded_too(make_batch):
+    """decode_attention_fwd (decode-only, implicit query_start_loc): the seeds' fill fires the unified
+    invariant once the new tokens are handed over; a complete cache runs quietly."""
+    from kvfuzz.fuzz.targets import get_target
+    from kvfuzz.fuzz.targets.vllm_triton import prepare_triton_runtime
+
+    t = get_target("vllm.decode_attention_fwd")
+    if not t.availability().ok:
+        pytest.skip(t.availability().reason)
+    prepare_triton_runtime()
+    import vllm.v1.attention.ops.triton_decode_attention as m
+
+    b = make_batch([(1, 20), (1, 5)], dtype="float16", head_size=64)
+    d = make_batch_data(b)
+    key, value = d.new_kv(b)
+    for cached, fires in ((b.ctx_lens, True), (b.seq_lens, False)):
+        cs = materialize(b, d, t.layout(b), tuple(cached), Poison.NAN)
+        call = t.build_call(b, d, cs)
+        with guard("raise") as g, g.new_kv(key, value):
+            if fires:
+                with pytest.raises(CallerContractError) as info:
+                    m.decode_attention_fwd(**call.kwargs)
+                assert [(v.check, v.seq, v.position) for v in info.value.violations if v.is_error] == [
+                    (cc.UNIFIED, 0, 20), (cc.UNIFIED, 1, 5)]
+            else:
+                m.decode_attention_fwd(**call.kwargs)
+                assert g.records == [] and g.calls == {"decode_attention_fwd": 1}

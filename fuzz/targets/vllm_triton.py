@@ -347,6 +347,7 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
     """
 
     name = "vllm.decode_attention_fwd"
+    checked_kernel = "decode_attention_fwd"
     description = "vLLM Triton split-KV decode attention (decode only, unified contract)"
     capabilities = Capabilities(
         contract=Contract.UNIFIED,
