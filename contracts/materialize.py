@@ -60,12 +60,14 @@ def fill_poison(t: torch.Tensor, poison: Poison, seed: int) -> None:
 
 
 def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens: tuple[int, ...],
-                poison: Poison, device: str | torch.device = "cpu") -> CacheState:
+                poison: Poison, device: str | torch.device = "cpu",
+                poison_seeds: tuple[int, int] | None = None) -> CacheState:
     """Build a cache in ``layout`` that holds positions ``0 .. cached_lens[i]-1`` of every sequence ``i``
     at the slots its block table names, and ``poison`` in every other slot.
 
     ``cached_lens`` usually comes from :meth:`~kvfuzz.contracts.contract.Contract.cached_lens`; a caller
-    fault passes something else. Vectorized: one gather and one indexed store per cache.
+    fault passes something else. ``poison_seeds``: seeds of the key and value caches' STALE poison (default
+    ``batch.seed + 1``, ``+ 2``). Vectorized: one gather and one indexed store per cache.
 
     Raises LayoutError if the layout cannot hold this batch; ValueError if a cached length exceeds seq_len.
     """
@@ -75,8 +77,9 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
         if not 0 <= n <= s:
             raise ValueError(f"cached_lens[{i}] = {n} is outside 0..seq_len={s}")
     kc, vc = layout.allocate(batch, device=device)
-    fill_poison(kc, poison, batch.seed + 1)
-    fill_poison(vc, poison, batch.seed + 2)
+    ks, vs = poison_seeds if poison_seeds is not None else (batch.seed + 1, batch.seed + 2)
+    fill_poison(kc, poison, ks)
+    fill_poison(vc, poison, vs)
     seq, pos = positions(cached_lens)
     slots = batch.slots(seq, pos)
     rows = data.token_rows(batch, seq, pos)

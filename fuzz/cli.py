@@ -25,6 +25,7 @@ from kvfuzz.strategies.batches import Limits
 from .campaign import CampaignConfig, TargetStats, fuzz_target, recover_crashed
 from .workers import merge_summaries, run_workers
 from .faults import FAULTS, get_fault
+from .relations_cli import relations
 from .report import write_report
 from .reproducer import replay as replay_case
 from .targets import BUILTIN, get_target
@@ -365,6 +366,8 @@ def replay(directory: str) -> None:
     console.print(f"[red]{same}[/]: {r.got[0]} ({r.got[1]})\n{escape(r.message)}")
     sys.exit(1)
 
+
+main.add_command(relations)
 
 if __name__ == "__main__":
     main()
