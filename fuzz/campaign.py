@@ -61,6 +61,10 @@ class TargetStats:
     max_error_ratio: float = 0.0
     coverage: Coverage = attrs.Factory(Coverage)
     rejections: collections.Counter = attrs.Factory(collections.Counter)  # --undeclared: error -> count
+    #: Seconds and examples (counted from the campaign's start) until the first failing example, before any
+    #: shrinking; None while nothing failed.
+    first_failure_s: float | None = None
+    first_failure_examples: int | None = None
 
     @property
     def examples_per_second(self) -> float:
@@ -103,6 +107,8 @@ class CampaignConfig:
     poisons: tuple[Poison, ...] = tuple(Poison)
     chunk_examples: int = 25
     database: ExampleDatabase | None = None
+    #: Stop exploring after the first distinct failure is shrunk (benchmarks of time-to-first-failure).
+    stop_at_first_failure: bool = False
     #: Where this process journals its in-flight example and keeps its state (default: ``out``; a worker
     #: of a multi-process campaign uses ``out/workers/wN``).
     work_dir: Path | None = None
@@ -230,6 +236,9 @@ def fuzz_target(target: Target, config: CampaignConfig,
             else:
                 check_any(target, example, config.fault, run=run, run_unsafe=config.run_unsafe)
         except Finding as f:
+            if stats.first_failure_s is None:
+                stats.first_failure_s = time.monotonic() - start
+                stats.first_failure_examples = stats.examples + 1
             sig = f.signature
             if sig in known:
                 stats.failures[sig].count += 1
@@ -298,6 +307,8 @@ def fuzz_target(target: Target, config: CampaignConfig,
                 record(e)
             chunk += 1
             if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
+                break
+            if config.stop_at_first_failure and stats.failures:
                 break
     finally:  # also when interrupted: a resumed campaign starts after the chunk that was running
         state[target.name] = {"chunks": chunk + 1, "seed": config.seed}

@@ -25,6 +25,7 @@ from kvfuzz.strategies.batches import Limits
 from .campaign import CampaignConfig, TargetStats, fuzz_target, recover_crashed
 from .workers import merge_summaries, run_workers
 from .faults import FAULTS, get_fault
+from .bench_cli import bench
 from .relations_cli import relations
 from .report import write_report
 from .reproducer import replay as replay_case
@@ -368,6 +369,7 @@ def replay(directory: str) -> None:
 
 
 main.add_command(relations)
+main.add_command(bench)
 
 if __name__ == "__main__":
     main()

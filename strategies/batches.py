@@ -130,9 +130,14 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
     needed = [-(-(q + c) // block_size) for q, c in lens]
     num_blocks, table, _ = draw(block_tables(needed, limits.max_spare_blocks))
     seed = draw(st.integers(0, 2**31 - 1))
+    # None (the kernel's default), the default passed explicitly, or half of it: catches a kernel that
+    # ignores the argument or derives its default from the wrong dimension (REFERENCE.md §5.13)
+    sm_scale = draw(st.sampled_from((None, 1.0, 0.5)))
+    if sm_scale is not None:
+        sm_scale /= head_size**0.5
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
                  head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
-                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed)
+                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale)
 
 
 #: Head and block sizes real deployments use, declared or not: where undeclared configurations are drawn.

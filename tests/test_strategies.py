@@ -60,9 +60,18 @@ def test_shrinks_to_a_single_short_decode_sequence():
     assert b.num_heads == 1 and b.head_size == 32 and b.block_size == 16
 
 
-def test_examples_carry_a_poison():
-    e = find(examples(CAPS, LIMITS), lambda e: True, settings=FIND)
-    assert e.poison.value == "nan"
+def test_examples_draw_every_poison_and_respect_the_choice():
+    from kvfuzz.contracts.materialize import Poison
+    for p in Poison:
+        find(examples(CAPS, LIMITS), lambda e, p=p: e.poison is p, settings=FIND)
+    e = find(examples(CAPS, LIMITS, poisons=(Poison.ZEROS,)), lambda e: True, settings=FIND)
+    assert e.poison is Poison.ZEROS
+
+
+def test_explicit_softmax_scales_are_drawn():
+    for want in (None, 1.0, 0.5):
+        find(batches(CAPS, LIMITS), lambda b, w=want: (b.sm_scale is None) if w is None
+             else b.sm_scale is not None and abs(b.sm_scale * b.head_size**0.5 - w) < 1e-12, settings=FIND)
 
 
 @settings(max_examples=100)

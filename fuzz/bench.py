@@ -1,0 +1,313 @@
+"""``kvfuzz bench detect``: how fast kvfuzz finds each mutant of :mod:`kvfuzz.fuzz.mutants`, next to a
+baseline that runs the parametrized grids of vLLM's own kernel tests against the same mutant targets.
+
+kvfuzz side: :func:`~kvfuzz.fuzz.campaign.fuzz_target` with a :class:`~kvfuzz.fuzz.campaign.CampaignConfig`
+(in-memory example database, default strategy limits, all poisons), per mutant and seed, stopping after the
+first distinct failure is shrunk (or at the example/time budget). Reported: whether it found the mutant, the
+wall time and the number of examples to the first failing example (before shrinking), the time to the shrunk
+report, and the size of the shrunk case next to :func:`~kvfuzz.fuzz.mutants.smallest_trigger`.
+
+Grid side (REFERENCE.md §3), one pass per seed over these cases in order, stopping at the first failing case
+(a test run that fails is "found"; the time and number of cases run until then are reported):
+
+1. ``test_prefix_prefill`` (tests/kernels/attention/test_prefix_prefill.py): NUM_HEADS [64], NUM_QUERIES_PER_KV
+   [1, 64], HEAD_SIZES [24, 128], fp16, kv_cache_dtype auto, sliding window 0; 10 sequences with
+   ``query_len ~ randint(16, 1024)`` (the last one 1, a decode) and ``ctx_len ~ randint(16, 1024)``, block size
+   32, a cache of 640 blocks with a random permutation as block table (64 columns), the cache zero-filled,
+   inputs ``uniform(-1e-3, 1e-3)``, no sm_scale passed (the kernel's default), ``assert_close(atol=1e-4,
+   rtol=0)``. Scaled for the CPU by 1/8 in lengths and heads: heads 8 with 1 or 8 (MQA) queries per kv head,
+   ``query_len ~ randint(2, 128)``, ``ctx_len ~ randint(2, 128)``, block size 8 (1/4), 32 columns and 320
+   blocks (1/2: blocks per sequence shrink by 8/4), head sizes unchanged.
+2. ``test_triton_unified_attention``: (q_len, kv_len) sets [(1, 1328), (5, 18), (129, 463)] and
+   [(1, 523), (1, 37), (1, 2011)]; heads (4, 4), (8, 2); head sizes 128, 256; block size 16; fp16, bf16;
+   NUM_BLOCKS 32768 and 2048; window None; softcap None; q dtype None; the cache ``randn``, scale
+   ``head_size**-0.5`` passed explicitly; ``atol 1.5e-2, rtol 1e-2``. Lengths, heads and head sizes unchanged;
+   NUM_BLOCKS scaled by 1/8 (4096, 256); the random cache is a tiling of 64 random blocks (the slots the
+   sequences use hold their own random keys/values).
+
+Not modeled (kvfuzz has no fp8 cache, windows or softcap yet): the fp8 kv-cache/q dtypes, sliding windows and
+softcap cases of both grids. The grids' block tables are drawn without repeats (``Batch`` forbids a block
+shared by two sequences; vLLM's unified test draws ``randint`` with repeats). Both grids are checked against
+kvfuzz's fp64 reference instead of their own fp16 references: at their tolerances (1e-4 on outputs of
+magnitude 1e-3; 1.5e-2) the difference does not change a verdict.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import attrs
+import torch
+from hypothesis.database import InMemoryExampleDatabase
+
+from kvfuzz.contracts.batch import Batch
+from kvfuzz.contracts.data import BatchData, make_batch_data
+from kvfuzz.contracts.layouts import NHDLayout
+from kvfuzz.contracts.materialize import CacheState, Poison, materialize
+from kvfuzz.contracts.reference import reference_attention
+from kvfuzz.strategies.batches import Limits
+
+from . import campaign as campaign_mod
+from .mutants import MUTANTS, batch_size, get_mutant, smallest_trigger
+
+
+# ---- kvfuzz ---------------------------------------------------------------------------------------------------
+
+def kvfuzz_detect(name: str, seed: int, max_examples: int = 200, duration: float | None = 20.0,
+                  limits: Limits = Limits()) -> dict:
+    """Fuzz mutant ``name`` with seed ``seed`` until its first distinct failure is shrunk or the budget is
+    spent. Returns a result dict (see the module docstring)."""
+    target = get_mutant(name)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-bench-") as d:
+        config = campaign_mod.CampaignConfig(out=Path(d), max_examples=max_examples, duration=duration, seed=seed,
+                                             limits=limits, database=InMemoryExampleDatabase(),
+                                             stop_at_first_failure=True)
+        stats = campaign_mod.fuzz_target(target, config)
+    first = {} if stats.first_failure_s is None else {"seconds": stats.first_failure_s,
+                                                      "examples": stats.first_failure_examples}
+    elapsed = time.monotonic() - start
+    out = {"tool": "kvfuzz", "mutant": name, "seed": seed, "found": bool(stats.failures),
+           "examples_total": stats.examples, "seconds_total": round(elapsed, 3),
+           "seconds_to_first": None, "examples_to_first": None, "seconds_to_shrunk": None,
+           "check": None, "kind": None, "size": None, "case": None, "poison": None}
+    if stats.failures:
+        found = min(stats.failures.values(), key=lambda f: _size_key(batch_size(f.example.batch)))
+        out.update(seconds_to_first=round(first.get("seconds", elapsed), 3),
+                   examples_to_first=first.get("examples"), seconds_to_shrunk=round(elapsed, 3),
+                   check=found.finding.check, kind=found.finding.kind.value,
+                   size=batch_size(found.example.batch), case=found.example.batch.summary(),
+                   poison=found.example.poison.value)
+    return out
+
+
+# ---- the grid baseline ------------------------------------------------------------------------------------------
+
+@attrs.frozen
+class GridCase:
+    """One parametrized case of a vLLM test, scaled for the CPU: how to build its batch, data and cache, and
+    the test's tolerance."""
+
+    test: str
+    params: str
+    build: Callable[[], tuple[Batch, BatchData, CacheState]]
+    atol: float
+    rtol: float
+
+
+def _distinct_table(gen: torch.Generator, seq_lens: list[int], block_size: int, num_blocks: int,
+                    width: int) -> list[list[int]]:
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    table, k = [], 0
+    for s in seq_lens:
+        n = -(-s // block_size)
+        table.append(perm[k:k + n] + [0] * (width - n))
+        k += n
+    return table
+
+
+def _prefix_case(seed: int, idx: int, num_heads: int, qpk: int, head_size: int) -> GridCase:
+    def build():
+        gen = torch.Generator().manual_seed(seed * 1000 + idx)
+        n, bs, nb, width = 10, 8, 320, 32
+        query_lens = torch.randint(2, 129, (n,), generator=gen).tolist()
+        query_lens[-1] = 1
+        ctx_lens = torch.randint(2, 129, (n,), generator=gen).tolist()
+        perm = torch.randperm(nb, generator=gen)[: n * width].view(n, width).tolist()
+        batch = Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads,
+                      num_kv_heads=num_heads // qpk, head_size=head_size, block_size=bs, num_blocks=nb,
+                      block_table=perm, dtype="float16", seed=seed)
+        total = sum(batch.seq_lens)
+
+        def uni(*shape):
+            return (torch.rand(shape, generator=gen) * 2e-3 - 1e-3).to(torch.float16)
+
+        data = BatchData(query=uni(batch.num_tokens, num_heads, head_size),
+                         keys=uni(total, batch.num_kv_heads, head_size),
+                         values=uni(total, batch.num_kv_heads, head_size))
+        cache = materialize(batch, data, NHDLayout(), batch.seq_lens, Poison.ZEROS)
+        return batch, data, cache
+
+    return GridCase("test_prefix_prefill", f"heads={num_heads} qpk={qpk} D={head_size} fp16 auto window=0",
+                    build, atol=1e-4, rtol=0.0)
+
+
+UNIFIED_SEQ_SETS = ([(1, 1328), (5, 18), (129, 463)], [(1, 523), (1, 37), (1, 2011)])
+
+
+def _unified_case(seed: int, idx: int, seqs, heads, head_size: int, dtype: str, num_blocks: int) -> GridCase:
+    def build():
+        gen = torch.Generator().manual_seed(seed * 1000 + idx)
+        bs = 16
+        query_lens = [q for q, _ in seqs]
+        seq_lens = [k for _, k in seqs]
+        width = -(-max(seq_lens) // bs)
+        table = _distinct_table(gen, seq_lens, bs, num_blocks, width)
+        batch = Batch(query_lens=query_lens, ctx_lens=[k - q for q, k in seqs], num_heads=heads[0],
+                      num_kv_heads=heads[1], head_size=head_size, block_size=bs, num_blocks=num_blocks,
+                      block_table=table, dtype=dtype, seed=seed * 1000 + idx, sm_scale=head_size ** -0.5)
+        data = make_batch_data(batch)  # randn queries, keys, values, as the test's randn cache
+        layout = NHDLayout()
+        tile = torch.randn((64, bs, heads[1], head_size), generator=gen).to(batch.torch_dtype)
+        reps = -(-num_blocks // 64)
+        kc = tile.repeat(reps, 1, 1, 1)[:num_blocks].contiguous()
+        vc = tile.flip(0).repeat(reps, 1, 1, 1)[:num_blocks].contiguous()
+        from kvfuzz.contracts.batch import positions
+        seq, pos = positions(batch.seq_lens)
+        slots = batch.slots(seq, pos)
+        rows = data.token_rows(batch, seq, pos)
+        layout.write(kc, vc, slots, data.keys[rows], data.values[rows])
+        return batch, data, CacheState(layout, kc, vc, batch.seq_lens, slots, Poison.STALE)
+
+    kind = "decode-only" if all(q == 1 for q, _ in seqs) else "mixed"
+    return GridCase("test_triton_unified_attention",
+                    f"seqs={kind} heads={heads} D={head_size} BS=16 {dtype} NUM_BLOCKS={num_blocks * 8}(/8)",
+                    build, atol=1.5e-2, rtol=1e-2)
+
+
+def grid_cases(seed: int) -> Iterator[GridCase]:
+    """The scaled cases of both vLLM tests, in order (module docstring)."""
+    idx = 0
+    for qpk in (1, 8):
+        for head_size in (24, 128):
+            yield _prefix_case(seed, idx, 8, qpk, head_size)
+            idx += 1
+    for seqs in UNIFIED_SEQ_SETS:
+        for heads in ((4, 4), (8, 2)):
+            for head_size in (128, 256):
+                for dtype in ("float16", "bfloat16"):
+                    for nb in (4096, 256):
+                        yield _unified_case(seed, idx, seqs, heads, head_size, dtype, nb)
+                        idx += 1
+
+
+def grid_fails(target, case: GridCase) -> tuple[bool, str, Batch]:
+    """Run one grid case; ``(failed, why, batch)`` with the test's own verdict rule
+    (``torch.testing.assert_close(out, ref, atol, rtol)``: NaN fails; a raised kernel error fails)."""
+    batch, data, cache = case.build()
+    call = target.build_call(batch, data, cache)
+    try:
+        out = target.run(call)
+    except Exception as e:  # the test would error
+        return True, f"kernel raised {type(e).__name__}: {e}", batch
+    ref = reference_attention(batch, data)
+    o = out.to(torch.float64)
+    bad = ~((o - ref).abs() <= case.atol + case.rtol * ref.abs())
+    if bad.any():
+        err = (o - ref).abs().nan_to_num(float("inf")).max().item()
+        return True, f"{int(bad.sum())} elements outside atol={case.atol} rtol={case.rtol} (max err {err:.3g})", batch
+    return False, "", batch
+
+
+def grid_detect(name: str, seed: int) -> dict:
+    """One pass of the grid over mutant ``name``, stopping at the first failing case."""
+    target = get_mutant(name)
+    start = time.monotonic()
+    out = {"tool": "grid", "mutant": name, "seed": seed, "found": False, "examples_to_first": None,
+           "seconds_to_first": None, "check": None, "size": None, "case": None}
+    n = 0
+    for case in grid_cases(seed):
+        n += 1
+        failed, why, batch = grid_fails(target, case)
+        if failed:
+            out.update(found=True, examples_to_first=n, seconds_to_first=round(time.monotonic() - start, 3),
+                       check=why, size=batch_size(batch), case=f"{case.test}[{case.params}]")
+            break
+    out.update(examples_total=n, seconds_total=round(time.monotonic() - start, 3))
+    return out
+
+
+# ---- the benchmark ----------------------------------------------------------------------------------------------
+
+def _size_key(size: dict) -> tuple:
+    return (size["seqs"], size["tokens"], size["kv_tokens"], size["heads"], size["head_size"], size["blocks"])
+
+
+def size_str(size: dict | None) -> str:
+    if not size:
+        return "-"
+    return (f"{size['seqs']}s {size['tokens']}t {size['kv_tokens']}kv H{size['heads']}/{size['kv_heads']} "
+            f"D{size['head_size']} BS{size['block_size']} NB{size['blocks']}")
+
+
+def summarize(name: str, runs: list[dict]) -> dict:
+    """Per-tool summary of one mutant's runs: found count, median time/examples to the first failure over the
+    seeds that found it, and the smallest and typical (median by size) failing case."""
+    found = [r for r in runs if r["found"]]
+    out = {"runs": len(runs), "found": len(found)}
+    if found:
+        out["median_seconds_to_first"] = round(statistics.median(r["seconds_to_first"] for r in found), 3)
+        out["median_examples_to_first"] = statistics.median(r["examples_to_first"] for r in found)
+        sizes = sorted((r["size"] for r in found), key=_size_key)
+        out["smallest_size"] = sizes[0]
+        out["median_size"] = sizes[len(sizes) // 2]
+        out["shrunk_to_smallest_trigger"] = sum(
+            _size_key(r["size"])[:4] <= _size_key(batch_size(smallest_trigger(name)))[:4] for r in found)
+    return out
+
+
+def _run_one(job: tuple) -> list[dict]:
+    name, seed, max_examples, duration, grid, limits, threads = job
+    if threads:
+        torch.set_num_threads(threads)
+    runs = [kvfuzz_detect(name, seed, max_examples, duration, limits)]
+    if grid:
+        runs.append(grid_detect(name, seed))
+    return runs
+
+
+def detect(mutants: list[str] | None = None, seeds: int = 5, max_examples: int = 200,
+           duration: float | None = 20.0, grid: bool = True, limits: Limits = Limits(), jobs: int = 1,
+           on_result: Callable[[dict], None] = lambda r: None) -> dict:
+    """Run kvfuzz (and the grid) on every mutant for seeds ``0..seeds-1``; returns the JSON document.
+    ``jobs > 1`` runs (mutant, seed) pairs in that many processes, each with one torch thread."""
+    names = list(mutants or MUTANTS)
+    for n in names:
+        if n not in MUTANTS:
+            raise KeyError(f"unknown mutant {n!r}; known: {', '.join(sorted(MUTANTS))}")
+    started = time.time()
+    threads = 1 if jobs > 1 else 0
+    work = [(name, seed, max_examples, duration, grid, limits, threads) for name in names for seed in range(seeds)]
+    by_name: dict[str, list[dict]] = {n: [] for n in names}
+    if jobs > 1:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            for runs in pool.map(_run_one, work):
+                for r in runs:
+                    by_name[r["mutant"]].append(r)
+                    on_result(r)
+    else:
+        for job in work:
+            for r in _run_one(job):
+                by_name[r["mutant"]].append(r)
+                on_result(r)
+    results = []
+    for name in names:
+        runs = by_name[name]
+        cls = MUTANTS[name]
+        results.append({
+            "mutant": name, "bug": cls.bug, "trigger": cls.trigger, "description": cls.description,
+            "smallest_trigger": batch_size(smallest_trigger(name)),
+            "smallest_trigger_case": smallest_trigger(name).summary(),
+            "kvfuzz": summarize(name, [r for r in runs if r["tool"] == "kvfuzz"]),
+            "grid": summarize(name, [r for r in runs if r["tool"] == "grid"]) if grid else None,
+            "runs": runs,
+        })
+    return {
+        "settings": {"seeds": list(range(seeds)), "max_examples": max_examples, "duration_s": duration,
+                     "limits": attrs.asdict(limits), "grid": grid, "jobs": jobs, "torch": torch.__version__,
+                     "torch_threads": threads or torch.get_num_threads()},
+        "wall_seconds": round(time.time() - started, 1),
+        "grid_missed": [r["mutant"] for r in results if grid and r["grid"]["found"] == 0],
+        "kvfuzz_missed": [r["mutant"] for r in results if r["kvfuzz"]["found"] == 0],
+        "mutants": results,
+    }
+
+
+__all__ = ["kvfuzz_detect", "grid_detect", "grid_cases", "detect", "summarize", "size_str", "GridCase"]

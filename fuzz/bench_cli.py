@@ -1,0 +1,123 @@
+"""``kvfuzz bench``: benchmarks of kvfuzz itself. ``kvfuzz bench detect`` runs kvfuzz and vLLM's test grids
+against the mutant zoo (:mod:`kvfuzz.fuzz.bench`). Register with ``main.add_command(bench)`` in fuzz/cli.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kvfuzz.strategies.batches import Limits
+
+from .mutants import MUTANTS
+
+console = Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _duration(value: str | None) -> float | None:
+    from .cli import _duration as parse
+
+    return parse(value)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def bench() -> None:
+    """Benchmarks of kvfuzz itself."""
+
+
+def _cell(s: dict | None, seeds: int) -> tuple[str, str, str, str]:
+    if s is None:
+        return ("-", "-", "-", "-")
+    found = f"{s['found']}/{s['runs']}"
+    if not s["found"]:
+        return (f"[red]{found}[/red]", "-", "-", "-")
+    from .bench import size_str
+
+    return (f"[green]{found}[/green]" if s["found"] == s["runs"] else f"[yellow]{found}[/yellow]",
+            f"{s['median_seconds_to_first']:.2f}", f"{s['median_examples_to_first']:g}", size_str(s["median_size"]))
+
+
+def print_table(doc: dict) -> None:
+    from .bench import size_str
+
+    seeds = len(doc["settings"]["seeds"])
+    t = Table(title=f"kvfuzz bench detect: {len(doc['mutants'])} mutants x {seeds} seeds "
+                    f"(kvfuzz: <= {doc['settings']['max_examples']} examples / {doc['settings']['duration_s']} s)")
+    for col in ("mutant", "kvfuzz found", "s to 1st", "ex to 1st", "kvfuzz shrunk (median)", "smallest trigger",
+                "grid found", "grid s", "grid cases", "grid failing case"):
+        t.add_column(col, overflow="fold")
+    for m in doc["mutants"]:
+        k = _cell(m["kvfuzz"], seeds)
+        g = _cell(m["grid"], seeds)
+        t.add_row(m["mutant"].removeprefix("mutant."), *k, size_str(m["smallest_trigger"]), *g)
+    console.print(t)
+    if doc["settings"]["grid"]:
+        console.print(f"grid misses: {', '.join(doc['grid_missed']) or 'none'}")
+    console.print(f"kvfuzz misses: {', '.join(doc['kvfuzz_missed']) or 'none'}; wall {doc['wall_seconds']} s")
+
+
+@bench.command()
+@click.option("--mutant", "mutants", multiple=True, type=click.Choice(sorted(MUTANTS)),
+              help="Mutants to run (default: all).")
+@click.option("--seeds", default=5, show_default=True, type=click.IntRange(min=1), help="Seeds 0..N-1 per mutant.")
+@click.option("--max-examples", default=200, show_default=True, type=click.IntRange(min=1),
+              help="kvfuzz example budget per mutant and seed.")
+@click.option("--duration", default="20s", show_default=True, help="kvfuzz time budget per mutant and seed.")
+@click.option("--no-grid", is_flag=True, help="Skip the vLLM test-grid baseline.")
+@click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Processes (each with one torch thread) running (mutant, seed) pairs.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the JSON here.")
+@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the results table as Markdown here.")
+def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, md_path) -> None:
+    """How fast kvfuzz finds each mutant kernel, next to vLLM's parametrized test grids."""
+    from .bench import detect as run_detect
+
+    def show(r: dict) -> None:
+        what = (f"found in {r['seconds_to_first']} s / {r['examples_to_first']} examples" if r["found"]
+                else f"not found ({r['examples_total']} examples, {r['seconds_total']} s)")
+        console.print(f"  {r['tool']:6} {r['mutant']} seed {r['seed']}: {what}", highlight=False)
+
+    doc = run_detect(list(mutants) or None, seeds, max_examples, _duration(duration), not no_grid, Limits(),
+                     jobs, on_result=show)
+    print_table(doc)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(doc, indent=1))
+        console.print(f"JSON: {json_path}")
+    if md_path:
+        Path(md_path).write_text(markdown_table(doc))
+        console.print(f"Markdown: {md_path}")
+
+
+def _size(z: dict | None) -> str:
+    if not z:
+        return "-"
+    return (f"{z['seqs']}s {z['tokens']}t {z['kv_tokens']}kv H{z['heads']}/{z['kv_heads']} D{z['head_size']} "
+            f"BS{z['block_size']} NB{z['blocks']}")
+
+
+def markdown_table(doc: dict) -> str:
+    """The detect results as a Markdown table (median time and examples to the first failure over the seeds
+    that found the mutant; median shrunk size next to the smallest trigger)."""
+    rows = ["| mutant | kvfuzz found | s to 1st | examples to 1st | kvfuzz shrunk (median) | smallest trigger | "
+            "grid found | grid s | grid cases |", "|---|---|---|---|---|---|---|---|---|"]
+    for m in doc["mutants"]:
+        k, g = m["kvfuzz"], m.get("grid") or {}
+        def found(x):
+            return f"{x['found']}/{x['runs']}" if x else "-"
+        rows.append(f"| {m['mutant'].removeprefix('mutant.')} | {found(k)} | {k.get('median_seconds_to_first') or '-'} | "
+                    f"{k.get('median_examples_to_first') or '-'} | {_size(k.get('median_size'))} | "
+                    f"{_size(m['smallest_trigger'])} | {found(g)} | {g.get('median_seconds_to_first') or '-'} | "
+                    f"{g.get('median_examples_to_first') or '-'} |")
+    rows += ["", f"Grid misses: {', '.join(doc['grid_missed']) or 'none'}. "
+                 f"kvfuzz misses: {', '.join(doc['kvfuzz_missed']) or 'none'}. Wall time {doc['wall_seconds']} s.", ""]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    bench()

@@ -1,0 +1,428 @@
+"""A zoo of deliberately broken paged-attention kernels, each modeled on a real bug (docs: REFERENCE.md §5).
+
+Every mutant subclasses :class:`PagedTorch`, a reference-style torch kernel over the NHD cache layout with the
+unified contract (the same math as ``examples/sdpa_paged_target.py``'s ``SdpaPaged``, written out step by step
+so that one step can be broken): it reads the block table, addresses the cache through flat element offsets
+(``block * BS*Hkv*D + slot_in_block * Hkv*D + kv_head * D + d``, as a CUDA/Triton kernel does), maps query
+heads to kv heads, masks, and combines with a softmax. A mutant overrides exactly one step.
+
+``MUTANTS`` maps ``"mutant.<slug>"`` to the class; each class has a ``trigger`` string (when the defect changes
+the output) and a ``bug`` string (the real bug it models). :func:`smallest_trigger` returns a hand-written
+minimal batch that triggers it (verified by tests/test_mutants.py with NaN poison).
+
+Two real defects cannot be reached at real scale on a CPU, so their mutants scale the machine word down and
+say so: ``int32_offset_overflow`` wraps element offsets at ``2**OFFSET_BITS`` (16, not 32) and
+``block_id_16bit`` truncates block ids to ``ID_BITS`` (5, not 16) bits. kvfuzz's model has no fp8 cache and
+no sliding window yet, so the fp8-scale and window bugs are replaced by other defects of §5 (documented on
+the classes: ``scale_ignored``, ``gqa_pow2_group``, ``seq_lens_int64_as_int32``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+
+from kvfuzz.contracts.batch import Batch
+from kvfuzz.contracts.capabilities import Capabilities
+from kvfuzz.contracts.contract import Contract
+from kvfuzz.contracts.layouts import NHDLayout
+
+from .targets.base import Availability, KernelCall, Target
+
+#: Emulated width of the element-offset word of ``int32_offset_overflow`` (real: 32 bits, signed: 2**31).
+OFFSET_BITS = 16
+#: Emulated width of the block-id field of ``block_id_16bit`` (real: 16 bits, 65536 blocks).
+ID_BITS = 5
+#: Partition (split-KV chunk) size of ``split_kv_exact_multiple``.
+PARTITION = 16
+
+
+class PagedTorch(Target):
+    """The unmutated base: correct paged attention in torch (fp32 accumulation), unified contract, NHD cache.
+
+    Arguments (``KernelCall.kwargs``): query ``[T, H, D]``, key_cache/value_cache ``[NB, BS, Hkv, D]``,
+    block_table int32 ``[N, W]``, seq_lens int32 ``[N]``, query_start_loc int32 ``[N+1]``, scale (float, or
+    None for the kernel's default ``1/sqrt(head_size)``; kvfuzz passes ``batch.sm_scale``), output ``[T, H, D]``.
+    """
+
+    name: ClassVar[str] = "mutant.base"
+    description: ClassVar[str] = "unmutated torch paged attention (the base every mutant breaks)"
+    trigger: ClassVar[str] = "never (correct kernel)"
+    bug: ClassVar[str] = ""
+    capabilities = Capabilities(contract=Contract.UNIFIED, devices=("cpu",),
+                                dtypes=("float32", "float16", "bfloat16"), head_sizes=(24, 32, 64, 128, 256),
+                                block_sizes=(8, 16, 32))
+
+    def availability(self) -> Availability:
+        return Availability(True, f"torch {torch.__version__}", "cpu")
+
+    def layout(self, batch: Batch) -> NHDLayout:
+        return NHDLayout()
+
+    def build_call(self, batch, data, cache) -> KernelCall:
+        dev = cache.key_cache.device
+        out = torch.zeros((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype,
+                          device=dev)
+        kwargs = dict(query=data.query.to(dev), key_cache=cache.key_cache, value_cache=cache.value_cache,
+                      block_table=batch.block_table_tensor(dev), seq_lens=batch.seq_lens_tensor(dev),
+                      query_start_loc=batch.query_start_loc_tensor(dev), scale=batch.sm_scale, output=out)
+        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
+
+    # ---- the steps a mutant may break ------------------------------------------------------------------
+    def softmax_scale(self, scale: float | None, num_heads: int, head_size: int) -> float:
+        return scale if scale is not None else 1.0 / math.sqrt(head_size)
+
+    def seq_lens_of(self, seq_lens: torch.Tensor) -> list[int]:
+        return seq_lens.tolist()
+
+    def physical_blocks(self, table_row: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Physical block ids of logical blocks ``cols`` (int64)."""
+        return table_row[cols].long()
+
+    def block_offsets(self, blocks: torch.Tensor, block_stride: int) -> torch.Tensor:
+        """Element offset of each block's first element (int64)."""
+        return blocks * block_stride
+
+    def kv_heads(self, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        """kv head read by each query head (vLLM's grouping ``h // (H // Hkv)``)."""
+        return torch.arange(num_heads) // (num_heads // num_kv_heads)
+
+    def keys_read(self, seq_len: int, block_size: int, decode: bool) -> int:
+        """How many leading positions the kernel loads (K and V)."""
+        return seq_len
+
+    def allowed(self, qpos: torch.Tensor, kpos: torch.Tensor, seq_len: int, decode: bool,
+                num_seqs: int) -> torch.Tensor:
+        """``[Q, S]`` bool: which loaded keys each query row attends to (causal)."""
+        return kpos[None, :] <= qpos[:, None]
+
+    def combine(self, scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor, decode: bool,
+                num_seqs: int) -> torch.Tensor:
+        """``scores [H, Q, S]`` (fp32, unmasked), ``allowed [Q, S]``, ``v [S, H, D]`` -> ``[Q, H, D]``."""
+        p = torch.softmax(scores.masked_fill(~allowed[None], float("-inf")), dim=-1)
+        return torch.einsum("hqs,shd->qhd", p, v)
+
+    # ---- the kernel -------------------------------------------------------------------------------------
+    def gather(self, cache: torch.Tensor, table_row: torch.Tensor, n: int, heads: torch.Tensor) -> torch.Tensor:
+        """``[n, H, D]`` fp32: positions ``0..n-1`` of one sequence, for every query head, read through flat
+        element offsets (an offset past the cache wraps around, so a wrong one reads some other slot)."""
+        nb, bs, hkv, d = cache.shape
+        pos = torch.arange(n)
+        cols = pos // bs
+        blocks = self.physical_blocks(table_row, cols)
+        base = self.block_offsets(blocks, bs * hkv * d)
+        idx = (base + (pos % bs) * hkv * d)[:, None, None] + heads[None, :, None] * d + torch.arange(d)[None, None]
+        return cache.reshape(-1)[idx % cache.numel()].float()
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        a = call.kwargs
+        q_all, kc, vc, out = a["query"], a["key_cache"], a["value_cache"], a["output"]
+        nb, bs, hkv, d = kc.shape
+        h = q_all.shape[1]
+        scale = self.softmax_scale(a["scale"], h, d)
+        qsl = a["query_start_loc"].tolist()
+        seq_lens = self.seq_lens_of(a["seq_lens"])
+        flat_table = a["block_table"].reshape(-1)
+        width = a["block_table"].shape[1]
+        heads = self.kv_heads(h, hkv)
+        n_seqs = len(qsl) - 1
+        for i in range(n_seqs):
+            qs, qe = qsl[i], qsl[i + 1]
+            seq_len = seq_lens[i]
+            if qe == qs:
+                continue
+            if seq_len <= 0:  # an empty sequence: the kernel writes zeros
+                out[qs:qe] = 0
+                continue
+            decode = qe - qs == 1
+            n = self.keys_read(seq_len, bs, decode)
+            # a row's columns, read row-major from the flat table (a column past the row reads the next row)
+            row = flat_table[(i * width + torch.arange(-(-n // bs))) % flat_table.numel()]
+            k = self.gather(kc, row, n, heads)
+            v = self.gather(vc, row, n, heads)
+            q = q_all[qs:qe].float()
+            scores = torch.einsum("qhd,shd->hqs", q, k) * scale
+            qpos = seq_len - (qe - qs) + torch.arange(qe - qs)
+            allowed = self.allowed(qpos, torch.arange(n), seq_len, decode, n_seqs)
+            out[qs:qe] = self.combine(scores, allowed, v, decode, n_seqs).to(out.dtype)
+        return out
+
+
+def _batch(query_lens, ctx_lens, heads=(1, 1), head_size=24, block_size=8, num_blocks=None, table=None,
+           **kw) -> Batch:
+    """A small batch, contiguous block table by default."""
+    seq_lens = [q + c for q, c in zip(query_lens, ctx_lens)]
+    need = [-(-s // block_size) for s in seq_lens]
+    if table is None:
+        table, k = [], 0
+        for n in need:
+            table.append(list(range(k, k + n)))
+            k += n
+        w = max(need)
+        table = [r + [0] * (w - len(r)) for r in table]
+    if num_blocks is None:
+        num_blocks = max(max(r[:n]) for r, n in zip(table, need)) + 1
+    return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=heads[0], num_kv_heads=heads[1],
+                 head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table, **kw)
+
+
+# ---- the mutants --------------------------------------------------------------------------------------------
+
+class DecodeMissesOwnToken(PagedTorch):
+    """Mask off by one on decode: a decode row attends to positions ``0..seq_len-2`` and misses its own token
+    (the kernel took ``context_len = seq_len - 1`` as the number of keys, the mix-up behind the vLLM seeds'
+    decode-token story in README.md and the W vs W+1 off-by-ones of §5.7). A decode sequence of length 1 has
+    no key left: 0/0 = NaN."""
+
+    name = "mutant.decode_misses_own_token"
+    description = "decode rows leave out the current token"
+    trigger = "any decode sequence (query_len == 1)"
+    bug = "§5.7 mask off by one (vllm issue 3385, sglang PR 26147); README's decode-token story"
+    smallest = staticmethod(lambda: _batch([1], [0]))
+
+    def allowed(self, qpos, kpos, seq_len, decode, num_seqs):
+        ok = super().allowed(qpos, kpos, seq_len, decode, num_seqs)
+        return ok & (kpos[None, :] < seq_len - 1) if decode else ok
+
+
+class TailVUnmasked(PagedTorch):
+    """Tail slots read unmasked: the kernel loads whole blocks and masks the scores of positions past seq_len
+    with -inf, but multiplies their V by the resulting 0 — ``0 * NaN = NaN``. Correct for zeroed or stale
+    (finite) tails; wrong only when the unused tail of the last block holds NaN/inf."""
+
+    name = "mutant.tail_v_unmasked"
+    description = "V of the last block's tail slots multiplied by p = 0 (0 * NaN)"
+    trigger = "seq_len % block_size != 0 and NaN/inf in the unwritten tail slots"
+    bug = "§5.3 NaN from unmasked V tail (vllm PR 936, PR 53856: ctx 4090 fails / 4096 passes; FA issue 2374)"
+    smallest = staticmethod(lambda: _batch([1], [0]))
+
+    def keys_read(self, seq_len, block_size, decode):
+        return -(-seq_len // block_size) * block_size
+
+
+class DecodeTailUnmasked(PagedTorch):
+    """Tail slots attended on decode: the decode path loops over whole blocks and checks ``kpos < nblocks *
+    block_size`` instead of ``kpos < seq_len``, so a decode row also attends to the stale slots after its
+    last token (prefill rows are masked causally and are right)."""
+
+    name = "mutant.decode_tail_unmasked"
+    description = "decode rows attend to the unused tail slots of their last block"
+    trigger = "a decode sequence with seq_len % block_size != 0 (any poison: stale data is read)"
+    bug = "§5.3 / §5.5 unmasked partial final block (vllm PR 936, flash-attention PR 2711)"
+    smallest = staticmethod(lambda: _batch([1], [0]))
+
+    def keys_read(self, seq_len, block_size, decode):
+        return -(-seq_len // block_size) * block_size
+
+    def allowed(self, qpos, kpos, seq_len, decode, num_seqs):
+        if decode:
+            return torch.ones((len(qpos), len(kpos)), dtype=torch.bool)
+        return super().allowed(qpos, kpos, seq_len, decode, num_seqs)
+
+
+class GqaModulo(PagedTorch):
+    """Wrong GQA head mapping: query head ``h`` reads kv head ``h % Hkv`` instead of ``h // (H // Hkv)``.
+    Identical when Hkv == 1 (MQA) or H == Hkv (MHA)."""
+
+    name = "mutant.gqa_modulo"
+    description = "kv head h % Hkv instead of h // ratio"
+    trigger = "GQA with num_kv_heads >= 2 and ratio >= 2 (e.g. H=4, Hkv=2), seq_len >= 1"
+    bug = "§5.6 GQA mapping bugs (FlashInfer issues 2896, 2849)"
+    smallest = staticmethod(lambda: _batch([1], [0], heads=(4, 2)))
+
+    def kv_heads(self, num_heads, num_kv_heads):
+        return torch.arange(num_heads) % num_kv_heads
+
+
+class GqaPow2Group(PagedTorch):
+    """GQA group size assumed a power of two: kv head ``h >> floor(log2(ratio))``. For ratio 3 or 7 some heads
+    read the wrong kv head or, past the last one, the next slot's head 0 (a flat offset past the row). Replaces
+    the sliding-window off-by-one (§5.7), which kvfuzz cannot model yet (no window)."""
+
+    name = "mutant.gqa_pow2_group"
+    description = "kv head h >> log2(ratio): wrong for group sizes 3, 7"
+    trigger = "GQA ratio not a power of two (3, 7) with num_heads >= 3"
+    bug = "§5.6 group size 7 (28/4 heads) precision/crash (FlashInfer issue 2896)"
+    smallest = staticmethod(lambda: _batch([1], [0], heads=(3, 1)))
+
+    def kv_heads(self, num_heads, num_kv_heads):
+        shift = int(math.floor(math.log2(num_heads // num_kv_heads)))
+        return torch.arange(num_heads) >> shift
+
+
+class ContiguousBlocks(PagedTorch):
+    """Block table ignored past the first block: slot = ``block_table[i, 0] * BS + pos`` (the contiguous-slot
+    assumption). Right when a sequence's blocks happen to be consecutive and ascending."""
+
+    name = "mutant.contiguous_blocks"
+    description = "reads block_table[i, 0] + logical block instead of block_table[i, logical block]"
+    trigger = "a sequence over >= 2 blocks whose ids are not consecutive ascending (reversed/permuted table)"
+    bug = "§5.11 kernel assumes contiguous slots bt[i//BS]*BS + i%BS (vllm PR 42420)"
+    smallest = staticmethod(lambda: _batch([1], [8], table=[[0, 2]], num_blocks=3))
+
+    def physical_blocks(self, table_row, cols):
+        return table_row[0].long() + cols
+
+
+class Int32OffsetOverflow(PagedTorch):
+    """Element offset of a block computed in a narrow word: ``(block * BS*Hkv*D) mod 2**OFFSET_BITS``.
+
+    Real: int32 ``block_idx * Hkv * D * BS`` wraps once it passes 2**31 (vllm PR 1514, FlexAttention vllm issue
+    50427, FlashInfer PR 3136), i.e. 32768+ blocks of 16 x 8 x 256. kvfuzz's CPU strategies draw < 100 blocks,
+    so the word is scaled down to OFFSET_BITS = 16: it wraps when ``block * BS * Hkv * D >= 65536`` — block >= 2
+    at BS 32, Hkv 4, D 256; block >= 16 at BS 16, Hkv 2, D 128; unreachable at BS 8, Hkv 1, D 24 (block 342)."""
+
+    name = "mutant.int32_offset_overflow"
+    description = f"block offset wraps at 2**{OFFSET_BITS} elements (scaled-down int32 overflow)"
+    trigger = f"a used block id b with b * block_size * num_kv_heads * head_size >= 2**{OFFSET_BITS}"
+    bug = "§5.1 int32 overflow of block_idx*Hkv*D*BS (vllm PR 1514, issue 50427; FlashInfer PR 3136)"
+    smallest = staticmethod(lambda: _batch([1], [0], head_size=256, block_size=32, table=[[8]],
+                                           num_blocks=9))
+
+    def block_offsets(self, blocks, block_stride):
+        return (blocks * block_stride) % (1 << OFFSET_BITS)
+
+
+class BlockId16Bit(PagedTorch):
+    """Block ids truncated to a narrow field: ``id & (2**ID_BITS - 1)``.
+
+    Real: ids & 0xFFFF breaks past 65535 blocks (ROCm/ATOM issue 702). Unreachable on CPU (and by vLLM's own
+    grid, whose largest cache has 32768 blocks), so the field is scaled down to ID_BITS = 5: it triggers when a
+    sequence uses a block id >= 32."""
+
+    name = "mutant.block_id_16bit"
+    description = f"block ids & 0x{(1 << ID_BITS) - 1:X} (scaled-down 16-bit truncation)"
+    trigger = f"a used block id >= 2**{ID_BITS} = {1 << ID_BITS}"
+    bug = "§5.2 block id truncated to 16 bits (ROCm/ATOM issue 702)"
+    smallest = staticmethod(lambda: _batch([1], [0], table=[[1 << ID_BITS]], num_blocks=(1 << ID_BITS) + 1))
+
+    def physical_blocks(self, table_row, cols):
+        return table_row[cols].long() & ((1 << ID_BITS) - 1)
+
+
+class ScaleIgnored(PagedTorch):
+    """An explicitly passed softmax scale is ignored and 1.0 used (the kernel reads the scale only on a path
+    the caller did not take). Replaces §5.10 "fp8 k_scale/v_scale ignored or defaulted to 1.0", which kvfuzz
+    cannot model yet (no fp8 cache). The default path (scale=None -> 1/sqrt(D)) is right, so only a caller that
+    passes a scale sees it."""
+
+    name = "mutant.scale_ignored"
+    description = "passed sm_scale ignored, 1.0 used"
+    trigger = "sm_scale passed explicitly and != 1 (any row attending >= 2 keys)"
+    bug = "§5.10 scales ignored / defaulted to 1.0 (vllm PR 42080, sglang PR 18882)"
+    smallest = staticmethod(lambda: _batch([1], [1], sm_scale=0.125))
+
+    def softmax_scale(self, scale, num_heads, head_size):
+        return 1.0 if scale is not None else 1.0 / math.sqrt(head_size)
+
+
+class DefaultScaleNumHeads(PagedTorch):
+    """Default softmax scale from the wrong dimension: ``1/sqrt(num_heads)`` instead of ``1/sqrt(head_size)``
+    when the caller passes no scale."""
+
+    name = "mutant.default_scale_num_heads"
+    description = "default scale 1/sqrt(num_heads)"
+    trigger = "no sm_scale passed, num_heads != head_size, a row attending >= 2 keys"
+    bug = "§5.13 default sm_scale from num_heads (vllm PR 31380)"
+    smallest = staticmethod(lambda: _batch([1], [1]))
+
+    def softmax_scale(self, scale, num_heads, head_size):
+        return scale if scale is not None else 1.0 / math.sqrt(num_heads)
+
+
+class SplitKvExactMultiple(PagedTorch):
+    """Split-KV decode drops its last partition when seq_len is an exact multiple of the partition size
+    (PARTITION = 16): the last full partition is treated as the "remainder" partition, of size
+    ``seq_len % 16 == 0``. At seq_len 16 no key is left: 0/0 = NaN."""
+
+    name = "mutant.split_kv_exact_multiple"
+    description = f"decode drops the last KV partition when seq_len % {PARTITION} == 0"
+    trigger = f"a decode sequence with seq_len % {PARTITION} == 0"
+    bug = "§5.15 edge case at a multiple of the partition size (pytorch/xla PR 8431)"
+    smallest = staticmethod(lambda: _batch([1], [PARTITION - 1], block_size=16))
+
+    def allowed(self, qpos, kpos, seq_len, decode, num_seqs):
+        ok = super().allowed(qpos, kpos, seq_len, decode, num_seqs)
+        if decode and seq_len % PARTITION == 0:
+            ok = ok & (kpos[None, :] < seq_len - PARTITION)
+        return ok
+
+
+class BatchDependentSplit(PagedTorch):
+    """Batch-dependent split count: decode rows split their keys into ``max(1, 4 // num_seqs)`` chunks (more
+    splits for small batches, to fill the GPU), and the split combine forgets to rescale each chunk's partial
+    sums by ``exp(m_chunk - m)``. One split (3+ sequences) is exact, so the output depends on the batch-mates."""
+
+    name = "mutant.batch_dependent_split"
+    description = "split count from num_seqs; multi-split combine without max rescaling"
+    trigger = "a decode sequence with seq_len >= 2 in a batch of <= 2 sequences"
+    bug = "§5.12 output depends on batch-mates (flash-attention issue 1897, FlashInfer PR 1675)"
+    smallest = staticmethod(lambda: _batch([1], [1]))
+
+    def combine(self, scores, allowed, v, decode, num_seqs):
+        splits = max(1, 4 // num_seqs)
+        if not decode or splits == 1:
+            return super().combine(scores, allowed, v, decode, num_seqs)
+        s = scores.masked_fill(~allowed[None], float("-inf"))
+        num = torch.zeros(v.shape[1], s.shape[1], v.shape[2])
+        den = torch.zeros(v.shape[1], s.shape[1], 1)
+        for chunk in torch.arange(s.shape[-1]).tensor_split(splits):
+            if len(chunk) == 0:
+                continue
+            sc = s[..., chunk]
+            m = sc.amax(-1, keepdim=True).clamp_min(-1e30)
+            e = torch.exp(sc - m)  # BUG: no rescale by exp(m - global max)
+            num += torch.einsum("hqs,shd->hqd", e, v[chunk])
+            den += e.sum(-1, keepdim=True)
+        return (num / den).transpose(0, 1)
+
+
+class SeqLensInt64AsInt32(PagedTorch):
+    """int64 metadata read as int32: the kernel's seq_lens is promoted to int64 (a cumsum/sum upstream) and
+    read as int32 words, so sequence ``i`` gets word ``i`` of ``[s0, 0, s1, 0, ...]``: sequence 1 gets length 0
+    (zeros), sequence 2 gets s1, ... Replaces "window ignored on decode" (§5.9), which kvfuzz cannot model yet."""
+
+    name = "mutant.seq_lens_int64_as_int32"
+    description = "seq_lens read as int32 words of an int64 tensor"
+    trigger = "a batch of >= 2 sequences"
+    bug = "§5.4 int64 metadata where int32 expected (FlashInfer issue 1654; vllm issue 28490 / PR 28905)"
+    smallest = staticmethod(lambda: _batch([1, 1], [0, 0]))
+
+    def seq_lens_of(self, seq_lens):
+        return seq_lens.to(torch.int64).view(torch.int32)[: len(seq_lens)].tolist()
+
+
+MUTANTS: dict[str, type[Target]] = {cls.name: cls for cls in (
+    DecodeMissesOwnToken, TailVUnmasked, DecodeTailUnmasked, GqaModulo, GqaPow2Group, ContiguousBlocks,
+    Int32OffsetOverflow, BlockId16Bit, ScaleIgnored, DefaultScaleNumHeads, SplitKvExactMultiple,
+    BatchDependentSplit, SeqLensInt64AsInt32)}
+
+
+def get_mutant(name: str) -> Target:
+    """An instance of mutant ``name`` (``"mutant.<slug>"`` or ``"<slug>"``; ``"mutant.base"`` is the
+    unmutated kernel). Raises KeyError naming the known mutants."""
+    full = name if name.startswith("mutant.") else f"mutant.{name}"
+    if full == PagedTorch.name:
+        return PagedTorch()
+    if full not in MUTANTS:
+        raise KeyError(f"unknown mutant {name!r}; known: {', '.join(sorted(MUTANTS))}")
+    return MUTANTS[full]()
+
+
+def smallest_trigger(name: str) -> Batch:
+    """The smallest batch (fewest sequences, tokens, heads, then head size and blocks) that triggers mutant
+    ``name`` when unwritten cache slots hold NaN (kvfuzz's first poison)."""
+    return type(get_mutant(name)).smallest()
+
+
+def batch_size(batch: Batch) -> dict[str, int]:
+    """The sizes a shrunk case is compared by."""
+    return {"seqs": batch.num_seqs, "tokens": batch.num_tokens, "kv_tokens": sum(batch.seq_lens),
+            "heads": batch.num_heads, "kv_heads": batch.num_kv_heads, "head_size": batch.head_size,
+            "block_size": batch.block_size, "blocks": batch.num_blocks}
+
+
+__all__ = ["MUTANTS", "PagedTorch", "get_mutant", "smallest_trigger", "batch_size", "OFFSET_BITS", "ID_BITS",
+           "PARTITION"]
