@@ -119,5 +119,59 @@ def markdown_table(doc: dict) -> str:
     return "\n".join(rows)
 
 
+@bench.command()
+@click.option("--target", "target_names", multiple=True, help="Targets (default: every one available here).")
+@click.option("--examples", "n", default=30, show_default=True, type=click.IntRange(min=1),
+              help="Generated examples per target for the stage profile.")
+@click.option("--no-scaling", is_flag=True, help="Skip the sweeps over total tokens and num_blocks.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the JSON here.")
+def throughput(target_names, n, no_scaling, json_path) -> None:
+    """Examples/s per target, split into generation, materialization, caller checks, kernel, reference and
+    output checks; harness overhead; materialization GB/s; time per example vs tokens and num_blocks."""
+    import platform
+
+    import torch
+    from rich.table import Table
+
+    from .targets import BUILTIN, get_target
+    from .throughput import STAGES, scaling, stage_profile
+
+    torch.set_num_threads(1)
+    names = list(target_names) or list(BUILTIN)
+    targets = []
+    for name in names:
+        t = get_target(name)
+        if t.availability().ok:
+            targets.append(t)
+        elif target_names:
+            raise click.UsageError(f"target {name} is not available here: {t.availability().reason}")
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.processor() or 'x86_64'})"
+    doc = {"device": device, "torch": torch.__version__, "profiles": [], "scaling": []}
+    table = Table(title=f"kvfuzz bench throughput on {device}")
+    for col in ("target", "ex/s", *STAGES, "harness overhead", "materialize GB/s"):
+        table.add_column(col)
+    for t in targets:
+        p = stage_profile(t, n)
+        doc["profiles"].append(p)
+        total = sum(p["stages_s"].values()) or 1.0
+        table.add_row(t.name, f"{p['examples_per_s']:.2f}",
+                      *(f"{100 * p['stages_s'][k] / total:.0f}%" for k in STAGES),
+                      f"{100 * p['harness_overhead']:.0f}%", f"{p['materialize_gb_per_s']}")
+        if not no_scaling:
+            doc["scaling"].append(scaling(t, token_counts=(64, 256, 1024) if t.device == "cuda" or
+                                          "cpu" in t.name or "flex" in t.name else (32, 128),
+                                          block_counts=(64, 4096, 65536)))
+    console.print(table)
+    for s in doc["scaling"]:
+        console.print(f"[bold]{s['target']}[/] seconds/example by total tokens: "
+                      + ", ".join(f"{k}: {v['seconds']}" for k, v in s["by_total_tokens"].items())
+                      + "; by num_blocks: " + ", ".join(f"{k}: {v['seconds']} (materialize {v['materialize_s']})"
+                                                        for k, v in s["by_num_blocks"].items()))
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(doc, indent=1))
+        console.print(f"JSON: {json_path}")
+
+
 if __name__ == "__main__":
     bench()

@@ -64,3 +64,21 @@ def test_bench_detect_json(tmp_path):
     assert by["mutant.gqa_pow2_group"]["grid"]["found"] == 0
     assert by["mutant.gqa_modulo"]["grid"]["found"] == 1
     assert doc["grid_missed"] == ["mutant.gqa_pow2_group"]
+
+
+def test_bench_throughput_splits_time_by_stage(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "t.json"
+    r = subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", "bench", "throughput", "--target",
+                        "vllm.cpu_attention", "--examples", "5", "--no-scaling", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    if "not available" in r.stderr:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stdout + r.stderr
+    (p,) = json.loads(out.read_text())["profiles"]
+    assert p["examples"] == 5 and set(p["stages_s"]) == {"generate", "materialize", "check_caller", "kernel",
+                                                          "reference", "check_output"}
+    assert 0 < p["harness_overhead"] < 1 and p["materialize_gb_per_s"] > 0
