@@ -158,9 +158,9 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
                       *(f"{100 * p['stages_s'][k] / total:.0f}%" for k in STAGES),
                       f"{100 * p['harness_overhead']:.0f}%", f"{p['materialize_gb_per_s']}")
         if not no_scaling:
-            doc["scaling"].append(scaling(t, token_counts=(64, 256, 1024) if t.device == "cuda" or
-                                          "cpu" in t.name or "flex" in t.name else (32, 128),
-                                          block_counts=(64, 4096, 65536)))
+            fast = t.device == "cuda" or "cpu" in t.name or "flex" in t.name  # not Triton's interpreter
+            doc["scaling"].append(scaling(t, token_counts=(64, 256, 1024) if fast else (32, 128),
+                                          block_counts=(64, 4096, 65536) if t.device == "cuda" else (64, 1024, 8192)))
     console.print(table)
     for s in doc["scaling"]:
         console.print(f"[bold]{s['target']}[/] seconds/example by total tokens: "
