@@ -40,3 +40,15 @@ def make_batch():
                      num_blocks=sum(needed) + spare, block_table=table, dtype=dtype, seed=seed)
 
     return build
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """vLLM's CPU op runs an OpenMP region per call: ~8 ms per call with 2 threads on a busy 2-core machine,
+    ~0.05 ms with 1. Modules that call it many times use this fixture."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

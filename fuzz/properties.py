@@ -50,13 +50,19 @@ class Run:
     ratio: float = 0.0
 
 
-def prepare(target: Target, example: Example, fault: CallerFault | None = None) -> Run:
-    """Generate the data, materialize the cache the (possibly faulty) caller writes, and build the call."""
+def generate(example: Example) -> tuple[BatchData, Timings]:
+    """The example's ground-truth tensors, and a Timings with the generation time filled in."""
     t = Timings()
     s = time.perf_counter()
-    batch = example.batch
-    data = make_batch_data(batch)
+    data = make_batch_data(example.batch)
     t.generate = time.perf_counter() - s
+    return data, t
+
+
+def prepare(target: Target, example: Example, fault: CallerFault | None = None) -> Run:
+    """Generate the data, materialize the cache the (possibly faulty) caller writes, and build the call."""
+    batch = example.batch
+    data, t = generate(example)
     s = time.perf_counter()
     lens = target.capabilities.contract.cached_lens(batch)
     if fault is not None:

@@ -34,14 +34,14 @@ import attrs
 import torch
 
 from kvfuzz.contracts.batch import Batch, positions
-from kvfuzz.contracts.data import BatchData, make_batch_data
+from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.layouts import CacheLayout, LayoutError
 from kvfuzz.contracts.materialize import materialize
 
 from .faults import CallerFault
 from .findings import KernelCrash, KernelMismatch
-from .properties import Run, Timings, run_kernel
+from .properties import Run, generate, run_kernel
 from .targets.base import Target
 
 SLOT_CONTENTS = "writer: slot contents"
@@ -198,11 +198,8 @@ def prepare_writer(target: Target, example: Example, fault: CallerFault | None =
     (``decode-ctx-only`` changes nothing here: the pre-write cache holds ``ctx_len`` positions of every
     sequence anyway). Faults' call mutations model attention-kernel arguments (block_table, query_start_loc,
     max_seq_len) that a writer call does not have, and are not applied."""
-    t = Timings()
-    s = time.perf_counter()
     batch = example.batch
-    data = make_batch_data(batch)
-    t.generate = time.perf_counter() - s
+    data, t = generate(example)
     s = time.perf_counter()
     lens = batch.ctx_lens
     if fault is not None:

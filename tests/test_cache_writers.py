@@ -25,18 +25,11 @@ from kvfuzz.fuzz.writer_property import (SLOT_CONTENTS, UNTOUCHED, _storage_elem
                                          writer_inputs)
 from kvfuzz.strategies import Limits
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.usefixtures("one_torch_thread")]
 
 TARGETS = [VllmReshapeAndCacheFlash, VllmCpuReshapeAndCache]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """vLLM's CPU op runs an OpenMP region per call: one thread is faster on the busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def available(cls):

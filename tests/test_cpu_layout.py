@@ -26,16 +26,10 @@ TARGET = VllmCpuAttention()
 AVAIL = TARGET.availability()
 needs_op = [
     pytest.mark.kernel,
+    pytest.mark.usefixtures("one_torch_thread"),
     pytest.mark.skipif(not AVAIL.ok, reason=f"vllm.cpu_attention is unavailable: {AVAIL.reason}"),
 ]
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The op's OpenMP regions cost ~8 ms per call on a busy 2-core machine with 2 threads (~0.05 ms with 1)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 #: Max abs error vs the fp64 reference (outputs are O(1)).

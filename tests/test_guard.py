@@ -25,7 +25,7 @@ from kvfuzz.contracts.layouts import NHDLayout, VllmPagedLayout
 from kvfuzz.contracts.materialize import Poison, materialize
 from kvfuzz.fuzz import guard as guard_mod
 from kvfuzz.fuzz.guard import CallerContractError, KvfuzzGuardWarning, guard, is_guarded, original_of
-from kvfuzz.fuzz.targets import get_target
+from kvfuzz_test_support import available
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,12 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LENS = [(5, 3), (1, 20), (17, 0), (1, 0), (2, 18)]
 
 
-def available(name):
-    t = get_target(name)
-    a = t.availability()
-    if not a.ok:
-        pytest.skip(f"{name} unavailable: {a.reason}")
-    return t
 
 
 def split_call(make_batch, *, lens=LENS, fault=False, dtype="float32", poison=Poison.ZEROS, head_size=32):

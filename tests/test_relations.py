@@ -19,6 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 import broken_kernels as bk  # noqa: E402
+from kvfuzz_test_support import available
 from sdpa_paged_target import SdpaPaged  # noqa: E402
 
 pytestmark = pytest.mark.kernel
@@ -26,12 +27,6 @@ pytestmark = pytest.mark.kernel
 POISON_LEVELS = ["poison-invariance[nan]", "poison-invariance[inf]", "poison-invariance[stale]"]
 
 
-def available(name):
-    t = get_target(name)
-    a = t.availability()
-    if not a.ok:
-        pytest.skip(f"{name} unavailable: {a.reason}")
-    return t
 
 
 @pytest.fixture

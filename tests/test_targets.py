@@ -9,18 +9,12 @@ from kvfuzz.fuzz.campaign import CampaignConfig, fuzz_target
 from kvfuzz.fuzz.faults import get_fault
 from kvfuzz.fuzz.findings import CallerContractViolation
 from kvfuzz.fuzz.properties import check_example
-from kvfuzz.fuzz.targets import get_target
 from kvfuzz.strategies import Limits
+from kvfuzz_test_support import available
 
 pytestmark = pytest.mark.kernel
 
 
-def available(name):
-    t = get_target(name)
-    a = t.availability()
-    if not a.ok:
-        pytest.skip(f"{name} unavailable: {a.reason}")
-    return t
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
