@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -35,6 +36,13 @@ from .findings import CallerContractViolation, Finding, KernelCrash, KernelHang
 from .properties import Run, check_any, check_undeclared, prepare_any
 from .reproducer import write_reproducer
 from .targets.base import Target
+
+
+#: Set by a SIGTERM/SIGINT handler (kvfuzz fuzz): the campaign stops at the next example or chunk boundary by
+#: raising KeyboardInterrupt there. Raising from the handler alone is not enough: code running inside a
+#: kernel library can swallow the KeyboardInterrupt (seen: a SIGTERM during an interpreted Triton kernel left
+#: the campaign running).
+STOP = threading.Event()
 
 
 @attrs.define
@@ -209,6 +217,8 @@ def fuzz_target(target: Target, config: CampaignConfig,
         strategy = examples(target.capabilities, config.limits, config.poisons)
 
     def body(example: Example) -> None:
+        if STOP.is_set():
+            raise KeyboardInterrupt
         lab = labels(target, example.batch)
         for k, v in lab.items():
             event(f"{k}: {v}")
@@ -293,6 +303,8 @@ def fuzz_target(target: Target, config: CampaignConfig,
     chunk = state.get(target.name, {}).get("chunks", 0)
     try:
         while stats.examples < config.max_examples:
+            if STOP.is_set():
+                raise KeyboardInterrupt
             if config.duration is not None and time.monotonic() - start > config.duration:
                 break
             before = stats.examples

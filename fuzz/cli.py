@@ -22,7 +22,7 @@ from rich.table import Table
 from kvfuzz.contracts.materialize import Poison
 from kvfuzz.strategies.batches import Limits
 
-from .campaign import CampaignConfig, TargetStats, fuzz_target, recover_crashed
+from .campaign import STOP, CampaignConfig, TargetStats, fuzz_target, recover_crashed
 from .workers import merge_summaries, run_workers
 from .faults import FAULTS, get_fault
 from .bench_cli import bench
@@ -228,9 +228,11 @@ def _fuzz_here(chosen, config: CampaignConfig, caller_fault) -> tuple[list[dict]
     config.dir.mkdir(parents=True, exist_ok=True)
 
     def term(signum, frame):
+        STOP.set()  # checked at every example and chunk boundary, in case kernel code swallows the interrupt
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, term)
+    STOP.clear()
+    old = {sig: signal.signal(sig, term) for sig in (signal.SIGTERM, signal.SIGINT)}
     interrupted = False
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -266,7 +268,8 @@ def _fuzz_here(chosen, config: CampaignConfig, caller_fault) -> tuple[list[dict]
                 if interrupted:
                     break
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     status_file.write_text(json.dumps({"updated": time.time(), "done": results, "current": None,
                                        "interrupted": interrupted}))
     return results, interrupted

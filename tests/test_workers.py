@@ -90,3 +90,23 @@ def test_two_workers_share_a_redis_corpus(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_sigterm_stops_even_when_the_kernel_swallows_the_interrupt(tmp_path):
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target",
+                          f"{HERE / 'planted_targets.py'}:SwallowsInterrupts", "--max-examples", "500",
+                          "--poison", "stale", "--out", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(600):
+        if (tmp_path / "status.json").exists():
+            break
+        time.sleep(0.1)
+    time.sleep(0.2)  # inside the next example's 0.5 s kernel
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] is True, out + err
+    assert summary["targets"][0]["examples"] < 500
