@@ -28,6 +28,24 @@ DTYPES: dict[str, torch.dtype] = {
 #: vLLM's ``kv_cache_dtype`` values (vllm/config/cache.py, CacheDType).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 
+#: Storage of each fp8 ``kv_cache_dtype`` (vLLM allocates uint8 and kernels view it as this dtype;
+#: "fp8" means e4m3, vllm/v1/attention/ops/chunked_prefill_paged_decode.py).
+FP8_DTYPES: dict[str, torch.dtype] = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+#: Optional attention features a batch may use and a target may declare
+#: (:class:`~kvfuzz.contracts.capabilities.Capabilities`).
+FEATURES = ("sliding_window", "alibi", "sinks", "softcap")
+
+#: How the batch's queries and keys are drawn (:func:`kvfuzz.contracts.data.make_batch_data`), simplest
+#: first. "normal": N(0, 1). "large": queries and keys x4 (logits ~16x larger: sharp softmax, exp range).
+#: "equal": every position of a sequence has the same key (all logits of a row equal). "dominant": one
+#: position per sequence has a key x16 (one key takes nearly all, or nearly none, of a row's weight).
+VALUE_RANGES = ("normal", "large", "equal", "dominant")
+
 
 def _tuple_of_ints(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
@@ -42,6 +60,33 @@ def _table(value: Any) -> tuple[tuple[int, ...], ...]:
 def _positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:
     if value < 1:
         raise ValueError(f"{attribute.name} must be >= 1, got {value}")
+
+
+def _positive_float(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{attribute.name} must be a finite number > 0, got {value}")
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def alibi_slopes(num_heads: int) -> tuple[float, ...]:
+    """ALiBi slopes of ``num_heads`` heads, as vLLM computes them for BLOOM/MPT-style models
+    (vllm/model_executor/models/bloom.py, ``_get_alibi_slopes``): geometric ``2**(-8/n * k)`` for the
+    largest power of two ``n <= num_heads``, interleaved extra slopes for the rest. fp32 values."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = torch.tensor(2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32)
+    slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32))
+    if closest != num_heads:
+        extra = torch.tensor(2 ** (-(2 ** -(math.log2(2 * closest) - 3))), dtype=torch.float32)
+        n = min(closest, num_heads - closest)
+        slopes = torch.cat([slopes, torch.pow(extra, torch.arange(1, 1 + 2 * n, 2, dtype=torch.int32))])
+    return tuple(float(x) for x in slopes)
 
 
 @attrs.frozen
@@ -64,11 +109,30 @@ class Batch:
     dtype:
         Query/key/value/output dtype name, a key of :data:`DTYPES`.
     kv_cache_dtype:
-        One of :data:`KV_CACHE_DTYPES`; ``"auto"`` stores the cache in ``dtype``.
+        One of :data:`KV_CACHE_DTYPES`; ``"auto"`` stores the cache in ``dtype``, the fp8 ones store
+        ``round_fp8(k / k_scale)`` (:data:`FP8_DTYPES`) and kernels read back ``fp8 * k_scale``.
     seed:
         Seed of the tensor data (queries, keys, values, poison values).
     sm_scale:
         Softmax scale; ``None`` means the kernels' default ``1 / sqrt(head_size)``.
+    k_scale, v_scale:
+        Per-tensor dequantization scales of an fp8 cache (vLLM's ``layer._k_scale``); must be 1.0 for
+        ``"auto"``, where kernels ignore them.
+    sliding_window:
+        ``None`` or ``W >= 1``: query position ``p`` attends to key positions ``p - W + 1 .. p`` (``W`` keys,
+        itself included): the model config's ``sliding_window``, which vLLM's backends hand to kernels in
+        each kernel's own convention (unified_attention: ``window_size = (W - 1, 0)``; prefix_prefill and
+        chunked_prefill_paged_decode: ``sliding_window = W``; vllm/v1/attention/backends/triton_attn.py).
+    alibi:
+        Add ALiBi bias ``slope[h] * (key_pos - query_pos)`` with vLLM's slopes (:func:`alibi_slopes`).
+    sinks:
+        Attention sinks (gpt-oss): one logit per query head (drawn from ``seed``) that joins every row's
+        softmax denominator and carries no value.
+    softcap:
+        ``None`` or ``c > 0``: logits become ``c * tanh(logits / c)`` (Gemma 2's attention soft-capping),
+        applied after the scale and before ALiBi and masking (unified_attention's order).
+    value_range:
+        How queries and keys are drawn, one of :data:`VALUE_RANGES`.
 
     Raises
     ------
@@ -88,9 +152,24 @@ class Batch:
     dtype: str = attrs.field(default="float16", validator=attrs.validators.in_(tuple(DTYPES)))
     kv_cache_dtype: str = attrs.field(default="auto", validator=attrs.validators.in_(KV_CACHE_DTYPES))
     seed: int = 0
-    sm_scale: float | None = None
+    sm_scale: float | None = attrs.field(default=None, converter=_optional_float, validator=_positive_float)
+    k_scale: float = attrs.field(default=1.0, converter=float, validator=_positive_float)
+    v_scale: float = attrs.field(default=1.0, converter=float, validator=_positive_float)
+    sliding_window: int | None = attrs.field(default=None, converter=_optional_int)
+    alibi: bool = attrs.field(default=False, converter=bool)
+    sinks: bool = attrs.field(default=False, converter=bool)
+    softcap: float | None = attrs.field(default=None, converter=_optional_float, validator=_positive_float)
+    value_range: str = attrs.field(default="normal", validator=attrs.validators.in_(VALUE_RANGES))
 
     def __attrs_post_init__(self) -> None:
+        if self.kv_cache_dtype == "auto" and (self.k_scale != 1.0 or self.v_scale != 1.0):
+            raise ValueError(
+                f"k_scale={self.k_scale} / v_scale={self.v_scale} apply to fp8 caches only; with "
+                "kv_cache_dtype='auto' kernels ignore them: set kv_cache_dtype='fp8_e4m3' or 'fp8_e5m2', or "
+                "leave the scales at 1.0"
+            )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be None (no window) or >= 1 keys, got {self.sliding_window}")
         n = len(self.query_lens)
         if n == 0:
             raise ValueError("a batch needs at least one sequence (query_lens is empty)")
@@ -182,6 +261,33 @@ class Batch:
         return DTYPES[self.dtype]
 
     @property
+    def fp8_dtype(self) -> torch.dtype | None:
+        """The cache's fp8 dtype, or None for ``kv_cache_dtype="auto"``."""
+        return FP8_DTYPES.get(self.kv_cache_dtype)
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """What one cache element is stored as: ``dtype`` for "auto", else the fp8 dtype."""
+        return self.fp8_dtype or self.torch_dtype
+
+    @property
+    def alibi_slopes(self) -> tuple[float, ...] | None:
+        """``[num_heads]`` fp32 slopes when ``alibi`` is set (:func:`alibi_slopes`), else None."""
+        return alibi_slopes(self.num_heads) if self.alibi else None
+
+    def alibi_slopes_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor | None:
+        """float32 ``[num_heads]`` or None."""
+        s = self.alibi_slopes
+        return None if s is None else torch.tensor(s, dtype=torch.float32, device=device)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """Which optional attention features the batch uses, by :data:`FEATURES` names."""
+        on = {"sliding_window": self.sliding_window is not None, "alibi": self.alibi, "sinks": self.sinks,
+              "softcap": self.softcap is not None}
+        return tuple(f for f in FEATURES if on[f])
+
+    @property
     def gqa_ratio(self) -> int:
         return self.num_heads // self.num_kv_heads
 
@@ -244,10 +350,23 @@ class Batch:
 
     def summary(self) -> str:
         kinds = "".join("d" if q == 1 else "p" for q in self.query_lens)
+        extra = ""
+        if self.kv_cache_dtype != "auto":
+            extra += f" k_scale={self.k_scale:g} v_scale={self.v_scale:g}"
+        if self.sliding_window is not None:
+            extra += f" sliding_window={self.sliding_window}"
+        if self.alibi:
+            extra += " alibi"
+        if self.sinks:
+            extra += " sinks"
+        if self.softcap is not None:
+            extra += f" softcap={self.softcap:g}"
+        if self.value_range != "normal":
+            extra += f" values={self.value_range}"
         return (
             f"{self.num_seqs} seqs [{kinds}] query_lens={list(self.query_lens)} ctx_lens={list(self.ctx_lens)} "
             f"H={self.num_heads} Hkv={self.num_kv_heads} D={self.head_size} block_size={self.block_size} "
-            f"num_blocks={self.num_blocks} dtype={self.dtype} kv_cache_dtype={self.kv_cache_dtype}"
+            f"num_blocks={self.num_blocks} dtype={self.dtype} kv_cache_dtype={self.kv_cache_dtype}{extra}"
         )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import attrs
 
-from .batch import DTYPES, KV_CACHE_DTYPES
+from .batch import DTYPES, FEATURES, KV_CACHE_DTYPES
 from .contract import Contract
 
 
@@ -23,6 +23,12 @@ class Capabilities:
     devices: where it runs ("cpu", "cuda").
     dtypes, kv_cache_dtypes, head_sizes, block_sizes: what it accepts (names as in :class:`Batch`).
     decode_only: the kernel takes decode sequences only (query_len == 1), e.g. vLLM's decode_attention_fwd.
+    features: optional attention features it implements, names from :data:`~kvfuzz.contracts.batch.FEATURES`
+        ("sliding_window", "alibi", "sinks", "softcap").
+    exclusive: pairs of features it cannot combine (e.g. prefix_prefill's ALiBi kernel has no sliding window
+        and asserts ``sinks is None``).
+    fp8_head_sizes: head sizes accepted with an fp8 kv_cache_dtype (None: all of ``head_sizes``), e.g. the
+        5-D cache needs ``head_size % 16 == 0`` for 1-byte elements.
     """
 
     contract: Contract
@@ -32,8 +38,16 @@ class Capabilities:
     block_sizes: tuple[int, ...] = attrs.field(converter=tuple, validator=_nonempty)
     kv_cache_dtypes: tuple[str, ...] = attrs.field(default=("auto",), converter=tuple, validator=_nonempty)
     decode_only: bool = False
+    features: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    exclusive: tuple[frozenset[str], ...] = attrs.field(
+        default=(), converter=lambda pairs: tuple(frozenset(p) for p in pairs))
+    fp8_head_sizes: tuple[int, ...] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else tuple(v))
 
     def __attrs_post_init__(self) -> None:
+        bad = sorted(set(self.features).union(*self.exclusive) - set(FEATURES))
+        if bad:
+            raise ValueError(f"unknown features {bad}; known: {list(FEATURES)}")
         bad = [d for d in self.dtypes if d not in DTYPES]
         if bad:
             raise ValueError(f"unknown dtypes {bad}; known: {list(DTYPES)}")
@@ -41,11 +55,24 @@ class Capabilities:
         if bad:
             raise ValueError(f"unknown kv_cache_dtypes {bad}; known: {list(KV_CACHE_DTYPES)}")
 
+    def head_sizes_for(self, kv_cache_dtype: str) -> tuple[int, ...]:
+        """The head sizes accepted with ``kv_cache_dtype``."""
+        if kv_cache_dtype == "auto" or self.fp8_head_sizes is None:
+            return self.head_sizes
+        return tuple(h for h in self.head_sizes if h in self.fp8_head_sizes)
+
+    def combinable(self, features) -> bool:
+        """Whether ``features`` (names) are all declared and no declared-exclusive pair is among them."""
+        f = set(features)
+        return f <= self.features and not any(pair <= f for pair in self.exclusive)
+
     def accepts(self, batch) -> bool:
         """Whether ``batch`` (a :class:`~kvfuzz.contracts.batch.Batch`) is inside this declaration."""
         return (batch.dtype in self.dtypes and batch.kv_cache_dtype in self.kv_cache_dtypes
-                and batch.head_size in self.head_sizes and batch.block_size in self.block_sizes
-                and (not self.decode_only or all(q == 1 for q in batch.query_lens)))
+                and batch.head_size in self.head_sizes_for(batch.kv_cache_dtype)
+                and batch.block_size in self.block_sizes
+                and (not self.decode_only or all(q == 1 for q in batch.query_lens))
+                and self.combinable(batch.features))
 
     def restrict(self, **kw) -> "Capabilities":
         """A narrower declaration (e.g. ``dtypes=("float32",)``); raises ValueError if a value is not in

@@ -25,10 +25,29 @@ class BatchData:
     query: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor
+    #: What the cache stores for ``keys``/``values``: the same tensors for kv_cache_dtype "auto", the fp8
+    #: codes ``round_fp8(k / k_scale)`` (``keys == codes * k_scale`` exactly) for an fp8 cache.
+    cache_keys: torch.Tensor | None = None
+    cache_values: torch.Tensor | None = None
+    #: fp32 ``[num_heads]`` sink logits when ``batch.sinks``, else None.
+    sinks: torch.Tensor | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.cache_keys is None:
+            object.__setattr__(self, "cache_keys", self.keys)
+        if self.cache_values is None:
+            object.__setattr__(self, "cache_values", self.values)
 
     def token_rows(self, batch: Batch, seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Row indices into ``keys``/``values`` of positions ``pos`` of sequences ``seq`` (int64)."""
         return torch.tensor(batch.seq_start_loc[:-1], dtype=torch.int64)[seq] + pos
+
+    def select(self, query_rows: torch.Tensor, kv_rows: torch.Tensor) -> "BatchData":
+        """The data of another batch made of these rows (int64 indices): queries ``query_rows``, keys/values
+        (and their cache codes) ``kv_rows``; sinks are kept."""
+        return BatchData(query=self.query[query_rows], keys=self.keys[kv_rows], values=self.values[kv_rows],
+                         cache_keys=self.cache_keys[kv_rows], cache_values=self.cache_values[kv_rows],
+                         sinks=self.sinks)
 
     def new_kv(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``key``/``value`` ``[num_tokens, num_kv_heads, head_size]``: the new tokens in query order, as a
@@ -37,14 +56,61 @@ class BatchData:
         return self.keys[rows], self.values[rows]
 
 
+def quantize_fp8(x: torch.Tensor, fp8: torch.dtype, scale: float) -> torch.Tensor:
+    """``round_fp8(x / scale)``, saturated to the fp8 range (as vLLM's scaled_fp8_quant does)."""
+    m = torch.finfo(fp8).max
+    return (x.float() / scale).clamp(-m, m).to(fp8)
+
+
+def _exactly_dequantized(codes: torch.Tensor, scale: float, dt: torch.dtype) -> torch.Tensor:
+    """``codes * scale`` in ``dt``; raises ValueError if that is not exact (then a kernel dequantizing in
+    fp32 and the reference would see different keys)."""
+    deq = codes.float() * scale
+    out = deq.to(dt)
+    if not torch.equal(out.float(), deq):
+        raise ValueError(f"fp8 values times scale {scale} are not exact in {dt}: use a scale with few "
+                         "significant bits (e.g. kvfuzz.strategies.batches.KV_SCALES)")
+    return out
+
+
+def _shape_values(batch: Batch, query: torch.Tensor, keys: torch.Tensor, gen: torch.Generator) -> None:
+    """Apply ``batch.value_range`` in place (see :data:`~kvfuzz.contracts.batch.VALUE_RANGES`)."""
+    if batch.value_range == "large":
+        query.mul_(4.0)
+        keys.mul_(4.0)
+    elif batch.value_range in ("equal", "dominant"):
+        starts = torch.tensor(batch.seq_start_loc[:-1], dtype=torch.int64)
+        lens = torch.tensor(batch.seq_lens, dtype=torch.int64)
+        if batch.value_range == "equal":  # every position repeats the sequence's first key
+            keys.copy_(keys[torch.repeat_interleave(starts, lens)])
+        else:  # one position per sequence, drawn from the seed, gets a key 16x larger
+            at = starts + (torch.rand(len(lens), generator=gen) * lens).long()
+            keys[at] *= 16.0
+
+
 def make_batch_data(batch: Batch) -> BatchData:
-    """Draw the queries and the keys/values of every position from ``batch.seed`` (standard normal,
-    rounded to ``batch.dtype``). Deterministic across runs and machines for one torch version."""
+    """Draw the queries and the keys/values of every position from ``batch.seed`` (standard normal, shaped by
+    ``batch.value_range``, rounded to ``batch.dtype``). For an fp8 ``kv_cache_dtype`` the keys/values are
+    first quantized with ``k_scale``/``v_scale`` and the logical keys are the exact dequantized values, so
+    the fp64 reference models the quantization and a kernel that drops a scale disagrees with it. Sinks:
+    fp32 ``[num_heads]`` N(0, 1) * 2 when ``batch.sinks``. Deterministic across runs and machines for one
+    torch version.
+
+    Raises ValueError if a scale does not dequantize exactly in ``batch.dtype``."""
     gen = torch.Generator().manual_seed(batch.seed)
     total = sum(batch.seq_lens)
     shape_kv = (total, batch.num_kv_heads, batch.head_size)
     query = torch.randn((batch.num_tokens, batch.num_heads, batch.head_size), generator=gen)
     keys = torch.randn(shape_kv, generator=gen)
     values = torch.randn(shape_kv, generator=gen)
+    sinks = torch.randn(batch.num_heads, generator=gen) * 2.0 if batch.sinks else None
+    if batch.value_range != "normal":
+        _shape_values(batch, query, keys, gen)
     dt = batch.torch_dtype
-    return BatchData(query=query.to(dt), keys=keys.to(dt), values=values.to(dt))
+    fp8 = batch.fp8_dtype
+    if fp8 is None:
+        return BatchData(query=query.to(dt), keys=keys.to(dt), values=values.to(dt), sinks=sinks)
+    kc, vc = quantize_fp8(keys, fp8, batch.k_scale), quantize_fp8(values, fp8, batch.v_scale)
+    return BatchData(query=query.to(dt), keys=_exactly_dequantized(kc, batch.k_scale, dt),
+                     values=_exactly_dequantized(vc, batch.v_scale, dt), cache_keys=kc, cache_values=vc,
+                     sinks=sinks)

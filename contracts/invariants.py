@@ -127,7 +127,7 @@ def check_cache_holds(invariant: str, batch: Batch, data: BatchData, layout: Cac
     rows = data.token_rows(batch, seq, pos)
     k, v = layout.gather(key_cache, value_cache, slots.to(key_cache.device))
     k, v = k.cpu(), v.cpu()
-    exp_k, exp_v = data.keys[rows], data.values[rows]
+    exp_k, exp_v = data.cache_keys[rows], data.cache_values[rows]
     bad = _differing_rows(k, exp_k) | _differing_rows(v, exp_v)
     # report the key's values where the key differs, else the value's
     kbad = _differing_rows(k, exp_k).any(dim=1)

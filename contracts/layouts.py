@@ -35,12 +35,9 @@ class CacheLayout(Protocol):
 
 
 def _cache_dtype(batch: Batch) -> torch.dtype:
-    if batch.kv_cache_dtype != "auto":
-        raise LayoutError(
-            f"kv_cache_dtype={batch.kv_cache_dtype!r} is not modeled by kvfuzz's materializer yet; "
-            "use kv_cache_dtype='auto'"
-        )
-    return batch.torch_dtype
+    """``batch.dtype`` for kv_cache_dtype "auto", the fp8 dtype otherwise (vLLM allocates fp8 caches as uint8;
+    targets pass ``cache.view(torch.uint8)`` where vLLM's backends do)."""
+    return batch.cache_dtype
 
 
 class VllmPagedLayout:

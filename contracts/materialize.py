@@ -48,10 +48,21 @@ class CacheState:
     poison: Poison
 
 
+#: fp8 bit patterns of NAN and INF poison. float8_e4m3fn has no infinity: INF poison saturates to its largest
+#: finite value (0x7E = 448), what an overflowing fp8 quantization stores.
+_FP8_POISON = {
+    (torch.float8_e4m3fn, "nan"): 0x7F, (torch.float8_e4m3fn, "inf"): 0x7E,
+    (torch.float8_e5m2, "nan"): 0x7F, (torch.float8_e5m2, "inf"): 0x7C,
+}
+
+
 def fill_poison(t: torch.Tensor, poison: Poison, seed: int) -> None:
     """Overwrite all of ``t`` (a cache, blocks along dim 0) with ``poison``. STALE: N(0, 1) * STALE_MAGNITUDE
-    drawn from ``seed`` for STALE_PERIOD blocks and repeated over the rest."""
-    if poison is Poison.NAN:
+    drawn from ``seed`` for STALE_PERIOD blocks and repeated over the rest (saturated to the range of an fp8
+    cache). NAN/INF in an fp8 cache: the bit patterns of :data:`_FP8_POISON`."""
+    if t.dtype.is_floating_point and t.element_size() == 1 and poison in (Poison.NAN, Poison.INF):
+        t.view(torch.uint8).fill_(_FP8_POISON[(t.dtype, poison.value)])
+    elif poison is Poison.NAN:
         t.fill_(float("nan"))
     elif poison is Poison.INF:
         t.fill_(float("inf"))
@@ -62,7 +73,11 @@ def fill_poison(t: torch.Tensor, poison: Poison, seed: int) -> None:
         # cache ran at 0.27 GB/s (23 s for 65536 blocks); copying a pattern runs at memory speed
         gen = torch.Generator().manual_seed(seed)
         period = min(t.shape[0], STALE_PERIOD)
-        pattern = (torch.randn((period, *t.shape[1:]), generator=gen) * STALE_MAGNITUDE).to(t.dtype).to(t.device)
+        pattern = torch.randn((period, *t.shape[1:]), generator=gen) * STALE_MAGNITUDE
+        if t.element_size() == 1:
+            m = torch.finfo(t.dtype).max
+            pattern = pattern.clamp(-m, m)
+        pattern = pattern.to(t.dtype).to(t.device)
         for start in range(0, t.shape[0], period):  # one copy per period of blocks, not per token
             n = min(period, t.shape[0] - start)
             t[start : start + n].copy_(pattern[:n])
@@ -93,5 +108,5 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
     slots = batch.slots(seq, pos)
     rows = data.token_rows(batch, seq, pos)
     if len(slots):
-        layout.write(kc, vc, slots.to(device), data.keys[rows].to(device), data.values[rows].to(device))
+        layout.write(kc, vc, slots.to(device), data.cache_keys[rows].to(device), data.cache_values[rows].to(device))
     return CacheState(layout, kc, vc, tuple(cached_lens), slots, poison)

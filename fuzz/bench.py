@@ -160,7 +160,7 @@ def _unified_case(seed: int, idx: int, seqs, heads, head_size: int, dtype: str, 
         seq, pos = positions(batch.seq_lens)
         slots = batch.slots(seq, pos)
         rows = data.token_rows(batch, seq, pos)
-        layout.write(kc, vc, slots, data.keys[rows], data.values[rows])
+        layout.write(kc, vc, slots, data.cache_keys[rows], data.cache_values[rows])
         return batch, data, CacheState(layout, kc, vc, batch.seq_lens, slots, Poison.STALE)
 
     kind = "decode-only" if all(q == 1 for q, _ in seqs) else "mixed"

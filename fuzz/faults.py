@@ -68,8 +68,8 @@ def _shared_block(batch, data, cache, call) -> None:
         rows = data.token_rows(batch, seq, pos)
         slots = blk_a * bs + pos % bs
         dev = cache.key_cache.device
-        cache.layout.write(cache.key_cache, cache.value_cache, slots.to(dev), data.keys[rows].to(dev),
-                           data.values[rows].to(dev))
+        cache.layout.write(cache.key_cache, cache.value_cache, slots.to(dev), data.cache_keys[rows].to(dev),
+                           data.cache_values[rows].to(dev))
 
 
 def _query_start_loc_mismatch(batch, data, cache, call) -> None:

@@ -127,10 +127,8 @@ def _rng(batch: Batch, salt: str) -> random.Random:
 def _sub_data(batch: Batch, data: BatchData, order: list[int]) -> BatchData:
     """The data of sequences ``order`` (original indices), in that order."""
     qsl, ssl = batch.query_start_loc, batch.seq_start_loc
-    q = torch.cat([data.query[qsl[i]:qsl[i + 1]] for i in order])
-    k = torch.cat([data.keys[ssl[i]:ssl[i + 1]] for i in order])
-    v = torch.cat([data.values[ssl[i]:ssl[i + 1]] for i in order])
-    return BatchData(query=q, keys=k, values=v)
+    return data.select(torch.cat([torch.arange(qsl[i], qsl[i + 1]) for i in order]),
+                       torch.cat([torch.arange(ssl[i], ssl[i + 1]) for i in order]))
 
 
 def _token_rows(batch: Batch, order: list[int]) -> torch.Tensor:
@@ -279,9 +277,8 @@ def decode_probe(batch: Batch, data: BatchData, j_of: Callable[[int], int]) -> t
     probe = attrs.evolve(batch, query_lens=[1] * len(pre), ctx_lens=ctx,
                          block_table=[batch.block_table[i] for i in pre])
     rows = torch.tensor([qsl[i] + j for i, j in zip(pre, js)], dtype=torch.int64)
-    keys = torch.cat([data.keys[ssl[i]:ssl[i] + c + 1] for i, c in zip(pre, ctx)])
-    values = torch.cat([data.values[ssl[i]:ssl[i] + c + 1] for i, c in zip(pre, ctx)])
-    return probe, BatchData(query=data.query[rows], keys=keys, values=values), rows
+    kv_rows = torch.cat([torch.arange(ssl[i], ssl[i] + c + 1) for i, c in zip(pre, ctx)])
+    return probe, data.select(rows, kv_rows), rows
 
 
 def _decode_prefill(target: Target, example: Example) -> None:

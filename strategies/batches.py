@@ -12,7 +12,7 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvfuzz.contracts.batch import Batch
+from kvfuzz.contracts.batch import FEATURES, VALUE_RANGES, Batch
 from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.materialize import Poison
@@ -24,6 +24,12 @@ ARRANGEMENTS = ("contiguous", "reversed", "permuted", "fragmented")
 #: GQA group sizes (num_heads // num_kv_heads); 1 is MHA, 7 is the FlashInfer 28/4 case.
 GQA_RATIOS = (1, 2, 4, 8, 16, 3, 7)
 NUM_KV_HEADS = (1, 2, 4)
+#: k_scale/v_scale of fp8 caches, 1.0 first. Each has at most 2 significant bits, so ``fp8 * scale`` is exact
+#: in fp16 and bf16 (:func:`kvfuzz.contracts.data.make_batch_data` checks); 3/64 is the order of a calibrated
+#: e4m3 scale for N(0, 1) data (amax / 448), 2.0 one above 1.
+KV_SCALES = (1.0, 0.5, 0.375, 3 / 64, 2.0)
+#: Softcap values: Gemma 2's 50 (mild on N(0, 1) logits) and 4 (bends most logits).
+SOFTCAPS = (50.0, 4.0)
 
 
 @attrs.frozen
@@ -118,7 +124,7 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
     """A mixed batch inside ``capabilities``: decode sequences, prefills with and without context."""
     dtype = draw(st.sampled_from(capabilities.dtypes))
     kv_cache_dtype = draw(st.sampled_from(capabilities.kv_cache_dtypes))
-    head_size = draw(st.sampled_from(sorted(capabilities.head_sizes)))
+    head_size = draw(st.sampled_from(sorted(capabilities.head_sizes_for(kv_cache_dtype))))
     block_size = draw(st.sampled_from(sorted(capabilities.block_sizes)))
     num_heads, num_kv_heads = draw(gqa_heads(limits.max_num_heads))
     num_seqs = draw(st.integers(1, limits.max_num_seqs))
@@ -135,9 +141,38 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
     sm_scale = draw(st.sampled_from((None, 1.0, 0.5)))
     if sm_scale is not None:
         sm_scale /= head_size**0.5
+    params = draw(attention_params(capabilities, kv_cache_dtype, block_size,
+                                   limits.max_ctx_len + limits.max_query_len))
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
                  head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
-                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale)
+                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **params)
+
+
+@st.composite
+def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, block_size: int,
+                     max_seq_len: int) -> dict:
+    """The optional parameters of a call, as :class:`Batch` keyword arguments, each off by default (Hypothesis
+    shrinks to the plain call): fp8 ``k_scale``/``v_scale`` (:data:`KV_SCALES`), the features the target
+    declares (``sliding_window`` biased to 1, 2 and ``block_size - 1 .. + 1``; ``alibi``; ``sinks``;
+    ``softcap`` from :data:`SOFTCAPS`), skipping a feature declared exclusive with one already drawn, and the
+    ``value_range`` (:data:`~kvfuzz.contracts.batch.VALUE_RANGES`)."""
+    out: dict = {}
+    if kv_cache_dtype != "auto":
+        out["k_scale"] = draw(st.sampled_from(KV_SCALES))
+        out["v_scale"] = draw(st.sampled_from(KV_SCALES))
+    chosen: list[str] = []
+    for feature in FEATURES:
+        if capabilities.combinable([*chosen, feature]) and draw(st.booleans()):
+            chosen.append(feature)
+    if "sliding_window" in chosen:
+        edges = sorted({w for w in (1, 2, block_size - 1, block_size, block_size + 1) if 1 <= w <= max_seq_len})
+        out["sliding_window"] = draw(st.one_of(st.sampled_from(edges), st.integers(1, max(1, max_seq_len))))
+    out["alibi"] = "alibi" in chosen
+    out["sinks"] = "sinks" in chosen
+    if "softcap" in chosen:
+        out["softcap"] = draw(st.sampled_from(SOFTCAPS))
+    out["value_range"] = draw(st.sampled_from(VALUE_RANGES))
+    return out
 
 
 #: Head and block sizes real deployments use, declared or not: where undeclared configurations are drawn.

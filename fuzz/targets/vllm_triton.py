@@ -123,8 +123,13 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
     Split contract: prefill sequences are computed by ``context_attention_fwd(..., skip_decode=True)`` from
     the cache (positions ``0 .. ctx_len-1``) plus ``key``/``value`` ``[num_tokens, num_kv_heads, head_size]``
     (the new tokens, in query order); decode sequences by ``kernel_paged_attention_2d`` from the cache alone
-    (positions ``0 .. seq_len-1``). Cache: :class:`~kvfuzz.contracts.layouts.VllmPagedLayout`. Index
-    tensors int32; ``k_scale``/``v_scale`` float32 scalar tensors.
+    (positions ``0 .. seq_len-1``). Cache: :class:`~kvfuzz.contracts.layouts.VllmPagedLayout`, uint8
+    storage for fp8 kv_cache_dtypes. Index tensors int32; ``k_scale``/``v_scale`` float32 scalar tensors.
+
+    Features, in the kernel's conventions: ``sliding_window = W`` (keys with ``pos_q - pos_k < W``),
+    ``alibi_slopes`` float32 ``[H]``, ``sinks`` float32 ``[H]``; no softcap argument. Declared exclusive:
+    ALiBi with sinks (``context_attention_fwd`` asserts ``sinks is None``) and ALiBi with a sliding window
+    (the prefill path's ``_fwd_kernel_alibi`` has no window: it ignores one silently).
     """
 
     name = "vllm.chunked_prefill_paged_decode"
@@ -136,6 +141,9 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
         head_sizes=(32, 64, 128),  # context_attention_fwd pads other sizes; the 5-D cache needs D % x == 0
         block_sizes=(16, 32),
+        kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        features=("sliding_window", "alibi", "sinks"),
+        exclusive=(("alibi", "sinks"), ("alibi", "sliding_window")),
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -145,13 +153,16 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         dev = cache.key_cache.device
         key, value = data.new_kv(batch)
         out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype, device=dev)
-        one = torch.tensor(1.0, dtype=torch.float32, device=dev)
+        k_scale, v_scale = _scales(batch, dev)
         kwargs = dict(
             query=data.query.to(dev), key=key.to(dev), value=value.to(dev), output=out,
-            kv_cache_dtype=batch.kv_cache_dtype, key_cache=cache.key_cache, value_cache=cache.value_cache,
+            kv_cache_dtype=batch.kv_cache_dtype, key_cache=_fp8_storage(batch, cache.key_cache),
+            value_cache=_fp8_storage(batch, cache.value_cache),
             block_table=batch.block_table_tensor(dev), query_start_loc=batch.query_start_loc_tensor(dev),
             seq_lens=batch.seq_lens_tensor(dev), max_seq_len=batch.max_seq_len,
-            max_query_len=batch.max_query_len, k_scale=one, v_scale=one.clone(), sm_scale=batch.sm_scale,
+            max_query_len=batch.max_query_len, k_scale=k_scale, v_scale=v_scale,
+            alibi_slopes=batch.alibi_slopes_tensor(dev), sliding_window=batch.sliding_window,
+            sm_scale=batch.sm_scale, sinks=_sinks(data, dev),
         )
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out,
                           key=kwargs["key"], value=kwargs["value"])
@@ -165,6 +176,22 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         if batch.decode_seqs:
             parts.append("kernel_paged_attention_2d")
         return "+".join(parts)
+
+
+def _fp8_storage(batch: Batch, cache: torch.Tensor) -> torch.Tensor:
+    """The cache as vLLM hands it to the split/prefix kernels: uint8 storage for an fp8 kv_cache_dtype
+    (vllm/utils/torch_utils.py maps every fp8 name to torch.uint8; the kernels view it back by name)."""
+    return cache.view(torch.uint8) if batch.fp8_dtype is not None else cache
+
+
+def _scales(batch: Batch, dev) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 scalar tensors ``k_scale``, ``v_scale`` (vLLM's ``layer._k_scale``/``_v_scale``)."""
+    return (torch.tensor(batch.k_scale, dtype=torch.float32, device=dev),
+            torch.tensor(batch.v_scale, dtype=torch.float32, device=dev))
+
+
+def _sinks(data: BatchData, dev) -> torch.Tensor | None:
+    return None if data.sinks is None else data.sinks.to(device=dev, dtype=torch.float32)
 
 
 def _poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int) -> torch.Tensor:
@@ -187,7 +214,9 @@ class VllmContextAttentionFwd(VllmTritonTarget):
     (positions ``0 .. ctx_len-1``, :class:`~kvfuzz.contracts.layouts.VllmPagedLayout`) plus ``k``/``v``
     ``[num_tokens, num_kv_heads, head_size]`` (its new tokens, in query order); the kernel never reads a
     sequence's new tokens from the cache. Index tensors int32 (``b_loc`` = block table, ``b_start_loc`` =
-    query_start_loc, ``b_seq_len`` = seq_lens); ``k_scale``/``v_scale`` float32 scalar tensors.
+    query_start_loc, ``b_seq_len`` = seq_lens); ``k_scale``/``v_scale`` float32 scalar tensors; uint8 cache
+    storage for fp8 kv_cache_dtypes. Features as for chunked_prefill_paged_decode (``sliding_window = W``,
+    ``alibi_slopes``, ``sinks``; ALiBi exclusive with sinks and with a window).
 
     Block sizes: the kernel walks the context in tiles of 32 tokens and resolves each token's physical block
     separately (``_paged_kv_cache_offsets``), so the physical block size need not be a power of 2 nor divide
@@ -205,6 +234,10 @@ class VllmContextAttentionFwd(VllmTritonTarget):
         dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
         head_sizes=(32, 40, 64, 80, 128),  # padded to a power of 2 inside; the 5-D cache needs D % x == 0
         block_sizes=(1, 16, 32, 48, 544),
+        kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        fp8_head_sizes=(32, 64, 128),  # x = 16 one-byte elements
+        features=("sliding_window", "alibi", "sinks"),
+        exclusive=(("alibi", "sinks"), ("alibi", "sliding_window")),
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -214,13 +247,15 @@ class VllmContextAttentionFwd(VllmTritonTarget):
         dev = cache.key_cache.device
         key, value = data.new_kv(batch)
         out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype, device=dev)
-        one = torch.tensor(1.0, dtype=torch.float32, device=dev)
+        k_scale, v_scale = _scales(batch, dev)
         kwargs = dict(
             q=data.query.to(dev), k=key.to(dev), v=value.to(dev), o=out, kv_cache_dtype=batch.kv_cache_dtype,
-            k_cache=cache.key_cache, v_cache=cache.value_cache, b_loc=batch.block_table_tensor(dev),
+            k_cache=_fp8_storage(batch, cache.key_cache), v_cache=_fp8_storage(batch, cache.value_cache),
+            b_loc=batch.block_table_tensor(dev),
             b_start_loc=batch.query_start_loc_tensor(dev), b_seq_len=batch.seq_lens_tensor(dev),
-            max_seq_len=batch.max_seq_len, max_input_len=batch.max_query_len, k_scale=one, v_scale=one.clone(),
-            sm_scale=batch.scale, skip_decode=False,
+            max_seq_len=batch.max_seq_len, max_input_len=batch.max_query_len, k_scale=k_scale, v_scale=v_scale,
+            alibi_slopes=batch.alibi_slopes_tensor(dev), sliding_window=batch.sliding_window,
+            sm_scale=batch.scale, skip_decode=False, sinks=_sinks(data, dev),
         )
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out,
                           key=kwargs["k"], value=kwargs["v"])
@@ -246,7 +281,12 @@ class VllmUnifiedAttention(VllmTritonTarget):
     (:class:`~kvfuzz.contracts.layouts.NHDLayout`, ``[num_blocks, block_size, num_kv_heads, head_size]``).
     Called as vLLM's TRITON_ATTN backend calls it (vllm/v1/attention/backends/triton_attn.py, eager mode,
     no CUDA graphs): ``cu_seqlens_q`` = query_start_loc int32, ``seqused_k`` = seq_lens int32,
-    ``window_size=(-1, -1)``, ``softcap=0``, causal, no descales (``auto`` cache), and the split-softmax
+    ``window_size = (W - 1, 0)`` for a sliding window of W keys (else ``(-1, -1)``), ``softcap`` (0: off),
+    ``alibi_slopes`` and ``sinks`` float32 ``[H]``, causal; an fp8 cache as an fp8 view with
+    ``kv_quant_mode=FP8_PER_TENSOR`` and ``k_descale``/``v_descale`` = the scale expanded to
+    ``[num_seqs, num_kv_heads]`` (no descales for ``auto``). (vLLM's TRITON_ATTN views every fp8 cache as
+    ``current_platform.fp8_dtype()``, so its "fp8_e5m2" cache is written and read as e4m3; kvfuzz hands the
+    kernel the format the batch names.) And the split-softmax
     scratch: ``seq_threshold_3D = 128 // num_kv_heads``, 16 segments, fp32 ``softmax_segm_output
     [T, H, 16, next_pow2(D)]``, ``softmax_segm_max``/``softmax_segm_expsum [T, H, 16]``. vLLM sizes the
     scratch for ``min(threshold, max_num_seqs) * max_query_len_3d`` tokens, which is >= T whenever the other
@@ -273,6 +313,8 @@ class VllmUnifiedAttention(VllmTritonTarget):
         dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
         head_sizes=(32, 40, 64, 80, 128),
         block_sizes=(16, 32, 48, 64, 544),
+        kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        features=("sliding_window", "alibi", "sinks", "softcap"),
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -288,12 +330,22 @@ class VllmUnifiedAttention(VllmTritonTarget):
         dpad = 1 << (d - 1).bit_length()
         out = torch.empty((t, h, d), dtype=batch.torch_dtype, device=dev)
         segs = NUM_PAR_SOFTMAX_SEGMENTS
+        quant: dict = {}
+        descale = [None, None]
+        if batch.fp8_dtype is not None:
+            from vllm.v1.kv_cache_interface import KVQuantMode
+
+            quant = dict(kv_quant_mode=KVQuantMode.FP8_PER_TENSOR)
+            descale = [s.expand((batch.num_seqs, batch.num_kv_heads)) for s in _scales(batch, dev)]
+        w = batch.sliding_window
         kwargs = dict(
             q=data.query.to(dev), k=cache.key_cache, v=cache.value_cache, out=out,
             cu_seqlens_q=batch.query_start_loc_tensor(dev), max_seqlen_q=batch.max_query_len,
             seqused_k=batch.seq_lens_tensor(dev), max_seqlen_k=batch.max_seq_len, softmax_scale=batch.scale,
-            causal=True, window_size=(-1, -1), block_table=batch.block_table_tensor(dev), softcap=0,
-            q_descale=None, k_descale=None, v_descale=None,
+            causal=True, window_size=(-1, -1) if w is None else (w - 1, 0),
+            block_table=batch.block_table_tensor(dev), softcap=batch.softcap or 0,
+            q_descale=None, k_descale=descale[0], v_descale=descale[1],
+            alibi_slopes=batch.alibi_slopes_tensor(dev), sinks=_sinks(data, dev), **quant,
             seq_threshold_3D=self.seq_threshold_3d(batch), num_par_softmax_segments=segs,
             softmax_segm_output=_poisoned_scratch((t, h, segs, dpad), cache, batch.seed + 3),
             softmax_segm_max=_poisoned_scratch((t, h, segs), cache, batch.seed + 4),
@@ -334,7 +386,8 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
     = :class:`~kvfuzz.contracts.layouts.NHDLayout` with ``page_size = block_size``, and ``req_to_token`` =
     the block table (page ids, int32). Arguments: ``q``/``o`` ``[N, H, D]``, ``lse`` ``[N, H]`` fp32,
     ``attn_logits`` ``[N, H, num_kv_splits, D + 1]`` fp32 (filled with the example's poison: vLLM serves it
-    from a reused workspace), ``k_scale``/``v_scale`` 1.0.
+    from a reused workspace), ``k_scale``/``v_scale`` float32 scalars, an fp8 cache as an fp8 view (as
+    SGLang allocates it), ``logit_cap`` = softcap (0: off). No window, ALiBi or sinks arguments.
 
     Two stage-1 kernels: ``_fwd_kernel_stage1`` for MHA (``H == Hkv``) and ``_fwd_grouped_kernel_stage1``
     for GQA/MQA; then ``_fwd_kernel_stage2`` merges the splits.
@@ -356,6 +409,8 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         head_sizes=(32, 40, 64, 80, 128),  # padded to a power of 2 inside
         block_sizes=(1, 16, 32, 48, 64),  # page_size 1 is SGLang's default; vLLM's MLA backends use 16*k
         decode_only=True,
+        kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        features=("softcap",),
     )
 
     #: vllm/v1/attention/backends/mla/triton_mla.py
@@ -386,14 +441,14 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         n, h, d = batch.num_seqs, batch.num_heads, batch.head_size
         splits = self.num_kv_splits(batch)
         out = torch.empty((n, h, d), dtype=batch.torch_dtype, device=dev)
-        one = torch.tensor(1.0, dtype=torch.float32, device=dev)
+        k_scale, v_scale = _scales(batch, dev)
         kwargs = dict(
             q=data.query.to(dev), k_buffer=cache.key_cache, v_buffer=cache.value_cache, o=out,
             lse=torch.empty((n, h), dtype=torch.float32, device=dev), req_to_token=batch.block_table_tensor(dev),
             b_seq_len=batch.seq_lens_tensor(dev),
             attn_logits=_poisoned_scratch((n, h, splits, d + 1), cache, batch.seed + 3),
-            num_kv_splits=splits, sm_scale=batch.scale, page_size=batch.block_size, k_scale=one,
-            v_scale=one.clone(),
+            num_kv_splits=splits, sm_scale=batch.scale, page_size=batch.block_size,
+            logit_cap=batch.softcap or 0.0, k_scale=k_scale, v_scale=v_scale,
         )
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
