@@ -12,9 +12,7 @@ minimal batch that triggers it (verified by tests/test_mutants.py with NaN poiso
 
 Two real defects cannot be reached at real scale on a CPU, so their mutants scale the machine word down and
 say so: ``int32_offset_overflow`` wraps element offsets at ``2**OFFSET_BITS`` (16, not 32) and
-``block_id_16bit`` truncates block ids to ``ID_BITS`` (5, not 16) bits. kvfuzz's model has no fp8 cache and
-no sliding window yet, so the fp8-scale and window bugs are replaced by other defects of §5 (documented on
-the classes: ``scale_ignored``, ``gqa_pow2_group``, ``seq_lens_int64_as_int32``).
+``block_id_16bit`` truncates block ids to ``ID_BITS`` (5, not 16) bits.
 """
 
 from __future__ import annotations
@@ -42,9 +40,12 @@ PARTITION = 16
 class PagedTorch(Target):
     """The unmutated base: correct paged attention in torch (fp32 accumulation), unified contract, NHD cache.
 
-    Arguments (``KernelCall.kwargs``): query ``[T, H, D]``, key_cache/value_cache ``[NB, BS, Hkv, D]``,
-    block_table int32 ``[N, W]``, seq_lens int32 ``[N]``, query_start_loc int32 ``[N+1]``, scale (float, or
-    None for the kernel's default ``1/sqrt(head_size)``; kvfuzz passes ``batch.sm_scale``), output ``[T, H, D]``.
+    Arguments (``KernelCall.kwargs``): query ``[T, H, D]``, key_cache/value_cache ``[NB, BS, Hkv, D]`` (in the
+    batch dtype, or fp8 for an fp8 kv_cache_dtype, dequantized as ``fp8 * k_scale``), block_table int32
+    ``[N, W]``, seq_lens int32 ``[N]``, query_start_loc int32 ``[N+1]``, scale (float, or None for the
+    kernel's default ``1/sqrt(head_size)``; kvfuzz passes ``batch.sm_scale``), k_scale/v_scale (float),
+    sliding_window (None or W keys), softcap (None or c), alibi_slopes (None or float32 ``[H]``),
+    output ``[T, H, D]``.
     """
 
     name: ClassVar[str] = "mutant.base"
@@ -53,7 +54,8 @@ class PagedTorch(Target):
     bug: ClassVar[str] = ""
     capabilities = Capabilities(contract=Contract.UNIFIED, devices=("cpu",),
                                 dtypes=("float32", "float16", "bfloat16"), head_sizes=(24, 32, 64, 128, 256),
-                                block_sizes=(8, 16, 32))
+                                block_sizes=(8, 16, 32), kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"),
+                                features=("sliding_window", "alibi", "softcap"))
 
     def availability(self) -> Availability:
         return Availability(True, f"torch {torch.__version__}", "cpu")
@@ -67,7 +69,9 @@ class PagedTorch(Target):
                           device=dev)
         kwargs = dict(query=data.query.to(dev), key_cache=cache.key_cache, value_cache=cache.value_cache,
                       block_table=batch.block_table_tensor(dev), seq_lens=batch.seq_lens_tensor(dev),
-                      query_start_loc=batch.query_start_loc_tensor(dev), scale=batch.sm_scale, output=out)
+                      query_start_loc=batch.query_start_loc_tensor(dev), scale=batch.sm_scale, output=out,
+                      k_scale=batch.k_scale, v_scale=batch.v_scale, sliding_window=batch.sliding_window,
+                      softcap=batch.softcap, alibi_slopes=batch.alibi_slopes_tensor(dev))
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
     # ---- the steps a mutant may break ------------------------------------------------------------------
@@ -92,6 +96,14 @@ class PagedTorch(Target):
     def keys_read(self, seq_len: int, block_size: int, decode: bool) -> int:
         """How many leading positions the kernel loads (K and V)."""
         return seq_len
+
+    def dequantize(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        """fp32 cache elements (fp8 codes or plain values) -> the values attention uses."""
+        return x * scale
+
+    def in_window(self, qpos: torch.Tensor, kpos: torch.Tensor, window: int, decode: bool) -> torch.Tensor:
+        """``[Q, S]`` bool: keys inside a sliding window of ``window`` keys ending at each query position."""
+        return kpos[None, :] > qpos[:, None] - window
 
     def allowed(self, qpos: torch.Tensor, kpos: torch.Tensor, seq_len: int, decode: bool,
                 num_seqs: int) -> torch.Tensor:
@@ -140,12 +152,19 @@ class PagedTorch(Target):
             n = self.keys_read(seq_len, bs, decode)
             # a row's columns, read row-major from the flat table (a column past the row reads the next row)
             row = flat_table[(i * width + torch.arange(-(-n // bs))) % flat_table.numel()]
-            k = self.gather(kc, row, n, heads)
-            v = self.gather(vc, row, n, heads)
+            k = self.dequantize(self.gather(kc, row, n, heads), a["k_scale"])
+            v = self.dequantize(self.gather(vc, row, n, heads), a["v_scale"])
             q = q_all[qs:qe].float()
             scores = torch.einsum("qhd,shd->hqs", q, k) * scale
             qpos = seq_len - (qe - qs) + torch.arange(qe - qs)
-            allowed = self.allowed(qpos, torch.arange(n), seq_len, decode, n_seqs)
+            kpos = torch.arange(n)
+            if a["softcap"] is not None:
+                scores = a["softcap"] * torch.tanh(scores / a["softcap"])
+            if a["alibi_slopes"] is not None:
+                scores = scores + a["alibi_slopes"][:, None, None] * (kpos[None, None, :] - qpos[None, :, None])
+            allowed = self.allowed(qpos, kpos, seq_len, decode, n_seqs)
+            if a["sliding_window"] is not None:
+                allowed = allowed & self.in_window(qpos, kpos, a["sliding_window"], decode)
             out[qs:qe] = self.combine(scores, allowed, v, decode, n_seqs).to(out.dtype)
         return out
 
@@ -304,9 +323,8 @@ class BlockId16Bit(PagedTorch):
 
 class ScaleIgnored(PagedTorch):
     """An explicitly passed softmax scale is ignored and 1.0 used (the kernel reads the scale only on a path
-    the caller did not take). Replaces §5.10 "fp8 k_scale/v_scale ignored or defaulted to 1.0", which kvfuzz
-    cannot model yet (no fp8 cache). The default path (scale=None -> 1/sqrt(D)) is right, so only a caller that
-    passes a scale sees it."""
+    the caller did not take); the softmax-scale sibling of :class:`Fp8ScaleIgnored`. The default path
+    (scale=None -> 1/sqrt(D)) is right, so only a caller that passes a scale sees it."""
 
     name = "mutant.scale_ignored"
     description = "passed sm_scale ignored, 1.0 used"
@@ -382,7 +400,7 @@ class BatchDependentSplit(PagedTorch):
 class SeqLensInt64AsInt32(PagedTorch):
     """int64 metadata read as int32: the kernel's seq_lens is promoted to int64 (a cumsum/sum upstream) and
     read as int32 words, so sequence ``i`` gets word ``i`` of ``[s0, 0, s1, 0, ...]``: sequence 1 gets length 0
-    (zeros), sequence 2 gets s1, ... Replaces "window ignored on decode" (§5.9), which kvfuzz cannot model yet."""
+    (zeros), sequence 2 gets s1, ..."""
 
     name = "mutant.seq_lens_int64_as_int32"
     description = "seq_lens read as int32 words of an int64 tensor"
@@ -394,10 +412,54 @@ class SeqLensInt64AsInt32(PagedTorch):
         return seq_lens.to(torch.int64).view(torch.int32)[: len(seq_lens)].tolist()
 
 
+class Fp8ScaleIgnored(PagedTorch):
+    """fp8 k_scale/v_scale ignored: the kernel reads the fp8 cache and converts it to the compute dtype without
+    multiplying by the scales (as if they were 1.0). A test whose cache is quantized with scale 1.0, or whose
+    reference ignores the scale too, passes."""
+
+    name = "mutant.fp8_scale_ignored"
+    description = "fp8 cache read without k_scale/v_scale"
+    trigger = "an fp8 kv_cache_dtype with v_scale != 1 (any row), or k_scale != 1 (a row attending >= 2 keys)"
+    bug = "§5.10 fp8 k_scale/v_scale ignored or defaulted to 1.0 (vllm PR 42080, sglang PR 18882)"
+    smallest = staticmethod(lambda: _batch([1], [0], kv_cache_dtype="fp8_e4m3", v_scale=0.5))
+
+    def dequantize(self, x, scale):
+        return x
+
+
+class SlidingWindowOffByOne(PagedTorch):
+    """Sliding window off by one: the kernel keeps keys with ``q_pos - k_pos <= W`` instead of ``< W``, so
+    every row sees W + 1 keys (the model's W vs FlashAttention's ``window_size = (W - 1, 0)`` mix-up)."""
+
+    name = "mutant.sliding_window_off_by_one"
+    description = "sliding window keeps W + 1 keys"
+    trigger = "a sliding window W and a query row at position >= W"
+    bug = "§5.7 sliding window off by one (vllm issue 3385, sglang PR 26147)"
+    smallest = staticmethod(lambda: _batch([1], [1], sliding_window=1))
+
+    def in_window(self, qpos, kpos, window, decode):
+        return kpos[None, :] >= qpos[:, None] - window
+
+
+class WindowIgnoredOnDecode(PagedTorch):
+    """Window ignored on decode: prefill rows are windowed, decode rows attend to the whole sequence (the
+    decode path never received the window argument)."""
+
+    name = "mutant.window_ignored_on_decode"
+    description = "decode rows are not windowed"
+    trigger = "a decode sequence with seq_len > W"
+    bug = "§5.9 decode path ignores the sliding window (mistral.rs issue 2094)"
+    smallest = staticmethod(lambda: _batch([1], [1], sliding_window=1))
+
+    def in_window(self, qpos, kpos, window, decode):
+        ok = super().in_window(qpos, kpos, window, decode)
+        return torch.ones_like(ok) if decode else ok
+
+
 MUTANTS: dict[str, type[Target]] = {cls.name: cls for cls in (
     DecodeMissesOwnToken, TailVUnmasked, DecodeTailUnmasked, GqaModulo, GqaPow2Group, ContiguousBlocks,
-    Int32OffsetOverflow, BlockId16Bit, ScaleIgnored, DefaultScaleNumHeads, SplitKvExactMultiple,
-    BatchDependentSplit, SeqLensInt64AsInt32)}
+    Int32OffsetOverflow, BlockId16Bit, Fp8ScaleIgnored, SlidingWindowOffByOne, WindowIgnoredOnDecode,
+    ScaleIgnored, DefaultScaleNumHeads, SplitKvExactMultiple, BatchDependentSplit, SeqLensInt64AsInt32)}
 
 
 def get_mutant(name: str) -> Target:

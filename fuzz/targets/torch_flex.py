@@ -137,6 +137,7 @@ class TorchFlexPaged(Target):
         dtypes=("float32", "float16", "bfloat16"),
         head_sizes=(16, 32, 48, 64, 80, 128, 256),
         block_sizes=(16, 32, 8, 64, 128),
+        features=("sliding_window", "alibi", "softcap"),  # window in the block mask, the others as score_mod
     )
     cuda_head_sizes = (16, 32, 64, 128, 256)
     cuda_block_sizes = (16, 32, 64, 128)
@@ -169,14 +170,38 @@ class TorchFlexPaged(Target):
         return "compiled (cuda)" + (f", BLOCK_M=32 BLOCK_N={opts['BLOCK_N']}" if opts else ", default blocks")
 
     @staticmethod
-    def logical_mask_mod(query_lens: torch.Tensor, ctx_lens: torch.Tensor):
+    def logical_mask_mod(query_lens: torch.Tensor, ctx_lens: torch.Tensor, sliding_window: int | None = None):
         """The contract's mask on logical positions: padded query rows masked, query ``q_idx`` of sequence
-        ``b`` sees kv positions ``0 .. ctx_len[b] + q_idx``."""
+        ``b`` sees kv positions ``0 .. ctx_len[b] + q_idx`` (with a window of W keys: the last W of them)."""
 
         def causal_paged(b, h, q_idx, kv_idx):
             return (q_idx < query_lens[b]) & (kv_idx <= ctx_lens[b] + q_idx)
 
-        return causal_paged
+        if sliding_window is None:
+            return causal_paged
+
+        def windowed(b, h, q_idx, kv_idx):
+            return causal_paged(b, h, q_idx, kv_idx) & (kv_idx > ctx_lens[b] + q_idx - sliding_window)
+
+        return windowed
+
+    @staticmethod
+    def logical_score_mod(batch: Batch, ctx_lens: torch.Tensor, device):
+        """``score_mod`` on logical positions for softcap (``c * tanh(s / c)``) and ALiBi
+        (``slope[h] * (kv_idx - query position)``), in the reference's order; None without either."""
+        cap = batch.softcap
+        slopes = batch.alibi_slopes_tensor(device)
+        if cap is None and slopes is None:
+            return None
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            if cap is not None:
+                score = cap * torch.tanh(score / cap)
+            if slopes is not None:
+                score = score + slopes[h] * (kv_idx - ctx_lens[b] - q_idx)
+            return score
+
+        return score_mod
 
     def paged_attention(self, batch: Batch, device: str | torch.device):
         """The ``PagedAttention`` the kernel reads through: :func:`paged_attention_for` (kvfuzz's table)."""
@@ -214,14 +239,19 @@ class TorchFlexPaged(Target):
         seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=dev)
 
         logical_kv = max(batch.blocks_needed(i) for i in range(n)) * batch.block_size
-        logical = create_block_mask(self.logical_mask_mod(query_lens, ctx_lens), n, None, qmax, logical_kv,
+        logical = create_block_mask(self.logical_mask_mod(query_lens, ctx_lens, batch.sliding_window), n, None,
+                                    qmax, logical_kv,
                                     device=str(dev), BLOCK_SIZE=(128, batch.block_size))
         pa = self.paged_attention(batch, dev)
         block_mask = pa.convert_logical_block_mask(logical, torch.arange(n, device=dev), seq_lens)
+        score_mod = self.logical_score_mod(batch, ctx_lens, dev)
+        if score_mod is not None:
+            score_mod = pa.get_score_mod(score_mod, seq_lens)
         output = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype,
                              device=dev)
         kwargs = dict(query=query, key=cache.key_cache, value=cache.value_cache, block_mask=block_mask,
                       scale=float(batch.scale), enable_gqa=True, kernel_options=self.kernel_options(batch, dev),
+                      score_mod=score_mod,
                       # not passed to flex_attention: where each output row comes from, and the page table
                       _token_seq=seq, _token_j=j, _paged_attention=pa,
                       block_table=batch.block_table_tensor(dev), seq_lens=batch.seq_lens_tensor(dev),
@@ -237,7 +267,8 @@ class TorchFlexPaged(Target):
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
             with torch._dynamo.config.patch(recompile_limit=10_000, accumulated_recompile_limit=10_000,
                                             fail_on_recompile_limit_hit=True):
-                out = fn(kw["query"], kw["key"], kw["value"], block_mask=kw["block_mask"], scale=kw["scale"],
+                out = fn(kw["query"], kw["key"], kw["value"], score_mod=kw["score_mod"],
+                         block_mask=kw["block_mask"], scale=kw["scale"],
                          enable_gqa=kw["enable_gqa"], kernel_options=kw["kernel_options"])
         call.output.copy_(out[kw["_token_seq"], :, kw["_token_j"]])
         return call.output

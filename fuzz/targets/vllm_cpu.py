@@ -181,13 +181,17 @@ class VllmCpuAttention(VllmCpuOp):
         dtypes=("float32", "float16", "bfloat16"),
         head_sizes=(32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512),
         block_sizes=(16, 32, 64, 128),
-        kv_cache_dtypes=("auto",),
+        kv_cache_dtypes=("auto",),  # the op's fp8 path packs 1-byte slabs differently: not modeled yet
+        features=("sliding_window", "alibi", "sinks", "softcap"),
     )
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
-        """Arguments of one ``cpu_attention_with_kv_cache`` call: causal, no window/alibi/softcap/sinks,
-        k/v scales 1, kv_cache_dtype "auto"; scheduler metadata from ``get_scheduler_metadata`` with
-        ``enable_kv_split=False`` (vLLM's default ``VLLM_CPU_ATTN_SPLIT_KV``-off behaviour)."""
+        """Arguments of one ``cpu_attention_with_kv_cache`` call as ``CPUAttentionBackendImpl.forward`` makes
+        it: causal; ``sliding_window_size`` = the model's window W (the backend passes ``sliding_window``
+        unchanged; -1 for none), to ``get_scheduler_metadata`` as well; ``alibi_slopes`` float32 ``[H]``;
+        ``softcap`` (0: off); ``s_aux`` = sinks float32 ``[H]``; k/v scales 1, kv_cache_dtype "auto";
+        scheduler metadata with ``enable_kv_split=False`` (vLLM's default ``VLLM_CPU_ATTN_SPLIT_KV``-off
+        behaviour)."""
         avail = self.availability()
         if not avail.ok:
             raise RuntimeError(f"{self.name} is unavailable: {avail.reason}")
@@ -204,9 +208,10 @@ class VllmCpuAttention(VllmCpuOp):
         query_start_loc = batch.query_start_loc_tensor()
         seq_lens = batch.seq_lens_tensor()
         block_table = batch.block_table_tensor()
+        window = -1 if batch.sliding_window is None else batch.sliding_window
         metadata = torch.ops._C.get_scheduler_metadata(
             batch.num_seqs, batch.num_heads, batch.num_kv_heads, batch.head_size, seq_lens, batch.torch_dtype,
-            query_start_loc, True, -1, isa, False, None, "auto",
+            query_start_loc, True, window, isa, False, None, "auto",
         )
         output = torch.empty_like(query)
         kwargs = dict(
@@ -218,12 +223,12 @@ class VllmCpuAttention(VllmCpuOp):
             seq_lens=seq_lens,
             scale=float(batch.scale),
             causal=True,
-            alibi_slopes=None,
-            sliding_window_size=-1,
+            alibi_slopes=batch.alibi_slopes_tensor(),
+            sliding_window_size=window,
             block_table=block_table,
-            softcap=0.0,
+            softcap=float(batch.softcap or 0.0),
             scheduler_metadata=metadata,
-            s_aux=None,
+            s_aux=None if data.sinks is None else data.sinks.to(torch.float32),
             dynamic_causal=None,
             k_scale=1.0,
             v_scale=1.0,

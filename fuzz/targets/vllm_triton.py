@@ -286,7 +286,11 @@ class VllmUnifiedAttention(VllmTritonTarget):
     ``kv_quant_mode=FP8_PER_TENSOR`` and ``k_descale``/``v_descale`` = the scale expanded to
     ``[num_seqs, num_kv_heads]`` (no descales for ``auto``). (vLLM's TRITON_ATTN views every fp8 cache as
     ``current_platform.fp8_dtype()``, so its "fp8_e5m2" cache is written and read as e4m3; kvfuzz hands the
-    kernel the format the batch names.) And the split-softmax
+    kernel the format the batch names.) ALiBi with sinks is declared exclusive: the linear ALiBi bias is
+    ``slope * (k_pos - context_len)`` (``apply_alibi_to_score``), which differs from ``slope * (k_pos - q_pos)``
+    by a per-row constant that softmax cancels, except against a sink, whose logit gets no bias: prefill
+    row ``j`` weighs its sink ``exp(slope * j)`` times too little (kvfuzz found it; README Findings). And the
+    split-softmax
     scratch: ``seq_threshold_3D = 128 // num_kv_heads``, 16 segments, fp32 ``softmax_segm_output
     [T, H, 16, next_pow2(D)]``, ``softmax_segm_max``/``softmax_segm_expsum [T, H, 16]``. vLLM sizes the
     scratch for ``min(threshold, max_num_seqs) * max_query_len_3d`` tokens, which is >= T whenever the other
@@ -315,6 +319,8 @@ class VllmUnifiedAttention(VllmTritonTarget):
         block_sizes=(16, 32, 48, 64, 544),
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         features=("sliding_window", "alibi", "sinks", "softcap"),
+        # accepted without complaint but position-dependent: see README Findings 5 (tests/test_triton_targets.py)
+        exclusive=(("alibi", "sinks"),),
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
