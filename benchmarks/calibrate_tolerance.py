@@ -3,7 +3,8 @@ error, under three ways of applying FlashAttention's rule (per row, per sequence
 
     python benchmarks/calibrate_tolerance.py --target vllm.cpu_attention --examples 300 --json out.json
 
-For each example and each dtype it records, with err = |out - ref| and pt = |out_lp - ref|:
+For each example it records, per dtype/kv_cache_dtype and per optional feature (window, ALiBi, sinks,
+softcap, value range), with err = |out - ref| and pt = |out_lp - ref|:
   row:   max over (token, head) rows of (err_row - floor) / pt_row
   seq:   max over sequences of (max err in seq - floor) / (max pt in seq)
   batch: (max err - floor) / (max pt)        (FlashAttention's own form)
@@ -19,7 +20,7 @@ import json
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from kvfuzz.contracts.oracles import atol_floor
+from kvfuzz.contracts.oracles import atol_floor, row_floor
 from kvfuzz.fuzz.properties import check_example
 from kvfuzz.fuzz.findings import Finding
 from kvfuzz.fuzz.targets import get_target
@@ -30,9 +31,10 @@ from kvfuzz.contracts.reference import same_precision_attention
 def ratios(batch, out, ref, lowp):
     err = (out.cpu().double() - ref).abs()
     pt = (lowp - ref).abs()
-    floor = atol_floor(batch.torch_dtype)
+    floor_rows = row_floor(batch, ref)
+    floor = float(floor_rows.max())
     tiny = 1e-300
-    row = ((err.amax(-1) - floor).clamp_min(0) / pt.amax(-1).clamp_min(tiny)).max().item()
+    row = ((err.amax(-1) - floor_rows).clamp_min(0) / pt.amax(-1).clamp_min(tiny)).max().item()
     qsl = batch.query_start_loc
     seq = max(((err[qsl[i]:qsl[i + 1]].max() - floor).clamp_min(0) / pt[qsl[i]:qsl[i + 1]].max().clamp_min(tiny)).item()
               for i in range(batch.num_seqs))
@@ -66,14 +68,18 @@ def main() -> None:
             run.reference = reference_attention(example.batch, run.data)
         b = example.batch
         r = ratios(b, run.output, run.reference, same_precision_attention(b, run.data))
-        w = worst[b.dtype]
-        w["n"] += 1
-        for k in ("row", "seq", "batch"):
-            w[k] = max(w[k], r[k])
+        groups = [f"{b.dtype}/{b.kv_cache_dtype}", *(f"{b.dtype}+{f}" for f in b.features)]
+        if b.value_range != "normal":
+            groups.append(f"{b.dtype}+values={b.value_range}")
+        for g in groups:
+            w = worst[g]
+            w["n"] += 1
+            for k in ("row", "seq", "batch"):
+                w[k] = max(w[k], r[k])
 
     body()
     result = {"target": args.target, "worst_ratio_by_dtype": dict(worst), "other_failures": failures[:10],
-              "floors": {d: atol_floor(getattr(torch, d)) for d in worst}}
+              "floors": {d: atol_floor(getattr(torch, d)) for d in ("float16", "bfloat16", "float32")}}
     print(json.dumps(result, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -83,6 +83,24 @@ def fill_poison(t: torch.Tensor, poison: Poison, seed: int) -> None:
             t[start : start + n].copy_(pattern[:n])
 
 
+#: Caches larger than this (bytes, key + value) are poisoned only in the blocks the block table references:
+#: a big-cache example (kvfuzz.strategies.batches.big_cache_examples) places a few blocks past 2**31 elements
+#: of a cache of several GiB, and filling all of it would cost seconds per example for nothing the contract
+#: lets a kernel read. The other blocks hold whatever ``torch.empty`` returned.
+FULL_POISON_MAX_BYTES = 1 << 30
+
+
+def referenced_blocks(batch: Batch) -> torch.Tensor:
+    """int64 sorted unique block ids in ``batch.block_table`` (padding columns included)."""
+    return torch.unique(torch.tensor(batch.block_table, dtype=torch.int64).flatten())
+
+
+def _poison_blocks(t: torch.Tensor, poison: Poison, seed: int, blocks: torch.Tensor) -> None:
+    part = torch.empty((len(blocks), *t.shape[1:]), dtype=t.dtype, device=t.device)
+    fill_poison(part, poison, seed)
+    t.index_copy_(0, blocks.to(t.device), part)
+
+
 def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens: tuple[int, ...],
                 poison: Poison, device: str | torch.device = "cpu",
                 poison_seeds: tuple[int, int] | None = None) -> CacheState:
@@ -91,7 +109,8 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
 
     ``cached_lens`` usually comes from :meth:`~kvfuzz.contracts.contract.Contract.cached_lens`; a caller
     fault passes something else. ``poison_seeds``: seeds of the key and value caches' STALE poison (default
-    ``batch.seed + 1``, ``+ 2``). Vectorized: one gather and one indexed store per cache.
+    ``batch.seed + 1``, ``+ 2``). Vectorized: one gather and one indexed store per cache. Caches over
+    :data:`FULL_POISON_MAX_BYTES` are poisoned only in the referenced blocks (:func:`referenced_blocks`).
 
     Raises LayoutError if the layout cannot hold this batch; ValueError if a cached length exceeds seq_len.
     """
@@ -102,8 +121,13 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
             raise ValueError(f"cached_lens[{i}] = {n} is outside 0..seq_len={s}")
     kc, vc = layout.allocate(batch, device=device)
     ks, vs = poison_seeds if poison_seeds is not None else (batch.seed + 1, batch.seed + 2)
-    fill_poison(kc, poison, ks)
-    fill_poison(vc, poison, vs)
+    if (kc.numel() * kc.element_size() + vc.numel() * vc.element_size()) > FULL_POISON_MAX_BYTES:
+        blocks = referenced_blocks(batch)
+        _poison_blocks(kc, poison, ks, blocks)
+        _poison_blocks(vc, poison, vs, blocks)
+    else:
+        fill_poison(kc, poison, ks)
+        fill_poison(vc, poison, vs)
     seq, pos = positions(cached_lens)
     slots = batch.slots(seq, pos)
     rows = data.token_rows(batch, seq, pos)

@@ -28,7 +28,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.materialize import Poison
-from kvfuzz.strategies.batches import Limits, examples, undeclared_examples
+from kvfuzz.strategies.batches import Limits, big_cache_examples, examples, undeclared_examples
 
 from .coverage import Coverage, labels
 from .faults import CallerFault
@@ -126,6 +126,8 @@ class CampaignConfig:
     run_unsafe: bool = False
     #: Draw configurations the target does not declare (kvfuzz.fuzz.properties.check_undeclared).
     undeclared: bool = False
+    #: Place every batch's blocks past 2**31 elements of a multi-GiB cache (big_cache_examples).
+    big_cache: bool = False
 
     def db(self) -> ExampleDatabase:
         if self.database is None:
@@ -211,8 +213,13 @@ def fuzz_target(target: Target, config: CampaignConfig,
     known: set[tuple[str, str]] = set()
     latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
     start = time.monotonic()
+    if config.big_cache and target.kind != "attention":
+        raise ValueError(f"--big-cache fuzzes attention kernels; {target.name} is a {target.kind} (its property "
+                         "compares whole caches before and after the call)")
     if config.undeclared:
         strategy = undeclared_examples(target.capabilities, target.faithful_dtypes(), config.limits, config.poisons)
+    elif config.big_cache:
+        strategy = big_cache_examples(target.capabilities, config.limits, config.poisons)
     else:
         strategy = examples(target.capabilities, config.limits, config.poisons)
 

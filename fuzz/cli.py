@@ -113,12 +113,15 @@ def _progress_line(s: TargetStats) -> str:
 @click.option("--undeclared", is_flag=True,
               help="Draw configurations the targets do not declare (head/block sizes, dtypes): each must be "
                    "rejected with an error or computed right; silently wrong is a failure.")
+@click.option("--big-cache", is_flag=True,
+              help="Place every batch's blocks past 2**31 elements of the cache (int32 offset overflow): caches "
+                   "of 4+ GiB each, allocated but poisoned only where referenced. For GPUs; attention targets.")
 @click.option("--observability", is_flag=True,
               help="Write Hypothesis observability JSON lines (for Tyche) to OUT/observed/.")
 @click.option("--worker-dir", default=None, hidden=True, type=click.Path(file_okay=False))
 @click.option("--skip-target", "skip_targets", multiple=True, hidden=True)
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
-         max_query_len, poisons, threads, workers, example_timeout, db_spec, undeclared, observability,
+         max_query_len, poisons, threads, workers, example_timeout, db_spec, undeclared, big_cache, observability,
          worker_dir, skip_targets) -> None:
     """Fuzz real kernels; shrink each failure and write a reproducer directory under --out."""
     import torch
@@ -133,7 +136,11 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                                           max_query_len=max_query_len),
                             poisons=tuple(Poison(p) for p in poisons) or tuple(Poison),
                             work_dir=Path(worker_dir) if worker_dir else None, db_spec=db_spec,
-                            run_unsafe=worker_dir is not None, undeclared=undeclared)
+                            run_unsafe=worker_dir is not None, undeclared=undeclared, big_cache=big_cache)
+    if big_cache:
+        writers = [t.name for t in chosen if t.kind != "attention"]
+        if writers:
+            raise click.UsageError(f"--big-cache fuzzes attention kernels; leave out {', '.join(writers)}")
     try:
         config.db()
     except ValueError as e:
@@ -161,6 +168,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         worker_args += ["--db", db_spec] if db_spec else []
         worker_args += ["--observability"] if observability else []
         worker_args += ["--undeclared"] if undeclared else []
+        worker_args += ["--big-cache"] if big_cache else []
         console.print(f"fuzzing {', '.join(by_name)} with {workers} workers (logs: {out / 'workers'})")
         started = time.monotonic()
         summaries, crashes, interrupted = run_workers(

@@ -39,7 +39,7 @@ from kvfuzz.contracts.data import BatchData, make_batch_data
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.failures import FailureKind
 from kvfuzz.contracts.materialize import CacheState, Poison, materialize
-from kvfuzz.contracts.oracles import RTOL, atol_floor
+from kvfuzz.contracts.oracles import RTOL, row_floor
 from kvfuzz.contracts.reference import reference_attention, same_precision_attention
 
 from .findings import Finding, KernelCrash
@@ -286,14 +286,14 @@ def _decode_prefill(target: Target, example: Example) -> None:
     data = make_batch_data(b)
     full = call_kernel(target, b, data, materialize_with(target, b, data, example.poison))
     ref, lowp = reference_attention(b, data), same_precision_attention(b, data)
-    floor = atol_floor(b.torch_dtype)
+    floor = row_floor(b, ref)
     probes = {"last": lambda i: b.query_lens[i] - 1, "first": lambda i: 0}
     for which, j_of in probes.items():
         probe, pdata, rows = decode_probe(b, data, j_of)
         dec = call_kernel(target, probe, pdata, materialize_with(target, probe, pdata, example.poison))
         pre = full[rows].double()
         d = dec.double()
-        bound = 2 * (RTOL[b.dtype] * (lowp[rows] - ref[rows]).abs().amax(dim=-1) + floor)  # [n, H]
+        bound = 2 * (RTOL[b.dtype] * (lowp[rows] - ref[rows]).abs().amax(dim=-1) + floor[rows])  # [n, H]
         err = (pre - d).abs()
         bad = ~(err <= bound[..., None]) & ~(pre.isnan() & d.isnan())
         if not bad.any():

@@ -183,14 +183,44 @@ UNIVERSE_BLOCK_SIZES = (1, 8, 16, 32, 48, 64, 128)
 def undeclared_examples(capabilities: Capabilities, dtypes: tuple[str, ...], limits: Limits = Limits(),
                         poisons: tuple[Poison, ...] = tuple(Poison)) -> st.SearchStrategy[Example]:
     """Examples *outside* ``capabilities``: head size, block size or dtype (from ``dtypes``, those the
-    environment computes faithfully) the target does not declare. A kernel must reject them with an error or
-    compute them right (kvfuzz's taxonomy: "configuration rejected" vs "silently accepted but unsupported")."""
+    environment computes faithfully) the target does not declare, or a combination of its features it
+    declares exclusive (e.g. ALiBi with a sliding window). A kernel must reject them with an error or compute
+    them right (kvfuzz's taxonomy: "configuration rejected" vs "silently accepted but unsupported")."""
     if not dtypes:
         raise InvalidArgument("dtypes must name at least one dtype the environment computes faithfully")
-    universe = attrs.evolve(capabilities, dtypes=dtypes,
+    universe = attrs.evolve(capabilities, dtypes=dtypes, exclusive=(),
                             head_sizes=tuple(sorted(set(UNIVERSE_HEAD_SIZES) | set(capabilities.head_sizes))),
                             block_sizes=tuple(sorted(set(UNIVERSE_BLOCK_SIZES) | set(capabilities.block_sizes))))
     return examples(universe, limits, poisons).filter(lambda e: not capabilities.accepts(e.batch))
+
+
+#: Element offset a big-cache example's blocks start past (int32 overflow territory).
+INT32_OFFSETS = 2**31
+
+
+def relocate_high(batch: Batch, min_element_offset: int = INT32_OFFSETS) -> Batch:
+    """``batch`` with every used block moved up by the same number of ids, so that the first element of its
+    lowest block sits at or past ``min_element_offset`` elements into the cache (one block holds
+    ``block_size * num_kv_heads * head_size`` elements in every vLLM layout), and ``num_blocks`` grown to
+    match. Unused table columns keep pointing at block 0."""
+    per_block = batch.block_size * batch.num_kv_heads * batch.head_size
+    shift = -(-min_element_offset // per_block)
+    table = [[b + shift if c < batch.blocks_needed(i) else b for c, b in enumerate(row)]
+             for i, row in enumerate(batch.block_table)]
+    return attrs.evolve(batch, block_table=table, num_blocks=batch.num_blocks + shift)
+
+
+def big_cache_examples(capabilities: Capabilities, limits: Limits = Limits(),
+                       poisons: tuple[Poison, ...] = tuple(Poison),
+                       min_element_offset: int = INT32_OFFSETS) -> st.SearchStrategy[Example]:
+    """:func:`examples` whose blocks sit past ``min_element_offset`` elements of a cache (default 2**31: a
+    kernel computing ``block_id * block_stride`` in int32 overflows). The cache is several GiB (at fp16, at
+    least 4 GiB per cache); kvfuzz allocates it without initialising it and poisons only the blocks the
+    batch references (:data:`kvfuzz.contracts.materialize.FULL_POISON_MAX_BYTES`). Meant for GPUs, or CPUs
+    with the memory: untouched pages of ``torch.empty`` cost no RAM, a kernel that copies the whole cache
+    does."""
+    return examples(capabilities, limits, poisons).map(
+        lambda e: attrs.evolve(e, batch=relocate_high(e.batch, min_element_offset)))
 
 
 def examples(capabilities: Capabilities, limits: Limits = Limits(),

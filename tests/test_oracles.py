@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.oracles import RTOL, atol_floor, check_agreement, check_finite
+from kvfuzz.contracts.oracles import RTOL, atol_floor, check_agreement, check_finite, row_floor
 from kvfuzz.contracts.reference import _attend, reference_attention, same_precision_attention
 
 
@@ -59,8 +59,18 @@ def test_bound_is_rtol_times_same_precision_error_plus_floor(make_batch):
     b, d, ref, lowp = case(make_batch)
     pt = (lowp - ref).abs().amax(-1)
     out = ref.clone()
-    out[0, 0, 0] += RTOL['float16'] * pt[0, 0] + atol_floor(torch.float16) * 0.99
+    floor = row_floor(b, ref)[0, 0]
+    assert floor >= atol_floor(torch.float16)
+    out[0, 0, 0] += RTOL['float16'] * pt[0, 0] + floor * 0.99
     assert check_agreement(b, out, ref, lowp) is None
-    out[0, 0, 0] += atol_floor(torch.float16) * 0.02
+    out[0, 0, 0] += floor * 0.02
     f = check_agreement(b, out, ref, lowp)
     assert f is not None and (f.token, f.head, f.dim) == (0, 0, 0)
+
+
+def test_floor_grows_with_the_row_magnitude(make_batch):
+    b, d, ref, lowp = case(make_batch)
+    small, large = ref * 0.1, ref * 100
+    assert torch.allclose(row_floor(b, small), torch.full_like(row_floor(b, small), atol_floor(torch.float16)))
+    expect = atol_floor(torch.float16) * (large.abs().amax(-1) / 0.3).clamp_min(1)
+    assert torch.equal(row_floor(b, large), expect)
