@@ -98,6 +98,8 @@ def referenced_blocks(batch: Batch) -> torch.Tensor:
 def _poison_blocks(t: torch.Tensor, poison: Poison, seed: int, blocks: torch.Tensor) -> None:
     part = torch.empty((len(blocks), *t.shape[1:]), dtype=t.dtype, device=t.device)
     fill_poison(part, poison, seed)
+    if t.element_size() == 1:  # index_copy_ has no fp8 kernel on CUDA: copy the bytes
+        t, part = t.view(torch.uint8), part.view(torch.uint8)
     t.index_copy_(0, blocks.to(t.device), part)
 
 

@@ -66,11 +66,42 @@ def test_vllm_layout_rejects_head_size_not_multiple_of_x(make_batch):
         VllmPagedLayout().allocate(b)
 
 
-def test_fp8_cache_is_refused_clearly(make_batch):
+@pytest.mark.parametrize("kv, nan, inf", [("fp8_e4m3", 0x7F, 0x7E), ("fp8_e5m2", 0x7F, 0x7C)])
+def test_fp8_cache_holds_the_codes_and_fp8_poison(make_batch, kv, nan, inf):
     import attrs
-    b = attrs.evolve(make_batch([(1, 5)]), kv_cache_dtype="fp8")
-    with pytest.raises(LayoutError, match="kv_cache_dtype='fp8' is not modeled"):
-        NHDLayout().allocate(b)
+    b = attrs.evolve(make_batch([(1, 5)], dtype="float16"), kv_cache_dtype=kv, k_scale=0.375, v_scale=2.0)
+    d = make_batch_data(b)
+    for poison, code in ((Poison.NAN, nan), (Poison.INF, inf)):
+        state = materialize(b, d, NHDLayout(), (6,), poison)
+        assert state.key_cache.dtype == b.fp8_dtype
+        k, v = NHDLayout().gather(state.key_cache, state.value_cache, torch.arange(6))
+        assert torch.equal(k.view(torch.uint8), d.cache_keys.view(torch.uint8))
+        assert torch.equal(v.float() * 2.0, d.values.float())  # the logical values are codes * v_scale
+        assert (state.key_cache.view(torch.uint8)[0, 6:] == code).all()  # unwritten tail of block 0
+    stale = materialize(b, d, VllmPagedLayout(), (6,), Poison.STALE)
+    assert torch.isfinite(stale.key_cache.float()).all()  # saturated to the fp8 range, never NaN
+
+
+def test_scales_need_an_fp8_cache(make_batch):
+    import attrs
+    with pytest.raises(ValueError, match="apply to fp8 caches only"):
+        attrs.evolve(make_batch([(1, 5)]), k_scale=0.5)
+
+
+def test_big_caches_are_poisoned_only_where_referenced(make_batch, monkeypatch):
+    import importlib
+    m = importlib.import_module("kvfuzz.contracts.materialize")
+    from kvfuzz.strategies.batches import relocate_high
+
+    b = relocate_high(make_batch([(1, 5), (3, 4)], dtype="float16", block_size=16), min_element_offset=2**16)
+    assert min(r[0] for r in b.block_table) * 16 * b.num_kv_heads * b.head_size >= 2**16
+    monkeypatch.setattr(m, "FULL_POISON_MAX_BYTES", 1024)
+    d = make_batch_data(b)
+    state = m.materialize(b, d, NHDLayout(), b.seq_lens, Poison.NAN)
+    used = m.referenced_blocks(b)
+    assert torch.isnan(state.key_cache[used]).any()  # tails of referenced blocks are poisoned
+    k, _ = NHDLayout().gather(state.key_cache, state.value_cache, b.slots(*positions(b.seq_lens)))
+    assert torch.equal(k, d.keys)
 
 
 def test_vllm_5d_layout_matches_vllm_documented_indexing(make_batch):

@@ -119,7 +119,7 @@ class MaskOffByOne(TorchFlexPaged):
     """Query j sees positions 0 .. ctx_len + j - 1: its own token is left out."""
 
     @staticmethod
-    def logical_mask_mod(query_lens, ctx_lens):
+    def logical_mask_mod(query_lens, ctx_lens, sliding_window=None):
         def mask(b, h, q_idx, kv_idx):
             return (q_idx < query_lens[b]) & ((kv_idx < ctx_lens[b] + q_idx) | (kv_idx == 0))
 
