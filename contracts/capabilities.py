@@ -66,6 +66,25 @@ class Capabilities:
         f = set(features)
         return f <= self.features and not any(pair <= f for pair in self.exclusive)
 
+    def outside(self, batch) -> list[str]:
+        """What of ``batch`` this declaration does not accept, one phrase each (empty when it accepts it)."""
+        out = []
+        if batch.dtype not in self.dtypes:
+            out.append(f"dtype {batch.dtype}")
+        if batch.kv_cache_dtype not in self.kv_cache_dtypes:
+            out.append(f"kv_cache_dtype {batch.kv_cache_dtype}")
+        if batch.head_size not in self.head_sizes_for(batch.kv_cache_dtype):
+            out.append(f"head_size {batch.head_size}" + (
+                f" with kv_cache_dtype {batch.kv_cache_dtype}" if batch.head_size in self.head_sizes else ""))
+        if batch.block_size not in self.block_sizes:
+            out.append(f"block_size {batch.block_size}")
+        if self.decode_only and any(q != 1 for q in batch.query_lens):
+            out.append("prefill sequences (decode-only kernel)")
+        f = set(batch.features)
+        out += [f"feature {x}" for x in sorted(f - self.features)]
+        out += [" with ".join(sorted(pair)) + " together" for pair in self.exclusive if pair <= f]
+        return out
+
     def accepts(self, batch) -> bool:
         """Whether ``batch`` (a :class:`~kvfuzz.contracts.batch.Batch`) is inside this declaration."""
         return (batch.dtype in self.dtypes and batch.kv_cache_dtype in self.kv_cache_dtypes

@@ -10,14 +10,18 @@ report, and the size of the shrunk case next to :func:`~kvfuzz.fuzz.mutants.smal
 Grid side (REFERENCE.md §3), one pass per seed over these cases in order, stopping at the first failing case
 (a test run that fails is "found"; the time and number of cases run until then are reported):
 
-1. ``test_prefix_prefill`` (tests/kernels/attention/test_prefix_prefill.py): NUM_HEADS [64], NUM_QUERIES_PER_KV
-   [1, 64], HEAD_SIZES [24, 128], fp16, kv_cache_dtype auto, sliding window 0; 10 sequences with
+1. ``test_prefix_prefill`` (tests/kernels/attention/test_prefix_prefill.py, ``test_contexted_kv_attention``):
+   KV_CACHE_DTYPES [float16, fp8, fp8_e5m2] with ``k_scale = v_scale = 1.0``, SLIDING_WINDOW [0, 16, 2048],
+   NUM_HEADS [64], NUM_QUERIES_PER_KV [1, 64], HEAD_SIZES [24, 128], fp16; 10 sequences with
    ``query_len ~ randint(16, 1024)`` (the last one 1, a decode) and ``ctx_len ~ randint(16, 1024)``, block size
    32, a cache of 640 blocks with a random permutation as block table (64 columns), the cache zero-filled,
-   inputs ``uniform(-1e-3, 1e-3)``, no sm_scale passed (the kernel's default), ``assert_close(atol=1e-4,
-   rtol=0)``. Scaled for the CPU by 1/8 in lengths and heads: heads 8 with 1 or 8 (MQA) queries per kv head,
-   ``query_len ~ randint(2, 128)``, ``ctx_len ~ randint(2, 128)``, block size 8 (1/4), 32 columns and 320
-   blocks (1/2: blocks per sequence shrink by 8/4), head sizes unchanged.
+   inputs ``uniform(-1e-3, 1e-3)`` (an fp8 cache holds them converted with scale 1.0; the test's reference
+   uses the unconverted fp16 keys), no sm_scale passed (the kernel's default), ``assert_close(atol=1e-4, or
+   1e-3 for fp8, rtol=0)``. Scaled for the CPU by 1/8 in lengths, heads and windows: heads 8 with 1 or 8
+   (MQA) queries per kv head, ``query_len ~ randint(2, 128)``, ``ctx_len ~ randint(2, 128)``, windows
+   0, 2, 256, block size 8 (1/4), 32 columns and 320 blocks (1/2: blocks per sequence shrink by 8/4), head
+   sizes unchanged. (With scale 1.0 a kernel that ignores the fp8 scales passes; and e4m3's smallest
+   subnormal, 2**-9, is above the inputs' 1e-3, so the fp8 legs check outputs of ~1e-4 against atol 1e-3.)
 2. ``test_triton_unified_attention``: (q_len, kv_len) sets [(1, 1328), (5, 18), (129, 463)] and
    [(1, 523), (1, 37), (1, 2011)]; heads (4, 4), (8, 2); head sizes 128, 256; block size 16; fp16, bf16;
    NUM_BLOCKS 32768 and 2048; window None; softcap None; q dtype None; the cache ``randn``, scale
@@ -25,8 +29,8 @@ Grid side (REFERENCE.md §3), one pass per seed over these cases in order, stopp
    NUM_BLOCKS scaled by 1/8 (4096, 256); the random cache is a tiling of 64 random blocks (the slots the
    sequences use hold their own random keys/values).
 
-Not modeled (kvfuzz has no fp8 cache, windows or softcap yet): the fp8 kv-cache/q dtypes, sliding windows and
-softcap cases of both grids. The grids' block tables are drawn without repeats (``Batch`` forbids a block
+Not modeled: the prefix test's ALiBi variant and the unified test's fp8 query, sliding-window and softcap
+cases. The grids' block tables are drawn without repeats (``Batch`` forbids a block
 shared by two sequences; vLLM's unified test draws ``randint`` with repeats). Both grids are checked against
 kvfuzz's fp64 reference instead of their own fp16 references: at their tolerances (1e-4 on outputs of
 magnitude 1e-3; 1.5e-2) the difference does not change a verdict.
@@ -97,6 +101,8 @@ class GridCase:
     build: Callable[[], tuple[Batch, BatchData, CacheState]]
     atol: float
     rtol: float
+    #: The test's reference uses these keys/values instead of the cache's (fp8 legs: unquantized fp16).
+    reference_data: Callable[[Batch, BatchData], BatchData] | None = None
 
 
 def _distinct_table(gen: torch.Generator, seq_lens: list[int], block_size: int, num_blocks: int,
@@ -110,7 +116,10 @@ def _distinct_table(gen: torch.Generator, seq_lens: list[int], block_size: int, 
     return table
 
 
-def _prefix_case(seed: int, idx: int, num_heads: int, qpk: int, head_size: int) -> GridCase:
+def _prefix_case(seed: int, idx: int, num_heads: int, qpk: int, head_size: int, kv_cache_dtype: str = "auto",
+                 window: int = 0) -> GridCase:
+    unquantized: dict = {}
+
     def build():
         gen = torch.Generator().manual_seed(seed * 1000 + idx)
         n, bs, nb, width = 10, 8, 320, 32
@@ -120,7 +129,8 @@ def _prefix_case(seed: int, idx: int, num_heads: int, qpk: int, head_size: int) 
         perm = torch.randperm(nb, generator=gen)[: n * width].view(n, width).tolist()
         batch = Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads,
                       num_kv_heads=num_heads // qpk, head_size=head_size, block_size=bs, num_blocks=nb,
-                      block_table=perm, dtype="float16", seed=seed)
+                      block_table=perm, dtype="float16", seed=seed, kv_cache_dtype=kv_cache_dtype,
+                      sliding_window=window or None)
         total = sum(batch.seq_lens)
 
         def uni(*shape):
@@ -129,11 +139,18 @@ def _prefix_case(seed: int, idx: int, num_heads: int, qpk: int, head_size: int) 
         data = BatchData(query=uni(batch.num_tokens, num_heads, head_size),
                          keys=uni(total, batch.num_kv_heads, head_size),
                          values=uni(total, batch.num_kv_heads, head_size))
+        unquantized["data"] = data
+        if batch.fp8_dtype is not None:  # the cache holds the fp16 inputs converted to fp8 (scale 1.0)
+            kc, vc = (x.to(batch.fp8_dtype) for x in (data.keys, data.values))
+            data = BatchData(query=data.query, keys=kc.to(torch.float16), values=vc.to(torch.float16),
+                             cache_keys=kc, cache_values=vc)
         cache = materialize(batch, data, NHDLayout(), batch.seq_lens, Poison.ZEROS)
         return batch, data, cache
 
-    return GridCase("test_prefix_prefill", f"heads={num_heads} qpk={qpk} D={head_size} fp16 auto window=0",
-                    build, atol=1e-4, rtol=0.0)
+    return GridCase("test_prefix_prefill",
+                    f"heads={num_heads} qpk={qpk} D={head_size} fp16 {kv_cache_dtype} window={window}",
+                    build, atol=1e-3 if kv_cache_dtype != "auto" else 1e-4, rtol=0.0,
+                    reference_data=lambda batch, data: unquantized["data"])
 
 
 UNIFIED_SEQ_SETS = ([(1, 1328), (5, 18), (129, 463)], [(1, 523), (1, 37), (1, 2011)])
@@ -172,10 +189,12 @@ def _unified_case(seed: int, idx: int, seqs, heads, head_size: int, dtype: str, 
 def grid_cases(seed: int) -> Iterator[GridCase]:
     """The scaled cases of both vLLM tests, in order (module docstring)."""
     idx = 0
-    for qpk in (1, 8):
-        for head_size in (24, 128):
-            yield _prefix_case(seed, idx, 8, qpk, head_size)
-            idx += 1
+    for kv_cache_dtype in ("auto", "fp8", "fp8_e5m2"):
+        for window in (0, 2, 256):
+            for qpk in (1, 8):
+                for head_size in (24, 128):
+                    yield _prefix_case(seed, idx, 8, qpk, head_size, kv_cache_dtype, window)
+                    idx += 1
     for seqs in UNIFIED_SEQ_SETS:
         for heads in ((4, 4), (8, 2)):
             for head_size in (128, 256):
@@ -194,7 +213,7 @@ def grid_fails(target, case: GridCase) -> tuple[bool, str, Batch]:
         out = target.run(call)
     except Exception as e:  # the test would error
         return True, f"kernel raised {type(e).__name__}: {e}", batch
-    ref = reference_attention(batch, data)
+    ref = reference_attention(batch, case.reference_data(batch, data) if case.reference_data else data)
     o = out.to(torch.float64)
     bad = ~((o - ref).abs() <= case.atol + case.rtol * ref.abs())
     if bad.any():

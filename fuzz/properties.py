@@ -262,8 +262,7 @@ def check_undeclared(target: Target, example: Example, run: Run | None = None) -
     except LayoutError:
         reject()  # kvfuzz's layout (or the op's own cache writer) cannot hold it: nothing to ask the kernel
     b = example.batch
-    what = (f"dtype {b.dtype}, head_size {b.head_size}, block_size {b.block_size}"
-            f"{', kv_cache_dtype ' + b.kv_cache_dtype if b.kv_cache_dtype != 'auto' else ''}")
+    what = ", ".join(target.capabilities.outside(b)) or "declared"
     try:
         check_any(target, example, run=run)
     except KernelCrash as e:

@@ -60,3 +60,21 @@ def test_undeclared_campaign_finds_the_silent_kernel_and_counts_rejections(tmp_p
                                               poisons=(Poison.STALE,)))
         assert not stats.failures and sum(stats.rejections.values()) > 0
         assert all("[F1" not in m for m in stats.rejections)  # time stamps stripped, equal errors grouped
+
+
+def test_context_attention_fwd_alibi_window_and_sinks(make_batch):
+    """Feature combinations a target declares exclusive are drawn by --undeclared too. prefix_prefill's
+    ALiBi kernel asserts ``sinks is None`` (rejected: fine) but has no sliding window at all: with a window
+    it silently attends to the whole context (FINDING, README Findings 6)."""
+    import attrs
+
+    t = get_target("vllm.context_attention_fwd")
+    if not t.availability().ok:
+        pytest.skip(t.availability().reason)
+    b = make_batch([(1, 9), (4, 6)], dtype="float32", head_size=32, block_size=16, num_heads=4, num_kv_heads=2)
+    _, outcome = check_undeclared(t, Example(attrs.evolve(b, alibi=True, sinks=True), Poison.NAN))
+    assert outcome == "rejected: AssertionError: Sinks arg is not supported with alibi"
+    with pytest.raises(SilentlyUnsupported) as info:
+        check_undeclared(t, Example(attrs.evolve(b, alibi=True, sliding_window=2), Poison.NAN))
+    assert "alibi with sliding_window together" in info.value.message
+    check_undeclared(t, Example(attrs.evolve(b, alibi=True, sliding_window=16), Poison.NAN))  # window > seq: same
