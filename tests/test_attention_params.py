@@ -190,3 +190,28 @@ def test_unified_attention_alibi_with_sinks_is_position_dependent():
         check_example(t, Example(b, Poison.NAN))
     assert e.value.details["oracle"]["seq"] == 1 and e.value.details["oracle"]["position"] > 13  # prefill, j > 0
     check_example(t, Example(attrs.evolve(b, query_lens=[1, 1]), Poison.NAN))  # decode rows only: right
+
+
+def test_reproducer_of_a_big_fp8_cache_stores_referenced_blocks_and_replays(tmp_path, monkeypatch):
+    import importlib
+
+    from safetensors.torch import load_file
+
+    from kvfuzz.fuzz.findings import Finding
+    from kvfuzz.fuzz.mutants import get_mutant, smallest_trigger
+    from kvfuzz.fuzz.properties import prepare
+    from kvfuzz.fuzz.reproducer import replay, write_reproducer
+    from kvfuzz.strategies.batches import relocate_high
+
+    monkeypatch.setattr(importlib.import_module("kvfuzz.contracts.materialize"), "FULL_POISON_MAX_BYTES", 4096)
+    t = get_mutant("fp8_scale_ignored")
+    b = attrs.evolve(relocate_high(smallest_trigger("fp8_scale_ignored"), 2**14), alibi=True)
+    example = Example(b, Poison.NAN)
+    run = prepare(t, example)
+    with pytest.raises(Finding) as info:
+        check_example(t, example, run=run)
+    d = write_reproducer(tmp_path, t, example, info.value, run)
+    stored = load_file(str(d / "tensors.safetensors"))
+    assert "key_cache" not in stored and stored["cache_block_ids"].tolist() == [b.block_table[0][0]]
+    assert stored["key_cache_blocks"].dtype == torch.float8_e4m3fn and "alibi_slopes" in stored
+    assert replay(d).reproduced

@@ -46,7 +46,8 @@ def _load(spec: str) -> Target:
 
 
 def get_target(name: str) -> Target:
-    """A built-in target by name, or a user adapter as ``path/to/file.py:CLASS`` / ``package.module:CLASS``.
+    """A built-in target by name, a mutant of :mod:`kvfuzz.fuzz.mutants` by its name (``mutant.<slug>``, as
+    reproducers record it), or a user adapter as ``path/to/file.py:CLASS`` / ``package.module:CLASS``.
 
     Raises ValueError naming the known targets when ``name`` is none of these.
     """
@@ -55,9 +56,16 @@ def get_target(name: str) -> Target:
             _cache[name] = _load(BUILTIN[name])
         elif ":" in name:
             _cache[name] = _load(name)
+        elif name.startswith("mutant."):
+            from kvfuzz.fuzz.mutants import get_mutant
+
+            try:
+                _cache[name] = get_mutant(name)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
         else:
             raise ValueError(f"unknown target {name!r}; built-in targets: {', '.join(BUILTIN)} "
-                             "(or give path/to/file.py:CLASS)")
+                             "(or mutant.<slug>, or path/to/file.py:CLASS)")
     return _cache[name]
 
 
