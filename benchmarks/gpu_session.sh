@@ -6,12 +6,7 @@
 set -uo pipefail
 OUT=${1:-/tmp/kvfuzz-gpu}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl || exit 1
-mkdir -p /tmp/vllm && tar xzf .device/vllm-py.tgz -C /tmp/vllm || exit 1
-python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target /tmp/kv . || exit 1
-export PYTHONPATH=/tmp/kv:/tmp/site:/tmp/vllm
-KV="python3 -m kvfuzz.fuzz.cli"
+source "$(dirname "$0")/gpu_env.sh"
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
