@@ -34,7 +34,7 @@ import attrs
 import torch
 
 from kvfuzz.contracts.batch import Batch, positions
-from kvfuzz.contracts.data import BatchData
+from kvfuzz.contracts.data import BatchData, quantize_fp8
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.layouts import CacheLayout, LayoutError
 from kvfuzz.contracts.materialize import materialize
@@ -71,6 +71,10 @@ class WriterInputs:
     value: torch.Tensor
     slot_mapping: torch.Tensor
     token: torch.Tensor
+    #: What each row must become in the cache: ``key``/``value`` for kv_cache_dtype "auto", the fp8 codes
+    #: ``round_fp8(key / k_scale)`` for an fp8 cache (vLLM's writer divides by the scale before storing).
+    cache_key: torch.Tensor | None = None
+    cache_value: torch.Tensor | None = None
 
     @property
     def num_padding(self) -> int:
@@ -98,7 +102,10 @@ def writer_inputs(batch: Batch, data: BatchData) -> WriterInputs:
     k[is_pad], v[is_pad] = pad_k, pad_v
     slot_mapping = torch.full((n,), -1, dtype=torch.int64)
     slot_mapping[~is_pad] = slots
-    return WriterInputs(k, v, slot_mapping, token)
+    ck, cv = k, v
+    if batch.fp8_dtype is not None:
+        ck, cv = quantize_fp8(k, batch.fp8_dtype, batch.k_scale), quantize_fp8(v, batch.fp8_dtype, batch.v_scale)
+    return WriterInputs(k, v, slot_mapping, token, ck, cv)
 
 
 # ---- guard blocks ------------------------------------------------------------------------------------
@@ -119,7 +126,8 @@ class GuardedLayout:
             if t.shape[0] != batch.num_blocks + 2 * g:
                 raise LayoutError(f"{self.inner.name}: guard blocks need the block index as dimension 0 of the "
                                   f"cache tensors, got shape {tuple(t.shape)} for {batch.num_blocks + 2 * g} blocks")
-            _storage_elements(t).fill_(GUARD_VALUE)
+            guard = GUARD_VALUE if t.element_size() > 1 else max(GUARD_VALUE, -torch.finfo(t.dtype).max)
+            _storage_elements(t).fill_(guard)
         return kc[g : g + batch.num_blocks], vc[g : g + batch.num_blocks]
 
     def write(self, key_cache, value_cache, slots, key, value) -> None:
@@ -241,7 +249,7 @@ def _check_slot_contents(batch: Batch, data: BatchData, inputs: WriterInputs, la
     slots = inputs.slot_mapping[real]
     k, v = layout.gather(key_cache, value_cache, slots.to(key_cache.device))
     k, v = k.cpu(), v.cpu()
-    exp_k, exp_v = inputs.key[real], inputs.value[real]
+    exp_k, exp_v = inputs.cache_key[real], inputs.cache_value[real]
     kbad = (_bits(k.contiguous()) != _bits(exp_k.to(k.dtype).contiguous())).any(dim=-1)  # [n, Hkv]
     vbad = (_bits(v.contiguous()) != _bits(exp_v.to(v.dtype).contiguous())).any(dim=-1)
     bad = kbad | vbad
@@ -341,8 +349,8 @@ def _expected_after(inputs: WriterInputs, key_cache: torch.Tensor, value_cache: 
     dev = key_cache.device
     exp_k_store = before.key.clone()
     exp_v_store = exp_k_store if before.value is None else before.value.clone()
-    exp_k_store[k_off.reshape(-1)] = _bits(inputs.key[real].to(key_cache.dtype).contiguous()).reshape(-1).to(dev)
-    exp_v_store[v_off.reshape(-1)] = _bits(inputs.value[real].to(value_cache.dtype).contiguous()).reshape(-1).to(dev)
+    exp_k_store[k_off.reshape(-1)] = _bits(inputs.cache_key[real].to(key_cache.dtype).contiguous()).reshape(-1).to(dev)
+    exp_v_store[v_off.reshape(-1)] = _bits(inputs.cache_value[real].to(value_cache.dtype).contiguous()).reshape(-1).to(dev)
     ek = torch.as_strided(exp_k_store.view(key_cache.dtype), key_cache.shape, key_cache.stride(),
                           key_cache.storage_offset())
     ev = torch.as_strided(exp_v_store.view(value_cache.dtype), value_cache.shape, value_cache.stride(),

@@ -215,3 +215,16 @@ def test_reproducer_of_a_big_fp8_cache_stores_referenced_blocks_and_replays(tmp_
     assert "key_cache" not in stored and stored["cache_block_ids"].tolist() == [b.block_table[0][0]]
     assert stored["key_cache_blocks"].dtype == torch.float8_e4m3fn and "alibi_slopes" in stored
     assert replay(d).reproduced
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
+def test_the_triton_writer_quantizes_with_the_scale_and_a_writer_that_does_not_fails(kv):
+    """reshape_and_cache_flash stores ``key / k_scale`` as fp8: the writer property expects those codes; the
+    same kernel launched without FP8_KV_CACHE (stores the unscaled key) is a kernel mismatch."""
+    from kvfuzz.fuzz.writer_property import check_writer_example
+
+    t = _target("vllm.reshape_and_cache")
+    b = batch_for(t, dtype="float16", kv_cache_dtype=kv, k_scale=0.375, v_scale=2.0)
+    check_writer_example(t, Example(b, Poison.NAN))
+    with pytest.raises(KernelMismatch):
+        check_writer_example(tampered("vllm.reshape_and_cache", FP8_KV_CACHE=False), Example(b, Poison.NAN))

@@ -100,8 +100,10 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
     """``reshape_and_cache_kernel_flash`` (vllm/v1/attention/ops/triton_reshape_and_cache_flash.py, vllm 0.33.0)
     writing ``key``/``value`` ``[n, Hkv, D]`` into NHD caches ``[NB, BS, Hkv, D]`` at ``slot_mapping`` (int64).
 
-    The jitted kernel is launched exactly as ``triton_reshape_and_cache_flash(..., kv_cache_dtype="auto")``
-    launches it for a 4-D cache (``USE_HEAD_MAJOR_LAYOUT=False``, no interleaving, no fp8, grid
+    The jitted kernel is launched exactly as ``triton_reshape_and_cache_flash(..., kv_cache_dtype)``
+    launches it for a 4-D cache (``USE_HEAD_MAJOR_LAYOUT=False``, no interleaving; for an fp8 kv_cache_dtype
+    ``FP8_KV_CACHE=True``, the caches as fp8 views and ``k_scale``/``v_scale``: the kernel stores
+    ``key / k_scale``, cast to fp8 by ``tl.store``; grid
     ``(n, cdiv(Hkv*D, TILE_SIZE))``, the same strides and TILE_SIZE heuristic): the wrapper itself cannot run
     without vLLM's config package (it classifies ``kv_cache_dtype`` through ``vllm.config``, which needs
     pydantic) and on CPU it asks ``torch.cuda`` for the device capability.
@@ -119,6 +121,7 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
         dtypes=("float16", "float32"),  # per device: see cpu_dtypes/cuda_dtypes
         head_sizes=(32, 64, 80, 128, 256, 40, 96),
         block_sizes=(16, 32, 64, 8),
+        kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
     )
 
     def availability(self) -> Availability:
@@ -141,14 +144,15 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
         kc, vc = cache.key_cache, cache.value_cache
         num_heads, head_size = key.shape[1], key.shape[2]
         n = num_heads * head_size
-        one = torch.tensor(1.0, dtype=torch.float32, device=dev)
         kwargs = dict(
             key_ptr=key, value_ptr=value, key_cache_ptr=kc, value_cache_ptr=vc,
-            slot_mapping_ptr=inputs.slot_mapping.to(dev), k_scale=one, v_scale=one.clone(),
+            slot_mapping_ptr=inputs.slot_mapping.to(dev),
+            k_scale=torch.tensor(batch.k_scale, dtype=torch.float32, device=dev),
+            v_scale=torch.tensor(batch.v_scale, dtype=torch.float32, device=dev),
             key_stride=key.stride(0), value_stride=value.stride(0), block_stride=kc.stride(0),
             head_stride=kc.stride(2), dim_stride_k=0, dim_stride_v=0, page_stride=kc.stride(1),
             num_heads=num_heads, head_size=head_size, block_size=kc.shape[1], x=1,
-            USE_HEAD_MAJOR_LAYOUT=False, INTERLEAVED_V_PACK_FACTOR=0, FP8_KV_CACHE=False,
+            USE_HEAD_MAJOR_LAYOUT=False, INTERLEAVED_V_PACK_FACTOR=0, FP8_KV_CACHE=batch.fp8_dtype is not None,
             TILE_SIZE=_tile_size(n, key), num_warps=16, num_stages=10,
             _inputs=inputs,
         )
