@@ -141,16 +141,11 @@ class TorchFlexPaged(Target):
     )
     cuda_head_sizes = (16, 32, 64, 128, 256)
     cuda_block_sizes = (16, 32, 64, 128)
-    #: Compiled (torch 2.11, H200), a score_mod converted by ``PagedAttention.get_score_mod`` failed in
-    #: Inductor ("LoweringException: RuntimeError: unbacked_bindings", softcap=50, fp32, D=16); whether the
-    #: adapter's closure or torch is at fault is not diagnosed, so on CUDA only the window (a mask_mod) is
-    #: declared.
-    cuda_features = ("sliding_window",)
 
     def __init__(self) -> None:
         if _on_cuda():
             self.capabilities = attrs.evolve(type(self).capabilities, head_sizes=self.cuda_head_sizes,
-                                             block_sizes=self.cuda_block_sizes, features=self.cuda_features)
+                                             block_sizes=self.cuda_block_sizes)
 
     def availability(self) -> Availability:
         _keep_triton_interpretable()
@@ -193,8 +188,12 @@ class TorchFlexPaged(Target):
     @staticmethod
     def logical_score_mod(batch: Batch, ctx_lens: torch.Tensor, device):
         """``score_mod`` on logical positions for softcap (``c * tanh(s / c)``) and ALiBi
-        (``slope[h] * (kv_idx - query position)``), in the reference's order; None without either."""
-        cap = batch.softcap
+        (``slope[h] * (kv_idx - query position)``), in the reference's order; None without either.
+
+        The softcap is closed over as a 0-d device tensor, not a Python float: compiled (torch 2.11, H200), a
+        float that changes between calls makes dynamo recompile with it as a dynamic float, and Inductor then
+        fails ("LoweringException: RuntimeError: unbacked_bindings"; README Findings 8)."""
+        cap = None if batch.softcap is None else torch.tensor(batch.softcap, dtype=torch.float32, device=device)
         slopes = batch.alibi_slopes_tensor(device)
         if cap is None and slopes is None:
             return None
