@@ -19,8 +19,10 @@ from kvfuzz.contracts.materialize import Poison
 
 #: Sequence kinds, simplest first.
 KINDS = ("decode", "prefill", "prefill-no-ctx")
-#: Block-table arrangements, simplest first.
-ARRANGEMENTS = ("contiguous", "reversed", "permuted", "fragmented")
+#: Block-table arrangements, simplest first. "high": the blocks sit above HIGH_IDS unused ones, as in a
+#: long-running server's cache (block ids past 2**k catch id truncation without a big cache).
+ARRANGEMENTS = ("contiguous", "reversed", "permuted", "fragmented", "high")
+HIGH_IDS = 64
 #: GQA group sizes (num_heads // num_kv_heads); 1 is MHA, 7 is the FlashInfer 28/4 case.
 GQA_RATIOS = (1, 2, 4, 8, 16, 3, 7)
 NUM_KV_HEADS = (1, 2, 4)
@@ -90,8 +92,9 @@ def sequence_lengths(draw, kind: str, block_size: int, limits: Limits) -> tuple[
 
 @st.composite
 def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
-    """``(num_blocks, block_table)`` giving each sequence its own blocks: contiguous, reversed, permuted or
-    fragmented (sequences interleaved), with spare blocks and spare table columns."""
+    """``(num_blocks, block_table, arrangement)`` giving each sequence its own blocks: contiguous, reversed,
+    permuted, fragmented (sequences interleaved) or high (contiguous above :data:`HIGH_IDS` unused blocks),
+    with spare blocks and spare table columns."""
     arrangement = draw(st.sampled_from(ARRANGEMENTS))
     spare = draw(st.integers(0, max_spare_blocks))
     extra_cols = draw(st.integers(0, 2))
@@ -101,6 +104,9 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
         ids = list(range(total))
     elif arrangement == "reversed":
         ids = list(range(num_blocks - 1, num_blocks - 1 - total, -1))
+    elif arrangement == "high":
+        num_blocks += HIGH_IDS
+        ids = list(range(HIGH_IDS, HIGH_IDS + total))
     elif arrangement == "permuted":
         ids = draw(st.permutations(range(num_blocks)))[:total]
     else:  # fragmented: round-robin over sequences, with spare blocks scattered in between
@@ -127,10 +133,12 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
     head_size = draw(st.sampled_from(sorted(capabilities.head_sizes_for(kv_cache_dtype))))
     block_size = draw(st.sampled_from(sorted(capabilities.block_sizes)))
     num_heads, num_kv_heads = draw(gqa_heads(limits.max_num_heads))
-    num_seqs = draw(st.integers(1, limits.max_num_seqs))
     allowed = ("decode",) if capabilities.decode_only else KINDS
-    kinds = [draw(st.sampled_from(allowed)) for _ in range(num_seqs)]
-    lens = [draw(sequence_lengths(k, block_size, limits)) for k in kinds]
+    # each sequence's kind and lengths drawn together, so its choices are adjacent and the shrinker can
+    # delete a sequence as one span (kinds first and lengths after left 3-sequence cases unshrunk)
+    num_seqs = draw(st.integers(1, limits.max_num_seqs))
+    lens = [draw(st.sampled_from(allowed).flatmap(lambda k: sequence_lengths(k, block_size, limits)))
+            for _ in range(num_seqs)]
     query_lens = [q for q, _ in lens]
     ctx_lens = [c for _, c in lens]
     needed = [-(-(q + c) // block_size) for q, c in lens]
