@@ -63,18 +63,20 @@ def targets(as_json: bool) -> None:
         contract += " (decode-only)" if c.decode_only else ""
         rows.append({"name": name, "contract": contract, "devices": list(c.devices),
                      "dtypes": list(c.dtypes), "head_sizes": list(c.head_sizes), "block_sizes": list(c.block_sizes),
-                     "kv_cache_dtypes": list(c.kv_cache_dtypes), "available": a.ok, "device": a.device,
+                     "kv_cache_dtypes": list(c.kv_cache_dtypes), "features": sorted(c.features),
+                     "exclusive": [sorted(p) for p in c.exclusive], "available": a.ok, "device": a.device,
                      "reason": a.reason, "description": t.description})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     table = Table(title="kvfuzz targets")
-    for col in ("target", "contract", "dtypes", "head sizes", "block sizes", "here"):
+    for col in ("target", "contract", "dtypes", "kv cache", "head sizes", "block sizes", "features", "here"):
         table.add_column(col)
     for r in rows:
-        here = f"[green]yes[/]: {r['reason']}" if r["available"] else f"[red]no[/]: {r['reason']}"
-        table.add_row(r["name"], r["contract"], ",".join(r["dtypes"]), ",".join(map(str, r["head_sizes"])),
-                      ",".join(map(str, r["block_sizes"])), here)
+        here = f"[green]yes[/]: {escape(r['reason'])}" if r["available"] else f"[red]no[/]: {escape(r['reason'])}"
+        table.add_row(r["name"], r["contract"], ",".join(r["dtypes"]), ",".join(r["kv_cache_dtypes"]),
+                      ",".join(map(str, r["head_sizes"])), ",".join(map(str, r["block_sizes"])),
+                      ",".join(r["features"]) or "-", here)
     console.print(table)
 
 

@@ -83,6 +83,8 @@ def test_targets_lists_both_with_availability():
     rows = {row["name"]: row for row in json.loads(r.stdout)}
     assert rows[TRITON]["contract"] == "split" and rows["vllm.cpu_attention"]["contract"] == "unified"
     assert all(isinstance(row["available"], bool) and row["reason"] for row in rows.values())
+    assert "fp8_e5m2" in rows[TRITON]["kv_cache_dtypes"] and ["alibi", "sinks"] in rows[TRITON]["exclusive"]
+    assert set(rows["vllm.unified_attention"]["features"]) == {"alibi", "sinks", "sliding_window", "softcap"}
 
 
 @pytest.mark.parametrize("args, message", [
