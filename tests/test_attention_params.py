@@ -147,6 +147,15 @@ def test_a_broken_call_fails_on_its_parameter_and_only_there(name, param, change
         check_example(t, Example(batch_for(t), _poison(t)))
 
 
+def test_guard_flags_fp8_descales_without_the_quant_mode():
+    """unified_attention with an fp8 cache and k_descale/v_descale but the default kv_quant_mode (NONE) ignores
+    the scales: the call checks name it before the kernel runs."""
+    t = tampered("vllm.unified_attention", kv_quant_mode=0)
+    with pytest.raises(CallerContractViolation, match="kv_quant_mode is NONE"):
+        check_example(t, Example(batch_for(t, **PARAMS["fp8_e4m3"]), Poison.NAN))
+    check_example(_target("vllm.unified_attention"), Example(batch_for(t, **PARAMS["fp8_e4m3"]), Poison.NAN))
+
+
 class SoftmaxWithoutMax(PagedTorch):
     """exp(s) / sum(exp(s)) without subtracting the row max, exp held in fp16: right for N(0, 1) logits,
     inf / inf = NaN once a logit passes ~11 (exp overflows 65504)."""
