@@ -20,8 +20,8 @@ import torch
 from .batch import Batch
 
 #: Multiple of the same-precision error a kernel may make, per dtype (calibration: docs/tolerance.md).
-#: fp16/bf16: FlashAttention's 2 (worst per-row ratio measured on vLLM's kernels: 1.34 on CPU, 1.16 on an
-#: H200 with fp8 caches and every feature). fp32: a naive fp32 einsum is almost exact per row while kernels
+#: fp16/bf16: FlashAttention's 2 (worst per-row ratio measured on vLLM's kernels: 1.34 on CPU, 1.16 and 1.12
+#: on an H200 with fp8 caches and every feature). fp32: a naive fp32 einsum is almost exact per row while kernels
 #: accumulate in other orders (online softmax, exp2, blocked dot products): worst measured 10.2
 #: (vllm.cpu_attention, N(0, 1) data), 3.9 (Triton), then 56.6 on the CPU op with "large" values (logits
 #: ~16x wider: the dot-product rounding grows with them; 2.8e-5 absolute at |out| 2.8); 128 leaves 2x margin
