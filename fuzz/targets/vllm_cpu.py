@@ -181,7 +181,9 @@ class VllmCpuAttention(VllmCpuOp):
         dtypes=("float32", "float16", "bfloat16"),
         head_sizes=(32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512),
         block_sizes=(16, 32, 64, 128),
-        kv_cache_dtypes=("auto",),  # the op's fp8 path packs 1-byte slabs differently: not modeled yet
+        # the op takes fp8 caches (vec/amx ISAs; vec16 rejects them), but its fp8 slabs are packed differently
+        # from the 16-bit ones CpuAttnLayout models (a write/read-back probe disagreed): not modeled yet
+        kv_cache_dtypes=("auto",),
         features=("sliding_window", "alibi", "sinks", "softcap"),
     )
 
