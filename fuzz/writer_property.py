@@ -424,16 +424,15 @@ def check_writer_example(target: Target, example: Example, fault: CallerFault | 
             run.reference, run.output = _stack(ek, ev), _stack(call.key_cache, call.value_cache)
 
     common = {"path": run.path, "slot_mapping": inputs.slot_mapping.tolist(), "padding_rows": inputs.num_padding}
-    keep(force=crash is not None)
     if crash is not None:
+        keep(force=True)
         raise KernelCrash("kernel raised", crash.splitlines()[0], {**common, "traceback": crash})
 
     s = time.perf_counter()
     contents = _check_slot_contents(batch, run.data, inputs, layout, call.key_cache, call.value_cache)
     untouched = _check_untouched(batch, layout, call.key_cache, call.value_cache, before, k_off, v_off)
     t.check_output = time.perf_counter() - s
-    if contents is not None or untouched is not None:
-        keep(force=True)
+    keep(force=contents is not None or untouched is not None)
     if contents is not None:
         c = contents
         msg = (f"{c['bad_tokens']} of {batch.num_tokens} tokens are not at their slot; first: kernel row {c['row']} "
