@@ -90,6 +90,13 @@ def fill_poison(t: torch.Tensor, poison: Poison, seed: int) -> None:
 FULL_POISON_MAX_BYTES = 1 << 30
 
 
+def is_big(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether the caches together exceed :data:`FULL_POISON_MAX_BYTES` (then only referenced blocks are
+    poisoned, and reproducers store only those)."""
+    return key_cache.numel() * key_cache.element_size() + value_cache.numel() * value_cache.element_size() \
+        > FULL_POISON_MAX_BYTES
+
+
 def referenced_blocks(batch: Batch) -> torch.Tensor:
     """int64 sorted unique block ids in ``batch.block_table`` (padding columns included)."""
     return torch.unique(torch.tensor(batch.block_table, dtype=torch.int64).flatten())
@@ -123,7 +130,7 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
             raise ValueError(f"cached_lens[{i}] = {n} is outside 0..seq_len={s}")
     kc, vc = layout.allocate(batch, device=device)
     ks, vs = poison_seeds if poison_seeds is not None else (batch.seed + 1, batch.seed + 2)
-    if (kc.numel() * kc.element_size() + vc.numel() * vc.element_size()) > FULL_POISON_MAX_BYTES:
+    if is_big(kc, vc):
         blocks = referenced_blocks(batch)
         _poison_blocks(kc, poison, ks, blocks)
         _poison_blocks(vc, poison, vs, blocks)

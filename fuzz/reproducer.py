@@ -72,13 +72,13 @@ def _tensors(run: Run) -> dict[str, torch.Tensor]:
     """What a reproducer stores: inputs, ground truth, caches, index tensors, output and reference. A cache
     over FULL_POISON_MAX_BYTES (``--big-cache``) is stored as its referenced blocks (``key_cache_blocks``,
     ``value_cache_blocks``) with their ids (``cache_block_ids``), not as several GiB."""
-    from kvfuzz.contracts.materialize import FULL_POISON_MAX_BYTES, referenced_blocks
+    from kvfuzz.contracts.materialize import is_big, referenced_blocks
 
     t: dict[str, torch.Tensor] = {
         "query": run.data.query, "keys_ground_truth": run.data.keys, "values_ground_truth": run.data.values,
     }
     kc, vc = run.call.key_cache, run.call.value_cache
-    if kc.numel() * kc.element_size() + vc.numel() * vc.element_size() > FULL_POISON_MAX_BYTES:
+    if is_big(kc, vc):
         ids = referenced_blocks(run.example.batch)
         t["cache_block_ids"] = ids
         t["key_cache_blocks"], t["value_cache_blocks"] = kc[ids.to(kc.device)], vc[ids.to(vc.device)]

@@ -33,7 +33,7 @@ from kvfuzz.contracts.materialize import CacheState
 
 from .base import Availability, KernelCall
 from .vllm_cpu import VllmCpuOp
-from .vllm_triton import VllmTritonTarget, _on_cuda, prepare_triton_runtime
+from .vllm_triton import VllmTritonTarget, _on_cuda, _scales, prepare_triton_runtime
 
 _KERNEL_MODULE = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
 _QUANT_UTILS = "vllm.model_executor.layers.quantization.utils.quant_utils"
@@ -144,11 +144,10 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
         kc, vc = cache.key_cache, cache.value_cache
         num_heads, head_size = key.shape[1], key.shape[2]
         n = num_heads * head_size
+        k_scale, v_scale = _scales(batch, dev)
         kwargs = dict(
             key_ptr=key, value_ptr=value, key_cache_ptr=kc, value_cache_ptr=vc,
-            slot_mapping_ptr=inputs.slot_mapping.to(dev),
-            k_scale=torch.tensor(batch.k_scale, dtype=torch.float32, device=dev),
-            v_scale=torch.tensor(batch.v_scale, dtype=torch.float32, device=dev),
+            slot_mapping_ptr=inputs.slot_mapping.to(dev), k_scale=k_scale, v_scale=v_scale,
             key_stride=key.stride(0), value_stride=value.stride(0), block_stride=kc.stride(0),
             head_stride=kc.stride(2), dim_stride_k=0, dim_stride_v=0, page_stride=kc.stride(1),
             num_heads=num_heads, head_size=head_size, block_size=kc.shape[1], x=1,

@@ -150,22 +150,7 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         return VllmPagedLayout()
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
-        dev = cache.key_cache.device
-        key, value = data.new_kv(batch)
-        out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype, device=dev)
-        k_scale, v_scale = _scales(batch, dev)
-        kwargs = dict(
-            query=data.query.to(dev), key=key.to(dev), value=value.to(dev), output=out,
-            kv_cache_dtype=batch.kv_cache_dtype, key_cache=_fp8_storage(batch, cache.key_cache),
-            value_cache=_fp8_storage(batch, cache.value_cache),
-            block_table=batch.block_table_tensor(dev), query_start_loc=batch.query_start_loc_tensor(dev),
-            seq_lens=batch.seq_lens_tensor(dev), max_seq_len=batch.max_seq_len,
-            max_query_len=batch.max_query_len, k_scale=k_scale, v_scale=v_scale,
-            alibi_slopes=batch.alibi_slopes_tensor(dev), sliding_window=batch.sliding_window,
-            sm_scale=batch.sm_scale, sinks=_sinks(data, dev),
-        )
-        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out,
-                          key=kwargs["key"], value=kwargs["value"])
+        return _split_family_call(batch, data, cache, sm_scale=batch.sm_scale)
 
     kernel = ("vllm.v1.attention.ops.chunked_prefill_paged_decode", "chunked_prefill_paged_decode")
 
@@ -192,6 +177,38 @@ def _scales(batch: Batch, dev) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _sinks(data: BatchData, dev) -> torch.Tensor | None:
     return None if data.sinks is None else data.sinks.to(device=dev, dtype=torch.float32)
+
+
+#: context_attention_fwd's names for the arguments chunked_prefill_paged_decode takes under these names.
+PREFIX_PREFILL_NAMES = dict(query="q", key="k", value="v", output="o", key_cache="k_cache", value_cache="v_cache",
+                            block_table="b_loc", query_start_loc="b_start_loc", seq_lens="b_seq_len",
+                            max_query_len="max_input_len")
+
+
+def _split_family_call(batch: Batch, data: BatchData, cache: CacheState, names: dict[str, str] | None = None,
+                       **extra) -> KernelCall:
+    """One call of chunked_prefill_paged_decode, or (``names=PREFIX_PREFILL_NAMES``) of context_attention_fwd,
+    whose signature takes the same values under other names: the new tokens' ``key``/``value`` in query
+    order, the caches (uint8 storage for fp8), int32 index tensors, float32 scalar scales, ``alibi_slopes``,
+    ``sliding_window = W`` and ``sinks``; ``extra`` adds kernel-specific arguments (``sm_scale``,
+    ``skip_decode``)."""
+    dev = cache.key_cache.device
+    key, value = data.new_kv(batch)
+    out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype, device=dev)
+    k_scale, v_scale = _scales(batch, dev)
+    values = dict(
+        query=data.query.to(dev), key=key.to(dev), value=value.to(dev), output=out,
+        kv_cache_dtype=batch.kv_cache_dtype, key_cache=_fp8_storage(batch, cache.key_cache),
+        value_cache=_fp8_storage(batch, cache.value_cache),
+        block_table=batch.block_table_tensor(dev), query_start_loc=batch.query_start_loc_tensor(dev),
+        seq_lens=batch.seq_lens_tensor(dev), max_seq_len=batch.max_seq_len,
+        max_query_len=batch.max_query_len, k_scale=k_scale, v_scale=v_scale,
+        alibi_slopes=batch.alibi_slopes_tensor(dev), sliding_window=batch.sliding_window,
+        sinks=_sinks(data, dev), **extra,
+    )
+    kwargs = {(names or {}).get(k, k): v for k, v in values.items()}
+    return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out,
+                      key=values["key"], value=values["value"])
 
 
 def _poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int) -> torch.Tensor:
@@ -244,21 +261,8 @@ class VllmContextAttentionFwd(VllmTritonTarget):
         return VllmPagedLayout()
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
-        dev = cache.key_cache.device
-        key, value = data.new_kv(batch)
-        out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype, device=dev)
-        k_scale, v_scale = _scales(batch, dev)
-        kwargs = dict(
-            q=data.query.to(dev), k=key.to(dev), v=value.to(dev), o=out, kv_cache_dtype=batch.kv_cache_dtype,
-            k_cache=_fp8_storage(batch, cache.key_cache), v_cache=_fp8_storage(batch, cache.value_cache),
-            b_loc=batch.block_table_tensor(dev),
-            b_start_loc=batch.query_start_loc_tensor(dev), b_seq_len=batch.seq_lens_tensor(dev),
-            max_seq_len=batch.max_seq_len, max_input_len=batch.max_query_len, k_scale=k_scale, v_scale=v_scale,
-            alibi_slopes=batch.alibi_slopes_tensor(dev), sliding_window=batch.sliding_window,
-            sm_scale=batch.scale, skip_decode=False, sinks=_sinks(data, dev),
-        )
-        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out,
-                          key=kwargs["k"], value=kwargs["v"])
+        return _split_family_call(batch, data, cache, names=PREFIX_PREFILL_NAMES, sm_scale=batch.scale,
+                                  skip_decode=False)
 
     kernel = ("vllm.v1.attention.ops.prefix_prefill", "context_attention_fwd")
 
