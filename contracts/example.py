@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 
 from .batch import Batch
-from .materialize import Poison
+from .poison import Poison
 
 
 @attrs.frozen

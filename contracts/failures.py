@@ -1,4 +1,5 @@
-"""One failure taxonomy for fuzz summaries, reproducers (case.json) and checks.
+"""One failure taxonomy for fuzz summaries, reproducers (case.json) and checks, and the exceptions a property
+raises, one class per failure kind (so Hypothesis shrinks each kind separately).
 
 Every finding names whose fault it is: the caller's (a broken cache contract: the kernel was handed a cache
 that did not hold what its contract requires) or the kernel's (it was handed a correct call and got the
@@ -10,6 +11,7 @@ wrongly (a failure: wrong answers instead of an error).
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 
 class FailureKind(enum.Enum):
@@ -35,3 +37,51 @@ class FailureKind(enum.Enum):
     @property
     def slug(self) -> str:
         return self.name.lower().replace("_", "-")
+
+
+class Finding(AssertionError):
+    """A failed example: ``kind`` (whose fault), ``check`` (the invariant or oracle, a string: a
+    :class:`~kvfuzz.contracts.violations.Check` value or an oracle name), a message, and details (violations and
+    oracle failures as dicts, the kernel path, what the kernel computed)."""
+
+    kind: FailureKind
+
+    def __init__(self, check: str, message: str, details: dict[str, Any] | None = None):
+        super().__init__(f"[{self.kind.value}] {check}: {message}")
+        self.check = check
+        self.message = message
+        self.details = details or {}
+
+    @property
+    def signature(self) -> tuple[str, str]:
+        """What makes two findings the same bug for deduplication: failure kind and check."""
+        return (self.kind.value, self.check)
+
+
+class CallerContractViolation(Finding):
+    kind = FailureKind.CALLER_VIOLATION
+
+
+class KernelMismatch(Finding):
+    kind = FailureKind.KERNEL_MISMATCH
+
+
+class NonFiniteOutput(Finding):
+    kind = FailureKind.NON_FINITE
+
+
+class KernelCrash(Finding):
+    kind = FailureKind.KERNEL_CRASH
+
+
+class KernelHang(Finding):
+    kind = FailureKind.KERNEL_HANG
+
+
+class SilentlyUnsupported(Finding):
+    kind = FailureKind.SILENT_UNSUPPORTED
+
+
+FINDING_CLASSES: dict[FailureKind, type[Finding]] = {
+    c.kind: c for c in (CallerContractViolation, KernelMismatch, NonFiniteOutput, KernelCrash, KernelHang,
+                        SilentlyUnsupported)}

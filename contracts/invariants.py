@@ -14,75 +14,24 @@ prefix contract (vllm/v1/attention/ops/prefix_prefill.py, context_attention_fwd 
     (:func:`check_prefix_invariant`).
 
 Comparison is bitwise: the harness writes the very values the reference uses, so anything but the same
-bits at a slot is a wrong cache state. Each :class:`Violation` says where: sequence, position, block, slot,
-kv head.
+bits at a slot is a wrong cache state. Each :class:`~kvfuzz.contracts.violations.Violation` says where:
+sequence, position, block, slot, kv head.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-import attrs
 import torch
 
 from .batch import Batch, positions
 from .contract import Contract
 from .data import BatchData
 from .layouts import CacheLayout
+from .violations import Check, Violation, violation
 
-DECODE = "decode invariant"
-PREFILL = "prefill invariant"
-UNIFIED = "unified invariant"
-
-_FIX = {
-    DECODE: "write the decode token's k/v into the cache (reshape_and_cache) before calling; in vLLM the "
-            "cache update runs before attention, so the decode kernel finds all seq_len positions there",
-    PREFILL: "write positions 0..ctx_len-1 of every prefill sequence (under the prefix contract of "
-             "context_attention_fwd: of every sequence, decode included) into the cache and pass its query_len new "
-             "tokens' k/v as key/value, in query_start_loc order",
-    UNIFIED: "write every sequence's new tokens into the cache (reshape_and_cache) before calling: a unified "
-             "kernel reads all seq_len positions from the cache",
-}
-
-
-@attrs.frozen
-class Violation:
-    """One broken invariant, located.
-
-    invariant: DECODE, PREFILL or UNIFIED. what: "cache" (a slot holds the wrong bits) or "key"/"value"
-    (the separately passed new-token tensors). seq, position: the sequence and token position; block, slot:
-    the physical block and slot (-1 for key/value arguments); head: first kv head that differs;
-    expected/found: that element's values; count: how many (sequence, position) pairs of this kind and
-    sequence are wrong in total.
-    """
-
-    invariant: str
-    what: str
-    seq: int
-    position: int
-    block: int
-    slot: int
-    head: int
-    expected: float
-    found: float
-    count: int = 1
-    detail: str = ""
-
-    @property
-    def fix(self) -> str:
-        return _FIX[self.invariant]
-
-    def message(self) -> str:
-        where = (f"block {self.block}, slot {self.slot}" if self.what == "cache"
-                 else f"row {self.slot} of the {self.what} argument")
-        more = f" ({self.count} positions of this sequence are wrong)" if self.count > 1 else ""
-        extra = f" {self.detail}" if self.detail else ""
-        return (f"{self.invariant} violated: sequence {self.seq} position {self.position} ({where}, kv head "
-                f"{self.head}) holds {self.found:.6g}, expected {self.expected:.6g}{more}.{extra} "
-                f"Fix the caller: {self.fix}.")
-
-    def to_dict(self) -> dict:
-        return attrs.asdict(self) | {"message": self.message()}
+#: The ground-truth invariants, by their :class:`~kvfuzz.contracts.violations.Check`.
+DECODE, PREFILL, UNIFIED = Check.DECODE, Check.PREFILL, Check.UNIFIED
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -94,10 +43,11 @@ def _differing_rows(found: torch.Tensor, expected: torch.Tensor) -> torch.Tensor
     return (_bits(found.contiguous()) != _bits(expected.to(found.dtype).contiguous())).any(dim=-1)
 
 
-def _first_per_seq(invariant: str, what: str, batch: Batch, seq: torch.Tensor, pos: torch.Tensor,
-                   slot: torch.Tensor, bad: torch.Tensor, found: torch.Tensor, expected: torch.Tensor,
-                   detail: str = "") -> list[Violation]:
-    """One Violation per sequence with any bad row, located at its first bad (position, head)."""
+def _first_per_seq(check: Check, what: str, batch: Batch, seq: torch.Tensor, pos: torch.Tensor,
+                   slot: torch.Tensor, bad: torch.Tensor, found: torch.Tensor,
+                   expected: torch.Tensor) -> list[Violation]:
+    """One Violation per sequence with any bad row, located at its first bad (position, head). ``what``:
+    "cache" (``slot`` holds cache slots) or "key"/"value" (``slot`` holds rows of that argument)."""
     out = []
     bad_rows = bad.any(dim=1)
     if not bad_rows.any():
@@ -108,13 +58,20 @@ def _first_per_seq(invariant: str, what: str, batch: Batch, seq: torch.Tensor, p
         h = int(torch.nonzero(bad[r]).flatten()[0])
         d = int(torch.nonzero(_bits(found[r, h].contiguous()) != _bits(expected[r, h].to(found.dtype).contiguous()))[0])
         sl = int(slot[r])
-        block = sl // batch.block_size if what == "cache" else -1
-        out.append(Violation(invariant, what, s, int(pos[r]), block, sl, h,
-                             float(expected[r, h, d]), float(found[r, h, d]), count=len(rows), detail=detail))
+        more = f" ({len(rows)} positions of this sequence are wrong)" if len(rows) > 1 else ""
+        if what == "cache":
+            story = f"the cache does not hold this position's key/value{more}"
+            block, sl_ = sl // batch.block_size, sl
+        else:
+            story = f"row {sl} of the {what} argument is not this position's new token{more}"
+            block = sl_ = None
+        out.append(violation(check, story, seq=s, position=int(pos[r]), block=block, slot=sl_, head=h,
+                             expected=f"{float(expected[r, h, d]):.6g}", found=f"{float(found[r, h, d]):.6g}",
+                             count=len(rows), source=what))
     return out
 
 
-def check_cache_holds(invariant: str, batch: Batch, data: BatchData, layout: CacheLayout,
+def check_cache_holds(invariant: Check, batch: Batch, data: BatchData, layout: CacheLayout,
                       key_cache: torch.Tensor, value_cache: torch.Tensor, lens: dict[int, int]) -> list[Violation]:
     """Check that the cache holds positions ``0 .. lens[seq]-1`` of each listed sequence, bitwise, for keys
     and for values. Vectorized over all (sequence, position) pairs."""
@@ -162,9 +119,9 @@ def check_prefill_invariant(batch: Batch, data: BatchData, layout: CacheLayout, 
     for name, got, exp in (("key", key, exp_k), ("value", value, exp_v)):
         if got is None or tuple(got.shape) != tuple(exp.shape):
             shape = None if got is None else tuple(got.shape)
-            out.append(Violation(PREFILL, name, -1, -1, -1, -1, -1, float("nan"), float("nan"),
-                                 detail=f"the {name} argument has shape {shape}, expected {tuple(exp.shape)} "
-                                        f"(sum(query_len) tokens x num_kv_heads x head_size)."))
+            out.append(violation(PREFILL, f"the {name} argument has shape {shape} instead of sum(query_len) "
+                                          f"tokens x num_kv_heads x head_size", expected=tuple(exp.shape),
+                                 found=shape, source=name))
             continue
         got = got.cpu()
         bad = _differing_rows(got, exp) & prefill[:, None]
@@ -193,7 +150,11 @@ def check_unified_invariant(batch: Batch, data: BatchData, layout: CacheLayout, 
 def check_contract(contract: Contract, batch: Batch, data: BatchData, layout: CacheLayout,
                    key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor | None = None,
                    value: torch.Tensor | None = None) -> list[Violation]:
-    """All invariants of ``contract`` for one call; an empty list means the caller kept the contract."""
+    """All invariants of ``contract`` for one call; an empty list means the caller kept the contract. A cache
+    writer (:attr:`Contract.WRITER`) reads nothing from the cache: it has no cache invariant, and what it
+    leaves is checked by the writer property (:mod:`kvfuzz.fuzz.harness.writer`)."""
+    if contract is Contract.WRITER:
+        return []
     if contract is Contract.SPLIT:
         return (check_decode_invariant(batch, data, layout, key_cache, value_cache)
                 + check_prefill_invariant(batch, data, layout, key_cache, value_cache, key, value))

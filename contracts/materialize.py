@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import enum
-
 import attrs
 import torch
 
 from .batch import Batch, positions
 from .data import BatchData
 from .layouts import CacheLayout
-
-
-class Poison(enum.Enum):
-    """What fills every cache slot the materializer did not write.
-
-    NAN and INF: uninitialised memory; a kernel that lets an unwritten slot reach its output shows it at once.
-    STALE: large finite values, as a freed block's previous owner leaves behind; a wrong read becomes a wrong
-    (but finite) answer. ZEROS: a zero-initialised cache, as most kernel tests use; the gentlest.
-    """
-
-    NAN = "nan"
-    INF = "inf"
-    STALE = "stale"
-    ZEROS = "zeros"
-
+from .poison import Poison
 
 #: Magnitude of STALE poison (fits fp16 and bf16; dominates softmax of N(0, 1) keys).
 STALE_MAGNITUDE = 100.0

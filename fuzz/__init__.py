@@ -1,0 +1,12 @@
+"""kvfuzz.fuzz: everything that runs kernels, in rooms that import only the rooms below them:
+
+    cli       the ``kvfuzz`` command, one module per subcommand
+    bench     kvfuzz's own benchmarks: the mutant zoo, detection against vLLM's test grids, throughput
+    campaign  long runs: the engine, worker supervision, the example database, journals, reproducers, the gate
+    harness   one example from cache to verdict: the attention and writer properties, caller faults,
+              metamorphic relations, coverage
+    guard     the runtime guard: kernel signatures, interception, the pytest plugin
+    targets   adapters from a batch to a real kernel call, and the registry that finds them
+
+docs/architecture.md follows one example through them.
+"""

@@ -1,8 +1,15 @@
-"""kvfuzz.strategies: Hypothesis strategies that build kvfuzz.contracts models. No kernels here."""
+"""kvfuzz.strategies: Hypothesis strategies that build kvfuzz.contracts models. No kernels here; names load
+lazily (``kvfuzz.strategies.limits`` imports without torch or Hypothesis)."""
 
-from .batches import (ARRANGEMENTS, GQA_RATIOS, KINDS, UNIVERSE_BLOCK_SIZES, UNIVERSE_HEAD_SIZES, Limits, batches,
-                      block_tables, boundary_lengths, examples, gqa_heads, sequence_lengths, undeclared_examples)
+from kvfuzz.contracts.lazy import lazy_exports
 
-__all__ = ["ARRANGEMENTS", "GQA_RATIOS", "KINDS", "Limits", "batches", "block_tables", "boundary_lengths",
-           "examples", "gqa_heads", "sequence_lengths", "undeclared_examples", "UNIVERSE_HEAD_SIZES",
-           "UNIVERSE_BLOCK_SIZES"]
+_EXPORTS = {
+    "Limits": "limits",
+    **{n: "batches" for n in ("ARRANGEMENTS", "GQA_RATIOS", "KINDS", "UNIVERSE_BLOCK_SIZES", "UNIVERSE_HEAD_SIZES",
+                              "big_cache_examples", "block_tables", "boundary_lengths", "examples",
+                              "gqa_heads", "sequence_lengths", "undeclared_examples")},
+}
+# ``batches`` (the strategy) is not exported here: importing the submodule of that name rebinds the package
+# attribute to the module. Import it from kvfuzz.strategies.batches (or as kvfuzz.batches).
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

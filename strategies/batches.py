@@ -15,7 +15,9 @@ from hypothesis.errors import InvalidArgument
 from kvfuzz.contracts.batch import FEATURES, VALUE_RANGES, Batch
 from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.materialize import Poison
+from kvfuzz.contracts.poison import Poison
+
+from .limits import Limits
 
 #: Sequence kinds, simplest first.
 KINDS = ("decode", "prefill", "prefill-no-ctx")
@@ -32,30 +34,6 @@ NUM_KV_HEADS = (1, 2, 4)
 KV_SCALES = (1.0, 0.5, 0.375, 3 / 64, 2.0)
 #: Softcap values: Gemma 2's 50 (mild on N(0, 1) logits) and 4 (bends most logits).
 SOFTCAPS = (50.0, 4.0)
-
-
-@attrs.frozen
-class Limits:
-    """Size bounds for generated batches (keep them small on CPU: the Triton interpreter is slow).
-
-    max_num_seqs: sequences per batch. max_ctx_len: cached tokens per sequence. max_query_len: new tokens
-    of a prefill. max_num_heads: query heads. max_spare_blocks: unused physical blocks beyond those needed.
-    """
-
-    max_num_seqs: int = 4
-    max_ctx_len: int = 96
-    max_query_len: int = 40
-    max_num_heads: int = 16
-    max_spare_blocks: int = 6
-
-    def __attrs_post_init__(self) -> None:
-        for a in attrs.fields(Limits):
-            v = getattr(self, a.name)
-            lo = 0 if a.name in ("max_ctx_len", "max_spare_blocks") else 1
-            if a.name == "max_query_len":
-                lo = 2
-            if not isinstance(v, int) or v < lo:
-                raise InvalidArgument(f"Limits.{a.name}={v!r} must be an int >= {lo}")
 
 
 def boundary_lengths(block_size: int, min_value: int, max_value: int) -> st.SearchStrategy[int]:
@@ -145,7 +123,7 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
     num_blocks, table, _ = draw(block_tables(needed, limits.max_spare_blocks))
     seed = draw(st.integers(0, 2**31 - 1))
     # None (the kernel's default), the default passed explicitly, or half of it: catches a kernel that
-    # ignores the argument or derives its default from the wrong dimension (REFERENCE.md §5.13)
+    # ignores the argument or derives its default from the wrong dimension (docs/contracts.md §5, bug 13)
     sm_scale = draw(st.sampled_from((None, 1.0, 0.5)))
     if sm_scale is not None:
         sm_scale /= head_size**0.5

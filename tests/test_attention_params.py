@@ -11,10 +11,10 @@ import torch
 
 from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.materialize import Poison
-from kvfuzz.fuzz.findings import CallerContractViolation, KernelMismatch, NonFiniteOutput
-from kvfuzz.fuzz.mutants import PagedTorch
-from kvfuzz.fuzz.properties import check_example
+from kvfuzz.contracts.failures import CallerContractViolation, KernelMismatch, NonFiniteOutput
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.bench.mutants import PagedTorch
+from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.targets import get_target
 
 pytestmark = pytest.mark.kernel
@@ -206,10 +206,10 @@ def test_reproducer_of_a_big_fp8_cache_stores_referenced_blocks_and_replays(tmp_
 
     from safetensors.torch import load_file
 
-    from kvfuzz.fuzz.findings import Finding
-    from kvfuzz.fuzz.mutants import get_mutant, smallest_trigger
-    from kvfuzz.fuzz.properties import prepare
-    from kvfuzz.fuzz.reproducer import replay, write_reproducer
+    from kvfuzz.contracts.failures import Finding
+    from kvfuzz.fuzz.bench.mutants import get_mutant, smallest_trigger
+    from kvfuzz.fuzz.campaign.reproducers import replay, write_reproducer
+    from kvfuzz.fuzz.harness.attention import prepare
     from kvfuzz.strategies.batches import relocate_high
 
     monkeypatch.setattr(importlib.import_module("kvfuzz.contracts.materialize"), "FULL_POISON_MAX_BYTES", 4096)
@@ -230,7 +230,7 @@ def test_reproducer_of_a_big_fp8_cache_stores_referenced_blocks_and_replays(tmp_
 def test_the_triton_writer_quantizes_with_the_scale_and_a_writer_that_does_not_fails(kv):
     """reshape_and_cache_flash stores ``key / k_scale`` as fp8: the writer property expects those codes; the
     same kernel launched without FP8_KV_CACHE (stores the unscaled key) is a kernel mismatch."""
-    from kvfuzz.fuzz.writer_property import check_writer_example
+    from kvfuzz.fuzz.harness.writer import check_writer_example
 
     t = _target("vllm.reshape_and_cache")
     b = batch_for(t, dtype="float16", kv_cache_dtype=kv, k_scale=0.375, v_scale=2.0)

@@ -1,5 +1,5 @@
 """Cache-writer targets (vllm.reshape_and_cache, vllm.cpu_reshape_and_cache) and their property
-(kvfuzz.fuzz.writer_property): the real kernels pass, deliberately broken writers are caught by the right
+(kvfuzz.fuzz.harness.writer): the real kernels pass, deliberately broken writers are caught by the right
 check, reproducers are written."""
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.cpu_layout import CpuAttnLayout
 from kvfuzz.contracts.data import make_batch_data
 from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.failures import KernelCrash, KernelMismatch
 from kvfuzz.contracts.layouts import NHDLayout
-from kvfuzz.contracts.materialize import Poison, materialize
-from kvfuzz.fuzz.campaign import CampaignConfig, fuzz_target
-from kvfuzz.fuzz.findings import KernelCrash, KernelMismatch
-from kvfuzz.fuzz.properties import check_any, prepare_any
-from kvfuzz.fuzz.reproducer import write_reproducer
+from kvfuzz.contracts.materialize import materialize
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.writer import writer_inputs
+from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
+from kvfuzz.fuzz.campaign.reproducers import write_reproducer
+from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.harness.writer import SLOT_CONTENTS, UNTOUCHED, _storage_elements, slot_element_offsets
 from kvfuzz.fuzz.targets.cache_writers import VllmCpuReshapeAndCache, VllmReshapeAndCacheFlash
-from kvfuzz.fuzz.writer_property import (SLOT_CONTENTS, UNTOUCHED, _storage_elements, slot_element_offsets,
-                                         writer_inputs)
 from kvfuzz.strategies import Limits
 
 pytestmark = [pytest.mark.kernel, pytest.mark.usefixtures("one_torch_thread")]
@@ -114,7 +115,7 @@ def test_real_writer_keeps_the_writer_contract(cls, dtype):
         pytest.skip(f"{cls.name} does not declare {dtype} here")
     seed = seed_with_padding(2)
     for poison in (Poison.NAN, Poison.STALE):
-        run = check_any(t, Example(mixed_batch(dtype=dtype, seed=seed), poison))
+        run = properties.check(t, Example(mixed_batch(dtype=dtype, seed=seed), poison))
         assert run.call.kwargs["_inputs"].num_padding >= 2
         assert run.output.shape == run.reference.shape and run.output.shape[0] == 2  # key, value caches
         assert torch.equal(run.output.view(torch.uint8), run.reference.view(torch.uint8))
@@ -124,7 +125,7 @@ def test_triton_writer_wide_rows_take_several_tiles():
     t = available(VllmReshapeAndCacheFlash)
     b = Batch(query_lens=[3, 1], ctx_lens=[0, 9], num_heads=8, num_kv_heads=4, head_size=256, block_size=16,
               num_blocks=3, block_table=[[2], [0]], dtype="float32", seed=seed_with_padding())
-    run = check_any(t, Example(b, Poison.NAN))
+    run = properties.check(t, Example(b, Poison.NAN))
     assert run.path.endswith("2 tiles/row")  # Hkv * D = 1024 > 512: tile_i > 0 is exercised
 
 
@@ -179,7 +180,7 @@ def test_broken_writer_is_caught(cls, how, check, where):
     b = mixed_batch(dtype="float32", seed=seed_with_padding())
     t._ctx_slot = int(b.slots(torch.tensor([0]), torch.tensor([0]))[0])
     with pytest.raises(KernelMismatch) as info:
-        check_any(t, Example(b, Poison.ZEROS))
+        properties.check(t, Example(b, Poison.ZEROS))
     f = info.value
     assert f.check == check and f.kind.blame == "kernel", f.message
     if check == SLOT_CONTENTS:
@@ -200,7 +201,7 @@ def test_broken_writer_is_caught(cls, how, check, where):
 def test_raising_writer_is_a_kernel_crash(cls):
     available(cls)
     with pytest.raises(KernelCrash) as info:
-        check_any(broken(cls, "raise")(), Example(mixed_batch(dtype="float32"), Poison.NAN))
+        properties.check(broken(cls, "raise")(), Example(mixed_batch(dtype="float32"), Poison.NAN))
     assert "broken writer" in info.value.message
 
 
@@ -208,9 +209,9 @@ def test_reproducer_of_a_writer_finding(tmp_path):
     t = broken(VllmCpuReshapeAndCache, "drop")()
     available(VllmCpuReshapeAndCache)
     example = Example(mixed_batch(dtype="bfloat16", seed=seed_with_padding()), Poison.NAN)
-    run = prepare_any(t, example)
+    run = properties.prepare(t, example)
     with pytest.raises(KernelMismatch) as info:
-        check_any(t, example, run=run)
+        properties.check(t, example, run=run)
     d = write_reproducer(tmp_path, t, example, info.value, run)
     case = json.loads((d / "case.json").read_text())
     assert case["check"] == SLOT_CONTENTS and case["details"]["slot_contents"]["bad_tokens"] == 1

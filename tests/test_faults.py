@@ -3,10 +3,10 @@
 import pytest
 
 from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.materialize import Poison
-from kvfuzz.fuzz.faults import FAULTS, get_fault
-from kvfuzz.fuzz.findings import CallerContractViolation
-from kvfuzz.fuzz.properties import check_example
+from kvfuzz.contracts.failures import CallerContractViolation
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.harness.attention import check_example
+from kvfuzz.fuzz.harness.faults import FAULTS, get_fault
 from kvfuzz.fuzz.targets import get_target
 
 pytestmark = pytest.mark.kernel

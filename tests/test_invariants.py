@@ -5,10 +5,18 @@ import torch
 
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.invariants import (DECODE, PREFILL, UNIFIED, check_contract, check_decode_invariant,
-                                         check_prefill_invariant, check_unified_invariant)
+from kvfuzz.contracts.invariants import (
+    DECODE,
+    PREFILL,
+    UNIFIED,
+    check_contract,
+    check_decode_invariant,
+    check_prefill_invariant,
+    check_unified_invariant,
+)
 from kvfuzz.contracts.layouts import NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.materialize import Poison, materialize
+from kvfuzz.contracts.materialize import materialize
+from kvfuzz.contracts.poison import Poison
 
 
 def setup(make_batch, contract, lens=None, layout=VllmPagedLayout(), poison=Poison.NAN, **kw):
@@ -33,16 +41,16 @@ def test_decode_invariant_fires_on_the_seeds_fill(make_batch, poison):
     v = check_decode_invariant(b, d, s.layout, s.key_cache, s.value_cache)
     assert len(v) == 1
     v = v[0]
-    assert (v.invariant, v.what, v.seq, v.position) == (DECODE, "cache", 1, 20)
+    assert (v.check, v.source, v.seq, v.position) == (DECODE, "cache", 1, 20)
     assert v.slot == b.slots(torch.tensor([1]), torch.tensor([20])).item()
     assert v.block == b.block_table[1][1]
-    assert "sequence 1 position 20" in v.message() and "before calling" in v.message()
+    assert "sequence 1, position 20" in v.message and "before calling" in v.message
 
 
 def test_prefill_invariant_fires_on_a_missing_context_position(make_batch):
     b, d, s = setup(make_batch, Contract.SPLIT, lens=(2, 21, 0))  # prefill 0 needs 3 cached positions
     v = check_prefill_invariant(b, d, s.layout, s.key_cache, s.value_cache, *d.new_kv(b))
-    assert [(x.invariant, x.what, x.seq, x.position) for x in v] == [(PREFILL, "cache", 0, 2)]
+    assert [(x.check, x.source, x.seq, x.position) for x in v] == [(PREFILL, "cache", 0, 2)]
 
 
 def test_prefill_invariant_fires_on_new_kv_out_of_query_order(make_batch):
@@ -51,21 +59,21 @@ def test_prefill_invariant_fires_on_new_kv_out_of_query_order(make_batch):
     order = torch.arange(b.num_tokens)
     order[[0, 1]] = order[[1, 0]]  # swap two new tokens of sequence 0
     v = check_prefill_invariant(b, d, s.layout, s.key_cache, s.value_cache, key[order], value)
-    assert [(x.what, x.seq, x.position, x.count) for x in v] == [("key", 0, 3, 2)]
+    assert [(x.source, x.seq, x.position, x.count) for x in v] == [("key", 0, 3, 2)]
 
 
 def test_prefill_invariant_fires_on_missing_new_kv(make_batch):
     b, d, s = setup(make_batch, Contract.SPLIT)
     v = check_prefill_invariant(b, d, s.layout, s.key_cache, s.value_cache, None, None)
-    assert {x.what for x in v} == {"key", "value"}
-    assert "shape None" in v[0].message()
+    assert {x.source for x in v} == {"key", "value"}
+    assert "shape None" in v[0].message
 
 
 def test_unified_invariant_fires_when_new_tokens_are_not_cached(make_batch):
     b, d, s = setup(make_batch, Contract.UNIFIED, lens=Contract.SPLIT.cached_lens(
         make_batch([(5, 3), (1, 20), (17, 0)], dtype="float16", reverse=True, seed=5)))
     v = check_unified_invariant(b, d, s.layout, s.key_cache, s.value_cache)
-    assert [(x.invariant, x.seq, x.position, x.count) for x in v] == [(UNIFIED, 0, 3, 5), (UNIFIED, 2, 0, 17)]
+    assert [(x.check, x.seq, x.position, x.count) for x in v] == [(UNIFIED, 0, 3, 5), (UNIFIED, 2, 0, 17)]
 
 
 def test_a_value_only_corruption_is_found(make_batch):

@@ -7,7 +7,8 @@ from kvfuzz.contracts.batch import positions
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.data import make_batch_data
 from kvfuzz.contracts.layouts import LayoutError, NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.materialize import Poison, materialize
+from kvfuzz.contracts.materialize import materialize
+from kvfuzz.contracts.poison import Poison
 
 LAYOUTS = [VllmPagedLayout(), NHDLayout()]
 

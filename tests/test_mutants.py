@@ -1,4 +1,4 @@
-"""The mutant zoo (kvfuzz.fuzz.mutants) and ``kvfuzz bench detect`` (kvfuzz.fuzz.bench)."""
+"""The mutant zoo (kvfuzz.fuzz.bench.mutants) and ``kvfuzz bench detect`` (kvfuzz.fuzz.bench.detection)."""
 
 import json
 
@@ -6,10 +6,10 @@ import pytest
 from click.testing import CliRunner
 
 from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.materialize import Poison
-from kvfuzz.fuzz.findings import Finding
-from kvfuzz.fuzz.mutants import MUTANTS, PagedTorch, get_mutant, smallest_trigger
-from kvfuzz.fuzz.properties import check_example
+from kvfuzz.contracts.failures import Finding
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.bench.mutants import MUTANTS, PagedTorch, get_mutant, smallest_trigger
+from kvfuzz.fuzz.harness.attention import check_example
 
 pytestmark = pytest.mark.kernel
 
@@ -35,7 +35,7 @@ def test_smallest_trigger_fails_the_property_and_base_passes(name):
 
 @pytest.mark.parametrize("poison", [Poison.STALE, Poison.ZEROS])
 def test_base_passes_grid_like_batches(poison):
-    from kvfuzz.fuzz.mutants import _batch
+    from kvfuzz.fuzz.bench.mutants import _batch
 
     b = _batch([1, 5, 9], [30, 0, 17], heads=(6, 2), head_size=32, block_size=8,
                table=[[6, 2, 9, 0], [1, 0, 0, 0], [3, 8, 5, 7]], num_blocks=10)
@@ -43,7 +43,7 @@ def test_base_passes_grid_like_batches(poison):
 
 
 def test_bench_detect_json(tmp_path):
-    from kvfuzz.fuzz.bench_cli import bench
+    from kvfuzz.fuzz.cli.bench import bench
 
     out = tmp_path / "d.json"
     res = CliRunner().invoke(bench, ["detect", "--mutant", "mutant.gqa_modulo", "--mutant", "mutant.gqa_pow2_group",

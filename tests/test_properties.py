@@ -7,9 +7,9 @@ dependency). Poisons are each target's gate_poisons, as in `kvfuzz check`."""
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from kvfuzz.contracts.materialize import Poison
-from kvfuzz.fuzz.check import CHECK_LIMITS
-from kvfuzz.fuzz.properties import check_any
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.campaign.gate import CHECK_LIMITS
+from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets import BUILTIN, get_target
 from kvfuzz.strategies import examples
 
@@ -25,7 +25,7 @@ def _property(name):
     @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # budget: the profile
     @given(strategy)
     def test(example):
-        check_any(target, example)
+        properties.check(target, example)
 
     test.__name__ = f"test_contract_property[{name}]"
     return test

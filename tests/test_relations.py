@@ -1,4 +1,4 @@
-"""Metamorphic relations (kvfuzz.fuzz.relations): each one fails on a kernel broken in its way
+"""Metamorphic relations (kvfuzz.fuzz.harness.relations): each one fails on a kernel broken in its way
 (tests/broken_kernels.py), holds on a correct one, and on the real CPU kernels holds where it should; the
 ``kvfuzz relations`` command reports a table and exits 1 on a violation."""
 
@@ -10,9 +10,10 @@ from click.testing import CliRunner
 
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.failures import FailureKind
-from kvfuzz.contracts.materialize import Poison
-from kvfuzz.fuzz.relations import RELATIONS, RelationViolation, relocated, sequence_permutation
-from kvfuzz.fuzz.relations_cli import check_relation, relations
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.campaign.relation_runs import check_relation
+from kvfuzz.fuzz.cli.relations import relations
+from kvfuzz.fuzz.harness.relations import RELATIONS, RelationViolation, relocated, sequence_permutation
 from kvfuzz.fuzz.targets import get_target
 
 HERE = Path(__file__).resolve().parent

@@ -6,7 +6,8 @@ from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.fuzz.targets.vllm_triton import VllmChunkedPrefillPagedDecode
-from kvfuzz.strategies import Limits, batches, boundary_lengths, examples
+from kvfuzz.strategies.batches import batches, boundary_lengths, examples
+from kvfuzz.strategies.limits import Limits
 
 CAPS = Capabilities(contract=Contract.SPLIT, devices=("cpu",), dtypes=("float16", "float32"),
                     head_sizes=(32, 64), block_sizes=(16, 32))
@@ -61,7 +62,7 @@ def test_shrinks_to_a_single_short_decode_sequence():
 
 
 def test_examples_draw_every_poison_and_respect_the_choice():
-    from kvfuzz.contracts.materialize import Poison
+    from kvfuzz.contracts.poison import Poison
     for p in Poison:
         find(examples(CAPS, LIMITS), lambda e, p=p: e.poison is p, settings=FIND)
     e = find(examples(CAPS, LIMITS, poisons=(Poison.ZEROS,)), lambda e: True, settings=FIND)

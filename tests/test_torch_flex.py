@@ -8,10 +8,11 @@ import torch
 from kvfuzz.contracts.batch import Batch, positions
 from kvfuzz.contracts.data import make_batch_data
 from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.materialize import Poison, materialize
-from kvfuzz.fuzz.campaign import CampaignConfig, fuzz_target
-from kvfuzz.fuzz.findings import KernelMismatch, NonFiniteOutput
-from kvfuzz.fuzz.properties import check_any
+from kvfuzz.contracts.failures import KernelMismatch, NonFiniteOutput
+from kvfuzz.contracts.materialize import materialize
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
+from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets.torch_flex import FlexPagedLayout, TorchFlexPaged, paged_attention_for
 from kvfuzz.strategies import Limits
 
@@ -90,28 +91,28 @@ def test_layout_writes_where_paged_attention_assign_writes():
 # ---- end to end ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_flex_paged_agrees_with_the_reference(make_batch, dtype):
-    run = check_any(TARGET, Example(mixed_batch(dtype=dtype, seed=1), Poison.STALE))
+    run = properties.check(TARGET, Example(mixed_batch(dtype=dtype, seed=1), Poison.STALE))
     assert run.path == "eager (cpu)" and run.output.shape == (23, 4, 32)
     # GQA 7 over one kv head, a head size that is not a power of two, page size 8, pages in reverse order
     b = make_batch([(9, 7), (1, 16), (1, 0)], num_heads=7, num_kv_heads=1, head_size=48, block_size=8, spare=2,
                    dtype=dtype, seed=5, reverse=True)
-    run = check_any(TARGET, Example(b, Poison.ZEROS))
+    run = properties.check(TARGET, Example(b, Poison.ZEROS))
     assert run.output.shape == (11, 7, 48)
 
 
 def test_nan_in_a_free_page_poisons_the_output():
     """FINDING (torch 2.13 eager flex_attention, the math path): P @ V runs over every page of the pool, so NaN
     in the V rows of any slot that no query may see - the tail of the sequence's own last page, other
-    sequences' pages, free pages - multiplies probability 0 and turns the whole output NaN (REFERENCE bug
-    class 3). Minimal case found by the campaign: one decode token, page size 8, one page. The compiled kernel
+    sequences' pages, free pages - multiplies probability 0 and turns the whole output NaN (docs/contracts.md §5,
+    bug 3). Minimal case found by the campaign: one decode token, page size 8, one page. The compiled kernel
     (torch 2.11, H200) skips pages outside the block mask but has the same defect in the tail of a sequence's
     last page."""
     b = Batch(query_lens=[1], ctx_lens=[0], num_heads=1, num_kv_heads=1, head_size=16, block_size=8,
               num_blocks=1, block_table=[[0]], dtype="float32")
     with pytest.raises(NonFiniteOutput) as info:
-        check_any(TARGET, Example(b, Poison.NAN))
+        properties.check(TARGET, Example(b, Poison.NAN))
     assert info.value.details["oracle"]["bad_elements"] == 16
-    check_any(TARGET, Example(b, Poison.STALE))  # finite garbage there is masked correctly
+    properties.check(TARGET, Example(b, Poison.STALE))  # finite garbage there is masked correctly
 
 
 # ---- broken variants are caught ---------------------------------------------------------------------
@@ -141,7 +142,7 @@ class OwnPageTable(TorchFlexPaged):
 @pytest.mark.parametrize("cls", [MaskOffByOne, OwnPageTable])
 def test_broken_variant_is_a_kernel_mismatch(cls):
     with pytest.raises(KernelMismatch) as info:
-        check_any(cls(), Example(mixed_batch(seed=2), Poison.STALE))
+        properties.check(cls(), Example(mixed_batch(seed=2), Poison.STALE))
     assert info.value.check == "agreement"
 
 

@@ -7,13 +7,13 @@ import pytest
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.data import make_batch_data
 from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.failures import CallerContractViolation, KernelMismatch
 from kvfuzz.contracts.invariants import PREFILL, UNIFIED, check_contract
-from kvfuzz.contracts.materialize import Poison, materialize
-from kvfuzz.fuzz.faults import get_fault
-from kvfuzz.fuzz.findings import CallerContractViolation, KernelMismatch
-from kvfuzz.fuzz.properties import check_example, prepare
-from kvfuzz.fuzz.targets.vllm_triton import (VllmContextAttentionFwd, VllmDecodeAttentionFwd,
-                                             VllmUnifiedAttention)
+from kvfuzz.contracts.materialize import materialize
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.harness.attention import check_example, prepare
+from kvfuzz.fuzz.harness.faults import get_fault
+from kvfuzz.fuzz.targets.vllm_triton import VllmContextAttentionFwd, VllmDecodeAttentionFwd, VllmUnifiedAttention
 
 pytestmark = pytest.mark.kernel
 
@@ -78,9 +78,9 @@ def test_prefix_invariant_checks_the_decode_rows_of_key_and_value(make_batch):
     key[3] += 1  # row 3 = the decode token of sequence 1
     split = check_contract(Contract.SPLIT, b, d, run.cache.layout, run.call.key_cache, run.call.value_cache,
                            key, value)
-    assert [x.what for x in split] == ["cache"]  # split: the decode token must be in the cache; key row unread
+    assert [x.source for x in split] == ["cache"]  # split: the decode token must be in the cache; key row unread
     v = check_contract(Contract.PREFIX, b, d, run.cache.layout, run.call.key_cache, run.call.value_cache, key, value)
-    assert [(x.invariant, x.what, x.seq, x.position) for x in v] == [(PREFILL, "key", 1, 6)]
+    assert [(x.check, x.source, x.seq, x.position) for x in v] == [(PREFILL, "key", 1, 6)]
 
 
 def test_prefix_invariant_fires_when_key_and_value_are_wrong(make_batch):
@@ -91,8 +91,8 @@ def test_prefix_invariant_fires_when_key_and_value_are_wrong(make_batch):
     with pytest.raises(CallerContractViolation) as info:
         check_example(t, run.example, run=run)
     f = info.value
-    assert f.kind.blame == "caller" and f.check == PREFILL
-    assert [(x["what"], x["seq"], x["position"]) for x in f.details["violations"]] == [("value", 1, 9)]
+    assert f.kind.blame == "caller" and f.check == PREFILL.value
+    assert [(x["source"], x["seq"], x["position"]) for x in f.details["violations"]] == [("value", 1, 9)]
     assert f.details["kernel"]["outcome"] == "mismatch"  # the kernel used the wrong value row
 
 
@@ -106,7 +106,7 @@ def test_prefix_invariant_fires_when_a_decode_context_position_is_missing(make_b
     with pytest.raises(CallerContractViolation) as info:
         check_example(t, run.example, run=run)
     v = info.value.details["violations"][0]
-    assert (info.value.check, v["what"], v["seq"], v["position"]) == (PREFILL, "cache", 0, 8)
+    assert (info.value.check, v["source"], v["seq"], v["position"]) == (PREFILL.value, "cache", 0, 8)
     assert info.value.details["kernel"]["outcome"] == "non-finite"
 
 
@@ -218,7 +218,7 @@ def test_seeds_fault_is_a_caller_violation(make_batch, cls, lens):
     with pytest.raises(CallerContractViolation) as info:
         check_example(t, Example(b, Poison.NAN), get_fault("decode-ctx-only"))
     f = info.value
-    assert f.kind.blame == "caller" and f.check == UNIFIED
+    assert f.kind.blame == "caller" and f.check == UNIFIED.value
     decode = b.decode_seqs[0]
     v = f.details["violations"][0]
     assert (v["seq"], v["position"]) == (decode, b.ctx_lens[decode])

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 
 from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import FailureKind
-from kvfuzz.contracts.materialize import Poison
-from kvfuzz.fuzz.campaign import CampaignConfig, fuzz_target
-from kvfuzz.fuzz.findings import SilentlyUnsupported
-from kvfuzz.fuzz.properties import check_undeclared
+from kvfuzz.contracts.failures import FailureKind, SilentlyUnsupported
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
+from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets import get_target
 from kvfuzz.strategies import Limits
 
@@ -32,7 +31,7 @@ def test_cpu_op_rejects_block_size_8_with_an_error(make_batch):
         pytest.skip(t.availability().reason)
     b = make_batch([(3, 4), (1, 9)], block_size=8, head_size=64)
     assert not t.capabilities.accepts(b)
-    _, outcome = check_undeclared(t, Example(b, Poison.STALE))
+    _, outcome = properties.check_undeclared(t, Example(b, Poison.STALE))
     assert outcome.startswith("rejected: ") and "block_size" in outcome
 
 
@@ -40,9 +39,9 @@ def test_silently_wrong_on_an_undeclared_head_size_is_a_failure(make_batch):
     t = SilentOnUndeclaredHeadSizes()
     b = make_batch([(3, 4)], head_size=48)
     with pytest.raises(SilentlyUnsupported) as info:
-        check_undeclared(t, Example(b, Poison.STALE))
+        properties.check_undeclared(t, Example(b, Poison.STALE))
     assert "accepted an undeclared configuration" in info.value.message and "head_size 48" in info.value.message
-    _, outcome = check_undeclared(t, Example(make_batch([(3, 4)], head_size=32, block_size=4), Poison.STALE))
+    _, outcome = properties.check_undeclared(t, Example(make_batch([(3, 4)], head_size=32, block_size=4), Poison.STALE))
     assert outcome == "accepted, correct"  # block_size 4 is undeclared too, but computed right
 
 
@@ -72,9 +71,9 @@ def test_context_attention_fwd_alibi_window_and_sinks(make_batch):
     if not t.availability().ok:
         pytest.skip(t.availability().reason)
     b = make_batch([(1, 9), (4, 6)], dtype="float32", head_size=32, block_size=16, num_heads=4, num_kv_heads=2)
-    _, outcome = check_undeclared(t, Example(attrs.evolve(b, alibi=True, sinks=True), Poison.NAN))
+    _, outcome = properties.check_undeclared(t, Example(attrs.evolve(b, alibi=True, sinks=True), Poison.NAN))
     assert outcome == "rejected: AssertionError: Sinks arg is not supported with alibi"
     with pytest.raises(SilentlyUnsupported) as info:
-        check_undeclared(t, Example(attrs.evolve(b, alibi=True, sliding_window=2), Poison.NAN))
+        properties.check_undeclared(t, Example(attrs.evolve(b, alibi=True, sliding_window=2), Poison.NAN))
     assert "alibi with sliding_window together" in info.value.message
-    check_undeclared(t, Example(attrs.evolve(b, alibi=True, sliding_window=16), Poison.NAN))  # window > seq: same
+    properties.check_undeclared(t, Example(attrs.evolve(b, alibi=True, sliding_window=16), Poison.NAN))  # window > seq: same

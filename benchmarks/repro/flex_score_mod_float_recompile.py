@@ -3,6 +3,7 @@ calls fails on the second call with "InductorError: LoweringException: RuntimeEr
 (README Findings 8). Needs a CUDA GPU. Output on an H200: cap 50.0 ok, cap 4.0 FAIL, cap 7.0 FAIL."""
 import torch
 from torch.nn.attention.flex_attention import flex_attention
+
 f = torch.compile(flex_attention)
 q = torch.randn(1, 2, 16, 32, device="cuda", dtype=torch.float16)
 for cap in (50.0, 4.0, 7.0):

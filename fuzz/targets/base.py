@@ -1,6 +1,8 @@
 """The adapter protocol between kvfuzz and a real kernel.
 
-A target declares what it accepts (:class:`~kvfuzz.contracts.capabilities.Capabilities`), names the cache
+A target declares what it accepts (:class:`~kvfuzz.contracts.capabilities.Capabilities`, whose contract also
+decides which property checks it: attention kernels against the fp64 reference, cache writers
+(:attr:`~kvfuzz.contracts.contract.Contract.WRITER`) by the cache they leave), names the cache
 layout it reads, builds the exact arguments of one kernel call from a batch and a materialized cache
 (:meth:`Target.build_call`), and runs it (:meth:`Target.run`). kvfuzz checks the call's arguments against
 the contract before the kernel runs, and the output against the fp64 reference after.
@@ -18,7 +20,8 @@ from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.layouts import CacheLayout
-from kvfuzz.contracts.materialize import CacheState, Poison
+from kvfuzz.contracts.materialize import CacheState
+from kvfuzz.contracts.poison import Poison
 
 
 @attrs.frozen
@@ -51,15 +54,12 @@ class KernelCall:
 class Target(abc.ABC):
     """Base class for kernel adapters. Subclasses set the class attributes and implement the methods."""
 
-    #: "attention" (output [T, H, D] checked against the reference) or "cache-writer" (the cache itself is
-    #: the output, checked by kvfuzz.fuzz.writer_property).
-    kind: ClassVar[str] = "attention"
     #: Registry name, e.g. "vllm.chunked_prefill_paged_decode".
     name: ClassVar[str]
     #: One line on what the kernel is and where it lives.
     description: ClassVar[str]
     capabilities: ClassVar[Capabilities]
-    #: The kernel's name in kvfuzz.contracts.call_checks.CALL_BUILDERS: the property then also runs the
+    #: The kernel's name in kvfuzz.fuzz.guard.signatures.SIGNATURES: the property then also runs the
     #: runtime guard's argument checks (index dtypes, lengths, block ids, max_seq_len, ...) on every call.
     checked_kernel: ClassVar[str | None] = None
     #: Poisons the pre-merge gate (``kvfuzz check``) uses; None: all. A target restricts this only for a

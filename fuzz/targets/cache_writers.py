@@ -1,5 +1,6 @@
-"""Cache-writer targets (``kind = "cache-writer"``): the kernels that store the new tokens' key/value rows
-into the paged cache at ``slot_mapping`` before attention runs. Checked by :mod:`kvfuzz.fuzz.writer_property`
+"""Cache-writer targets (:attr:`~kvfuzz.contracts.contract.Contract.WRITER`): the kernels that store the new
+tokens' key/value rows
+into the paged cache at ``slot_mapping`` before attention runs. Checked by :mod:`kvfuzz.fuzz.harness.writer`
 (every token at its slot, bitwise; nothing else in either cache changed; slot -1 is a padding row to skip).
 
 - ``vllm.reshape_and_cache``: vLLM's Triton ``reshape_and_cache_kernel_flash``
@@ -30,6 +31,7 @@ from kvfuzz.contracts.cpu_layout import CPU_ATTN_HEAD_SIZES, CpuAttnLayout
 from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.layouts import CacheLayout, LayoutError, NHDLayout
 from kvfuzz.contracts.materialize import CacheState
+from kvfuzz.contracts.writer import writer_inputs
 
 from .base import Availability, KernelCall
 from .vllm_cpu import VllmCpuOp
@@ -37,12 +39,6 @@ from .vllm_triton import VllmTritonTarget, _on_cuda, _scales, prepare_triton_run
 
 _KERNEL_MODULE = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
 _QUANT_UTILS = "vllm.model_executor.layers.quantization.utils.quant_utils"
-
-
-def _writer_inputs(batch: Batch, data: BatchData):
-    from kvfuzz.fuzz.writer_property import writer_inputs  # the property owns the padding design
-
-    return writer_inputs(batch, data)
 
 
 # ---- vLLM Triton reshape_and_cache_flash ------------------------------------------------------------------
@@ -109,14 +105,13 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
     pydantic) and on CPU it asks ``torch.cuda`` for the device capability.
     """
 
-    kind = "cache-writer"
     name = "vllm.reshape_and_cache"
     description = ("vLLM Triton reshape_and_cache_kernel_flash: new tokens' k/v into the NHD flash cache at "
                    "slot_mapping (slot -1 skipped)")
     cpu_dtypes = ("float16", "float32", "bfloat16")  # no arithmetic: the interpreter's bf16 dot bug does not apply
     cuda_dtypes = ("float16", "bfloat16", "float32")
     capabilities = Capabilities(
-        contract=Contract.UNIFIED,  # the state it leaves: every position 0..seq_len-1 cached
+        contract=Contract.WRITER,
         devices=("cpu", "cuda"),
         dtypes=("float16", "float32"),  # per device: see cpu_dtypes/cuda_dtypes
         head_sizes=(32, 64, 80, 128, 256, 40, 96),
@@ -139,7 +134,7 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         dev = cache.key_cache.device
-        inputs = _writer_inputs(batch, data)
+        inputs = writer_inputs(batch, data)
         key, value = inputs.key.to(dev), inputs.value.to(dev)
         kc, vc = cache.key_cache, cache.value_cache
         num_heads, head_size = key.shape[1], key.shape[2]
@@ -181,12 +176,11 @@ class VllmCpuReshapeAndCache(VllmCpuOp):
     the CPU attention cache update, ISA as vLLM picks it (``_get_attn_isa``), k/v scales 1, kv_cache_dtype auto.
     The op is called directly (not through :meth:`CpuAttnLayout.write`, which refuses negative slots)."""
 
-    kind = "cache-writer"
     name = "vllm.cpu_reshape_and_cache"
     description = ("vLLM's compiled CPU cache update torch.ops._C.cpu_attn_reshape_and_cache (vllm-cpu 0.32.0) "
                    "into the ISA-packed CPU attention layout (slot -1 skipped)")
     capabilities = Capabilities(
-        contract=Contract.UNIFIED,
+        contract=Contract.WRITER,
         devices=("cpu",),
         dtypes=("float32", "float16", "bfloat16"),
         head_sizes=CPU_ATTN_HEAD_SIZES,
@@ -199,7 +193,7 @@ class VllmCpuReshapeAndCache(VllmCpuOp):
             raise RuntimeError(f"{self.name} is unavailable: {avail.reason}")
         if not isinstance(cache.layout, CpuAttnLayout):
             raise LayoutError(f"{self.name} writes a CpuAttnLayout cache, got {cache.layout!r}")
-        inputs = _writer_inputs(batch, data)
+        inputs = writer_inputs(batch, data)
         key = inputs.key.to(batch.torch_dtype).contiguous()
         value = inputs.value.to(batch.torch_dtype).contiguous()
         kwargs = dict(key=key, value=value, key_cache=cache.key_cache, value_cache=cache.value_cache,

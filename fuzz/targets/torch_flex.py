@@ -30,7 +30,7 @@ Runs eagerly on the CPU (flex's math implementation: the whole ``[N, H, Q, n_pag
 with the paged ``mask_mod``; its block sparsity is not used), ``torch.compile``d on CUDA (the fused Triton
 kernel, which does walk ``kv_indices``). :meth:`TorchFlexPaged.path` says which.
 
-Known defect (kvfuzz finding, REFERENCE bug class 3): NaN/inf in the V rows of slots no query may see reach
+Known defect (kvfuzz finding, docs/contracts.md §5, bug 3): NaN/inf in the V rows of slots no query may see reach
 the output as ``0 * NaN``: eagerly from any slot of the pool (free pages and other sequences' pages included),
 compiled from the tail of a sequence's last page. Fuzz past it with ``--poison stale --poison zeros``.
 """
@@ -48,7 +48,8 @@ from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.layouts import LayoutError
-from kvfuzz.contracts.materialize import Poison, CacheState
+from kvfuzz.contracts.materialize import CacheState
+from kvfuzz.contracts.poison import Poison
 
 from .base import Availability, KernelCall, Target
 

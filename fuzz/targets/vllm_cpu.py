@@ -33,7 +33,8 @@ from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.cpu_layout import CpuAttnLayout, cpu_attn_isa
 from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.layouts import LayoutError
-from kvfuzz.contracts.materialize import CacheState, Poison
+from kvfuzz.contracts.materialize import CacheState
+from kvfuzz.contracts.poison import Poison
 
 from .base import Availability, KernelCall, Target
 

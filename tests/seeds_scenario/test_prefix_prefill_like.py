@@ -1,5 +1,5 @@
 """A kernel test written the way vLLM's tests/kernels/attention/test_prefix_prefill.py
-(``test_contexted_kv_attention``) was when the seeds' bug lived in it (../../../shared/seeds/), shrunk so
+(``test_contexted_kv_attention``) was when the seeds' bug lived in it (docs/contracts.md §2), shrunk so
 Triton's interpreter runs it in about a second: ten sequences, the last one a decode (query_len 1), the cache
 zero-initialised and filled only up to ctx_len, inputs uniform(-1e-3, 1e-3), an fp16 SDPA-style reference,
 atol 1e-4, and the maximum *context* length passed as ``max_seq_len``.

@@ -8,11 +8,10 @@ import collections
 import attrs
 
 from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.call_checks import rocm_custom_paged_attention_selected
+from kvfuzz.contracts.rocm import rocm_custom_paged_attention_selected
+from kvfuzz.fuzz.targets.base import Target
 
-from .targets.base import Target
-
-#: ROCm families and the architecture that stands for each in vLLM's selection rule (REFERENCE.md §4).
+#: ROCm families and the architecture that stands for each in vLLM's selection rule (docs/contracts.md §4).
 ROCM_FAMILIES = {"gfx90a/gfx942/gfx950": "gfx942", "gfx11/gfx12": "gfx1100"}
 #: Targets whose decode sequences vLLM would route to the ROCm custom kernel where the rule allows.
 ROCM_ROUTED = ("vllm.chunked_prefill_paged_decode",)

@@ -1,91 +1,34 @@
-"""The ``kvfuzz`` command: ``targets``, ``fuzz``, ``replay``.
+"""``kvfuzz fuzz``: fuzz real kernels, shrink each failure, write reproducers and a summary.
 
-Exit codes: 0 nothing failed, 1 something failed (a finding, or a replayed case that still fails), 2 bad
-usage (unknown target or fault, an unavailable target named explicitly, a bad option).
+Exit codes: 0 nothing failed, 1 something failed, 2 bad usage (unknown target or fault, a named target that
+cannot run here, a bad option).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import sys
 import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvfuzz.contracts.materialize import Poison
-from kvfuzz.strategies.batches import Limits
-
-from .campaign import STOP, CampaignConfig, TargetStats, fuzz_target, recover_crashed
-from .workers import merge_summaries, run_workers
-from .faults import FAULTS, get_fault
-from .bench_cli import bench
-from .relations_cli import relations
-from .report import write_report
-from .reproducer import replay as replay_case
-from .targets import BUILTIN, get_target
-
-# Outside a terminal (a log file, CI) rich would wrap tables at 80 columns: give it room instead.
-console = Console(width=None if sys.stdout.isatty() else 160)
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.cli.common import available_targets, console, parse_duration
+from kvfuzz.fuzz.harness.faults import FAULT_NAMES
+from kvfuzz.strategies.limits import Limits
 
 
-def _duration(value: str | None) -> float | None:
-    if value is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*", value)
-    if not m:
-        raise click.BadParameter(f"{value!r}: give seconds, or a number with s, m or h (e.g. 90, 90s, 5m, 2h)")
-    return float(m.group(1)) * {"s": 1, None: 1, "m": 60, "h": 3600}[m.group(2)]
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="kvfuzz")
-def main() -> None:
-    """Property-based fuzzing of paged KV-cache attention kernels and their callers' contracts."""
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def targets(as_json: bool) -> None:
-    """List the built-in targets, their contracts and whether they run here."""
-    rows = []
-    for name in BUILTIN:
-        t = get_target(name)
-        a = t.availability()
-        c = t.capabilities
-        contract = "writer" if t.kind == "cache-writer" else c.contract.value
-        contract += " (decode-only)" if c.decode_only else ""
-        rows.append({"name": name, "contract": contract, "devices": list(c.devices),
-                     "dtypes": list(c.dtypes), "head_sizes": list(c.head_sizes), "block_sizes": list(c.block_sizes),
-                     "kv_cache_dtypes": list(c.kv_cache_dtypes), "features": sorted(c.features),
-                     "exclusive": [sorted(p) for p in c.exclusive], "available": a.ok, "device": a.device,
-                     "reason": a.reason, "description": t.description})
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    table = Table(title="kvfuzz targets")
-    for col in ("target", "contract", "dtypes", "kv cache", "head sizes", "block sizes", "features", "here"):
-        table.add_column(col)
-    for r in rows:
-        here = f"[green]yes[/]: {escape(r['reason'])}" if r["available"] else f"[red]no[/]: {escape(r['reason'])}"
-        table.add_row(r["name"], r["contract"], ",".join(r["dtypes"]), ",".join(r["kv_cache_dtypes"]),
-                      ",".join(map(str, r["head_sizes"])), ",".join(map(str, r["block_sizes"])),
-                      ",".join(r["features"]) or "-", here)
-    console.print(table)
-
-
-def _progress_line(s: TargetStats) -> str:
+def _progress_line(s) -> str:
     return (f"{s.target}: {s.examples} examples, {s.examples_per_second:.2f}/s, "
             f"{len(s.failures)} distinct failures, {sum(f.count for f in s.failures.values())} failing examples")
 
 
-@main.command()
+@click.command()
 @click.option("--target", "target_names", multiple=True,
               help="Target to fuzz (repeatable): a built-in name, path/to/file.py:CLASS or module:CLASS. "
                    "Default: every built-in target available here.")
@@ -95,7 +38,7 @@ def _progress_line(s: TargetStats) -> str:
 @click.option("--seed", default=0, show_default=True, type=int, help="Campaign seed.")
 @click.option("--out", "out_dir", default="kvfuzz-out", show_default=True, type=click.Path(file_okay=False),
               help="Reproducers, the example database and summary.json go here.")
-@click.option("--caller-fault", type=click.Choice(sorted(FAULTS)), default=None,
+@click.option("--caller-fault", type=click.Choice(sorted(FAULT_NAMES)), default=None,
               help="Break the cache contract in kvfuzz's own harness, as a buggy caller would.")
 @click.option("--max-num-seqs", default=Limits().max_num_seqs, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-ctx-len", default=Limits().max_ctx_len, show_default=True, type=click.IntRange(min=0))
@@ -128,9 +71,15 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     """Fuzz real kernels; shrink each failure and write a reproducer directory under --out."""
     import torch
 
+    from kvfuzz.contracts.poison import Poison
+    from kvfuzz.fuzz.campaign.engine import CampaignConfig, recover_crashed
+    from kvfuzz.fuzz.campaign.report import write_report
+    from kvfuzz.fuzz.campaign.workers import merge_summaries, run_workers
+    from kvfuzz.fuzz.harness.faults import get_fault
+
     torch.set_num_threads(threads)
-    budget = _duration(duration)
-    chosen = [t for t in _available_targets(target_names) if t.name not in skip_targets]
+    budget = parse_duration(duration)
+    chosen = [t for t in available_targets(target_names) if t.name not in skip_targets]
     out = Path(out_dir)
     config = CampaignConfig(out=out, max_examples=max_examples, duration=budget, seed=seed,
                             fault=get_fault(caller_fault) if caller_fault else None,
@@ -140,7 +89,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                             work_dir=Path(worker_dir) if worker_dir else None, db_spec=db_spec,
                             run_unsafe=worker_dir is not None, undeclared=undeclared, big_cache=big_cache)
     if big_cache:
-        writers = [t.name for t in chosen if t.kind != "attention"]
+        writers = [t.name for t in chosen if not t.capabilities.contract.is_attention]
         if writers:
             raise click.UsageError(f"--big-cache fuzzes attention kernels; leave out {', '.join(writers)}")
     try:
@@ -183,7 +132,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                           f"recovered from a worker that died -> {escape(str(r.reproducer))}")
         results = merge_summaries(summaries, wall)
     elif observability:
-        from .observability import observe_to
+        from kvfuzz.fuzz.campaign.observability import observe_to
 
         with observe_to(out / "observed"):
             results, interrupted = _fuzz_here(chosen, config, caller_fault)
@@ -208,29 +157,11 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     sys.exit(1 if failed else 0)
 
 
-def _available_targets(target_names) -> list:
-    names = list(target_names) or list(BUILTIN)
-    chosen = []
-    for name in names:
-        try:
-            t = get_target(name)
-        except ValueError as e:
-            raise click.UsageError(str(e)) from None
-        a = t.availability()
-        if not a.ok:
-            if target_names:
-                raise click.UsageError(f"target {name} is not available here: {a.reason}")
-            console.print(f"[yellow]skipping {name}[/]: {escape(a.reason)}")
-            continue
-        chosen.append(t)
-    if not chosen:
-        raise click.UsageError("no target is available here; run `kvfuzz targets` to see why")
-    return chosen
-
-
-def _fuzz_here(chosen, config: CampaignConfig, caller_fault) -> tuple[list[dict], bool]:
+def _fuzz_here(chosen, config, caller_fault) -> tuple[list[dict], bool]:
     """Fuzz targets one after another in this process, with live progress and a status file. SIGTERM is
     handled like Ctrl-C: the campaign stops after the current example and still writes its summary."""
+    from kvfuzz.fuzz.campaign.engine import STOP, TargetStats, fuzz_target
+
     results: list[dict] = []
     interactive = console.is_terminal
     last = {"log": 0.0, "status": 0.0}
@@ -310,79 +241,3 @@ def _print_summary(results: list[dict], recovered) -> None:
             console.print(f"[bold]{s['target']}[/] [red]{f['kind']}[/] — blame: {f['blame']}\n"
                           f"  {escape(f['message'])}\n  minimal batch: {escape(f['batch'])}\n"
                           f"  reproducer: {escape(str(f['reproducer']))}")
-
-
-@main.command()
-@click.option("--target", "target_names", multiple=True, help="Targets to check (default: all available here).")
-@click.option("--max-examples", default=30, show_default=True, type=click.IntRange(min=1),
-              help="Deterministic example budget per target.")
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--corpus", default="regressions", show_default=True, type=click.Path(file_okay=False),
-              help="Directory of committed reproducer directories to replay (skipped if absent).")
-@click.option("--junit-xml", default=None, type=click.Path(dir_okay=False), help="Write JUnit XML here.")
-@click.option("--out", "out_dir", default="kvfuzz-check-out", show_default=True, type=click.Path(file_okay=False),
-              help="Reproducers of anything the gate finds.")
-def check(target_names, max_examples, seed, corpus, junit_xml, out_dir) -> None:
-    """Pre-merge gate: a deterministic fuzz budget on each target plus a replay of a regression corpus.
-    Exit 0 when everything passes, 1 otherwise."""
-    import torch
-
-    from .check import check_corpus, check_targets, write_junit
-
-    torch.set_num_threads(1)
-    chosen = _available_targets(target_names)
-    results = check_targets(chosen, Path(out_dir), max_examples, seed)
-    corpus_dir = Path(corpus)
-    if corpus_dir.is_dir():
-        results += check_corpus(corpus_dir)
-    elif corpus != "regressions":
-        raise click.UsageError(f"--corpus {corpus}: no such directory")
-    table = Table(title="kvfuzz check")
-    for col in ("suite", "case", "time", "result"):
-        table.add_column(col)
-    for r in results:
-        res = "[green]pass[/]" if r.failure is None else f"[red]FAIL[/] {escape(r.failure)}"
-        table.add_row(r.suite, r.name, f"{r.seconds:.1f}s", res)
-    console.print(table)
-    if junit_xml:
-        write_junit(results, Path(junit_xml))
-        console.print(f"JUnit XML: {junit_xml}")
-    failed = [r for r in results if r.failure is not None]
-    console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-    sys.exit(1 if failed else 0)
-
-
-@main.command()
-@click.argument("out_dir", type=click.Path(exists=True, file_okay=False))
-def report(out_dir: str) -> None:
-    """Write OUT_DIR/report.md with coverage plots from OUT_DIR/summary.json."""
-    try:
-        console.print(f"report: {write_report(Path(out_dir))}")
-    except FileNotFoundError as e:
-        raise click.UsageError(str(e)) from None
-
-
-@main.command()
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
-def replay(directory: str) -> None:
-    """Re-run a reproducer directory. Exit 1 while it still fails, 0 once it passes."""
-    try:
-        r = replay_case(directory)
-    except (FileNotFoundError, ValueError) as e:
-        raise click.UsageError(str(e)) from None
-    if not r.inputs_match:
-        console.print("[yellow]warning[/]: regenerated inputs differ from tensors.safetensors "
-                      "(kvfuzz or torch version changed since this case was written)")
-    if r.got is None:
-        console.print(f"[green]passes now[/]: recorded {r.expected[0]} ({r.expected[1]}) no longer reproduces")
-        sys.exit(0)
-    same = "reproduced" if r.reproduced else f"fails differently (recorded {r.expected[0]} / {r.expected[1]})"
-    console.print(f"[red]{same}[/]: {r.got[0]} ({r.got[1]})\n{escape(r.message)}")
-    sys.exit(1)
-
-
-main.add_command(relations)
-main.add_command(bench)
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""A zoo of deliberately broken paged-attention kernels, each modeled on a real bug (docs: REFERENCE.md §5).
+"""A zoo of deliberately broken paged-attention kernels, each modeled on a real bug (docs/contracts.md §5).
 
 Every mutant subclasses :class:`PagedTorch`, a reference-style torch kernel over the NHD cache layout with the
 unified contract (the same math as ``examples/sdpa_paged_target.py``'s ``SdpaPaged``, written out step by step
@@ -26,8 +26,7 @@ from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.layouts import NHDLayout
-
-from .targets.base import Availability, KernelCall, Target
+from kvfuzz.fuzz.targets.base import Availability, KernelCall, Target
 
 #: Emulated width of the element-offset word of ``int32_offset_overflow`` (real: 32 bits, signed: 2**31).
 OFFSET_BITS = 16

@@ -23,20 +23,22 @@ from pathlib import Path
 from typing import Callable
 
 import attrs
-from hypothesis import HealthCheck, Phase, Verbosity, event, given, seed, settings, target as steer
-from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+from hypothesis import HealthCheck, Phase, Verbosity, event, given, seed, settings
+from hypothesis import target as steer
+from hypothesis.database import ExampleDatabase
 
 from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.materialize import Poison
+from kvfuzz.contracts.failures import Finding, KernelCrash, KernelHang
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.campaign.database import open_database
+from kvfuzz.fuzz.campaign.reproducers import write_reproducer
+from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.harness.attention import caller_finding, caller_violations
+from kvfuzz.fuzz.harness.coverage import Coverage, labels
+from kvfuzz.fuzz.harness.faults import CallerFault, get_fault
+from kvfuzz.fuzz.harness.run import Run
+from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.batches import Limits, big_cache_examples, examples, undeclared_examples
-
-from .coverage import Coverage, labels
-from .faults import CallerFault
-from .findings import CallerContractViolation, Finding, KernelCrash, KernelHang
-from .properties import Run, check_any, check_undeclared, prepare_any
-from .reproducer import write_reproducer
-from .targets.base import Target
-
 
 #: Set by a SIGTERM/SIGINT handler (kvfuzz fuzz): the campaign stops at the next example or chunk boundary by
 #: raising KeyboardInterrupt there. Raising from the handler alone is not enough: code running inside a
@@ -124,7 +126,7 @@ class CampaignConfig:
     db_spec: str | None = None
     #: Run calls whose arguments could make a kernel read out of bounds (set in isolated worker processes).
     run_unsafe: bool = False
-    #: Draw configurations the target does not declare (kvfuzz.fuzz.properties.check_undeclared).
+    #: Draw configurations the target does not declare (kvfuzz.fuzz.harness.properties.check_undeclared).
     undeclared: bool = False
     #: Place every batch's blocks past 2**31 elements of a multi-GiB cache (big_cache_examples).
     big_cache: bool = False
@@ -137,23 +139,6 @@ class CampaignConfig:
     @property
     def dir(self) -> Path:
         return self.work_dir or self.out
-
-
-def open_database(spec: str | None, out: Path) -> ExampleDatabase:
-    """The example database all workers share: a directory (default ``out/hypothesis-db``) or Redis
-    (``redis://host:port/N``, through hypothesis.extra.redis; needs the ``redis`` package).
-
-    Raises ValueError naming the problem when a Redis URL is given without the redis package."""
-    if spec is None:
-        return DirectoryBasedExampleDatabase(str(out / "hypothesis-db"))
-    if spec.startswith(("redis://", "rediss://", "unix://")):
-        try:
-            import redis
-            from hypothesis.extra.redis import RedisExampleDatabase
-        except ImportError:
-            raise ValueError(f"--db {spec}: Redis needs the redis package (pip install 'kvfuzz[redis]')") from None
-        return RedisExampleDatabase(redis.Redis.from_url(spec))
-    return DirectoryBasedExampleDatabase(spec)
 
 
 def _journal_path(work_dir: Path) -> Path:
@@ -181,16 +166,10 @@ def recover_crashed(config: CampaignConfig, targets: dict[str, Target], hang: bo
     target = targets.get(entry["target"])
     if target is not None and entry.get("fault"):
         # a faulty caller's call killed the kernel: blame the caller, with the crash as the kernel's outcome
-        from .faults import get_fault
-        from .properties import caller_violations
-
-        violations = caller_violations(target, prepare_any(target, example, get_fault(entry["fault"])))
+        violations = caller_violations(target, properties.prepare(target, example, get_fault(entry["fault"])))
         if violations:
             outcome = "hung" if hang else "crashed (the process died)"
-            finding = CallerContractViolation(violations[0]["invariant"], violations[0]["message"] +
-                                              f" Kernel computed from this call: {outcome}.",
-                                              {"path": entry.get("path", ""), "violations": violations,
-                                               "kernel": {"outcome": outcome}})
+            finding = caller_finding(violations, {"outcome": outcome}, {"path": entry.get("path", "")})
     found = FoundFailure(entry["target"], finding, example, None)
     if target is not None and write:
         found.reproducer = write_reproducer(config.out, target, example, finding, None,
@@ -213,8 +192,8 @@ def fuzz_target(target: Target, config: CampaignConfig,
     known: set[tuple[str, str]] = set()
     latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
     start = time.monotonic()
-    if config.big_cache and target.kind != "attention":
-        raise ValueError(f"--big-cache fuzzes attention kernels; {target.name} is a {target.kind} (its property "
+    if config.big_cache and not target.capabilities.contract.is_attention:
+        raise ValueError(f"--big-cache fuzzes attention kernels; {target.name} is a cache writer (its property "
                          "compares whole caches before and after the call)")
     if config.undeclared:
         strategy = undeclared_examples(target.capabilities, target.faithful_dtypes(), config.limits, config.poisons)
@@ -235,23 +214,23 @@ def fuzz_target(target: Target, config: CampaignConfig,
         if config.undeclared:
             from kvfuzz.contracts.layouts import LayoutError
             try:
-                run = prepare_any(target, example, config.fault)
+                run = properties.prepare(target, example, config.fault)
             except LayoutError:
                 journal.unlink(missing_ok=True)
                 from hypothesis import reject
                 reject()
         else:
-            run = prepare_any(target, example, config.fault)
+            run = properties.prepare(target, example, config.fault)
         try:
             if config.undeclared:
-                run, outcome = check_undeclared(target, example, run=run)
+                run, outcome = properties.check_undeclared(target, example, run=run)
                 kind = outcome.split(":")[0]
                 lab["undeclared"] = kind
                 event(f"undeclared: {kind}")
                 if kind == "rejected":
                     stats.rejections[outcome.removeprefix("rejected: ")] += 1
             else:
-                check_any(target, example, config.fault, run=run, run_unsafe=config.run_unsafe)
+                properties.check(target, example, config.fault, run=run, run_unsafe=config.run_unsafe)
         except Finding as f:
             if stats.first_failure_s is None:
                 stats.first_failure_s = time.monotonic() - start

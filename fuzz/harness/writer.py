@@ -1,4 +1,4 @@
-"""The property of a cache-writer target (``Target.kind == "cache-writer"``): vLLM's ``reshape_and_cache``
+"""The writer property (:attr:`~kvfuzz.contracts.contract.Contract.WRITER`): vLLM's ``reshape_and_cache``
 family, which stores the new tokens' key/value rows into the paged cache before attention runs.
 
 Writer contract (vllm/v1/attention/ops/triton_reshape_and_cache_flash.py ``reshape_and_cache_kernel_flash``;
@@ -17,7 +17,7 @@ every sequence at the slots its block table names (the context, written by earli
 poison everywhere else, including the slots the new tokens go to. What is written is the batch's new tokens
 (:meth:`~kvfuzz.contracts.data.BatchData.new_kv`, :meth:`~kvfuzz.contracts.batch.Batch.slot_mapping`) with
 0-3 padding rows (slot -1, their own random k/v) inserted at positions drawn from the batch seed
-(:func:`writer_inputs`), as vLLM pads a batch for CUDA graphs.
+(:func:`kvfuzz.contracts.writer.writer_inputs`), as vLLM pads a batch for CUDA graphs.
 
 Which storage elements belong to which slot is learned from the layout itself, without writing anything: the
 layout's ``gather`` is run on integer *probe* tensors with the caches' shape, strides and element size whose
@@ -34,15 +34,15 @@ import attrs
 import torch
 
 from kvfuzz.contracts.batch import Batch, positions
-from kvfuzz.contracts.data import BatchData, quantize_fp8
+from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.failures import KernelCrash, KernelMismatch
 from kvfuzz.contracts.layouts import CacheLayout, LayoutError
 from kvfuzz.contracts.materialize import materialize
-
-from .faults import CallerFault
-from .findings import KernelCrash, KernelMismatch
-from .properties import Run, generate, run_kernel
-from .targets.base import Target
+from kvfuzz.contracts.writer import WriterInputs
+from kvfuzz.fuzz.harness.faults import CallerFault
+from kvfuzz.fuzz.harness.run import Run, generate, run_kernel
+from kvfuzz.fuzz.targets.base import Target
 
 SLOT_CONTENTS = "writer: slot contents"
 UNTOUCHED = "writer: untouched slots"
@@ -55,57 +55,6 @@ GUARD_VALUE = -999.0
 MAX_PADDING = 3
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-# ---- the call's inputs -------------------------------------------------------------------------------
-@attrs.frozen(eq=False)
-class WriterInputs:
-    """What a writer kernel is handed.
-
-    key, value: ``[n, Hkv, D]`` rows in kernel order: the batch's new tokens in query order with padding
-        rows inserted. slot_mapping: int64 ``[n]``, -1 for padding rows. token: int64 ``[n]``, the query-token
-        index (row of ``new_kv``) of each kernel row, -1 for padding rows.
-    """
-
-    key: torch.Tensor
-    value: torch.Tensor
-    slot_mapping: torch.Tensor
-    token: torch.Tensor
-    #: What each row must become in the cache: ``key``/``value`` for kv_cache_dtype "auto", the fp8 codes
-    #: ``round_fp8(key / k_scale)`` for an fp8 cache (vLLM's writer divides by the scale before storing).
-    cache_key: torch.Tensor | None = None
-    cache_value: torch.Tensor | None = None
-
-    @property
-    def num_padding(self) -> int:
-        return int((self.token < 0).sum())
-
-
-def writer_inputs(batch: Batch, data: BatchData) -> WriterInputs:
-    """The new tokens and their slots, with ``seed``-derived padding rows (slot -1) inserted (see module
-    docstring). Deterministic in the batch; on the CPU."""
-    key, value = data.new_kv(batch)
-    slots = batch.slot_mapping()
-    t = batch.num_tokens
-    gen = torch.Generator().manual_seed(batch.seed ^ 0x5EED)
-    n_pad = int(torch.randint(0, MAX_PADDING + 1, (1,), generator=gen))
-    n = t + n_pad
-    is_pad = torch.zeros(n, dtype=torch.bool)
-    is_pad[torch.randperm(n, generator=gen)[:n_pad]] = True
-    token = torch.full((n,), -1, dtype=torch.int64)
-    token[~is_pad] = torch.arange(t)
-    pad_k = torch.randn((n_pad, *key.shape[1:]), generator=gen).to(key.dtype)
-    pad_v = torch.randn((n_pad, *value.shape[1:]), generator=gen).to(value.dtype)
-    k = torch.empty((n, *key.shape[1:]), dtype=key.dtype)
-    v = torch.empty((n, *value.shape[1:]), dtype=value.dtype)
-    k[~is_pad], v[~is_pad] = key, value
-    k[is_pad], v[is_pad] = pad_k, pad_v
-    slot_mapping = torch.full((n,), -1, dtype=torch.int64)
-    slot_mapping[~is_pad] = slots
-    ck, cv = k, v
-    if batch.fp8_dtype is not None:
-        ck, cv = quantize_fp8(k, batch.fp8_dtype, batch.k_scale), quantize_fp8(v, batch.fp8_dtype, batch.v_scale)
-    return WriterInputs(k, v, slot_mapping, token, ck, cv)
 
 
 # ---- guard blocks ------------------------------------------------------------------------------------
@@ -395,7 +344,7 @@ def _expected_after(inputs: WriterInputs, key_cache: torch.Tensor, value_cache: 
 
 def check_writer_example(target: Target, example: Example, fault: CallerFault | None = None,
                          run: Run | None = None) -> Run:
-    """Run one cache-writer example end to end; returns the :class:`~kvfuzz.fuzz.properties.Run` (for caches
+    """Run one cache-writer example end to end; returns the :class:`~kvfuzz.fuzz.harness.run.Run` (for caches
     over :data:`STACKED_MAX_BYTES` that pass, ``output`` and ``reference`` are None; otherwise ``output``:
     the caches after the call stacked ``[2, ...]`` key then value; ``reference``: the caches as they must be)
     or raises KernelCrash (the kernel raised) or KernelMismatch with check :data:`SLOT_CONTENTS` (a real
@@ -453,5 +402,5 @@ def check_writer_example(target: Target, example: Example, fault: CallerFault | 
     return run
 
 
-__all__ = ["SLOT_CONTENTS", "UNTOUCHED", "GuardedLayout", "WriterInputs", "check_writer_example",
-           "prepare_writer", "slot_element_offsets", "writer_inputs"]
+__all__ = ["SLOT_CONTENTS", "UNTOUCHED", "GuardedLayout", "check_writer_example", "prepare_writer",
+           "slot_element_offsets"]

@@ -1,27 +1,17 @@
 """``kvfuzz bench``: benchmarks of kvfuzz itself. ``kvfuzz bench detect`` runs kvfuzz and vLLM's test grids
-against the mutant zoo (:mod:`kvfuzz.fuzz.bench`). Register with ``main.add_command(bench)`` in fuzz/cli.py."""
+against the mutant zoo (:mod:`kvfuzz.fuzz.bench.detection`); ``kvfuzz bench throughput`` profiles examples/s
+(:mod:`kvfuzz.fuzz.bench.throughput`)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from kvfuzz.strategies.batches import Limits
-
-from .mutants import MUTANTS
-
-console = Console(width=None if sys.stdout.isatty() else 200)
-
-
-def _duration(value: str | None) -> float | None:
-    from .cli import _duration as parse
-
-    return parse(value)
+from kvfuzz.fuzz.cli.common import console, parse_duration
+from kvfuzz.strategies.limits import Limits
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,14 +25,14 @@ def _cell(s: dict | None, seeds: int) -> tuple[str, str, str, str]:
     found = f"{s['found']}/{s['runs']}"
     if not s["found"]:
         return (f"[red]{found}[/red]", "-", "-", "-")
-    from .bench import size_str
+    from kvfuzz.fuzz.bench.detection import size_str
 
     return (f"[green]{found}[/green]" if s["found"] == s["runs"] else f"[yellow]{found}[/yellow]",
             f"{s['median_seconds_to_first']:.2f}", f"{s['median_examples_to_first']:g}", size_str(s["median_size"]))
 
 
 def print_table(doc: dict) -> None:
-    from .bench import size_str
+    from kvfuzz.fuzz.bench.detection import size_str
 
     seeds = len(doc["settings"]["seeds"])
     t = Table(title=f"kvfuzz bench detect: {len(doc['mutants'])} mutants x {seeds} seeds "
@@ -61,8 +51,8 @@ def print_table(doc: dict) -> None:
 
 
 @bench.command()
-@click.option("--mutant", "mutants", multiple=True, type=click.Choice(sorted(MUTANTS)),
-              help="Mutants to run (default: all).")
+@click.option("--mutant", "mutants", multiple=True,
+              help="Mutants to run, by name (mutant.<slug> or <slug>; default: all of kvfuzz.fuzz.bench.mutants).")
 @click.option("--seeds", default=5, show_default=True, type=click.IntRange(min=1), help="Seeds 0..N-1 per mutant.")
 @click.option("--max-examples", default=200, show_default=True, type=click.IntRange(min=1),
               help="kvfuzz example budget per mutant and seed.")
@@ -75,14 +65,20 @@ def print_table(doc: dict) -> None:
               help="Write the results table as Markdown here.")
 def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, md_path) -> None:
     """How fast kvfuzz finds each mutant kernel, next to vLLM's parametrized test grids."""
-    from .bench import detect as run_detect
+    from kvfuzz.fuzz.bench.detection import detect as run_detect
+    from kvfuzz.fuzz.bench.mutants import MUTANTS
+
+    names = [m if m.startswith("mutant.") else f"mutant.{m}" for m in mutants]
+    unknown = [m for m in names if m not in MUTANTS]
+    if unknown:
+        raise click.UsageError(f"unknown mutant(s) {unknown}; known: {', '.join(sorted(MUTANTS))}")
 
     def show(r: dict) -> None:
         what = (f"found in {r['seconds_to_first']} s / {r['examples_to_first']} examples" if r["found"]
                 else f"not found ({r['examples_total']} examples, {r['seconds_total']} s)")
         console.print(f"  {r['tool']:6} {r['mutant']} seed {r['seed']}: {what}", highlight=False)
 
-    doc = run_detect(list(mutants) or None, seeds, max_examples, _duration(duration), not no_grid, Limits(),
+    doc = run_detect(names or None, seeds, max_examples, parse_duration(duration), not no_grid, Limits(),
                      jobs, on_result=show)
     print_table(doc)
     if json_path:
@@ -131,10 +127,9 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
     import platform
 
     import torch
-    from rich.table import Table
 
-    from .targets import BUILTIN, get_target
-    from .throughput import STAGES, scaling, stage_profile
+    from kvfuzz.fuzz.bench.throughput import STAGES, scaling, stage_profile
+    from kvfuzz.fuzz.targets import BUILTIN, get_target
 
     torch.set_num_threads(1)
     names = list(target_names) or list(BUILTIN)
@@ -171,7 +166,3 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(doc, indent=1))
         console.print(f"JSON: {json_path}")
-
-
-if __name__ == "__main__":
-    bench()

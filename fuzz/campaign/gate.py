@@ -1,7 +1,8 @@
 """The pre-merge gate: a deterministic fuzz budget on every available target plus a replay of a committed
 regression corpus, with JUnit XML for CI.
 
-Deterministic: fixed seeds, an in-memory example database (the user's corpus is neither read nor written),
+Deterministic: fixed seeds, an in-memory example database (a corpus named with ``--db`` is read, never
+written),
 and each target's ``gate_poisons``. A corpus is a directory of reproducer directories (as ``kvfuzz fuzz``
 writes them); each must pass now — a case that fails again is a regression.
 """
@@ -13,14 +14,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import attrs
-from hypothesis.database import InMemoryExampleDatabase
 
-from kvfuzz.contracts.materialize import Poison
-from kvfuzz.strategies.batches import Limits
-
-from .campaign import CampaignConfig, fuzz_target
-from .reproducer import replay
-from .targets.base import Target
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.campaign.database import read_only_view
+from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
+from kvfuzz.fuzz.campaign.reproducers import replay
+from kvfuzz.fuzz.targets.base import Target
+from kvfuzz.strategies.limits import Limits
 
 #: Small batches keep the gate under five minutes on a 2-core CPU with the Triton interpreter.
 CHECK_LIMITS = Limits(max_num_seqs=3, max_ctx_len=48, max_query_len=16, max_num_heads=8)
@@ -39,11 +39,13 @@ class CheckResult:
 
 
 def check_targets(targets: list[Target], out: Path, max_examples: int, seed: int,
-                  limits: Limits = CHECK_LIMITS) -> list[CheckResult]:
+                  limits: Limits = CHECK_LIMITS, db_spec: str | None = None) -> list[CheckResult]:
+    """A deterministic budget per target: fixed seeds, each target's ``gate_poisons``, an in-memory database
+    (plus, with ``db_spec``, a read-only view of that corpus, whose failures are replayed first)."""
     results = []
     for t in targets:
         config = CampaignConfig(out=out, max_examples=max_examples, seed=seed, limits=limits,
-                                poisons=t.gate_poisons or tuple(Poison), database=InMemoryExampleDatabase(),
+                                poisons=t.gate_poisons or tuple(Poison), database=read_only_view(db_spec),
                                 work_dir=out / "work")
         s = time.monotonic()
         stats = fuzz_target(t, config)

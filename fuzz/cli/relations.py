@@ -1,4 +1,4 @@
-"""``kvfuzz relations``: every metamorphic relation (:mod:`kvfuzz.fuzz.relations`) as its own Hypothesis
+"""``kvfuzz relations``: every metamorphic relation (:mod:`kvfuzz.fuzz.harness.relations`, run by :mod:`kvfuzz.fuzz.campaign.relation_runs`) as its own Hypothesis
 property on every target, and a table of which hold.
 
 Each (target, relation) pair is one ``@given`` property over ``kvfuzz.strategies.examples`` (no example
@@ -12,110 +12,17 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
-import attrs
 import click
-from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed as hseed, settings
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.materialize import Poison
-from kvfuzz.strategies.batches import Limits, examples
-
-from .findings import Finding
-from .relations import RELATIONS, Relation, RelationViolation, example_key
-from .targets import BUILTIN, get_target
-from .targets.base import Target
-
-console = Console(width=None if sys.stdout.isatty() else 200)
-
-#: Small batches: several kernel calls per example, and the Triton interpreter takes 0.3-2 s per call.
-RELATION_LIMITS = Limits(max_num_seqs=3, max_ctx_len=40, max_query_len=12, max_num_heads=4, max_spare_blocks=3)
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.cli.common import console
 
 
-@attrs.define
-class RelationResult:
-    """outcome: "holds", "violated", "not applicable" or "error" (the kernel raised, or kvfuzz did)."""
-
-    target: str
-    relation: str
-    outcome: str
-    examples: int = 0
-    seconds: float = 0.0
-    design_property: bool = False
-    message: str = ""
-    example: Example | None = None
-
-    def to_dict(self) -> dict:
-        d = attrs.asdict(self, filter=lambda a, v: a.name != "example")
-        if self.example is not None:
-            d["batch"] = self.example.batch.summary()
-            d["poison"] = self.example.poison.value
-            d["example"] = self.example.to_dict()
-        return d
-
-
-def check_relation(target: Target, relation: Relation, max_examples: int = 10, seed: int = 0,
-                   limits: Limits = RELATION_LIMITS, poisons: tuple[Poison, ...] = (Poison.STALE,),
-                   shrink_time: float = 60.0) -> RelationResult:
-    """Run ``relation`` as a Hypothesis property on ``target``; never raises for a finding."""
-    res = RelationResult(target.name, relation.name, "holds", design_property=relation.design_property)
-    start = time.monotonic()
-    if not relation.applies_to_target(target):
-        res.outcome = "not applicable"
-        res.message = ("cache writers are checked by the writer property" if target.kind == "cache-writer"
-                       else "no batch this target accepts can be checked")
-        return res
-    memo: dict[str, BaseException | None] = {}
-    first_failure: list[float] = []
-
-    def body(example: Example) -> None:
-        key = example_key(example)
-        if key in memo:  # replays (Hypothesis's final run, shrink revisits) give the stored outcome
-            if memo[key] is not None:
-                raise memo[key]
-            return
-        if not relation.applies(target, example.batch):
-            reject()
-        if first_failure and time.monotonic() - first_failure[0] > shrink_time:
-            return  # shrink budget spent: new candidates pass, so the shrinker stops at the best so far
-        res.examples += 1
-        try:
-            relation.check(target, example)
-        except Finding as f:
-            memo[key] = f
-            first_failure[:] = first_failure or [time.monotonic()]
-            raise
-        memo[key] = None
-
-    body.__name__ = body.__qualname__ = "relation_" + "".join(c if c.isalnum() else "_" for c in
-                                                              f"{target.name}_{relation.name}")
-    test = settings(database=None, deadline=None, max_examples=max_examples, derandomize=False,
-                    phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck),
-                    verbosity=Verbosity.quiet, report_multiple_bugs=False, print_blob=False)(
-        hseed(seed)(given(examples(target.capabilities, limits, poisons))(body)))
-    try:
-        test()
-        if res.examples == 0:
-            res.outcome = "not applicable"
-            res.message = "no generated example applied"
-    except Finding as f:
-        failing = [k for k, v in memo.items() if v is f]
-        res.example = Example.from_dict(json.loads(failing[0])) if failing else None
-        res.outcome = "violated" if isinstance(f, RelationViolation) else "error"
-        res.message = f.message
-    except Exception as e:  # kvfuzz's own error: report, do not hide the other results
-        res.outcome = "error"
-        res.message = f"{type(e).__name__}: {e}"
-    res.seconds = time.monotonic() - start
-    return res
-
-
-def _cell(r: RelationResult) -> str:
+def _cell(r) -> str:
     if r.outcome == "holds":
         return f"[green]holds[/] ({r.examples})"
     if r.outcome == "violated":
@@ -129,7 +36,9 @@ def _cell(r: RelationResult) -> str:
 @click.option("--target", "target_names", multiple=True,
               help="Target name (repeatable); default: every available attention target.")
 @click.option("--relation", "relation_names", multiple=True,
-              help=f"Relation (repeatable); default: all of {', '.join(RELATIONS)}.")
+              help="Relation (repeatable); default: all of poison-invariance[nan], poison-invariance[inf], "
+                   "poison-invariance[stale], block-relocation, batch-order, batch-invariance, determinism, "
+                   "decode-prefill.")
 @click.option("--max-examples", default=10, show_default=True, type=click.IntRange(1),
               help="Examples per (target, relation).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the example generation.")
@@ -148,11 +57,15 @@ def relations(target_names, relation_names, max_examples, seed, poison_names, sh
 
     A violated relation marked "not satisfied" is a design property many correct kernels lack (batch
     invariance, determinism); VIOLATED is a bug in the output. Exit 1 if any relation is violated."""
+    from kvfuzz.fuzz.campaign.relation_runs import check_relation
+    from kvfuzz.fuzz.harness.relations import RELATIONS
+    from kvfuzz.fuzz.targets import BUILTIN, get_target
+
     unknown = [r for r in relation_names if r not in RELATIONS]
     if unknown:
         raise click.UsageError(f"unknown relation(s) {unknown}; relations: {', '.join(RELATIONS)}")
     rels = [RELATIONS[r] for r in relation_names] if relation_names else list(RELATIONS.values())
-    targets: list[Target] = []
+    targets = []
     try:
         for name in target_names or BUILTIN:
             t = get_target(name)
@@ -161,13 +74,13 @@ def relations(target_names, relation_names, max_examples, seed, poison_names, sh
                 if target_names:
                     raise click.UsageError(f"target {name} cannot run here: {a.reason}")
                 continue
-            if t.kind == "cache-writer" and not target_names:
+            if not t.capabilities.contract.is_attention and not target_names:
                 continue
             targets.append(t)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     poisons = tuple(Poison(p) for p in poison_names) or (Poison.STALE,)
-    results: list[RelationResult] = []
+    results = []
     for t in targets:
         for r in rels:
             res = check_relation(t, r, max_examples, seed, poisons=poisons, shrink_time=shrink_time)
@@ -200,4 +113,4 @@ def relations(target_names, relation_names, max_examples, seed, poison_names, sh
     sys.exit(1 if failed else 0)
 
 
-__all__ = ["RELATION_LIMITS", "RelationResult", "check_relation", "relations"]
+__all__ = ["relations"]

@@ -1,13 +1,7 @@
-"""``kvfuzz bench detect``: how fast kvfuzz finds each mutant of :mod:`kvfuzz.fuzz.mutants`, next to a
-baseline that runs the parametrized grids of vLLM's own kernel tests against the same mutant targets.
+"""The baseline ``kvfuzz bench detect`` compares kvfuzz with: the parametrized grids of vLLM's own kernel
+tests, re-implemented against the mutant targets.
 
-kvfuzz side: :func:`~kvfuzz.fuzz.campaign.fuzz_target` with a :class:`~kvfuzz.fuzz.campaign.CampaignConfig`
-(in-memory example database, default strategy limits, all poisons), per mutant and seed, stopping after the
-first distinct failure is shrunk (or at the example/time budget). Reported: whether it found the mutant, the
-wall time and the number of examples to the first failing example (before shrinking), the time to the shrunk
-report, and the size of the shrunk case next to :func:`~kvfuzz.fuzz.mutants.smallest_trigger`.
-
-Grid side (REFERENCE.md §3), one pass per seed over these cases in order, stopping at the first failing case
+Grid side (docs/contracts.md §3), one pass per seed over these cases in order, stopping at the first failing case
 (a test run that fails is "found"; the time and number of cases run until then are reported):
 
 1. ``test_prefix_prefill`` (tests/kernels/attention/test_prefix_prefill.py, ``test_contexted_kv_attention``):
@@ -36,60 +30,23 @@ kvfuzz's fp64 reference instead of their own fp16 references: at their tolerance
 magnitude 1e-3; 1.5e-2) the difference does not change a verdict.
 """
 
+
 from __future__ import annotations
 
-import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Callable, Iterator
 
 import attrs
 import torch
-from hypothesis.database import InMemoryExampleDatabase
 
 from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.data import BatchData, make_batch_data
 from kvfuzz.contracts.layouts import NHDLayout
-from kvfuzz.contracts.materialize import CacheState, Poison, materialize
+from kvfuzz.contracts.materialize import CacheState, materialize
+from kvfuzz.contracts.poison import Poison
 from kvfuzz.contracts.reference import reference_attention
-from kvfuzz.strategies.batches import Limits
+from kvfuzz.fuzz.bench.mutants import batch_size, get_mutant
 
-from . import campaign as campaign_mod
-from .mutants import MUTANTS, batch_size, get_mutant, smallest_trigger
-
-
-# ---- kvfuzz ---------------------------------------------------------------------------------------------------
-
-def kvfuzz_detect(name: str, seed: int, max_examples: int = 200, duration: float | None = 20.0,
-                  limits: Limits = Limits()) -> dict:
-    """Fuzz mutant ``name`` with seed ``seed`` until its first distinct failure is shrunk or the budget is
-    spent. Returns a result dict (see the module docstring)."""
-    target = get_mutant(name)
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="kvfuzz-bench-") as d:
-        config = campaign_mod.CampaignConfig(out=Path(d), max_examples=max_examples, duration=duration, seed=seed,
-                                             limits=limits, database=InMemoryExampleDatabase(),
-                                             stop_at_first_failure=True)
-        stats = campaign_mod.fuzz_target(target, config)
-    first = {} if stats.first_failure_s is None else {"seconds": stats.first_failure_s,
-                                                      "examples": stats.first_failure_examples}
-    elapsed = time.monotonic() - start
-    out = {"tool": "kvfuzz", "mutant": name, "seed": seed, "found": bool(stats.failures),
-           "examples_total": stats.examples, "seconds_total": round(elapsed, 3),
-           "seconds_to_first": None, "examples_to_first": None, "seconds_to_shrunk": None,
-           "check": None, "kind": None, "size": None, "case": None, "poison": None}
-    if stats.failures:
-        found = min(stats.failures.values(), key=lambda f: _size_key(batch_size(f.example.batch)))
-        out.update(seconds_to_first=round(first.get("seconds", elapsed), 3),
-                   examples_to_first=first.get("examples"), seconds_to_shrunk=round(elapsed, 3),
-                   check=found.finding.check, kind=found.finding.kind.value,
-                   size=batch_size(found.example.batch), case=found.example.batch.summary(),
-                   poison=found.example.poison.value)
-    return out
-
-
-# ---- the grid baseline ------------------------------------------------------------------------------------------
 
 @attrs.frozen
 class GridCase:
@@ -240,93 +197,4 @@ def grid_detect(name: str, seed: int) -> dict:
     return out
 
 
-# ---- the benchmark ----------------------------------------------------------------------------------------------
-
-def _size_key(size: dict) -> tuple:
-    return (size["seqs"], size["tokens"], size["kv_tokens"], size["heads"], size["head_size"], size["blocks"])
-
-
-def size_str(size: dict | None) -> str:
-    if not size:
-        return "-"
-    return (f"{size['seqs']}s {size['tokens']}t {size['kv_tokens']}kv H{size['heads']}/{size['kv_heads']} "
-            f"D{size['head_size']} BS{size['block_size']} NB{size['blocks']}")
-
-
-def summarize(name: str, runs: list[dict]) -> dict:
-    """Per-tool summary of one mutant's runs: found count, median time/examples to the first failure over the
-    seeds that found it, and the smallest and typical (median by size) failing case."""
-    found = [r for r in runs if r["found"]]
-    out = {"runs": len(runs), "found": len(found)}
-    if found:
-        out["median_seconds_to_first"] = round(statistics.median(r["seconds_to_first"] for r in found), 3)
-        out["median_examples_to_first"] = statistics.median(r["examples_to_first"] for r in found)
-        sizes = sorted((r["size"] for r in found), key=_size_key)
-        out["smallest_size"] = sizes[0]
-        out["median_size"] = sizes[len(sizes) // 2]
-        out["shrunk_to_smallest_trigger"] = sum(
-            _size_key(r["size"])[:4] <= _size_key(batch_size(smallest_trigger(name)))[:4] for r in found)
-    return out
-
-
-def _run_one(job: tuple) -> list[dict]:
-    name, seed, max_examples, duration, grid, limits, threads = job
-    if threads:
-        torch.set_num_threads(threads)
-    runs = [kvfuzz_detect(name, seed, max_examples, duration, limits)]
-    if grid:
-        runs.append(grid_detect(name, seed))
-    return runs
-
-
-def detect(mutants: list[str] | None = None, seeds: int = 5, max_examples: int = 200,
-           duration: float | None = 20.0, grid: bool = True, limits: Limits = Limits(), jobs: int = 1,
-           on_result: Callable[[dict], None] = lambda r: None) -> dict:
-    """Run kvfuzz (and the grid) on every mutant for seeds ``0..seeds-1``; returns the JSON document.
-    ``jobs > 1`` runs (mutant, seed) pairs in that many processes, each with one torch thread."""
-    names = list(mutants or MUTANTS)
-    for n in names:
-        if n not in MUTANTS:
-            raise KeyError(f"unknown mutant {n!r}; known: {', '.join(sorted(MUTANTS))}")
-    started = time.time()
-    threads = 1 if jobs > 1 else 0
-    work = [(name, seed, max_examples, duration, grid, limits, threads) for name in names for seed in range(seeds)]
-    by_name: dict[str, list[dict]] = {n: [] for n in names}
-    if jobs > 1:
-        import concurrent.futures as cf
-        import multiprocessing as mp
-
-        with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            for runs in pool.map(_run_one, work):
-                for r in runs:
-                    by_name[r["mutant"]].append(r)
-                    on_result(r)
-    else:
-        for job in work:
-            for r in _run_one(job):
-                by_name[r["mutant"]].append(r)
-                on_result(r)
-    results = []
-    for name in names:
-        runs = by_name[name]
-        cls = MUTANTS[name]
-        results.append({
-            "mutant": name, "bug": cls.bug, "trigger": cls.trigger, "description": cls.description,
-            "smallest_trigger": batch_size(smallest_trigger(name)),
-            "smallest_trigger_case": smallest_trigger(name).summary(),
-            "kvfuzz": summarize(name, [r for r in runs if r["tool"] == "kvfuzz"]),
-            "grid": summarize(name, [r for r in runs if r["tool"] == "grid"]) if grid else None,
-            "runs": runs,
-        })
-    return {
-        "settings": {"seeds": list(range(seeds)), "max_examples": max_examples, "duration_s": duration,
-                     "limits": attrs.asdict(limits), "grid": grid, "jobs": jobs, "torch": torch.__version__,
-                     "torch_threads": threads or torch.get_num_threads()},
-        "wall_seconds": round(time.time() - started, 1),
-        "grid_missed": [r["mutant"] for r in results if grid and r["grid"]["found"] == 0],
-        "kvfuzz_missed": [r["mutant"] for r in results if r["kvfuzz"]["found"] == 0],
-        "mutants": results,
-    }
-
-
-__all__ = ["kvfuzz_detect", "grid_detect", "grid_cases", "detect", "summarize", "size_str", "GridCase"]
+__all__ = ["GridCase", "grid_cases", "grid_detect", "grid_fails"]

@@ -17,21 +17,21 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.materialize import Poison
+from kvfuzz.contracts.failures import Finding
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.harness.run import Run, Timings
+from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.batches import Limits, examples
-
-from .findings import Finding
-from .properties import Run, Timings, check_any, prepare_any
-from .targets.base import Target
 
 STAGES = tuple(a.name for a in attrs.fields(Timings))
 
 
 def _timed(target: Target, example: Example) -> tuple[Run, float]:
     s = time.perf_counter()
-    run = prepare_any(target, example)
+    run = properties.prepare(target, example)
     try:
-        check_any(target, example, run=run)
+        properties.check(target, example, run=run)
     except Finding:
         pass  # a finding still costs what it costs; throughput counts it
     return run, time.perf_counter() - s

@@ -37,14 +37,13 @@ import torch
 from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.data import BatchData, make_batch_data
 from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import FailureKind
-from kvfuzz.contracts.materialize import CacheState, Poison, materialize
+from kvfuzz.contracts.failures import FailureKind, Finding, KernelCrash
+from kvfuzz.contracts.materialize import CacheState, materialize
 from kvfuzz.contracts.oracles import RTOL, row_floor
+from kvfuzz.contracts.poison import Poison
 from kvfuzz.contracts.reference import reference_attention, same_precision_attention
-
-from .findings import Finding, KernelCrash
-from .properties import run_kernel
-from .targets.base import Target
+from kvfuzz.fuzz.harness.run import run_kernel
+from kvfuzz.fuzz.targets.base import Target
 
 
 class RelationViolation(Finding):
@@ -165,7 +164,7 @@ class Relation:
     def applies_to_target(self, target: Target) -> bool:
         """Whether any batch of ``target`` can be checked: never for cache writers (their output is the
         cache, checked bitwise by the writer property)."""
-        return target.kind != "cache-writer" and self._for_target(target)
+        return target.capabilities.contract.is_attention and self._for_target(target)
 
     def applies(self, target: Target, batch: Batch) -> bool:
         return self.applies_to_target(target) and self._applies(target, batch)

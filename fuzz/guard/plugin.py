@@ -24,9 +24,10 @@ checking wrapper (see kvfuzz.fuzz.guard for what is and is not intercepted).
 - ``record``: nothing but the terminal summary.
 
 Tests marked ``@pytest.mark.kvfuzz_guard_off`` (a test that makes a bad call on purpose) are not checked.
-The fixture ``kvfuzz_guard`` gives the session's :class:`~kvfuzz.fuzz.guard.Guard` (None without
-``--kvfuzz-guard``), e.g. to hand a unified kernel's new tokens over with ``kvfuzz_guard.new_kv(key, value)``.
-The terminal summary lists the calls checked and every violation by test. Records are of kind
+The fixture ``kvfuzz_guard`` gives the session's :class:`~kvfuzz.fuzz.guard.interception.Guard` (None
+without ``--kvfuzz-guard``), e.g. to hand a unified kernel's new tokens over with ``kvfuzz_guard.new_kv(key, value)``.
+The terminal summary lists the calls checked and every violation by test; under pytest-xdist (``-n N``) it
+aggregates every worker's calls and records. Records are of kind
 "caller contract violation" (:attr:`kvfuzz.contracts.failures.FailureKind.CALLER_VIOLATION`).
 
 kvfuzz (and torch) are imported only when ``--kvfuzz-guard`` is given.
@@ -68,21 +69,34 @@ def kvfuzz_guard(request: pytest.FixtureRequest):
     return None if plugin is None else plugin.guard
 
 
+#: user_properties key under which a worker's report carries its guard records to the controller (xdist).
+_PROPERTY = "kvfuzz_guard_records"
+
+
 class _GuardSession:
-    """The guard for one pytest session, and its hooks."""
+    """The guard for one pytest session, and its hooks. Under pytest-xdist every worker runs its own guard;
+    each report carries its test's records (``user_properties``, which xdist serializes) and each worker its
+    call counts (``workeroutput``), so the controller's summary covers every worker."""
 
     def __init__(self, config: pytest.Config):
-        from kvfuzz.fuzz.guard import Guard
+        from kvfuzz.fuzz.guard.interception import Guard
 
         self.config = config
         self.mode = config.getoption("kvfuzz_guard_mode")
         self.strict = config.getoption("kvfuzz_guard_strict")
+        self.is_controller = hasattr(config, "workerinput") is False and _xdist_active(config)
         self.guard = Guard("record" if self.mode in ("fail", "record") else self.mode)
-        self.guard.__enter__()
+        if not self.is_controller:
+            self.guard.__enter__()
         self.failed_tests: list[str] = []
+        #: every record of the session as a dict (this process's, and the workers' under xdist)
+        self.records: list[dict] = []
+        #: checked calls per kernel, over every process
+        self.calls: dict[str, int] = {}
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        self.guard.__exit__(None, None, None)
+        if not self.is_controller:
+            self.guard.__exit__(None, None, None)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any):
@@ -106,6 +120,7 @@ class _GuardSession:
         records = self._records(item.nodeid)
         if not records:
             return
+        rep.user_properties.append((_PROPERTY, [r.to_dict() for r in records]))
         text = "\n".join(r.message for r in records)
         title = "kvfuzz guard: caller contract violations"
         failing = [r for r in records if r.errors or (self.strict and r.violations)]
@@ -114,25 +129,76 @@ class _GuardSession:
             rep.outcome = "failed"
             rep.longrepr = (f"[caller contract violation] this test passed, but {n} of its kernel calls' arguments "
                             f"break the kernel's caller contract (kvfuzz --kvfuzz-guard):\n{text}")
-            self.failed_tests.append(item.nodeid)
+            rep.user_properties.append(("kvfuzz_guard_failed", True))
         else:
             rep.sections.append((title, text))
 
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Collect records from every report, this process's or (on the xdist controller) a worker's."""
+        props = dict(report.user_properties)
+        if _PROPERTY in props:
+            self.records.extend(props[_PROPERTY])
+        if props.get("kvfuzz_guard_failed"):
+            self.failed_tests.append(report.nodeid)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        outside = [r.to_dict() for r in self.guard.records if r.test is None]  # e.g. calls at import time
+        if hasattr(self.config, "workeroutput"):  # an xdist worker: hand its counts to the controller
+            self.config.workeroutput["kvfuzz_guard_calls"] = dict(self.guard.calls)
+            self.config.workeroutput["kvfuzz_guard_outside"] = outside
+        elif not self.is_controller:
+            self._add_calls(self.guard.calls)
+            self.records.extend(outside)
+
+    @pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown without xdist
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        output = getattr(node, "workeroutput", {})
+        self._add_calls(output.get("kvfuzz_guard_calls", {}))
+        self.records.extend(output.get("kvfuzz_guard_outside", []))
+
+    def _add_calls(self, calls: dict[str, int]) -> None:
+        for k, n in calls.items():
+            self.calls[k] = self.calls.get(k, 0) + n
+
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-        g = self.guard
+        if hasattr(config, "workerinput"):
+            return
         tr = terminalreporter
         tr.write_sep("=", "kvfuzz guard: caller contract checks")
         tr.write_line(f"mode: {self.mode}")
-        for line in g.summary().splitlines():
+        for line in summary_lines(self.calls, self.records):
             tr.write_line(line)
         if self.failed_tests:
             tr.write_line(f"tests failed by the guard (they passed otherwise): {len(self.failed_tests)}")
         by_test: dict[str, list] = {}
-        for r in g.records:
-            by_test.setdefault(r.test or "(outside a test)", []).append(r)
+        for r in self.records:
+            by_test.setdefault(r["test"] or "(outside a test)", []).append(r)
         for test, recs in by_test.items():
             tr.write_line("")
             tr.write_line(f"{test}:", bold=True)
             for r in recs:
-                for line in r.message.splitlines():
-                    tr.write_line(f"  {line}")
+                tr.write_line(f"  {r['kernel']} call #{r['index']} from {r['caller'] or '?'}:")
+                for v in r["violations"]:
+                    tr.write_line(f"    - {v['message']}")
+
+
+def _xdist_active(config: pytest.Config) -> bool:
+    """Whether this process is an xdist controller distributing tests to workers."""
+    try:
+        return bool(config.getoption("numprocesses", default=None)) and config.pluginmanager.has_plugin("xdist")
+    except (ValueError, AttributeError):
+        return False
+
+
+def summary_lines(calls: dict[str, int], records: list[dict]) -> list[str]:
+    """The summary's head: kernel calls checked per kernel, calls with violations, violations per check.
+    ``records``: GuardRecord dicts (``GuardRecord.to_dict``). Errors are counted apart from warnings."""
+    import collections
+
+    per = collections.Counter(v["check"] for r in records for v in r["violations"])
+    errors = sum(v["severity"] == "error" for r in records for v in r["violations"])
+    total = sum(len(r["violations"]) for r in records)
+    listed = ", ".join(f"{k}: {n}" for k, n in sorted(calls.items())) or "none"
+    lines = [f"kernel calls checked: {sum(calls.values())} ({listed})",
+             f"calls with caller contract violations: {len(records)} ({errors} errors, {total - errors} warnings)"]
+    return lines + [f"  {check}: {n}" for check, n in per.most_common()]

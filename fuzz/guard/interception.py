@@ -9,7 +9,7 @@ kernel's caller contract, before the kernel runs.
 Each call's arguments are bound by the kernel's own signature, normalized and checked by
 :func:`kvfuzz.contracts.call_checks.check_call` (decode invariant, index tensors, lengths, block table,
 max_seq_len/max_query_len, kv_cache_dtype and the ROCm kernel selection, vacuous caches). Violations are
-:class:`~kvfuzz.contracts.call_checks.CallViolation` records of kind "caller contract violation"
+:class:`~kvfuzz.contracts.violations.Violation` records of kind "caller contract violation"
 (:attr:`kvfuzz.contracts.failures.FailureKind.CALLER_VIOLATION`), grouped per call in a :class:`GuardRecord`.
 
 Modes: ``"raise"``: a call with an error-level violation raises :class:`CallerContractError` (naming all of the
@@ -60,11 +60,10 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from kvfuzz.contracts.call_checks import (ROCM_PORTABILITY_ARCHS, CallViolation, check_kernel_call,
-                                          current_rocm_arch)
-from kvfuzz.contracts.failures import FailureKind
-
-from .findings import CallerContractViolation
+from kvfuzz.contracts.failures import CallerContractViolation, FailureKind
+from kvfuzz.contracts.rocm import ROCM_PORTABILITY_ARCHS, current_rocm_arch
+from kvfuzz.contracts.violations import Check, Violation
+from kvfuzz.fuzz.guard.signatures import SIGNATURES, KernelSignature, check_kernel_call
 
 MODES = ("raise", "warn", "record")
 
@@ -78,13 +77,13 @@ class KvfuzzGuardWarning(UserWarning):
 class GuardRecord:
     """The violations of one checked kernel call.
 
-    kernel: the kernel's name. violations: the :class:`CallViolation` records. caller: ``file:line in function``
+    kernel: the kernel's name. violations: the :class:`Violation` records. caller: ``file:line in function``
     of the code that called the kernel. test: the pytest node id running at the time (set by the plugin), or
     None. index: the call's number among the calls this guard checked (0-based).
     """
 
     kernel: str
-    violations: tuple[CallViolation, ...]
+    violations: tuple[Violation, ...]
     caller: str = ""
     test: str | None = None
     index: int = 0
@@ -94,15 +93,16 @@ class GuardRecord:
         return FailureKind.CALLER_VIOLATION
 
     @property
-    def errors(self) -> tuple[CallViolation, ...]:
+    def errors(self) -> tuple[Violation, ...]:
         return tuple(v for v in self.violations if v.is_error)
 
     @property
-    def warnings(self) -> tuple[CallViolation, ...]:
+    def warnings(self) -> tuple[Violation, ...]:
         return tuple(v for v in self.violations if not v.is_error)
 
     @property
-    def checks(self) -> tuple[str, ...]:
+    def checks(self) -> tuple[Check, ...]:
+        """The checks this call broke, in order."""
         return tuple(dict.fromkeys(v.check for v in self.violations))
 
     @property
@@ -119,45 +119,21 @@ class GuardRecord:
 class CallerContractError(CallerContractViolation):
     """Raised (mode "raise") instead of running a kernel whose call breaks its caller contract.
 
-    ``records``: the :class:`GuardRecord` (one per call); ``violations``: all their CallViolations; ``kind``:
+    ``records``: the :class:`GuardRecord` (one per call); ``violations``: all their Violations; ``kind``:
     ``FailureKind.CALLER_VIOLATION``; ``check``: the checks that failed, comma-separated.
     """
 
     def __init__(self, records: list[GuardRecord]):
         self.records = list(records)
         self.violations = [v for r in self.records for v in r.violations]
-        checks = ", ".join(dict.fromkeys(v.check for v in self.violations if v.is_error))
+        checks = ", ".join(dict.fromkeys(v.check.value for v in self.violations if v.is_error))
         super().__init__(checks, "\n".join(r.message for r in self.records),
                          {"records": [r.to_dict() for r in self.records]})
 
 
-# ---- what is intercepted ----------------------------------------------------------------------------------
-@attrs.frozen
-class KernelEntry:
-    """One kernel entry point: ``name`` (a key of call_checks.CALL_BUILDERS), the modules that may define it
-    (``modules``, tried all) and its attribute name; or ``op_namespace`` for a ``torch.ops`` op."""
-
-    name: str
-    attr: str
-    modules: tuple[str, ...] = ()
-    op_namespace: str | None = None
-
-
-KERNELS: tuple[KernelEntry, ...] = (
-    KernelEntry("chunked_prefill_paged_decode", "chunked_prefill_paged_decode",
-                ("vllm.v1.attention.ops.chunked_prefill_paged_decode",
-                 "vllm.attention.ops.chunked_prefill_paged_decode")),
-    KernelEntry("context_attention_fwd", "context_attention_fwd",
-                ("vllm.v1.attention.ops.prefix_prefill", "vllm.attention.ops.prefix_prefill")),
-    KernelEntry("unified_attention", "unified_attention",
-                ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention")),
-    KernelEntry("decode_attention_fwd", "decode_attention_fwd",
-                ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention")),
-    KernelEntry("cpu_attention_with_kv_cache", "cpu_attention_with_kv_cache", op_namespace="_C"),
-)
-
+# ---- what is intercepted: every kernel of kvfuzz.fuzz.guard.signatures ---------------------------------
+KERNELS: tuple[KernelSignature, ...] = tuple(SIGNATURES.values())
 _WATCHED = {m: e for e in KERNELS for m in e.modules}
-_UNIFIED = ("unified_attention", "cpu_attention_with_kv_cache", "decode_attention_fwd")
 
 # ---- module-level patch state (one set of patches, shared by all active guards) ---------------------------
 _LOCK = threading.RLock()
@@ -194,7 +170,7 @@ def _caller(frame_depth: int) -> str:
     return f"{path}:{f.f_lineno} in {f.f_code.co_name}"
 
 
-def _function_wrapper(entry: KernelEntry, original: Callable) -> Callable:
+def _function_wrapper(entry: KernelSignature, original: Callable) -> Callable:
     try:
         sig = inspect.signature(original)
     except (TypeError, ValueError):
@@ -224,7 +200,7 @@ def _function_wrapper(entry: KernelEntry, original: Callable) -> Callable:
 class _OpProxy:
     """Stands in for ``torch.ops.<ns>.<op>``: calls are checked, every other attribute is the real packet's."""
 
-    def __init__(self, entry: KernelEntry, packet: Any):
+    def __init__(self, entry: KernelSignature, packet: Any):
         self._entry, self._packet = entry, packet
         schema = packet.default._schema
         self._names = [a.name for a in schema.arguments]
@@ -252,7 +228,7 @@ class _OpProxy:
             _TLS.depth -= 1
 
 
-def _wrapper_for(entry: KernelEntry, original: Any) -> Any:
+def _wrapper_for(entry: KernelSignature, original: Any) -> Any:
     w = _WRAPPERS.get(id(original))
     if w is None:
         w = _OpProxy(entry, original) if entry.op_namespace else _function_wrapper(entry, original)
@@ -262,7 +238,7 @@ def _wrapper_for(entry: KernelEntry, original: Any) -> Any:
     return w
 
 
-def _patch_attr(owner: Any, attr: str, entry: KernelEntry) -> None:
+def _patch_attr(owner: Any, attr: str, entry: KernelSignature) -> None:
     cur = getattr(owner, attr, None)
     if cur is None or id(cur) in _ORIGINALS:
         return
@@ -438,11 +414,11 @@ class Guard:
 
     # records
     @property
-    def violations(self) -> list[CallViolation]:
+    def violations(self) -> list[Violation]:
         return [v for r in self.records for v in r.violations]
 
     @property
-    def errors(self) -> list[CallViolation]:
+    def errors(self) -> list[Violation]:
         return [v for v in self.violations if v.is_error]
 
     def clear(self) -> None:
@@ -491,7 +467,7 @@ class Guard:
     # checking
     def _check(self, kernel: str, bound: dict[str, Any], caller: str) -> None:
         key = value = None
-        if kernel in _UNIFIED and self._new_kv is not None:
+        if not SIGNATURES[kernel].takes_new_kv and self._new_kv is not None:
             key, value = self._new_kv
         try:
             violations = check_kernel_call(kernel, bound, key=key, value=value, rocm_arch=self.rocm_arch,
@@ -516,7 +492,7 @@ class Guard:
     def summary(self) -> str:
         """A few lines: calls checked, violating calls, violations per check."""
         calls = ", ".join(f"{k}: {n}" for k, n in sorted(self.calls.items())) or "none"
-        per = collections.Counter(v.check for v in self.violations)
+        per = collections.Counter(v.check.value for v in self.violations)
         lines = [f"kernel calls checked: {sum(self.calls.values())} ({calls})",
                  f"calls with caller contract violations: {len(self.records)} "
                  f"({len(self.errors)} errors, {len(self.violations) - len(self.errors)} warnings)"]
@@ -537,5 +513,5 @@ def active_guard() -> Guard | None:
     return _STACK[-1] if _STACK else None
 
 
-__all__ = ["MODES", "KERNELS", "CallerContractError", "Guard", "GuardRecord", "KernelEntry", "KvfuzzGuardWarning",
+__all__ = ["MODES", "KERNELS", "CallerContractError", "Guard", "GuardRecord", "KvfuzzGuardWarning",
            "active_guard", "guard", "is_guarded", "original_of"]

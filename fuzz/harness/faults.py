@@ -1,5 +1,5 @@
 """Caller faults: deliberate breaks of a kernel's contract in kvfuzz's own harness, each modeled on a real
-caller bug (../shared/seeds/, REFERENCE.md §5).
+caller bug (docs/contracts.md: the seeds' story and the bug classes).
 
 A fault changes what the harness writes into the cache (``cached_lens``) or the call's arguments after they
 are built (``mutate_call``). kvfuzz must then report a caller contract violation, never a kernel bug, and
@@ -10,12 +10,12 @@ alone; ``applies`` says which.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import attrs
-import torch
 
-from kvfuzz.contracts.batch import Batch
+if TYPE_CHECKING:  # torch is imported where a fault mutates a call: the CLI lists fault names without it
+    from kvfuzz.contracts.batch import Batch
 
 
 def _required(batch: Batch, required: tuple[int, ...]) -> tuple[int, ...]:
@@ -32,6 +32,8 @@ def _no_mutation(batch, data, cache, call) -> None:
 
 def _int64_index(batch, data, cache, call) -> None:
     """The seeds' first bug: index tensors built with dtype=torch.long (vllm-project test_prefix_prefill)."""
+    import torch
+
     for name in ("block_table", "seq_lens", "query_start_loc", "b_loc", "b_seq_len", "b_start_loc"):
         t = call.kwargs.get(name)
         if isinstance(t, torch.Tensor):
@@ -54,6 +56,8 @@ def _block_out_of_range(batch, data, cache, call) -> None:
 def _shared_block(batch, data, cache, call) -> None:
     """Two sequences' tables name one physical block for positions they both write (a double-allocated
     block): the second sequence's tokens overwrite the first's, as reshape_and_cache would with that table."""
+    import torch
+
     a, b = 0, 1
     table = call.kwargs["block_table"]
     blk_a = batch.block_table[a][batch.blocks_needed(a) - 1]
@@ -75,6 +79,8 @@ def _shared_block(batch, data, cache, call) -> None:
 def _query_start_loc_mismatch(batch, data, cache, call) -> None:
     """query_start_loc that does not match the query tokens: one sequence's start moved by one (a cumsum
     built from the wrong lengths), so two sequences exchange a token."""
+    import torch
+
     for name in ("query_start_loc", "b_start_loc"):
         t = call.kwargs.get(name)
         if isinstance(t, torch.Tensor):
@@ -113,17 +119,17 @@ FAULTS: dict[str, CallerFault] = {
         CallerFault(
             "decode-ctx-only",
             "fill decode sequences only up to ctx_len, leaving the current token out of the cache, as "
-            "vLLM's tests/kernels/attention/test_prefix_prefill.py did (../shared/seeds/)",
+            "vLLM's tests/kernels/attention/test_prefix_prefill.py did (docs/contracts.md, the seeds)",
             cached_lens=_decode_ctx_only, needs_decode=True,
         ),
         CallerFault("int64-index", "block_table, seq_lens and query_start_loc as int64 (torch.long); the ROCm "
-                    "kernel reads them as int32 (../shared/seeds/, FlashInfer issue 1654, vllm issue 28490)",
+                    "kernel reads them as int32 (the seeds, FlashInfer issue 1654, vllm issue 28490)",
                     mutate_call=_int64_index),
         CallerFault("max-seq-len-too-small", "max_seq_len = the longest context, not the longest sequence "
-                    "(../shared/seeds/: MAX_CTX_LEN passed while a decode reached ctx_len + 1)",
+                    "(the seeds: MAX_CTX_LEN passed while a decode reached ctx_len + 1)",
                     mutate_call=_max_seq_len_too_small, needs_kwarg="max_seq_len"),
         CallerFault("block-out-of-range", "a block id equal to num_blocks in a column the kernel reads (an "
-                    "allocator off by one; REFERENCE.md §5 bugs 1, 2, 5)", mutate_call=_block_out_of_range),
+                    "allocator off by one; docs/contracts.md bug classes 1, 2, 5)", mutate_call=_block_out_of_range),
         CallerFault("shared-block", "two sequences' tables name one physical block for positions both write "
                     "(a double-allocated block)", mutate_call=_shared_block, needs_seqs=2),
         CallerFault("query-start-loc-mismatch", "query_start_loc shifted by one token at a sequence boundary "
@@ -131,6 +137,10 @@ FAULTS: dict[str, CallerFault] = {
                     needs_seqs=2),
     ]
 }
+
+
+#: The --caller-fault values.
+FAULT_NAMES = tuple(FAULTS)
 
 
 def get_fault(name: str) -> CallerFault:

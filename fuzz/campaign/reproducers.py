@@ -22,11 +22,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from kvfuzz.contracts.example import Example
-
-from .faults import CallerFault, get_fault
-from .findings import FINDING_CLASSES, Finding
-from .properties import Run, check_any, prepare_any
-from .targets.base import Target
+from kvfuzz.contracts.failures import FINDING_CLASSES, Finding
+from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.harness.faults import CallerFault, get_fault
+from kvfuzz.fuzz.harness.run import Run
+from kvfuzz.fuzz.targets.base import Target
 
 CASE_FORMAT = 1
 
@@ -110,7 +110,7 @@ The test fails while the failure reproduces.
 
 import json
 
-from kvfuzz.fuzz.reproducer import rerun
+from kvfuzz.fuzz.campaign.reproducers import rerun
 
 CASE = json.loads(r"""{case_json}""")
 
@@ -131,7 +131,7 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
     d.mkdir(parents=True, exist_ok=True)
     (d / "case.json").write_text(json.dumps(case, indent=2) + "\n")
     if run is None:
-        run = prepare_any(target, example, get_fault(fault_name) if fault_name else None)
+        run = properties.prepare(target, example, get_fault(fault_name) if fault_name else None)
     save_file(_tensors(run), str(d / "tensors.safetensors"))
     compact = json.dumps({"target": case["target"], "example": case["example"], "caller_fault": fault_name})
     (d / "test_case.py").write_text(_TEST_TEMPLATE.format(
@@ -142,14 +142,14 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
 
 def rerun(target_name: str, example: dict, fault_name: str | None) -> Run:
     """Re-run one example; raises the Finding if it still fails (used by test_case.py)."""
-    from .targets import get_target
+    from kvfuzz.fuzz.targets import get_target
 
     target = get_target(target_name)
     avail = target.availability()
     if not avail.ok:
         raise RuntimeError(f"target {target_name} is not available here: {avail.reason}")
     fault = get_fault(fault_name) if fault_name else None
-    return check_any(target, Example.from_dict(example), fault)
+    return properties.check(target, Example.from_dict(example), fault)
 
 
 @attrs.frozen
@@ -181,20 +181,20 @@ def replay(directory: str | Path) -> ReplayResult:
     if case.get("format") != CASE_FORMAT or "example" not in case:
         raise ValueError(f"{case_file} is not a kvfuzz case (format {case.get('format')!r})")
     expected = (case["kind"], case["check"])
-    from .targets import get_target
+    from kvfuzz.fuzz.targets import get_target
 
     target = get_target(case["target"])
     fault = get_fault(case["caller_fault"]) if case.get("caller_fault") else None
     example = Example.from_dict(case["example"])
     inputs_match = True
     tensors_file = d / "tensors.safetensors"
-    run = prepare_any(target, example, fault)
+    run = properties.prepare(target, example, fault)
     if tensors_file.exists():
         stored = load_file(str(tensors_file))
         inputs_match = all(torch.equal(stored[k].view(torch.uint8), v.contiguous().view(torch.uint8))
                            for k, v in (("query", run.data.query), ("keys_ground_truth", run.data.keys)))
     try:
-        check_any(target, example, fault, run=run)
+        properties.check(target, example, fault, run=run)
     except Finding as f:
         return ReplayResult(d, expected, f.signature, f.message, inputs_match)
     return ReplayResult(d, expected, None, "the example passes now", inputs_match)

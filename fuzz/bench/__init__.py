@@ -1,0 +1,2 @@
+"""kvfuzz's own benchmarks: the mutant zoo (:mod:`.mutants`), detection against vLLM's test grids
+(:mod:`.detection`, :mod:`.grid`) and throughput profiles (:mod:`.throughput`)."""

@@ -1,0 +1,5 @@
+"""``python -m kvfuzz.fuzz.cli``: the kvfuzz command."""
+
+from kvfuzz.fuzz.cli import main
+
+main()

@@ -1,0 +1,60 @@
+"""``kvfuzz check``: the pre-merge gate (:mod:`kvfuzz.fuzz.campaign.gate`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from kvfuzz.fuzz.cli.common import available_targets, console
+
+
+@click.command()
+@click.option("--target", "target_names", multiple=True, help="Targets to check (default: all available here).")
+@click.option("--max-examples", default=30, show_default=True, type=click.IntRange(min=1),
+              help="Deterministic example budget per target.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--corpus", default="regressions", show_default=True, type=click.Path(file_okay=False),
+              help="Directory of committed reproducer directories to replay (skipped if absent).")
+@click.option("--junit-xml", default=None, type=click.Path(dir_okay=False), help="Write JUnit XML here.")
+@click.option("--out", "out_dir", default="kvfuzz-check-out", show_default=True, type=click.Path(file_okay=False),
+              help="Reproducers of anything the gate finds.")
+@click.option("--db", "db_spec", default=None,
+              help="Also replay the failures of this example database (a directory or redis://host:port/N), "
+                   "read-only: the gate never writes to it.")
+def check(target_names, max_examples, seed, corpus, junit_xml, out_dir, db_spec) -> None:
+    """Pre-merge gate: a deterministic fuzz budget on each target plus a replay of a regression corpus.
+    Exit 0 when everything passes, 1 otherwise."""
+    import torch
+
+    from kvfuzz.fuzz.campaign.gate import check_corpus, check_targets, write_junit
+
+    torch.set_num_threads(1)
+    chosen = available_targets(target_names)
+    from kvfuzz.fuzz.campaign.database import DatabaseError
+
+    try:
+        results = check_targets(chosen, Path(out_dir), max_examples, seed, db_spec=db_spec)
+    except DatabaseError as e:
+        raise click.UsageError(str(e)) from None
+    corpus_dir = Path(corpus)
+    if corpus_dir.is_dir():
+        results += check_corpus(corpus_dir)
+    elif corpus != "regressions":
+        raise click.UsageError(f"--corpus {corpus}: no such directory")
+    table = Table(title="kvfuzz check")
+    for col in ("suite", "case", "time", "result"):
+        table.add_column(col)
+    for r in results:
+        res = "[green]pass[/]" if r.failure is None else f"[red]FAIL[/] {escape(r.failure)}"
+        table.add_row(r.suite, r.name, f"{r.seconds:.1f}s", res)
+    console.print(table)
+    if junit_xml:
+        write_junit(results, Path(junit_xml))
+        console.print(f"JUnit XML: {junit_xml}")
+    failed = [r for r in results if r.failure is not None]
+    console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    sys.exit(1 if failed else 0)

@@ -1,0 +1,53 @@
+"""``kvfuzz targets``: every target, its contract and declaration, and whether it runs here."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from kvfuzz.fuzz.cli.common import console
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def targets(as_json: bool) -> None:
+    """List the targets, their contracts and declarations, and whether they run here. Piped, one
+    tab-separated line per target."""
+    from kvfuzz.fuzz.targets import get_target, registered
+
+    rows = []
+    for name in registered():
+        t = get_target(name)
+        a = t.availability()
+        c = t.capabilities
+        contract = c.contract.value
+        contract += " (decode-only)" if c.decode_only else ""
+        rows.append({"name": name, "contract": contract, "devices": list(c.devices),
+                     "dtypes": list(c.dtypes), "head_sizes": list(c.head_sizes), "block_sizes": list(c.block_sizes),
+                     "kv_cache_dtypes": list(c.kv_cache_dtypes), "features": sorted(c.features),
+                     "exclusive": [sorted(p) for p in c.exclusive], "available": a.ok, "device": a.device,
+                     "reason": a.reason, "description": t.description})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not console.is_terminal:  # piped (grep, a log): one whole line per target, tab-separated, nothing cut
+        click.echo("\t".join(("target", "contract", "dtypes", "kv_cache_dtypes", "head_sizes", "block_sizes",
+                              "features", "here")))
+        for r in rows:
+            click.echo("\t".join((r["name"], r["contract"], ",".join(r["dtypes"]), ",".join(r["kv_cache_dtypes"]),
+                                  ",".join(map(str, r["head_sizes"])), ",".join(map(str, r["block_sizes"])),
+                                  ",".join(r["features"]) or "-",
+                                  ("yes: " if r["available"] else "no: ") + r["reason"])))
+        return
+    table = Table(title="kvfuzz targets")
+    for col in ("target", "contract", "dtypes", "kv cache", "head sizes", "block sizes", "features", "here"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        here = f"[green]yes[/]: {escape(r['reason'])}" if r["available"] else f"[red]no[/]: {escape(r['reason'])}"
+        table.add_row(r["name"], r["contract"], ",".join(r["dtypes"]), ",".join(r["kv_cache_dtypes"]),
+                      ",".join(map(str, r["head_sizes"])), ",".join(map(str, r["block_sizes"])),
+                      ",".join(r["features"]) or "-", here)
+    console.print(table)

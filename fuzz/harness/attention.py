@@ -1,0 +1,168 @@
+"""The attention property (split, prefix and unified contracts): the caller keeps the target's contract, and
+the kernel, given that, returns finite output that agrees with the fp64 reference."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.failures import CallerContractViolation, KernelCrash, KernelMismatch, NonFiniteOutput
+from kvfuzz.contracts.invariants import check_contract
+from kvfuzz.contracts.materialize import materialize
+from kvfuzz.contracts.oracles import check_agreement, check_finite, error_ratio
+from kvfuzz.contracts.reference import reference_attention, same_precision_attention
+from kvfuzz.contracts.violations import Check, Violation, violation
+from kvfuzz.fuzz.guard.signatures import build_call, check_kernel_call
+from kvfuzz.fuzz.harness.faults import CallerFault
+from kvfuzz.fuzz.harness.run import Run, generate, run_kernel
+from kvfuzz.fuzz.targets.base import Target
+
+
+def prepare(target: Target, example: Example, fault: CallerFault | None = None) -> Run:
+    """Generate the data, materialize the cache the (possibly faulty) caller writes, and build the call."""
+    batch = example.batch
+    data, t = generate(example)
+    s = time.perf_counter()
+    lens = target.capabilities.contract.cached_lens(batch)
+    if fault is not None:
+        lens = fault.cached_lens(batch, lens)
+    cache = materialize(batch, data, target.layout(batch), lens, example.poison, device=target.device)
+    call = target.build_call(batch, data, cache)
+    if fault is not None and fault.applies(batch, call.kwargs):
+        fault.mutate_call(batch, data, cache, call)
+    t.materialize = time.perf_counter() - s
+    return Run(example, data, cache, call, timings=t, path=target.path(batch))
+
+
+def metadata_violations(target: Target, run: Run) -> list[Violation]:
+    """With ground truth: do the call's query_start_loc and seq_lens describe the batch? (A shifted
+    query_start_loc still starts at 0, rises and ends at T, so only the harness, which knows each sequence's
+    query_len, can tell.) Named after the argument, as the guard's checks are."""
+    if target.checked_kernel is None:
+        return []
+    call = build_call(target.checked_kernel, run.call.kwargs)
+    batch = run.example.batch
+    out = []
+    for check, got, want, what in ((Check.QUERY_START_LOC, call.query_start_loc, batch.query_start_loc,
+                                    "query tokens"),
+                                   (Check.SEQ_LENS, call.seq_lens, batch.seq_lens, "sequence lengths")):
+        if not isinstance(got, torch.Tensor):
+            continue
+        got_l = got.cpu().tolist()
+        if got_l != list(want):
+            i = next((k for k, (a, b) in enumerate(zip(got_l, want)) if a != b), min(len(got_l), len(want)))
+            seq = max(0, i - 1) if check is Check.QUERY_START_LOC else i
+            out.append(violation(
+                check, f"{check.value} does not match the batch's {what}: entry {i} is "
+                       f"{got_l[i] if i < len(got_l) else None} ({check.value} = {got_l})",
+                kernel=target.checked_kernel, seq=seq, expected=list(want), found=got_l))
+    return out
+
+
+def call_violations(target: Target, run: Run) -> list[Violation]:
+    """Error-level findings of the runtime guard's argument checks (:mod:`kvfuzz.contracts.call_checks`) on
+    this call; [] when the target declares no ``checked_kernel``."""
+    if target.checked_kernel is None:
+        return []
+    key = value = None
+    if not target.capabilities.contract.passes_new_kv:  # unified: hand the guard the new tokens, where the call is
+        key, value = (t.to(run.call.key_cache.device) for t in run.data.new_kv(run.example.batch))
+    found = check_kernel_call(target.checked_kernel, run.call.kwargs, key=key, value=value, vacuity=False)
+    return [v for v in found if v.is_error]
+
+
+def _kernel_summary(out: torch.Tensor | None, finite_fail, agree_fail, crash: str | None,
+                    not_run: bool = False) -> dict[str, Any]:
+    if not_run:
+        return {"outcome": "not run", "error": crash}
+    if crash is not None:
+        return {"outcome": "crashed", "error": crash}
+    if finite_fail is not None:
+        return {"outcome": "non-finite", **finite_fail.to_dict()}
+    if agree_fail is not None:
+        return {"outcome": "mismatch", **agree_fail.to_dict()}
+    return {"outcome": "agrees with reference"}
+
+
+def caller_violations(target: Target, run: Run) -> list[Violation]:
+    """Ground-truth invariants (:mod:`kvfuzz.contracts.invariants`), then the call's metadata against the batch,
+    then the runtime guard's argument checks (a check already reported for a sequence is not repeated); []
+    when the call keeps the contract."""
+    batch = run.example.batch
+    violations = check_contract(target.capabilities.contract, batch, run.data, run.cache.layout,
+                                run.call.key_cache, run.call.value_cache, run.call.key, run.call.value)
+    violations += metadata_violations(target, run)
+    seen = {(v.check, v.seq) for v in violations}
+    return violations + [v for v in call_violations(target, run) if (v.check, v.seq) not in seen]
+
+
+def caller_finding(violations: list[Violation], kernel: dict[str, Any], details: dict[str, Any]
+                   ) -> CallerContractViolation:
+    """The finding of a call that broke its contract: the first violation's check and message, the others
+    named, and what the kernel computed from the call (``kernel``: its outcome, as in ``details["kernel"]``)."""
+    first = violations[0]
+    msg = first.message
+    if len(violations) > 1:
+        msg += f" (+{len(violations) - 1} more: {', '.join(sorted({v.check.value for v in violations[1:]}))})"
+    msg += f" Kernel computed from this call: {kernel['outcome']}"
+    if "message" in kernel:
+        msg += f" ({kernel['message'][:300]})"
+    elif kernel.get("error"):
+        msg += f" ({kernel['error'].splitlines()[0][:300]})"
+    return CallerContractViolation(first.check.value, msg, {**details, "kernel": kernel,
+                                                            "violations": [v.to_dict() for v in violations]})
+
+
+def check_example(target: Target, example: Example, fault: CallerFault | None = None,
+                  run: Run | None = None, run_unsafe: bool = False) -> Run:
+    """Run one example end to end; returns the :class:`Run` or raises a
+    :class:`~kvfuzz.contracts.failures.Finding`:
+
+    - CallerContractViolation when the call breaks the target's contract (checked before the kernel runs;
+      the kernel still runs and its outcome is in ``details["kernel"]``);
+    - KernelCrash when the kernel raises on a call that keeps the contract;
+    - NonFiniteOutput / KernelMismatch when its output has NaN/inf or disagrees with the fp64 reference.
+    """
+    run = run or prepare(target, example, fault)
+    batch, t = example.batch, run.timings
+    s = time.perf_counter()
+    violations = caller_violations(target, run)
+    t.check_caller = time.perf_counter() - s
+
+    crash = None
+    unsafe = sorted({v.check.value for v in violations if v.check.memory_unsafe})
+    s = time.perf_counter()
+    if unsafe and not run_unsafe:
+        crash = (f"not run: this call ({', '.join(unsafe)}) can make the kernel read or write outside its "
+                 "tensors; `kvfuzz fuzz --workers 2` runs such calls in isolated worker processes")
+    else:
+        run.output, crash = run_kernel(target, run.call)
+    t.kernel = time.perf_counter() - s
+
+    s = time.perf_counter()
+    run.reference = reference_attention(batch, run.data)
+    lowp = same_precision_attention(batch, run.data)
+    t.reference = time.perf_counter() - s
+
+    s = time.perf_counter()
+    finite_fail = agree_fail = None
+    if run.output is not None:
+        finite_fail = check_finite(batch, run.output)
+        agree_fail = check_agreement(batch, run.output, run.reference, lowp)
+        run.ratio = error_ratio(batch, run.output, run.reference, lowp) if agree_fail is None else 0.0
+    t.check_output = time.perf_counter() - s
+    kernel = _kernel_summary(run.output, finite_fail, agree_fail, crash, not_run=bool(unsafe and not run_unsafe))
+    common = {"path": run.path, "kernel": kernel}
+
+    if violations:
+        raise caller_finding(violations, kernel, {"path": run.path})
+    if crash is not None:
+        raise KernelCrash("kernel raised", crash.splitlines()[0], {**common, "traceback": crash})
+    if finite_fail is not None:
+        raise NonFiniteOutput("finite", finite_fail.message(), {**common, "oracle": finite_fail.to_dict()})
+    if agree_fail is not None:
+        raise KernelMismatch("agreement", agree_fail.message(), {**common, "oracle": agree_fail.to_dict()})
+    return run

@@ -1,0 +1,69 @@
+"""The one entry point the campaign calls per example: :func:`prepare` builds a target's call from an example,
+:func:`check` runs it through the target's property, chosen by the target's contract: the attention property
+(:mod:`kvfuzz.fuzz.harness.attention`) for split, prefix and unified kernels, the writer property
+(:mod:`kvfuzz.fuzz.harness.writer`) for :attr:`~kvfuzz.contracts.contract.Contract.WRITER`. And
+:func:`check_undeclared`, the property of configurations a target does not declare."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import reject
+
+from kvfuzz.contracts.contract import Contract
+from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.failures import KernelCrash, KernelMismatch, NonFiniteOutput, SilentlyUnsupported
+from kvfuzz.contracts.layouts import LayoutError
+from kvfuzz.fuzz.harness import attention, writer
+from kvfuzz.fuzz.harness.faults import CallerFault
+from kvfuzz.fuzz.harness.run import Run
+from kvfuzz.fuzz.targets.base import Target
+
+
+def is_writer(target: Target) -> bool:
+    return target.capabilities.contract is Contract.WRITER
+
+
+def prepare(target: Target, example: Example, fault: CallerFault | None = None) -> Run:
+    """Generate the example's data, materialize the cache its (possibly faulty) caller holds and build the
+    call, by the target's contract. Raises LayoutError when the target's layout cannot hold the batch."""
+    if is_writer(target):
+        return writer.prepare_writer(target, example, fault)
+    return attention.prepare(target, example, fault)
+
+
+def check(target: Target, example: Example, fault: CallerFault | None = None, run: Run | None = None,
+          run_unsafe: bool = False) -> Run:
+    """Run one example end to end through the target's property; returns the :class:`Run` or raises a
+    :class:`~kvfuzz.contracts.failures.Finding`. ``run_unsafe``: also run calls whose arguments could make
+    the kernel read or write outside its tensors (isolated worker processes only)."""
+    if is_writer(target):
+        return writer.check_writer_example(target, example, fault, run=run)
+    return attention.check_example(target, example, fault, run=run, run_unsafe=run_unsafe)
+
+
+def check_undeclared(target: Target, example: Example, run: Run | None = None) -> tuple[Run, str]:
+    """The property for a configuration the target does *not* declare (kvfuzz fuzz --undeclared).
+
+    Returns ``(run, outcome)`` with outcome "rejected: <first line of the kernel's error>" (the expected
+    answer to an unsupported configuration: a clear error, counted, not a failure) or "accepted, correct"
+    (the declaration could be widened). Raises SilentlyUnsupported when the kernel accepted it and computed
+    it wrongly or non-finitely: wrong answers instead of an error. Raises hypothesis's UnsatisfiedAssumption
+    (via ``reject()``) when kvfuzz's own cache layout cannot hold the configuration.
+    """
+    try:
+        run = run or prepare(target, example)
+    except LayoutError:
+        reject()  # kvfuzz's layout (or the op's own cache writer) cannot hold it: nothing to ask the kernel
+    what = ", ".join(target.capabilities.outside(example.batch)) or "declared"
+    try:
+        check(target, example, run=run)
+    except KernelCrash as e:
+        # group equal errors: drop glog's "[F1121 10:07:04.913680852 " time stamps
+        return run, "rejected: " + re.sub(r"\[[A-Z]\d{4} [\d:.]+ ", "[", e.message.splitlines()[0])[:200]
+    except (KernelMismatch, NonFiniteOutput) as f:
+        raise SilentlyUnsupported(
+            f.check, f"{target.name} accepted an undeclared configuration ({what}) without an error and "
+                     f"computed it wrongly: {f.message}. Either the kernel should reject it or its "
+                     f"declaration is too narrow and it has a bug there.", f.details) from None
+    return run, "accepted, correct"

@@ -1,0 +1,130 @@
+"""Where targets come from: kvfuzz's built-in adapters, adapters other packages register under the entry-point
+group :data:`ENTRY_POINT_GROUP`, and adapters a user names by file or module (``path/to/file.py:CLASS``,
+``package.module:CLASS``).
+
+A package registers an adapter in its ``pyproject.toml``::
+
+    [project.entry-points."kvfuzz.targets"]
+    "mykernels.paged_decode" = "mykernels.kvfuzz_adapter:PagedDecodeTarget"
+
+An entry whose name ends in ``*`` registers a family: ``"mutant.*" = "kvfuzz.fuzz.bench.mutants:get_mutant"``
+resolves every name starting with ``mutant.`` by calling ``get_mutant(name)``. Registered names (built-in or
+entry point) are safe to resolve from a reproducer's case.json; file and module specs run the user's code and
+are resolved only when the user names them (see :func:`is_registered`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
+
+from .base import Target
+
+#: Built-in targets: name -> "module:class" (imported lazily, so a missing kernel never breaks the CLI).
+BUILTIN = {
+    "vllm.chunked_prefill_paged_decode": "kvfuzz.fuzz.targets.vllm_triton:VllmChunkedPrefillPagedDecode",
+    "vllm.context_attention_fwd": "kvfuzz.fuzz.targets.vllm_triton:VllmContextAttentionFwd",
+    "vllm.unified_attention": "kvfuzz.fuzz.targets.vllm_triton:VllmUnifiedAttention",
+    "vllm.decode_attention_fwd": "kvfuzz.fuzz.targets.vllm_triton:VllmDecodeAttentionFwd",
+    "vllm.cpu_attention": "kvfuzz.fuzz.targets.vllm_cpu:VllmCpuAttention",
+    "vllm.reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmReshapeAndCacheFlash",
+    "vllm.cpu_reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmCpuReshapeAndCache",
+    "torch.flex_paged": "kvfuzz.fuzz.targets.torch_flex:TorchFlexPaged",
+}
+
+#: The entry-point group other packages register adapters under.
+ENTRY_POINT_GROUP = "kvfuzz.targets"
+
+_cache: dict[str, Target] = {}
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def registered() -> list[str]:
+    """Names of every target that can be resolved without a file or module spec: the built-ins, then the
+    individually registered entry points (families, ``prefix.*``, are not listed)."""
+    return list(BUILTIN) + sorted(n for n in _entry_points() if not n.endswith("*") and n not in BUILTIN)
+
+
+def _entry_point_for(name: str) -> importlib.metadata.EntryPoint | None:
+    eps = _entry_points()
+    if name in eps:
+        return eps[name]
+    families = [n for n in eps if n.endswith("*") and name.startswith(n[:-1])]
+    return eps[max(families, key=len)] if families else None
+
+
+def is_registered(name: str) -> bool:
+    """Whether ``name`` resolves without importing code the user did not name: a built-in or an entry point."""
+    return name in BUILTIN or _entry_point_for(name) is not None
+
+
+def _instance(obj, spec: str) -> Target:
+    target = obj() if isinstance(obj, type) else obj
+    if not isinstance(target, Target):
+        raise ValueError(f"target {spec!r}: {obj!r} is not a kvfuzz Target (subclass kvfuzz.Target)")
+    return target
+
+
+def load_spec(spec: str) -> Target:
+    """Import a user adapter from ``path/to/file.py:CLASS`` or ``package.module:CLASS`` (this runs that code).
+    A file's folder goes first on ``sys.path`` while it is imported, so it can import modules beside it (a
+    base class in a sibling file). Raises ValueError naming the problem."""
+    module_part, _, attr = spec.rpartition(":")
+    if not module_part or not attr:
+        raise ValueError(f"target {spec!r}: expected NAME, path/to/file.py:CLASS or package.module:CLASS")
+    if module_part.endswith(".py"):
+        path = Path(module_part).resolve()
+        if not path.exists():
+            raise ValueError(f"target {spec!r}: file {module_part} does not exist")
+        folder = str(path.parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        mspec = importlib.util.spec_from_file_location(f"kvfuzz_user_target_{path.stem}", path)
+        module = importlib.util.module_from_spec(mspec)
+        sys.modules[mspec.name] = module
+        try:
+            mspec.loader.exec_module(module)
+        except ImportError as e:
+            raise ValueError(f"target {spec!r}: importing {module_part} failed: {e} (its folder {folder} is on "
+                             "sys.path; install other packages it needs)") from e
+    else:
+        try:
+            module = importlib.import_module(module_part)
+        except ImportError as e:
+            raise ValueError(f"target {spec!r}: cannot import {module_part}: {e}") from e
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise ValueError(f"target {spec!r}: {module_part} has no attribute {attr!r}")
+    return _instance(obj, spec)
+
+
+def get_target(name: str) -> Target:
+    """A target by name: a built-in, an entry point of :data:`ENTRY_POINT_GROUP` (or of a family ``prefix.*``,
+    e.g. ``mutant.<slug>``), or a user adapter as ``path/to/file.py:CLASS`` / ``package.module:CLASS``.
+
+    Raises ValueError naming the known targets when ``name`` is none of these."""
+    if name not in _cache:
+        if name in BUILTIN:
+            module, _, cls = BUILTIN[name].partition(":")
+            _cache[name] = _instance(getattr(importlib.import_module(module), cls), name)
+        elif (ep := _entry_point_for(name)) is not None:
+            obj = ep.load()
+            try:
+                _cache[name] = _instance(obj(name), name) if ep.name.endswith("*") else _instance(obj, name)
+            except KeyError as e:  # a family that does not know this member
+                raise ValueError(e.args[0]) from None
+        elif ":" in name:
+            _cache[name] = load_spec(name)
+        else:
+            raise ValueError(f"unknown target {name!r}; registered targets: {', '.join(registered())} "
+                             "(or mutant.<slug>, or path/to/file.py:CLASS, or package.module:CLASS)")
+    return _cache[name]
+
+
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "get_target", "is_registered", "load_spec", "registered"]

@@ -1,0 +1,79 @@
+"""The shape of the code: the import contract (fuzz -> strategies -> contracts, fuzz's rooms in order, no
+cycles) checked by import-linter on a copy laid out as installed, every subpackage packaged, the public API, and
+a ``kvfuzz --help`` that does not import torch."""
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ROOTS = {"api": "kvfuzz", "contracts": "kvfuzz/contracts", "strategies": "kvfuzz/strategies", "fuzz": "kvfuzz/fuzz"}
+
+
+def _copy_tree(dst: Path) -> Path:
+    """The package as it installs (api/ -> kvfuzz/, contracts/ -> kvfuzz/contracts/, ...): what import-linter
+    reads. grimp walks one folder per package, so the source's mapped folders are copied, not linked."""
+    for src, rel in ROOTS.items():
+        shutil.copytree(ROOT / src, dst / rel, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    return dst
+
+
+def _lint(tmp_path: Path, config: Path) -> subprocess.CompletedProcess:
+    pkg = _copy_tree(tmp_path / "pkg")
+    env = dict(os.environ, PYTHONPATH=str(pkg))
+    exe = Path(sys.executable).parent / "lint-imports"
+    return subprocess.run([str(exe), "--config", str(config), "--no-cache"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path)
+
+
+def test_the_import_contract_holds(tmp_path):
+    pytest.importorskip("importlinter")
+    r = _lint(tmp_path, ROOT / "pyproject.toml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Contracts: 4 kept, 0 broken." in r.stdout
+
+
+def test_the_import_contract_catches_an_upward_import(tmp_path):
+    """The linter would catch a room importing a room above it (a planted harness -> campaign import)."""
+    pytest.importorskip("importlinter")
+    pkg = _copy_tree(tmp_path / "pkg")
+    (pkg / "kvfuzz/fuzz/harness/planted.py").write_text("from kvfuzz.fuzz.campaign import engine\n")
+    env = dict(os.environ, PYTHONPATH=str(pkg))
+    exe = Path(sys.executable).parent / "lint-imports"
+    r = subprocess.run([str(exe), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 1 and "kvfuzz.fuzz.harness.planted -> kvfuzz.fuzz.campaign.engine" in r.stdout, r.stdout
+
+
+def test_every_folder_of_code_is_a_discoverable_package():
+    """setup.py discovers packages with find_packages, which finds folders with an __init__.py: a folder of
+    modules without one would silently be left out of the distribution."""
+    for root in ("contracts", "strategies", "fuzz"):
+        for folder in {p.parent for p in (ROOT / root).rglob("*.py")}:
+            if "__pycache__" not in folder.parts:
+                assert (folder / "__init__.py").exists(), f"{folder.relative_to(ROOT)} has no __init__.py"
+
+
+def test_public_api():
+    import kvfuzz
+
+    assert kvfuzz.__version__ == importlib.metadata.version("kvfuzz")
+    for name in ("Batch", "Capabilities", "Contract", "Target", "KernelCall", "Availability", "guard", "Guard",
+                 "examples", "Poison", "get_target"):
+        assert getattr(kvfuzz, name) is not None
+    assert kvfuzz.Contract.WRITER.value == "writer"
+    with pytest.raises(AttributeError):
+        kvfuzz.no_such_name  # noqa: B018
+
+
+def test_import_kvfuzz_and_the_help_do_not_import_torch():
+    """What made ``kvfuzz --help`` take 2.6 s: the CLI imported torch for option defaults."""
+    code = ("import sys, kvfuzz, kvfuzz.fuzz.cli; import kvfuzz.contracts.poison, kvfuzz.strategies.limits; "
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
