@@ -2,8 +2,9 @@
 raises, one class per failure kind (so Hypothesis shrinks each kind separately).
 
 Every finding names whose fault it is: the caller's (a broken cache contract: the kernel was handed a cache
-that did not hold what its contract requires) or the kernel's (it was handed a correct call and got the
-answer wrong, produced NaN/inf, crashed or hung). Configurations outside a target's declaration have two
+that did not hold what its contract requires), the kernel's (it was handed a correct call and got the
+answer wrong, produced NaN/inf, crashed or hung), or the harness's (kvfuzz or the target's adapter raised,
+crashed or hung outside the kernel call: building the call, checking its output). Configurations outside a target's declaration have two
 outcomes of their own: rejected with an error (expected, not a failure) or silently accepted and computed
 wrongly (a failure: wrong answers instead of an error).
 """
@@ -22,12 +23,16 @@ class FailureKind(enum.Enum):
     KERNEL_HANG = "kernel hang"
     CONFIG_REJECTED = "configuration rejected"
     SILENT_UNSUPPORTED = "silently accepted but unsupported"
+    HARNESS_ERROR = "harness error"
 
     @property
     def blame(self) -> str:
-        """"caller", "kernel", or "none" for a rejected configuration (the expected outcome)."""
+        """"caller", "kernel", "harness" (kvfuzz or the target's adapter), or "none" for a rejected
+        configuration (the expected outcome)."""
         if self is FailureKind.CONFIG_REJECTED:
             return "none"
+        if self is FailureKind.HARNESS_ERROR:
+            return "harness"
         return "caller" if self is FailureKind.CALLER_VIOLATION else "kernel"
 
     @property
@@ -82,6 +87,13 @@ class SilentlyUnsupported(Finding):
     kind = FailureKind.SILENT_UNSUPPORTED
 
 
+class HarnessError(Finding):
+    """kvfuzz or the target's adapter failed outside the kernel call (``build_call`` raised, a layout could not
+    hold a declared batch, the process died or hung in ``prepare``/``check``): never blamed on the kernel."""
+
+    kind = FailureKind.HARNESS_ERROR
+
+
 FINDING_CLASSES: dict[FailureKind, type[Finding]] = {
     c.kind: c for c in (CallerContractViolation, KernelMismatch, NonFiniteOutput, KernelCrash, KernelHang,
-                        SilentlyUnsupported)}
+                        SilentlyUnsupported, HarnessError)}

@@ -61,7 +61,7 @@ def _target(name):
 
 def _poison(target):
     # vllm.cpu_attention and torch.flex_paged leak NaN from unused slots (README Findings 1, 2): finite poison
-    return Poison.STALE if target.name in ("vllm.cpu_attention", "torch.flex_paged") else Poison.NAN
+    return target.gate_poisons[0] if target.gate_poisons else Poison.NAN
 
 
 @pytest.mark.parametrize("param", sorted(PARAMS))
@@ -95,6 +95,8 @@ def tampered(name: str, **changes):
     base = type(_target(name))
 
     class Tampered(base):
+        name = f"{base.name}.tampered"
+
         def build_call(self, batch, data, cache):
             call = super().build_call(batch, data, cache)
             for k, v in changes.items():
@@ -159,6 +161,8 @@ def test_guard_flags_fp8_descales_without_the_quant_mode():
 class SoftmaxWithoutMax(PagedTorch):
     """exp(s) / sum(exp(s)) without subtracting the row max, exp held in fp16: right for N(0, 1) logits,
     inf / inf = NaN once a logit passes ~11 (exp overflows 65504)."""
+
+    name = "test.softmax_without_max"
 
     def combine(self, scores, allowed, v, decode, num_seqs):
         e = torch.exp(scores).masked_fill(~allowed[None], 0)

@@ -138,6 +138,8 @@ def broken(cls, how):
     """A subclass of a real writer target that breaks the contract in one way."""
 
     class Broken(cls):
+        name = f"{cls.name}.broken_{how}"
+
         def run(self, call):
             kw, inp = _slot_kw(call), call.kwargs["_inputs"]
             sm = call.kwargs[kw].clone()

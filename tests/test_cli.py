@@ -66,7 +66,7 @@ def test_replay_and_test_case_fail_the_same_way(caller_fault_run):
     assert r.returncode == 1 and "reproduced" in r.stdout and "decode invariant" in r.stdout, r.stdout + r.stderr
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(d / "test_case.py")],
                        capture_output=True, text=True, timeout=600, cwd=d)
-    assert p.returncode == 1 and "CallerContractViolation" in p.stdout and "decode invariant" in p.stdout
+    assert p.returncode == 1 and "caller contract violation (decode invariant)" in p.stdout, p.stdout
 
 
 def test_the_database_replays_the_failure_first(caller_fault_run):
@@ -91,12 +91,12 @@ def test_targets_lists_both_with_availability():
     (["fuzz", "--target", "nope"], "unknown target 'nope'"),
     (["fuzz", "--caller-fault", "nope"], "nope"),
     (["fuzz", "--duration", "soon"], "give seconds"),
-    (["replay", "."], "has no case.json"),
+    (["replay", "."], "case.json: does not exist"),
     (["fuzz", "--big-cache", "--target", "vllm.cpu_reshape_and_cache"], "--big-cache fuzzes attention kernels"),
 ])
 def test_bad_usage_exits_2_with_the_problem_named(tmp_path, args, message):
     r = kvfuzz(*args, cwd=tmp_path)
-    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert r.returncode == 2 and message in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_clean_run_exits_0(tmp_path):
@@ -117,20 +117,6 @@ def test_big_cache_campaign_on_the_cpu_op(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     (t,) = json.loads((tmp_path / "summary.json").read_text())["targets"]
     assert t["examples"] == 10 and t["failures"] == []
-
-
-def test_a_kernel_that_died_is_recovered_as_a_crash_reproducer(tmp_path, make_batch):
-    need("vllm.cpu_attention")
-    from kvfuzz.contracts.example import Example
-    b = make_batch([(1, 5)], head_size=64)
-    (tmp_path / "inflight.json").write_text(json.dumps(
-        {"target": "vllm.cpu_attention", "fault": None, "path": "vec16", "example": Example(b).to_dict()}))
-    r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--max-examples", "1", "--poison", "stale",
-               "--out", str(tmp_path))
-    assert r.returncode == 1 and "recovered a crash" in r.stdout
-    (d,) = [p for p in tmp_path.iterdir() if "kernel-crash" in p.name]
-    assert json.loads((d / "case.json").read_text())["kind"] == "kernel crash"
-    assert not (tmp_path / "inflight.json").exists()
 
 
 def test_a_user_adapter_loads_as_package_module_class(tmp_path):
@@ -171,21 +157,25 @@ def test_sigterm_stops_after_the_current_example_and_writes_the_summary(tmp_path
     p = subprocess.Popen([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", TRITON, "--max-examples",
                           "1000", "--poison", "stale", "--out", str(tmp_path)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    for _ in range(600):
-        if (tmp_path / "status.json").exists():
-            break
+    for _ in range(1200):  # until the status file counts an example
+        try:
+            if json.loads((tmp_path / "status.json").read_text())["targets"][0]["examples"] > 0:
+                break
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
         time.sleep(0.1)
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=120)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["interrupted"] is True and p.returncode == 0, out + err
+    assert summary["interrupted"] is True and p.returncode == 3, out + err  # 3: did not run as asked
     assert 0 < summary["targets"][0]["examples"] < 1000
-    assert not (tmp_path / "inflight.json").exists()
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["running"] is False and state["in_flight"] == {}
     # resuming continues the chunk sequence instead of repeating the seeds already explored
-    chunks = json.loads((tmp_path / "state.json").read_text())[TRITON]["chunks"]
+    chunks = state["chunks"][TRITON]
     r = kvfuzz("fuzz", "--target", TRITON, "--max-examples", "2", "--poison", "stale", "--out", str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert json.loads((tmp_path / "state.json").read_text())[TRITON]["chunks"] > chunks
+    assert json.loads((tmp_path / "state.json").read_text())["chunks"][TRITON] > chunks
     assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is False
 
 

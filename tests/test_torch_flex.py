@@ -119,6 +119,8 @@ def test_nan_in_a_free_page_poisons_the_output():
 class MaskOffByOne(TorchFlexPaged):
     """Query j sees positions 0 .. ctx_len + j - 1: its own token is left out."""
 
+    name = "test.flex_mask_off_by_one"
+
     @staticmethod
     def logical_mask_mod(query_lens, ctx_lens, sliding_window=None):
         def mask(b, h, q_idx, kv_idx):
@@ -129,6 +131,8 @@ class MaskOffByOne(TorchFlexPaged):
 
 class OwnPageTable(TorchFlexPaged):
     """The kernel reads through the pages reserve() hands out, not the ones kvfuzz wrote the cache at."""
+
+    name = "test.flex_own_page_table"
 
     def paged_attention(self, batch, device):
         from torch.nn.attention.experimental._paged_attention import PagedAttention

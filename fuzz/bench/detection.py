@@ -21,6 +21,7 @@ import attrs
 import torch
 from hypothesis.database import InMemoryExampleDatabase
 
+from kvfuzz.contracts.example import Example
 from kvfuzz.fuzz.bench.grid import grid_detect
 from kvfuzz.fuzz.bench.mutants import MUTANTS, batch_size, get_mutant, smallest_trigger
 from kvfuzz.fuzz.campaign import engine as campaign_mod
@@ -47,12 +48,13 @@ def kvfuzz_detect(name: str, seed: int, max_examples: int = 200, duration: float
            "seconds_to_first": None, "examples_to_first": None, "seconds_to_shrunk": None,
            "check": None, "kind": None, "size": None, "case": None, "poison": None}
     if stats.failures:
-        found = min(stats.failures.values(), key=lambda f: _size_key(batch_size(f.example.batch)))
+        examples = {sig: Example.from_dict(f.example) for sig, f in stats.failures.items()}
+        sig = min(examples, key=lambda s: _size_key(batch_size(examples[s].batch)))
+        found, example = stats.failures[sig], examples[sig]
         out.update(seconds_to_first=round(first.get("seconds", elapsed), 3),
                    examples_to_first=first.get("examples"), seconds_to_shrunk=round(elapsed, 3),
-                   check=found.finding.check, kind=found.finding.kind.value,
-                   size=batch_size(found.example.batch), case=found.example.batch.summary(),
-                   poison=found.example.poison.value)
+                   check=found.check, kind=found.kind, size=batch_size(example.batch),
+                   case=example.batch.summary(), poison=example.poison.value)
     return out
 
 

@@ -1,105 +1,61 @@
-"""The campaign runner: fuzz targets with Hypothesis, shrink each new failure, write reproducers.
+"""The campaign engine: one target's Hypothesis campaign, run in pieces a scheduler chooses.
 
-Per target, a campaign
-1. replays the failures the example database holds for this target (Hypothesis's reuse phase), so the
-   next run tries them first;
-2. explores in chunks of fresh seeds until the example or time budget is spent (the time budget is checked
-   between examples of a chunk's size planned from the measured rate; a shrink in progress completes). A failure with a new
-   signature (failure kind, invariant or oracle) is raised, shrunk by Hypothesis and written as a
-   reproducer; a failure whose signature is already known is counted and exploration goes on;
-3. journals every example to ``<out>/inflight.json`` before its kernel runs: if the process dies inside a
-   kernel (segfault, abort), the next campaign finds the journal and writes that example as a
-   "kernel crash" reproducer, so no crashing example is lost.
+A :class:`Campaign` holds what stays fixed for one target in one process: the strategy (drawn inside the
+target's declaration, or outside it with ``undeclared``), the property body, the database key and the
+signatures of failures already known. A scheduler runs it piece by piece:
+
+- :meth:`Campaign.replay_database` replays the failures the example database holds for this target
+  (Hypothesis's reuse phase), so a new campaign tries them first;
+- :meth:`Campaign.run_chunk` explores ``n`` examples from chunk ``k``'s seed (``seed * 100_003 + k``): a failure
+  with a new signature (failure kind and check) is raised, shrunk by Hypothesis and written as a reproducer; a
+  failure whose signature is known is counted and exploration goes on;
+- :meth:`Campaign.check_one` re-runs one given example (one a killed worker had in flight).
+
+Every example is reported to a :class:`Listener` as it happens: ``begin`` (the example, before anything runs),
+``phase`` ("kernel" right before the kernel call, "check" after it), ``end`` (an :class:`Outcome`, what it adds
+to the counts) and ``failure`` (a new distinct failure, a :class:`FailureRecord`). The supervisor
+(:mod:`kvfuzz.fuzz.campaign.workers`) gets these over a pipe, so it knows at every moment which example each
+worker runs and in which phase; :func:`fuzz_target` runs a whole budget in this process for library use (the
+gate, benchmarks, tests), counting with :class:`TargetStats`.
+
+Two Hypothesis details the engine relies on: the settings decorator is applied outside ``@seed`` (``@seed``
+resets the database of the settings it finds to None, so settings applied inside it would lose the database),
+and the database key is set with the private attribute ``_hypothesis_internal_database_key`` so that the key
+is ``kvfuzz:<target>:<fault>`` instead of a digest of this file's source (which would change, and orphan
+every saved failure, with each kvfuzz release). tests/test_workers.py checks saved failures replay.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import re
-import threading
 import time
+import traceback
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 import attrs
-from hypothesis import HealthCheck, Phase, Verbosity, event, given, seed, settings
+import hypothesis
+from hypothesis import HealthCheck, Phase, Verbosity, event, given, reject, seed, settings
 from hypothesis import target as steer
 from hypothesis.database import ExampleDatabase
 
 from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import Finding, KernelCrash, KernelHang
+from kvfuzz.contracts.failures import Finding, HarnessError
+from kvfuzz.contracts.layouts import LayoutError
 from kvfuzz.contracts.poison import Poison
-from kvfuzz.fuzz.campaign.database import open_database
+from kvfuzz.fuzz.campaign.database import open_database, read_only_view
 from kvfuzz.fuzz.campaign.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import properties
-from kvfuzz.fuzz.harness.attention import caller_finding, caller_violations
 from kvfuzz.fuzz.harness.coverage import Coverage, labels
-from kvfuzz.fuzz.harness.faults import CallerFault, get_fault
-from kvfuzz.fuzz.harness.run import Run
+from kvfuzz.fuzz.harness.faults import CallerFault
+from kvfuzz.fuzz.harness.run import STOP, Run
 from kvfuzz.fuzz.targets.base import Target
-from kvfuzz.strategies.batches import Limits, big_cache_examples, examples, undeclared_examples
+from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
+from kvfuzz.strategies.limits import Limits
 
-#: Set by a SIGTERM/SIGINT handler (kvfuzz fuzz): the campaign stops at the next example or chunk boundary by
-#: raising KeyboardInterrupt there. Raising from the handler alone is not enough: code running inside a
-#: kernel library can swallow the KeyboardInterrupt (seen: a SIGTERM during an interpreted Triton kernel left
-#: the campaign running).
-STOP = threading.Event()
-
-
-@attrs.define
-class FoundFailure:
-    """One distinct failure: its minimal example, the finding, how often it was hit, its reproducer."""
-
-    target: str
-    finding: Finding
-    example: Example
-    run: Run | None
-    count: int = 1
-    reproducer: Path | None = None
-
-
-@attrs.define
-class TargetStats:
-    target: str
-    examples: int = 0
-    elapsed: float = 0.0
-    kernel_seconds: float = 0.0
-    harness_seconds: float = 0.0
-    paths: collections.Counter = attrs.Factory(collections.Counter)
-    failures: dict = attrs.Factory(dict)  # signature -> FoundFailure
-    max_error_ratio: float = 0.0
-    coverage: Coverage = attrs.Factory(Coverage)
-    rejections: collections.Counter = attrs.Factory(collections.Counter)  # --undeclared: error -> count
-    #: Seconds and examples (counted from the campaign's start) until the first failing example, before any
-    #: shrinking; None while nothing failed.
-    first_failure_s: float | None = None
-    first_failure_examples: int | None = None
-
-    @property
-    def examples_per_second(self) -> float:
-        return self.examples / self.elapsed if self.elapsed else 0.0
-
-    def to_dict(self) -> dict:
-        return {
-            "target": self.target,
-            "examples": self.examples,
-            "elapsed_s": round(self.elapsed, 3),
-            "examples_per_s": round(self.examples_per_second, 3),
-            "kernel_s": round(self.kernel_seconds, 3),
-            "harness_s": round(self.harness_seconds, 3),
-            "paths": dict(self.paths),
-            "coverage": self.coverage.to_dict(),
-            "rejections": dict(self.rejections.most_common(20)),
-            "max_error_ratio": self.max_error_ratio,
-            "failures": [
-                {"kind": f.finding.kind.value, "blame": f.finding.kind.blame, "check": f.finding.check,
-                 "count": f.count, "message": f.finding.message,
-                 "batch": f"{f.example.batch.summary()}, poison={f.example.poison.value}",
-                 "reproducer": str(f.reproducer) if f.reproducer else None}
-                for f in self.failures.values()
-            ],
-        }
+#: Chunk k of a campaign with seed s explores Hypothesis seed ``s * CHUNK_SEED_STRIDE + k``.
+CHUNK_SEED_STRIDE = 100_003
 
 
 @attrs.define
@@ -119,12 +75,12 @@ class CampaignConfig:
     database: ExampleDatabase | None = None
     #: Stop exploring after the first distinct failure is shrunk (benchmarks of time-to-first-failure).
     stop_at_first_failure: bool = False
-    #: Where this process journals its in-flight example and keeps its state (default: ``out``; a worker
-    #: of a multi-process campaign uses ``out/workers/wN``).
-    work_dir: Path | None = None
     #: Hypothesis database: None for ``out/hypothesis-db``, a directory path, or ``redis://host:port/db``.
     db_spec: str | None = None
-    #: Run calls whose arguments could make a kernel read out of bounds (set in isolated worker processes).
+    #: The pre-merge gate: its database is in memory (plus a read-only view of ``db_spec`` when given), and each
+    #: target draws only its ``gate_poisons`` (a documented kernel limitation the gate does not re-report).
+    gate: bool = False
+    #: Run calls whose arguments could make a kernel read out of bounds (isolated worker processes only).
     run_unsafe: bool = False
     #: Draw configurations the target does not declare (kvfuzz.fuzz.harness.properties.check_undeclared).
     undeclared: bool = False
@@ -132,187 +88,392 @@ class CampaignConfig:
     big_cache: bool = False
 
     def db(self) -> ExampleDatabase:
+        """The example database (opened once). Raises DatabaseError when it cannot be used."""
         if self.database is None:
-            self.database = open_database(self.db_spec, self.out)
+            self.database = (read_only_view(self.db_spec) if self.gate
+                             else open_database(self.db_spec, self.out))
         return self.database
 
+
+@attrs.frozen
+class Outcome:
+    """What one example adds to its target's counts (small: a worker sends one per example).
+
+    labels: coverage labels (:func:`kvfuzz.fuzz.harness.coverage.labels`). kernel_s, harness_s: seconds in the
+    kernel and outside it. ratio: how close a passing kernel came to the tolerance bound. signature: the
+    finding's (kind, check) when the example failed. rejection: ``--undeclared``: the error a kernel rejected
+    an undeclared configuration with."""
+
+    labels: dict[str, str]
+    kernel_s: float = 0.0
+    harness_s: float = 0.0
+    ratio: float = 0.0
+    signature: tuple[str, str] | None = None
+    rejection: str | None = None
+
+
+@attrs.define
+class FailureRecord:
+    """One distinct failure as summaries keep it: its signature, what it says, its minimal example, how often
+    it was hit and its reproducer directory."""
+
+    target: str
+    kind: str
+    blame: str
+    check: str
+    message: str
+    example: dict
+    fault: str | None = None
+    reproducer: str | None = None
+    count: int = 1
+
     @property
-    def dir(self) -> Path:
-        return self.work_dir or self.out
+    def signature(self) -> tuple[str, str]:
+        return (self.kind, self.check)
+
+    @classmethod
+    def of(cls, target: str, finding: Finding, example: Example, fault: str | None,
+           reproducer: Path | None) -> "FailureRecord":
+        return cls(target, finding.kind.value, finding.kind.blame, finding.check, finding.message,
+                   example.to_dict(), fault, None if reproducer is None else str(reproducer))
+
+    def batch_summary(self) -> str:
+        try:
+            e = Example.from_dict(self.example)
+            return f"{e.batch.summary()}, poison={e.poison.value}"
+        except (KeyError, TypeError, ValueError):
+            return "(example unreadable)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "blame": self.blame, "check": self.check, "count": self.count,
+                "message": self.message, "batch": self.batch_summary(), "caller_fault": self.fault,
+                "reproducer": self.reproducer, "example": self.example}
 
 
-def _journal_path(work_dir: Path) -> Path:
-    return work_dir / "inflight.json"
+@attrs.define
+class TargetStats:
+    """One target's counts over a campaign (every worker's examples, exactly)."""
+
+    target: str
+    examples: int = 0
+    elapsed: float = 0.0
+    kernel_seconds: float = 0.0
+    harness_seconds: float = 0.0
+    paths: collections.Counter = attrs.Factory(collections.Counter)
+    failures: dict = attrs.Factory(dict)  # signature -> FailureRecord
+    max_error_ratio: float = 0.0
+    coverage: Coverage = attrs.Factory(Coverage)
+    rejections: collections.Counter = attrs.Factory(collections.Counter)  # --undeclared: error -> count
+    #: Seconds and examples (counted from the target's start) until the first failing example, before any
+    #: shrinking; None while nothing failed.
+    first_failure_s: float | None = None
+    first_failure_examples: int | None = None
+    #: Examples a worker was running when it was killed from outside and a retry could not complete.
+    lost: int = 0
+    #: Why the campaign stopped giving this target work early ("" if it did not).
+    stopped: str = ""
+
+    @property
+    def examples_per_second(self) -> float:
+        return self.examples / self.elapsed if self.elapsed else 0.0
+
+    def add(self, outcome: Outcome, elapsed: float) -> None:
+        """Count one example, ``elapsed`` seconds after the target's start."""
+        self.examples += 1
+        self.elapsed = max(self.elapsed, elapsed)
+        self.kernel_seconds += outcome.kernel_s
+        self.harness_seconds += outcome.harness_s
+        self.paths[outcome.labels.get("path", "default")] += 1
+        self.coverage.add(outcome.labels)
+        self.max_error_ratio = max(self.max_error_ratio, outcome.ratio)
+        if outcome.rejection is not None:
+            self.rejections[outcome.rejection] += 1
+        if outcome.signature is not None:
+            if self.first_failure_s is None:
+                self.first_failure_s, self.first_failure_examples = round(elapsed, 3), self.examples
+            known = self.failures.get(tuple(outcome.signature))
+            if known is not None:
+                known.count += 1
+
+    def add_failure(self, record: FailureRecord) -> bool:
+        """Keep a new distinct failure; returns False when its signature is already known (then its count
+        grows: a second worker found it, or a recovered crash repeated)."""
+        if record.signature in self.failures:
+            return False
+        self.failures[record.signature] = record
+        return True
+
+    def to_dict(self) -> dict:
+        return {
+            "target": self.target,
+            "examples": self.examples,
+            "elapsed_s": round(self.elapsed, 3),
+            "examples_per_s": round(self.examples_per_second, 3),
+            "kernel_s": round(self.kernel_seconds, 3),
+            "harness_s": round(self.harness_seconds, 3),
+            "paths": dict(self.paths),
+            "coverage": self.coverage.to_dict(),
+            "rejections": dict(self.rejections.most_common(20)),
+            "max_error_ratio": self.max_error_ratio,
+            "first_failure_s": self.first_failure_s,
+            "first_failure_examples": self.first_failure_examples,
+            "lost": self.lost,
+            "stopped": self.stopped,
+            "failures": [f.to_dict() for f in self.failures.values()],
+        }
 
 
-def recover_crashed(config: CampaignConfig, targets: dict[str, Target], hang: bool = False,
-                    write: bool = True) -> list[FoundFailure]:
-    """If a previous process died (or was killed for hanging) inside a kernel, turn its journaled example
-    into a "kernel crash" (or "kernel hang") reproducer (``write=False``: recover without writing, for a
-    failure already saved). Returns the recovered failures (0 or 1)."""
-    path = _journal_path(config.dir)
-    if not path.exists():
-        return []
-    entry = json.loads(path.read_text())
-    path.unlink()
-    example = Example.from_dict(entry["example"])
-    if hang:
-        finding = KernelHang("timeout", "the kernel ran past the per-example timeout and its worker was "
-                             "killed; recovered from the worker's journal", {"path": entry.get("path", "")})
-    else:
-        finding = KernelCrash("process died", "the process died while this example's kernel was running "
-                              "(segfault, abort or kill); recovered from the campaign journal",
-                              {"path": entry.get("path", "")})
-    target = targets.get(entry["target"])
-    if target is not None and entry.get("fault"):
-        # a faulty caller's call killed the kernel: blame the caller, with the crash as the kernel's outcome
-        violations = caller_violations(target, properties.prepare(target, example, get_fault(entry["fault"])))
-        if violations:
-            outcome = "hung" if hang else "crashed (the process died)"
-            finding = caller_finding(violations, {"outcome": outcome}, {"path": entry.get("path", "")})
-    found = FoundFailure(entry["target"], finding, example, None)
-    if target is not None and write:
-        found.reproducer = write_reproducer(config.out, target, example, finding, None,
-                                            fault_name=entry.get("fault"))
-    return [found]
+class Listener(Protocol):
+    """Told about every example of a :class:`Campaign` as it happens (see the module docstring)."""
+
+    def begin(self, target: str, example: Example) -> None: ...
+
+    def phase(self, name: str) -> None: ...
+
+    def end(self, target: str, outcome: Outcome) -> None: ...
+
+    def failure(self, record: FailureRecord) -> None: ...
+
+
+class _Quiet:
+    def begin(self, target, example) -> None:
+        pass
+
+    def phase(self, name) -> None:
+        pass
+
+    def end(self, target, outcome) -> None:
+        pass
+
+    def failure(self, record) -> None:
+        pass
+
+
+def strategy_for(target: Target, config: CampaignConfig):
+    """The examples a campaign draws for ``target``: inside its declaration, outside it (``undeclared``), or
+    with every block past 2**31 elements (``big_cache``). Raises ValueError for a big-cache cache writer."""
+    if config.gate and target.gate_poisons:
+        config = attrs.evolve(config, poisons=target.gate_poisons)
+    if config.undeclared:
+        return undeclared_examples(target.capabilities, target.faithful_dtypes(), config.limits, config.poisons)
+    if config.big_cache:
+        if not target.capabilities.contract.is_attention:
+            raise ValueError(f"--big-cache fuzzes attention kernels; {target.name} is a cache writer (its "
+                             "property compares whole caches before and after the call)")
+        return big_cache_examples(target.capabilities, config.limits, config.poisons)
+    return examples(target.capabilities, config.limits, config.poisons)
+
+
+class Campaign:
+    """One target's campaign in this process (see the module docstring). ``known``: signatures of failures
+    already reported elsewhere (another worker): they are counted, not shrunk and written again."""
+
+    def __init__(self, target: Target, config: CampaignConfig, listener: Listener | None = None,
+                 known: set[tuple[str, str]] | frozenset = frozenset()) -> None:
+        self.target = target
+        self.config = config
+        self.listener = listener or _Quiet()
+        self.known: set[tuple[str, str]] = set(known)
+        self.fault_name = config.fault.name if config.fault else None
+        self.coverage = Coverage()  # this process's view, for target() steering
+        self.strategy = strategy_for(target, config)
+        self.db = config.db()
+        self.key = f"kvfuzz:{target.name}:{self.fault_name}".encode()
+        self._latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
+        self._new: list[FailureRecord] = []
+        self._run: Run | None = None
+
+    # ---- one example ----------------------------------------------------------------------------------------
+    def _run_example(self, example: Example) -> str | None:
+        """Prepare and check one example (the Run is kept in ``self._run``); returns the undeclared outcome
+        ("rejected: <error>", "accepted, correct") or None, or raises the Finding. An error outside the kernel
+        call (the adapter's build_call, kvfuzz itself) becomes a HarnessError, never the kernel's."""
+        config, target = self.config, self.target
+        stage = "prepare"
+        try:
+            try:
+                self._run = properties.prepare(target, example, config.fault)
+            except LayoutError:
+                if not config.undeclared:
+                    raise
+                reject()  # kvfuzz's layout cannot hold an undeclared configuration: nothing to ask the kernel
+            stage = "check"
+            if config.undeclared:
+                self._run, outcome = properties.check_undeclared(target, example, run=self._run)
+                event(f"undeclared: {outcome.split(':')[0]}")
+                return outcome
+            properties.check(target, example, config.fault, run=self._run, run_unsafe=config.run_unsafe,
+                             on_phase=self.listener.phase)
+            return None
+        except Finding:
+            raise
+        except KeyboardInterrupt:
+            if STOP.is_set():
+                raise
+            raise HarnessError(f"raised KeyboardInterrupt in {stage}", "KeyboardInterrupt outside the kernel call "
+                               "with no stop requested", {"traceback": traceback.format_exc(limit=-6)}) from None
+        except BaseException as e:  # the adapter or kvfuzz: name it, shrink it, never blame the kernel
+            if type(e).__module__.startswith("hypothesis"):
+                raise
+            raise HarnessError(f"raised {type(e).__name__} in {stage}",
+                               f"{type(e).__name__} outside the kernel call ({stage}: {'the target built the call' if stage == 'prepare' else 'checking the output'}): {e}",
+                               {"stage": stage, "traceback": traceback.format_exc(limit=-6)}) from None
+
+    def _body(self, example: Example) -> None:
+        if STOP.is_set():
+            raise KeyboardInterrupt
+        target = self.target
+        lab = labels(target, example.batch)
+        for k, v in lab.items():
+            event(f"{k}: {v}")
+        steer(self.coverage.rarity(lab), label="rarely covered paths")
+        self.listener.begin(target.name, example)
+        self.listener.phase("prepare")
+        started = time.perf_counter()
+        self._run = None
+        signature = undeclared = None
+        interrupted = False
+        try:
+            undeclared = self._run_example(example)
+        except KeyboardInterrupt:
+            interrupted = True  # a stop: this example gets no answer and is not counted
+            raise
+        except Finding as f:
+            signature = f.signature
+            if signature in self.known:
+                return  # counted in the finally: below
+            self._latest[signature] = (example, f, self._run)
+            raise
+        finally:
+            if not interrupted:
+                self._end(example, lab, started, signature, undeclared)
+
+    def _end(self, example: Example, lab: dict, started: float, signature, undeclared: str | None) -> None:
+        """Report one answered example to the listener (its Outcome)."""
+        run, total = self._run, time.perf_counter() - started
+        kernel_s = run.timings.kernel if run is not None else 0.0
+        if undeclared is not None:
+            lab["undeclared"] = undeclared.split(":")[0]
+        elif self.config.undeclared and signature is not None:
+            lab["undeclared"] = "silently wrong"
+        self.coverage.add(lab)
+        rejection = undeclared.removeprefix("rejected: ") if undeclared and undeclared.startswith("rejected") \
+            else None
+        self.listener.end(self.target.name, Outcome(lab, kernel_s, max(0.0, total - kernel_s),
+                                                    run.ratio if run is not None else 0.0, signature, rejection))
+
+    # ---- pieces -------------------------------------------------------------------------------------------
+    def _test(self, phases: list[Phase], chunk_seed: int, max_examples: int, explicit: Example | None = None):
+        body = self._body
+
+        def property_(example: Example) -> None:
+            body(example)
+
+        # How Hypothesis and Tyche name the property (an identifier): kvfuzz_vllm_cpu_attention.
+        property_.__name__ = property_.__qualname__ = "kvfuzz_" + re.sub(r"\W", "_", self.target.name)
+        if explicit is not None:
+            property_ = hypothesis.example(explicit)(property_)
+        # settings() outside seed(): @seed replaces the database of the settings it sees with None
+        test = settings(database=self.db, max_examples=max_examples, deadline=None, phases=phases,
+                        suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+                        report_multiple_bugs=True, derandomize=False, print_blob=False,
+                        )(seed(chunk_seed)(given(self.strategy)(property_)))
+        test._hypothesis_internal_database_key = self.key  # stable across kvfuzz releases (module docstring)
+        return test
+
+    def _execute(self, test) -> list[FailureRecord]:
+        self._new = []
+        try:
+            test()
+        except (Finding, BaseExceptionGroup) as exc:
+            errors = exc.exceptions if isinstance(exc, BaseExceptionGroup) else [exc]
+            for e in errors:
+                if not isinstance(e, Finding):
+                    raise e
+                self._record(e.signature)
+        return self._new
+
+    def _record(self, signature: tuple[str, str]) -> None:
+        example, finding, run = self._latest[signature]
+        self.known.add(signature)
+        path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
+        record = FailureRecord.of(self.target.name, finding, example, self.fault_name, path)
+        self._new.append(record)
+        self.listener.failure(record)
+
+    def replay_database(self) -> list[FailureRecord]:
+        """Replay (and re-shrink) what the database holds for this target; returns the new failures."""
+        if next(iter(self.db.fetch(self.key)), None) is None:
+            return []
+        return self._execute(self._test([Phase.reuse, Phase.shrink], self.config.seed, 1))
+
+    def run_chunk(self, chunk: int, n: int) -> list[FailureRecord]:
+        """Explore ``n`` examples from chunk ``chunk``'s seed (generate, target, shrink); returns the new
+        failures found."""
+        chunk_seed = self.config.seed * CHUNK_SEED_STRIDE + chunk
+        return self._execute(self._test([Phase.generate, Phase.target, Phase.shrink], chunk_seed, n))
+
+    def check_one(self, example: Example) -> list[FailureRecord]:
+        """Run one given example (Hypothesis's explicit phase: no generation, no shrinking); returns its failure
+        if it is new."""
+        return self._execute(self._test([Phase.explicit], self.config.seed, 1, explicit=example))
+
+
+# ---- the whole budget in this process (library use: the gate, benchmarks, tests) ----------------------------
+class _Counting(_Quiet):
+    def __init__(self, stats: TargetStats, start: float, on_example: Callable[[TargetStats], None]) -> None:
+        self.stats, self.start, self.on_example = stats, start, on_example
+
+    def end(self, target, outcome) -> None:
+        self.stats.add(outcome, time.monotonic() - self.start)
+        self.on_example(self.stats)
+
+    def failure(self, record) -> None:
+        self.stats.add_failure(record)
 
 
 def fuzz_target(target: Target, config: CampaignConfig,
                 on_example: Callable[[TargetStats], None] = lambda s: None,
                 stats: TargetStats | None = None) -> TargetStats:
-    """Fuzz one target within the config's budget; returns its statistics and distinct failures.
-
-    Pass ``stats`` to keep what was counted if the run is interrupted (KeyboardInterrupt propagates
-    after the in-flight example's journal entry is removed)."""
+    """Fuzz one target within the config's budget in this process: replay the database, then chunks
+    ``0, 1, ...`` of fresh seeds (sized to the time left) until ``max_examples`` or ``duration``; returns the
+    counts and distinct failures. A kernel that crashes the process takes this process with it: campaigns that
+    must survive that run under the supervisor (``kvfuzz fuzz``). Pass ``stats`` to keep what was counted if
+    the run is interrupted (KeyboardInterrupt propagates)."""
     stats = stats if stats is not None else TargetStats(target.name)
     config.out.mkdir(parents=True, exist_ok=True)
-    config.dir.mkdir(parents=True, exist_ok=True)
-    journal = _journal_path(config.dir)
-    fault_name = config.fault.name if config.fault else None
-    known: set[tuple[str, str]] = set()
-    latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
     start = time.monotonic()
-    if config.big_cache and not target.capabilities.contract.is_attention:
-        raise ValueError(f"--big-cache fuzzes attention kernels; {target.name} is a cache writer (its property "
-                         "compares whole caches before and after the call)")
-    if config.undeclared:
-        strategy = undeclared_examples(target.capabilities, target.faithful_dtypes(), config.limits, config.poisons)
-    elif config.big_cache:
-        strategy = big_cache_examples(target.capabilities, config.limits, config.poisons)
-    else:
-        strategy = examples(target.capabilities, config.limits, config.poisons)
-
-    def body(example: Example) -> None:
+    campaign = Campaign(target, config, _Counting(stats, start, on_example))
+    campaign.replay_database()
+    chunk = 0
+    while stats.examples < config.max_examples:
         if STOP.is_set():
             raise KeyboardInterrupt
-        lab = labels(target, example.batch)
-        for k, v in lab.items():
-            event(f"{k}: {v}")
-        steer(stats.coverage.rarity(lab), label="rarely covered paths")
-        journal.write_text(json.dumps({"target": target.name, "fault": fault_name, "path": lab["path"],
-                                       "example": example.to_dict()}))
-        if config.undeclared:
-            from kvfuzz.contracts.layouts import LayoutError
-            try:
-                run = properties.prepare(target, example, config.fault)
-            except LayoutError:
-                journal.unlink(missing_ok=True)
-                from hypothesis import reject
-                reject()
-        else:
-            run = properties.prepare(target, example, config.fault)
-        try:
-            if config.undeclared:
-                run, outcome = properties.check_undeclared(target, example, run=run)
-                kind = outcome.split(":")[0]
-                lab["undeclared"] = kind
-                event(f"undeclared: {kind}")
-                if kind == "rejected":
-                    stats.rejections[outcome.removeprefix("rejected: ")] += 1
-            else:
-                properties.check(target, example, config.fault, run=run, run_unsafe=config.run_unsafe)
-        except Finding as f:
-            if stats.first_failure_s is None:
-                stats.first_failure_s = time.monotonic() - start
-                stats.first_failure_examples = stats.examples + 1
-            sig = f.signature
-            if sig in known:
-                stats.failures[sig].count += 1
-                return
-            latest[sig] = (example, f, run)
-            raise
-        finally:
-            journal.unlink(missing_ok=True)
-            stats.examples += 1
-            stats.paths[run.path] += 1
-            stats.coverage.add(lab)
-            stats.kernel_seconds += run.timings.kernel
-            stats.harness_seconds += sum(attrs.astuple(run.timings)) - run.timings.kernel
-            stats.max_error_ratio = max(stats.max_error_ratio, run.ratio)
-            stats.elapsed = time.monotonic() - start
-            on_example(stats)
-
-    # How Hypothesis and Tyche name the property (must be an identifier): kvfuzz_vllm_cpu_attention.
-    body.__name__ = body.__qualname__ = "kvfuzz_" + re.sub(r"\W", "_", target.name)
-    key = f"kvfuzz:{target.name}:{fault_name}".encode()
-    db = config.db()
-
-    def make_test(phases, chunk_seed: int, max_examples: int):
-        test = settings(
-            database=db, max_examples=max_examples, deadline=None, phases=phases,
-            suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, report_multiple_bugs=True,
-            derandomize=False, print_blob=False,
-        )(seed(chunk_seed)(given(strategy)(body)))
-        test._hypothesis_internal_database_key = key  # one corpus per target and fault, as find() does
-        return test
-
-    def record(exc: BaseException) -> None:
-        errors = exc.exceptions if isinstance(exc, BaseExceptionGroup) else [exc]
-        for e in errors:
-            if not isinstance(e, Finding):
-                raise e
-            example, finding, run = latest[e.signature]
-            known.add(e.signature)
-            found = FoundFailure(target.name, finding, example, run)
-            found.reproducer = write_reproducer(config.out, target, example, finding, run, fault_name=fault_name)
-            stats.failures[e.signature] = found
-
-    # 1. replay what the database remembers for this target
-    try:
-        if next(iter(db.fetch(key)), None) is not None:
-            make_test([Phase.reuse, Phase.shrink], config.seed, 1)()
-    except (Finding, BaseExceptionGroup) as e:
-        record(e)
-    # 2. explore fresh seeds in chunks; a resumed campaign continues the chunk sequence (new seeds)
-    state_file = config.dir / "state.json"
-    state = json.loads(state_file.read_text()) if state_file.exists() else {}
-    chunk = state.get(target.name, {}).get("chunks", 0)
-    try:
-        while stats.examples < config.max_examples:
-            if STOP.is_set():
-                raise KeyboardInterrupt
-            if config.duration is not None and time.monotonic() - start > config.duration:
-                break
-            before = stats.examples
-            n = min(config.chunk_examples, config.max_examples - stats.examples)
-            if config.duration is not None and stats.examples:
-                # size the chunk to the time left, so the budget overshoots by at most one example (or a shrink)
-                per_example = (time.monotonic() - start) / stats.examples
-                n = max(1, min(n, int((config.duration - (time.monotonic() - start)) / per_example)))
-            try:
-                make_test([Phase.generate, Phase.target, Phase.shrink], config.seed * 100_003 + chunk, n)()
-            except (Finding, BaseExceptionGroup) as e:
-                record(e)
-            chunk += 1
-            if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
-                break
-            if config.stop_at_first_failure and stats.failures:
-                break
-    finally:  # also when interrupted: a resumed campaign starts after the chunk that was running
-        state[target.name] = {"chunks": chunk + 1, "seed": config.seed}
-        state_file.write_text(json.dumps(state))
+        elapsed = time.monotonic() - start
+        if config.duration is not None and elapsed > config.duration:
+            break
+        before = stats.examples
+        n = chunk_size(config, stats.examples, elapsed)
+        campaign.run_chunk(chunk, n)
+        chunk += 1
+        if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
+            break
+        if config.stop_at_first_failure and stats.failures:
+            break
     stats.elapsed = time.monotonic() - start
     return stats
 
 
-__all__ = ["CampaignConfig", "FoundFailure", "TargetStats", "fuzz_target", "recover_crashed"]
+def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int = 1) -> int:
+    """Examples in the next chunk: at most ``config.chunk_examples`` and what is left of the example budget;
+    with a time budget, no more than the time left allows at the rate measured so far (so the budget overshoots
+    by at most one example per worker, or a shrink)."""
+    n = min(config.chunk_examples, config.max_examples - done)
+    if config.duration is not None and done:
+        per_example = elapsed / done * workers
+        n = min(n, int((config.duration - elapsed) / per_example))
+    return max(1, n)
+
+
+__all__ = ["CHUNK_SEED_STRIDE", "Campaign", "CampaignConfig", "FailureRecord", "Listener", "Outcome",
+           "TargetStats", "chunk_size", "fuzz_target", "strategy_for"]

@@ -16,9 +16,8 @@ from pathlib import Path
 import attrs
 
 from kvfuzz.contracts.poison import Poison
-from kvfuzz.fuzz.campaign.database import read_only_view
-from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
-from kvfuzz.fuzz.campaign.reproducers import replay
+from kvfuzz.fuzz.campaign.engine import CampaignConfig
+from kvfuzz.fuzz.campaign.reproducers import BadReproducer, replay
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.limits import Limits
 
@@ -36,38 +35,51 @@ class CheckResult:
     seconds: float
     failure: str | None = None
     detail: str = ""
+    #: the case could not be read or its target not loaded (exit 2: bad input, not a regression)
+    bad_input: bool = False
 
 
 def check_targets(targets: list[Target], out: Path, max_examples: int, seed: int,
-                  limits: Limits = CHECK_LIMITS, db_spec: str | None = None) -> list[CheckResult]:
-    """A deterministic budget per target: fixed seeds, each target's ``gate_poisons``, an in-memory database
-    (plus, with ``db_spec``, a read-only view of that corpus, whose failures are replayed first)."""
+                  limits: Limits = CHECK_LIMITS, db_spec: str | None = None,
+                  names: list[str] | None = None) -> list[CheckResult]:
+    """A deterministic budget per target: fixed seeds (chunk 0 on, whatever ran before in ``out``), each target's
+    ``gate_poisons``, an in-memory database (plus, with ``db_spec``, a read-only view of that corpus, whose
+    failures are replayed first), run in one supervised worker so a kernel that crashes or hangs is a failed
+    result, not a dead gate. ``names``: how the user named each target (file/module specs)."""
+    from kvfuzz.fuzz.campaign.workers import Supervisor
+
+    config = CampaignConfig(out=out, max_examples=max_examples, seed=seed, limits=limits, poisons=tuple(Poison),
+                            db_spec=db_spec, gate=True)
+    run = Supervisor(targets, names or [t.name for t in targets], config, workers=1, resume=False).run()
     results = []
-    for t in targets:
-        config = CampaignConfig(out=out, max_examples=max_examples, seed=seed, limits=limits,
-                                poisons=t.gate_poisons or tuple(Poison), database=read_only_view(db_spec),
-                                work_dir=out / "work")
-        s = time.monotonic()
-        stats = fuzz_target(t, config)
-        failure = None
-        if stats.failures:
-            failure = "; ".join(f"{f.finding.kind.value} ({f.finding.check}): {f.finding.message} "
-                                f"[reproducer: {f.reproducer}]" for f in stats.failures.values())
-        results.append(CheckResult("property", t.name, time.monotonic() - s, failure,
+    for stats in run.targets:
+        problems = [f"{f.kind} ({f.check}): {f.message} [reproducer: {f.reproducer}]"
+                    for f in stats.failures.values()]
+        if stats.stopped:
+            problems.append(stats.stopped)
+        results.append(CheckResult("property", stats.target, stats.elapsed, "; ".join(problems) or None,
                                    f"{stats.examples} examples, paths {dict(stats.paths)}"))
+    if run.problems:
+        results.append(CheckResult("property", "campaign", 0.0, "; ".join(run.problems)))
     return results
 
 
-def check_corpus(corpus: Path) -> list[CheckResult]:
+def check_corpus(corpus: Path, trust_targets: bool = False, timeout: float = 300.0) -> list[CheckResult]:
+    """Replay every reproducer directory under ``corpus``, each isolated in a child process with ``timeout``
+    (a case that crashes or hangs is a failed result, "kernel crash"/"kernel hang", and the gate goes on). A
+    case that cannot be read or whose target is not trusted is a failed result whose ``bad_input`` is set."""
     results = []
-    for d in sorted(p for p in corpus.iterdir() if (p / "case.json").exists()):
+    for d in sorted(p for p in corpus.iterdir() if p.is_dir() and (p / "case.json").exists()):
         s = time.monotonic()
+        bad = False
         try:
-            r = replay(d)
+            r = replay(d, trust_target=trust_targets, timeout=timeout)
             failure = None if r.got is None else f"{r.got[0]} ({r.got[1]}): {r.message}"
-        except Exception as e:  # a case that cannot even be replayed is a failure of the gate, named
-            failure = f"could not replay: {type(e).__name__}: {e}"
-        results.append(CheckResult("regression", d.name, time.monotonic() - s, failure))
+        except BadReproducer as e:
+            failure, bad = f"bad reproducer: {e}", True
+        except ValueError as e:  # an untrusted or unloadable target
+            failure, bad = f"cannot replay: {e}", True
+        results.append(CheckResult("regression", d.name, time.monotonic() - s, failure, bad_input=bad))
     return results
 
 

@@ -21,8 +21,9 @@ from hypothesis.strategies._internal.utils import to_jsonable
 
 
 @contextlib.contextmanager
-def observe_to(directory: Path):
-    """Within the block, write Hypothesis observations as JSON lines under ``directory``."""
+def observe_to(directory: Path, prefix: str = ""):
+    """Within the block, write Hypothesis observations as JSON lines under ``directory`` (file names start with
+    ``prefix``: one set of files per worker process)."""
     directory.mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()
     day = datetime.date.today().isoformat()
@@ -30,7 +31,7 @@ def observe_to(directory: Path):
     def deliver(observation, thread_id=None) -> None:
         kind = "testcases" if observation.type == "test_case" else "info"
         line = json.dumps(to_jsonable(observation, avoid_realization=False)) + "\n"
-        with lock, open(directory / f"{day}_{kind}.jsonl", "a") as f:
+        with lock, open(directory / f"{prefix}{day}_{kind}.jsonl", "a") as f:
             f.write(line)
 
     with with_observability_callback(deliver, all_threads=True):

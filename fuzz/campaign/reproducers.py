@@ -1,11 +1,21 @@
 """Reproducer directories: everything needed to see, re-run and share one failure.
 
 <out>/<target>-<kind>-<check>-<hash>/
-    case.json           target, contract, failure kind and blame, the violated invariant or oracle, the
-                        message and details, the example (batch + poison), the caller fault, versions
+    case.json           target (and, for an adapter loaded from a file or module, its spec), contract, failure
+                        kind and blame, the violated invariant or oracle, the message and details, the example
+                        (batch + poison), the caller fault, versions
     tensors.safetensors the call's tensors (query, key, value, caches, index tensors), the ground-truth
-                        keys/values, the kernel output and the fp64 reference, as they were
-    test_case.py        a standalone pytest file that re-runs the case and fails the same way
+                        keys/values, the kernel output and the fp64 reference, as they were (absent when the
+                        call could not even be built: case.json says why)
+    test_case.py        a standalone pytest file that re-runs the case (isolated) and fails while it reproduces
+
+Reading one back (:func:`load_case`) validates every field it needs and raises :class:`BadReproducer` naming the
+file, the field and the fix, so a broken file is never mistaken for a failure that came back. Replaying
+(:func:`replay`) runs the case in a child process with a timeout, so a case that segfaults or hangs is reported
+("kernel crash: SIGSEGV", "kernel hang: timeout") instead of taking the replaying process down; and it imports
+no code the user did not name: registered targets (built-in, entry points) resolve by name, while an adapter
+loaded from a file or module needs ``target_spec`` (the user names it) or ``trust_target=True``. Tensors are
+stored as safetensors; nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -13,26 +23,43 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import multiprocessing as mp
 import platform
+import time
 from pathlib import Path
 from typing import Any
 
 import attrs
-import torch
-from safetensors.torch import load_file, save_file
 
 from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import FINDING_CLASSES, Finding
+from kvfuzz.contracts.failures import FailureKind, Finding
+from kvfuzz.fuzz.campaign.endings import classify, finding_for
+from kvfuzz.fuzz.campaign.journal import json_safe
 from kvfuzz.fuzz.harness import properties
-from kvfuzz.fuzz.harness.faults import CallerFault, get_fault
+from kvfuzz.fuzz.harness.faults import FAULTS, get_fault
 from kvfuzz.fuzz.harness.run import Run
 from kvfuzz.fuzz.targets.base import Target
+from kvfuzz.fuzz.targets.registry import get_target, is_registered, load_spec, spec_of
 
 CASE_FORMAT = 1
+#: Seconds a replay may run before it is reported as a hang.
+REPLAY_TIMEOUT = 300.0
+
+
+class BadReproducer(ValueError):
+    """A reproducer directory that cannot be read: ``path`` and ``field`` say where, the message says how to
+    fix it. (kvfuzz replay and kvfuzz check exit 2 on it: the file is broken, the bug is not known to be back.)"""
+
+    def __init__(self, path: Path, field: str | None, problem: str, fix: str = "") -> None:
+        where = f"{path}" + (f", field {field!r}" if field else "")
+        super().__init__(f"{where}: {problem}" + (f"; {fix}" if fix else ""))
+        self.path, self.field = path, field
 
 
 def versions() -> dict[str, str | None]:
     """Versions of everything that can change a result."""
+    import torch
+
     out: dict[str, str | None] = {"python": platform.python_version()}
     for dist in ("kvfuzz", "torch", "triton", "vllm", "hypothesis"):
         try:
@@ -44,21 +71,18 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def _json_safe(obj: Any) -> Any:
-    return json.loads(json.dumps(obj, default=str))
-
-
 def case_dict(target: Target, example: Example, finding: Finding, fault_name: str | None) -> dict[str, Any]:
     b = example.batch
     return {
         "format": CASE_FORMAT,
         "target": target.name,
+        "target_spec": spec_of(target),
         "contract": target.capabilities.contract.value,
         "kind": finding.kind.value,
         "blame": finding.kind.blame,
         "check": finding.check,
         "message": finding.message,
-        "details": _json_safe(finding.details),
+        "details": json_safe(finding.details),
         "caller_fault": fault_name,
         "example": example.to_dict(),
         "derived": {"seq_lens": list(b.seq_lens), "query_start_loc": list(b.query_start_loc),
@@ -68,10 +92,12 @@ def case_dict(target: Target, example: Example, finding: Finding, fault_name: st
     }
 
 
-def _tensors(run: Run) -> dict[str, torch.Tensor]:
+def _tensors(run: Run) -> dict:
     """What a reproducer stores: inputs, ground truth, caches, index tensors, output and reference. A cache
     over FULL_POISON_MAX_BYTES (``--big-cache``) is stored as its referenced blocks (``key_cache_blocks``,
     ``value_cache_blocks``) with their ids (``cache_block_ids``), not as several GiB."""
+    import torch
+
     from kvfuzz.contracts.materialize import is_big, referenced_blocks
 
     t: dict[str, torch.Tensor] = {
@@ -105,99 +131,269 @@ _TEST_TEMPLATE = '''"""kvfuzz reproducer: {kind} ({check}) on {target}.
 {message}
 
 Re-run: pytest {dirname}/test_case.py   (or: kvfuzz replay {dirname})
-The test fails while the failure reproduces.
+The test fails while the failure reproduces and passes once it is fixed. It replays this directory in a child
+process (a crash or a hang fails the test instead of killing pytest).
 """
 
-import json
+from pathlib import Path
 
-from kvfuzz.fuzz.campaign.reproducers import rerun
-
-CASE = json.loads(r"""{case_json}""")
+from kvfuzz.fuzz.campaign.reproducers import replay
 
 
 def test_case():
-    rerun(CASE["target"], CASE["example"], CASE["caller_fault"])
+    # running this file is your consent to import the target it names (trust_target)
+    r = replay(Path(__file__).parent, trust_target=True)
+    assert r.got is None, f"{{r.got[0]}} ({{r.got[1]}}): {{r.message}}"
 '''
 
 
 def write_reproducer(out: Path, target: Target, example: Example, finding: Finding, run: Run | None,
                      fault_name: str | None = None) -> Path:
-    """Write a reproducer directory under ``out``; returns its path. With ``run=None`` (a crash recovered
-    from the journal) the tensors are rebuilt from the example without running the kernel."""
+    """Write a reproducer directory under ``out``; returns its path. With ``run=None`` (a crash recovered by the
+    supervisor) the tensors are rebuilt from the example without running the kernel; when even that fails (the
+    adapter cannot build the call), case.json says so and tensors.safetensors is left out."""
+    from safetensors.torch import save_file
+
     case = case_dict(target, example, finding, fault_name)
     digest = hashlib.sha1(json.dumps(case["example"], sort_keys=True).encode()).hexdigest()[:10]
-    name = f"{target.name}-{finding.kind.slug}-{finding.check.replace(' ', '-')}-{digest}"
-    d = Path(out) / name
+    slug = "".join(c if c.isalnum() or c in "._" else "-" for c in finding.check)
+    d = Path(out) / f"{target.name}-{finding.kind.slug}-{slug}-{digest}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "case.json").write_text(json.dumps(case, indent=2) + "\n")
     if run is None:
-        run = properties.prepare(target, example, get_fault(fault_name) if fault_name else None)
-    save_file(_tensors(run), str(d / "tensors.safetensors"))
-    compact = json.dumps({"target": case["target"], "example": case["example"], "caller_fault": fault_name})
+        try:
+            run = properties.prepare(target, example, get_fault(fault_name) if fault_name else None)
+        except Exception as e:  # the finding itself may be that the call cannot be built
+            case["tensors"] = f"not written: building the call raised {type(e).__name__}: {e}"
+    if run is not None:
+        tmp = d / ".tensors.safetensors.tmp"
+        save_file(_tensors(run), str(tmp))
+        tmp.replace(d / "tensors.safetensors")
+    from kvfuzz.fuzz.campaign.journal import write_json
+
+    write_json(d / "case.json", case)
     (d / "test_case.py").write_text(_TEST_TEMPLATE.format(
-        kind=case["kind"], check=case["check"], target=target.name, message=finding.message[:2000],
-        dirname=d.name, case_json=compact))
+        kind=case["kind"], check=case["check"], target=target.name, message=finding.message[:2000].replace('"""', "'''"),
+        dirname=d.name))
     return d
 
 
-def rerun(target_name: str, example: dict, fault_name: str | None) -> Run:
-    """Re-run one example; raises the Finding if it still fails (used by test_case.py)."""
-    from kvfuzz.fuzz.targets import get_target
+# ---- reading back ---------------------------------------------------------------------------------------------
+@attrs.frozen
+class Case:
+    """A validated case.json: the fields a replay needs."""
 
-    target = get_target(target_name)
-    avail = target.availability()
-    if not avail.ok:
-        raise RuntimeError(f"target {target_name} is not available here: {avail.reason}")
-    fault = get_fault(fault_name) if fault_name else None
-    return properties.check(target, Example.from_dict(example), fault)
+    directory: Path
+    target: str
+    target_spec: str | None
+    kind: str
+    check: str
+    example: Example
+    fault: str | None
+    raw: dict
 
 
+def _need(case: dict, path: Path, field: str, typ: type | tuple, what: str) -> Any:
+    if field not in case:
+        raise BadReproducer(path, field, "is missing", f"a kvfuzz case.json has {what}")
+    v = case[field]
+    if not isinstance(v, typ):
+        raise BadReproducer(path, field, f"is {type(v).__name__} {str(v)[:60]!r}, expected {what}")
+    return v
+
+
+def load_case(directory: str | Path) -> Case:
+    """Read and validate ``directory/case.json`` (and that tensors.safetensors, if present, is a readable
+    safetensors file). Raises :class:`BadReproducer` naming the file, the field and the fix."""
+    d = Path(directory)
+    path = d / "case.json"
+    if not d.is_dir():
+        raise BadReproducer(d, None, "is not a directory", "pass a reproducer directory written by `kvfuzz fuzz`")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadReproducer(path, None, "does not exist", "pass a reproducer directory written by `kvfuzz fuzz` "
+                            "(it holds case.json, tensors.safetensors, test_case.py)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadReproducer(path, None, f"cannot be read ({e})") from None
+    try:
+        case = json.loads(text)
+    except ValueError as e:
+        raise BadReproducer(path, None, f"is not valid JSON ({e})", "restore it from the campaign's output") from None
+    if not isinstance(case, dict):
+        raise BadReproducer(path, None, f"holds a JSON {type(case).__name__}, not an object",
+                            "a kvfuzz case.json is an object with target, kind, check, example")
+    fmt = case.get("format")
+    if fmt != CASE_FORMAT:
+        raise BadReproducer(path, "format", f"is {fmt!r}; this kvfuzz reads format {CASE_FORMAT}",
+                            "rewrite the case with this kvfuzz (replay its example with `kvfuzz fuzz`)")
+    target = _need(case, path, "target", str, "the target's name (a string)")
+    spec = case.get("target_spec")
+    if spec is not None and not isinstance(spec, str):
+        raise BadReproducer(path, "target_spec", f"is {type(spec).__name__}, expected a string or null")
+    kind = _need(case, path, "kind", str, "the failure kind (a string)")
+    if kind not in {k.value for k in FailureKind}:
+        raise BadReproducer(path, "kind", f"is {kind!r}, not a failure kind",
+                            f"one of {', '.join(k.value for k in FailureKind)}")
+    check = _need(case, path, "check", str, "the check that failed (a string)")
+    raw_example = _need(case, path, "example", dict, "the example: an object with batch and poison")
+    try:
+        example = Example.from_dict(raw_example)
+    except KeyError as e:
+        raise BadReproducer(path, f"example.{e.args[0]}", "is missing") from None
+    except (TypeError, ValueError) as e:
+        raise BadReproducer(path, "example", f"is not a valid example ({type(e).__name__}: {e})") from None
+    fault = case.get("caller_fault")
+    if fault is not None and fault not in FAULTS:
+        raise BadReproducer(path, "caller_fault", f"is {fault!r}, not a caller fault this kvfuzz knows",
+                            f"one of {', '.join(FAULTS)}, or null")
+    tensors = d / "tensors.safetensors"
+    if tensors.exists():
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(tensors), framework="pt") as f:
+                list(f.keys())
+        except Exception as e:
+            raise BadReproducer(tensors, None, f"is not a readable safetensors file ({type(e).__name__}: {e}); "
+                                "kvfuzz never reads pickles", "restore it, or delete it (the case replays from "
+                                "case.json alone)") from None
+    return Case(d, target, spec, kind, check, example, fault, case)
+
+
+# ---- replaying ------------------------------------------------------------------------------------------------
 @attrs.frozen
 class ReplayResult:
     """expected: the case's recorded (kind, check). got: what the re-run found, None if it passed.
-    inputs_match: whether the regenerated inputs equal the stored tensors bit for bit."""
+    inputs_match: whether the regenerated inputs equal the stored tensors bit for bit (None: no tensors)."""
 
     directory: Path
     expected: tuple[str, str]
     got: tuple[str, str] | None
     message: str
-    inputs_match: bool
+    inputs_match: bool | None
 
     @property
     def reproduced(self) -> bool:
         return self.got == self.expected
 
 
-def replay(directory: str | Path) -> ReplayResult:
-    """Re-run a reproducer directory and compare with what it recorded.
+class UntrustedTarget(ValueError):
+    """The case names an adapter loaded from a file or module; replaying it would run that code."""
 
-    Raises FileNotFoundError if ``directory`` has no case.json, ValueError if case.json is not a kvfuzz case.
-    """
-    d = Path(directory)
-    case_file = d / "case.json"
-    if not case_file.exists():
-        raise FileNotFoundError(f"{d} has no case.json: pass a reproducer directory written by `kvfuzz fuzz`")
-    case = json.loads(case_file.read_text())
-    if case.get("format") != CASE_FORMAT or "example" not in case:
-        raise ValueError(f"{case_file} is not a kvfuzz case (format {case.get('format')!r})")
-    expected = (case["kind"], case["check"])
-    from kvfuzz.fuzz.targets import get_target
 
-    target = get_target(case["target"])
-    fault = get_fault(case["caller_fault"]) if case.get("caller_fault") else None
-    example = Example.from_dict(case["example"])
-    inputs_match = True
-    tensors_file = d / "tensors.safetensors"
-    run = properties.prepare(target, example, fault)
-    if tensors_file.exists():
-        stored = load_file(str(tensors_file))
-        inputs_match = all(torch.equal(stored[k].view(torch.uint8), v.contiguous().view(torch.uint8))
+def resolve_target(case: Case, target_spec: str | None = None, trust_target: bool = False) -> Target:
+    """The case's target: by name when it is registered (built-in or entry point); from ``target_spec`` when the
+    user names one (its name must be the case's); from the case's own spec only with ``trust_target``. Raises
+    UntrustedTarget (use exit 2) with the way out, or ValueError when the spec cannot be loaded."""
+    if target_spec is not None:
+        t = load_spec(target_spec) if ":" in target_spec else get_target(target_spec)
+        if t.name != case.target:
+            raise ValueError(f"--target {target_spec} loads a target named {t.name!r}, but {case.directory}/case.json "
+                             f"was written for {case.target!r}")
+        return t
+    if is_registered(case.target):
+        return get_target(case.target)
+    if case.target_spec is None:
+        raise ValueError(f"{case.directory}/case.json names target {case.target!r}, which is not registered here "
+                         "and has no target_spec; pass --target path/to/file.py:CLASS or package.module:CLASS")
+    if not trust_target:
+        raise UntrustedTarget(
+            f"{case.directory}/case.json names target {case.target!r}, loaded from {case.target_spec!r}; replaying "
+            f"it would import and run that code, so kvfuzz does not do it on its own. Pass --target "
+            f"{case.target_spec} to name it yourself, or --trust-target to use the spec in case.json")
+    spec = case.target_spec
+    module_part, _, attr = spec.rpartition(":")
+    if module_part.endswith(".py") and not Path(module_part).exists():
+        local = case.directory / Path(module_part).name  # a reproducer shared with its adapter beside it
+        if local.exists():
+            spec = f"{local}:{attr}"
+    return load_spec(spec)
+
+
+def replay_here(case: Case, target: Target, on_phase=None) -> ReplayResult:
+    """Re-run ``case`` in this process (a crash takes this process down: prefer :func:`replay`)."""
+    import torch
+    from safetensors.torch import load_file
+
+    fault = get_fault(case.fault) if case.fault else None
+    run = properties.prepare(target, case.example, fault)
+    inputs_match = None
+    tensors = case.directory / "tensors.safetensors"
+    if tensors.exists():
+        stored = load_file(str(tensors))
+        inputs_match = all(k in stored and torch.equal(stored[k].view(torch.uint8), v.contiguous().view(torch.uint8))
                            for k, v in (("query", run.data.query), ("keys_ground_truth", run.data.keys)))
+    expected = (case.kind, case.check)
     try:
-        properties.check(target, example, fault, run=run)
+        properties.check(target, case.example, fault, run=run, run_unsafe=True, on_phase=on_phase)
     except Finding as f:
-        return ReplayResult(d, expected, f.signature, f.message, inputs_match)
-    return ReplayResult(d, expected, None, "the example passes now", inputs_match)
+        return ReplayResult(case.directory, expected, f.signature, f.message, inputs_match)
+    return ReplayResult(case.directory, expected, None, "the example passes now", inputs_match)
 
 
-__all__ = ["replay", "rerun", "write_reproducer", "versions", "ReplayResult", "FINDING_CLASSES", "CallerFault"]
+def _child(directory: str, target_spec: str | None, trust_target: bool, conn) -> None:
+    """The isolated replay's child: run the case, telling the parent each phase and the result."""
+    case = load_case(directory)
+    target = resolve_target(case, target_spec, trust_target)
+    conn.send(("phase", "prepare"))
+    r = replay_here(case, target, on_phase=lambda p: conn.send(("phase", p)))
+    conn.send(("result", r.got, r.message, r.inputs_match))
+    conn.send(("bye",))
+
+
+def replay(directory: str | Path, *, target_spec: str | None = None, trust_target: bool = False,
+           timeout: float = REPLAY_TIMEOUT) -> ReplayResult:
+    """Re-run a reproducer directory in a child process and compare with what it recorded. A child that dies
+    inside the kernel gives got = ("kernel crash", "<signal or exit status>"); one that runs past ``timeout``
+    seconds is killed and gives ("kernel hang", "timeout"); outside the kernel, ("harness error", ...).
+
+    Raises BadReproducer (a broken file), UntrustedTarget (an adapter the user did not name), or ValueError
+    (the named target cannot be loaded) before anything runs."""
+    case = load_case(directory)
+    resolve_target(case, target_spec, trust_target)  # refuse untrusted or unknown targets here, not in the child
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(str(case.directory), target_spec, trust_target, child), daemon=True)
+    proc.start()
+    child.close()
+    phase, result, goodbye, hung = None, None, False, False
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                hung = True
+                proc.kill()
+                break
+            if parent.poll(min(left, 0.5)):
+                try:
+                    msg = parent.recv()
+                except (EOFError, OSError):
+                    break
+                if msg[0] == "phase":
+                    phase = msg[1]
+                elif msg[0] == "result":
+                    result = msg[1:]
+                elif msg[0] == "bye":
+                    goodbye = True
+            elif not proc.is_alive() and not parent.poll():
+                break
+        proc.join(10)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    expected = (case.kind, case.check)
+    if result is not None:
+        got, message, inputs_match = result
+        return ReplayResult(case.directory, expected, None if got is None else tuple(got), message, inputs_match)
+    ending = classify(proc.exitcode, said_goodbye=goodbye, killed_for_hang=hung)
+    finding = finding_for(ending, phase or "prepare", timeout=timeout)
+    if finding is None:  # killed from outside
+        return ReplayResult(case.directory, expected, ("harness error", f"replay {ending.detail}"),
+                            f"the replay process was {ending.kind.value} ({ending.detail}) before it answered", None)
+    return ReplayResult(case.directory, expected, finding.signature, finding.message, None)
+
+
+__all__ = ["BadReproducer", "CASE_FORMAT", "Case", "ReplayResult", "UntrustedTarget", "load_case", "replay",
+           "replay_here", "resolve_target", "versions", "write_reproducer"]

@@ -1,62 +1,673 @@
-"""Multi-process campaigns: N worker processes, each a single-process ``kvfuzz fuzz`` with its own seed,
-sharing the reproducer directory and the example database; the supervisor isolates kernel crashes and hangs.
+"""Supervised campaigns: every ``kvfuzz fuzz`` runs its examples in worker processes (one or more) under a
+supervisor, so a kernel that segfaults, aborts, exits or hangs costs one worker, never the campaign, and
+every example is accounted for.
 
-A worker journals every example to ``<out>/workers/wN/inflight.json`` before its kernel runs and removes it
-after. The supervisor polls the workers:
+Process model (docs/campaigns.md has the full table):
 
-- a worker that exits by a signal or an unexpected code (segfault, abort, CUDA illegal memory access taking
-  the process down) leaves its journal behind: the example becomes a "kernel crash" reproducer and the
-  worker restarts with a new seed and the remaining budget;
-- a worker whose journal is older than ``example_timeout`` is stuck in a kernel: it is killed, the example
-  becomes a "kernel hang" reproducer, and the worker restarts.
-
-On CUDA machines each worker is pinned to one GPU with CUDA_VISIBLE_DEVICES (worker i -> GPU i mod count).
-SIGINT/SIGTERM to the supervisor are forwarded; workers stop after their current example and write their
-summaries, which the supervisor merges (one entry per distinct failure, counts summed).
+- Workers are standard ``multiprocessing`` processes (spawn). Each builds the campaign's targets and a
+  :class:`~kvfuzz.fuzz.campaign.engine.Campaign` per target, then runs tasks the supervisor sends: replay the
+  database for a target, explore a chunk of seeds, re-run one example. It reports every example over its pipe
+  as it happens (begin, phase, end, new failures), so the supervisor knows at each moment which example each
+  worker runs and in which phase, and counts every example exactly, including those of a worker that dies.
+- The budget is global: ``--max-examples`` and ``--duration`` are per target for the whole campaign, shared by
+  the workers; the supervisor hands out chunks until they are spent.
+- A worker dies with its supervisor (``PR_SET_PDEATHSIG`` plus a watchdog on its parent pid), ignores Ctrl-C
+  (the supervisor stops it) and stops on SIGTERM after the example in flight.
+- When a worker ends, :mod:`kvfuzz.fuzz.campaign.endings` classifies how: a crash or exit inside the kernel is
+  a kernel crash, a timeout inside the kernel a kernel hang, either outside the kernel a harness error (each
+  written as a reproducer by the supervisor); a worker killed from outside gets its example retried once by a
+  fresh worker, and counts it lost if killed again. A target that crashes or hangs ``max_crashes`` times gets
+  no more work (said in the summary). Workers that cannot start, or a database that fails, end the campaign.
+- The supervisor writes ``OUT/status.json`` and ``OUT/state.json`` (chunks started per target, the examples in
+  flight) atomically every couple of seconds, so a campaign killed outright resumes with new seeds and retries
+  what it had in flight.
 """
 
 from __future__ import annotations
 
-import json
+import ctypes
+import multiprocessing as mp
 import os
 import signal
-import subprocess
 import sys
+import threading
 import time
+from multiprocessing.connection import wait
 from pathlib import Path
+from typing import Any, Callable
 
 import attrs
 
-from kvfuzz.fuzz.campaign.engine import CampaignConfig, FoundFailure, recover_crashed
-from kvfuzz.fuzz.campaign.reproducers import write_reproducer
-from kvfuzz.fuzz.targets.base import Target
+from kvfuzz.fuzz.campaign.endings import EndingKind, classify, finding_for
+from kvfuzz.fuzz.campaign.journal import CampaignState, read_json, write_json
+
+#: Seconds between status/state snapshots.
+SNAPSHOT_SECONDS = 2.0
+#: Seconds workers get to finish their example after a stop before they are killed.
+STOP_GRACE_SECONDS = 20.0
+
+
+# ---- the worker -------------------------------------------------------------------------------------------------
+@attrs.frozen
+class WorkerSpec:
+    """Everything a worker needs, picklable: the target names/specs as the user gave them, the campaign config
+    as plain values (``config``: CampaignConfig fields, fault by name), its index and GPU, torch threads, and
+    where to write Hypothesis observations (None: not at all)."""
+
+    targets: tuple[str, ...]
+    config: dict
+    index: int
+    parent_pid: int
+    log: str
+    gpu: int | None = None
+    threads: int = 1
+    observe_dir: str | None = None
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies, and watch the parent pid besides (the
+    prctl fires when the parent *thread* exits, and not at all if the parent died before it was set)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(0)
+            time.sleep(1.0)
+
+    if os.getppid() != parent_pid:
+        os._exit(0)
+    threading.Thread(target=watch, daemon=True, name="kvfuzz-parent-watch").start()
+
+
+class _PipeListener:
+    """The Campaign listener of a worker: every event goes to the supervisor."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def begin(self, target, example) -> None:
+        self.conn.send(("begin", target, example.to_dict()))
+
+    def phase(self, name) -> None:
+        self.conn.send(("phase", name))
+
+    def end(self, target, outcome) -> None:
+        self.conn.send(("end", target, attrs.asdict(outcome)))
+
+    def failure(self, record) -> None:
+        self.conn.send(("failure", record.target, attrs.asdict(record)))
+
+
+def worker_main(spec: WorkerSpec, conn) -> None:
+    """A worker's life: set up, say ready, run tasks until told to stop, say goodbye."""
+    _die_with_parent(spec.parent_pid)
+    log = os.open(spec.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    if spec.gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(spec.gpu)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
+
+    from kvfuzz.fuzz.harness.run import STOP
+
+    def term(signum, frame):
+        STOP.set()  # checked at every example, in case kernel code swallows the KeyboardInterrupt
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, term)
+    try:
+        import torch
+
+        from kvfuzz.contracts.example import Example
+        from kvfuzz.fuzz.campaign.database import DatabaseError
+        from kvfuzz.fuzz.campaign.engine import Campaign
+        from kvfuzz.fuzz.targets import get_target
+
+        torch.set_num_threads(spec.threads)
+        config = config_from_dict(spec.config)
+        targets = {t.name: t for t in (get_target(n) for n in spec.targets)}
+        try:
+            config.db()
+        except DatabaseError as e:
+            conn.send(("fatal", str(e)))
+            return
+        listener = _PipeListener(conn)
+        campaigns: dict[str, Campaign] = {}
+        observing = _observing(spec)
+        conn.send(("ready", os.getpid()))
+        with observing:
+            while True:
+                task = conn.recv()
+                if task[0] == "stop":
+                    break
+                kind, tid, name, *args = task
+                known = {tuple(s) for s in args[-1]}
+                c = campaigns.get(name) or campaigns.setdefault(name, Campaign(targets[name], config, listener))
+                c.known |= known
+                if kind == "replay":
+                    c.replay_database()
+                elif kind == "chunk":
+                    c.run_chunk(args[0], args[1])
+                elif kind == "retry":
+                    c.check_one(Example.from_dict(args[0]))
+                conn.send(("done", tid))
+    except KeyboardInterrupt:
+        pass  # stopped: say goodbye below
+    except Exception as e:  # kvfuzz itself broke outside any example: tell the supervisor, with the traceback
+        import traceback
+
+        traceback.print_exc()
+        conn.send(("fatal", f"worker {spec.index}: {type(e).__name__}: {e} (traceback in {spec.log})"))
+        return
+    _report_database_errors(conn, locals().get("config"))
+    conn.send(("bye",))
+
+
+def _report_database_errors(conn, config) -> None:
+    """Tell the supervisor how many operations of a shared (Redis) database failed in this worker."""
+    if config is None or config.database is None:
+        return
+    from kvfuzz.fuzz.campaign.database import remote_errors
+
+    n, last = remote_errors(config.database)
+    if n:
+        try:
+            conn.send(("warning", f"the shared example database failed {n} time(s) (last: {last}); every failure "
+                                  f"is also in {config.out / 'hypothesis-db'}"))
+        except (OSError, ValueError):
+            pass
+
+
+def _observing(spec: WorkerSpec):
+    import contextlib
+
+    if spec.observe_dir is None:
+        return contextlib.nullcontext()
+    from kvfuzz.fuzz.campaign.observability import observe_to
+
+    return observe_to(Path(spec.observe_dir), prefix=f"w{spec.index}_")
+
+
+def config_to_dict(config) -> dict:
+    """The picklable values of a CampaignConfig (the fault by name; no open database)."""
+    d = {f.name: getattr(config, f.name) for f in attrs.fields(type(config)) if f.name != "database"}
+    d["fault"] = config.fault.name if config.fault else None
+    d["poisons"] = [p.value for p in config.poisons]
+    d["limits"] = attrs.asdict(config.limits)
+    d["out"] = str(config.out)
+    return d
+
+
+def config_from_dict(d: dict):
+    from kvfuzz.contracts.poison import Poison
+    from kvfuzz.fuzz.campaign.engine import CampaignConfig
+    from kvfuzz.fuzz.harness.faults import get_fault
+    from kvfuzz.strategies.limits import Limits
+
+    d = dict(d)
+    d["fault"] = get_fault(d["fault"]) if d["fault"] else None
+    d["poisons"] = tuple(Poison(p) for p in d["poisons"])
+    d["limits"] = Limits(**d["limits"])
+    d["out"] = Path(d["out"])
+    d["run_unsafe"] = True  # a worker is isolated: calls that may read out of bounds run (and may crash it)
+    return CampaignConfig(**d)
+
+
+# ---- the supervisor --------------------------------------------------------------------------------------------
+@attrs.define
+class _Task:
+    id: int
+    kind: str  # "replay", "chunk", "retry"
+    target: str
+    n: int = 0
+    chunk: int = -1
+    example: dict | None = None
+    counted: int = 0  # examples of this task counted so far
 
 
 @attrs.define
-class Worker:
-    index: int
-    work_dir: Path
-    args: list[str]
-    seed: int
-    proc: subprocess.Popen | None = None
-    restarts: int = 0
-    crashes: dict = attrs.Factory(dict)  # target -> crashes and hangs in this worker
-    skip: list = attrs.Factory(list)
-    summaries: list = attrs.Factory(list)  # one per incarnation (a restarted worker starts a new one)
+class _Slot:
+    """One worker position; its process is replaced when it dies."""
 
-    def collect(self) -> None:
-        """Keep what this incarnation counted: its summary, or (killed) its last status file."""
-        summary, status = self.work_dir / "summary.json", self.work_dir / "status.json"
-        if summary.exists():
-            self.summaries.append(json.loads(summary.read_text()))
-        elif status.exists():
-            st = json.loads(status.read_text())
-            self.summaries.append({"targets": st["done"] + ([st["current"]] if st.get("current") else [])})
-        summary.unlink(missing_ok=True)
-        status.unlink(missing_ok=True)
-    started: float = 0.0
-    done: bool = False
-    returncode: int | None = None
+    index: int
+    proc: Any = None
+    conn: Any = None
+    ready: bool = False
+    goodbye: bool = False
+    task: _Task | None = None
+    in_flight: dict | None = None  # {"target", "example", "phase", "since"}
+    killed_for_hang: bool = False
+    starts: int = 0
+    startup_failures: int = 0
+    retired: bool = False
+
+
+@attrs.define
+class _Target:
+    """The supervisor's view of one target."""
+
+    target: Any
+    stats: Any
+    start: float | None = None
+    replayed: bool = False
+    replay_issued: bool = False
+    retries: list = attrs.Factory(list)  # examples to re-run once (their worker was killed from outside)
+    crashes: int = 0
+    in_flight: list = attrs.Factory(list)  # tasks
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+
+@attrs.define
+class SupervisorResult:
+    """targets: TargetStats per target. problems: what went wrong besides findings (workers that could not
+    start, examples lost; any of them makes the campaign's exit status 3). interrupted: the user stopped the
+    campaign. warnings: worth knowing, lost nothing (a shared database's outage)."""
+
+    targets: list
+    problems: list[str]
+    interrupted: bool
+    workers: int
+    restarts: int
+    warnings: list[str] = attrs.Factory(list)
+
+
+class Supervisor:
+    """Runs a campaign of ``workers`` processes over ``targets`` (see the module docstring).
+
+    ``target_names``: how the user named each target (names or file/module specs), so workers load the same
+    code. ``on_event``: a line for the console (crashes, restarts, retries). ``on_progress``: called with the
+    list of TargetStats at most every second. ``resume=False``: start at chunk 0 and ignore what an earlier
+    campaign in ``config.out`` left (the deterministic gate)."""
+
+    def __init__(self, targets: list, target_names: list[str], config, *, workers: int = 1,
+                 example_timeout: float = 300.0, max_crashes: int = 10, threads: int = 1,
+                 observe: bool = False, gpus: int = 0, resume: bool = True,
+                 on_event: Callable[[str], None] = lambda m: None,
+                 on_progress: Callable[[list], None] = lambda s: None) -> None:
+        from kvfuzz.fuzz.campaign.engine import TargetStats
+
+        self.config = config
+        self.names = list(target_names)
+        self.workers = workers
+        self.example_timeout = example_timeout
+        self.max_crashes = max_crashes
+        self.threads = threads
+        self.observe = observe
+        self.gpus = gpus
+        self.on_event = on_event
+        self.on_progress = on_progress
+        self.out = Path(config.out)
+        self.targets = [_Target(t, TargetStats(t.name)) for t in targets]
+        self.by_name = {t.name: t for t in self.targets}
+        self.slots = [_Slot(i) for i in range(workers)]
+        self.ctx = mp.get_context("spawn")
+        self.state = (CampaignState.load(self.out, config.seed, warn=on_event) if resume
+                      else CampaignState(self.out / "state.json", config.seed))
+        self.problems: list[str] = []
+        self.warnings: list[str] = []
+        self.stopping = False
+        self.fatal: str | None = None
+        self.restarts = 0
+        self._task_ids = 0
+        self._snapshot_at = 0.0
+        self._progress_at = 0.0
+        (self.out / "workers").mkdir(parents=True, exist_ok=True)
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    def run(self) -> SupervisorResult:
+        self._resume()
+        old = {s: signal.signal(s, self._stop_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.state.running = True
+            self._snapshot(force=True)
+            for slot in self.slots:
+                self._start(slot)
+            self._loop()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            self._reap_all()
+            self.state.running = False
+            self.state.in_flight = {}
+            self._snapshot(force=True)
+        lost = sum(t.stats.lost for t in self.targets)
+        if lost:
+            self.problems.append(f"{lost} example(s) lost: their workers were killed from outside twice")
+        if self.fatal:
+            self.problems.insert(0, self.fatal)
+        return SupervisorResult([t.stats for t in self.targets], self.problems, self.stopping and not self.fatal,
+                                self.workers, self.restarts, self.warnings)
+
+    def _stop_signal(self, signum, frame) -> None:
+        if not self.stopping:
+            self.on_event(f"stopping ({signal.Signals(signum).name}): workers finish their example in flight")
+        self.stopping = True
+
+    def _resume(self) -> None:
+        """A campaign killed outright left examples in flight: retry them first."""
+        if not (self.state.running and self.state.in_flight):
+            return
+        n = 0
+        for entry in self.state.in_flight.values():
+            t = self.by_name.get(entry.get("target"))
+            if t is not None and isinstance(entry.get("example"), dict):
+                t.retries.append(entry["example"])
+                n += 1
+        if n:
+            self.on_event(f"the last campaign in {self.out} was killed; retrying the {n} example(s) it had in flight")
+
+    def _start(self, slot: _Slot) -> None:
+        from kvfuzz.fuzz.campaign.workers import WorkerSpec, worker_main  # picklable by module path
+
+        parent, child = self.ctx.Pipe()
+        spec = WorkerSpec(tuple(self.names), config_to_dict(self.config), slot.index, os.getpid(),
+                          str(self.out / "workers" / f"w{slot.index}.log"),
+                          gpu=(slot.index % self.gpus) if self.gpus else None, threads=self.threads,
+                          observe_dir=str(self.out / "observed") if self.observe else None)
+        proc = self.ctx.Process(target=worker_main, args=(spec, child), name=f"kvfuzz-worker-{slot.index}")
+        proc.start()
+        child.close()
+        slot.proc, slot.conn = proc, parent
+        slot.ready = slot.goodbye = slot.killed_for_hang = False
+        slot.task = slot.in_flight = None
+        slot.starts += 1
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        stop_sent_at = None
+        while True:
+            if self.stopping and stop_sent_at is None:
+                stop_sent_at = time.monotonic()
+                for s in self.slots:
+                    if s.proc is not None and s.proc.is_alive():
+                        s.proc.terminate()  # SIGTERM: finish the example in flight, say goodbye
+            if stop_sent_at is not None and time.monotonic() - stop_sent_at > STOP_GRACE_SECONDS:
+                for s in self.slots:
+                    if s.proc is not None and s.proc.is_alive():
+                        s.proc.kill()
+            if not self.stopping and self.fatal is None:
+                for s in self.slots:
+                    if s.proc is not None and s.ready and s.task is None and not s.retired:
+                        self._assign(s)
+            live = [s for s in self.slots if s.proc is not None]
+            if not live:
+                return
+            waitables = [s.conn for s in live] + [s.proc.sentinel for s in live]
+            ready = wait(waitables, timeout=0.5)
+            for s in live:
+                if s.conn in ready:
+                    self._drain(s)
+            for s in live:
+                if s.proc is not None and s.proc.sentinel in ready or (s.proc is not None and not s.proc.is_alive()):
+                    s.proc.join()
+                    self._drain(s)
+                    self._ended(s)
+            self._check_hangs()
+            self._snapshot()
+            self._progress()
+
+    def _next_task(self) -> _Task | None:
+        from kvfuzz.fuzz.campaign.engine import chunk_size
+
+        now = time.monotonic()
+        for t in self.targets:
+            if t.stats.stopped:
+                continue
+            if not t.replayed:
+                if t.replay_issued:
+                    continue  # the others wait for the database replay of this target
+                t.replay_issued = True
+                t.start = t.start or now
+                return self._task("replay", t)
+            if t.retries:
+                return self._task("retry", t, example=t.retries.pop(0))
+            elapsed = now - (t.start or now)
+            if self.config.duration is not None and elapsed > self.config.duration:
+                continue
+            if self.config.stop_at_first_failure and t.stats.failures:
+                continue
+            pending = sum(max(0, x.n - x.counted) for x in t.in_flight if x.kind == "chunk")
+            done = t.stats.examples + pending
+            if done >= self.config.max_examples:
+                continue
+            n = min(chunk_size(self.config, t.stats.examples, elapsed, self.workers),
+                    self.config.max_examples - done)
+            k = self.state.chunks.get(t.name, 0)
+            self.state.chunks[t.name] = k + 1
+            return self._task("chunk", t, n=max(1, n), chunk=k)
+        return None
+
+    def _task(self, kind: str, t: _Target, **kw) -> _Task:
+        self._task_ids += 1
+        task = _Task(self._task_ids, kind, t.name, **kw)
+        t.start = t.start or time.monotonic()
+        t.in_flight.append(task)
+        return task
+
+    def _assign(self, s: _Slot) -> None:
+        task = self._next_task()
+        if task is None:
+            if not any(t.in_flight or t.retries or (not t.replayed and not t.stats.stopped) for t in self.targets):
+                s.retired = True
+                self._send(s, ("stop",))
+            return
+        known = [list(sig) for sig in self.by_name[task.target].stats.failures]
+        msg = {"replay": ("replay", task.id, task.target, known),
+               "chunk": ("chunk", task.id, task.target, task.chunk, task.n, known),
+               "retry": ("retry", task.id, task.target, task.example, known)}[task.kind]
+        s.task = task
+        self._send(s, msg)
+
+    def _send(self, s: _Slot, msg) -> None:
+        try:
+            s.conn.send(msg)
+        except (BrokenPipeError, OSError):
+            pass  # it died: its sentinel reports it
+
+    # ---- messages ----------------------------------------------------------------------------------------------
+    def _drain(self, s: _Slot) -> None:
+        try:
+            while s.conn.poll():
+                self._message(s, s.conn.recv())
+        except (EOFError, OSError):
+            pass  # the worker is gone; what it sent before is handled
+        except Exception as e:  # a message cut off by the worker's death
+            self.on_event(f"worker {s.index}: unreadable message ({type(e).__name__})")
+
+    def _message(self, s: _Slot, msg: tuple) -> None:
+        from kvfuzz.fuzz.campaign.engine import FailureRecord, Outcome
+
+        kind = msg[0]
+        if kind == "ready":
+            s.ready = True
+            s.startup_failures = 0
+        elif kind == "begin":
+            s.in_flight = {"target": msg[1], "example": msg[2], "phase": "prepare", "since": time.monotonic()}
+        elif kind == "phase":
+            if s.in_flight is not None:
+                s.in_flight["phase"] = msg[1]
+                if msg[1] == "kernel":
+                    s.in_flight["since"] = time.monotonic()
+        elif kind == "end":
+            t = self.by_name[msg[1]]
+            o = msg[2]
+            t.stats.add(Outcome(o["labels"], o["kernel_s"], o["harness_s"], o["ratio"],
+                                None if o["signature"] is None else tuple(o["signature"]), o["rejection"]),
+                        time.monotonic() - (t.start or time.monotonic()))
+            if s.task is not None:
+                s.task.counted += 1
+            s.in_flight = None
+        elif kind == "failure":
+            self._failure(FailureRecord(**msg[2]))
+        elif kind == "done":
+            self._finish_task(s)
+        elif kind == "fatal":
+            self.fatal = msg[1]
+            self.stopping = True
+        elif kind == "bye":
+            s.goodbye = True
+        elif kind == "warning":
+            if msg[1] not in self.warnings:
+                self.warnings.append(msg[1])
+                self.on_event(msg[1])
+
+    def _finish_task(self, s: _Slot) -> None:
+        task, s.task = s.task, None
+        if task is None:
+            return
+        t = self.by_name[task.target]
+        if task in t.in_flight:
+            t.in_flight.remove(task)
+        if task.kind == "replay":
+            t.replayed = True
+
+    def _failure(self, record) -> None:
+        t = self.by_name[record.target]
+        if t.stats.add_failure(record):
+            self.on_event(f"{record.kind} ({record.check}) in {record.target} -> {record.reproducer}")
+            return
+        # another worker found it first (its hits are counted from the examples' outcomes): keep one reproducer
+        first = t.stats.failures[record.signature]
+        if record.reproducer and record.reproducer != first.reproducer:
+            import shutil
+
+            shutil.rmtree(record.reproducer, ignore_errors=True)
+
+    # ---- endings ----------------------------------------------------------------------------------------------
+    def _ended(self, s: _Slot) -> None:
+        proc, flight, task = s.proc, s.in_flight, s.task
+        ending = classify(proc.exitcode, said_goodbye=s.goodbye, killed_for_hang=s.killed_for_hang,
+                          stopping=self.stopping)
+        s.proc = None
+        if task is not None:
+            self._finish_task(s)
+            if task.kind == "replay" and ending.kind is not EndingKind.FINISHED:
+                self.by_name[task.target].replayed = True  # do not replay again: its example is handled below
+        if not s.ready and ending.kind is not EndingKind.FINISHED and not self.stopping and self.fatal is None:
+            s.startup_failures += 1
+            tail = _tail(self.out / "workers" / f"w{s.index}.log")
+            if s.startup_failures >= 2:
+                self.fatal = (f"worker {s.index} could not start ({ending.detail}); the end of its log "
+                              f"({self.out / 'workers' / f'w{s.index}.log'}):\n{tail}")
+                self.stopping = True
+                return
+        if flight is not None:
+            self._example_ended(s, flight, ending, retried=task is not None and task.kind == "retry")
+        elif ending.kind in (EndingKind.CRASHED, EndingKind.EXITED) and s.ready and self.fatal is None:
+            self.problems.append(f"worker {s.index} {ending.kind.value} ({ending.detail}) between examples; see "
+                                 f"{self.out / 'workers' / f'w{s.index}.log'}")
+        if ending.kind is EndingKind.FINISHED or self.stopping or self.fatal is not None:
+            return
+        if ending.kind is not EndingKind.KILLED or flight is None:
+            self.on_event(f"worker {s.index}: {ending.kind.value} ({ending.detail}); starting a new one")
+        self.restarts += 1
+        self._start(s)
+
+    def _example_ended(self, s: _Slot, flight: dict, ending, retried: bool) -> None:
+        from kvfuzz.contracts.example import Example
+        from kvfuzz.fuzz.campaign.engine import FailureRecord, Outcome
+        from kvfuzz.fuzz.campaign.reproducers import write_reproducer
+
+        t = self.by_name.get(flight["target"])
+        if t is None:
+            return
+        if ending.kind is EndingKind.STOPPED:
+            return  # interrupted by the user: not a finding, not a loss
+        if ending.loses_the_example:
+            if retried:
+                t.stats.lost += 1
+                self.on_event(f"worker {s.index} was killed ({ending.detail}) again while re-running an example of "
+                              f"{t.name}; it is lost")
+            else:
+                t.retries.append(flight["example"])
+                self.on_event(f"worker {s.index} was killed from outside ({ending.detail}) in {flight['phase']}; "
+                              f"its example of {t.name} is retried by a new worker")
+            return
+        finding = finding_for(ending, flight["phase"], {"worker": s.index}, timeout=self.example_timeout)
+        if finding is None:
+            return
+        example = Example.from_dict(flight["example"])
+        t.stats.add(Outcome({"path": t.target.path(example.batch)}, signature=finding.signature),
+                    time.monotonic() - (t.start or time.monotonic()))
+        t.crashes += 1
+        if finding.signature not in t.stats.failures:
+            fault = self.config.fault.name if self.config.fault else None
+            finding = self._blame_caller(t.target, example, finding)
+            path = write_reproducer(self.out, t.target, example, finding, None, fault_name=fault)
+            t.stats.add_failure(FailureRecord.of(t.name, finding, example, fault, path))
+            self.on_event(f"{finding.kind.value} ({finding.check}) in {t.name}, worker {s.index} -> {path}")
+        if t.crashes >= self.max_crashes and not t.stats.stopped:
+            t.stats.stopped = f"stopped after {t.crashes} crashes and hangs (--max-crashes {self.max_crashes})"
+            self.on_event(f"{t.name}: {t.stats.stopped}")
+
+    def _blame_caller(self, target, example, finding):
+        """A call that broke its contract and then killed the kernel is the caller's fault."""
+        if self.config.fault is None:
+            return finding
+        from kvfuzz.fuzz.harness import properties
+        from kvfuzz.fuzz.harness.attention import caller_finding, caller_violations
+
+        try:
+            violations = caller_violations(target, properties.prepare(target, example, self.config.fault))
+        except Exception:
+            return finding
+        if not violations:
+            return finding
+        outcome = {"outcome": f"{finding.kind.value}: {finding.message}"}
+        return caller_finding(violations, outcome, {"path": target.path(example.batch)})
+
+    def _check_hangs(self) -> None:
+        now = time.monotonic()
+        for s in self.slots:
+            f = s.in_flight
+            if s.proc is not None and f is not None and not s.killed_for_hang \
+                    and now - f["since"] > self.example_timeout:
+                s.killed_for_hang = True
+                s.proc.kill()
+
+    def _reap_all(self) -> None:
+        for s in self.slots:
+            if s.proc is not None and s.proc.is_alive():
+                s.proc.kill()
+            if s.proc is not None:
+                s.proc.join()
+
+    # ---- files ---------------------------------------------------------------------------------------------
+    def _snapshot(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._snapshot_at < SNAPSHOT_SECONDS:
+            return
+        self._snapshot_at = now
+        self.state.in_flight = {str(s.index): {"target": s.in_flight["target"], "example": s.in_flight["example"],
+                                               "phase": s.in_flight["phase"]}
+                                for s in self.slots if s.in_flight is not None}
+        self.state.save()
+        write_json(self.out / "status.json", {"updated": time.time(), "running": not force or self.state.running,
+                                              "targets": [t.stats.to_dict() for t in self.targets],
+                                              "workers": {str(s.index): (s.in_flight or {}).get("target")
+                                                          for s in self.slots}})
+
+    def _progress(self) -> None:
+        now = time.monotonic()
+        if now - self._progress_at >= 1.0:
+            self._progress_at = now
+            self.on_progress([t.stats for t in self.targets])
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def gpu_count() -> int:
@@ -68,147 +679,5 @@ def gpu_count() -> int:
         return 0
 
 
-def _env(index: int, gpus: int) -> dict[str, str]:
-    env = dict(os.environ)
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _start(w: Worker, gpus: int, remaining: float | None) -> None:
-    args = [sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", *w.args, "--seed", str(w.seed),
-            "--worker-dir", str(w.work_dir), *[a for t in w.skip for a in ("--skip-target", t)]]
-    if remaining is not None:
-        args += ["--duration", f"{max(1.0, remaining):.0f}s"]
-    w.work_dir.mkdir(parents=True, exist_ok=True)
-    log = open(w.work_dir / "worker.log", "a")
-    w.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=_env(w.index, gpus))
-    w.started = time.monotonic()
-
-
-def run_workers(n: int, worker_args: list[str], out: Path, seed: int, duration: float | None,
-                example_timeout: float, targets: dict[str, Target], config: CampaignConfig,
-                on_event=lambda msg: None, poll: float = 0.5,
-                max_crashes: int = 3) -> tuple[list[dict], list[FoundFailure], bool]:
-    """Run ``n`` workers to completion. ``worker_args`` are the ``kvfuzz fuzz`` options every worker gets
-    (without --seed/--duration/--worker-dir). A target that crashes or hangs ``max_crashes`` times in a worker
-    is skipped by that worker from then on, so one broken kernel cannot starve the others. Each (target,
-    kind) is written as one reproducer; repeats are counted. Returns (worker summaries, crashes and hangs
-    recovered, interrupted)."""
-    gpus = gpu_count()
-    start = time.monotonic()
-    workers = [Worker(i, out / "workers" / f"w{i}", worker_args, seed * 1000 + i) for i in range(n)]
-    for w in workers:
-        _start(w, gpus, duration)
-    recovered: list[FoundFailure] = []
-    stopping = {"flag": False}
-
-    def recover(w: Worker, wcfg: CampaignConfig, hang: bool) -> None:
-        journal = w.work_dir / "inflight.json"
-        entry = json.loads(journal.read_text()) if journal.exists() else None
-        for found in recover_crashed(wcfg, targets, hang=hang, write=False):
-            key = (found.target, found.finding.kind.value, found.finding.check)
-            seen = next((r for r in recovered if (r.target, r.finding.kind.value, r.finding.check) == key), None)
-            if seen is not None:
-                seen.count += 1
-                continue
-            if found.target in targets:
-                found.reproducer = write_reproducer(out, targets[found.target], found.example, found.finding,
-                                                    None, fault_name=entry.get("fault") if entry else None)
-            recovered.append(found)
-        if entry is not None:
-            name = entry["target"]
-            w.crashes[name] = w.crashes.get(name, 0) + 1
-            if w.crashes[name] >= max_crashes and name not in w.skip:
-                w.skip.append(name)
-                on_event(f"worker {w.index}: {name} crashed or hung {w.crashes[name]} times; skipping it")
-
-    def stop(signum, frame):
-        stopping["flag"] = True
-        for w in workers:
-            if w.proc and w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGTERM)
-
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not all(w.done for w in workers):
-            time.sleep(poll)
-            for w in workers:
-                if w.done:
-                    continue
-                rc = w.proc.poll()
-                journal = w.work_dir / "inflight.json"
-                wcfg = attrs.evolve(config, work_dir=w.work_dir)
-                if rc is None:
-                    if journal.exists() and time.time() - journal.stat().st_mtime > example_timeout:
-                        w.proc.kill()
-                        w.proc.wait()
-                        w.collect()
-                        recover(w, wcfg, hang=True)
-                        on_event(f"worker {w.index}: kernel hang (> {example_timeout:.0f}s), restarting")
-                        _restart(w, gpus, duration, start, stopping["flag"], set(targets))
-                    continue
-                w.collect()
-                if rc in (0, 1) or stopping["flag"]:
-                    w.done, w.returncode = True, rc
-                    if journal.exists() and rc not in (0, 1):
-                        recover(w, wcfg, hang=False)
-                    continue
-                # died: a signal (negative rc) or an unexpected exit code
-                recover(w, wcfg, hang=False)
-                on_event(f"worker {w.index}: died with exit code {rc}, restarting")
-                _restart(w, gpus, duration, start, stopping["flag"], set(targets))
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    summaries = [s for w in workers for s in w.summaries]
-    return summaries, recovered, stopping["flag"]
-
-
-def _restart(w: Worker, gpus: int, duration: float | None, start: float, stopping: bool,
-             names: set[str]) -> None:
-    remaining = None if duration is None else duration - (time.monotonic() - start)
-    if stopping or (remaining is not None and remaining <= 1) or set(w.skip) >= names:
-        w.done = True
-        return
-    w.restarts += 1
-    w.seed += 7919  # new seeds: do not walk straight back into the example that killed it
-    _start(w, gpus, remaining)
-
-
-def merge_summaries(summaries: list[dict], wall: float | None = None) -> list[dict]:
-    """Merge per-worker target summaries: sums of examples and times, one failure entry per (target, kind,
-    check) with counts summed. ``wall``: the campaign's wall-clock seconds; examples/s is then the aggregate
-    rate of all workers (examples / wall), else examples over the longest worker's time."""
-    merged: dict[str, dict] = {}
-    for s in summaries:
-        for t in s["targets"]:
-            m = merged.setdefault(t["target"], {"target": t["target"], "examples": 0, "elapsed_s": 0.0,
-                                               "kernel_s": 0.0, "harness_s": 0.0, "paths": {}, "coverage": {},
-                                               "failures": {}, "workers": 0})
-            m["workers"] += 1
-            m["examples"] += t["examples"]
-            m["elapsed_s"] = max(m["elapsed_s"], t["elapsed_s"])
-            m["kernel_s"] += t["kernel_s"]
-            m["harness_s"] += t["harness_s"]
-            for p, c in t["paths"].items():
-                m["paths"][p] = m["paths"].get(p, 0) + c
-            for dim, counts in t.get("coverage", {}).items():
-                d = m["coverage"].setdefault(dim, {})
-                for v, c in counts.items():
-                    d[v] = d.get(v, 0) + c
-            for f in t["failures"]:
-                key = (f["kind"], f["check"])
-                if key in m["failures"]:
-                    m["failures"][key]["count"] += f["count"]
-                else:
-                    m["failures"][key] = dict(f)
-    out = []
-    for m in merged.values():
-        m["failures"] = list(m["failures"].values())
-        if wall:
-            m["elapsed_s"] = round(wall, 3)
-        m["examples_per_s"] = round(m["examples"] / m["elapsed_s"], 3) if m["elapsed_s"] else 0.0
-        out.append(m)
-    return out
+__all__ = ["Supervisor", "SupervisorResult", "WorkerSpec", "config_from_dict", "config_to_dict", "gpu_count",
+           "worker_main", "read_json"]

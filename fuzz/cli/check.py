@@ -25,9 +25,11 @@ from kvfuzz.fuzz.cli.common import available_targets, console
 @click.option("--db", "db_spec", default=None,
               help="Also replay the failures of this example database (a directory or redis://host:port/N), "
                    "read-only: the gate never writes to it.")
-def check(target_names, max_examples, seed, corpus, junit_xml, out_dir, db_spec) -> None:
-    """Pre-merge gate: a deterministic fuzz budget on each target plus a replay of a regression corpus.
-    Exit 0 when everything passes, 1 otherwise."""
+@click.option("--trust-targets", is_flag=True,
+              help="Replay corpus cases whose adapters were loaded from a file or module (imports that code).")
+def check(target_names, max_examples, seed, corpus, junit_xml, out_dir, db_spec, trust_targets) -> None:
+    """Pre-merge gate: a deterministic fuzz budget on each target plus an isolated replay of a regression corpus.
+    Exit 0 when everything passes, 1 when something fails, 2 when a corpus case cannot be read (named)."""
     import torch
 
     from kvfuzz.fuzz.campaign.gate import check_corpus, check_targets, write_junit
@@ -37,12 +39,13 @@ def check(target_names, max_examples, seed, corpus, junit_xml, out_dir, db_spec)
     from kvfuzz.fuzz.campaign.database import DatabaseError
 
     try:
-        results = check_targets(chosen, Path(out_dir), max_examples, seed, db_spec=db_spec)
+        results = check_targets(chosen, Path(out_dir), max_examples, seed, db_spec=db_spec,
+                                names=list(target_names) or None)
     except DatabaseError as e:
         raise click.UsageError(str(e)) from None
     corpus_dir = Path(corpus)
     if corpus_dir.is_dir():
-        results += check_corpus(corpus_dir)
+        results += check_corpus(corpus_dir, trust_targets=trust_targets)
     elif corpus != "regressions":
         raise click.UsageError(f"--corpus {corpus}: no such directory")
     table = Table(title="kvfuzz check")
@@ -57,4 +60,7 @@ def check(target_names, max_examples, seed, corpus, junit_xml, out_dir, db_spec)
         console.print(f"JUnit XML: {junit_xml}")
     failed = [r for r in results if r.failure is not None]
     console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-    sys.exit(1 if failed else 0)
+    bad = [r for r in failed if r.bad_input]
+    for r in bad:
+        console.print(f"[red]bad input[/]: {escape(r.failure)}")
+    sys.exit(2 if bad else 1 if failed else 0)

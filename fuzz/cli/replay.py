@@ -1,4 +1,4 @@
-"""``kvfuzz replay``: re-run a reproducer directory."""
+"""``kvfuzz replay``: re-run a reproducer directory, isolated, and say whether the failure still happens."""
 
 from __future__ import annotations
 
@@ -11,16 +11,30 @@ from kvfuzz.fuzz.cli.common import console
 
 
 @click.command()
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
-def replay(directory: str) -> None:
-    """Re-run a reproducer directory. Exit 1 while it still fails, 0 once it passes."""
+@click.argument("directory")
+@click.option("--target", "target_spec", default=None,
+              help="The target to replay with: a registered name, path/to/file.py:CLASS or module:CLASS. Needed "
+                   "for a case written by an adapter loaded from a file or module (kvfuzz does not import code "
+                   "you did not name).")
+@click.option("--trust-target", is_flag=True,
+              help="Import the adapter named by the case's own target_spec (only for reproducers you trust).")
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds the replay may run before it is reported as a hang.")
+def replay(directory: str, target_spec: str | None, trust_target: bool, timeout: float) -> None:
+    """Re-run a reproducer directory in a child process. Exit 1 while it still fails (a crash or hang included),
+    0 once it passes, 2 when the directory or its target cannot be used (the message says which file and
+    field)."""
+    from kvfuzz.fuzz.campaign.reproducers import BadReproducer
     from kvfuzz.fuzz.campaign.reproducers import replay as replay_case
 
     try:
-        r = replay_case(directory)
-    except (FileNotFoundError, ValueError) as e:
+        r = replay_case(directory, target_spec=target_spec, trust_target=trust_target, timeout=timeout)
+    except BadReproducer as e:
+        console.print(f"[red]bad reproducer[/]: {escape(str(e))}")
+        sys.exit(2)
+    except ValueError as e:  # an untrusted or unloadable target
         raise click.UsageError(str(e)) from None
-    if not r.inputs_match:
+    if r.inputs_match is False:
         console.print("[yellow]warning[/]: regenerated inputs differ from tensors.safetensors "
                       "(kvfuzz or torch version changed since this case was written)")
     if r.got is None:

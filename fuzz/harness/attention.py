@@ -4,7 +4,7 @@ the kernel, given that, returns finite output that agrees with the fp64 referenc
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -17,7 +17,7 @@ from kvfuzz.contracts.reference import reference_attention, same_precision_atten
 from kvfuzz.contracts.violations import Check, Violation, violation
 from kvfuzz.fuzz.guard.signatures import build_call, check_kernel_call
 from kvfuzz.fuzz.harness.faults import CallerFault
-from kvfuzz.fuzz.harness.run import Run, generate, run_kernel
+from kvfuzz.fuzz.harness.run import Run, error_name, generate, run_kernel
 from kvfuzz.fuzz.targets.base import Target
 
 
@@ -117,7 +117,8 @@ def caller_finding(violations: list[Violation], kernel: dict[str, Any], details:
 
 
 def check_example(target: Target, example: Example, fault: CallerFault | None = None,
-                  run: Run | None = None, run_unsafe: bool = False) -> Run:
+                  run: Run | None = None, run_unsafe: bool = False,
+                  on_phase: Callable[[str], None] | None = None) -> Run:
     """Run one example end to end; returns the :class:`Run` or raises a
     :class:`~kvfuzz.contracts.failures.Finding`:
 
@@ -139,7 +140,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
         crash = (f"not run: this call ({', '.join(unsafe)}) can make the kernel read or write outside its "
                  "tensors; `kvfuzz fuzz --workers 2` runs such calls in isolated worker processes")
     else:
-        run.output, crash = run_kernel(target, run.call)
+        run.output, crash = run_kernel(target, run.call, on_phase)
     t.kernel = time.perf_counter() - s
 
     s = time.perf_counter()
@@ -160,7 +161,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     if violations:
         raise caller_finding(violations, kernel, {"path": run.path})
     if crash is not None:
-        raise KernelCrash("kernel raised", crash.splitlines()[0], {**common, "traceback": crash})
+        raise KernelCrash(f"raised {error_name(crash)}", crash.splitlines()[0], {**common, "traceback": crash})
     if finite_fail is not None:
         raise NonFiniteOutput("finite", finite_fail.message(), {**common, "oracle": finite_fail.to_dict()})
     if agree_fail is not None:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 from hypothesis import reject
 
@@ -33,13 +34,14 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None) 
 
 
 def check(target: Target, example: Example, fault: CallerFault | None = None, run: Run | None = None,
-          run_unsafe: bool = False) -> Run:
+          run_unsafe: bool = False, on_phase: Callable[[str], None] | None = None) -> Run:
     """Run one example end to end through the target's property; returns the :class:`Run` or raises a
     :class:`~kvfuzz.contracts.failures.Finding`. ``run_unsafe``: also run calls whose arguments could make
-    the kernel read or write outside its tensors (isolated worker processes only)."""
+    the kernel read or write outside its tensors (isolated worker processes only). ``on_phase``: told "kernel"
+    and "check" around the kernel call (a campaign's journal)."""
     if is_writer(target):
-        return writer.check_writer_example(target, example, fault, run=run)
-    return attention.check_example(target, example, fault, run=run, run_unsafe=run_unsafe)
+        return writer.check_writer_example(target, example, fault, run=run, on_phase=on_phase)
+    return attention.check_example(target, example, fault, run=run, run_unsafe=run_unsafe, on_phase=on_phase)
 
 
 def check_undeclared(target: Target, example: Example, run: Run | None = None) -> tuple[Run, str]:

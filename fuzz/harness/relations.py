@@ -42,7 +42,7 @@ from kvfuzz.contracts.materialize import CacheState, materialize
 from kvfuzz.contracts.oracles import RTOL, row_floor
 from kvfuzz.contracts.poison import Poison
 from kvfuzz.contracts.reference import reference_attention, same_precision_attention
-from kvfuzz.fuzz.harness.run import run_kernel
+from kvfuzz.fuzz.harness.run import error_name, run_kernel
 from kvfuzz.fuzz.targets.base import Target
 
 
@@ -74,7 +74,8 @@ def call_kernel(target: Target, batch: Batch, data: BatchData, cache: CacheState
         call.output.fill_(prefill_output)
     out, crash = run_kernel(target, call)
     if crash is not None:
-        raise KernelCrash("kernel raised", crash.splitlines()[0], {"traceback": crash, "batch": batch.summary()})
+        raise KernelCrash(f"raised {error_name(crash)}", crash.splitlines()[0],
+                          {"traceback": crash, "batch": batch.summary()})
     return out.detach().to("cpu", copy=True)
 
 

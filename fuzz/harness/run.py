@@ -4,8 +4,10 @@ drawing the ground truth (:func:`generate`) and running the kernel (:func:`run_k
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
+from typing import Callable
 
 import attrs
 import torch
@@ -52,13 +54,40 @@ def generate(example: Example) -> tuple[BatchData, Timings]:
     return data, t
 
 
-def run_kernel(target: Target, call: KernelCall) -> tuple[torch.Tensor | None, str | None]:
-    """Run the kernel (synchronizing CUDA so its errors surface here); returns ``(output, None)`` or
-    ``(None, "<error and the last frames of its traceback>")`` when it raised."""
+#: Set when this process was asked to stop (SIGTERM, Ctrl-C): a KeyboardInterrupt then means "stop", not "the
+#: kernel raised". The campaign sets it from its signal handlers and checks it at every example.
+STOP = threading.Event()
+
+#: The phases of an example a campaign's journal records: a process that dies in "kernel" died inside the
+#: kernel call; in "prepare" or "check" it died in kvfuzz or the adapter.
+PHASES = ("prepare", "kernel", "check")
+
+
+def run_kernel(target: Target, call: KernelCall,
+               on_phase: Callable[[str], None] | None = None) -> tuple[torch.Tensor | None, str | None]:
+    """Run the kernel (synchronizing CUDA so its errors surface here); returns ``(output, None)``, or
+    ``(None, "<ExceptionType>: <message>\n<last frames>")`` when it raised anything: an Exception, SystemExit
+    (a kernel must not end the process), MemoryError, or a KeyboardInterrupt that no stop request explains.
+    ``on_phase`` is told "kernel" right before the call and "check" right after it."""
+    if on_phase is not None:
+        on_phase("kernel")
     try:
         out = target.run(call)
         if call.key_cache.is_cuda:
             torch.cuda.synchronize()
         return out, None
-    except Exception as e:  # the kernel's own error, reported as a finding
+    except KeyboardInterrupt as e:
+        if STOP.is_set():
+            raise
+        return None, f"{type(e).__name__} raised by the kernel (no stop was requested)\n{traceback.format_exc(limit=-3)}"
+    except (Exception, SystemExit) as e:  # the kernel's own error, reported as a finding
         return None, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+    finally:
+        if on_phase is not None:
+            on_phase("check")
+
+
+def error_name(crash: str) -> str:
+    """The exception type a :func:`run_kernel` error text starts with (``"SystemExit"``, ``"RuntimeError"``)."""
+    head = crash.split("\n", 1)[0]
+    return head.split(":", 1)[0].split(" ", 1)[0]

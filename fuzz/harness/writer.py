@@ -28,7 +28,7 @@ is built independently of the kernel (and of ``layout.write``, which for vLLM's 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import torch
@@ -41,7 +41,7 @@ from kvfuzz.contracts.layouts import CacheLayout, LayoutError
 from kvfuzz.contracts.materialize import materialize
 from kvfuzz.contracts.writer import WriterInputs
 from kvfuzz.fuzz.harness.faults import CallerFault
-from kvfuzz.fuzz.harness.run import Run, generate, run_kernel
+from kvfuzz.fuzz.harness.run import Run, error_name, generate, run_kernel
 from kvfuzz.fuzz.targets.base import Target
 
 SLOT_CONTENTS = "writer: slot contents"
@@ -343,7 +343,7 @@ def _expected_after(inputs: WriterInputs, key_cache: torch.Tensor, value_cache: 
 
 
 def check_writer_example(target: Target, example: Example, fault: CallerFault | None = None,
-                         run: Run | None = None) -> Run:
+                         run: Run | None = None, on_phase: Callable[[str], None] | None = None) -> Run:
     """Run one cache-writer example end to end; returns the :class:`~kvfuzz.fuzz.harness.run.Run` (for caches
     over :data:`STACKED_MAX_BYTES` that pass, ``output`` and ``reference`` are None; otherwise ``output``:
     the caches after the call stacked ``[2, ...]`` key then value; ``reference``: the caches as they must be)
@@ -360,7 +360,7 @@ def check_writer_example(target: Target, example: Example, fault: CallerFault | 
     t.check_caller = time.perf_counter() - s
 
     s = time.perf_counter()
-    _, crash = run_kernel(target, call)
+    _, crash = run_kernel(target, call, on_phase)
     t.kernel = time.perf_counter() - s
 
     s = time.perf_counter()
@@ -375,7 +375,7 @@ def check_writer_example(target: Target, example: Example, fault: CallerFault | 
     common = {"path": run.path, "slot_mapping": inputs.slot_mapping.tolist(), "padding_rows": inputs.num_padding}
     if crash is not None:
         keep(force=True)
-        raise KernelCrash("kernel raised", crash.splitlines()[0], {**common, "traceback": crash})
+        raise KernelCrash(f"raised {error_name(crash)}", crash.splitlines()[0], {**common, "traceback": crash})
 
     s = time.perf_counter()
     contents = _check_slot_contents(batch, run.data, inputs, layout, call.key_cache, call.value_cache)

@@ -66,6 +66,16 @@ class Target(abc.ABC):
     #: documented, known kernel limitation, which ``kvfuzz fuzz`` (all poisons) keeps reporting.
     gate_poisons: ClassVar[tuple[Poison, ...] | None] = None
 
+    def __new__(cls, *args, **kwargs):
+        # A subclass that does not set its own name would share its parent's reproducer directories, database
+        # key and replay resolution: refuse it here, where it is made, with the fix.
+        if not isinstance(getattr(cls, "name", None), str) or "name" not in vars(cls):
+            parent = next((b.__name__ for b in cls.__mro__[1:] if "name" in vars(b)), None)
+            shared = f": it would share {parent}'s name {getattr(cls, 'name', '')!r}" if parent else ""
+            raise TypeError(f"target class {cls.__qualname__} does not set its own `name`{shared}; give it a "
+                            f"unique one, e.g. name = \"mykernels.{cls.__name__.lower()}\"")
+        return super().__new__(cls)
+
     @abc.abstractmethod
     def availability(self) -> Availability:
         """Whether the kernel can run here and, if not, why (say what to install)."""

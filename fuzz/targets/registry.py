@@ -39,6 +39,8 @@ BUILTIN = {
 ENTRY_POINT_GROUP = "kvfuzz.targets"
 
 _cache: dict[str, Target] = {}
+#: target name -> the file or module spec it was loaded from (absent for registered targets)
+_specs: dict[str, str] = {}
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
@@ -101,7 +103,19 @@ def load_spec(spec: str) -> Target:
     obj = getattr(module, attr, None)
     if obj is None:
         raise ValueError(f"target {spec!r}: {module_part} has no attribute {attr!r}")
-    return _instance(obj, spec)
+    try:
+        target = _instance(obj, spec)
+    except TypeError as e:  # e.g. a subclass that does not set its own name (Target.__new__)
+        raise ValueError(f"target {spec!r}: {e}") from None
+    _specs[target.name] = f"{path}:{attr}" if module_part.endswith(".py") else spec
+    return target
+
+
+def spec_of(target: Target) -> str | None:
+    """How ``target`` was loaded when it is not registered: ``/abs/path/file.py:CLASS`` or ``module:CLASS``;
+    None for a built-in or entry-point target (reproducers record it; replay needs the user's consent to
+    import it)."""
+    return None if is_registered(target.name) else _specs.get(target.name)
 
 
 def get_target(name: str) -> Target:
@@ -127,4 +141,4 @@ def get_target(name: str) -> Target:
     return _cache[name]
 
 
-__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "get_target", "is_registered", "load_spec", "registered"]
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "get_target", "is_registered", "load_spec", "registered", "spec_of"]

@@ -1,0 +1,239 @@
+"""Every way a kernel or a worker can end, run through `kvfuzz fuzz` as a user would (planted adapters in
+tests/planted_endings.py misbehave on head size 64): each test checks the exit status, the reproducer's kind,
+the counts (examples = kernel calls, every call logged by the planted kernel) and that no process is left."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+PLANTED = HERE / "planted_endings.py"
+
+
+def kvfuzz(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def fuzz_planted(cls, tmp_path, *extra, timeout=300):
+    log = tmp_path / "calls.log"
+    env = dict(os.environ, KVFUZZ_PLANTED_LOG=str(log))
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:{cls}", "--poison", "stale", "--out", str(tmp_path / "out"),
+               "--max-crashes", "2", "--example-timeout", "4", *extra, env=env, timeout=timeout)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    calls = log.read_text().split() if log.exists() else []
+    return r, summary, calls
+
+
+def assert_no_process_left(calls):
+    time.sleep(0.5)
+    alive = [p for p in set(calls) if Path(f"/proc/{p}").exists() and "zombie" not in _state(p)]
+    assert alive == [], f"worker processes left behind: {alive}"
+
+
+def _state(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
+
+
+ENDINGS = [
+    ("Segfaults", "kernel crash", "SIGSEGV"),
+    ("Aborts", "kernel crash", "SIGABRT"),
+    ("Exits0", "kernel crash", "exit status 0"),
+    ("Exits1", "kernel crash", "exit status 1"),
+    ("Exits3", "kernel crash", "exit status 3"),
+    ("RaisesSystemExit", "kernel crash", "raised SystemExit"),
+    ("RaisesRuntimeError", "kernel crash", "raised RuntimeError"),
+    ("RaisesMemoryError", "kernel crash", "raised MemoryError"),
+    ("Hangs", "kernel hang", "timeout"),
+    ("BuildCallRaises", "harness error", "raised ValueError in prepare"),
+]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("cls, kind, check", ENDINGS, ids=[e[0] for e in ENDINGS])
+def test_every_ending_is_classified_counted_and_saved(tmp_path, cls, kind, check, workers):
+    if workers == "2" and cls not in ("Segfaults", "Exits0", "RaisesSystemExit", "Hangs"):
+        pytest.skip("two workers: one of each family of endings is enough")
+    r, summary, calls = fuzz_planted(cls, tmp_path, "--max-examples", "24", "--workers", workers)
+    assert r.returncode == 1, r.stdout + r.stderr
+    (t,) = summary["targets"]
+    assert [(f["kind"], f["check"]) for f in t["failures"]] == [(kind, check)], r.stdout
+    f = t["failures"][0]
+    assert f["blame"] == ("harness" if kind == "harness error" else "kernel")
+    repro = Path(f["reproducer"])
+    case = json.loads((repro / "case.json").read_text())
+    assert case["kind"] == kind and case["check"] == check and case["example"]["batch"]["head_size"] == 64
+    if kind == "harness error":
+        assert "not written" in case["tensors"] and not (repro / "tensors.safetensors").exists()
+    else:
+        assert (repro / "tensors.safetensors").exists()
+    # exact counts: every example whose call was built ran the kernel once, and was counted once
+    if kind != "harness error":
+        assert t["examples"] == len(calls), (t["examples"], len(calls))
+    assert summary["exit_status"] == 1 and summary["lost"] == 0 and summary["problems"] == []
+    # a process death costs a worker, which is replaced; an exception does not
+    dies = kind == "kernel hang" or check.startswith(("SIG", "exit status"))
+    assert (summary["worker_restarts"] > 0) == dies, summary["worker_restarts"]
+    assert_no_process_left(calls)
+
+
+def test_the_budget_is_global_and_the_counts_add_up(tmp_path):
+    """Two workers share --max-examples (a restarted worker does not get the budget again)."""
+    r, summary, calls = fuzz_planted("Correct", tmp_path, "--max-examples", "40", "--workers", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (t,) = summary["targets"]
+    assert t["examples"] == 40 == len(calls)
+    assert len(set(calls)) == 2  # both workers ran examples
+    assert_no_process_left(calls)
+
+
+def test_crashing_worker_restarts_with_the_rest_of_the_global_budget(tmp_path):
+    r, summary, calls = fuzz_planted("Exits1", tmp_path, "--max-examples", "40", "--workers", "2",
+                                     "--max-crashes", "50")
+    (t,) = summary["targets"]
+    assert r.returncode == 1 and t["examples"] == len(calls)
+    assert 40 <= t["examples"] <= 40 + 2  # each death ends a chunk early: the budget is re-planned, not reset
+    assert summary["worker_restarts"] == t["failures"][0]["count"]
+
+
+def _start(cls, tmp_path, *extra):
+    log = tmp_path / "calls.log"
+    env = dict(os.environ, KVFUZZ_PLANTED_LOG=str(log))
+    p = subprocess.Popen([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", f"{PLANTED}:{cls}",
+                          "--poison", "stale", "--out", str(tmp_path / "out"), *extra],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return p, log
+
+
+def _wait_calls(log: Path, n: int, timeout: float = 120) -> list[str]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if log.exists() and len(log.read_text().split()) >= n:
+            return log.read_text().split()
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {n} kernel calls after {timeout} s")
+
+
+def test_sigkill_of_the_supervisor_takes_its_workers_and_the_next_run_resumes(tmp_path):
+    p, log = _start("Slow", tmp_path, "--max-examples", "500", "--workers", "2")
+    calls = _wait_calls(log, 6)
+    time.sleep(1.0)  # let a snapshot record what is in flight
+    p.kill()
+    p.wait(30)
+    assert_no_process_left(log.read_text().split())  # the workers died with their supervisor
+    state = json.loads((tmp_path / "out" / "state.json").read_text())
+    assert state["running"] is True and state["chunks"]["planted.slow"] >= 1
+    # the next campaign with the same --out: the lock is free, the killed example is retried, nothing is blamed
+    log.unlink()
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--target", f"{PLANTED}:Slow", "--poison", "stale",
+               "--max-examples", "3", "--out", str(tmp_path / "out"),
+               env=dict(os.environ, KVFUZZ_PLANTED_LOG=str(log)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "retrying the" in r.stdout
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert all(not t["failures"] for t in summary["targets"])
+    assert not [d for d in (tmp_path / "out").iterdir() if "kernel-crash" in d.name]
+    assert calls  # (the first run did run)
+
+
+def test_a_worker_killed_from_outside_is_not_a_kernel_bug_and_its_example_is_retried(tmp_path):
+    p, log = _start("Slow", tmp_path, "--max-examples", "12", "--workers", "1")
+    calls = _wait_calls(log, 3)
+    os.kill(int(calls[-1]), signal.SIGKILL)  # the worker, in (or right around) its kernel call
+    out, _ = p.communicate(timeout=180)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (t,) = summary["targets"]
+    assert p.returncode == 0, out
+    assert t["failures"] == [] and t["lost"] == 0 and "killed from outside" in out
+    assert t["examples"] == 12
+    assert_no_process_left(log.read_text().split())
+
+
+def test_sigterm_stops_the_campaign_even_when_the_kernel_swallows_the_interrupt(tmp_path):
+    p, log = _start("SwallowsInterrupts", tmp_path, "--max-examples", "500")
+    _wait_calls(log, 3)
+    time.sleep(0.2)  # inside the next example's 0.5 s kernel
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=60)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["interrupted"] is True and p.returncode == 3, out
+    assert summary["targets"][0]["examples"] < 500 and summary["targets"][0]["failures"] == []
+    assert_no_process_left(log.read_text().split())
+
+
+def test_a_second_campaign_on_the_same_out_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
+    p, log = _start("Slow", tmp_path, "--max-examples", "30")
+    _wait_calls(log, 2)
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--max-examples", "2", "--out", str(tmp_path / "out"))
+    assert r.returncode == 3 and "in use by another kvfuzz campaign" in r.stdout and f"pid {p.pid}" in r.stdout
+    p.terminate()
+    p.wait(60)
+    # the lock file stays behind; the process that held it is gone: a new campaign takes it over
+    assert (tmp_path / "out" / ".kvfuzz.lock").exists()
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--max-examples", "2", "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stdout
+
+
+def test_torn_state_files_are_set_aside_with_a_warning(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "state.json").write_text('{"seed": 0, "chunks": {"planted.corr')
+    (out / "status.json").write_text("[1, 2")
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--max-examples", "3", "--poison", "stale",
+               "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "state.json was unreadable" in r.stdout and (out / "state.json.corrupt").exists()
+    assert json.loads((out / "state.json").read_text())["chunks"] == {"planted.correct": 1}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--duration", "0"], "--duration"),
+    (["--out", ""], "--out"),
+    (["--max-examples", "0"], "--max-examples"),
+])
+def test_cli_edges_are_usage_errors(tmp_path, args, message):
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", *(["--out", str(tmp_path / "o")] if "--out" not in args
+                                                            else []), *args)
+    assert r.returncode == 2 and message in r.stderr, r.stdout + r.stderr
+
+
+def test_out_under_a_file_or_in_proc_is_a_usage_error(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    for out in (f / "sub", "/proc/kvfuzz-out"):
+        r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--out", str(out))
+        assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_db_naming_a_file_or_an_unreachable_redis_fails_before_fuzzing(tmp_path):
+    f = tmp_path / "db-file"
+    f.write_text("")
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--db", str(f), "--out", str(tmp_path / "o1"))
+    assert r.returncode == 2 and "is a file, not a directory" in r.stdout, r.stdout + r.stderr
+    pytest.importorskip("redis")
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--db", "redis://127.0.0.1:1/0", "--out",
+               str(tmp_path / "o2"))
+    assert r.returncode == 3 and "does not answer" in r.stdout and "Traceback" not in r.stdout + r.stderr
+
+
+def test_the_mixed_adapter_gives_one_reproducer_per_distinct_ending(tmp_path):
+    """The issue's acceptance campaign, short: every distinct ending once, counts exact, no process left."""
+    r, summary, calls = fuzz_planted("Mixed", tmp_path, "--max-examples", "80", "--workers", "2",
+                                     "--max-crashes", "40", timeout=600)
+    assert r.returncode == 1, r.stdout
+    (t,) = summary["targets"]
+    sigs = {(f["kind"], f["check"]) for f in t["failures"]}
+    assert {("kernel crash", "SIGSEGV"), ("kernel crash", "SIGABRT"), ("kernel hang", "timeout")} <= sigs, sigs
+    dirs = [d for d in (tmp_path / "out").iterdir() if d.name.startswith("planted.mixed-")]
+    assert len(dirs) == len(sigs)  # one reproducer per distinct ending
+    assert t["examples"] == len(calls) and summary["lost"] == 0
+    assert_no_process_left(calls)

@@ -1,0 +1,165 @@
+"""Replaying reproducers: isolated (a crash or hang is a verdict, not a dead replayer), corrupt files exit 2
+naming the file and field, no code is imported that the user did not name, and nothing is ever unpickled."""
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+PLANTED = HERE / "planted_endings.py"
+
+
+def kvfuzz(*args, cwd=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    """Reproducers written by real campaigns: a segfault, a hang, a plain kernel mismatch of a user adapter."""
+    root = tmp_path_factory.mktemp("cases")
+    out = {}
+    for cls in ("Segfaults", "Hangs", "RaisesRuntimeError"):
+        r = kvfuzz("fuzz", "--target", f"{PLANTED}:{cls}", "--poison", "stale", "--max-examples", "20",
+                   "--max-crashes", "1", "--example-timeout", "4", "--out", str(root / cls))
+        assert r.returncode == 1, r.stdout + r.stderr
+        (d,) = [p for p in (root / cls).iterdir() if p.name.startswith("planted.")]
+        out[cls] = d
+    return out
+
+
+def test_replay_of_a_segfault_reports_a_kernel_crash_and_survives(cases):
+    r = kvfuzz("replay", str(cases["Segfaults"]), "--target", f"{PLANTED}:Segfaults")
+    assert r.returncode == 1 and "reproduced" in r.stdout and "kernel crash (SIGSEGV)" in r.stdout, r.stdout
+
+
+def test_replay_of_a_hang_reports_a_kernel_hang_after_the_timeout(cases):
+    r = kvfuzz("replay", str(cases["Hangs"]), "--target", f"{PLANTED}:Hangs", "--timeout", "5")
+    assert r.returncode == 1 and "kernel hang (timeout)" in r.stdout, r.stdout
+
+
+def test_replay_passes_once_the_kernel_is_fixed(cases):
+    """The same reproducer with the fixed kernel (the correct adapter under the same name) exits 0."""
+    d = cases["RaisesRuntimeError"]
+    fixed = d.parent / "fixed_adapter.py"
+    fixed.write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\nfrom planted_endings import Correct\n\n"
+                     "class RaisesRuntimeError(Correct):\n    name = 'planted.raises_runtime_error'\n")
+    r = kvfuzz("replay", str(d), "--target", f"{fixed}:RaisesRuntimeError")
+    assert r.returncode == 0 and "passes now" in r.stdout, r.stdout + r.stderr
+
+
+def test_replay_does_not_import_code_the_case_names(cases, tmp_path):
+    """case.json names an adapter by file: replay refuses to import it unless the user names it or trusts it."""
+    d = tmp_path / "case"
+    shutil.copytree(cases["RaisesRuntimeError"], d)
+    marker = tmp_path / "imported"
+    evil = tmp_path / "evil.py"
+    evil.write_text(f"open({str(marker)!r}, 'w').write('x')\nfrom kvfuzz import Target\n")
+    case = json.loads((d / "case.json").read_text())
+    case["target"], case["target_spec"] = "evil.target", f"{evil}:Evil"
+    (d / "case.json").write_text(json.dumps(case))
+    r = kvfuzz("replay", str(d))
+    assert r.returncode == 2 and "--trust-target" in r.stderr and "--target" in r.stderr, r.stdout + r.stderr
+    assert not marker.exists(), "replay imported code the user did not name"
+    r = kvfuzz("check", "--target", f"{PLANTED}:Correct", "--corpus", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and not marker.exists()
+    kvfuzz("replay", str(d), "--trust-target")
+    assert marker.exists()  # with consent it does
+
+
+def test_the_case_records_how_the_adapter_was_loaded(cases):
+    case = json.loads((cases["Segfaults"] / "case.json").read_text())
+    assert case["target"] == "planted.segfaults" and case["target_spec"] == f"{PLANTED}:Segfaults"
+
+
+def _mutate(cases, tmp_path, edit) -> Path:
+    d = tmp_path / "case"
+    shutil.copytree(cases["RaisesRuntimeError"], d)
+    edit(d)
+    return d
+
+
+def _case(d: Path) -> dict:
+    return json.loads((d / "case.json").read_text())
+
+
+CORRUPTIONS = {
+    "truncated tensors": (lambda d: (d / "tensors.safetensors").write_bytes((d / "tensors.safetensors")
+                                                                            .read_bytes()[:100]),
+                          "tensors.safetensors: is not a readable safetensors file"),
+    "case is a list": (lambda d: (d / "case.json").write_text("[1, 2]"), "holds a JSON list"),
+    "not JSON": (lambda d: (d / "case.json").write_text("{nope"), "case.json: is not valid JSON"),
+    "missing example": (lambda d: (d / "case.json").write_text(json.dumps(
+        {k: v for k, v in _case(d).items() if k != "example"})), "field 'example': is missing"),
+    "wrong type": (lambda d: (d / "case.json").write_text(json.dumps(_case(d) | {"target": 7})),
+                   "field 'target': is int"),
+    "bad batch": (lambda d: (d / "case.json").write_text(json.dumps(
+        _case(d) | {"example": {"batch": {"query_lens": "abc"}, "poison": "nan"}})), "field 'example'"),
+    "unknown fault": (lambda d: (d / "case.json").write_text(json.dumps(_case(d) | {"caller_fault": "nope"})),
+                      "field 'caller_fault': is 'nope', not a caller fault"),
+    "unknown kind": (lambda d: (d / "case.json").write_text(json.dumps(_case(d) | {"kind": "oops"})),
+                     "field 'kind'"),
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_corrupt_reproducers_exit_2_naming_file_and_field(cases, tmp_path, corruption):
+    edit, message = CORRUPTIONS[corruption]
+    d = _mutate(cases, tmp_path, edit)
+    r = kvfuzz("replay", str(d), "--target", f"{PLANTED}:RaisesRuntimeError")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stdout and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_a_pickled_tensors_file_is_rejected_and_never_unpickled(cases, tmp_path):
+    marker = tmp_path / "unpickled"
+
+    class Boom:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    d = _mutate(cases, tmp_path, lambda d: (d / "tensors.safetensors").write_bytes(pickle.dumps(Boom())))
+    r = kvfuzz("replay", str(d), "--target", f"{PLANTED}:RaisesRuntimeError")
+    assert r.returncode == 2 and "never reads pickles" in r.stdout, r.stdout
+    assert not marker.exists()
+
+
+def test_check_over_a_corpus_with_crash_and_hang_cases_writes_the_table_and_junit(cases, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for c in ("Segfaults", "Hangs"):
+        shutil.copytree(cases[c], corpus / cases[c].name)
+    junit = tmp_path / "junit.xml"
+    r = kvfuzz("check", "--target", f"{PLANTED}:Correct", "--corpus", str(corpus), "--trust-targets",
+               "--junit-xml", str(junit), "--out", str(tmp_path / "o"), timeout=900)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "kernel crash (SIGSEGV)" in r.stdout and "kernel hang (timeout)" in r.stdout and junit.exists()
+    assert 'failures="2"' in junit.read_text()
+
+
+def test_case_json_holds_no_bare_nan(cases):
+    for d in cases.values():
+        json.loads((d / "case.json").read_text(), parse_constant=lambda c: pytest.fail(f"bare {c} in case.json"))
+
+
+def test_the_reproducers_test_case_fails_while_it_reproduces_and_passes_when_fixed(cases, tmp_path):
+    d = tmp_path / "repro"
+    shutil.copytree(cases["RaisesRuntimeError"], d)
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(d / "test_case.py")]
+    r = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 1 and "raised RuntimeError" in r.stdout, r.stdout
+    # fix the kernel: point the case at a correct adapter of the same name (what a user's fix amounts to)
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\nfrom planted_endings import Correct\n\n"
+                     "class RaisesRuntimeError(Correct):\n    name = 'planted.raises_runtime_error'\n")
+    case = json.loads((d / "case.json").read_text())
+    (d / "case.json").write_text(json.dumps(case | {"target_spec": f"{fixed}:RaisesRuntimeError"}))
+    r = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout
