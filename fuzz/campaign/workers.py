@@ -327,7 +327,6 @@ class Supervisor:
         self._resume()
         old = {s: signal.signal(s, self._stop_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self.state.running = True
             self._snapshot(force=True)
             for slot in self.slots:
                 self._start(slot)
@@ -336,9 +335,7 @@ class Supervisor:
             for s, h in old.items():
                 signal.signal(s, h)
             self._reap_all()
-            self.state.running = False
-            self.state.in_flight = {}
-            self._snapshot(force=True)
+            self._snapshot(final=True)
         lost = sum(t.stats.lost for t in self.targets)
         if lost:
             self.problems.append(f"{lost} example(s) lost: their workers were killed from outside twice")
@@ -642,16 +639,20 @@ class Supervisor:
                 s.proc.join()
 
     # ---- files ---------------------------------------------------------------------------------------------
-    def _snapshot(self, force: bool = False) -> None:
+    def _snapshot(self, force: bool = False, final: bool = False) -> None:
+        """Write state.json and status.json (atomically), at most every SNAPSHOT_SECONDS unless ``force``.
+        ``final``: the campaign ended; nothing is in flight any more."""
         now = time.monotonic()
-        if not force and now - self._snapshot_at < SNAPSHOT_SECONDS:
+        if not (force or final) and now - self._snapshot_at < SNAPSHOT_SECONDS:
             return
         self._snapshot_at = now
-        self.state.in_flight = {str(s.index): {"target": s.in_flight["target"], "example": s.in_flight["example"],
-                                               "phase": s.in_flight["phase"]}
-                                for s in self.slots if s.in_flight is not None}
+        self.state.running = not final
+        self.state.in_flight = {} if final else {
+            str(s.index): {"target": s.in_flight["target"], "example": s.in_flight["example"],
+                           "phase": s.in_flight["phase"]}
+            for s in self.slots if s.in_flight is not None}
         self.state.save()
-        write_json(self.out / "status.json", {"updated": time.time(), "running": not force or self.state.running,
+        write_json(self.out / "status.json", {"updated": time.time(), "running": not final,
                                               "targets": [t.stats.to_dict() for t in self.targets],
                                               "workers": {str(s.index): (s.in_flight or {}).get("target")
                                                           for s in self.slots}})
