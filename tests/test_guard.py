@@ -475,6 +475,14 @@ def test_nested_guards_report_to_the_innermost_and_check_failures_warn(make_batc
         assert not (call.output == 7.0).all()  # the kernel still ran
     assert len(inner.records) == 1 and len(outer.records) == 1
     assert not is_guarded(torch.ops._C.cpu_attention_with_kv_cache)
+    # the summary counts what was checked, apart from what was stopped and what could not be checked
+    assert outer.calls == {"cpu_attention_with_kv_cache": 1} and outer.stopped == 1
+    assert outer.unchecked == {"cpu_attention_with_kv_cache": 1}
+    summary = outer.summary()
+    assert "kernel calls checked: 1 (cpu_attention_with_kv_cache: 1)" in summary
+    assert "calls stopped before the kernel ran (mode raise): 1" in summary
+    assert "calls the guard could not check: 1 (cpu_attention_with_kv_cache: 1)" in summary
+    assert "1 error-level and 0 warning-level violations" in summary
 
 
 # ---- the seeds' test file under the pytest plugin ---------------------------------------------------------

@@ -402,6 +402,10 @@ class Guard:
         self.on_record = on_record
         self.records: list[GuardRecord] = []
         self.calls: collections.Counter[str] = collections.Counter()
+        #: calls the guard could not check (its checks raised), per kernel: not counted in ``calls``
+        self.unchecked: collections.Counter[str] = collections.Counter()
+        #: calls mode "raise" stopped before the kernel ran (counted in ``calls``: they were checked)
+        self.stopped = 0
         self.current_test: str | None = None
         self.paused = False
         self._new_kv: tuple[Any, Any] | None = None
@@ -424,6 +428,8 @@ class Guard:
     def clear(self) -> None:
         self.records.clear()
         self.calls.clear()
+        self.unchecked.clear()
+        self.stopped = 0
 
     # unified kernels' new tokens
     @contextlib.contextmanager
@@ -473,6 +479,7 @@ class Guard:
             violations = check_kernel_call(kernel, bound, key=key, value=value, rocm_arch=self.rocm_arch,
                                            portability_archs=self.portability_archs, vacuity=self.vacuity)
         except Exception as e:  # a bug or an unforeseen argument: never break the caller's program
+            self.unchecked[kernel] += 1
             warnings.warn(f"kvfuzz guard could not check a {kernel} call from {caller}: {type(e).__name__}: {e}",
                           KvfuzzGuardWarning, stacklevel=3)
             return
@@ -485,19 +492,37 @@ class Guard:
         if self.on_record is not None:
             self.on_record(rec)
         if self.mode == "raise" and rec.errors:
+            self.stopped += 1
             raise CallerContractError([rec])
         if self.mode in ("raise", "warn"):
             warnings.warn(f"[{rec.kind.value}] {rec.message}", KvfuzzGuardWarning, stacklevel=3)
 
     def summary(self) -> str:
-        """A few lines: calls checked, violating calls, violations per check."""
-        calls = ", ".join(f"{k}: {n}" for k, n in sorted(self.calls.items())) or "none"
-        per = collections.Counter(v.check.value for v in self.violations)
-        lines = [f"kernel calls checked: {sum(self.calls.values())} ({calls})",
-                 f"calls with caller contract violations: {len(self.records)} "
-                 f"({len(self.errors)} errors, {len(self.violations) - len(self.errors)} warnings)"]
-        lines += [f"  {check}: {n}" for check, n in per.most_common()]
-        return "\n".join(lines)
+        """A few lines: calls checked, calls stopped and calls the guard could not check, violating calls and
+        their violations per check (:func:`summary_lines`)."""
+        return "\n".join(summary_lines(dict(self.calls), [r.to_dict() for r in self.records], dict(self.unchecked),
+                                        self.stopped))
+
+
+def summary_lines(calls: dict[str, int], records: list[dict], unchecked: dict[str, int] | None = None,
+                  stopped: int = 0) -> list[str]:
+    """The guard's summary. ``calls``: kernel calls checked per kernel; ``records``: GuardRecord dicts
+    (``GuardRecord.to_dict``); ``unchecked``: calls whose checks could not run, per kernel (not kernel calls
+    checked); ``stopped``: calls mode "raise" stopped before the kernel ran. Violations are counted apart by
+    severity (error-level and warning-level), and per check."""
+    per = collections.Counter(v["check"] for r in records for v in r["violations"])
+    errors = sum(v["severity"] == "error" for r in records for v in r["violations"])
+    total = sum(len(r["violations"]) for r in records)
+    listed = ", ".join(f"{k}: {n}" for k, n in sorted(calls.items())) or "none"
+    lines = [f"kernel calls checked: {sum(calls.values())} ({listed})"]
+    if stopped:
+        lines.append(f"calls stopped before the kernel ran (mode raise): {stopped}")
+    if unchecked and sum(unchecked.values()):
+        lines.append(f"calls the guard could not check: {sum(unchecked.values())} ("
+                     + ", ".join(f"{k}: {n}" for k, n in sorted(unchecked.items())) + ")")
+    lines.append(f"calls with caller contract violations: {len(records)} ({errors} error-level and "
+                 f"{total - errors} warning-level violations)")
+    return lines + [f"  {check}: {n}" for check, n in per.most_common()]
 
 
 def guard(mode: str = "raise", **kwargs: Any) -> Guard:
@@ -514,4 +539,4 @@ def active_guard() -> Guard | None:
 
 
 __all__ = ["MODES", "KERNELS", "CallerContractError", "Guard", "GuardRecord", "KvfuzzGuardWarning",
-           "active_guard", "guard", "is_guarded", "original_of"]
+           "active_guard", "guard", "is_guarded", "original_of", "summary_lines"]

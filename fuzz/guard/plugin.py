@@ -91,8 +91,10 @@ class _GuardSession:
         self.failed_tests: list[str] = []
         #: every record of the session as a dict (this process's, and the workers' under xdist)
         self.records: list[dict] = []
-        #: checked calls per kernel, over every process
+        #: checked calls per kernel, calls the guard could not check, calls stopped: over every process
         self.calls: dict[str, int] = {}
+        self.unchecked: dict[str, int] = {}
+        self.stopped = 0
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if not self.is_controller:
@@ -145,20 +147,26 @@ class _GuardSession:
         outside = [r.to_dict() for r in self.guard.records if r.test is None]  # e.g. calls at import time
         if hasattr(self.config, "workeroutput"):  # an xdist worker: hand its counts to the controller
             self.config.workeroutput["kvfuzz_guard_calls"] = dict(self.guard.calls)
+            self.config.workeroutput["kvfuzz_guard_unchecked"] = dict(self.guard.unchecked)
+            self.config.workeroutput["kvfuzz_guard_stopped"] = self.guard.stopped
             self.config.workeroutput["kvfuzz_guard_outside"] = outside
         elif not self.is_controller:
-            self._add_calls(self.guard.calls)
+            self._add_calls(self.guard.calls, self.guard.unchecked, self.guard.stopped)
             self.records.extend(outside)
 
     @pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown without xdist
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         output = getattr(node, "workeroutput", {})
-        self._add_calls(output.get("kvfuzz_guard_calls", {}))
+        self._add_calls(output.get("kvfuzz_guard_calls", {}), output.get("kvfuzz_guard_unchecked", {}),
+                        output.get("kvfuzz_guard_stopped", 0))
         self.records.extend(output.get("kvfuzz_guard_outside", []))
 
-    def _add_calls(self, calls: dict[str, int]) -> None:
+    def _add_calls(self, calls: dict[str, int], unchecked: dict[str, int], stopped: int) -> None:
         for k, n in calls.items():
             self.calls[k] = self.calls.get(k, 0) + n
+        for k, n in unchecked.items():
+            self.unchecked[k] = self.unchecked.get(k, 0) + n
+        self.stopped += stopped
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if hasattr(config, "workerinput"):
@@ -166,7 +174,9 @@ class _GuardSession:
         tr = terminalreporter
         tr.write_sep("=", "kvfuzz guard: caller contract checks")
         tr.write_line(f"mode: {self.mode}")
-        for line in summary_lines(self.calls, self.records):
+        from kvfuzz.fuzz.guard.interception import summary_lines
+
+        for line in summary_lines(self.calls, self.records, self.unchecked, self.stopped):
             tr.write_line(line)
         if self.failed_tests:
             tr.write_line(f"tests failed by the guard (they passed otherwise): {len(self.failed_tests)}")
@@ -190,15 +200,3 @@ def _xdist_active(config: pytest.Config) -> bool:
         return False
 
 
-def summary_lines(calls: dict[str, int], records: list[dict]) -> list[str]:
-    """The summary's head: kernel calls checked per kernel, calls with violations, violations per check.
-    ``records``: GuardRecord dicts (``GuardRecord.to_dict``). Errors are counted apart from warnings."""
-    import collections
-
-    per = collections.Counter(v["check"] for r in records for v in r["violations"])
-    errors = sum(v["severity"] == "error" for r in records for v in r["violations"])
-    total = sum(len(r["violations"]) for r in records)
-    listed = ", ".join(f"{k}: {n}" for k, n in sorted(calls.items())) or "none"
-    lines = [f"kernel calls checked: {sum(calls.values())} ({listed})",
-             f"calls with caller contract violations: {len(records)} ({errors} errors, {total - errors} warnings)"]
-    return lines + [f"  {check}: {n}" for check, n in per.most_common()]
