@@ -32,10 +32,11 @@ class CacheState:
     poison: Poison
 
 
-#: fp8 bit patterns of NAN and INF poison. float8_e4m3fn has no infinity: INF poison saturates to its largest
-#: finite value (0x7E = 448), what an overflowing fp8 quantization stores.
+#: fp8 bit patterns of NAN and INF poison. float8_e4m3fn has no infinity: its INF poison is its NaN pattern, so
+#: the non-finite poisons stay non-finite in every cache dtype (a finite 448 there turned a bug's "non-finite
+#: output" into a "kernel mismatch" as the cache dtype shrank, and stopped the shrink).
 _FP8_POISON = {
-    (torch.float8_e4m3fn, "nan"): 0x7F, (torch.float8_e4m3fn, "inf"): 0x7E,
+    (torch.float8_e4m3fn, "nan"): 0x7F, (torch.float8_e4m3fn, "inf"): 0x7F,
     (torch.float8_e5m2, "nan"): 0x7F, (torch.float8_e5m2, "inf"): 0x7C,
 }
 

@@ -4,6 +4,13 @@ Structure is drawn before contents: the number of sequences, each sequence's kin
 and the block-table arrangement come first, and the tensor data only as a seed (``Batch.seed``), so
 shrinking works on structure and reaches small batches: one sequence, short lengths, few heads.
 Every ``sampled_from`` lists its simplest choice first, since Hypothesis shrinks toward it.
+
+So that lowering one choice does not shift the others (which makes the shrinker's step fail and the case stay
+big), every choice is drawn whatever the earlier ones were: the kv heads independently of the GQA ratio, every
+sequence's query and context lengths whatever its kind, every optional parameter (fp8 scales, each feature's
+on/off, the window, the softcap) whether it is used or not; head size before kv_cache_dtype (so an fp8 cache
+shrinks to "auto" with the head size kept); and the one draw of variable length (a permutation of blocks) last.
+Lengths shrink to their smallest value, not only to block boundaries: the plain integer is the first branch.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ from .limits import Limits
 
 #: Sequence kinds, simplest first.
 KINDS = ("decode", "prefill", "prefill-no-ctx")
-#: Block-table arrangements, simplest first. "high": the blocks sit above HIGH_IDS unused ones, as in a
-#: long-running server's cache (block ids past 2**k catch id truncation without a big cache).
+#: Block-table arrangements, simplest first. "high": the batch's blocks end at a high id (up to HIGH_IDS) with
+#: unused ones below, as in a long-running server's cache (block ids past 2**k catch id truncation without a big
+#: cache).
 ARRANGEMENTS = ("contiguous", "reversed", "permuted", "fragmented", "high")
 HIGH_IDS = 64
 #: GQA group sizes (num_heads // num_kv_heads); 1 is MHA, 7 is the FlashInfer 28/4 case.
@@ -36,16 +44,21 @@ KV_SCALES = (1.0, 0.5, 0.375, 3 / 64, 2.0)
 SOFTCAPS = (50.0, 4.0)
 
 
-def boundary_lengths(block_size: int, min_value: int, max_value: int) -> st.SearchStrategy[int]:
+def boundary_lengths(block_size: int | tuple[int, ...], min_value: int, max_value: int,
+                     shift: int = 0) -> st.SearchStrategy[int]:
     """Integers in ``[min_value, max_value]`` biased toward block boundaries: 0, 1, and ``k*block_size``
-    plus or minus one, where off-by-one bugs in masking and block arithmetic live."""
+    plus or minus one (for every block size given), where off-by-one bugs in masking and block arithmetic live.
+    ``shift``: the boundaries are those of ``value + shift`` (a context length c whose sequence ends at c + 1)."""
     if min_value > max_value:
         raise InvalidArgument(f"min_value={min_value} > max_value={max_value}")
+    sizes = (block_size,) if isinstance(block_size, int) else tuple(block_size)
     edges = {0, 1, 2}
-    for k in range(1, max_value // block_size + 2):
-        edges |= {k * block_size - 1, k * block_size, k * block_size + 1}
+    for bs in sizes:
+        for k in range(1, (max_value + shift) // bs + 2):
+            edges |= {k * bs - 1 - shift, k * bs - shift, k * bs + 1 - shift}
     edges = sorted(e for e in edges if min_value <= e <= max_value)
-    return st.one_of(st.sampled_from(edges), st.integers(min_value, max_value))
+    # the plain integers first: the shrinker prefers the first branch, and reaches any minimum from there
+    return st.one_of(st.integers(min_value, max_value), st.sampled_from(edges))
 
 
 @st.composite
@@ -53,19 +66,28 @@ def gqa_heads(draw, max_num_heads: int = 16) -> tuple[int, int]:
     """``(num_heads, num_kv_heads)`` with group sizes 1..16 (MHA, GQA) and MQA (one kv head)."""
     ratios = [r for r in GQA_RATIOS if r <= max_num_heads]
     ratio = draw(st.sampled_from(ratios))
-    kv = draw(st.sampled_from([k for k in NUM_KV_HEADS if k * ratio <= max_num_heads]))
+    kv = draw(st.sampled_from(NUM_KV_HEADS))  # independent of the ratio: lowering one does not shift the other
+    while kv > 1 and kv * ratio > max_num_heads:
+        kv //= 2
     return kv * ratio, kv
 
 
 @st.composite
-def sequence_lengths(draw, kind: str, block_size: int, limits: Limits) -> tuple[int, int]:
-    """``(query_len, ctx_len)`` for one sequence of ``kind`` (see :data:`KINDS`)."""
+def sequence_lengths(draw, block_sizes: int | tuple[int, ...], limits: Limits,
+                     allowed: tuple[str, ...] = KINDS) -> tuple[int, int]:
+    """``(query_len, ctx_len)`` of one sequence: its kind (see :data:`KINDS`) and two lengths, always all three
+    drawn, biased to the boundaries of ``block_sizes``. With ``c`` the second length: a decode sequence has
+    ctx_len ``c`` (seq_len ``c + 1``); a prefill has query_len = the first length (>= 2) and ctx_len ``c + 1``
+    ("prefill") or 0 ("prefill-no-ctx"). So a prefill turns into the decode of the same context by lowering its
+    kind and raising ``c`` by one, a step Hypothesis's shrinker takes."""
+    kind = draw(st.sampled_from(allowed))
+    query_len = draw(boundary_lengths(block_sizes, 2, limits.max_query_len))
+    cached = draw(boundary_lengths(block_sizes, 0, limits.max_ctx_len, shift=1))
     if kind == "decode":
-        seq_len = draw(boundary_lengths(block_size, 1, limits.max_ctx_len + 1))
-        return 1, seq_len - 1
-    query_len = draw(boundary_lengths(block_size, 2, limits.max_query_len))
-    ctx_len = 0 if kind == "prefill-no-ctx" else draw(boundary_lengths(block_size, 1, max(1, limits.max_ctx_len)))
-    return query_len, ctx_len
+        return 1, cached
+    if kind == "prefill-no-ctx" or not limits.max_ctx_len:
+        return query_len, 0
+    return query_len, min(cached + 1, limits.max_ctx_len)
 
 
 @st.composite
@@ -76,15 +98,17 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
     arrangement = draw(st.sampled_from(ARRANGEMENTS))
     spare = draw(st.integers(0, max_spare_blocks))
     extra_cols = draw(st.integers(0, 2))
+    high = draw(st.integers(1, HIGH_IDS))  # always drawn; shrinks to the lowest top id that still shows a bug
     total = sum(blocks_needed)
     num_blocks = total + spare
     if arrangement == "contiguous":
         ids = list(range(total))
     elif arrangement == "reversed":
         ids = list(range(num_blocks - 1, num_blocks - 1 - total, -1))
-    elif arrangement == "high":
-        num_blocks += HIGH_IDS
-        ids = list(range(HIGH_IDS, HIGH_IDS + total))
+    elif arrangement == "high":  # the last block at id ``high`` (or as low as fits): deleting a sequence keeps it
+        top = max(high, total - 1)
+        num_blocks = top + 1 + spare
+        ids = list(range(top - total + 1, top + 1))
     elif arrangement == "permuted":
         ids = draw(st.permutations(range(num_blocks)))[:total]
     else:  # fragmented: round-robin over sequences, with spare blocks scattered in between
@@ -107,21 +131,24 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
 def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batch:
     """A mixed batch inside ``capabilities``: decode sequences, prefills with and without context."""
     dtype = draw(st.sampled_from(capabilities.dtypes))
-    kv_cache_dtype = draw(st.sampled_from(capabilities.kv_cache_dtypes))
-    head_size = draw(st.sampled_from(sorted(capabilities.head_sizes_for(kv_cache_dtype))))
-    block_size = draw(st.sampled_from(sorted(capabilities.block_sizes)))
+    # heads right before the head size: the shrinker can trade fewer heads for a larger head size (it lowers
+    # one choice and raises one up to four choices later), the order a developer reads a case in
     num_heads, num_kv_heads = draw(gqa_heads(limits.max_num_heads))
+    head_size = draw(st.sampled_from(sorted(capabilities.head_sizes)))
+    kv_cache_dtype = draw(st.sampled_from([k for k in capabilities.kv_cache_dtypes
+                                           if head_size in capabilities.head_sizes_for(k)]))
     allowed = ("decode",) if capabilities.decode_only else KINDS
-    # each sequence's kind and lengths drawn together, so its choices are adjacent and the shrinker can
-    # delete a sequence as one span (kinds first and lengths after left 3-sequence cases unshrunk)
-    num_seqs = draw(st.integers(1, limits.max_num_seqs))
-    lens = [draw(st.sampled_from(allowed).flatmap(lambda k: sequence_lengths(k, block_size, limits)))
-            for _ in range(num_seqs)]
+    # max_num_seqs sequences, each drawn whole (kind and lengths adjacent) with a flag saying whether it is in
+    # the batch: the shrinker removes any sequence by lowering its flag, with nothing after it shifting (a count
+    # and a loop let it delete only the last one drawn, and sorting puts the simplest first)
+    drawn = [draw(st.tuples(st.booleans(), sequence_lengths(capabilities.block_sizes, limits, allowed)))
+             for _ in range(limits.max_num_seqs)]
+    lens = [sizes for on, sizes in drawn if on] or [drawn[-1][1]]
+    # after the lengths, largest first: a case shrinks to its fewest tokens, then to the fewest blocks that
+    # still show the bug with them
+    block_size = draw(st.sampled_from(sorted(capabilities.block_sizes, reverse=True)))
     query_lens = [q for q, _ in lens]
     ctx_lens = [c for _, c in lens]
-    needed = [-(-(q + c) // block_size) for q, c in lens]
-    num_blocks, table, _ = draw(block_tables(needed, limits.max_spare_blocks))
-    seed = draw(st.integers(0, 2**31 - 1))
     # None (the kernel's default), the default passed explicitly, or half of it: catches a kernel that
     # ignores the argument or derives its default from the wrong dimension (docs/contracts.md §5, bug 13)
     sm_scale = draw(st.sampled_from((None, 1.0, 0.5)))
@@ -129,6 +156,9 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
         sm_scale /= head_size**0.5
     params = draw(attention_params(capabilities, kv_cache_dtype, block_size,
                                    limits.max_ctx_len + limits.max_query_len))
+    seed = draw(st.integers(0, 2**31 - 1))
+    needed = [-(-(q + c) // block_size) for q, c in lens]
+    num_blocks, table, _ = draw(block_tables(needed, limits.max_spare_blocks))  # last: a permutation varies
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
                  head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
                  dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **params)
@@ -142,22 +172,24 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
     declares (``sliding_window`` biased to 1, 2 and ``block_size - 1 .. + 1``; ``alibi``; ``sinks``;
     ``softcap`` from :data:`SOFTCAPS`), skipping a feature declared exclusive with one already drawn, and the
     ``value_range`` (:data:`~kvfuzz.contracts.batch.VALUE_RANGES`)."""
-    out: dict = {}
-    if kv_cache_dtype != "auto":
-        out["k_scale"] = draw(st.sampled_from(KV_SCALES))
-        out["v_scale"] = draw(st.sampled_from(KV_SCALES))
+    # every value is drawn whether it is used or not (module docstring: no shifts while shrinking)
+    k_scale, v_scale = draw(st.sampled_from(KV_SCALES)), draw(st.sampled_from(KV_SCALES))
+    wanted = [f for f in FEATURES if draw(st.booleans())]
+    edges = sorted({w for w in (1, 2, block_size - 1, block_size, block_size + 1) if 1 <= w <= max_seq_len})
+    window = draw(st.one_of(st.integers(1, max(1, max_seq_len)), st.sampled_from(edges)))
+    softcap = draw(st.sampled_from(SOFTCAPS))
+    value_range = draw(st.sampled_from(VALUE_RANGES))
     chosen: list[str] = []
-    for feature in FEATURES:
-        if capabilities.combinable([*chosen, feature]) and draw(st.booleans()):
+    for feature in wanted:  # declared features, skipping one declared exclusive with a feature already on
+        if capabilities.combinable([*chosen, feature]):
             chosen.append(feature)
+    out: dict = {"value_range": value_range, "alibi": "alibi" in chosen, "sinks": "sinks" in chosen}
+    if kv_cache_dtype != "auto":
+        out["k_scale"], out["v_scale"] = k_scale, v_scale
     if "sliding_window" in chosen:
-        edges = sorted({w for w in (1, 2, block_size - 1, block_size, block_size + 1) if 1 <= w <= max_seq_len})
-        out["sliding_window"] = draw(st.one_of(st.sampled_from(edges), st.integers(1, max(1, max_seq_len))))
-    out["alibi"] = "alibi" in chosen
-    out["sinks"] = "sinks" in chosen
+        out["sliding_window"] = window
     if "softcap" in chosen:
-        out["softcap"] = draw(st.sampled_from(SOFTCAPS))
-    out["value_range"] = draw(st.sampled_from(VALUE_RANGES))
+        out["softcap"] = softcap
     return out
 
 

@@ -181,3 +181,18 @@ class Mixed(_Planted):
             while True:
                 time.sleep(0.5)
         return SdpaPaged.run(self, call)
+
+
+class SkipsLastRow(Correct):
+    """Leaves the output row of the batch's last query token unwritten (as a kernel with an off-by-one grid
+    would): whatever torch.empty held there."""
+
+    name = "planted.skips_last_row"
+    description = "SDPA that never writes its last output row"
+
+    def run(self, call):
+        out = call.kwargs["output"]
+        keep = out[-1].clone()
+        super().run(call)
+        out[-1] = keep
+        return out

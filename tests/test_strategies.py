@@ -58,7 +58,8 @@ def test_shrinks_to_a_single_short_decode_sequence():
     """What a decode-only failure shrinks to: the smallest batch that has a decode sequence."""
     b = find(batches(CAPS, LIMITS), lambda b: len(b.decode_seqs) > 0, settings=FIND)
     assert b.num_seqs == 1 and b.query_lens == (1,) and b.ctx_lens == (0,)
-    assert b.num_heads == 1 and b.head_size == 32 and b.block_size == 16
+    # fewest heads, smallest head size; the largest block size: as few blocks as possible
+    assert b.num_heads == 1 and b.head_size == 32 and b.block_size == max(CAPS.block_sizes)
 
 
 def test_examples_draw_every_poison_and_respect_the_choice():
@@ -81,3 +82,43 @@ def test_explicit_softmax_scales_are_drawn():
                                                             block_sizes=(16,), decode_only=True), LIMITS))
 def test_decode_only_targets_get_decode_sequences_only(b: Batch):
     assert b.query_lens == (1,) * b.num_seqs
+
+
+# ---- shrinking reaches what matters (issue: heads stayed at 16/1, lengths stopped at block boundaries, fp8 caches
+# and value ranges survived in failures that did not need them, an early sequence could not be removed) ----------
+WIDE = Capabilities(contract=Contract.UNIFIED, devices=("cpu",), dtypes=("float16", "float32"),
+                    head_sizes=(32, 64, 128), block_sizes=(16, 48), kv_cache_dtypes=("auto", "fp8_e4m3"),
+                    features=("sliding_window", "softcap"))
+
+
+def test_heads_shrink_independently_of_the_gqa_ratio():
+    """A bug that needs a GQA group of 2 shrinks to H=2, Hkv=1, whatever ratio and kv heads were drawn first."""
+    b = find(batches(WIDE, LIMITS), lambda b: b.gqa_ratio == 2 and b.num_heads >= 8, settings=FIND)
+    assert (b.num_heads, b.num_kv_heads) == (8, 4)  # the predicate's own minimum
+    b = find(batches(WIDE, LIMITS), lambda b: b.gqa_ratio >= 2, settings=FIND)
+    assert (b.num_heads, b.num_kv_heads) == (2, 1)
+
+
+def test_lengths_shrink_to_their_minimum_not_to_a_block_boundary():
+    """A defect at any seq_len >= 17 with block size 48 stopped at 47 (a boundary) before."""
+    b = find(batches(WIDE, LIMITS), lambda b: b.block_size == 48 and max(b.seq_lens) >= 17, settings=FIND)
+    assert b.seq_lens == (17,) and b.num_seqs == 1
+
+
+def test_irrelevant_settings_shrink_away():
+    """A failure that needs only a softcap keeps no fp8 cache, no other feature and plain values."""
+    b = find(batches(WIDE, LIMITS), lambda b: b.softcap is not None and b.kv_cache_dtype != "auto"
+             and b.value_range != "normal", settings=FIND)
+    b2 = find(batches(WIDE, LIMITS), lambda b: b.softcap is not None, settings=FIND)
+    assert b2.kv_cache_dtype == "auto" and b2.value_range == "normal" and b2.sliding_window is None
+    assert b2.features == ("softcap",) and b2.num_seqs == 1 and b2.seq_lens == (1,)
+    assert b.kv_cache_dtype == "fp8_e4m3"  # (the first predicate keeps what it asks for)
+
+
+def test_any_sequence_can_be_removed():
+    """A bug in one long sequence shrinks to that sequence alone, wherever it sat in the batch."""
+    b = find(batches(WIDE, LIMITS), lambda b: b.num_seqs >= 3 and b.seq_lens[-1] >= 20, settings=FIND)
+    assert b.num_seqs == 3
+    b = find(batches(WIDE, LIMITS), lambda b: any(s >= 20 for s in b.seq_lens), settings=FIND)
+    assert b.num_seqs == 1 and b.seq_lens == (20,)
+

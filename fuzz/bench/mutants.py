@@ -290,14 +290,17 @@ class Int32OffsetOverflow(PagedTorch):
     Real: int32 ``block_idx * Hkv * D * BS`` wraps once it passes 2**31 (vllm PR 1514, FlexAttention vllm issue
     50427, FlashInfer PR 3136), i.e. 32768+ blocks of 16 x 8 x 256. kvfuzz's CPU strategies draw < 100 blocks,
     so the word is scaled down to OFFSET_BITS = 16: it wraps when ``block * BS * Hkv * D >= 65536`` — block >= 2
-    at BS 32, Hkv 4, D 256; block >= 16 at BS 16, Hkv 2, D 128; unreachable at BS 8, Hkv 1, D 24 (block 342)."""
+    at BS 32, Hkv 4, D 256; block >= 16 at BS 16, Hkv 2, D 128; block >= 64 at BS 32, Hkv 1, D 32; unreachable at
+    BS 8, Hkv 1, D 24 (block 342)."""
 
     name = "mutant.int32_offset_overflow"
     description = f"block offset wraps at 2**{OFFSET_BITS} elements (scaled-down int32 overflow)"
     trigger = f"a used block id b with b * block_size * num_kv_heads * head_size >= 2**{OFFSET_BITS}"
     bug = "§5.1 int32 overflow of block_idx*Hkv*D*BS (vllm PR 1514, issue 50427; FlashInfer PR 3136)"
-    smallest = staticmethod(lambda: _batch([1], [0], head_size=256, block_size=32, table=[[8]],
-                                           num_blocks=9))
+    # the minimum in the benchmark's order (heads, then head size, then blocks) among the ids the strategies
+    # draw (up to 64): one head of size 32 wraps at block 64 of 32 tokens (64 * 32 * 32 = 65536); head size 24
+    # would need block 86
+    smallest = staticmethod(lambda: _batch([1], [0], head_size=32, block_size=32, table=[[64]], num_blocks=65))
 
     def block_offsets(self, blocks, block_stride):
         return (blocks * block_stride) % (1 << OFFSET_BITS)

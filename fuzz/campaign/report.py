@@ -58,6 +58,8 @@ def write_report(out: Path) -> Path:
         flags.append(f"caller fault `{summary['caller_fault']}`")
     if summary.get("interrupted"):
         flags.append("**interrupted**")
+    if summary.get("exit_status") is not None:
+        flags.append(f"exit status {summary['exit_status']}")
     lines += [", ".join(flags), "", "| target | examples | examples/s | kernel share | distinct failures |",
               "|---|---|---|---|---|"]
     for t in summary["targets"]:
@@ -66,8 +68,6 @@ def write_report(out: Path) -> Path:
         lines.append(f"| {t['target']} | {t['examples']} | {t['examples_per_s']:.2f} | {share} | "
                      f"{len(t['failures'])} |")
     failures = [(t["target"], f) for t in summary["targets"] for f in t["failures"]]
-    failures += [(r["target"], {**r, "blame": "see case.json", "message": "recovered from a process that died"})
-                 for r in summary.get("recovered", [])]
     lines += ["", "## Failures", ""]
     if failures:
         lines += ["| target | kind | blame | check | count | minimal batch | reproducer |", "|---|---|---|---|---|---|---|"]
@@ -80,11 +80,21 @@ def write_report(out: Path) -> Path:
             lines += ["", f"**{name}: {f['kind']}** — {f.get('message', '')}"]
     else:
         lines.append("None.")
+    for p in summary.get("problems", []):
+        lines += ["", f"**Problem**: {p}"]
+    for w in summary.get("warnings", []):
+        lines += ["", f"Warning: {w}"]
     for t in summary["targets"]:
         lines += ["", f"## {t['target']}", ""]
         png = plot_coverage(t, out / f"coverage-{_slug(t['target'])}.png")
         if png is not None:
             lines.append(f"![coverage of {t['target']}]({png.name})")
+        if t.get("declared"):
+            lines += ["", "Declared parameter space, examples per value (0: never drawn):", "",
+                      "| dimension | values |", "|---|---|"]
+            for dim, counts in t["declared"].items():
+                cells = ", ".join(f"{v}: {n}" if n else f"**{v}: 0**" for v, n in counts.items())
+                lines.append(f"| {dim} | {cells or '-'} |")
         if t.get("rejections"):
             lines += ["", "Undeclared configurations rejected with an error (expected):", "",
                       "| error | count |", "|---|---|"]

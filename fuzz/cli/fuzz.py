@@ -118,7 +118,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         result = _supervise(chosen, list(target_names) or [t.name for t in chosen], config, workers=workers,
                             example_timeout=example_timeout, max_crashes=max_crashes, threads=threads,
                             observe=observability, gpus=gpus)
-        code = _finish(result, config, out, caller_fault, seed)
+        code = _finish(result, chosen, config, out, caller_fault, seed)
     finally:
         lock.release()
     sys.exit(code)
@@ -166,12 +166,15 @@ def _supervise(chosen, names, config, **kw):
         return sup.run()
 
 
-def _finish(result, config, out: Path, caller_fault, seed) -> int:
+def _finish(result, targets, config, out: Path, caller_fault, seed) -> int:
     """Print and write the summary and the report; returns the exit status."""
     from kvfuzz.fuzz.campaign.journal import write_json
     from kvfuzz.fuzz.campaign.report import write_report
+    from kvfuzz.fuzz.harness.coverage import declared_space
 
-    results = [s.to_dict() for s in result.targets]
+    by_name = {t.name: t for t in targets}
+    results = [s.to_dict() | {"declared": declared_space(by_name[s.target], s.coverage.to_dict())}
+               for s in result.targets]
     _print_summary(results)
     failed = any(t["failures"] for t in results)
     code = EXIT_FAILURE if failed else (EXIT_CANNOT_RUN if result.problems or result.interrupted else EXIT_OK)
@@ -217,6 +220,11 @@ def _print_summary(results: list[dict]) -> None:
             console.print(f"[bold]{s['target']}[/] coverage: " + escape("; ".join(
                 f"{dim}: " + ", ".join(f"{v} {n}" for v, n in counts.items())
                 for dim, counts in s["coverage"].items())))
+        never = [f"{dim} {v}" for dim, counts in s.get("declared", {}).items() for v, n in counts.items() if n == 0]
+        if never and s["examples"]:
+            console.print(f"[bold]{s['target']}[/] [yellow]declared but never drawn[/]: {escape(', '.join(never))}")
+        if s.get("stopped"):
+            console.print(f"[bold]{s['target']}[/] [yellow]{escape(s['stopped'])}[/]")
     for s in results:
         for f in s["failures"]:
             console.print(f"[bold]{s['target']}[/] [red]{f['kind']}[/] — blame: {f['blame']}\n"

@@ -37,6 +37,14 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None) 
     return Run(example, data, cache, call, timings=t, path=target.path(batch))
 
 
+def poison_output(output) -> None:
+    """Fill the output buffer the kernel is handed with NaN before it runs: a row the kernel never writes is
+    then always a non-finite output, whatever ``torch.empty`` happened to return (garbage made the same bug a
+    mismatch on one run and non-finite on the next, and kept it from shrinking)."""
+    if isinstance(output, torch.Tensor) and output.dtype.is_floating_point:
+        output.fill_(float("nan"))
+
+
 def metadata_violations(target: Target, run: Run) -> list[Violation]:
     """With ground truth: do the call's query_start_loc and seq_lens describe the batch? (A shifted
     query_start_loc still starts at 0, rises and ends at T, so only the harness, which knows each sequence's
@@ -138,8 +146,9 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     s = time.perf_counter()
     if unsafe and not run_unsafe:
         crash = (f"not run: this call ({', '.join(unsafe)}) can make the kernel read or write outside its "
-                 "tensors; `kvfuzz fuzz --workers 2` runs such calls in isolated worker processes")
+                 "tensors; `kvfuzz fuzz` runs such calls in its isolated worker processes")
     else:
+        poison_output(run.call.output)
         run.output, crash = run_kernel(target, run.call, on_phase)
     t.kernel = time.perf_counter() - s
 

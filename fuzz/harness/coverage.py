@@ -1,5 +1,7 @@
 """What a campaign exercised: kernel paths, the modeled ROCm decode-kernel selection, lengths at block
-boundaries, GQA ratios and batch mixes. Each example's labels become Hypothesis events and campaign counts."""
+boundaries, GQA ratios, batch mixes and the declared parameter space (dtypes, kv_cache_dtypes, head and block
+sizes, features). Each example's labels become Hypothesis events and campaign counts; :func:`declared_space`
+sets the counts against what the target declares, so a user sees what was never drawn."""
 
 from __future__ import annotations
 
@@ -40,13 +42,21 @@ def boundary_class(length: int, block_size: int) -> str:
 
 
 def labels(target: Target, batch: Batch) -> dict[str, str]:
-    """Coverage labels of one example (dimension -> value)."""
+    """Coverage labels of one example (dimension -> value): the kernel path, the batch mix, GQA, lengths against
+    block boundaries, the modeled ROCm routing, and the declared parameter space it exercised (dtype,
+    kv_cache_dtype, head_size, block_size, the combination of features, the value range)."""
     kinds = "".join(sorted({"d" if q == 1 else ("p" if c else "p0") for q, c in zip(batch.query_lens, batch.ctx_lens)}))
     out = {
         "path": target.path(batch),
         "mix": kinds,
         "gqa": "mqa" if batch.num_kv_heads == 1 and batch.num_heads > 1 else f"{batch.gqa_ratio}",
         "seq_len": ",".join(sorted({boundary_class(s, batch.block_size) for s in batch.seq_lens})),
+        "dtype": batch.dtype,
+        "kv_cache_dtype": batch.kv_cache_dtype,
+        "head_size": str(batch.head_size),
+        "block_size": str(batch.block_size),
+        "features": "+".join(batch.features) or "none",
+        "values": batch.value_range,
     }
     for family, kernel in rocm_decode_kernel(target, batch).items():
         out[f"rocm {family}"] = kernel
@@ -70,3 +80,22 @@ class Coverage:
         """Higher for examples whose path and ROCm routing were seen less: the Hypothesis target() score."""
         keys = [k for k in lab if k == "path" or k.startswith("rocm")]
         return sum(1.0 / (1 + self.counts[k][lab[k]]) for k in keys)
+
+
+#: Coverage dimensions that correspond to a declared set of values, and the Capabilities field declaring it.
+DECLARED_DIMENSIONS = {"dtype": "dtypes", "kv_cache_dtype": "kv_cache_dtypes", "head_size": "head_sizes",
+                       "block_size": "block_sizes"}
+
+
+def declared_space(target: Target, coverage: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """For each declared dimension (and each declared feature), how many examples drew each declared value:
+    ``{"dtype": {"float16": 120, "float32": 0}, ..., "feature": {"sliding_window": 40, "alibi": 0}}``. A 0 is a
+    value the campaign never exercised."""
+    caps = target.capabilities
+    out = {}
+    for dim, field in DECLARED_DIMENSIONS.items():
+        seen = coverage.get(dim, {})
+        out[dim] = {str(v): seen.get(str(v), 0) for v in getattr(caps, field)}
+    combos = coverage.get("features", {})
+    out["feature"] = {f: sum(n for combo, n in combos.items() if f in combo.split("+")) for f in sorted(caps.features)}
+    return out
