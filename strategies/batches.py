@@ -49,9 +49,10 @@ def boundary_lengths(block_size: int, min_value: int, max_value: int) -> st.Sear
 
 
 @st.composite
-def gqa_heads(draw, max_num_heads: int = 16) -> tuple[int, int]:
-    """``(num_heads, num_kv_heads)`` with group sizes 1..16 (MHA, GQA) and MQA (one kv head)."""
-    ratios = [r for r in GQA_RATIOS if r <= max_num_heads]
+def gqa_heads(draw, max_num_heads: int = 16, ratios: tuple[int, ...] | None = None) -> tuple[int, int]:
+    """``(num_heads, num_kv_heads)`` with group sizes 1..16 (MHA, GQA) and MQA (one kv head); ``ratios``:
+    only these group sizes (default :data:`GQA_RATIOS`)."""
+    ratios = [r for r in (GQA_RATIOS if ratios is None else ratios) if r <= max_num_heads]
     ratio = draw(st.sampled_from(ratios))
     kv = draw(st.sampled_from([k for k in NUM_KV_HEADS if k * ratio <= max_num_heads]))
     return kv * ratio, kv
@@ -110,7 +111,8 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
     kv_cache_dtype = draw(st.sampled_from(capabilities.kv_cache_dtypes))
     head_size = draw(st.sampled_from(sorted(capabilities.head_sizes_for(kv_cache_dtype))))
     block_size = draw(st.sampled_from(sorted(capabilities.block_sizes)))
-    num_heads, num_kv_heads = draw(gqa_heads(limits.max_num_heads))
+    fp8_ratios = None if kv_cache_dtype == "auto" else capabilities.fp8_gqa_ratios
+    num_heads, num_kv_heads = draw(gqa_heads(limits.max_num_heads, fp8_ratios))
     allowed = ("decode",) if capabilities.decode_only else KINDS
     # each sequence's kind and lengths drawn together, so its choices are adjacent and the shrinker can
     # delete a sequence as one span (kinds first and lengths after left 3-sequence cases unshrunk)
@@ -121,6 +123,11 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
     ctx_lens = [c for _, c in lens]
     needed = [-(-(q + c) // block_size) for q, c in lens]
     num_blocks, table, _ = draw(block_tables(needed, limits.max_spare_blocks))
+    if capabilities.shared_prefix_blocks:
+        table = draw(shared_prefixes(table, ctx_lens, block_size))
+    csr = {}
+    if capabilities.metadata == "csr":
+        csr["csr_tail"] = draw(csr_tails(num_blocks * block_size))
     seed = draw(st.integers(0, 2**31 - 1))
     # None (the kernel's default), the default passed explicitly, or half of it: catches a kernel that
     # ignores the argument or derives its default from the wrong dimension (docs/contracts.md §5, bug 13)
@@ -131,7 +138,27 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
                                    limits.max_ctx_len + limits.max_query_len))
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
                  head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
-                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **params)
+                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **csr, **params)
+
+
+@st.composite
+def shared_prefixes(draw, table: list[list[int]], ctx_lens: list[int], block_size: int) -> list[list[int]]:
+    """``table`` with some sequences sharing leading full-context blocks with an earlier sequence, as a
+    radix (prefix) cache hands a request the pages of a prefix it has seen: sequence ``j`` takes the first
+    ``k`` blocks of sequence ``src < j`` (``k`` at most the full context blocks of both; its own blocks for
+    those columns become unused). Shrinks to no sharing (``k = 0``)."""
+    table = [list(r) for r in table]
+    for j in range(1, len(table)):
+        src = draw(st.integers(0, j - 1))
+        k = draw(st.integers(0, min(ctx_lens[src], ctx_lens[j]) // block_size))
+        table[j][:k] = table[src][:k]
+    return table
+
+
+def csr_tails(num_slots: int) -> st.SearchStrategy[list[int]]:
+    """Entries past ``kv_indptr[-1]`` of a CSR ``kv_indices`` (``Batch.csr_tail``): ids no kernel may read,
+    out of the pool (-1, ``num_slots``) or any slot (written or poisoned); shrinks to none."""
+    return st.lists(st.one_of(st.sampled_from((-1, num_slots)), st.integers(0, num_slots - 1)), max_size=3)
 
 
 @st.composite
@@ -151,8 +178,10 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
         if capabilities.combinable([*chosen, feature]) and draw(st.booleans()):
             chosen.append(feature)
     if "sliding_window" in chosen:
-        edges = sorted({w for w in (1, 2, block_size - 1, block_size, block_size + 1) if 1 <= w <= max_seq_len})
-        out["sliding_window"] = draw(st.one_of(st.sampled_from(edges), st.integers(1, max(1, max_seq_len))))
+        lo = capabilities.min_sliding_window
+        edges = sorted({w for w in (1, 2, block_size - 1, block_size, block_size + 1) if lo <= w <= max_seq_len}
+                       or {lo})
+        out["sliding_window"] = draw(st.one_of(st.sampled_from(edges), st.integers(lo, max(lo, max_seq_len))))
     out["alibi"] = "alibi" in chosen
     out["sinks"] = "sinks" in chosen
     if "softcap" in chosen:
