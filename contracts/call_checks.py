@@ -485,8 +485,8 @@ def _check_call(call: PagedCall, *, rocm_arch: str | None, portability_archs: tu
         return out
     lens = call_lens(call)
     if lens is None:
-        if any(v.check is Check.DEVICE for v in out):
-            return out  # e.g. a meta tensor: nothing to read
+        if any(v.check is Check.DEVICE or (call.csr is not None and v.check is Check.INDEX_DTYPE) for v in out):
+            return out  # e.g. a meta tensor, or float CSR lists: nothing to read
         return out + [violation(Check.SHAPES, "query_start_loc/seq_lens are not integer tensors", kernel=call.kernel,
                                 expected="int32 tensors", found=f"{call.query_start_loc!r:.60}")]
     out += check_lengths(call, lens)

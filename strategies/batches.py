@@ -146,12 +146,14 @@ def shared_prefixes(draw, table: list[list[int]], ctx_lens: list[int], block_siz
     """``table`` with some sequences sharing leading full-context blocks with an earlier sequence, as a
     radix (prefix) cache hands a request the pages of a prefix it has seen: sequence ``j`` takes the first
     ``k`` blocks of sequence ``src < j`` (``k`` at most the full context blocks of both; its own blocks for
-    those columns become unused). Shrinks to no sharing (``k = 0``)."""
+    those columns become unused). Shrinks to no sharing (``k = 0``), then to the previous sequence."""
     table = [list(r) for r in table]
     for j in range(1, len(table)):
-        src = draw(st.integers(0, j - 1))
-        k = draw(st.integers(0, min(ctx_lens[src], ctx_lens[j]) // block_size))
-        table[j][:k] = table[src][:k]
+        k = draw(st.integers(0, ctx_lens[j] // block_size))
+        if k:  # from the nearest earlier sequence first (shrinks there), with enough full context blocks
+            src = j - draw(st.integers(1, j))
+            k = min(k, ctx_lens[src] // block_size)
+            table[j][:k] = table[src][:k]
     return table
 
 
