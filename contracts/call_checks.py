@@ -315,6 +315,13 @@ def _differs(found: torch.Tensor, expected: torch.Tensor, fp8: torch.dtype | Non
     return (~same).any(dim=-1)
 
 
+#: How a CSR (SGLang) caller keeps the unified contract.
+CSR_NEW_TOKENS_FIX = ("write the current token's k/v into the pool at its slot (the last kv_indices entry of the "
+                      "sequence) before calling, as SGLang's backend does (token_to_kv_pool.set_kv_buffer at "
+                      "out_cache_loc, then decode_attention_fwd): the decode kernel reads every listed slot, the "
+                      "current token's included")
+
+
 def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor, *,
                             rocm_arch: str | None = None) -> list[Violation]:
     """The new tokens the kernel reads from the cache are there: bitwise, the cache at each new token's slot
@@ -389,9 +396,10 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
                      f"but the {which} of its new token at position {p} (row {int(rows[r])} of the {which} handed "
                      f"to the guard) is not there" + (f"; {n_bad} of its {int(ql[s])} new positions are missing"
                                                       if n_bad > 1 else ""))
-        out.append(violation(check, story, kernel=call.kernel, seq=s, position=p, block=int(blk[r]), slot=int(slots[r]), head=h,
-            expected=f"{fmt(float(e[d]))} ({desc}, head dim {d})", found=f"{fmt(float(g[d]))} in the cache",
-            count=n_bad, source="cache"))
+        csr = call.csr is not None  # a token pool: the "block" is the slot
+        out.append(violation(check, story, kernel=call.kernel, seq=s, position=p, block=None if csr else int(blk[r]),
+            slot=int(slots[r]), head=h, expected=f"{fmt(float(e[d]))} ({desc}, head dim {d})",
+            found=f"{fmt(float(g[d]))} in the cache", count=n_bad, source="cache", fix=CSR_NEW_TOKENS_FIX if csr else None))
     return capped(out, len(offenders))
 
 
