@@ -200,12 +200,13 @@ UNIVERSE_BLOCK_SIZES = (1, 8, 16, 32, 48, 64, 128)
 def undeclared_examples(capabilities: Capabilities, dtypes: tuple[str, ...], limits: Limits = Limits(),
                         poisons: tuple[Poison, ...] = tuple(Poison)) -> st.SearchStrategy[Example]:
     """Examples *outside* ``capabilities``: head size, block size or dtype (from ``dtypes``, those the
-    environment computes faithfully) the target does not declare, or a combination of its features it
-    declares exclusive (e.g. ALiBi with a sliding window). A kernel must reject them with an error or compute
+    environment computes faithfully) the target does not declare, a combination of its features it
+    declares exclusive (e.g. ALiBi with a sliding window), or an fp8 cache with a GQA group size it declares
+    for the model dtype only. A kernel must reject them with an error or compute
     them right (kvfuzz's taxonomy: "configuration rejected" vs "silently accepted but unsupported")."""
     if not dtypes:
         raise InvalidArgument("dtypes must name at least one dtype the environment computes faithfully")
-    universe = attrs.evolve(capabilities, dtypes=dtypes, exclusive=(),
+    universe = attrs.evolve(capabilities, dtypes=dtypes, exclusive=(), fp8_gqa_ratios=None,
                             head_sizes=tuple(sorted(set(UNIVERSE_HEAD_SIZES) | set(capabilities.head_sizes))),
                             block_sizes=tuple(sorted(set(UNIVERSE_BLOCK_SIZES) | set(capabilities.block_sizes))))
     return examples(universe, limits, poisons).filter(lambda e: not capabilities.accepts(e.batch))
