@@ -299,3 +299,27 @@ def test_guard_wraps_the_real_kernel_wherever_imported(make_batch, cls):
         getattr(mod, t.kernel[1])(**call.kwargs)  # a correct call runs
     assert g.calls[t.name] == 2 and not is_guarded(getattr(mod, t.kernel[1]))
     assert globals().pop("imported_kernel") is fn
+
+
+# ---- a real kernel finding, pinned ----------------------------------------------------------------------------------
+def test_decode_mha_rounds_each_q_k_product_to_the_input_dtype(make_batch):
+    """README Findings 9: decode_attention_fwd's MHA stage 1 (``_fwd_kernel_stage1``, H == Hkv) computes
+    ``tl.sum((q[None, :] * k).to(tl.float32), 1)``: each product is rounded to fp16/bf16 before the fp32 sum
+    (its comment: "Cast the product, not q and k, to avoid a fp32 [BLOCK_N, D] tile"). Found by kvfuzz on CPU
+    with large logits (values x4): one decode sequence, ctx_len 1, H = Hkv = 1, D = 128, fp16, seed 30, error
+    3.25e-3 > bound 2.03e-3. An emulation that rounds the products the same way (in fp64 otherwise) is off by
+    2.3e-3 already; the fp16 output rounding adds the rest."""
+    t = available(SglangDecodeAttentionFwd)
+    b = Batch(query_lens=[1], ctx_lens=[1], num_heads=1, num_kv_heads=1, head_size=128, block_size=1, num_blocks=2,
+              block_table=[[0, 1]], dtype="float16", seed=30, value_range="large")
+    with pytest.raises(KernelMismatch) as info:
+        run(t, b)
+    bound = info.value.details["oracle"]["bound"]
+    data = make_batch_data(b)
+    q, k, v = data.query[0], data.keys, data.values  # [1, D], [2, 1, D], [2, 1, D]
+    s = (q[None] * k).float().sum(-1).double() * b.scale  # products rounded to fp16, as the kernel does
+    emulated = torch.einsum("lh,lhd->hd", s.softmax(0), v.double())
+    from kvfuzz.contracts.reference import reference_attention
+
+    ref = reference_attention(b, data)[0]
+    assert float((emulated - ref).abs().max()) > bound  # rounding the products alone breaks the bound
