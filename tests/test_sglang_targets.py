@@ -7,6 +7,7 @@ quiet on a correct one, on the real kernel entry points."""
 import attrs
 import pytest
 import torch
+from kvfuzz_test_support import available as _available
 
 from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.contract import Contract
@@ -27,11 +28,7 @@ pytestmark = pytest.mark.kernel
 
 
 def available(cls):
-    t = cls()
-    a = t.availability()
-    if not a.ok:
-        pytest.skip(f"{cls.name} unavailable: {a.reason}")
-    return t
+    return _available(cls.name)
 
 
 def run(t, b, poison=Poison.NAN):
