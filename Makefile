@@ -17,7 +17,7 @@ SGLANG_PIN := sglang==0.5.23
 SGLANG_DIR := $(VENV)/share/kvfuzz/sglang
 STAMP := $(VENV)/.kvfuzz-setup-6
 
-# Default fuzz budget per target (ten targets): `make fuzz` finishes in about six minutes on a 2-core CPU.
+# Default fuzz budget per target (ten targets): `make fuzz` finishes in about five minutes on a 2-core CPU.
 FUZZ_ARGS ?= --max-examples 200 --duration 30s --out kvfuzz-out
 
 .PHONY: setup fuzz test check-caller-fault clean

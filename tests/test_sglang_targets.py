@@ -21,8 +21,12 @@ from kvfuzz.fuzz.guard import guard
 from kvfuzz.fuzz.guard.interception import CallerContractError, is_guarded
 from kvfuzz.fuzz.guard.signatures import check_kernel_call
 from kvfuzz.fuzz.harness.attention import check_example
-from kvfuzz.fuzz.targets.sglang_triton import (KERNEL_FILES, SglangDecodeAttentionFwd, SglangExtendAttentionFwd,
-                                               kernel_function)
+from kvfuzz.fuzz.targets.sglang_triton import (
+    KERNEL_FILES,
+    SglangDecodeAttentionFwd,
+    SglangExtendAttentionFwd,
+    kernel_function,
+)
 
 pytestmark = pytest.mark.kernel
 

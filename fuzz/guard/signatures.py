@@ -22,9 +22,9 @@ import torch
 from kvfuzz.contracts.call_checks import check_call
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.cpu_layout import CpuAttnLayout, cpu_attn_isa
+from kvfuzz.contracts.csr import token_table
 from kvfuzz.contracts.kv_cache_dtype import FP8_FAMILIES
 from kvfuzz.contracts.layouts import NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.csr import token_table
 from kvfuzz.contracts.paged_call import CacheReads, CsrArgs, NewTokensCached, PagedCall, index_values, is_tensor
 from kvfuzz.contracts.violations import Violation
 
