@@ -69,6 +69,11 @@ def test_availability_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv(st.TREE_ENV, str(tmp_path))  # a folder without the kernel files
     monkeypatch.setattr(st.sys, "prefix", str(tmp_path))
     assert st.sglang_tree() is None
+    assert f"{st.TREE_ENV}={tmp_path} lacks sglang/kernels/ops/attention/decode_attention.py" in st.missing_kernels()
+    monkeypatch.delenv(st.TREE_ENV)
+    monkeypatch.setattr(st.importlib.util, "find_spec", lambda name: None)
+    why = st.missing_kernels()
+    assert "run `make setup`" in why and "pip install sglang==0.5.23" in why and st.TREE_ENV in why
 
 
 # ---- correct calls agree ----------------------------------------------------------------------------------------

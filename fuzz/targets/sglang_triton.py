@@ -74,6 +74,23 @@ def sglang_tree() -> Path | None:
     return None
 
 
+def missing_kernels() -> str | None:
+    """Why SGLang's kernels cannot be imported here (what to install), or None when they can: a tree
+    (:func:`sglang_tree`) or an installed sglang. A ``$KVFUZZ_SGLANG_TREE`` that lacks a file is named."""
+    env = os.environ.get(TREE_ENV)
+    if env:
+        lacking = [f for f in KERNEL_FILES if not (Path(env) / f).is_file()]
+        if lacking:
+            return f"{TREE_ENV}={env} lacks {lacking[0]} (it must hold {', '.join(KERNEL_FILES)}); {_SETUP_HINT}"
+    try:
+        installed = importlib.util.find_spec("sglang") is not None
+    except ValueError:  # "sglang" in sys.modules without a spec: kvfuzz's own stand-in, already set up
+        installed = True
+    if sglang_tree() is not None or installed:
+        return None
+    return f"SGLang's Triton attention kernels are not installed here: {_SETUP_HINT}"
+
+
 def _srt_utils_standin() -> types.ModuleType:
     """``sglang.srt.utils`` with the five names decode_attention.py and extend_attention.py import, as
     sglang/srt/utils/common.py (0.5.23) defines them: ``is_hip`` (``torch.version.hip is not None``),
@@ -108,17 +125,17 @@ def prepare_sglang_runtime() -> str:
     a machine without CUDA). Raises RuntimeError when neither a kernel tree nor an installed sglang is found
     (the message says what to install), or when triton was imported without its interpreter on CPU.
     """
-    device = prepare_triton_runtime()
     real = sys.modules.get("sglang")
-    tree = sglang_tree()
     if real is not None and getattr(real, "__file__", None):
-        return device  # a real sglang is already imported: use it
+        return prepare_triton_runtime()  # a real sglang is already imported: use it
+    why = missing_kernels()
+    if why is not None:
+        raise RuntimeError(why)
+    device = prepare_triton_runtime()
+    tree = sglang_tree()
     if tree is not None:
         _install_standins(tree)
-        return device
-    if importlib.util.find_spec("sglang") is not None:
-        return device
-    raise RuntimeError(f"SGLang's Triton attention kernels are not installed here: {_SETUP_HINT}")
+    return device
 
 
 def kernel_function(module: str, name: str):
@@ -308,4 +325,4 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
 
 
 __all__ = ["KERNEL_FILES", "SGLANG_VERSION", "TREE_ENV", "SglangDecodeAttentionFwd", "SglangExtendAttentionFwd",
-           "kernel_function", "prepare_sglang_runtime", "sglang_tree"]
+           "kernel_function", "missing_kernels", "prepare_sglang_runtime", "sglang_tree"]
