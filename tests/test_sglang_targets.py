@@ -101,7 +101,7 @@ def test_decode_attention_fwd_agrees(make_batch, case):
     lens = [(1, q + c - 1) for q, c in spec.pop("lens")]
     b = make_batch(lens, **spec, seed=4)
     run(t, b)
-    assert t.num_kv_splits(b)[:2] == [4, 1]  # one batch mixes split counts
+    assert len(set(t.num_kv_splits(b))) > 1  # one batch mixes split counts
 
 
 @pytest.mark.parametrize("cls", [SglangExtendAttentionFwd, SglangDecodeAttentionFwd])

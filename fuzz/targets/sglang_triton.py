@@ -293,12 +293,13 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
             raise ValueError(f"max_kv_splits must be >= 1, got {max_kv_splits}")
 
     def num_kv_splits(self, batch: Batch) -> list[int]:
-        """Per sequence: ``max_kv_splits`` for even sequence indices (what SGLang's backend passes when it
-        cannot count SMs, ``get_num_kv_splits``), ``1, 2, ..`` cycling for odd ones, so one batch mixes split
-        counts and a single sequence gets every split merge (max_kv_splits: 4 interpreted, 8 compiled, the
-        backend's default ``triton_attention_num_kv_splits``)."""
-        s = self.max_kv_splits
-        return [s if i % 2 == 0 else 1 + (i // 2) % s for i in range(batch.num_seqs)]
+        """Per sequence, from its own length only: ``1 + (seq_len - 1) % max_kv_splits`` (1 .. max_kv_splits as
+        lengths vary, so batches mix split counts and splits run empty, full and partial; max_kv_splits: 4
+        interpreted, 8 compiled, the backend's default ``triton_attention_num_kv_splits``). SGLang's backend
+        fills every sequence with max_kv_splits when it cannot count SMs and otherwise picks counts from the
+        whole batch (``get_num_kv_splits``); a per-sequence rule keeps kvfuzz's batch-order relation about the
+        kernel, not about the split choice."""
+        return [1 + (n - 1) % self.max_kv_splits for n in batch.seq_lens]
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         if batch.prefill_seqs:
