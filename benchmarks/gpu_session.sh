@@ -2,7 +2,8 @@
 # One GPU session on a machine with no network (this project's lent H100/H200): install what was carried,
 # list targets, fuzz every target compiled, measure the guard, run the seeds' scenario under the plugin.
 # Carried (ignored) folder .device/: whl/*.whl (hypothesis, attrs, click, rich, pyzmq, cachetools, blake3,
-# regex, ...) and vllm-py.tgz (vLLM 0.33.0's Python files, no .so). Usage: bash benchmarks/gpu_session.sh OUTDIR
+# regex, ...), vllm-py.tgz (vLLM 0.33.0's Python files, no .so) and sglang/ (the sglang 0.5.23 kernel files:
+# cp -r .venv/share/kvfuzz/sglang .device/). Usage: bash benchmarks/gpu_session.sh OUTDIR
 set -uo pipefail
 OUT=${1:-/tmp/kvfuzz-gpu}
 mkdir -p "$OUT"
@@ -12,7 +13,8 @@ source "$(dirname "$0")/gpu_env.sh"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   $KV targets
   for t in ${TARGETS:-vllm.chunked_prefill_paged_decode vllm.context_attention_fwd vllm.unified_attention \
-           vllm.decode_attention_fwd vllm.reshape_and_cache torch.flex_paged}; do
+           vllm.decode_attention_fwd vllm.reshape_and_cache torch.flex_paged sglang.extend_attention_fwd \
+           sglang.decode_attention_fwd}; do
     timeout 120 $KV fuzz --target "$t" --max-examples 300 --duration "${FUZZ_SECONDS:-40}s" --out "$OUT/fuzz/$t" \
       2>&1 | grep -v "^ *$" | tail -25
   done

@@ -105,7 +105,11 @@ class Batch:
     block_table:
         ``[num_seqs][max_blocks_per_seq]`` physical block ids (stored as a tuple of tuples; the kernel gets
         int32). Every column a sequence uses (``ceil(seq_len / block_size)``) must hold a block id in
-        ``[0, num_blocks)`` and no block may be used by two sequences; unused columns are padding.
+        ``[0, num_blocks)``; unused columns are padding. A block may be used by several sequences only as a
+        **shared prefix block** (:meth:`shared_prefix_rows`): at the same column ``c`` of every user, full
+        context of each (``(c + 1) * block_size <= ctx_len``, so no call writes it), and every user's columns
+        before ``c`` the same blocks too (a shared prefix, as SGLang's radix cache and vLLM's prefix caching
+        share whole pages); its positions then hold the same keys and values in every user.
     dtype:
         Query/key/value/output dtype name, a key of :data:`DTYPES`.
     kv_cache_dtype:
@@ -133,6 +137,11 @@ class Batch:
         applied after the scale and before ALiBi and masking (unified_attention's order).
     value_range:
         How queries and keys are drawn, one of :data:`VALUE_RANGES`.
+    csr_tail:
+        Entries of a CSR ``kv_indices`` past ``kv_indptr[-1]`` (:func:`kvfuzz.contracts.csr.token_slot_lists`):
+        ids no kernel may read, as a buffer allocated for a larger batch holds them (SGLang's CUDA-graph
+        ``kv_indices`` buffers): out of range (``-1``, ``num_blocks * block_size``) or slots of other positions
+        (poisoned or another sequence's). Only CSR targets see them; empty by default.
 
     Raises
     ------
@@ -160,6 +169,7 @@ class Batch:
     sinks: bool = attrs.field(default=False, converter=bool)
     softcap: float | None = attrs.field(default=None, converter=_optional_float, validator=_positive_float)
     value_range: str = attrs.field(default="normal", validator=attrs.validators.in_(VALUE_RANGES))
+    csr_tail: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
 
     def __attrs_post_init__(self) -> None:
         if self.kv_cache_dtype == "auto" and (self.k_scale != 1.0 or self.v_scale != 1.0):
@@ -189,7 +199,7 @@ class Batch:
         width = {len(row) for row in self.block_table}
         if len(width) != 1:
             raise ValueError(f"block_table rows must all have the same length, got {sorted(width)}")
-        used: dict[int, int] = {}
+        used: dict[int, tuple[int, int]] = {}
         for i, row in enumerate(self.block_table):
             need = self.blocks_needed(i)
             if need > len(row):
@@ -203,10 +213,25 @@ class Batch:
                         f"block_table[{i}][{col}] = {blk} is outside [0, num_blocks={self.num_blocks})"
                     )
                 if blk in used:
-                    raise ValueError(
-                        f"block {blk} is used by sequences {used[blk]} and {i}; each sequence needs its own blocks"
-                    )
-                used[blk] = i
+                    self._check_shared(blk, used[blk], (i, col))
+                else:
+                    used[blk] = (i, col)
+
+    def _check_shared(self, blk: int, first: tuple[int, int], other: tuple[int, int]) -> None:
+        """A block used twice is legal only as a shared prefix block (see ``block_table``); raises ValueError."""
+        (a, ca), (b, cb) = first, other
+        full = (ca + 1) * self.block_size
+        why = None
+        if ca != cb:
+            why = f"at columns {ca} and {cb} (a shared prefix block sits at the same column in every user)"
+        elif full > self.ctx_lens[a] or full > self.ctx_lens[b]:
+            why = (f"but it is not full context of both (positions {ca * self.block_size}..{full - 1}, ctx_lens "
+                   f"{self.ctx_lens[a]} and {self.ctx_lens[b]}): a shared block must never be written")
+        elif self.block_table[a][:ca] != self.block_table[b][:cb]:
+            why = f"but their columns before {ca} differ (only a whole shared prefix can be shared)"
+        if why is not None:
+            raise ValueError(f"block {blk} is used by sequences {a} and {b} {why}; each sequence needs its own "
+                             "blocks except for shared prefix blocks")
 
     # ---- derived quantities -------------------------------------------------------------------------
     @property
@@ -305,6 +330,43 @@ class Batch:
     def blocks_needed(self, seq: int) -> int:
         return -(-self.seq_lens[seq] // self.block_size)
 
+    def _shared_prefixes(self) -> list[list[int]]:
+        """Per sequence, the first user (an earlier sequence) of each of its leading shared blocks."""
+        owner: dict[int, int] = {}
+        out = []
+        for j in range(self.num_seqs):
+            row = self.block_table[j][: self.blocks_needed(j)]
+            shared = []
+            for blk in row:
+                if blk not in owner:
+                    break
+                shared.append(owner[blk])
+            out.append(shared)
+            for blk in row:
+                owner.setdefault(blk, j)
+        return out
+
+    @property
+    def shared_prefix_blocks(self) -> tuple[int, ...]:
+        """Per sequence, how many leading blocks it shares with earlier sequences (0: none)."""
+        return tuple(len(s) for s in self._shared_prefixes())
+
+    def shared_prefix_rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where shared prefix blocks make two sequences' positions one: ``(dst, src)`` int64 rows into the
+        flat per-position tensors of :class:`~kvfuzz.contracts.data.BatchData` (``seq_start_loc`` order),
+        each position of a later user's shared block paired with the same position of the block's first user;
+        None when no block is shared. A first user never copies that block from anyone, so one indexed copy
+        ``x[dst] = x[src]`` makes every user agree."""
+        dst, src = [], []
+        starts, bs = self.seq_start_loc, self.block_size
+        for j, owners in enumerate(self._shared_prefixes()):
+            for c, i in enumerate(owners):
+                dst += range(starts[j] + c * bs, starts[j] + (c + 1) * bs)
+                src += range(starts[i] + c * bs, starts[i] + (c + 1) * bs)
+        if not dst:
+            return None
+        return torch.tensor(dst, dtype=torch.int64), torch.tensor(src, dtype=torch.int64)
+
     # ---- tensors handed to kernels ------------------------------------------------------------------
     def block_table_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
         """int32 ``[num_seqs, max_blocks_per_seq]``."""
@@ -338,6 +400,7 @@ class Batch:
         d["query_lens"] = list(self.query_lens)
         d["ctx_lens"] = list(self.ctx_lens)
         d["block_table"] = [list(r) for r in self.block_table]
+        d["csr_tail"] = list(self.csr_tail)
         return d
 
     @classmethod
@@ -363,6 +426,10 @@ class Batch:
             extra += f" softcap={self.softcap:g}"
         if self.value_range != "normal":
             extra += f" values={self.value_range}"
+        if any(self.shared_prefix_blocks):
+            extra += f" shared_prefix_blocks={list(self.shared_prefix_blocks)}"
+        if self.csr_tail:
+            extra += f" csr_tail={list(self.csr_tail)}"
         return (
             f"{self.num_seqs} seqs [{kinds}] query_lens={list(self.query_lens)} ctx_lens={list(self.ctx_lens)} "
             f"H={self.num_heads} Hkv={self.num_kv_heads} D={self.head_size} block_size={self.block_size} "

@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from .contract import Contract
+from .csr_checks import check_csr, check_csr_index_tensors, check_csr_shapes, check_decode_scratch
 from .kv_cache_dtype import as_cache_repr, check_kv_cache_dtype, scale_value
 from .layouts import NHDLayout, VllmPagedLayout
 from .paged_call import Lens, NewTokensCached, PagedCall, bits, call_lens, fmt, index_values, is_tensor, scalar_int
@@ -58,6 +59,8 @@ def check_shapes(call: PagedCall) -> list[Violation]:
     block_table 2-D, seq_lens 1-D, query_start_loc 1-D with one more entry than seq_lens, block_table with at
     least one row per sequence.
     """
+    if call.csr is not None:
+        return check_csr_shapes(call)
     k, out = call.kernel, []
     q, kc, vc = call.query, call.key_cache, call.value_cache
 
@@ -127,7 +130,10 @@ def check_index_tensors(call: PagedCall) -> list[Violation]:
     ``query_start_loc`` as ``int*`` (the seeds: "expected scalar type Int but found Long"); vLLM's own callers
     (vllm/v1/attention/backends/utils.py, CommonAttentionMetadata) pass int32. The Triton decode path loads
     them with the pointer's element type, so int64 works there and breaks only on ROCm: a portability bug.
+    CSR calls: :func:`~kvfuzz.contracts.csr_checks.check_csr_index_tensors` instead.
     """
+    if call.csr is not None:
+        return check_csr_index_tensors(call)
     out = []
     dev = call.query.device if is_tensor(call.query) else None
     why = {
@@ -172,6 +178,8 @@ def check_lengths(call: PagedCall, lens: Lens) -> list[Violation]:
         out.append(violation(Check.QUERY_START_LOC,
                              f"{name}[-1] must equal the number of query tokens ({call.name('query')}.shape[0])", kernel=k,
                              expected=lens.num_tokens, found=int(qsl[-1])))
+    if call.csr is not None:  # seq_lens are derived from kv_indptr: check_csr words its problems
+        return out
     short = torch.nonzero((lens.seq_lens < lens.query_lens) & (lens.query_lens >= 0)).flatten()
     recs = []
     for i in short[:MAX_RECORDS_PER_CHECK].tolist():
@@ -214,10 +222,11 @@ def check_max_lens(call: PagedCall, lens: Lens) -> list[Violation]:
 
 
 def check_prefill_rows(call: PagedCall, lens: Lens) -> list[Violation]:
-    """Split contract: ``key``/``value`` have exactly ``sum(query_len) = query_start_loc[-1]`` rows (one per
-    query token; prefix_prefill.py indexes them with ``b_start_loc``)."""
+    """Split and prefix contracts: ``key``/``value`` have exactly ``sum(query_len) = query_start_loc[-1]`` rows
+    (one per query token; prefix_prefill.py indexes them with ``b_start_loc``, SGLang's extend_attention_fwd
+    ``k_extend``/``v_extend`` with ``qo_indptr``)."""
     out = []
-    if call.contract is not Contract.SPLIT:
+    if call.contract not in (Contract.SPLIT, Contract.PREFIX):
         return out
     need = int(lens.qsl[-1])
     for arg in ("key", "value"):
@@ -306,6 +315,13 @@ def _differs(found: torch.Tensor, expected: torch.Tensor, fp8: torch.dtype | Non
     return (~same).any(dim=-1)
 
 
+#: How a CSR (SGLang) caller keeps the unified contract.
+CSR_NEW_TOKENS_FIX = ("write the current token's k/v into the pool at its slot (the last kv_indices entry of the "
+                      "sequence) before calling, as SGLang's backend does (token_to_kv_pool.set_kv_buffer at "
+                      "out_cache_loc, then decode_attention_fwd): the decode kernel reads every listed slot, the "
+                      "current token's included")
+
+
 def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor, *,
                             rocm_arch: str | None = None) -> list[Violation]:
     """The new tokens the kernel reads from the cache are there: bitwise, the cache at each new token's slot
@@ -380,9 +396,10 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
                      f"but the {which} of its new token at position {p} (row {int(rows[r])} of the {which} handed "
                      f"to the guard) is not there" + (f"; {n_bad} of its {int(ql[s])} new positions are missing"
                                                       if n_bad > 1 else ""))
-        out.append(violation(check, story, kernel=call.kernel, seq=s, position=p, block=int(blk[r]), slot=int(slots[r]), head=h,
-            expected=f"{fmt(float(e[d]))} ({desc}, head dim {d})", found=f"{fmt(float(g[d]))} in the cache",
-            count=n_bad, source="cache"))
+        csr = call.csr is not None  # a token pool: the "block" is the slot
+        out.append(violation(check, story, kernel=call.kernel, seq=s, position=p, block=None if csr else int(blk[r]),
+            slot=int(slots[r]), head=h, expected=f"{fmt(float(e[d]))} ({desc}, head dim {d})",
+            found=f"{fmt(float(g[d]))} in the cache", count=n_bad, source="cache", fix=CSR_NEW_TOKENS_FIX if csr else None))
     return capped(out, len(offenders))
 
 
@@ -476,15 +493,17 @@ def _check_call(call: PagedCall, *, rocm_arch: str | None, portability_archs: tu
         return out
     lens = call_lens(call)
     if lens is None:
-        if any(v.check is Check.DEVICE for v in out):
-            return out  # e.g. a meta tensor: nothing to read
+        if any(v.check is Check.DEVICE or (call.csr is not None and v.check is Check.INDEX_DTYPE) for v in out):
+            return out  # e.g. a meta tensor, or float CSR lists: nothing to read
         return out + [violation(Check.SHAPES, "query_start_loc/seq_lens are not integer tensors", kernel=call.kernel,
                                 expected="int32 tensors", found=f"{call.query_start_loc!r:.60}")]
     out += check_lengths(call, lens)
     out += check_max_lens(call, lens)
     out += check_prefill_rows(call, lens)
-    blocks, readable = check_block_table(call, lens)
+    blocks, readable = check_csr(call, lens) if call.csr is not None else check_block_table(call, lens)
     out += blocks
+    if call.csr is not None:
+        out += check_decode_scratch(call)
     readable &= (lens.query_lens >= 0) & (lens.ctx_lens >= 0)
     dtype_bad = check_kv_cache_dtype(call, rocm_arch=rocm_arch, portability_archs=portability_archs)
     out += dtype_bad

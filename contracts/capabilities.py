@@ -9,6 +9,9 @@ import attrs
 from .batch import DTYPES, FEATURES, KV_CACHE_DTYPES
 from .contract import Contract
 
+#: How a kernel's caller describes where each sequence's tokens are (``Capabilities.metadata``).
+METADATA = ("block_table", "csr")
+
 
 def _nonempty(instance, attribute, value) -> None:
     if not value:
@@ -29,6 +32,17 @@ class Capabilities:
         and asserts ``sinks is None``).
     fp8_head_sizes: head sizes accepted with an fp8 kv_cache_dtype (None: all of ``head_sizes``), e.g. the
         5-D cache needs ``head_size % 16 == 0`` for 1-byte elements.
+    fp8_gqa_ratios: GQA group sizes (``num_heads // num_kv_heads``) accepted with an fp8 kv_cache_dtype (None:
+        all), e.g. SGLang's grouped decode kernel rounds q to the fp8 cache dtype by design, its MHA kernel not.
+    min_sliding_window: the smallest window (``Batch.sliding_window``, keys) the kernel can express (SGLang's
+        ``sliding_window_size = W - 1`` reads 0 as "no window": 2).
+    metadata: how the kernel is told where each sequence's tokens are (:data:`METADATA`): "block_table"
+        (vLLM: a per-sequence block table with seq_lens and query_start_loc) or "csr" (SGLang, FlashInfer:
+        ``kv_indptr``/``kv_indices`` page lists, :mod:`kvfuzz.contracts.csr`); CSR targets also get
+        ``Batch.csr_tail`` drawn.
+    shared_prefix_blocks: the target was verified with full context blocks shared by several sequences
+        (SGLang's radix cache, vLLM's prefix caching; :class:`~kvfuzz.contracts.batch.Batch`); strategies draw
+        such batches only for targets that declare it.
     """
 
     contract: Contract
@@ -43,6 +57,11 @@ class Capabilities:
         default=(), converter=lambda pairs: tuple(frozenset(p) for p in pairs))
     fp8_head_sizes: tuple[int, ...] | None = attrs.field(
         default=None, converter=lambda v: None if v is None else tuple(v))
+    fp8_gqa_ratios: tuple[int, ...] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else tuple(v))
+    min_sliding_window: int = 1
+    metadata: str = "block_table"
+    shared_prefix_blocks: bool = False
 
     def __attrs_post_init__(self) -> None:
         bad = sorted(set(self.features).union(*self.exclusive) - set(FEATURES))
@@ -54,6 +73,12 @@ class Capabilities:
         bad = [d for d in self.kv_cache_dtypes if d not in KV_CACHE_DTYPES]
         if bad:
             raise ValueError(f"unknown kv_cache_dtypes {bad}; known: {list(KV_CACHE_DTYPES)}")
+        if self.metadata not in METADATA:
+            raise ValueError(f"unknown metadata {self.metadata!r}; known: {list(METADATA)}")
+
+    def fp8_accepts_gqa(self, kv_cache_dtype: str, gqa_ratio: int) -> bool:
+        """Whether the GQA group size ``gqa_ratio`` is accepted with ``kv_cache_dtype``."""
+        return kv_cache_dtype == "auto" or self.fp8_gqa_ratios is None or gqa_ratio in self.fp8_gqa_ratios
 
     def head_sizes_for(self, kv_cache_dtype: str) -> tuple[int, ...]:
         """The head sizes accepted with ``kv_cache_dtype``."""
@@ -78,6 +103,12 @@ class Capabilities:
                 f" with kv_cache_dtype {batch.kv_cache_dtype}" if batch.head_size in self.head_sizes else ""))
         if batch.block_size not in self.block_sizes:
             out.append(f"block_size {batch.block_size}")
+        if not self.fp8_accepts_gqa(batch.kv_cache_dtype, batch.gqa_ratio):
+            out.append(f"GQA group size {batch.gqa_ratio} with kv_cache_dtype {batch.kv_cache_dtype}")
+        if batch.sliding_window is not None and batch.sliding_window < self.min_sliding_window:
+            out.append(f"sliding_window {batch.sliding_window} (< {self.min_sliding_window})")
+        if any(batch.shared_prefix_blocks) and not self.shared_prefix_blocks:
+            out.append("shared prefix blocks")
         if self.decode_only and any(q != 1 for q in batch.query_lens):
             out.append("prefill sequences (decode-only kernel)")
         f = set(batch.features)
@@ -90,6 +121,9 @@ class Capabilities:
         return (batch.dtype in self.dtypes and batch.kv_cache_dtype in self.kv_cache_dtypes
                 and batch.head_size in self.head_sizes_for(batch.kv_cache_dtype)
                 and batch.block_size in self.block_sizes
+                and self.fp8_accepts_gqa(batch.kv_cache_dtype, batch.gqa_ratio)
+                and (batch.sliding_window is None or batch.sliding_window >= self.min_sliding_window)
+                and (self.shared_prefix_blocks or not any(batch.shared_prefix_blocks))
                 and (not self.decode_only or all(q == 1 for q in batch.query_lens))
                 and self.combinable(batch.features))
 

@@ -92,7 +92,10 @@ def make_batch_data(batch: Batch) -> BatchData:
     """Draw the queries and the keys/values of every position from ``batch.seed`` (standard normal, shaped by
     ``batch.value_range``, rounded to ``batch.dtype``). For an fp8 ``kv_cache_dtype`` the keys/values are
     first quantized with ``k_scale``/``v_scale`` and the logical keys are the exact dequantized values, so
-    the fp64 reference models the quantization and a kernel that drops a scale disagrees with it. Sinks:
+    the fp64 reference models the quantization and a kernel that drops a scale disagrees with it. Positions
+    in shared prefix blocks (:meth:`~kvfuzz.contracts.batch.Batch.shared_prefix_rows`) get the keys and
+    values of the block's first user (drawn as usual, then copied: batches without sharing draw exactly what
+    they drew before sharing existed). Sinks:
     fp32 ``[num_heads]`` N(0, 1) * 2 when ``batch.sinks``. Deterministic across runs and machines for one
     torch version.
 
@@ -104,8 +107,13 @@ def make_batch_data(batch: Batch) -> BatchData:
     keys = torch.randn(shape_kv, generator=gen)
     values = torch.randn(shape_kv, generator=gen)
     sinks = torch.randn(batch.num_heads, generator=gen) * 2.0 if batch.sinks else None
+    shared = batch.shared_prefix_rows()
+    if shared is not None:  # shared prefix blocks: later users see the first user's keys and values
+        keys[shared[0]], values[shared[0]] = keys[shared[1]], values[shared[1]]
     if batch.value_range != "normal":
         _shape_values(batch, query, keys, gen)
+        if shared is not None:  # "dominant" scales one position per sequence: keep shared positions equal
+            keys[shared[0]] = keys[shared[1]]
     dt = batch.torch_dtype
     fp8 = batch.fp8_dtype
     if fp8 is None:

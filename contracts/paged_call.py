@@ -56,6 +56,33 @@ class CacheReads(enum.Enum):
 
 
 @attrs.define
+class CsrArgs:
+    """A CSR call's own index arguments, as passed (SGLang's Triton kernels; :mod:`kvfuzz.contracts.csr`).
+
+    kv_indptr ``[N + 1]`` and kv_indices (token slots), qo_indptr ``[N + 1]`` (extend) or None (decode: one
+    query row per sequence), page_size (int). key_pool/value_pool: ``k_buffer``/``v_buffer`` ``[slots, Hkv,
+    D]``/``[slots, Hkv, Dv]`` as passed (the PagedCall's key_cache/value_cache are their ``[slots, 1, Hkv, *]``
+    views, read through a token-level "block table" with block_size 1). listed: what the lists hold,
+    "prefix" (extend: the cached prefix) or "all" (decode: every position, the current token's included).
+    Decode's split-KV scratch: attn_logits ``[N, H, max_kv_splits, Dv]`` fp32, attn_lse ``[N, H,
+    max_kv_splits]`` fp32 (None in releases before it existed: attn_logits then has ``Dv + 1`` columns),
+    num_kv_splits ``[N]`` int, max_kv_splits (int); all None for extend.
+    """
+
+    kv_indptr: Any
+    kv_indices: Any
+    qo_indptr: Any = None
+    page_size: Any = 1
+    key_pool: Any = None
+    value_pool: Any = None
+    listed: str = "all"
+    attn_logits: Any = None
+    attn_lse: Any = None
+    num_kv_splits: Any = None
+    max_kv_splits: Any = None
+
+
+@attrs.define
 class PagedCall:
     """One paged-attention call, normalized across kernel signatures.
 
@@ -105,6 +132,9 @@ class PagedCall:
     #: unified_attention only: an fp8 cache with k_descale/v_descale given but kv_quant_mode left at NONE,
     #: where the kernel casts the fp8 values without the scales.
     descales_ignored: bool = False
+    #: a CSR call (SGLang): its own index arguments (:class:`CsrArgs`); block_table/seq_lens are then derived
+    #: from them (a token-level table, block_size 1) and :mod:`kvfuzz.contracts.csr_checks` checks them
+    csr: CsrArgs | None = None
 
     def name(self, arg: str) -> str:
         """The kernel's own name for a normalized argument (e.g. ``b_seq_len`` for ``seq_lens``)."""
@@ -189,5 +219,5 @@ def call_lens(call: PagedCall) -> Lens | None:
     return Lens(qsl, sl, ql, sl - ql, int(call.query.shape[0]))
 
 
-__all__ = ["CacheReads", "Lens", "NewTokensCached", "PagedCall", "bits", "call_lens", "fmt", "index_values",
+__all__ = ["CacheReads", "CsrArgs", "Lens", "NewTokensCached", "PagedCall", "bits", "call_lens", "fmt", "index_values",
            "is_tensor", "scalar_int"]

@@ -41,6 +41,14 @@ class Check(enum.Enum):
     MAX_QUERY_LEN = "max_query_len"
     KV_CACHE_DTYPE = "kv_cache_dtype"
     VACUITY = "vacuous cache"
+    #: CSR calls (SGLang): kv_indptr never decreases and lists what the kernel reads
+    KV_INDPTR = "kv_indptr"
+    #: CSR calls: every entry read is inside kv_indices and a slot of the pool
+    KV_INDICES_RANGE = "kv_indices range"
+    #: SGLang's decode: 1 <= num_kv_splits[i] <= max_kv_splits
+    NUM_KV_SPLITS = "num_kv_splits"
+    #: SGLang's decode: attn_logits/attn_lse shapes, dtypes and layout
+    SCRATCH = "scratch buffers"
 
     @property
     def fix(self) -> str:
@@ -59,7 +67,8 @@ class Check(enum.Enum):
 
 
 MEMORY_UNSAFE = frozenset({Check.BLOCK_RANGE, Check.BLOCK_TABLE_WIDTH, Check.QUERY_START_LOC, Check.SHAPES,
-                           Check.SEQ_LEN_GE_QUERY_LEN})
+                           Check.SEQ_LEN_GE_QUERY_LEN, Check.KV_INDICES_RANGE, Check.NUM_KV_SPLITS,
+                           Check.SCRATCH})
 
 FIX: dict[Check, str] = {
     Check.DECODE: "write the decode token's k/v into the cache (reshape_and_cache) before calling; in vLLM the cache "
@@ -92,6 +101,20 @@ FIX: dict[Check, str] = {
     Check.MAX_QUERY_LEN: "pass max_query_len >= max(query_len) (e.g. int(query_start_loc.diff().max()))",
     Check.KV_CACHE_DTYPE: "pass a kv_cache_dtype the kernel path supports and a cache tensor of the matching "
                           "dtype ('auto': the query dtype; 'fp8*': torch.uint8 or the float8 dtype)",
+    Check.KV_INDPTR: "build kv_indptr as [0, cumsum(lens)] (N + 1 entries, never decreasing) over exactly the "
+                     "positions the kernel reads: extend_attention_fwd the cached prefix of each sequence "
+                     "(extend_prefix_lens), decode_attention_fwd all seq_len positions, the current token's included "
+                     "(sglang/srt/layers/attention/triton_backend.py init_forward_metadata)",
+    Check.KV_INDICES_RANGE: "make every kv_indices entry between kv_indptr[0] and kv_indptr[-1] a token slot of "
+                            "k_buffer (0 <= slot < k_buffer.shape[0]; with page_size > 1 still token slots, page * "
+                            "page_size + offset, never page ids), and keep kv_indptr[-1] <= len(kv_indices)",
+    Check.NUM_KV_SPLITS: "pass num_kv_splits as an integer tensor with one value per sequence in 1..max_kv_splits "
+                         "(SGLang's backend: get_num_kv_splits, or max_kv_splits for every sequence): a larger value "
+                         "silently drops keys, 0 divides by zero",
+    Check.SCRATCH: "allocate attn_logits as contiguous float32 [batch, num_heads, max_kv_splits, v_head_dim] and "
+                   "attn_lse as contiguous float32 [batch, num_heads, max_kv_splits], with max_kv_splits == "
+                   "attn_logits.shape[2] (the kernel addresses attn_lse by attn_logits' offsets divided by "
+                   "v_head_dim: any other last dim writes out of bounds)",
     Check.VACUITY: "fill the cache with varied values of the cache dtype (for fp8 caches store the bytes of "
                    "(x / k_scale).to(fp8 dtype), e.g. cache.view(fp8 dtype)[...] = ...; copy_ of fp16 values into "
                    "a uint8 cache converts them to integers, so values of magnitude < 1 all become 0)",

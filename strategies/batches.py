@@ -16,6 +16,7 @@ Lengths shrink to their smallest value, not only to block boundaries: the plain 
 from __future__ import annotations
 
 import attrs
+from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
@@ -62,9 +63,10 @@ def boundary_lengths(block_size: int | tuple[int, ...], min_value: int, max_valu
 
 
 @st.composite
-def gqa_heads(draw, max_num_heads: int = 16) -> tuple[int, int]:
-    """``(num_heads, num_kv_heads)`` with group sizes 1..16 (MHA, GQA) and MQA (one kv head)."""
-    ratios = [r for r in GQA_RATIOS if r <= max_num_heads]
+def gqa_heads(draw, max_num_heads: int = 16, ratios: tuple[int, ...] | None = None) -> tuple[int, int]:
+    """``(num_heads, num_kv_heads)`` with group sizes 1..16 (MHA, GQA) and MQA (one kv head); ``ratios``:
+    only these group sizes (default :data:`GQA_RATIOS`)."""
+    ratios = [r for r in (GQA_RATIOS if ratios is None else ratios) if r <= max_num_heads]
     ratio = draw(st.sampled_from(ratios))
     kv = draw(st.sampled_from(NUM_KV_HEADS))  # independent of the ratio: lowering one does not shift the other
     while kv > 1 and kv * ratio > max_num_heads:
@@ -135,8 +137,11 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
     # one choice and raises one up to four choices later), the order a developer reads a case in
     num_heads, num_kv_heads = draw(gqa_heads(limits.max_num_heads))
     head_size = draw(st.sampled_from(sorted(capabilities.head_sizes)))
-    kv_cache_dtype = draw(st.sampled_from([k for k in capabilities.kv_cache_dtypes
-                                           if head_size in capabilities.head_sizes_for(k)]))
+    cache_dtypes = [k for k in capabilities.kv_cache_dtypes
+                    if head_size in capabilities.head_sizes_for(k)
+                    and capabilities.fp8_accepts_gqa(k, num_heads // num_kv_heads)]
+    assume(cache_dtypes)  # a target declaring only fp8 caches, none with this head size or GQA group
+    kv_cache_dtype = draw(st.sampled_from(cache_dtypes))
     allowed = ("decode",) if capabilities.decode_only else KINDS
     # max_num_seqs sequences, each drawn whole (kind and lengths adjacent) with a flag saying whether it is in
     # the batch: the shrinker removes any sequence by lowering its flag, with nothing after it shifting (a count
@@ -157,11 +162,39 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
     params = draw(attention_params(capabilities, kv_cache_dtype, block_size,
                                    limits.max_ctx_len + limits.max_query_len))
     seed = draw(st.integers(0, 2**31 - 1))
+    # the block tables last: a permutation of blocks has a varying number of choices
     needed = [-(-(q + c) // block_size) for q, c in lens]
-    num_blocks, table, _ = draw(block_tables(needed, limits.max_spare_blocks))  # last: a permutation varies
+    num_blocks, table, _ = draw(block_tables(needed, limits.max_spare_blocks))
+    if capabilities.shared_prefix_blocks:
+        table = draw(shared_prefixes(table, ctx_lens, block_size))
+    csr = {}
+    if capabilities.metadata == "csr":
+        csr["csr_tail"] = draw(csr_tails(num_blocks * block_size))
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
                  head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
-                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **params)
+                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **csr, **params)
+
+
+@st.composite
+def shared_prefixes(draw, table: list[list[int]], ctx_lens: list[int], block_size: int) -> list[list[int]]:
+    """``table`` with some sequences sharing leading full-context blocks with an earlier sequence, as a
+    radix (prefix) cache hands a request the pages of a prefix it has seen: sequence ``j`` takes the first
+    ``k`` blocks of sequence ``src < j`` (``k`` at most the full context blocks of both; its own blocks for
+    those columns become unused). Shrinks to no sharing (``k = 0``), then to the previous sequence."""
+    table = [list(r) for r in table]
+    for j in range(1, len(table)):
+        k = draw(st.integers(0, ctx_lens[j] // block_size))
+        if k:  # from the nearest earlier sequence first (shrinks there), with enough full context blocks
+            src = j - draw(st.integers(1, j))
+            k = min(k, ctx_lens[src] // block_size)
+            table[j][:k] = table[src][:k]
+    return table
+
+
+def csr_tails(num_slots: int) -> st.SearchStrategy[list[int]]:
+    """Entries past ``kv_indptr[-1]`` of a CSR ``kv_indices`` (``Batch.csr_tail``): ids no kernel may read,
+    out of the pool (-1, ``num_slots``) or any slot (written or poisoned); shrinks to none."""
+    return st.lists(st.one_of(st.sampled_from((-1, num_slots)), st.integers(0, num_slots - 1)), max_size=3)
 
 
 @st.composite
@@ -187,7 +220,7 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
     if kv_cache_dtype != "auto":
         out["k_scale"], out["v_scale"] = k_scale, v_scale
     if "sliding_window" in chosen:
-        out["sliding_window"] = window
+        out["sliding_window"] = max(window, capabilities.min_sliding_window)
     if "softcap" in chosen:
         out["softcap"] = softcap
     return out
@@ -201,12 +234,13 @@ UNIVERSE_BLOCK_SIZES = (1, 8, 16, 32, 48, 64, 128)
 def undeclared_examples(capabilities: Capabilities, dtypes: tuple[str, ...], limits: Limits = Limits(),
                         poisons: tuple[Poison, ...] = tuple(Poison)) -> st.SearchStrategy[Example]:
     """Examples *outside* ``capabilities``: head size, block size or dtype (from ``dtypes``, those the
-    environment computes faithfully) the target does not declare, or a combination of its features it
-    declares exclusive (e.g. ALiBi with a sliding window). A kernel must reject them with an error or compute
+    environment computes faithfully) the target does not declare, a combination of its features it
+    declares exclusive (e.g. ALiBi with a sliding window), or an fp8 cache with a GQA group size it declares
+    for the model dtype only. A kernel must reject them with an error or compute
     them right (kvfuzz's taxonomy: "configuration rejected" vs "silently accepted but unsupported")."""
     if not dtypes:
         raise InvalidArgument("dtypes must name at least one dtype the environment computes faithfully")
-    universe = attrs.evolve(capabilities, dtypes=dtypes, exclusive=(),
+    universe = attrs.evolve(capabilities, dtypes=dtypes, exclusive=(), fp8_gqa_ratios=None,
                             head_sizes=tuple(sorted(set(UNIVERSE_HEAD_SIZES) | set(capabilities.head_sizes))),
                             block_sizes=tuple(sorted(set(UNIVERSE_BLOCK_SIZES) | set(capabilities.block_sizes))))
     return examples(universe, limits, poisons).filter(lambda e: not capabilities.accepts(e.batch))

@@ -87,6 +87,21 @@ def test_targets_lists_both_with_availability():
     assert set(rows["vllm.unified_attention"]["features"]) == {"alibi", "sinks", "sliding_window", "softcap"}
 
 
+def test_targets_lists_the_sglang_targets_with_csr_metadata():
+    rows = {row["name"]: row for row in json.loads(kvfuzz("targets", "--json").stdout)}
+    assert rows["sglang.extend_attention_fwd"]["contract"] == "prefix [CSR]"
+    assert rows["sglang.decode_attention_fwd"]["contract"] == "unified (decode-only) [CSR]"
+    assert all(rows[n]["metadata"] == "csr" and rows[n]["shared_prefix_blocks"] for n in rows if n.startswith("sglang."))
+    assert rows[TRITON]["metadata"] == "block_table" and not rows[TRITON]["shared_prefix_blocks"]
+
+
+def test_the_seeds_fault_on_sglang_decode_is_the_callers(tmp_path):
+    need("sglang.decode_attention_fwd")
+    r = kvfuzz("fuzz", "--target", "sglang.decode_attention_fwd", "--caller-fault", "decode-ctx-only",
+               "--max-examples", "3", "--seed", "5", "--out", str(tmp_path))
+    assert r.returncode == 1 and "unified invariant" in r.stdout and "blame: caller" in r.stdout, r.stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["fuzz", "--target", "nope"], "unknown target 'nope'"),
     (["fuzz", "--caller-fault", "nope"], "nope"),

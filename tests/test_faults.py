@@ -24,8 +24,23 @@ CASES = [
 ]
 
 
+# CSR callers (SGLang's kernels): the same faults break kv_indices/kv_indptr instead of a block table
+CSR_CASES = [
+    ("decode-ctx-only", "sglang.decode_attention_fwd", "unified invariant", {"mismatch"}),
+    ("block-out-of-range", "sglang.extend_attention_fwd", "kv_indices range", {"not run"}),
+    ("block-out-of-range", "sglang.decode_attention_fwd", "kv_indices range", {"not run"}),
+    ("kv-indptr-off-by-one", "sglang.extend_attention_fwd", "kv_indptr", {"mismatch"}),
+    ("kv-indptr-off-by-one", "sglang.decode_attention_fwd", "kv_indptr", {"mismatch"}),
+    ("shared-block", "sglang.decode_attention_fwd", "unified invariant", {"mismatch"}),
+    ("query-start-loc-mismatch", "sglang.extend_attention_fwd", "query_start_loc", {"not run"}),
+]
+#: the faults that mean nothing for a CSR call (int32/int64 both work there; no max_seq_len argument)
+CSR_NOT_APPLICABLE = {"int64-index", "max-seq-len-too-small"}
+
+
 def test_every_fault_has_a_case():
-    assert {c[0] for c in CASES} == set(FAULTS)
+    assert {c[0] for c in CASES} | {c[0] for c in CSR_CASES} == set(FAULTS)
+    assert {c[0] for c in CSR_CASES} | CSR_NOT_APPLICABLE == set(FAULTS)
 
 
 @pytest.mark.parametrize("fault, target, check, outcomes", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
@@ -40,6 +55,47 @@ def test_fault_is_blamed_on_the_caller(make_batch, fault, target, check, outcome
     assert f.kind.blame == "caller" and f.check == check, f.message
     assert f.details["kernel"]["outcome"] in outcomes, f.details["kernel"]
     assert "Fix the caller" in f.message or "fix" in f.details["violations"][0]
+
+
+def _csr_batch(make_batch, target):
+    lens = [(1, 3), (1, 20), (1, 9)] if target.capabilities.decode_only else [(5, 3), (1, 20), (4, 9)]
+    return make_batch(lens, dtype="float16", head_size=64, block_size=4, seed=8)
+
+
+@pytest.mark.parametrize("fault, target, check, outcomes", CSR_CASES, ids=[f"{c[0]}-{c[1]}" for c in CSR_CASES])
+def test_csr_fault_is_blamed_on_the_caller(make_batch, fault, target, check, outcomes):
+    t = get_target(target)
+    if not t.availability().ok:
+        pytest.skip(t.availability().reason)
+    with pytest.raises(CallerContractViolation) as info:
+        check_example(t, Example(_csr_batch(make_batch, t), Poison.STALE), get_fault(fault))
+    f = info.value
+    assert f.kind.blame == "caller" and f.check == check, f.message
+    assert f.details["kernel"]["outcome"] in outcomes, f.details["kernel"]
+
+
+@pytest.mark.parametrize("target", ["sglang.extend_attention_fwd", "sglang.decode_attention_fwd"])
+def test_csr_faults_shrink_to_the_fewest_sequences_they_need(target):
+    """Without running the kernel: the caller checks alone flag every fault, and Hypothesis shrinks an example
+    to one sequence (kv-indptr-off-by-one: two, a boundary between sequences)."""
+    from hypothesis import find, settings
+
+    from kvfuzz.fuzz.harness.attention import caller_violations, prepare
+    from kvfuzz.strategies.batches import examples
+    from kvfuzz.strategies.limits import Limits
+
+    t = get_target(target)
+    applicable = sorted({c[0] for c in CSR_CASES if c[1] == target})
+    for name in applicable:
+        fault = get_fault(name)
+
+        def flagged(e, fault=fault):
+            run = prepare(t, e, fault)
+            return fault.applies(e.batch, run.call.kwargs) and bool(caller_violations(t, run))
+
+        e = find(examples(t.capabilities, Limits(max_num_seqs=3, max_ctx_len=40, max_query_len=8, max_num_heads=4)),
+                 flagged, settings=settings(max_examples=300, deadline=None, database=None))
+        assert e.batch.num_seqs == fault.needs_seqs, (name, e.batch.summary())
 
 
 def test_without_a_fault_the_same_batch_is_clean(make_batch):

@@ -486,11 +486,40 @@ def test_nested_guards_report_to_the_innermost_and_check_failures_warn(make_batc
 
 
 # ---- the seeds' test file under the pytest plugin ---------------------------------------------------------
-def _run_scenario(*extra):
+def _run_scenario(*extra, path="tests/seeds_scenario/test_prefix_prefill_like.py"):
     env = dict(os.environ, KVFUZZ_SEEDS_SCENARIO="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *extra,
-           "tests/seeds_scenario/test_prefix_prefill_like.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *extra, path]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+SGLANG_SCENARIO = "tests/seeds_scenario/test_sglang_like.py"
+
+
+@pytest.mark.kernel
+def test_sglang_scenario_fails_under_the_plugin_and_its_fix_passes():
+    """SGLang's decode test pattern with the seeds' bug (the current token's slot never holds the new token):
+    flagged with the unified invariant at each sequence's last position; the fixed test and SGLang's own
+    extend pattern pass clean."""
+    available("sglang.decode_attention_fwd")
+    r = _run_scenario("-p", "kvfuzz.fuzz.guard.plugin", "--kvfuzz-guard", path=SGLANG_SCENARIO)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert f"FAILED {SGLANG_SCENARIO}::test_decode_attention_as_in_the_seeds" in out
+    assert f"PASSED {SGLANG_SCENARIO}::test_decode_attention_with_the_seeds_fix" in out
+    assert f"PASSED {SGLANG_SCENARIO}::test_extend_attention_as_sglang_tests_it" in out
+    assert "this test passed, but 2 of its kernel calls' arguments break the kernel's caller contract" in out
+    for seq, slot in ((0, 127), (1, 255)):
+        assert (f"unified invariant violated in sglang.decode_attention_fwd at sequence {seq}, position 127, "
+                f"slot {slot}") in out
+    assert "write the current token's k/v into the pool at its slot" in out
+    assert "kernel calls checked: 3 (sglang.decode_attention_fwd: 2, sglang.extend_attention_fwd: 1)" in out
+
+
+@pytest.mark.kernel
+def test_sglang_scenario_passes_without_the_guard():
+    available("sglang.decode_attention_fwd")
+    r = _run_scenario(path=SGLANG_SCENARIO)
+    assert r.returncode == 0 and "3 passed" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.kernel

@@ -25,7 +25,9 @@ def targets(as_json: bool) -> None:
         c = t.capabilities
         contract = c.contract.value
         contract += " (decode-only)" if c.decode_only else ""
-        rows.append({"name": name, "contract": contract, "devices": list(c.devices),
+        contract += " [CSR]" if c.metadata == "csr" else ""
+        rows.append({"name": name, "contract": contract, "metadata": c.metadata,
+                     "shared_prefix_blocks": c.shared_prefix_blocks, "devices": list(c.devices),
                      "dtypes": list(c.dtypes), "head_sizes": list(c.head_sizes), "block_sizes": list(c.block_sizes),
                      "kv_cache_dtypes": list(c.kv_cache_dtypes), "features": sorted(c.features),
                      "exclusive": [sorted(p) for p in c.exclusive], "available": a.ok, "device": a.device,

@@ -22,7 +22,9 @@ What is intercepted (:data:`KERNELS`):
 
 - Python functions ``chunked_prefill_paged_decode``, ``context_attention_fwd``, ``unified_attention`` and
   ``decode_attention_fwd`` of
-  vllm.v1.attention.ops (and the pre-v1 vllm.attention.ops paths): the defining module's attribute is replaced
+  vllm.v1.attention.ops (and the pre-v1 vllm.attention.ops paths), and SGLang's ``extend_attention_fwd`` and
+  ``decode_attention_fwd`` of sglang.kernels.ops.attention (and the older
+  sglang.srt.layers.attention.triton_ops; named ``sglang.<function>`` in records): the defining module's attribute is replaced
   by a checking wrapper, and so is every module-level attribute in ``sys.modules`` that is the original
   function (``from vllm...chunked_prefill_paged_decode import chunked_prefill_paged_decode`` in a test module,
   whatever name it was imported as). A defining module that is not imported yet is patched the moment it is
@@ -37,7 +39,8 @@ such as vLLM's ``OPS = [chunked_prefill_paged_decode, ...]`` built before, a cla
 fetched before entering; calls from C++, CUDA graphs and ``torch.compile`` graphs; and nested kernel calls:
 ``chunked_prefill_paged_decode`` calls ``context_attention_fwd`` itself, and only the outer call is checked.
 Unified kernels take no new-token key/value, so their unified invariant is checked only when the caller hands
-the new tokens over with :meth:`Guard.new_kv`. On exit every patched attribute is restored (including those of
+the new tokens over with :meth:`Guard.new_kv`. SGLang's Triton backend stores ``self.decode_attention_fwd`` on
+the backend object when it is built: backends built before the guard was entered keep the unchecked function. On exit every patched attribute is restored (including those of
 modules that imported the wrapper while the guard was on); a wrapper left in a list keeps passing calls
 through unchecked.
 
@@ -434,8 +437,8 @@ class Guard:
     # unified kernels' new tokens
     @contextlib.contextmanager
     def new_kv(self, key: Any, value: Any) -> Iterator["Guard"]:
-        """Within this block, unified-kernel calls (unified_attention, cpu_attention_with_kv_cache) are also
-        checked for the unified invariant: ``key``/``value`` ``[T, Hkv, D]`` are the new tokens of the call, in
+        """Within this block, unified-kernel calls (unified_attention, cpu_attention_with_kv_cache, vLLM's and
+        SGLang's decode_attention_fwd) are also checked for the unified invariant: ``key``/``value`` ``[T, Hkv, D]`` are the new tokens of the call, in
         query_start_loc order, and must already be in the cache."""
         prev, self._new_kv = self._new_kv, (key, value)
         try:

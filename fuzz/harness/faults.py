@@ -45,20 +45,60 @@ def _max_seq_len_too_small(batch, data, cache, call) -> None:
     call.kwargs["max_seq_len"] = max(batch.ctx_lens)
 
 
+def _csr_lens(kwargs: dict | None) -> list[int] | None:
+    """Per sequence, how many kv_indices entries a CSR call lists (None: not a CSR call, or unknown)."""
+    ptr = None if kwargs is None else kwargs.get("kv_indptr")
+    if ptr is None:
+        return None
+    p = ptr.tolist()
+    return [b - a for a, b in zip(p[:-1], p[1:])]
+
+
 def _block_out_of_range(batch, data, cache, call) -> None:
     """A block table entry one past the cache (an off-by-one in a block allocator): the last block the
-    longest sequence reads."""
+    longest sequence reads. CSR calls: the last kv_indices entry of the sequence listing the most, set to the
+    pool's size (``k_buffer.shape[0]``)."""
+    lens = _csr_lens(call.kwargs)
+    if lens is not None:
+        seq = max(range(len(lens)), key=lambda i: lens[i])
+        call.kwargs["kv_indices"][int(call.kwargs["kv_indptr"][seq + 1]) - 1] = call.kwargs["k_buffer"].shape[0]
+        return
     seq = max(range(batch.num_seqs), key=lambda i: batch.seq_lens[i])
     table = call.kwargs["block_table"]
     table[seq, batch.blocks_needed(seq) - 1] = batch.num_blocks
 
 
+def _kv_indptr_off_by_one(batch, data, cache, call) -> None:
+    """One interior kv_indptr entry moved by one (lengths summed from the wrong list, e.g. a prefix length
+    counted without the current token): at the first boundary ``i`` whose sequence ``i-1`` lists a slot,
+    ``kv_indptr[i] -= 1`` (sequence ``i-1`` loses its last entry, sequence ``i`` reads it as its first); where
+    none does, ``kv_indptr[i] += 1`` at the first boundary whose sequence ``i`` lists one."""
+    lens = _csr_lens(call.kwargs)
+    ptr = call.kwargs["kv_indptr"]
+    i = next((i for i in range(1, len(lens)) if lens[i - 1] > 0), None)
+    if i is not None:
+        ptr[i] -= 1
+        return
+    i = next(i for i in range(1, len(lens)) if lens[i] > 0)
+    ptr[i] += 1
+
+
 def _shared_block(batch, data, cache, call) -> None:
     """Two sequences' tables name one physical block for positions they both write (a double-allocated
-    block): the second sequence's tokens overwrite the first's, as reshape_and_cache would with that table."""
+    block): the second sequence's tokens overwrite the first's, as reshape_and_cache would with that table.
+    CSR decode calls: sequence 1's current token gets sequence 0's current slot, and is written there."""
     import torch
 
     a, b = 0, 1
+    if _csr_lens(call.kwargs) is not None:
+        ptr, idx = call.kwargs["kv_indptr"], call.kwargs["kv_indices"]
+        slot = idx[int(ptr[a + 1]) - 1].clone()
+        idx[int(ptr[b + 1]) - 1] = slot
+        rows = data.token_rows(batch, torch.tensor([b]), torch.tensor([batch.seq_lens[b] - 1]))
+        dev = cache.key_cache.device
+        cache.layout.write(cache.key_cache, cache.value_cache, slot.reshape(1).to(dev),
+                           data.cache_keys[rows].to(dev), data.cache_values[rows].to(dev))
+        return
     table = call.kwargs["block_table"]
     blk_a = batch.block_table[a][batch.blocks_needed(a) - 1]
     col_b = batch.blocks_needed(b) - 1
@@ -81,7 +121,7 @@ def _query_start_loc_mismatch(batch, data, cache, call) -> None:
     built from the wrong lengths), so two sequences exchange a token."""
     import torch
 
-    for name in ("query_start_loc", "b_start_loc"):
+    for name in ("query_start_loc", "b_start_loc", "qo_indptr"):
         t = call.kwargs.get(name)
         if isinstance(t, torch.Tensor):
             t[1] += 1
@@ -100,6 +140,9 @@ class CallerFault:
     needs_seqs: int = 1
     needs_kwarg: str | None = None
     needs_decode: bool = False
+    #: what the fault needs of a CSR call (``kv_indptr`` in kwargs): given the entries each sequence lists
+    #: (and the kwargs), whether it can break it; None: the fault does not apply to CSR calls
+    csr: Callable[[list[int], dict], bool] | None = None
 
     def applies(self, batch: Batch, kwargs: dict | None = None) -> bool:
         """Whether this fault breaks anything for ``batch`` (and a call with ``kwargs``)."""
@@ -107,6 +150,9 @@ class CallerFault:
             return False
         if self.name == "query-start-loc-mismatch" and batch.query_lens[0] < 2:
             return False  # moving the boundary past a 1-token sequence would empty it
+        lens = _csr_lens(kwargs)
+        if lens is not None and self.csr is not None and not self.csr(lens, kwargs):
+            return False
         return self.needs_kwarg is None or kwargs is None or self.needs_kwarg in kwargs
 
     def supports(self, kwargs: dict) -> bool:
@@ -129,12 +175,20 @@ FAULTS: dict[str, CallerFault] = {
                     "(the seeds: MAX_CTX_LEN passed while a decode reached ctx_len + 1)",
                     mutate_call=_max_seq_len_too_small, needs_kwarg="max_seq_len"),
         CallerFault("block-out-of-range", "a block id equal to num_blocks in a column the kernel reads (an "
-                    "allocator off by one; docs/contracts.md bug classes 1, 2, 5)", mutate_call=_block_out_of_range),
+                    "allocator off by one; docs/contracts.md bug classes 1, 2, 5); CSR: a kv_indices entry equal "
+                    "to the pool's slot count", mutate_call=_block_out_of_range,
+                    csr=lambda lens, kw: any(lens)),
         CallerFault("shared-block", "two sequences' tables name one physical block for positions both write "
-                    "(a double-allocated block)", mutate_call=_shared_block, needs_seqs=2),
-        CallerFault("query-start-loc-mismatch", "query_start_loc shifted by one token at a sequence boundary "
-                    "(built from the wrong lengths; cf. vllm PR 28905)", mutate_call=_query_start_loc_mismatch,
-                    needs_seqs=2),
+                    "(a double-allocated block); CSR decode: two current tokens given one slot",
+                    mutate_call=_shared_block, needs_seqs=2,
+                    csr=lambda lens, kw: "attn_logits" in kw and lens[0] > 0 and lens[1] > 0),
+        CallerFault("query-start-loc-mismatch", "query_start_loc (CSR: qo_indptr) shifted by one token at a "
+                    "sequence boundary (built from the wrong lengths; cf. vllm PR 28905)",
+                    mutate_call=_query_start_loc_mismatch, needs_seqs=2, csr=lambda lens, kw: "qo_indptr" in kw),
+        CallerFault("kv-indptr-off-by-one", "CSR: one interior kv_indptr entry moved by one, so two sequences "
+                    "trade a slot (lengths summed from the wrong list)", mutate_call=_kv_indptr_off_by_one,
+                    needs_seqs=2, needs_kwarg="kv_indptr",
+                    csr=lambda lens, kw: any(lens[i - 1] or lens[i] for i in range(1, len(lens)))),
     ]
 }
 

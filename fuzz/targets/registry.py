@@ -33,6 +33,8 @@ BUILTIN = {
     "vllm.reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmReshapeAndCacheFlash",
     "vllm.cpu_reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmCpuReshapeAndCache",
     "torch.flex_paged": "kvfuzz.fuzz.targets.torch_flex:TorchFlexPaged",
+    "sglang.extend_attention_fwd": "kvfuzz.fuzz.targets.sglang_triton:SglangExtendAttentionFwd",
+    "sglang.decode_attention_fwd": "kvfuzz.fuzz.targets.sglang_triton:SglangDecodeAttentionFwd",
 }
 
 #: The entry-point group other packages register adapters under.

@@ -1,0 +1,329 @@
+"""SGLang's Triton attention kernels (sglang 0.5.23, sglang/kernels/ops/attention/): ``extend_attention_fwd``
+(prefix contract) and ``decode_attention_fwd`` (unified contract), compiled on CUDA, under Triton's interpreter
+on CPU. Both read a token pool through CSR page lists (:mod:`kvfuzz.contracts.csr`).
+
+Where the kernels come from (:func:`prepare_sglang_runtime`), first that exists:
+
+1. ``$KVFUZZ_SGLANG_TREE``: a folder holding :data:`KERNEL_FILES` (the wheel's own files, verbatim);
+2. ``<sys.prefix>/share/kvfuzz/sglang/``, where ``make setup`` extracts them from the pinned wheel
+   (:data:`SGLANG_VERSION`, downloaded with ``--no-deps``: none of SGLang's runtime is installed);
+3. an installed ``sglang`` package (a GPU machine with SGLang; its own ``__init__`` files then run).
+
+For 1 and 2, the package ``__init__`` files (which import SGLang's whole runtime) are replaced by empty
+stand-in packages registered in ``sys.modules`` whose ``__path__`` is the tree, and ``sglang.srt.utils`` (whose
+``__init__`` imports pillow, orjson, requests, ...) by a stand-in module with the five helpers the two kernel
+files use (:func:`_srt_utils_standin`), behaving as sglang/srt/utils/common.py does on a CUDA or CPU build of
+torch. ``sglang/srt/environ.py`` is real (standard library only).
+
+On CPU the interpreter computes bf16 wrongly (triton-lang/triton#11584) and rounds fp32/fp16 -> fp8 downcasts
+wrongly (triton-lang/triton#8322: a lost mantissa carry, no saturation): these targets declare fp16/fp32 on
+CPU, fp16/bf16 on CUDA, and fp8 caches only where no kernel downcast to fp8 happens (:class:`SglangDecodeAttentionFwd`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kvfuzz.contracts.batch import Batch
+from kvfuzz.contracts.capabilities import Capabilities
+from kvfuzz.contracts.contract import Contract
+from kvfuzz.contracts.csr import token_slot_lists
+from kvfuzz.contracts.data import BatchData
+from kvfuzz.contracts.layouts import CacheLayout, NHDLayout
+from kvfuzz.contracts.materialize import CacheState
+
+from .base import Availability, KernelCall
+from .vllm_triton import VllmTritonTarget, _on_cuda, _poisoned_scratch, _sinks, prepare_triton_runtime
+
+#: The SGLang release whose kernels kvfuzz pins (Makefile: SGLANG_PIN).
+SGLANG_VERSION = "0.5.23"
+#: Environment variable naming a folder with :data:`KERNEL_FILES` (e.g. carried to a GPU machine).
+TREE_ENV = "KVFUZZ_SGLANG_TREE"
+#: The wheel's files the two kernels need, verbatim (what ``make setup`` extracts).
+KERNEL_FILES = (
+    "sglang/kernels/ops/attention/decode_attention.py",
+    "sglang/kernels/ops/attention/extend_attention.py",
+    "sglang/kernels/ops/attention/score_mod.py",
+    "sglang/srt/environ.py",
+)
+#: Packages whose real ``__init__`` imports SGLang's runtime: empty stand-ins over the tree.
+_STANDIN_PACKAGES = ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention", "sglang.srt")
+EXTEND_MODULE = "sglang.kernels.ops.attention.extend_attention"
+DECODE_MODULE = "sglang.kernels.ops.attention.decode_attention"
+_SETUP_HINT = (f"run `make setup` (extracts sglang=={SGLANG_VERSION}'s kernel files into "
+               f"<sys.prefix>/share/kvfuzz/sglang/), set {TREE_ENV}=/path/to/tree, or pip install "
+               f"sglang=={SGLANG_VERSION}")
+
+
+def sglang_tree() -> Path | None:
+    """The folder holding :data:`KERNEL_FILES` (``$KVFUZZ_SGLANG_TREE``, else ``<sys.prefix>/share/kvfuzz/
+    sglang``), or None when neither has them."""
+    env = os.environ.get(TREE_ENV)
+    for root in ([Path(env)] if env else []) + [Path(sys.prefix) / "share" / "kvfuzz" / "sglang"]:
+        if all((root / f).is_file() for f in KERNEL_FILES):
+            return root
+    return None
+
+
+def missing_kernels() -> str | None:
+    """Why SGLang's kernels cannot be imported here (what to install), or None when they can: a tree
+    (:func:`sglang_tree`) or an installed sglang. A ``$KVFUZZ_SGLANG_TREE`` that lacks a file is named."""
+    env = os.environ.get(TREE_ENV)
+    if env:
+        lacking = [f for f in KERNEL_FILES if not (Path(env) / f).is_file()]
+        if lacking:
+            return f"{TREE_ENV}={env} lacks {lacking[0]} (it must hold {', '.join(KERNEL_FILES)}); {_SETUP_HINT}"
+    try:
+        installed = importlib.util.find_spec("sglang") is not None
+    except ValueError:  # "sglang" in sys.modules without a spec: kvfuzz's own stand-in, already set up
+        installed = True
+    if sglang_tree() is not None or installed:
+        return None
+    return f"SGLang's Triton attention kernels are not installed here: {_SETUP_HINT}"
+
+
+def _srt_utils_standin() -> types.ModuleType:
+    """``sglang.srt.utils`` with the five names decode_attention.py and extend_attention.py import, as
+    sglang/srt/utils/common.py (0.5.23) defines them: ``is_hip`` (``torch.version.hip is not None``),
+    ``is_cuda`` (``torch.cuda.is_available() and torch.version.cuda is not None``), ``is_gfx95_supported`` and
+    ``is_gfx1250_supported`` (False off ROCm; kvfuzz does not model those AMD paths: False on ROCm too),
+    ``get_device_core_count`` (the device's SM count, 0 without a GPU)."""
+    m = types.ModuleType("sglang.srt.utils", "kvfuzz stand-in for sglang.srt.utils (the kernels' five helpers)")
+    m.is_hip = lambda: torch.version.hip is not None
+    m.is_cuda = lambda: torch.cuda.is_available() and torch.version.cuda is not None
+    m.is_gfx95_supported = lambda: False
+    m.is_gfx1250_supported = lambda: False
+    m.get_device_core_count = lambda device_id=0: (
+        torch.cuda.get_device_properties(device_id).multi_processor_count if torch.cuda.is_available() else 0)
+    return m
+
+
+def _install_standins(tree: Path) -> None:
+    for name in _STANDIN_PACKAGES:
+        if name not in sys.modules:
+            pkg = types.ModuleType(name, "kvfuzz stand-in package (the real __init__ imports SGLang's runtime)")
+            pkg.__path__ = [str(tree.joinpath(*name.split(".")))]
+            sys.modules[name] = pkg
+    if "sglang.srt.utils" not in sys.modules:
+        sys.modules["sglang.srt.utils"] = _srt_utils_standin()
+
+
+@functools.cache
+def prepare_sglang_runtime() -> str:
+    """Make SGLang's two kernel modules importable; returns "cuda" or "cpu" (interpreted).
+
+    Sets up Triton first (:func:`~kvfuzz.fuzz.targets.vllm_triton.prepare_triton_runtime`: the interpreter on
+    a machine without CUDA). Raises RuntimeError when neither a kernel tree nor an installed sglang is found
+    (the message says what to install), or when triton was imported without its interpreter on CPU.
+    """
+    real = sys.modules.get("sglang")
+    if real is not None and getattr(real, "__file__", None):
+        return prepare_triton_runtime()  # a real sglang is already imported: use it
+    why = missing_kernels()
+    if why is not None:
+        raise RuntimeError(why)
+    device = prepare_triton_runtime()
+    tree = sglang_tree()
+    if tree is not None:
+        _install_standins(tree)
+    return device
+
+
+def kernel_function(module: str, name: str):
+    """The kernel entry point ``name`` of ``module`` (after :func:`prepare_sglang_runtime`)."""
+    prepare_sglang_runtime()
+    return getattr(importlib.import_module(module), name)
+
+
+def _pool(cache: torch.Tensor) -> torch.Tensor:
+    """SGLang's token pool view ``[num_slots, Hkv, D]`` of an NHD cache ``[num_blocks, page_size, Hkv, D]``
+    (sglang/srt/mem_cache/memory_pool.py ``MHATokenToKVPool``: one row per token slot, slot = page *
+    page_size + offset; the same storage, so the cache kvfuzz wrote is the pool the kernel reads)."""
+    return cache.flatten(0, 1)
+
+
+class SglangTritonTarget(VllmTritonTarget):
+    """Shared availability and running of SGLang's Triton kernels (the per-device dtypes of
+    :class:`~kvfuzz.fuzz.targets.vllm_triton.VllmTritonTarget`)."""
+
+    def availability(self) -> Availability:
+        if importlib.util.find_spec("triton") is None:
+            return Availability(False, "python package 'triton' is not installed (run `make setup`, or "
+                                       "`pip install triton` on a GPU machine)")
+        try:
+            device = prepare_sglang_runtime()
+        except RuntimeError as e:
+            return Availability(False, str(e))
+        where = "compiled (CUDA)" if device == "cuda" else "Triton interpreter (CPU)"
+        tree = sglang_tree()
+        src = f"sglang {SGLANG_VERSION} kernel files from {tree}" if tree else "the installed sglang"
+        return Availability(True, f"{where}; {src}", device)
+
+    def layout(self, batch: Batch) -> CacheLayout:
+        return NHDLayout()
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        fn = kernel_function(*self.kernel)
+        with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison and masked -inf rows
+            fn(**call.kwargs)
+        return call.output
+
+    def path(self, batch: Batch) -> str:
+        return "token" if batch.block_size == 1 else "paged"
+
+
+class SglangExtendAttentionFwd(SglangTritonTarget):
+    """``extend_attention_fwd`` (sglang/kernels/ops/attention/extend_attention.py, sglang 0.5.23), called as
+    SGLang's Triton backend calls it (sglang/srt/layers/attention/triton_backend.py ``forward_extend``).
+
+    Prefix contract: ``kv_indices`` list each sequence's cached prefix (``ctx_len`` token slots, in position
+    order; :func:`~kvfuzz.contracts.csr.token_slot_lists`), the new tokens come as ``k_extend``/``v_extend``
+    ``[T, Hkv, D]`` in ``qo_indptr`` order and are never read from the pool. Arguments: ``q_extend``/``o_extend``
+    ``[T, H, D]``; ``k_buffer``/``v_buffer`` the pool ``[num_slots, Hkv, D]`` (3-D only: the kernel raises on a
+    4-D paged view); ``qo_indptr`` = query_start_loc and ``kv_indptr`` int32 ``[N + 1]``, ``kv_indices`` int64
+    (as the backend allocates them; int32 works the same, measured); ``custom_mask=None, is_causal=True,
+    mask_indptr=None``; ``max_len_extend`` = the longest query; ``k_scale``/``v_scale`` Python floats (a tensor
+    fails to compile: it becomes a pointer); ``sm_scale`` = ``batch.sm_scale`` (None: the kernel's
+    ``1/sqrt(D)``); ``page_size`` = block size (token slots at every page size: it only changes the address
+    arithmetic).
+
+    Features in the kernel's conventions (measured against an fp64 reference, fp32 errors <= 1.2e-6):
+    ``sliding_window_size = W - 1`` for kvfuzz's window of W keys (the kernel's window W' admits
+    ``q_pos <= k_pos + W'``, W' + 1 keys; W' <= 0 disables it, so W = 1 cannot be expressed:
+    ``min_sliding_window = 2``); ``logit_cap`` = softcap, applied after the scale; ``sinks`` fp32 ``[H]``, one
+    logit per head in the softmax denominator.
+
+    No fp8: the prefix loop rounds q and the probabilities to the cache's fp8 dtype (``tl.dot(q.to(k.dtype),
+    k)``, ``p.to(v.dtype)``) by design, which kvfuzz's exact reference does not model, and under the CPU
+    interpreter that downcast is itself wrong (errors 0.17-0.35 measured).
+    """
+
+    name = "sglang.extend_attention_fwd"
+    checked_kernel = "sglang.extend_attention_fwd"
+    description = "SGLang Triton extend (prefill) attention over CSR kv_indices (prefix contract)"
+    capabilities = Capabilities(
+        contract=Contract.PREFIX,
+        devices=("cpu", "cuda"),
+        dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
+        head_sizes=(32, 40, 64, 80, 128),  # padded to a power of 2 inside (BLOCK_DMODEL)
+        block_sizes=(1, 4, 16, 64),  # page_size: 1 is SGLang's default
+        features=("sliding_window", "sinks", "softcap"),
+        min_sliding_window=2,
+        metadata="csr",
+        shared_prefix_blocks=True,
+    )
+    kernel = (EXTEND_MODULE, "extend_attention_fwd")
+
+    def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
+        dev = cache.key_cache.device
+        kv_indptr, kv_indices = token_slot_lists(batch, batch.ctx_lens).tensors(dev)
+        k_extend, v_extend = (t.to(dev) for t in data.new_kv(batch))
+        out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype, device=dev)
+        w = batch.sliding_window
+        kwargs = dict(
+            q_extend=data.query.to(dev), k_extend=k_extend, v_extend=v_extend, o_extend=out,
+            k_buffer=_pool(cache.key_cache), v_buffer=_pool(cache.value_cache),
+            qo_indptr=batch.query_start_loc_tensor(dev), kv_indptr=kv_indptr, kv_indices=kv_indices,
+            custom_mask=None, is_causal=True, mask_indptr=None, max_len_extend=batch.max_query_len,
+            k_scale=batch.k_scale, v_scale=batch.v_scale, sm_scale=batch.sm_scale,
+            logit_cap=batch.softcap or 0.0, sliding_window_size=-1 if w is None else w - 1,
+            sinks=_sinks(data, dev), page_size=batch.block_size,
+        )
+        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out, key=k_extend,
+                          value=v_extend)
+
+    def path(self, batch: Batch) -> str:
+        return super().path(batch) + ("+prefix" if any(batch.ctx_lens) else "")
+
+
+class SglangDecodeAttentionFwd(SglangTritonTarget):
+    """``decode_attention_fwd`` (sglang/kernels/ops/attention/decode_attention.py, sglang 0.5.23), called as
+    SGLang's Triton backend calls it (sglang/srt/layers/attention/triton_backend.py ``forward_decode``, after
+    it wrote the current token into the pool).
+
+    Decode only, unified contract: ``kv_indices`` list all ``seq_len`` token slots of each sequence, the
+    current token's included, and the kernel attends to every listed slot (no causal mask). Arguments:
+    ``q``/``o`` ``[N, H, D]``; ``k_buffer``/``v_buffer`` the pool ``[num_slots, Hkv, D]``; ``kv_indptr`` int32,
+    ``kv_indices`` int64; ``attn_logits`` fp32 ``[N, H, max_kv_splits, D]`` (last dim exactly Dv: the kernel
+    addresses the LSE as ``offset // Lv``) and ``attn_lse`` fp32 ``[N, H, max_kv_splits]``, both filled with the
+    example's poison (the backend allocates them with ``torch.empty``); ``num_kv_splits`` int32 ``[N]`` (see
+    :meth:`num_kv_splits`); ``sm_scale`` = the scale in effect (required); ``k_scale``/``v_scale`` Python floats;
+    ``logit_cap`` = softcap; ``sinks`` fp32 ``[H]``; ``page_size`` = block size. No window argument (SGLang's
+    backend windows a decode by listing fewer slots).
+
+    Two stage-1 kernels: ``_fwd_kernel_stage1`` for MHA (``H == Hkv``), ``_fwd_grouped_kernel_stage1``
+    otherwise; ``_fwd_kernel_stage2`` merges the splits. fp8 caches (the pool holds ``k / k_scale`` as
+    float8): declared for MHA only (``fp8_gqa_ratios=(1,)``), where the kernel multiplies fp8 keys by q
+    without converting q; the grouped kernel rounds q and the probabilities to the fp8 dtype by design
+    (``q.to(K_Buffer.dtype.element_ty)``, ``p.to(v.dtype)``), which the exact reference does not model (and the
+    CPU interpreter's fp8 downcast is wrong besides).
+    """
+
+    name = "sglang.decode_attention_fwd"
+    checked_kernel = "sglang.decode_attention_fwd"
+    description = "SGLang Triton split-KV decode attention over CSR kv_indices (decode only, unified contract)"
+    capabilities = Capabilities(
+        contract=Contract.UNIFIED,
+        devices=("cpu", "cuda"),
+        dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
+        head_sizes=(32, 40, 64, 80, 128),
+        block_sizes=(1, 4, 16, 64),
+        decode_only=True,
+        kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"),
+        fp8_gqa_ratios=(1,),
+        features=("sinks", "softcap"),
+        metadata="csr",
+        shared_prefix_blocks=True,
+    )
+    kernel = (DECODE_MODULE, "decode_attention_fwd")
+
+    def __init__(self, max_kv_splits: int | None = None) -> None:
+        super().__init__()
+        self.max_kv_splits = max_kv_splits or (8 if _on_cuda() else 4)
+        if self.max_kv_splits < 1:
+            raise ValueError(f"max_kv_splits must be >= 1, got {max_kv_splits}")
+
+    def num_kv_splits(self, batch: Batch) -> list[int]:
+        """Per sequence, from its own length only: ``1 + (seq_len - 1) % max_kv_splits`` (1 .. max_kv_splits as
+        lengths vary, so batches mix split counts and splits run empty, full and partial; max_kv_splits: 4
+        interpreted, 8 compiled, the backend's default ``triton_attention_num_kv_splits``). SGLang's backend
+        fills every sequence with max_kv_splits when it cannot count SMs and otherwise picks counts from the
+        whole batch (``get_num_kv_splits``); a per-sequence rule keeps kvfuzz's batch-order relation about the
+        kernel, not about the split choice."""
+        return [1 + (n - 1) % self.max_kv_splits for n in batch.seq_lens]
+
+    def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
+        if batch.prefill_seqs:
+            raise ValueError(f"{self.name} takes decode sequences only (query_len == 1); sequences "
+                             f"{list(batch.prefill_seqs)} have query_len > 1")
+        dev = cache.key_cache.device
+        n, h, d, s = batch.num_seqs, batch.num_heads, batch.head_size, self.max_kv_splits
+        kv_indptr, kv_indices = token_slot_lists(batch, batch.seq_lens).tensors(dev)
+        out = torch.empty((n, h, d), dtype=batch.torch_dtype, device=dev)
+        kwargs = dict(
+            q=data.query.to(dev), k_buffer=_pool(cache.key_cache), v_buffer=_pool(cache.value_cache), o=out,
+            kv_indptr=kv_indptr, kv_indices=kv_indices,
+            attn_logits=_poisoned_scratch((n, h, s, d), cache, batch.seed + 3),
+            attn_lse=_poisoned_scratch((n, h, s), cache, batch.seed + 4),
+            num_kv_splits=torch.tensor(self.num_kv_splits(batch), dtype=torch.int32, device=dev),
+            max_kv_splits=s, sm_scale=batch.scale, k_scale=batch.k_scale, v_scale=batch.v_scale,
+            logit_cap=batch.softcap or 0.0, sinks=_sinks(data, dev), page_size=batch.block_size,
+        )
+        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
+
+    def path(self, batch: Batch) -> str:
+        stage1 = "normal" if batch.gqa_ratio == 1 else "grouped"
+        return f"{stage1},{super().path(batch)},max_kv_splits={self.max_kv_splits}"
+
+
+__all__ = ["KERNEL_FILES", "SGLANG_VERSION", "TREE_ENV", "SglangDecodeAttentionFwd", "SglangExtendAttentionFwd",
+           "kernel_function", "missing_kernels", "prepare_sglang_runtime", "sglang_tree"]
