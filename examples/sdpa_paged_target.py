@@ -31,7 +31,10 @@ class SdpaPaged(Target):
         out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype, device=dev)
         kwargs = dict(query=data.query.to(dev), key_cache=cache.key_cache, value_cache=cache.value_cache,
                       block_table=batch.block_table_tensor(dev), seq_lens=batch.seq_lens_tensor(dev),
-                      query_start_loc=batch.query_start_loc_tensor(dev), scale=batch.scale, output=out)
+                      query_start_loc=batch.query_start_loc_tensor(dev),
+                      # sm_scale, not scale: None when the batch draws the kernel's own default, so
+                      # the kernel's default-scale code (1/sqrt(head_size) in SDPA) is what gets tested
+                      scale=batch.sm_scale, output=out)
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
     def run(self, call):

@@ -163,3 +163,48 @@ def test_the_reproducers_test_case_fails_while_it_reproduces_and_passes_when_fix
     (d / "case.json").write_text(json.dumps(case | {"target_spec": f"{fixed}:RaisesRuntimeError"}))
     r = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout
+
+
+VARIANTS = '''"""A user's variants of a base adapter that lives beside them (imported as a sibling module)."""
+from sdpa_paged_target import SdpaPaged
+
+BUG = True
+
+
+class Scaled(SdpaPaged):
+    name = "user.scaled"
+    description = "SDPA whose head-size-64 output is 1.5x too large (until fixed)"
+
+    def run(self, call):
+        out = super().run(call)
+        if BUG and call.kwargs["query"].shape[-1] == 64:
+            out.mul_(1.5)
+        return out
+'''
+
+
+def test_an_adapter_importing_a_sibling_module_fuzzes_replays_and_its_test_passes_once_fixed(tmp_path):
+    """Issue 15 §3: a user splits a base adapter from its variants; the campaign finds the bug, the reproducer
+    replays by the recorded spec, and the reproducer's test_case.py passes after the user fixes the kernel file
+    in place (no edit of the reproducer)."""
+    folder = tmp_path / "my_kernels"
+    folder.mkdir()
+    shutil.copy(HERE.parent / "examples" / "sdpa_paged_target.py", folder / "sdpa_paged_target.py")
+    (folder / "variants.py").write_text(VARIANTS)
+    spec = f"{folder / 'variants.py'}:Scaled"
+    r = kvfuzz("fuzz", "--target", spec, "--poison", "stale", "--max-examples", "60", "--out", str(tmp_path / "o"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    (d,) = [p for p in (tmp_path / "o").iterdir() if p.name.startswith("user.scaled")]
+    case = json.loads((d / "case.json").read_text())
+    assert case["target_spec"] == spec and case["example"]["batch"]["head_size"] == 64
+    r = kvfuzz("replay", str(d), "--trust-target")
+    assert r.returncode == 1 and "reproduced" in r.stdout, r.stdout + r.stderr
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(d / "test_case.py")]
+    r = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 1 and "kernel mismatch" in r.stdout, r.stdout
+    (folder / "variants.py").write_text(VARIANTS.replace("BUG = True", "BUG = False"))
+    r = kvfuzz("replay", str(d), "--target", spec)
+    assert r.returncode == 0 and "passes now" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout

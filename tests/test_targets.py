@@ -1,5 +1,9 @@
 """Each real target end to end on CPU: correct calls pass, the seeds' caller fault is blamed on the caller."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from kvfuzz_test_support import available
 
@@ -51,3 +55,19 @@ def test_short_campaign_on_each_real_target(tmp_path, name):
     stats = fuzz_target(t, cfg)
     assert stats.failures == {}, [f.finding.message for f in stats.failures.values()]
     assert stats.examples == 6 and sum(stats.paths.values()) == 6
+
+
+def test_a_subclass_that_does_not_set_its_own_name_is_rejected(tmp_path):
+    """Issue 15 §3: sharing the parent's name would share its reproducer directories and database key."""
+    from kvfuzz.fuzz.targets.registry import load_spec
+
+    adapter = tmp_path / "nameless.py"
+    adapter.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[1] / 'examples')!r})\n"
+                       "from sdpa_paged_target import SdpaPaged\n\nclass Faster(SdpaPaged):\n    pass\n")
+    with pytest.raises(ValueError, match=r"Faster does not set its own `name`: it would share SdpaPaged's name "
+                                         r"'example.sdpa_paged'"):
+        load_spec(f"{adapter}:Faster")
+    r = subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", f"{adapter}:Faster",
+                        "--max-examples", "1", "--out", str(tmp_path / "o")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "does not set its own `name`" in r.stderr and "nameless.py" in r.stderr, r.stderr
