@@ -15,6 +15,9 @@ Lengths shrink to their smallest value, not only to block boundaries: the plain 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+
 import attrs
 from hypothesis import assume
 from hypothesis import strategies as st
@@ -25,6 +28,7 @@ from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.poison import Poison
 
+from .configs import GQA_RATIOS, NUM_KV_HEADS, KernelConfig, window_edges
 from .limits import Limits
 
 #: Sequence kinds, simplest first.
@@ -34,9 +38,6 @@ KINDS = ("decode", "prefill", "prefill-no-ctx")
 #: cache).
 ARRANGEMENTS = ("contiguous", "reversed", "permuted", "fragmented", "high")
 HIGH_IDS = 64
-#: GQA group sizes (num_heads // num_kv_heads); 1 is MHA, 7 is the FlashInfer 28/4 case.
-GQA_RATIOS = (1, 2, 4, 8, 16, 3, 7)
-NUM_KV_HEADS = (1, 2, 4)
 #: k_scale/v_scale of fp8 caches, 1.0 first. Each has at most 2 significant bits, so ``fp8 * scale`` is exact
 #: in fp16 and bf16 (:func:`kvfuzz.contracts.data.make_batch_data` checks); 3/64 is the order of a calibrated
 #: e4m3 scale for N(0, 1) data (amax / 448), 2.0 one above 1.
@@ -45,6 +46,35 @@ KV_SCALES = (1.0, 0.5, 0.375, 3 / 64, 2.0)
 SOFTCAPS = (50.0, 4.0)
 
 
+_FREE = object()
+
+
+def choice(elements: Sequence, pin=_FREE) -> st.SearchStrategy:
+    """``sampled_from(elements)``; with ``pin``, always that element, drawn as the *same choice* (its index,
+    from ``integers(i, i)``), so an example drawn pinned replays unchanged in the free strategy: a failure found
+    inside one kernel configuration is saved, replayed and shrunk across all of them
+    (:mod:`kvfuzz.strategies.configs`). Raises InvalidArgument if ``pin`` is not an element."""
+    elements = tuple(elements)
+    if pin is _FREE:
+        return _sampled(elements)
+    if pin not in elements:
+        raise InvalidArgument(f"pinned value {pin!r} is not one of {elements}")
+    if len(elements) == 1:
+        return st.just(pin)
+    return _forced(elements.index(pin)).map(elements.__getitem__)
+
+
+@functools.lru_cache(maxsize=1024)
+def _sampled(elements: tuple) -> st.SearchStrategy:
+    return st.sampled_from(elements)
+
+
+@functools.lru_cache(maxsize=1024)
+def _forced(i: int) -> st.SearchStrategy[int]:
+    return st.integers(i, i)
+
+
+@functools.lru_cache(maxsize=1024)
 def boundary_lengths(block_size: int | tuple[int, ...], min_value: int, max_value: int,
                      shift: int = 0) -> st.SearchStrategy[int]:
     """Integers in ``[min_value, max_value]`` biased toward block boundaries: 0, 1, and ``k*block_size``
@@ -63,12 +93,14 @@ def boundary_lengths(block_size: int | tuple[int, ...], min_value: int, max_valu
 
 
 @st.composite
-def gqa_heads(draw, max_num_heads: int = 16, ratios: tuple[int, ...] | None = None) -> tuple[int, int]:
+def gqa_heads(draw, max_num_heads: int = 16, ratios: tuple[int, ...] | None = None,
+              pin: tuple[int, int] | None = None) -> tuple[int, int]:
     """``(num_heads, num_kv_heads)`` with group sizes 1..16 (MHA, GQA) and MQA (one kv head); ``ratios``:
-    only these group sizes (default :data:`GQA_RATIOS`)."""
+    only these group sizes (default :data:`GQA_RATIOS`); ``pin``: always these heads (see :func:`choice`)."""
     ratios = [r for r in (GQA_RATIOS if ratios is None else ratios) if r <= max_num_heads]
-    ratio = draw(st.sampled_from(ratios))
-    kv = draw(st.sampled_from(NUM_KV_HEADS))  # independent of the ratio: lowering one does not shift the other
+    ratio = draw(choice(ratios, *(() if pin is None else (pin[0] // pin[1],))))
+    # independent of the ratio: lowering one does not shift the other
+    kv = draw(choice(NUM_KV_HEADS, *(() if pin is None else (pin[1],))))
     while kv > 1 and kv * ratio > max_num_heads:
         kv //= 2
     return kv * ratio, kv
@@ -82,7 +114,7 @@ def sequence_lengths(draw, block_sizes: int | tuple[int, ...], limits: Limits,
     ctx_len ``c`` (seq_len ``c + 1``); a prefill has query_len = the first length (>= 2) and ctx_len ``c + 1``
     ("prefill") or 0 ("prefill-no-ctx"). So a prefill turns into the decode of the same context by lowering its
     kind and raising ``c`` by one, a step Hypothesis's shrinker takes."""
-    kind = draw(st.sampled_from(allowed))
+    kind = draw(_sampled(tuple(allowed)))
     query_len = draw(boundary_lengths(block_sizes, 2, limits.max_query_len))
     cached = draw(boundary_lengths(block_sizes, 0, limits.max_ctx_len, shift=1))
     if kind == "decode":
@@ -92,15 +124,20 @@ def sequence_lengths(draw, block_sizes: int | tuple[int, ...], limits: Limits,
     return query_len, min(cached + 1, limits.max_ctx_len)
 
 
+@functools.lru_cache(maxsize=256)
+def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
+    return st.integers(lo, hi)
+
+
 @st.composite
 def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
     """``(num_blocks, block_table, arrangement)`` giving each sequence its own blocks: contiguous, reversed,
     permuted, fragmented (sequences interleaved) or high (contiguous above :data:`HIGH_IDS` unused blocks),
     with spare blocks and spare table columns."""
-    arrangement = draw(st.sampled_from(ARRANGEMENTS))
-    spare = draw(st.integers(0, max_spare_blocks))
-    extra_cols = draw(st.integers(0, 2))
-    high = draw(st.integers(1, HIGH_IDS))  # always drawn; shrinks to the lowest top id that still shows a bug
+    arrangement = draw(_sampled(ARRANGEMENTS))
+    spare = draw(_ints(0, max_spare_blocks))
+    extra_cols = draw(_ints(0, 2))
+    high = draw(_ints(1, HIGH_IDS))  # always drawn; shrinks to the lowest top id that still shows a bug
     total = sum(blocks_needed)
     num_blocks = total + spare
     if arrangement == "contiguous":
@@ -130,38 +167,58 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
 
 
 @st.composite
-def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batch:
-    """A mixed batch inside ``capabilities``: decode sequences, prefills with and without context."""
-    dtype = draw(st.sampled_from(capabilities.dtypes))
+def _sequence(draw, block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[str, ...]):
+    """One sequence slot of a batch: whether it is in the batch, and its ``(query_len, ctx_len)``."""
+    return draw(_sampled((False, True))), draw(sequence_lengths(block_sizes, limits, allowed))
+
+
+@functools.lru_cache(maxsize=256)
+def _sequence_slot(block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[str, ...]):
+    return _sequence(block_sizes, limits, allowed)
+
+
+def _pinned(pin: KernelConfig | None, field: str):
+    """``(value,)`` of a pinned configuration's field, ``()`` when free: ``choice(xs, *_pinned(pin, f))``."""
+    return () if pin is None else (getattr(pin, field),)
+
+
+@st.composite
+def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: KernelConfig | None = None) -> Batch:
+    """A mixed batch inside ``capabilities``: decode sequences, prefills with and without context. ``pin``: a
+    :class:`~kvfuzz.strategies.configs.KernelConfig` inside ``capabilities`` every batch keeps (dtype, heads,
+    head size, kv_cache_dtype, block size, which features are on, the window), drawn as the same choices the
+    free strategy makes, so a pinned example replays and shrinks in the free one (:func:`choice`)."""
+    dtype = draw(choice(capabilities.dtypes, *_pinned(pin, "dtype")))
     # heads right before the head size: the shrinker can trade fewer heads for a larger head size (it lowers
     # one choice and raises one up to four choices later), the order a developer reads a case in
-    num_heads, num_kv_heads = draw(gqa_heads(limits.max_num_heads))
-    head_size = draw(st.sampled_from(sorted(capabilities.head_sizes)))
+    heads = None if pin is None else (pin.num_heads, pin.num_kv_heads)
+    num_heads, num_kv_heads = draw(gqa_heads(limits.max_num_heads, pin=heads))
+    head_size = draw(choice(sorted(capabilities.head_sizes), *_pinned(pin, "head_size")))
     cache_dtypes = [k for k in capabilities.kv_cache_dtypes
                     if head_size in capabilities.head_sizes_for(k)
                     and capabilities.fp8_accepts_gqa(k, num_heads // num_kv_heads)]
     assume(cache_dtypes)  # a target declaring only fp8 caches, none with this head size or GQA group
-    kv_cache_dtype = draw(st.sampled_from(cache_dtypes))
+    kv_cache_dtype = draw(choice(cache_dtypes, *_pinned(pin, "kv_cache_dtype")))
     allowed = ("decode",) if capabilities.decode_only else KINDS
     # max_num_seqs sequences, each drawn whole (kind and lengths adjacent) with a flag saying whether it is in
     # the batch: the shrinker removes any sequence by lowering its flag, with nothing after it shifting (a count
     # and a loop let it delete only the last one drawn, and sorting puts the simplest first)
-    drawn = [draw(st.tuples(st.booleans(), sequence_lengths(capabilities.block_sizes, limits, allowed)))
-             for _ in range(limits.max_num_seqs)]
+    slot = _sequence_slot(tuple(capabilities.block_sizes), limits, allowed)
+    drawn = [draw(slot) for _ in range(limits.max_num_seqs)]
     lens = [sizes for on, sizes in drawn if on] or [drawn[-1][1]]
     # after the lengths, largest first: a case shrinks to its fewest tokens, then to the fewest blocks that
     # still show the bug with them
-    block_size = draw(st.sampled_from(sorted(capabilities.block_sizes, reverse=True)))
+    block_size = draw(choice(sorted(capabilities.block_sizes, reverse=True), *_pinned(pin, "block_size")))
     query_lens = [q for q, _ in lens]
     ctx_lens = [c for _, c in lens]
     # None (the kernel's default), the default passed explicitly, or half of it: catches a kernel that
     # ignores the argument or derives its default from the wrong dimension (docs/contracts.md §5, bug 13)
-    sm_scale = draw(st.sampled_from((None, 1.0, 0.5)))
+    sm_scale = draw(_sampled((None, 1.0, 0.5)))
     if sm_scale is not None:
         sm_scale /= head_size**0.5
     params = draw(attention_params(capabilities, kv_cache_dtype, block_size,
-                                   limits.max_ctx_len + limits.max_query_len))
-    seed = draw(st.integers(0, 2**31 - 1))
+                                   limits.max_ctx_len + limits.max_query_len, pin=pin))
+    seed = draw(_SEEDS)
     # the block tables last: a permutation of blocks has a varying number of choices
     needed = [-(-(q + c) // block_size) for q, c in lens]
     num_blocks, table, _ = draw(block_tables(needed, limits.max_spare_blocks))
@@ -173,6 +230,9 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits()) -> Batc
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
                  head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
                  dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **csr, **params)
+
+
+_SEEDS = st.integers(0, 2**31 - 1)
 
 
 @st.composite
@@ -199,19 +259,26 @@ def csr_tails(num_slots: int) -> st.SearchStrategy[list[int]]:
 
 @st.composite
 def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, block_size: int,
-                     max_seq_len: int) -> dict:
+                     max_seq_len: int, pin: KernelConfig | None = None) -> dict:
     """The optional parameters of a call, as :class:`Batch` keyword arguments, each off by default (Hypothesis
     shrinks to the plain call): fp8 ``k_scale``/``v_scale`` (:data:`KV_SCALES`), the features the target
     declares (``sliding_window`` biased to 1, 2 and ``block_size - 1 .. + 1``; ``alibi``; ``sinks``;
     ``softcap`` from :data:`SOFTCAPS`), skipping a feature declared exclusive with one already drawn, and the
-    ``value_range`` (:data:`~kvfuzz.contracts.batch.VALUE_RANGES`)."""
+    ``value_range`` (:data:`~kvfuzz.contracts.batch.VALUE_RANGES`). ``pin``: which features are on and the
+    window are those of this configuration (see :func:`batches`)."""
     # every value is drawn whether it is used or not (module docstring: no shifts while shrinking)
-    k_scale, v_scale = draw(st.sampled_from(KV_SCALES)), draw(st.sampled_from(KV_SCALES))
-    wanted = [f for f in FEATURES if draw(st.booleans())]
-    edges = sorted({w for w in (1, 2, block_size - 1, block_size, block_size + 1) if 1 <= w <= max_seq_len})
-    window = draw(st.one_of(st.integers(1, max(1, max_seq_len)), st.sampled_from(edges)))
-    softcap = draw(st.sampled_from(SOFTCAPS))
-    value_range = draw(st.sampled_from(VALUE_RANGES))
+    k_scale, v_scale = draw(_sampled(KV_SCALES)), draw(_sampled(KV_SCALES))
+    wanted = [f for f in FEATURES
+              if draw(choice((False, True), *(() if pin is None else (f in pin.features,))))]
+    edges = window_edges(block_size, max_seq_len)
+    # the window: a plain integer (first: it shrinks to any minimum) or a block edge
+    pinned_window = pin is not None and pin.sliding_window is not None
+    if draw(choice((0, 1), *((0,) if pinned_window else ()))) == 0:
+        window = draw(_forced(pin.sliding_window) if pinned_window else _windows(max(1, max_seq_len)))
+    else:
+        window = draw(_sampled(edges))
+    softcap = draw(_sampled(SOFTCAPS))
+    value_range = draw(_sampled(VALUE_RANGES))
     chosen: list[str] = []
     for feature in wanted:  # declared features, skipping one declared exclusive with a feature already on
         if capabilities.combinable([*chosen, feature]):
@@ -224,6 +291,11 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
     if "softcap" in chosen:
         out["softcap"] = softcap
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _windows(max_window: int) -> st.SearchStrategy[int]:
+    return st.integers(1, max_window)
 
 
 #: Head and block sizes real deployments use, declared or not: where undeclared configurations are drawn.
@@ -264,20 +336,23 @@ def relocate_high(batch: Batch, min_element_offset: int = INT32_OFFSETS) -> Batc
 
 def big_cache_examples(capabilities: Capabilities, limits: Limits = Limits(),
                        poisons: tuple[Poison, ...] = tuple(Poison),
-                       min_element_offset: int = INT32_OFFSETS) -> st.SearchStrategy[Example]:
+                       min_element_offset: int = INT32_OFFSETS, pin: KernelConfig | None = None
+                       ) -> st.SearchStrategy[Example]:
     """:func:`examples` whose blocks sit past ``min_element_offset`` elements of a cache (default 2**31: a
     kernel computing ``block_id * block_stride`` in int32 overflows). The cache is several GiB (at fp16, at
     least 4 GiB per cache); kvfuzz allocates it without initialising it and poisons only the blocks the
     batch references (:data:`kvfuzz.contracts.materialize.FULL_POISON_MAX_BYTES`). Meant for GPUs, or CPUs
     with the memory: untouched pages of ``torch.empty`` cost no RAM, a kernel that copies the whole cache
     does."""
-    return examples(capabilities, limits, poisons).map(
+    return examples(capabilities, limits, poisons, pin=pin).map(
         lambda e: attrs.evolve(e, batch=relocate_high(e.batch, min_element_offset)))
 
 
 def examples(capabilities: Capabilities, limits: Limits = Limits(),
-             poisons: tuple[Poison, ...] = tuple(Poison)) -> st.SearchStrategy[Example]:
-    """A batch plus the poison for the slots the contract leaves unwritten (NaN first: it shrinks there)."""
+             poisons: tuple[Poison, ...] = tuple(Poison), pin: KernelConfig | None = None
+             ) -> st.SearchStrategy[Example]:
+    """A batch plus the poison for the slots the contract leaves unwritten (NaN first: it shrinks there).
+    ``pin``: every batch inside this kernel configuration (:func:`batches`)."""
     if not poisons:
         raise InvalidArgument("poisons must name at least one Poison")
-    return st.builds(Example, batches(capabilities, limits), st.sampled_from(poisons))
+    return st.builds(Example, batches(capabilities, limits, pin=pin), st.sampled_from(poisons))

@@ -30,15 +30,16 @@ from kvfuzz.strategies.limits import Limits
 # ---- kvfuzz ---------------------------------------------------------------------------------------------------
 
 def kvfuzz_detect(name: str, seed: int, max_examples: int = 200, duration: float | None = 20.0,
-                  limits: Limits = Limits()) -> dict:
+                  limits: Limits = Limits(), pin_configs: bool | None = None) -> dict:
     """Fuzz mutant ``name`` with seed ``seed`` until its first distinct failure is shrunk or the budget is
-    spent. Returns a result dict (see the module docstring)."""
+    spent; ``pin_configs`` as in :class:`~kvfuzz.fuzz.campaign.engine.CampaignConfig` (None: pinned on CUDA).
+    Returns a result dict (see the module docstring)."""
     target = get_mutant(name)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kvfuzz-bench-") as d:
         config = campaign_mod.CampaignConfig(out=Path(d), max_examples=max_examples, duration=duration, seed=seed,
                                              limits=limits, database=InMemoryExampleDatabase(),
-                                             stop_at_first_failure=True)
+                                             stop_at_first_failure=True, pin_configs=pin_configs)
         stats = campaign_mod.fuzz_target(target, config)
     first = {} if stats.first_failure_s is None else {"seconds": stats.first_failure_s,
                                                       "examples": stats.first_failure_examples}
@@ -89,10 +90,10 @@ def summarize(name: str, runs: list[dict]) -> dict:
 
 
 def _run_one(job: tuple) -> list[dict]:
-    name, seed, max_examples, duration, grid, limits, threads = job
+    name, seed, max_examples, duration, grid, limits, threads, pin_configs = job
     if threads:
         torch.set_num_threads(threads)
-    runs = [kvfuzz_detect(name, seed, max_examples, duration, limits)]
+    runs = [kvfuzz_detect(name, seed, max_examples, duration, limits, pin_configs)]
     if grid:
         runs.append(grid_detect(name, seed))
     return runs
@@ -100,16 +101,18 @@ def _run_one(job: tuple) -> list[dict]:
 
 def detect(mutants: list[str] | None = None, seeds: int = 5, max_examples: int = 200,
            duration: float | None = 20.0, grid: bool = True, limits: Limits = Limits(), jobs: int = 1,
-           on_result: Callable[[dict], None] = lambda r: None) -> dict:
+           on_result: Callable[[dict], None] = lambda r: None, pin_configs: bool | None = None) -> dict:
     """Run kvfuzz (and the grid) on every mutant for seeds ``0..seeds-1``; returns the JSON document.
-    ``jobs > 1`` runs (mutant, seed) pairs in that many processes, each with one torch thread."""
+    ``jobs > 1`` runs (mutant, seed) pairs in that many processes, each with one torch thread.
+    ``pin_configs``: kvfuzz's chunks stay in one kernel configuration (None: on CUDA only)."""
     names = list(mutants or MUTANTS)
     for n in names:
         if n not in MUTANTS:
             raise KeyError(f"unknown mutant {n!r}; known: {', '.join(sorted(MUTANTS))}")
     started = time.time()
     threads = 1 if jobs > 1 else 0
-    work = [(name, seed, max_examples, duration, grid, limits, threads) for name in names for seed in range(seeds)]
+    work = [(name, seed, max_examples, duration, grid, limits, threads, pin_configs)
+            for name in names for seed in range(seeds)]
     by_name: dict[str, list[dict]] = {n: [] for n in names}
     if jobs > 1:
         import concurrent.futures as cf
@@ -140,6 +143,8 @@ def detect(mutants: list[str] | None = None, seeds: int = 5, max_examples: int =
     return {
         "settings": {"seeds": list(range(seeds)), "max_examples": max_examples, "duration_s": duration,
                      "limits": attrs.asdict(limits), "grid": grid, "jobs": jobs, "torch": torch.__version__,
+                     "configs": {None: "auto", True: "pinned", False: "free"}[pin_configs],
+                     "device": "cuda" if torch.cuda.is_available() else "cpu",
                      "torch_threads": threads or torch.get_num_threads()},
         "wall_seconds": round(time.time() - started, 1),
         "grid_missed": [r["mutant"] for r in results if grid and r["grid"]["found"] == 0],

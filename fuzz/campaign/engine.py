@@ -6,9 +6,14 @@ signatures of failures already known. A scheduler runs it piece by piece:
 
 - :meth:`Campaign.replay_database` replays the failures the example database holds for this target
   (Hypothesis's reuse phase), so a new campaign tries them first;
-- :meth:`Campaign.run_chunk` explores ``n`` examples from chunk ``k``'s seed (``seed * 100_003 + k``): a failure
-  with a new signature (failure kind and check) is raised, shrunk by Hypothesis and written as a reproducer; a
-  failure whose signature is known is counted and exploration goes on;
+- :meth:`Campaign.run_chunk` explores ``n`` examples from chunk ``k``'s seed (``seed * 100_003 + k``), all inside
+  chunk ``k``'s kernel configuration (:func:`kvfuzz.strategies.configs.config_for`: dtype, heads, head size,
+  kv_cache_dtype, block size, features; what a compiled kernel specializes on, so a chunk compiles once and
+  then runs at the kernel's speed): a failure with a new signature (failure kind and check) is shrunk inside
+  the configuration (no recompiles), then *widened*: its choices replay unchanged in the free strategy, which
+  shrinks it across configurations (fewer heads, a smaller head size, no fp8, ...; compiling what it needs),
+  and the result is written as a reproducer; a failure whose signature is known is counted and exploration
+  goes on;
 - :meth:`Campaign.check_one` re-runs one given example (one a killed worker had in flight).
 
 Every example is reported to a :class:`Listener` as it happens: ``begin`` (the example, before anything runs),
@@ -37,8 +42,7 @@ from typing import Any, Callable, Protocol
 import attrs
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, event, given, reject, seed, settings
-from hypothesis import target as steer
-from hypothesis.database import ExampleDatabase
+from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.failures import Finding, HarnessError
@@ -52,10 +56,17 @@ from kvfuzz.fuzz.harness.faults import CallerFault
 from kvfuzz.fuzz.harness.run import STOP, Run
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
+from kvfuzz.strategies.configs import KernelConfig, config_for
 from kvfuzz.strategies.limits import Limits
 
 #: Chunk k of a campaign with seed s explores Hypothesis seed ``s * CHUNK_SEED_STRIDE + k``.
 CHUNK_SEED_STRIDE = 100_003
+#: Examples per chunk when each example draws its own configuration, and when a chunk is pinned to one: on a
+#: GPU one compile (~1 s per specialization, a few per configuration) against 200 examples of a few ms each.
+CHUNK_EXAMPLES, PINNED_CHUNK_EXAMPLES = 25, 200
+#: Examples of a warm-up chunk (CampaignConfig.warmup): one compiles the configuration, a second catches an
+#: integer specialization of its lengths.
+WARMUP_EXAMPLES = 2
 
 
 @attrs.define
@@ -71,7 +82,9 @@ class CampaignConfig:
     fault: CallerFault | None = None
     limits: Limits = Limits()
     poisons: tuple[Poison, ...] = tuple(Poison)
-    chunk_examples: int = 25
+    #: Examples per chunk (the unit of work a worker gets, and the examples one kernel configuration gets
+    #: when pinned); None: :data:`CHUNK_EXAMPLES` (free) or :data:`PINNED_CHUNK_EXAMPLES` (pinned).
+    chunk_examples: int | None = None
     database: ExampleDatabase | None = None
     #: Stop exploring after the first distinct failure is shrunk (benchmarks of time-to-first-failure).
     stop_at_first_failure: bool = False
@@ -86,6 +99,15 @@ class CampaignConfig:
     undeclared: bool = False
     #: Place every batch's blocks past 2**31 elements of a multi-GiB cache (big_cache_examples).
     big_cache: bool = False
+    #: Each chunk stays inside one kernel configuration (compile-aware generation; the module docstring).
+    #: False: every example draws its own (each one a new compile on a GPU). None: pinned for targets that
+    #: run on CUDA (compiled kernels), free on CPU (nothing to amortize, and a free draw varies the
+    #: configuration at every example).
+    pin_configs: bool | None = None
+    #: Pinned targets: before the campaign proper, run :data:`WARMUP_EXAMPLES` examples in each of the first
+    #: ``warmup`` configurations it visits, spread over the workers, so their kernels compile in parallel into
+    #: the shared Triton cache (chunk ``-1 - i`` warms configuration ``i``).
+    warmup: int = 0
 
     def db(self) -> ExampleDatabase:
         """The example database (opened once). Raises DatabaseError when it cannot be used."""
@@ -249,9 +271,10 @@ class _Quiet:
         pass
 
 
-def strategy_for(target: Target, config: CampaignConfig):
+def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | None = None):
     """The examples a campaign draws for ``target``: inside its declaration, outside it (``undeclared``), or
-    with every block past 2**31 elements (``big_cache``). Raises ValueError for a big-cache cache writer."""
+    with every block past 2**31 elements (``big_cache``); ``pin``: inside one kernel configuration (not with
+    ``undeclared``, which draws outside the declaration). Raises ValueError for a big-cache cache writer."""
     if config.gate and target.gate_poisons:
         config = attrs.evolve(config, poisons=target.gate_poisons)
     if config.undeclared:
@@ -260,8 +283,31 @@ def strategy_for(target: Target, config: CampaignConfig):
         if not target.capabilities.contract.is_attention:
             raise ValueError(f"--big-cache fuzzes attention kernels; {target.name} is a cache writer (its "
                              "property compares whole caches before and after the call)")
-        return big_cache_examples(target.capabilities, config.limits, config.poisons)
-    return examples(target.capabilities, config.limits, config.poisons)
+        return big_cache_examples(target.capabilities, config.limits, config.poisons, pin=pin)
+    return examples(target.capabilities, config.limits, config.poisons, pin=pin)
+
+
+def pins_configs(target: Target, config: CampaignConfig) -> bool:
+    """Whether ``target``'s chunks each stay in one kernel configuration (``config.pin_configs``; auto: on
+    CUDA). Never with ``undeclared`` (it draws outside the declaration)."""
+    if config.undeclared:
+        return False
+    return config.pin_configs if config.pin_configs is not None else target.device == "cuda"
+
+
+def examples_per_chunk(target: Target, config: CampaignConfig) -> int:
+    """``config.chunk_examples``, or its default for how ``target`` is fuzzed (:data:`CHUNK_EXAMPLES`)."""
+    if config.chunk_examples is not None:
+        return config.chunk_examples
+    return PINNED_CHUNK_EXAMPLES if pins_configs(target, config) else CHUNK_EXAMPLES
+
+
+def chunk_config(target: Target, config: CampaignConfig, chunk: int) -> KernelConfig | None:
+    """The kernel configuration chunk ``chunk`` of this campaign stays in (warm-up chunk ``-1 - i``: the
+    ``i``-th), or None when it draws freely (:func:`pins_configs`)."""
+    if not pins_configs(target, config):
+        return None
+    return config_for(target.capabilities, config.limits, config.seed, chunk if chunk >= 0 else -1 - chunk)
 
 
 class Campaign:
@@ -275,7 +321,6 @@ class Campaign:
         self.listener = listener or _Quiet()
         self.known: set[tuple[str, str]] = set(known)
         self.fault_name = config.fault.name if config.fault else None
-        self.coverage = Coverage()  # this process's view, for target() steering
         self.strategy = strategy_for(target, config)
         self.db = config.db()
         self.key = f"kvfuzz:{target.name}:{self.fault_name}".encode()
@@ -326,7 +371,6 @@ class Campaign:
         lab = labels(target, example.batch)
         for k, v in lab.items():
             event(f"{k}: {v}")
-        steer(self.coverage.rarity(lab), label="rarely covered paths")
         self.listener.begin(target.name, example)
         self.listener.phase("prepare")
         started = time.perf_counter()
@@ -356,14 +400,14 @@ class Campaign:
             lab["undeclared"] = undeclared.split(":")[0]
         elif self.config.undeclared and signature is not None:
             lab["undeclared"] = "silently wrong"
-        self.coverage.add(lab)
         rejection = undeclared.removeprefix("rejected: ") if undeclared and undeclared.startswith("rejected") \
             else None
         self.listener.end(self.target.name, Outcome(lab, kernel_s, max(0.0, total - kernel_s),
                                                     run.ratio if run is not None else 0.0, signature, rejection))
 
     # ---- pieces -------------------------------------------------------------------------------------------
-    def _test(self, phases: list[Phase], chunk_seed: int, max_examples: int, explicit: Example | None = None):
+    def _test(self, phases: list[Phase], chunk_seed: int, max_examples: int, explicit: Example | None = None,
+              strategy=None, database: ExampleDatabase | None = None):
         body = self._body
 
         def property_(example: Example) -> None:
@@ -374,15 +418,17 @@ class Campaign:
         if explicit is not None:
             property_ = hypothesis.example(explicit)(property_)
         # settings() outside seed(): @seed replaces the database of the settings it sees with None
-        test = settings(database=self.db, max_examples=max_examples, deadline=None, phases=phases,
+        test = settings(database=self.db if database is None else database, max_examples=max_examples, deadline=None, phases=phases,
                         suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
                         report_multiple_bugs=True, derandomize=False, print_blob=False,
-                        )(seed(chunk_seed)(given(self.strategy)(property_)))
+                        )(seed(chunk_seed)(given(self.strategy if strategy is None else strategy)(property_)))
         test._hypothesis_internal_database_key = self.key  # stable across kvfuzz releases (module docstring)
         return test
 
-    def _execute(self, test) -> list[FailureRecord]:
-        self._new = []
+    def _execute(self, test, record: bool = True) -> list[FailureRecord]:
+        """Run ``test``; write each new distinct failure it raises as a reproducer (``record``) or only keep
+        its signature in ``self._found`` (a pinned chunk: recorded once widened)."""
+        self._new, self._found = [], []
         try:
             test()
         except (Finding, BaseExceptionGroup) as exc:
@@ -390,11 +436,13 @@ class Campaign:
             for e in errors:
                 if not isinstance(e, Finding):
                     raise e
-                self._record(e.signature)
+                self._found.append(e.signature)
+                if record:
+                    self._record(e.signature)
         return self._new
 
-    def _record(self, signature: tuple[str, str]) -> None:
-        example, finding, run = self._latest[signature]
+    def _record(self, signature: tuple[str, str], latest=None) -> None:
+        example, finding, run = latest or self._latest[signature]
         self.known.add(signature)
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
         record = FailureRecord.of(self.target.name, finding, example, self.fault_name, path)
@@ -408,10 +456,48 @@ class Campaign:
         return self._execute(self._test([Phase.reuse, Phase.shrink], self.config.seed, 1))
 
     def run_chunk(self, chunk: int, n: int) -> list[FailureRecord]:
-        """Explore ``n`` examples from chunk ``chunk``'s seed (generate, target, shrink); returns the new
+        """Explore ``n`` examples from chunk ``chunk``'s seed (generate, shrink) inside the chunk's kernel
+        configuration (:func:`chunk_config`), widening each new failure across configurations; returns the new
         failures found."""
         chunk_seed = self.config.seed * CHUNK_SEED_STRIDE + chunk
-        return self._execute(self._test([Phase.generate, Phase.target, Phase.shrink], chunk_seed, n))
+        pin = chunk_config(self.target, self.config, chunk)
+        if pin is None:
+            return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))
+        pinned = InMemoryExampleDatabase()
+        self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n,
+                                 strategy=strategy_for(self.target, self.config, pin), database=pinned),
+                      record=False)
+        if not self._found:
+            return []
+        return self._widen(pinned, list(self._found))
+
+    def _widen(self, pinned: InMemoryExampleDatabase, found: list[tuple[str, str]]) -> list[FailureRecord]:
+        """Shrink the failures a pinned chunk found (``pinned`` holds their choices, ``found`` their signatures)
+        across kernel configurations: the choices replay unchanged in the free strategy (strategies/batches.py,
+        ``choice``), whose shrinker may then lower the heads, head size, cache dtype or features. They are
+        handed over as *secondary* entries (Hypothesis skips shrinking a primary entry that replays exactly,
+        taking it for an already shrunk one). The pinned examples wait in the campaign database's secondary
+        key meanwhile, so a worker lost while widening loses nothing (a later replay widens them); the
+        widened ones go to its primary key. A signature the free strategy does not reproduce keeps its pinned
+        example."""
+        saved = list(pinned.fetch(self.key))
+        secondary = self.key + b".secondary"
+        widen_db = InMemoryExampleDatabase()
+        for choices in saved:
+            self.db.save(secondary, choices)
+            widen_db.save(secondary, choices)
+        at_pin = {sig: self._latest[sig] for sig in found}
+        # max_examples sizes the replayed corpus: Hypothesis replays max(2, max_examples / 10) entries
+        self._execute(self._test([Phase.reuse, Phase.shrink], self.config.seed, 10 * len(saved),
+                                 database=widen_db))
+        for sig in found:
+            if sig not in self.known:  # not reproduced in the free strategy (flaky): the pinned example
+                self._record(sig, latest=at_pin[sig])
+        for choices in widen_db.fetch(self.key):
+            self.db.save(self.key, choices)
+        for choices in saved:
+            self.db.delete(secondary, choices)
+        return self._new
 
     def check_one(self, example: Example) -> list[FailureRecord]:
         """Run one given example (Hypothesis's explicit phase: no generation, no shrinking); returns its failure
@@ -453,7 +539,7 @@ def fuzz_target(target: Target, config: CampaignConfig,
         if config.duration is not None and elapsed > config.duration:
             break
         before = stats.examples
-        n = chunk_size(config, stats.examples, elapsed)
+        n = chunk_size(config, stats.examples, elapsed, per_chunk=examples_per_chunk(target, config))
         campaign.run_chunk(chunk, n)
         chunk += 1
         if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
@@ -464,16 +550,18 @@ def fuzz_target(target: Target, config: CampaignConfig,
     return stats
 
 
-def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int = 1) -> int:
-    """Examples in the next chunk: at most ``config.chunk_examples`` and what is left of the example budget;
-    with a time budget, no more than the time left allows at the rate measured so far (so the budget overshoots
-    by at most one example per worker, or a shrink)."""
-    n = min(config.chunk_examples, config.max_examples - done)
+def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int = 1,
+               per_chunk: int = CHUNK_EXAMPLES) -> int:
+    """Examples in the next chunk: at most ``per_chunk`` (:func:`examples_per_chunk`) and what is left of the
+    example budget; with a time budget, no more than the time left allows at the rate measured so far (so the
+    budget overshoots by at most one example per worker, or a shrink)."""
+    n = min(per_chunk, config.max_examples - done)
     if config.duration is not None and done:
         per_example = elapsed / done * workers
         n = min(n, int((config.duration - elapsed) / per_example))
     return max(1, n)
 
 
-__all__ = ["CHUNK_SEED_STRIDE", "Campaign", "CampaignConfig", "FailureRecord", "Listener", "Outcome",
-           "TargetStats", "chunk_size", "fuzz_target", "strategy_for"]
+__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "WARMUP_EXAMPLES", "Campaign", "CampaignConfig",
+           "FailureRecord", "Listener", "Outcome", "TargetStats", "chunk_config", "chunk_size",
+           "examples_per_chunk", "fuzz_target", "pins_configs", "strategy_for"]

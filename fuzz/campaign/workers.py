@@ -258,6 +258,7 @@ class _Target:
     replayed: bool = False
     replay_issued: bool = False
     retries: list = attrs.Factory(list)  # examples to re-run once (their worker was killed from outside)
+    warm: list = attrs.Factory(list)  # configurations still to warm up (CampaignConfig.warmup)
     crashes: int = 0
     in_flight: list = attrs.Factory(list)  # tasks
 
@@ -350,7 +351,13 @@ class Supervisor:
         self.stopping = True
 
     def _resume(self) -> None:
-        """A campaign killed outright left examples in flight: retry them first."""
+        """Warm-up for a fresh target (CampaignConfig.warmup); a campaign killed outright left examples in
+        flight: retry them first."""
+        from kvfuzz.fuzz.campaign.engine import pins_configs
+
+        for t in self.targets:
+            if self.config.warmup and not self.state.chunks.get(t.name) and pins_configs(t.target, self.config):
+                t.warm = list(range(self.config.warmup))
         if not (self.state.running and self.state.in_flight):
             return
         n = 0
@@ -413,18 +420,20 @@ class Supervisor:
             self._progress()
 
     def _next_task(self) -> _Task | None:
-        from kvfuzz.fuzz.campaign.engine import chunk_size
+        from kvfuzz.fuzz.campaign.engine import WARMUP_EXAMPLES, chunk_size, examples_per_chunk
 
         now = time.monotonic()
         for t in self.targets:
             if t.stats.stopped:
                 continue
-            if not t.replayed:
-                if t.replay_issued:
-                    continue  # the others wait for the database replay of this target
+            if not t.replayed and not t.replay_issued:
                 t.replay_issued = True
                 t.start = t.start or now
                 return self._task("replay", t)
+            if t.warm:  # compiles in parallel with the replay: configurations the chunks will visit
+                return self._task("chunk", t, n=WARMUP_EXAMPLES, chunk=-1 - t.warm.pop(0))
+            if not t.replayed:
+                continue  # the others wait for the database replay of this target
             if t.retries:
                 return self._task("retry", t, example=t.retries.pop(0))
             elapsed = now - (t.start or now)
@@ -436,7 +445,8 @@ class Supervisor:
             done = t.stats.examples + pending
             if done >= self.config.max_examples:
                 continue
-            n = min(chunk_size(self.config, t.stats.examples, elapsed, self.workers),
+            n = min(chunk_size(self.config, t.stats.examples, elapsed, self.workers,
+                               per_chunk=examples_per_chunk(t.target, self.config)),
                     self.config.max_examples - done)
             k = self.state.chunks.get(t.name, 0)
             self.state.chunks[t.name] = k + 1
@@ -680,5 +690,20 @@ def gpu_count() -> int:
         return 0
 
 
-__all__ = ["Supervisor", "SupervisorResult", "WorkerSpec", "config_from_dict", "config_to_dict", "gpu_count",
+#: Workers per GPU at most by default: Triton compiles on the CPU, one worker at a time per process, while the
+#: GPU runs the small fuzz batches of several workers with room to spare.
+MAX_WORKERS_PER_GPU = 8
+
+
+def default_workers(gpus: int, cpus: int | None = None) -> int:
+    """Workers when --workers is not given: on CUDA, per GPU half the CPU cores it has (at most
+    :data:`MAX_WORKERS_PER_GPU`, at least 1); on CPU, 1 (a second worker competes for the same cores)."""
+    if not gpus:
+        return 1
+    cpus = cpus or os.cpu_count() or 1
+    return gpus * max(1, min(MAX_WORKERS_PER_GPU, cpus // gpus // 2))
+
+
+__all__ = ["MAX_WORKERS_PER_GPU", "Supervisor", "SupervisorResult", "WorkerSpec", "config_from_dict",
+           "config_to_dict", "default_workers", "gpu_count",
            "worker_main", "read_json"]

@@ -1,6 +1,7 @@
 """``kvfuzz bench``: benchmarks of kvfuzz itself. ``kvfuzz bench detect`` runs kvfuzz and vLLM's test grids
 against the mutant zoo (:mod:`kvfuzz.fuzz.bench.detection`); ``kvfuzz bench throughput`` profiles examples/s
-(:mod:`kvfuzz.fuzz.bench.throughput`)."""
+(:mod:`kvfuzz.fuzz.bench.throughput`); ``kvfuzz bench curve`` measures examples/s minute by minute over real
+campaigns, cold and warm Triton cache (:mod:`kvfuzz.fuzz.bench.curve`)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,9 @@ def print_table(doc: dict) -> None:
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the JSON here.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False),
               help="Write the results table as Markdown here.")
-def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, md_path) -> None:
+@click.option("--configs", type=click.Choice(["auto", "pinned", "free"]), default="auto", show_default=True,
+              help="As kvfuzz fuzz --configs: chunks pinned to one kernel configuration (auto: on CUDA).")
+def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, md_path, configs) -> None:
     """How fast kvfuzz finds each mutant kernel, next to vLLM's parametrized test grids."""
     from kvfuzz.fuzz.bench.detection import detect as run_detect
     from kvfuzz.fuzz.bench.mutants import MUTANTS
@@ -79,7 +82,7 @@ def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, md_
         console.print(f"  {r['tool']:6} {r['mutant']} seed {r['seed']}: {what}", highlight=False)
 
     doc = run_detect(names or None, seeds, max_examples, parse_duration(duration), not no_grid, Limits(),
-                     jobs, on_result=show)
+                     jobs, on_result=show, pin_configs={"auto": None, "pinned": True, "free": False}[configs])
     print_table(doc)
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
@@ -166,3 +169,51 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(doc, indent=1))
         console.print(f"JSON: {json_path}")
+
+
+@bench.command()
+@click.option("--target", "target_names", multiple=True,
+              help="Targets (default: the compiled Triton targets available here).")
+@click.option("--duration", default="10m", show_default=True, help="Length of each campaign.")
+@click.option("--workers", "worker_counts", multiple=True, default=("1", "default"), show_default=True,
+              help="Worker counts to run (repeatable; 'default' is kvfuzz fuzz's default).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--interval", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
+              help="Seconds between samples of status.json and the Triton cache.")
+@click.option("--dir", "root", default=None, type=click.Path(file_okay=False),
+              help="Keep each campaign's --out and Triton cache here (default: a temporary directory).")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the JSON here.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Write a PNG plot here.")
+@click.argument("fuzz_args", nargs=-1, type=click.UNPROCESSED)
+def curve(target_names, duration, worker_counts, seed, interval, root, json_path, plot_path, fuzz_args) -> None:
+    """Examples/s minute by minute over real campaigns: per target, a cold Triton cache then a warm one, for
+    each worker count. Arguments after -- go to kvfuzz fuzz (e.g. -- --poison stale)."""
+    from kvfuzz.fuzz.bench.curve import curve as run_curve
+    from kvfuzz.fuzz.bench.curve import plot
+    from kvfuzz.fuzz.targets import BUILTIN, get_target
+
+    names = list(target_names) or [n for n in BUILTIN if get_target(n).device == "cuda"
+                                   and get_target(n).capabilities.contract.is_attention]
+    if not names:
+        raise click.UsageError("no compiled target is available here (the curve measures GPU campaigns); name "
+                               "targets with --target to run it anyway")
+    counts = []
+    for w in worker_counts:
+        if w != "default" and not (w.isdigit() and int(w) > 0):
+            raise click.BadParameter(f"{w!r}: a positive integer or 'default'", param_hint="--workers")
+        counts.append(None if w == "default" else int(w))
+
+    def show(r: dict) -> None:
+        pm = " ".join(f"{p['examples_per_s']:g}" for p in r["per_minute"])
+        console.print(f"{r['target']} {r['mode']} workers={r['workers']}: {r['examples']} examples, "
+                      f"{r['examples_per_s']} ex/s, {r['compiled']} kernels compiled, exit {r['exit_status']}; "
+                      f"per minute: {pm}", highlight=False)
+
+    doc = run_curve(names, parse_duration(duration), counts, seed, interval,
+                    Path(root) if root else None, tuple(fuzz_args), on_run=show)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(doc, indent=1))
+        console.print(f"JSON: {json_path}")
+    if plot_path:
+        console.print(f"plot: {plot(doc, Path(plot_path))}")

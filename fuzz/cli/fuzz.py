@@ -28,6 +28,8 @@ from kvfuzz.strategies.limits import Limits
 
 #: Exit statuses of kvfuzz fuzz (module docstring).
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
+#: --max-examples when only --duration bounds the campaign.
+UNLIMITED = 2**62
 
 
 @click.command()
@@ -35,8 +37,9 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
               help="Target to fuzz (repeatable): a registered name, path/to/file.py:CLASS or module:CLASS. "
                    "Default: every registered target available here.")
 @click.option("--duration", default=None, help="Time budget per target (90, 90s, 5m, 2h). Default: none.")
-@click.option("--max-examples", default=30, show_default=True, type=click.IntRange(min=1),
-              help="Example budget per target, for the whole campaign (shared by the workers).")
+@click.option("--max-examples", default=None, type=click.IntRange(min=1),
+              help="Example budget per target, for the whole campaign (shared by the workers). Default: 30, "
+                   "or no limit when --duration is given.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Campaign seed.")
 @click.option("--out", "out_dir", default="kvfuzz-out", show_default=True,
               help="Reproducers, the example database, state, status and summary.json go here.")
@@ -50,10 +53,11 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
               help="torch CPU threads per worker. Fuzz batches are small: more threads cost more in OpenMP "
                    "overhead than they gain (vllm.cpu_attention: 0.05 ms per call on 1 thread, 8 ms on 2).")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--workers", default=None, type=click.IntRange(min=1),
               help="Worker processes (on CUDA machines spread over the GPUs with CUDA_VISIBLE_DEVICES). Every "
                    "campaign runs its examples in workers: a kernel that crashes or hangs costs a worker, not the "
-                   "campaign, and the example is saved.")
+                   "campaign, and the example is saved. Default: 1 on CPU; on CUDA, per GPU half its share of "
+                   "the CPU cores, at most 8 (Triton compiles on the CPU; the GPU has room).")
 @click.option("--example-timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds one example may run before its worker is killed and the example reported as hung.")
 @click.option("--max-crashes", default=10, show_default=True, type=click.IntRange(min=1),
@@ -69,14 +73,32 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
                    "of 4+ GiB each, allocated but poisoned only where referenced. For GPUs; attention targets.")
 @click.option("--observability", is_flag=True,
               help="Write Hypothesis observability JSON lines (for Tyche) to OUT/observed/.")
+@click.option("--configs", "configs", type=click.Choice(["auto", "pinned", "free"]), default="auto",
+              show_default=True,
+              help="pinned: each chunk of examples stays in one kernel configuration (dtype, heads, head size, "
+                   "kv_cache_dtype, block size, features: what Triton compiles a kernel for), rotating so every "
+                   "declared value comes up; a failure is shrunk inside it, then across configurations. free: "
+                   "every example draws its own. auto: pinned for targets on CUDA, free on CPU.")
+@click.option("--chunk-examples", default=None, type=click.IntRange(min=1),
+              help="Examples per chunk (a worker's unit of work; with pinned configs, the examples each "
+                   "configuration gets). Default: 200 pinned, 25 free.")
+@click.option("--warmup", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Pinned targets: first compile the first N configurations the campaign visits, in parallel "
+                   "over the workers (2 examples each, counted), into the shared Triton cache.")
+@click.option("--triton-cache", "triton_cache", default=None, type=click.Path(file_okay=False),
+              help="Triton's kernel cache for every worker (TRITON_CACHE_DIR): compiled kernels persist there "
+                   "and are shared by the workers and later campaigns. Default: Triton's own (~/.triton/cache "
+                   "unless TRITON_CACHE_DIR is set).")
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
          max_query_len, poisons, threads, workers, example_timeout, max_crashes, db_spec, undeclared, big_cache,
-         observability) -> None:
+         observability, configs, chunk_examples, warmup, triton_cache) -> None:
     """Fuzz real kernels in supervised workers; shrink each failure and write a reproducer directory under
     --out. Exit 0 nothing failed, 1 a failure found, 2 bad usage, 3 the campaign could not run as asked."""
     budget = parse_duration(duration)
     if budget is not None and budget <= 0:
         raise click.BadParameter("must be more than 0 seconds (leave it out for no time limit)", param_hint="--duration")
+    if max_examples is None:
+        max_examples = UNLIMITED if budget is not None else 30
     out = _out_dir(out_dir)
     chosen = available_targets(target_names)
     if big_cache:
@@ -87,7 +109,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     from kvfuzz.fuzz.campaign.database import DatabaseError, open_database
     from kvfuzz.fuzz.campaign.engine import CampaignConfig
     from kvfuzz.fuzz.campaign.journal import OutLock, OutLocked
-    from kvfuzz.fuzz.campaign.workers import gpu_count
+    from kvfuzz.fuzz.campaign.workers import default_workers, gpu_count
     from kvfuzz.fuzz.harness.faults import get_fault
 
     config = CampaignConfig(out=out, max_examples=max_examples, duration=budget, seed=seed,
@@ -95,7 +117,12 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                             limits=Limits(max_num_seqs=max_num_seqs, max_ctx_len=max_ctx_len,
                                           max_query_len=max_query_len),
                             poisons=tuple(Poison(p) for p in poisons) or tuple(Poison), db_spec=db_spec,
-                            undeclared=undeclared, big_cache=big_cache)
+                            undeclared=undeclared, big_cache=big_cache,
+                            pin_configs={"auto": None, "pinned": True, "free": False}[configs],
+                            chunk_examples=chunk_examples, warmup=warmup)
+    if triton_cache:
+        Path(triton_cache).mkdir(parents=True, exist_ok=True)
+        os.environ["TRITON_CACHE_DIR"] = str(Path(triton_cache).resolve())  # the workers inherit it
     try:
         lock = OutLock(out).acquire()
     except OutLocked as e:
@@ -108,6 +135,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
             console.print(f"[red]cannot start[/]: {escape(str(e))}")
             sys.exit(EXIT_CANNOT_RUN if "does not answer" in str(e) else EXIT_USAGE)
         gpus = gpu_count() if any(t.availability().device == "cuda" for t in chosen) else 0
+        workers = workers or default_workers(gpus)
         if not gpus and workers > (os.cpu_count() or 1):
             console.print(f"[yellow]--workers {workers} on {os.cpu_count()} CPU cores[/]: workers will share cores "
                           "(one per core is the most that helps on CPU)")
@@ -148,11 +176,12 @@ def _supervise(chosen, names, config, **kw):
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]:.2f} ex/s  failures: {task.fields[fails]}"),
                   TimeElapsedColumn(), console=console, disable=not interactive) as progress:
-        tasks = {t.name: progress.add_task(t.name, total=config.max_examples, rate=0.0, fails=0) for t in chosen}
+        total = None if config.max_examples >= UNLIMITED else config.max_examples
+        tasks = {t.name: progress.add_task(t.name, total=total, rate=0.0, fails=0) for t in chosen}
 
         def on_progress(stats) -> None:
             for s in stats:
-                progress.update(tasks[s.target], completed=min(s.examples, config.max_examples),
+                progress.update(tasks[s.target], completed=min(s.examples, total or s.examples),
                                 rate=s.examples_per_second, fails=len(s.failures))
             now = time.monotonic()
             if not interactive and now - last["log"] > 10:

@@ -1,0 +1,150 @@
+"""``kvfuzz bench throughput --curve``: examples/s over a real campaign, minute by minute, for each target,
+from a cold Triton cache and a warm one, with one worker and with the default number of workers.
+
+Each run is a real ``kvfuzz fuzz`` (a subprocess: supervised workers, shrinking, reproducers) of one target for
+``duration`` seconds with its own ``--triton-cache``. The curve samples the campaign's ``status.json`` (examples
+counted so far) and the Triton cache (``__grp__*.json`` files: one per compiled specialization) every
+``interval`` seconds. Modes:
+
+- ``cold``: an empty Triton cache (every specialization is compiled in the run);
+- ``warm``: the cache the cold run with the same seed and workers left (every configuration the campaign visits
+  is already compiled; what remains is loading it from disk once per worker).
+
+Reported per run: the samples, examples/s per minute, the mean over the run, compiled specializations per
+minute, the campaign's exit status and failures, and whether every declared dtype, kv_cache_dtype, head size,
+block size and feature was drawn (the summary's ``declared`` table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+MODES = ("cold", "warm")
+
+
+def _status_examples(out: Path, target: str) -> int | None:
+    try:
+        doc = json.loads((out / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for t in doc.get("targets", []):
+        if t.get("target") == target:
+            return int(t.get("examples", 0))
+    return None
+
+
+def compiled_kernels(cache: Path) -> int:
+    """Specializations in a Triton cache directory (one ``__grp__<name>.json`` per compiled kernel)."""
+    return sum(1 for _ in cache.rglob("__grp__*.json")) if cache.exists() else 0
+
+
+def run_campaign(target: str, duration: float, workers: int | None, cache: Path, out: Path, seed: int = 0,
+                 interval: float = 5.0, extra: tuple[str, ...] = (),
+                 on_sample: Callable[[dict], None] = lambda s: None) -> dict:
+    """One ``kvfuzz fuzz`` of ``target`` for ``duration`` s with Triton cache ``cache``; returns its curve."""
+    cmd = [sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", target, "--duration", f"{duration}s",
+           "--seed", str(seed), "--out", str(out), "--triton-cache", str(cache), *extra]
+    if workers:
+        cmd += ["--workers", str(workers)]
+    start = time.monotonic()
+    log = open(out.parent / f"{out.name}.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, COLUMNS="200"))
+    samples = []
+    while proc.poll() is None:
+        time.sleep(interval)
+        s = {"t": round(time.monotonic() - start, 2), "examples": _status_examples(out, target),
+             "compiled": compiled_kernels(cache)}
+        samples.append(s)
+        on_sample(s)
+    log.close()
+    wall = time.monotonic() - start
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    t = next((x for x in summary.get("targets", []) if x.get("target") == target), {})
+    never = [f"{dim} {v}" for dim, counts in t.get("declared", {}).items() for v, n in counts.items() if n == 0]
+    return {"target": target, "workers": summary.get("workers", workers), "seconds": round(wall, 1),
+            "exit_status": proc.returncode, "examples": t.get("examples"), "elapsed_s": t.get("elapsed_s"),
+            "examples_per_s": t.get("examples_per_s"), "kernel_s": t.get("kernel_s"),
+            "harness_s": t.get("harness_s"), "compiled": compiled_kernels(cache),
+            "failures": [(f["kind"], f["check"], f["count"]) for f in t.get("failures", [])],
+            "declared_never_drawn": never, "per_minute": per_minute(samples), "samples": samples}
+
+
+def per_minute(samples: list[dict]) -> list[dict]:
+    """Examples/s and new compiled kernels in each whole minute of the samples."""
+    out, prev = [], {"t": 0.0, "examples": 0, "compiled": 0}
+    minute = 1
+    for s in samples:
+        if s["examples"] is None:
+            continue
+        if s["t"] >= 60 * minute:
+            dt = s["t"] - prev["t"]
+            out.append({"minute": minute, "examples_per_s": round((s["examples"] - prev["examples"]) / dt, 2),
+                        "compiled": s["compiled"] - prev["compiled"]})
+            prev, minute = s, minute + 1
+    return out
+
+
+def curve(targets: list[str], duration: float, worker_counts: list[int | None], seed: int = 0,
+          interval: float = 5.0, root: Path | None = None, extra: tuple[str, ...] = (),
+          on_run: Callable[[dict], None] = lambda r: None) -> dict:
+    """For each target and worker count (None: kvfuzz's default), a cold run then a warm one; returns the
+    JSON document."""
+    import torch
+
+    root = Path(root or tempfile.mkdtemp(prefix="kvfuzz-curve-"))
+    runs = []
+    for target in targets:
+        for workers in worker_counts:
+            tag = f"{target}-w{workers or 'default'}"
+            cache = root / f"triton-{tag}"
+            shutil.rmtree(cache, ignore_errors=True)
+            for mode in MODES:
+                out = root / f"{tag}-{mode}"
+                shutil.rmtree(out, ignore_errors=True)
+                r = run_campaign(target, duration, workers, cache, out, seed, interval, extra)
+                r.update(mode=mode, workers_asked=workers or "default")
+                runs.append(r)
+                on_run(r)
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {"settings": {"duration_s": duration, "seed": seed, "interval_s": interval, "device": device,
+                         "cpus": os.cpu_count(), "extra": list(extra)}, "runs": runs}
+
+
+def plot(doc: dict, path: Path) -> Path:
+    """Examples/s per minute, one line per target, mode and workers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for r in doc["runs"]:
+        pm = r["per_minute"]
+        if pm:
+            ax.plot([p["minute"] for p in pm], [p["examples_per_s"] for p in pm], marker="o",
+                    linestyle="-" if r["mode"] == "warm" else "--",
+                    label=f"{r['target']} {r['mode']} w={r['workers']}")
+    ax.set_xlabel("minute of the campaign")
+    ax.set_ylabel("examples/s")
+    ax.set_yscale("log")
+    ax.set_title(f"kvfuzz fuzz on {doc['settings']['device']}")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["MODES", "compiled_kernels", "curve", "per_minute", "plot", "run_campaign"]

@@ -1,0 +1,165 @@
+"""Kernel configurations: what a compiled kernel specializes on, and the order a campaign visits them.
+
+A Triton kernel is compiled once per combination of its ``tl.constexpr`` arguments (and of the divisibility
+of its integer arguments). In vLLM's ``kernel_unified_attention``
+(vllm/v1/attention/ops/triton_unified_attention.py) those are ``num_query_heads``, ``num_queries_per_kv``,
+``BLOCK_SIZE``, ``HEAD_SIZE``, ``USE_ALIBI_SLOPES``, ``USE_SOFTCAP``, ``USE_SINKS``, ``SLIDING_WINDOW``,
+``USE_FP8``/``KV_QUANT_MODE`` and the tensors' dtypes; SGLang's ``_fwd_kernel`` (extend_attention.py) and
+vLLM's ``_fwd_kernel`` (prefix_prefill.py) take the same quantities as constexprs. A :class:`KernelConfig`
+holds exactly those: one compile per configuration (plus a few for integer arguments that are 1 or multiples
+of 16), and every batch inside it reuses the compiled kernel (~ms instead of ~1 s).
+
+:func:`config_for` orders the configurations a campaign visits: round ``r`` lists, for every dimension
+(dtype, GQA group size, kv heads, head size, kv_cache_dtype, block size, each declared feature on and off),
+values in a random order, so every declared value appears within the first round (about as many
+configurations as the longest dimension has values) and the combinations vary from round to round.
+Deterministic in ``(seed, index)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import attrs
+
+from kvfuzz.contracts.batch import FEATURES
+from kvfuzz.contracts.capabilities import Capabilities
+
+from .limits import Limits
+
+#: GQA group sizes (num_heads // num_kv_heads); 1 is MHA, 7 is the FlashInfer 28/4 case.
+GQA_RATIOS = (1, 2, 4, 8, 16, 3, 7)
+NUM_KV_HEADS = (1, 2, 4)
+
+
+@attrs.frozen
+class KernelConfig:
+    """What one compiled specialization of an attention kernel is fixed to (see the module docstring).
+
+    dtype, kv_cache_dtype: names as in :class:`~kvfuzz.contracts.batch.Batch`. num_heads, num_kv_heads:
+    query and kv heads (``num_kv_heads`` in :data:`NUM_KV_HEADS`, the group size in :data:`GQA_RATIOS`).
+    head_size, block_size: elements per head, tokens per block. features: the optional features on
+    (:data:`~kvfuzz.contracts.batch.FEATURES`). sliding_window: the window drawn when ``"sliding_window"`` is
+    on (keys, before the target's ``min_sliding_window``), else None."""
+
+    dtype: str
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    kv_cache_dtype: str
+    block_size: int
+    features: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    sliding_window: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.num_kv_heads not in NUM_KV_HEADS or self.num_heads % self.num_kv_heads \
+                or self.num_heads // self.num_kv_heads not in GQA_RATIOS:
+            raise ValueError(f"KernelConfig: num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}: "
+                             f"num_kv_heads must be one of {NUM_KV_HEADS} and the group size one of {GQA_RATIOS}")
+        if ("sliding_window" in self.features) != (self.sliding_window is not None):
+            raise ValueError("KernelConfig: sliding_window is set exactly when the feature is on")
+
+    def summary(self) -> str:
+        """One line: ``float16 H8/2 D64 auto BS16 sliding_window=5,softcap``."""
+        feats = ",".join(f"sliding_window={self.sliding_window}" if f == "sliding_window" else f
+                         for f in FEATURES if f in self.features)
+        return (f"{self.dtype} H{self.num_heads}/{self.num_kv_heads} D{self.head_size} {self.kv_cache_dtype} "
+                f"BS{self.block_size}" + (f" {feats}" if feats else ""))
+
+    def to_dict(self) -> dict:
+        return {**attrs.asdict(self), "features": sorted(self.features)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelConfig":
+        return cls(**d)
+
+
+def gqa_ratios(limits: Limits) -> tuple[int, ...]:
+    """The group sizes a campaign draws under ``limits`` (at most ``max_num_heads`` query heads)."""
+    return tuple(r for r in GQA_RATIOS if r <= limits.max_num_heads)
+
+
+def window_edges(block_size: int, max_seq_len: int) -> tuple[int, ...]:
+    """Windows where off-by-one bugs live: 1, 2 and ``block_size - 1 .. + 1`` (within ``1 .. max_seq_len``)."""
+    return tuple(sorted({w for w in (1, 2, block_size - 1, block_size, block_size + 1) if 1 <= w <= max_seq_len}))
+
+
+@functools.lru_cache(maxsize=64)
+def _round(capabilities: Capabilities, limits: Limits, seed: int, r: int) -> tuple[KernelConfig, ...]:
+    """Round ``r``: configurations until every value of every dimension has appeared (each position takes,
+    per dimension, a value not yet seen in the round when one is left; conflicts between dimensions, such as
+    a head size an fp8 cache does not take, keep the value not yet seen)."""
+    rng = random.Random(f"kvfuzz-configs:{seed}:{r}")
+    features = [f for f in FEATURES if f in capabilities.features]
+    ratios = gqa_ratios(limits)
+    dims: dict[str, list] = {"dtype": list(capabilities.dtypes), "ratio": list(ratios), "kv": list(NUM_KV_HEADS),
+                             "head_size": list(capabilities.head_sizes),
+                             "kv_cache_dtype": list(capabilities.kv_cache_dtypes),
+                             "block_size": list(capabilities.block_sizes), **{f: [False, True] for f in features}}
+    unseen = {d: set(v) for d, v in dims.items()}
+    max_seq_len = max(1, limits.max_ctx_len + limits.max_query_len)
+    out: list[KernelConfig] = []
+
+    def pick(d: str, allowed=None):
+        values = [v for v in dims[d] if allowed is None or v in allowed]
+        fresh = [v for v in values if v in unseen[d]]
+        return rng.choice(fresh or values)
+
+    while any(unseen.values()) and len(out) < 8 * max(len(v) for v in dims.values()):
+        c = {d: pick(d) for d in dims}
+        # a head size or group size an fp8 cache does not take: move the one already seen this round
+        if c["head_size"] not in capabilities.head_sizes_for(c["kv_cache_dtype"]) or \
+                not capabilities.fp8_accepts_gqa(c["kv_cache_dtype"], c["ratio"]):
+            fits = [k for k in dims["kv_cache_dtype"] if c["head_size"] in capabilities.head_sizes_for(k)
+                    and capabilities.fp8_accepts_gqa(k, c["ratio"])]
+            if c["kv_cache_dtype"] not in unseen["kv_cache_dtype"] and fits:
+                c["kv_cache_dtype"] = pick("kv_cache_dtype", fits)
+            else:
+                heads = capabilities.head_sizes_for(c["kv_cache_dtype"])
+                groups = [g for g in ratios if capabilities.fp8_accepts_gqa(c["kv_cache_dtype"], g)]
+                if not heads or not groups:
+                    continue  # a declared cache dtype no head or group size fits: nothing to draw
+                if c["head_size"] not in heads:
+                    c["head_size"] = pick("head_size", heads)
+                if c["ratio"] not in groups:
+                    c["ratio"] = pick("ratio", groups)
+        on = [f for f in features if c[f]]
+        while not capabilities.combinable(on):  # an exclusive pair: drop a feature already seen on
+            drop = next((f for f in on if True not in unseen[f]), on[-1])
+            on.remove(drop)
+            c[drop] = False
+        kv = c["kv"]
+        while kv > 1 and kv * c["ratio"] > limits.max_num_heads:
+            kv //= 2
+        c["kv"] = kv
+        for d, v in c.items():
+            unseen[d].discard(v)
+        window = None
+        if "sliding_window" in on:
+            edges = window_edges(c["block_size"], max_seq_len)
+            window = rng.choice(edges) if rng.random() < 0.5 else rng.randint(1, max_seq_len)
+        out.append(KernelConfig(c["dtype"], kv * c["ratio"], kv, c["head_size"], c["kv_cache_dtype"],
+                                c["block_size"], frozenset(on), window))
+    return tuple(out)
+
+
+def round_length(capabilities: Capabilities, limits: Limits, seed: int = 0, r: int = 0) -> int:
+    """Configurations in round ``r`` of a campaign with ``seed``: as many as it takes for every declared
+    value to appear (at least the number of values of the longest dimension)."""
+    return len(_round(capabilities, limits, seed, r))
+
+
+def config_for(capabilities: Capabilities, limits: Limits, seed: int, index: int) -> KernelConfig:
+    """The ``index``-th configuration a campaign with ``seed`` visits (module docstring)."""
+    r = 0
+    while True:
+        configs = _round(capabilities, limits, seed, r)
+        if index < len(configs):
+            return configs[index]
+        index -= len(configs)
+        r += 1
+
+
+__all__ = ["GQA_RATIOS", "NUM_KV_HEADS", "KernelConfig", "config_for", "gqa_ratios", "round_length",
+           "window_edges"]

@@ -1,0 +1,129 @@
+"""Compile-aware generation: kernel configurations, pinned strategies whose examples replay unchanged in the
+free strategy, rotation that covers the declared space, and campaigns whose pinned failures widen across
+configurations to the smallest trigger."""
+
+import random
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis.control import BuildContext
+from hypothesis.database import InMemoryExampleDatabase
+from hypothesis.errors import InvalidArgument
+from hypothesis.internal.conjecture.data import ConjectureData
+
+from kvfuzz.contracts.batch import FEATURES
+from kvfuzz.contracts.capabilities import Capabilities
+from kvfuzz.contracts.contract import Contract
+from kvfuzz.contracts.example import Example
+from kvfuzz.fuzz.bench.mutants import batch_size, get_mutant, smallest_trigger
+from kvfuzz.fuzz.campaign import engine
+from kvfuzz.strategies.batches import choice, examples
+from kvfuzz.strategies.configs import KernelConfig, config_for, round_length
+from kvfuzz.strategies.limits import Limits
+
+CAPS = Capabilities(contract=Contract.UNIFIED, devices=("cpu",), dtypes=("float32", "float16", "bfloat16"),
+                    head_sizes=(32, 64, 80, 128, 256), block_sizes=(16, 32, 64),
+                    kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"), fp8_head_sizes=(64, 128),
+                    features=("sliding_window", "alibi", "sinks", "softcap"), exclusive=(("alibi", "sinks"),),
+                    fp8_gqa_ratios=(1, 2, 4))
+LIMITS = Limits()
+
+
+def _draw(data: ConjectureData, strategy):
+    with BuildContext(data, wrapped_test=lambda: None):
+        return data.draw(strategy)
+
+
+def test_a_pinned_example_replays_unchanged_in_the_free_strategy():
+    """The property compile-aware generation rests on: the pinned draw makes the same choices as the free one,
+    so the database entry of a failure found inside one configuration replays (and shrinks) in all of them."""
+    free = examples(CAPS, LIMITS)
+    for k in range(3 * round_length(CAPS, LIMITS, seed=7)):
+        cfg = config_for(CAPS, LIMITS, seed=7, index=k)
+        pinned = examples(CAPS, LIMITS, pin=cfg)
+        for j in range(4):
+            data = ConjectureData(random=random.Random(100 * k + j))
+            e = _draw(data, pinned)
+            b = e.batch
+            assert (b.dtype, b.num_heads, b.num_kv_heads, b.head_size, b.kv_cache_dtype, b.block_size) == (
+                cfg.dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_size, cfg.kv_cache_dtype, cfg.block_size)
+            assert set(b.features) == set(cfg.features)
+            assert b.sliding_window == (None if cfg.sliding_window is None
+                                        else max(cfg.sliding_window, CAPS.min_sliding_window))
+            assert CAPS.accepts(b)
+            assert _draw(ConjectureData.for_choices(data.choices), free) == e
+
+
+def test_one_round_of_configurations_covers_every_declared_value():
+    n = round_length(CAPS, LIMITS, seed=3)
+    configs = [config_for(CAPS, LIMITS, seed=3, index=k) for k in range(n)]
+    assert {c.dtype for c in configs} == set(CAPS.dtypes)
+    assert {c.head_size for c in configs} == set(CAPS.head_sizes)
+    assert {c.block_size for c in configs} == set(CAPS.block_sizes)
+    assert {c.kv_cache_dtype for c in configs} == set(CAPS.kv_cache_dtypes)
+    for f in FEATURES:
+        assert any(f in c.features for c in configs) and any(f not in c.features for c in configs), f
+    for c in configs:  # inside the declaration: fp8 head sizes and group sizes, exclusive pairs
+        assert c.head_size in CAPS.head_sizes_for(c.kv_cache_dtype)
+        assert CAPS.fp8_accepts_gqa(c.kv_cache_dtype, c.num_heads // c.num_kv_heads)
+        assert CAPS.combinable(c.features)
+    # deterministic in (seed, index); another seed, another order
+    assert configs == [config_for(CAPS, LIMITS, seed=3, index=k) for k in range(n)]
+    assert configs != [config_for(CAPS, LIMITS, seed=4, index=k) for k in range(n)]
+
+
+def test_bad_pins_are_rejected():
+    with pytest.raises(InvalidArgument, match="not one of"):
+        choice((16, 32), 48)
+    with pytest.raises(ValueError, match="group size"):
+        KernelConfig("float16", 10, 2, 64, "auto", 16)
+    with pytest.raises(ValueError, match="sliding_window"):
+        KernelConfig("float16", 4, 2, 64, "auto", 16, features=("sliding_window",))
+
+
+def _pinned_campaign(mutant: str, seed: int = 0) -> engine.TargetStats:
+    config = engine.CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=1000, duration=60, seed=seed,
+                                   database=InMemoryExampleDatabase(), stop_at_first_failure=True,
+                                   pin_configs=True)
+    return engine.fuzz_target(get_mutant(mutant), config), config
+
+
+@pytest.mark.parametrize("mutant", ["mutant.gqa_modulo", "mutant.scale_ignored"])
+def test_a_failure_found_in_one_configuration_widens_to_the_smallest_trigger(mutant):
+    """The chunk is pinned to a configuration with many heads and a large head size; widening shrinks the
+    failure across configurations to the mutant's smallest trigger (sequences, tokens, heads, head size,
+    blocks), and the campaign database keeps only the widened example."""
+    stats, config = _pinned_campaign(mutant)
+    (record,) = stats.failures.values()
+    got, want = batch_size(Example.from_dict(record.example).batch), batch_size(smallest_trigger(mutant))
+    keys = ("seqs", "tokens", "kv_tokens", "heads", "kv_heads", "head_size", "blocks")
+    assert {k: got[k] for k in keys} == {k: want[k] for k in keys}
+    first = config_for(get_mutant(mutant).capabilities, config.limits, config.seed, 0)
+    assert (first.num_heads, first.head_size) != (want["heads"], want["head_size"])  # widening did the work
+    key = f"kvfuzz:{mutant}:None".encode()
+    assert len(list(config.database.fetch(key))) == 1
+    assert not list(config.database.fetch(key + b".secondary"))
+
+
+def test_chunks_are_pinned_on_cuda_and_free_on_cpu_by_default():
+    cpu = get_mutant("mutant.gqa_modulo")
+    config = engine.CampaignConfig(out=Path(tempfile.mkdtemp()))
+    assert engine.pins_configs(cpu, config) is (cpu.device == "cuda")
+    assert engine.examples_per_chunk(cpu, config) == (engine.PINNED_CHUNK_EXAMPLES if cpu.device == "cuda"
+                                                      else engine.CHUNK_EXAMPLES)
+    pinned = engine.CampaignConfig(out=config.out, pin_configs=True)
+    assert engine.chunk_config(cpu, pinned, 5) == config_for(cpu.capabilities, pinned.limits, 0, 5)
+    assert engine.chunk_config(cpu, pinned, -1) == config_for(cpu.capabilities, pinned.limits, 0, 0)  # warm-up
+    assert engine.chunk_config(cpu, engine.CampaignConfig(out=config.out, pin_configs=True, undeclared=True),
+                               0) is None
+
+
+def test_default_workers():
+    from kvfuzz.fuzz.campaign.workers import MAX_WORKERS_PER_GPU, default_workers
+
+    assert default_workers(0, cpus=64) == 1
+    assert default_workers(1, cpus=16) == MAX_WORKERS_PER_GPU
+    assert default_workers(8, cpus=128) == 8 * MAX_WORKERS_PER_GPU
+    assert default_workers(4, cpus=8) == 4  # one per GPU at least
+    assert default_workers(2, cpus=12) == 6
