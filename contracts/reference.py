@@ -33,7 +33,7 @@ from .data import BatchData
 FP32_UNIT = 2.0**-24
 
 #: The dot product ``q.k`` over ``D`` dims: Higham & Mary's probabilistic bound (SIAM J. Sci. Comput. 41(5),
-#: 2019, "A new approach to probabilistic rounding error analysis", Thm. 3.1) ``lambda * sqrt(D) * u *
+#: 2019, "A new approach to probabilistic rounding error analysis": inner products) ``lambda * sqrt(D) * u *
 #: sum_i |q_i k_i|``, taken with lambda = DOT_LAMBDA. Measured need on correct kernels (docs/tolerance.md):
 #: lambda 0.125 to 0.25 at LOGIT_ULPS = 2 (vllm.cpu_attention fp32, head sizes up to 512, "large" values);
 #: 1 leaves a 3x margin there and 6x at head size 512.
@@ -196,9 +196,9 @@ def reference_and_envelope(batch: Batch, data: BatchData) -> tuple[torch.Tensor,
     with ``ds_k = DOT_LAMBDA * sqrt(D) * scale * sum_i |q_i k_i| + LOGIT_ULPS * (|s_k| + |m|)``
     (+ ``2 * SOFTCAP_ULPS * c`` with a softcap), ``p`` the exact probabilities (sink in the denominator),
     ``o`` the reference, ``u`` unit roundoffs, ``tiny`` the dtype's smallest normal, ``keys`` the row's visible
-    keys (``(keys + 2) * u32`` is the recursive-summation bound gamma_n of Higham's "Accuracy and Stability of
-    Numerical Algorithms", 2nd ed., section 3.1, plus the division and exp). Costs three einsums per sequence
-    more than the reference."""
+    keys (``(keys + 2) * u32``: the recursive-summation bound ``gamma_n = n u / (1 - n u)`` of Higham's
+    "Accuracy and Stability of Numerical Algorithms", 2nd ed., plus the division and exp). Costs three einsums
+    per sequence more than the reference."""
     out, terms = _exact(batch, data, envelope=True)
     return out, sum(terms[name] for name in ENVELOPE_TERMS)
 
