@@ -1,4 +1,5 @@
-"""The fp64 reference: causal paged attention computed on the logical (un-paged) keys and values.
+"""The fp64 reference: causal paged attention computed on the logical (un-paged) keys and values, and the
+rounding envelope of a correct low-precision kernel around it.
 
 Query token ``j`` of sequence ``i`` (position ``p = ctx_len + j``) attends to positions ``0 .. p``;
 query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)`` (vLLM's GQA grouping). This is the math
@@ -11,40 +12,83 @@ kernel_unified_attention):
 
 A sink adds ``exp(sink[h] - m)`` to the denominator and nothing to the numerator. The keys/values of an fp8
 cache are already the dequantized ``fp8 * scale`` values (:func:`~kvfuzz.contracts.data.make_batch_data`).
+
+The envelope (:func:`reference_and_envelope`, derivation and measurements in docs/tolerance.md) bounds, per
+output element, how far a correct kernel of the FlashAttention family can land from the reference: scores,
+softmax and both accumulations in fp32, the probabilities P rounded to the input dtype before P@V, the output
+rounded to the dtype once.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from .batch import Batch
 from .data import BatchData
 
+#: Unit roundoff of the fp32 arithmetic FlashAttention-family kernels compute scores, softmax and both
+#: accumulations in: ``torch.finfo(torch.float32).eps / 2``.
+FP32_UNIT = 2.0**-24
+
+#: The dot product ``q.k`` over ``D`` dims: Higham & Mary's probabilistic bound (SIAM J. Sci. Comput. 41(5),
+#: 2019, "A new approach to probabilistic rounding error analysis": inner products) ``lambda * sqrt(D) * u *
+#: sum_i |q_i k_i|``, taken with lambda = DOT_LAMBDA. Measured need on correct kernels (docs/tolerance.md):
+#: lambda 0.125 to 0.25 at LOGIT_ULPS = 2 (vllm.cpu_attention fp32, head sizes up to 512, "large" values);
+#: 1 leaves a 3x margin there and 6x at head size 512.
+DOT_LAMBDA = 1.0
+#: Roundings of the logit's magnitude before exp: ``s`` itself (scale, ALiBi bias, softcap), the row max
+#: ``m``, and ``s - m`` (``<= |s| + |m|``), each off by ``u * |.|``: ``LOGIT_ULPS * u * (|s| + |m|)``. It
+#: carries the parts of a logit outside ``q.k`` (ALiBi bias, sink logits). Measured (docs/tolerance.md): the
+#: worst fp32 ratio on vllm.cpu_attention was 0.63 without it and 0.33 with it on one set of 1,128 examples,
+#: 0.35 and 0.33 on another of 3,000.
+LOGIT_ULPS = 2.0
+#: With a softcap ``c``, kernels compute ``c * tanh(s / c)`` in fp32 as ``c * (1 - 2 / (exp(2s/c) + 1))``
+#: (vLLM's apply_softcap; the CPU op alike), which cancels for small ``s / c``: the logit is off by about
+#: ``c * eps(fp32)``. Measured with c = 50 on fp32 outputs: 6.6e-6 (unified_attention), 4.2e-6
+#: (vllm.cpu_attention) against 4.7e-7 for torch.tanh (README Findings 7). Allowed: ``SOFTCAP_ULPS * c *
+#: eps(fp32)`` on every logit.
+SOFTCAP_ULPS = 4.0
+
+
+def _sequence(batch: Batch, data: BatchData, i: int, dtype: torch.dtype):
+    """Sequence ``i``'s queries ``[Q, H, D]``, GQA-expanded keys and values ``[K, H, D]``, its masked logits
+    ``[H, Q, K]`` (``-inf`` where masked) and its sink logits ``[H, Q, 1]`` (or None), all in ``dtype``."""
+    g = batch.gqa_ratio
+    qsl, ssl = batch.query_start_loc, batch.seq_start_loc
+    q = data.query[qsl[i] : qsl[i + 1]].to(dtype)
+    k = data.keys[ssl[i] : ssl[i + 1]].to(dtype).repeat_interleave(g, dim=1)
+    v = data.values[ssl[i] : ssl[i + 1]].to(dtype).repeat_interleave(g, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * batch.scale
+    qpos = batch.ctx_lens[i] + torch.arange(batch.query_lens[i])
+    kpos = torch.arange(batch.seq_lens[i])
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if batch.softcap is not None:
+        scores = batch.softcap * torch.tanh(scores.to(acc) / batch.softcap).to(dtype)
+    slopes = batch.alibi_slopes_tensor()
+    if slopes is not None:
+        bias = slopes.to(torch.float64)[:, None, None] * (kpos[None, None, :] - qpos[None, :, None])
+        scores = scores + bias.to(dtype)
+    masked = kpos[None, :] > qpos[:, None]
+    if batch.sliding_window is not None:
+        masked |= kpos[None, :] <= qpos[:, None] - batch.sliding_window
+    scores = scores.masked_fill(masked[None], float("-inf"))
+    sink = None
+    if data.sinks is not None:  # one extra logit per head
+        sink = data.sinks.to(dtype)[:, None, None].expand(-1, scores.shape[1], 1)
+    return q, k, v, scores, sink
+
 
 def _attend(batch: Batch, data: BatchData, dtype: torch.dtype) -> torch.Tensor:
+    """The attention computed naively in ``dtype`` with torch ops (softmax accumulated in fp32 for 16-bit
+    dtypes, as torch does): ``[num_tokens, num_heads, head_size]`` in ``dtype``."""
     out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=dtype)
-    g = batch.gqa_ratio
-    slopes = batch.alibi_slopes_tensor()
-    slopes = None if slopes is None else slopes.to(torch.float64)
-    qsl, ssl = batch.query_start_loc, batch.seq_start_loc
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    qsl = batch.query_start_loc
     for i in range(batch.num_seqs):  # one vectorized block per sequence (not per token)
-        q = data.query[qsl[i] : qsl[i + 1]].to(dtype)
-        k = data.keys[ssl[i] : ssl[i + 1]].to(dtype).repeat_interleave(g, dim=1)
-        v = data.values[ssl[i] : ssl[i + 1]].to(dtype).repeat_interleave(g, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) * batch.scale
-        qpos = batch.ctx_lens[i] + torch.arange(batch.query_lens[i])
-        kpos = torch.arange(batch.seq_lens[i])
-        acc = torch.float64 if dtype == torch.float64 else torch.float32
-        if batch.softcap is not None:
-            scores = batch.softcap * torch.tanh(scores.to(acc) / batch.softcap).to(dtype)
-        if slopes is not None:
-            scores = scores + (slopes[:, None, None] * (kpos[None, None, :] - qpos[None, :, None])).to(dtype)
-        masked = kpos[None, :] > qpos[:, None]
-        if batch.sliding_window is not None:
-            masked |= kpos[None, :] <= qpos[:, None] - batch.sliding_window
-        scores = scores.masked_fill(masked[None], float("-inf"))
-        if data.sinks is not None:  # one extra logit per head, dropped after the softmax
-            sink = data.sinks.to(dtype)[:, None, None].expand(-1, scores.shape[1], 1)
+        _, _, v, scores, sink = _sequence(batch, data, i, dtype)
+        if sink is not None:  # the sink's probability is dropped after the softmax
             p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1, dtype=acc)[..., :-1]
         else:
             p = torch.softmax(scores, dim=-1, dtype=acc)
@@ -52,9 +96,128 @@ def _attend(batch: Batch, data: BatchData, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype`` at ``|x|`` (``x`` fp64, any shape): ``eps * 2**floor(log2 |x|)``, and the
+    subnormal spacing ``eps * tiny`` below ``tiny``."""
+    fi = torch.finfo(dtype)
+    exponent = torch.frexp(x.abs().clamp_min(fi.tiny)).exponent  # |x| = m * 2**e, m in [0.5, 1)
+    return torch.ldexp(torch.full_like(x, fi.eps), exponent - 1)
+
+
+#: The envelope's terms, in the order they are added (docs/tolerance.md, "The envelope").
+ENVELOPE_TERMS = ("probabilities", "logits", "accumulation", "output")
+
+
+def _envelope(batch: Batch, p: torch.Tensor, psink: torch.Tensor | None, o: torch.Tensor, q: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor, s: torch.Tensor, m: torch.Tensor,
+              sink: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """One sequence's envelope terms (:data:`ENVELOPE_TERMS`), each ``[Q, H, D]`` fp64, from its exact
+    probabilities ``p [H, Q, K]`` (0 where masked), sink probability ``psink [H, Q, 1]``, output
+    ``o [Q, H, D]``, inputs ``q [Q, H, D]``, ``k``/``v [K, H, D]``, logits ``s`` (-inf where masked) and row
+    max ``m [H, Q, 1]``."""
+    dt = batch.torch_dtype
+    fi = torch.finfo(dt)
+    visible = torch.isfinite(s)
+    # each logit's fp32 error, in units of FP32_UNIT: the dot product and the logit's magnitude
+    mag = torch.einsum("qhd,khd->hqk", q.abs(), k.abs()) * batch.scale  # scale * sum_i |q_i k_i|
+    dlogit = DOT_LAMBDA * math.sqrt(batch.head_size) * mag + LOGIT_ULPS * s.masked_fill(~visible, 0.0).abs()
+    if batch.softcap is not None:
+        dlogit = dlogit + SOFTCAP_ULPS * batch.softcap * 2.0  # eps(fp32) = 2 * FP32_UNIT
+    drow = LOGIT_ULPS * m.abs()  # the row max, common to the row
+    av, ao = v.abs(), o.abs()
+    pv = torch.einsum("hqk,khd->qhd", torch.maximum(p, fi.tiny * visible), av)  # sum_k max(p_k, tiny) |v_kd|
+    pd = p * dlogit
+    row = pd.sum(-1, keepdim=True) + drow * p.sum(-1, keepdim=True)  # [H, Q, 1]
+    if sink is not None:
+        row = row + psink * (LOGIT_ULPS * (sink.abs() + m.abs()))
+    logits = torch.einsum("hqk,khd->qhd", pd, av) + drow.transpose(0, 1) * pv + row.transpose(0, 1) * ao
+    keys = visible.sum(-1, keepdim=True).transpose(0, 1).to(p.dtype)  # [Q, H, 1]
+    terms = {"probabilities": (fi.eps / 2) * pv, "logits": FP32_UNIT * logits,
+             "accumulation": FP32_UNIT * (keys + 2) * (pv + ao)}
+    terms["output"] = 0.5 * ulp(ao + terms["probabilities"] + terms["logits"] + terms["accumulation"], dt)
+    return terms
+
+
+def _softmax_parts(s: torch.Tensor, sink: torch.Tensor | None):
+    """``(m, e, esink, total)`` of logits ``s [H, Q, K]`` and sink logits ``[H, Q, 1]`` (or None): the row max
+    (sink included), ``exp(s - m)``, ``exp(sink - m)`` (or None) and the row sum (sink included), in ``s``'s
+    dtype."""
+    m = s.amax(dim=-1, keepdim=True)  # every row sees at least its own position
+    if sink is not None:
+        m = torch.maximum(m, sink)
+    e = torch.exp(s - m)
+    total = e.sum(dim=-1, keepdim=True)
+    esink = None if sink is None else torch.exp(sink - m)
+    if esink is not None:
+        total = total + esink
+    return m, e, esink, total
+
+
+def _exact(batch: Batch, data: BatchData, envelope: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    shape = (batch.num_tokens, batch.num_heads, batch.head_size)
+    out = torch.empty(shape, dtype=torch.float64)
+    terms = {name: torch.empty(shape, dtype=torch.float64) for name in ENVELOPE_TERMS} if envelope else {}
+    qsl = batch.query_start_loc
+    for i in range(batch.num_seqs):  # one vectorized block per sequence (not per token)
+        q, k, v, s, sink = _sequence(batch, data, i, torch.float64)
+        m, e, esink, total = _softmax_parts(s, sink)
+        p = e / total
+        o = torch.einsum("hqk,khd->qhd", p, v)
+        out[qsl[i] : qsl[i + 1]] = o
+        if envelope:
+            psink = None if esink is None else esink / total
+            for name, term in _envelope(batch, p, psink, o, q, k, v, s, m, sink).items():
+                terms[name][qsl[i] : qsl[i + 1]] = term
+    return out, terms
+
+
 def reference_attention(batch: Batch, data: BatchData) -> torch.Tensor:
     """fp64 ``[num_tokens, num_heads, head_size]``: the exact answer for ``batch`` (the oracle)."""
-    return _attend(batch, data, torch.float64)
+    return _exact(batch, data, envelope=False)[0]
+
+
+def envelope_terms(batch: Batch, data: BatchData) -> dict[str, torch.Tensor]:
+    """The envelope of :func:`reference_and_envelope` term by term (:data:`ENVELOPE_TERMS`), each fp64
+    ``[num_tokens, num_heads, head_size]``; their sum is the envelope."""
+    return _exact(batch, data, envelope=True)[1]
+
+
+def reference_and_envelope(batch: Batch, data: BatchData) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(reference, envelope)``, both fp64 ``[num_tokens, num_heads, head_size]``: the reference of
+    :func:`reference_attention` and, per element, the largest ``|out - reference|`` a correct
+    FlashAttention-family kernel can produce in ``batch.dtype`` (docs/tolerance.md, "The envelope"):
+
+        probabilities = u_dtype * sum_k max(p_k, tiny) |v_kd|               P rounded to the dtype
+        logits        = u32 * sum_k p_k ds_k (|v_kd| + |o_d|) (+ the sink's) the logits' fp32 error
+        accumulation  = u32 * (keys + 2) * (sum_k p_k |v_kd| + |o_d|)         fp32 P@V and row sum over the
+                                                                             visible keys, exp, the division
+        output        = ulp_dtype(|o_d| + the three above) / 2                the output rounded once
+
+    with ``ds_k = DOT_LAMBDA * sqrt(D) * scale * sum_i |q_i k_i| + LOGIT_ULPS * (|s_k| + |m|)``
+    (+ ``2 * SOFTCAP_ULPS * c`` with a softcap), ``p`` the exact probabilities (sink in the denominator),
+    ``o`` the reference, ``u`` unit roundoffs, ``tiny`` the dtype's smallest normal, ``keys`` the row's visible
+    keys (``(keys + 2) * u32``: the recursive-summation bound ``gamma_n = n u / (1 - n u)`` of Higham's
+    "Accuracy and Stability of Numerical Algorithms", 2nd ed., plus the division and exp). Costs three einsums
+    per sequence more than the reference."""
+    out, terms = _exact(batch, data, envelope=True)
+    return out, sum(terms[name] for name in ENVELOPE_TERMS)
+
+
+def flash_attention_model(batch: Batch, data: BatchData) -> torch.Tensor:
+    """The attention computed as FlashAttention-family kernels do (vllm/v1/attention/ops/
+    triton_unified_attention.py: ``P.to(V.dtype)`` before ``tl.dot(P, V)``): scores, softmax and the P@V
+    accumulation in fp32, the unnormalized probabilities rounded to ``batch.dtype`` before P@V, the output
+    divided by the fp32 row sum and rounded to the dtype once. Returned as fp64 ``[num_tokens, num_heads,
+    head_size]``. The second low-precision model of the mean-error rule (:mod:`kvfuzz.contracts.oracles`)."""
+    dt = batch.torch_dtype
+    out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=dt)
+    qsl = batch.query_start_loc
+    for i in range(batch.num_seqs):
+        _, _, v, s, sink = _sequence(batch, data, i, torch.float32)
+        _, e, _, total = _softmax_parts(s, sink)
+        acc = torch.einsum("hqk,khd->qhd", e.to(dt).to(torch.float32), v)
+        out[qsl[i] : qsl[i + 1]] = (acc / total.transpose(0, 1)).to(dt)
+    return out.to(torch.float64)
 
 
 def same_precision_attention(batch: Batch, data: BatchData) -> torch.Tensor:

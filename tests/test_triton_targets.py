@@ -2,6 +2,7 @@
 interpreter): correct calls agree with the fp64 reference, both unified paths are taken exactly when the
 target says, caller faults are blamed on the caller, and one real kernel finding is kept as a regression."""
 
+import attrs
 import pytest
 
 from kvfuzz.contracts.contract import Contract
@@ -195,15 +196,20 @@ def test_decode_attention_fwd_vllm_split_rule(make_batch):
 def test_decode_attention_fwd_mha_fp16_precision_finding(make_batch):
     """FINDING (vllm 0.33.0): the MHA stage-1 kernel (``_fwd_kernel_stage1``) computes q.k as
     ``tl.sum(q[None, :] * k, 1)`` on fp16 tensors; Triton's tl.sum keeps fp16, and ``qk *= sm_scale`` runs
-    in fp16, so the logits carry fp16 rounding (7.3e-4 here, vs 7e-8 with fp32 accumulation). The output
-    error is 1.06e-3, 4.4x the naive fp16 attention's and 3x that of unified_attention or
-    context_attention_fwd on the same batch; the grouped stage-1 kernel (tl.dot, fp32 accumulation) does
-    not have this. Minimal case found by searching single decode sequences: one head, seq_len 8."""
+    in fp16, so the logits carry fp16 rounding. With "large" values (logits ~16x wider) the output error is
+    2.55e-3 against a bound of 6.8e-4 (3.7x) on a decode of two keys, while unified_attention and
+    context_attention_fwd use 27% of the bound on the same batch; the grouped stage-1 kernel (tl.dot, fp32
+    accumulation) does not have this. Minimal case found by searching single decode sequences (ctx_len 1, 3,
+    7, 15, 31 x 30 seeds, "large" values: 15 of 150 fail). The earlier pinned case (ctx_len 7, seed 41, normal
+    values) exceeded the old per-row bound by 9% and is inside the rounding envelope of a correct
+    FlashAttention-family kernel at every element (docs/tolerance.md)."""
     t = available(VllmDecodeAttentionFwd)
-    b = make_batch([(1, 7)], dtype="float16", head_size=32, block_size=16, num_heads=1, num_kv_heads=1, seed=41)
+    b = attrs.evolve(make_batch([(1, 1)], dtype="float16", head_size=32, block_size=16, num_heads=1,
+                                num_kv_heads=1, seed=17), value_range="large")
     with pytest.raises(KernelMismatch) as info:
         check_example(t, Example(b, Poison.NAN))
     assert info.value.kind.blame == "kernel" and info.value.details["path"] == "normal,splits=4"
+    assert info.value.details["oracle"]["error"] > 3 * info.value.details["oracle"]["bound"]
     for other in (VllmUnifiedAttention(), VllmContextAttentionFwd()):  # same batch: the other kernels agree
         check_example(other, Example(b, Poison.NAN))
 

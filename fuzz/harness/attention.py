@@ -14,7 +14,7 @@ from kvfuzz.contracts.failures import CallerContractViolation, KernelCrash, Kern
 from kvfuzz.contracts.invariants import check_contract
 from kvfuzz.contracts.materialize import materialize
 from kvfuzz.contracts.oracles import check_agreement, check_finite, error_ratio
-from kvfuzz.contracts.reference import reference_attention, same_precision_attention
+from kvfuzz.contracts.reference import reference_and_envelope, same_precision_attention
 from kvfuzz.contracts.violations import Check, Violation, violation
 from kvfuzz.fuzz.guard.signatures import build_call, check_kernel_call
 from kvfuzz.fuzz.harness.faults import CallerFault
@@ -159,7 +159,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     t.kernel = time.perf_counter() - s
 
     s = time.perf_counter()
-    run.reference = reference_attention(batch, run.data)
+    run.reference, envelope = reference_and_envelope(batch, run.data)
     lowp = same_precision_attention(batch, run.data)
     t.reference = time.perf_counter() - s
 
@@ -167,8 +167,8 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     finite_fail = agree_fail = None
     if run.output is not None:
         finite_fail = check_finite(batch, run.output)
-        agree_fail = check_agreement(batch, run.output, run.reference, lowp)
-        run.ratio = error_ratio(batch, run.output, run.reference, lowp) if agree_fail is None else 0.0
+        agree_fail = check_agreement(batch, run.output, run.reference, lowp, envelope)
+        run.ratio = error_ratio(run.output, run.reference, lowp, envelope) if agree_fail is None else 0.0
     t.check_output = time.perf_counter() - s
     kernel = _kernel_summary(run.output, finite_fail, agree_fail, crash, not_run=bool(unsafe and not run_unsafe))
     common = {"path": run.path, "kernel": kernel}
