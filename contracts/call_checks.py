@@ -479,6 +479,8 @@ def check_call(call: PagedCall, *, rocm_arch: str | None = None,
     Never raises on odd arguments: a malformed call yields :data:`Check.SHAPES` violations instead. Index arithmetic
     runs on the CPU whatever ``torch.set_default_device`` says (vLLM's tests set "cuda").
     """
+    if torch.get_default_device().type == "cpu":  # a device context costs a Python call per torch op
+        return _check_call(call, rocm_arch=rocm_arch, portability_archs=portability_archs, vacuity=vacuity)
     with torch.device("cpu"):
         return _check_call(call, rocm_arch=rocm_arch, portability_archs=portability_archs, vacuity=vacuity)
 

@@ -129,6 +129,18 @@ def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
     return st.integers(lo, hi)
 
 
+@functools.lru_cache(maxsize=256)
+def _permutations(n: int) -> st.SearchStrategy[list[int]]:
+    return st.permutations(range(n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached(factory, *args, **kwargs) -> st.SearchStrategy:
+    """``factory(*args, **kwargs)``, built once: a strategy is validated the first time it is drawn from, which
+    costs more than the draw (hashable arguments only)."""
+    return factory(*args, **kwargs)
+
+
 @st.composite
 def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
     """``(num_blocks, block_table, arrangement)`` giving each sequence its own blocks: contiguous, reversed,
@@ -149,7 +161,7 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
         num_blocks = top + 1 + spare
         ids = list(range(top - total + 1, top + 1))
     elif arrangement == "permuted":
-        ids = draw(st.permutations(range(num_blocks)))[:total]
+        ids = draw(_permutations(num_blocks))[:total]
     else:  # fragmented: round-robin over sequences, with spare blocks scattered in between
         order = [(j, i) for i, n in enumerate(blocks_needed) for j in range(n)]
         order.sort()
@@ -169,7 +181,7 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
 @st.composite
 def _sequence(draw, block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[str, ...]):
     """One sequence slot of a batch: whether it is in the batch, and its ``(query_len, ctx_len)``."""
-    return draw(_sampled((False, True))), draw(sequence_lengths(block_sizes, limits, allowed))
+    return draw(_sampled((False, True))), draw(_cached(sequence_lengths, block_sizes, limits, allowed))
 
 
 @functools.lru_cache(maxsize=256)
@@ -192,7 +204,7 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     # heads right before the head size: the shrinker can trade fewer heads for a larger head size (it lowers
     # one choice and raises one up to four choices later), the order a developer reads a case in
     heads = None if pin is None else (pin.num_heads, pin.num_kv_heads)
-    num_heads, num_kv_heads = draw(gqa_heads(limits.max_num_heads, pin=heads))
+    num_heads, num_kv_heads = draw(_cached(gqa_heads, limits.max_num_heads, pin=heads))
     head_size = draw(choice(sorted(capabilities.head_sizes), *_pinned(pin, "head_size")))
     cache_dtypes = [k for k in capabilities.kv_cache_dtypes
                     if head_size in capabilities.head_sizes_for(k)
@@ -216,12 +228,12 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     sm_scale = draw(_sampled((None, 1.0, 0.5)))
     if sm_scale is not None:
         sm_scale /= head_size**0.5
-    params = draw(attention_params(capabilities, kv_cache_dtype, block_size,
+    params = draw(_cached(attention_params, capabilities, kv_cache_dtype, block_size,
                                    limits.max_ctx_len + limits.max_query_len, pin=pin))
     seed = draw(_SEEDS)
     # the block tables last: a permutation of blocks has a varying number of choices
     needed = [-(-(q + c) // block_size) for q, c in lens]
-    num_blocks, table, _ = draw(block_tables(needed, limits.max_spare_blocks))
+    num_blocks, table, _ = draw(_cached(block_tables, tuple(needed), limits.max_spare_blocks))
     if capabilities.shared_prefix_blocks:
         table = draw(shared_prefixes(table, ctx_lens, block_size))
     csr = {}

@@ -13,8 +13,16 @@ from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.data import make_batch_data
 from kvfuzz.contracts.oracles import LOWP_RTOL, agreement_bound, check_agreement, check_finite, error_ratio
-from kvfuzz.contracts.reference import (ENVELOPE_TERMS, _attend, _sequence, envelope_terms, flash_attention_model,
-                                        reference_and_envelope, same_precision_attention, ulp)
+from kvfuzz.contracts.reference import (
+    ENVELOPE_TERMS,
+    _attend,
+    _sequence,
+    envelope_terms,
+    flash_attention_model,
+    reference_and_envelope,
+    same_precision_attention,
+    ulp,
+)
 from kvfuzz.strategies.batches import Limits, batches
 
 F32 = torch.float32

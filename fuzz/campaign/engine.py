@@ -271,6 +271,13 @@ class _Quiet:
         pass
 
 
+def example_key(example: Example | dict) -> str:
+    """A canonical text of an example (its dict, keys sorted): equal for equal examples."""
+    import json
+
+    return json.dumps(example if isinstance(example, dict) else example.to_dict(), sort_keys=True)
+
+
 def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | None = None):
     """The examples a campaign draws for ``target``: inside its declaration, outside it (``undeclared``), or
     with every block past 2**31 elements (``big_cache``); ``pin``: inside one kernel configuration (not with
@@ -320,6 +327,8 @@ class Campaign:
         self.config = config
         self.listener = listener or _Quiet()
         self.known: set[tuple[str, str]] = set(known)
+        #: example_key -> signature of examples that ended a worker (a crash, a hang): counted, not re-run
+        self.ended: dict[str, tuple[str, str]] = {}
         self.fault_name = config.fault.name if config.fault else None
         self.strategy = strategy_for(target, config)
         self.db = config.db()
@@ -371,6 +380,9 @@ class Campaign:
         lab = labels(target, example.batch)
         for k, v in lab.items():
             event(f"{k}: {v}")
+        if self.ended and example_key(example) in self.ended:  # it crashed or hung a worker: already counted
+            event("skipped: ended a worker before")
+            return
         self.listener.begin(target.name, example)
         self.listener.phase("prepare")
         started = time.perf_counter()
@@ -564,4 +576,4 @@ def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int =
 
 __all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "WARMUP_EXAMPLES", "Campaign", "CampaignConfig",
            "FailureRecord", "Listener", "Outcome", "TargetStats", "chunk_config", "chunk_size",
-           "examples_per_chunk", "fuzz_target", "pins_configs", "strategy_for"]
+           "example_key", "examples_per_chunk", "fuzz_target", "pins_configs", "strategy_for"]

@@ -126,7 +126,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
 
         from kvfuzz.contracts.example import Example
         from kvfuzz.fuzz.campaign.database import DatabaseError
-        from kvfuzz.fuzz.campaign.engine import Campaign
+        from kvfuzz.fuzz.campaign.engine import Campaign, example_key
         from kvfuzz.fuzz.targets import get_target
 
         torch.set_num_threads(spec.threads)
@@ -147,9 +147,9 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                 if task[0] == "stop":
                     break
                 kind, tid, name, *args = task
-                known = {tuple(s) for s in args[-1]}
                 c = campaigns.get(name) or campaigns.setdefault(name, Campaign(targets[name], config, listener))
-                c.known |= known
+                c.known |= {tuple(s) for s in args[-1]["signatures"]}
+                c.ended.update((example_key(e), tuple(sig)) for sig, e in args[-1]["ended"])
                 if kind == "replay":
                     c.replay_database()
                 elif kind == "chunk":
@@ -258,6 +258,9 @@ class _Target:
     replayed: bool = False
     replay_issued: bool = False
     retries: list = attrs.Factory(list)  # examples to re-run once (their worker was killed from outside)
+    #: [signature, example] of examples that crashed or hung a worker: workers count them, never re-run them
+    #: (every chunk starts with the simplest example; one that hangs would otherwise hang every chunk)
+    ended: list = attrs.Factory(list)
     warm: list = attrs.Factory(list)  # configurations still to warm up (CampaignConfig.warmup)
     crashes: int = 0
     in_flight: list = attrs.Factory(list)  # tasks
@@ -467,7 +470,8 @@ class Supervisor:
                 s.retired = True
                 self._send(s, ("stop",))
             return
-        known = [list(sig) for sig in self.by_name[task.target].stats.failures]
+        t = self.by_name[task.target]
+        known = {"signatures": [list(sig) for sig in t.stats.failures], "ended": t.ended}
         msg = {"replay": ("replay", task.id, task.target, known),
                "chunk": ("chunk", task.id, task.target, task.chunk, task.n, known),
                "retry": ("retry", task.id, task.target, task.example, known)}[task.kind]
@@ -606,6 +610,8 @@ class Supervisor:
         t.stats.add(Outcome({"path": t.target.path(example.batch)}, signature=finding.signature),
                     time.monotonic() - (t.start or time.monotonic()))
         t.crashes += 1
+        if len(t.ended) < MAX_ENDED_EXAMPLES:
+            t.ended.append([list(finding.signature), flight["example"]])
         if finding.signature not in t.stats.failures:
             fault = self.config.fault.name if self.config.fault else None
             finding = self._blame_caller(t.target, example, finding)
@@ -689,6 +695,9 @@ def gpu_count() -> int:
     except Exception:
         return 0
 
+
+#: Crashing or hanging examples per target the workers are told not to re-run.
+MAX_ENDED_EXAMPLES = 200
 
 #: Workers per GPU at most by default: Triton compiles on the CPU, one worker at a time per process, while the
 #: GPU runs the small fuzz batches of several workers with room to spare.
