@@ -229,7 +229,7 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     if sm_scale is not None:
         sm_scale /= head_size**0.5
     params = draw(_cached(attention_params, capabilities, kv_cache_dtype, block_size,
-                                   limits.max_ctx_len + limits.max_query_len, pin=pin))
+                          limits.max_ctx_len + limits.max_query_len, pin=pin, value_ranges=limits.value_ranges))
     seed = draw(_SEEDS)
     # the block tables last: a permutation of blocks has a varying number of choices
     needed = [-(-(q + c) // block_size) for q, c in lens]
@@ -271,12 +271,13 @@ def csr_tails(num_slots: int) -> st.SearchStrategy[list[int]]:
 
 @st.composite
 def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, block_size: int,
-                     max_seq_len: int, pin: KernelConfig | None = None) -> dict:
+                     max_seq_len: int, pin: KernelConfig | None = None,
+                     value_ranges: tuple[str, ...] = VALUE_RANGES) -> dict:
     """The optional parameters of a call, as :class:`Batch` keyword arguments, each off by default (Hypothesis
     shrinks to the plain call): fp8 ``k_scale``/``v_scale`` (:data:`KV_SCALES`), the features the target
     declares (``sliding_window`` biased to 1, 2 and ``block_size - 1 .. + 1``; ``alibi``; ``sinks``;
     ``softcap`` from :data:`SOFTCAPS`), skipping a feature declared exclusive with one already drawn, and the
-    ``value_range`` (:data:`~kvfuzz.contracts.batch.VALUE_RANGES`). ``pin``: which features are on and the
+    ``value_range`` (one of ``value_ranges``, :data:`~kvfuzz.contracts.batch.VALUE_RANGES` by default). ``pin``: which features are on and the
     window are those of this configuration (see :func:`batches`)."""
     # every value is drawn whether it is used or not (module docstring: no shifts while shrinking)
     k_scale, v_scale = draw(_sampled(KV_SCALES)), draw(_sampled(KV_SCALES))
@@ -290,7 +291,7 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
     else:
         window = draw(_sampled(edges))
     softcap = draw(_sampled(SOFTCAPS))
-    value_range = draw(_sampled(VALUE_RANGES))
+    value_range = draw(_sampled(tuple(value_ranges)))
     chosen: list[str] = []
     for feature in wanted:  # declared features, skipping one declared exclusive with a feature already on
         if capabilities.combinable([*chosen, feature]):

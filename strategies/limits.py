@@ -1,16 +1,24 @@
-"""Size bounds of generated batches (no torch, no Hypothesis at import: the CLI reads the defaults)."""
+"""Bounds of generated batches: sizes and value ranges (no torch, no Hypothesis at import: the CLI reads the
+defaults)."""
 
 from __future__ import annotations
 
 import attrs
 
+#: kvfuzz.contracts.batch.VALUE_RANGES, spelled out: that module imports torch, and the CLI reads these defaults
+#: (tests/test_strategies.py keeps the two equal).
+VALUE_RANGES = ("normal", "large", "equal", "dominant")
+
 
 @attrs.frozen
 class Limits:
-    """Size bounds for generated batches (keep them small on CPU: the Triton interpreter is slow).
+    """Bounds for generated batches (keep the sizes small on CPU: the Triton interpreter is slow).
 
     max_num_seqs: sequences per batch. max_ctx_len: cached tokens per sequence. max_query_len: new tokens
     of a prefill. max_num_heads: query heads. max_spare_blocks: unused physical blocks beyond those needed.
+    value_ranges: how queries and keys may be drawn, a non-empty subset of
+    :data:`kvfuzz.contracts.batch.VALUE_RANGES` (the pre-merge gate narrows it for a target's documented
+    limitation: ``Target.gate_value_ranges``). Raises InvalidArgument for a bound out of range.
     """
 
     max_num_seqs: int = 4
@@ -18,9 +26,17 @@ class Limits:
     max_query_len: int = 40
     max_num_heads: int = 16
     max_spare_blocks: int = 6
+    value_ranges: tuple[str, ...] = VALUE_RANGES
 
     def __attrs_post_init__(self) -> None:
+        if not self.value_ranges or not set(self.value_ranges) <= set(VALUE_RANGES):
+            from hypothesis.errors import InvalidArgument
+
+            raise InvalidArgument(f"Limits.value_ranges={self.value_ranges!r} must be a non-empty subset of "
+                                  f"{VALUE_RANGES}")
         for a in attrs.fields(Limits):
+            if a.name == "value_ranges":
+                continue
             v = getattr(self, a.name)
             lo = 0 if a.name in ("max_ctx_len", "max_spare_blocks") else 1
             if a.name == "max_query_len":

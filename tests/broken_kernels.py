@@ -12,6 +12,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from sdpa_paged_target import SdpaPaged  # noqa: E402
 
 
+def _scale(a):
+    """The call's softmax scale; None (the batch left it to the kernel) is SDPA's default 1/sqrt(head_size)."""
+    return a["scale"] if a["scale"] is not None else a["query"].shape[-1] ** -0.5
+
+
 def _sdpa(a, seq_order=None, extra_slot=False, first_block_only=False, scale_of=None):
     """SDPA per sequence, with the defects as switches."""
     bs = a["key_cache"].shape[1]
@@ -62,7 +67,7 @@ class SequenceIndexDependent(SdpaPaged):
     description = "SDPA whose result depends on a sequence's index in the batch"
 
     def run(self, call):
-        base = call.kwargs["scale"]
+        base = _scale(call.kwargs)
         return _sdpa(call.kwargs, scale_of=lambda i, n: base * (1 + 1e-6 * i))
 
 
@@ -74,7 +79,7 @@ class BatchSizeDependent(SdpaPaged):
     description = "SDPA whose result depends on the number of sequences"
 
     def run(self, call):
-        base = call.kwargs["scale"]
+        base = _scale(call.kwargs)
         return _sdpa(call.kwargs, scale_of=lambda i, n: base * (1 + 1e-6 * (n > 1)))
 
 

@@ -57,7 +57,8 @@ class DecodeMissesOwnToken(SdpaPaged):
                 v = a["value_cache"][slots // bs, slots % bs].float()
                 q = a["query"][qsl[i]].float()
                 g = q.shape[0] // k.shape[1]
-                s = torch.einsum("hd,khd->hk", q, k.repeat_interleave(g, 1)) * a["scale"]
+                scale = a["scale"] if a["scale"] is not None else q.shape[-1] ** -0.5  # None: SDPA's default
+                s = torch.einsum("hd,khd->hk", q, k.repeat_interleave(g, 1)) * scale
                 out[qsl[i]] = torch.einsum("hk,khd->hd", s.softmax(-1), v.repeat_interleave(g, 1)).to(out.dtype)
         return out
 

@@ -232,5 +232,5 @@ def test_short_campaign_on_real_writers(tmp_path, cls, n):
     cfg = CampaignConfig(out=tmp_path, max_examples=n, seed=3, limits=Limits(max_num_seqs=3, max_ctx_len=40,
                                                                                max_query_len=12))
     stats = fuzz_target(t, cfg)
-    assert stats.failures == {}, [f.finding.message for f in stats.failures.values()]
+    assert stats.failures == {}, [f.message for f in stats.failures.values()]
     assert stats.examples == n

@@ -58,3 +58,20 @@ def test_red_on_a_corpus_case_that_fails_again(tmp_path):
     assert r.returncode == 1 and "1 failed" in r.stdout
     failures = [tc.get("name") for tc in ET.parse(junit).getroot().iter("testcase") if tc.find("failure") is not None]
     assert failures == [case.name]
+
+
+def test_the_gate_draws_only_a_targets_gate_value_ranges(tmp_path):
+    """sglang.decode_attention_fwd's gate leaves out the wide-logit ranges of its documented Finding 9;
+    `kvfuzz fuzz` (no gate) still draws them."""
+    from hypothesis import find, settings
+    from hypothesis.errors import NoSuchExample
+
+    from kvfuzz.fuzz.campaign.engine import CampaignConfig, strategy_for
+    from kvfuzz.fuzz.targets import get_target
+
+    t = get_target("sglang.decode_attention_fwd")
+    wide = lambda e: e.batch.value_range in ("large", "dominant")  # noqa: E731
+    assert set(t.gate_value_ranges) == {"normal", "equal"}
+    assert wide(find(strategy_for(t, CampaignConfig(out=tmp_path)), wide, settings=settings(max_examples=500)))
+    with pytest.raises(NoSuchExample):
+        find(strategy_for(t, CampaignConfig(out=tmp_path, gate=True)), wide, settings=settings(max_examples=300))

@@ -2,8 +2,10 @@
 
 They run under Hypothesis profiles (conftest.py: dev, ci, fuzz; `pytest --hypothesis-profile fuzz`), under
 pytest-xdist (`-n auto`), and under HypoFuzz unchanged (it runs any @given test; it is optional and never a
-dependency). Poisons are each target's gate_poisons, as in `kvfuzz check`."""
+dependency). Poisons and value ranges are each target's gate_poisons and gate_value_ranges, as in `kvfuzz
+check`."""
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -19,7 +21,8 @@ pytestmark = pytest.mark.kernel
 def _property(name):
     target = get_target(name)
     avail = target.availability()
-    strategy = examples(target.capabilities, CHECK_LIMITS, target.gate_poisons or tuple(Poison))
+    limits = attrs.evolve(CHECK_LIMITS, value_ranges=target.gate_value_ranges or CHECK_LIMITS.value_ranges)
+    strategy = examples(target.capabilities, limits, target.gate_poisons or tuple(Poison))
 
     @pytest.mark.skipif(not avail.ok, reason=f"{name}: {avail.reason}")
     @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # budget: the profile

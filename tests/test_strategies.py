@@ -1,5 +1,6 @@
 """Strategies stay inside a target's declaration and shrink to small batches."""
 
+import pytest
 from hypothesis import find, given, settings
 
 from kvfuzz.contracts.batch import Batch
@@ -122,3 +123,18 @@ def test_any_sequence_can_be_removed():
     b = find(batches(WIDE, LIMITS), lambda b: any(s >= 20 for s in b.seq_lens), settings=FIND)
     assert b.num_seqs == 1 and b.seq_lens == (20,)
 
+
+
+def test_value_ranges_are_bounded_by_the_limits():
+    from hypothesis.errors import InvalidArgument
+
+    from kvfuzz.contracts.batch import VALUE_RANGES
+    from kvfuzz.strategies import limits
+
+    assert limits.VALUE_RANGES == VALUE_RANGES  # spelled out in limits.py to keep torch out of the CLI
+    narrow = Limits(max_num_seqs=2, max_ctx_len=8, max_query_len=4, max_num_heads=2, value_ranges=("equal",))
+    assert find(examples(CAPS, narrow), lambda e: True, settings=FIND).batch.value_range == "equal"
+    with pytest.raises(InvalidArgument, match="value_ranges"):
+        Limits(value_ranges=("huge",))
+    with pytest.raises(InvalidArgument, match="value_ranges"):
+        Limits(value_ranges=())

@@ -53,7 +53,7 @@ def test_short_campaign_on_each_real_target(tmp_path, name):
     cfg = CampaignConfig(out=tmp_path, max_examples=6, seed=1, poisons=(Poison.STALE, Poison.ZEROS),
                          limits=Limits(max_num_seqs=3, max_ctx_len=40, max_query_len=12))
     stats = fuzz_target(t, cfg)
-    assert stats.failures == {}, [f.finding.message for f in stats.failures.values()]
+    assert stats.failures == {}, [f.message for f in stats.failures.values()]
     assert stats.examples == 6 and sum(stats.paths.values()) == 6
 
 

@@ -154,5 +154,5 @@ def test_short_campaign(tmp_path):
     cfg = CampaignConfig(out=tmp_path, max_examples=6, seed=1, poisons=(Poison.STALE, Poison.ZEROS),
                          limits=Limits(max_num_seqs=3, max_ctx_len=40, max_query_len=12))
     stats = fuzz_target(TARGET, cfg)
-    assert stats.failures == {}, [f.finding.message for f in stats.failures.values()]
+    assert stats.failures == {}, [f.message for f in stats.failures.values()]
     assert stats.examples == 6 and stats.paths["eager (cpu)"] == 6

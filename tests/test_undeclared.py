@@ -49,10 +49,10 @@ def test_undeclared_campaign_finds_the_silent_kernel_and_counts_rejections(tmp_p
     stats = fuzz_target(SilentOnUndeclaredHeadSizes(), CampaignConfig(
         out=tmp_path, max_examples=30, seed=2, undeclared=True, poisons=(Poison.STALE,),
         limits=Limits(max_num_seqs=2, max_ctx_len=20, max_query_len=8, max_num_heads=4)))
-    kinds = {f.finding.kind for f in stats.failures.values()}
-    assert kinds == {FailureKind.SILENT_UNSUPPORTED}
+    kinds = {f.kind for f in stats.failures.values()}
+    assert kinds == {FailureKind.SILENT_UNSUPPORTED.value}
     (f,) = stats.failures.values()
-    assert f.example.batch.head_size not in (32, 64, 128)
+    assert f.example["batch"]["head_size"] not in (32, 64, 128)
     t = get_target("vllm.cpu_attention")
     if t.availability().ok:
         stats = fuzz_target(t, CampaignConfig(out=tmp_path / "cpu", max_examples=20, seed=1, undeclared=True,

@@ -91,7 +91,8 @@ class CampaignConfig:
     #: Hypothesis database: None for ``out/hypothesis-db``, a directory path, or ``redis://host:port/db``.
     db_spec: str | None = None
     #: The pre-merge gate: its database is in memory (plus a read-only view of ``db_spec`` when given), and each
-    #: target draws only its ``gate_poisons`` (a documented kernel limitation the gate does not re-report).
+    #: target draws only its ``gate_poisons`` and ``gate_value_ranges`` (a documented kernel limitation the gate
+    #: does not re-report).
     gate: bool = False
     #: Run calls whose arguments could make a kernel read out of bounds (isolated worker processes only).
     run_unsafe: bool = False
@@ -284,6 +285,8 @@ def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | Non
     ``undeclared``, which draws outside the declaration). Raises ValueError for a big-cache cache writer."""
     if config.gate and target.gate_poisons:
         config = attrs.evolve(config, poisons=target.gate_poisons)
+    if config.gate and target.gate_value_ranges:
+        config = attrs.evolve(config, limits=attrs.evolve(config.limits, value_ranges=target.gate_value_ranges))
     if config.undeclared:
         return undeclared_examples(target.capabilities, target.faithful_dtypes(), config.limits, config.poisons)
     if config.big_cache:

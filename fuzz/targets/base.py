@@ -65,6 +65,9 @@ class Target(abc.ABC):
     #: Poisons the pre-merge gate (``kvfuzz check``) uses; None: all. A target restricts this only for a
     #: documented, known kernel limitation, which ``kvfuzz fuzz`` (all poisons) keeps reporting.
     gate_poisons: ClassVar[tuple[Poison, ...] | None] = None
+    #: Value ranges the pre-merge gate draws (kvfuzz.contracts.batch.VALUE_RANGES); None: all. Restricted, as
+    #: ``gate_poisons``, only for a documented, known kernel limitation that ``kvfuzz fuzz`` keeps reporting.
+    gate_value_ranges: ClassVar[tuple[str, ...] | None] = None
 
     def __new__(cls, *args, **kwargs):
         # A subclass that does not set its own name would share its parent's reproducer directories, database
