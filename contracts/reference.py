@@ -61,12 +61,13 @@ def _sequence(batch: Batch, data: BatchData, i: int, dtype: torch.dtype):
     k = data.keys[ssl[i] : ssl[i + 1]].to(dtype).repeat_interleave(g, dim=1)
     v = data.values[ssl[i] : ssl[i + 1]].to(dtype).repeat_interleave(g, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * batch.scale
-    qpos = batch.ctx_lens[i] + torch.arange(batch.query_lens[i])
-    kpos = torch.arange(batch.seq_lens[i])
+    dev = data.query.device
+    qpos = batch.ctx_lens[i] + torch.arange(batch.query_lens[i], device=dev)
+    kpos = torch.arange(batch.seq_lens[i], device=dev)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     if batch.softcap is not None:
         scores = batch.softcap * torch.tanh(scores.to(acc) / batch.softcap).to(dtype)
-    slopes = batch.alibi_slopes_tensor()
+    slopes = batch.alibi_slopes_tensor(dev)
     if slopes is not None:
         bias = slopes.to(torch.float64)[:, None, None] * (kpos[None, None, :] - qpos[None, :, None])
         scores = scores + bias.to(dtype)
@@ -83,7 +84,7 @@ def _sequence(batch: Batch, data: BatchData, i: int, dtype: torch.dtype):
 def _attend(batch: Batch, data: BatchData, dtype: torch.dtype) -> torch.Tensor:
     """The attention computed naively in ``dtype`` with torch ops (softmax accumulated in fp32 for 16-bit
     dtypes, as torch does): ``[num_tokens, num_heads, head_size]`` in ``dtype``."""
-    out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=dtype)
+    out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=dtype, device=data.query.device)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     qsl = batch.query_start_loc
     for i in range(batch.num_seqs):  # one vectorized block per sequence (not per token)
@@ -108,29 +109,76 @@ def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 ENVELOPE_TERMS = ("probabilities", "logits", "accumulation", "output")
 
 
-def _envelope(batch: Batch, p: torch.Tensor, psink: torch.Tensor | None, o: torch.Tensor, q: torch.Tensor,
-              k: torch.Tensor, v: torch.Tensor, s: torch.Tensor, m: torch.Tensor,
-              sink: torch.Tensor | None) -> dict[str, torch.Tensor]:
+class _Grouped:
+    """Sequence ``i`` in fp64 with the query heads grouped by kv head (vLLM's GQA grouping: head
+    ``h = kv * g + j``), so every product is one batched matmul over the kv heads and the keys and values are
+    never copied per query head. ``q``: ``[Hkv, g*Q, D]`` (rows ``j*Q + t``); ``k``, ``v``: ``[Hkv, K, D]``;
+    ``s``: the masked logits ``[H, Q, K]`` (``-inf`` where masked); ``sink``: ``[H, Q, 1]`` or None. On the
+    device of ``data``."""
+
+    def __init__(self, batch: Batch, data: BatchData, i: int) -> None:
+        f64 = torch.float64
+        hkv, g, D = batch.num_kv_heads, batch.gqa_ratio, batch.head_size
+        qsl, ssl = batch.query_start_loc, batch.seq_start_loc
+        dev = data.query.device
+        self.Q, self.K, self.H = qsl[i + 1] - qsl[i], ssl[i + 1] - ssl[i], batch.num_heads
+        self.q = data.query[qsl[i] : qsl[i + 1]].to(f64).permute(1, 0, 2).reshape(hkv, g * self.Q, D)
+        self.k = data.keys[ssl[i] : ssl[i + 1]].to(f64).permute(1, 0, 2)
+        self.v = data.values[ssl[i] : ssl[i + 1]].to(f64).permute(1, 0, 2)
+        s = self.heads(torch.bmm(self.q, self.k.transpose(1, 2))) * batch.scale
+        qpos = batch.ctx_lens[i] + torch.arange(self.Q, device=dev)
+        kpos = torch.arange(self.K, device=dev)
+        if batch.softcap is not None:
+            s = batch.softcap * torch.tanh(s / batch.softcap)
+        slopes = batch.alibi_slopes_tensor(dev)
+        if slopes is not None:
+            s = s + slopes.to(f64)[:, None, None] * (kpos[None, None, :] - qpos[None, :, None])
+        masked = kpos[None, :] > qpos[:, None]
+        if batch.sliding_window is not None:
+            masked |= kpos[None, :] <= qpos[:, None] - batch.sliding_window
+        self.s = s.masked_fill(masked[None], float("-inf"))
+        self.sink = None
+        if data.sinks is not None:  # one extra logit per head
+            self.sink = data.sinks.to(f64)[:, None, None].expand(-1, self.Q, 1)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``[Hkv, g*Q, N]`` -> ``[H, Q, N]`` (a view)."""
+        return x.view(self.H, self.Q, x.shape[-1])
+
+    def by_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """``[H, Q, N]`` -> ``[Hkv, g*Q, N]`` (a view of a contiguous tensor)."""
+        return x.reshape(self.k.shape[0], -1, x.shape[-1])
+
+    def times_v(self, p: torch.Tensor, v: torch.Tensor | None = None) -> torch.Tensor:
+        """``sum_k p[h, t, k] v[k, h, d]`` as ``[Q, H, D]`` (``p``: ``[H, Q, K]``; ``v`` grouped, default the
+        values)."""
+        out = torch.bmm(self.by_kv(p), self.v if v is None else v)  # [Hkv, g*Q, D]
+        return self.heads(out).transpose(0, 1)
+
+
+def _envelope(batch: Batch, seq: _Grouped, p: torch.Tensor, psink: torch.Tensor | None, o: torch.Tensor,
+              m: torch.Tensor) -> dict[str, torch.Tensor]:
     """One sequence's envelope terms (:data:`ENVELOPE_TERMS`), each ``[Q, H, D]`` fp64, from its exact
     probabilities ``p [H, Q, K]`` (0 where masked), sink probability ``psink [H, Q, 1]``, output
-    ``o [Q, H, D]``, inputs ``q [Q, H, D]``, ``k``/``v [K, H, D]``, logits ``s`` (-inf where masked) and row
-    max ``m [H, Q, 1]``."""
+    ``o [Q, H, D]`` and row max ``m [H, Q, 1]`` (``seq``: its inputs and logits)."""
     dt = batch.torch_dtype
     fi = torch.finfo(dt)
+    s = seq.s
     visible = torch.isfinite(s)
     # each logit's fp32 error, in units of FP32_UNIT: the dot product and the logit's magnitude
-    mag = torch.einsum("qhd,khd->hqk", q.abs(), k.abs()) * batch.scale  # scale * sum_i |q_i k_i|
-    dlogit = DOT_LAMBDA * math.sqrt(batch.head_size) * mag + LOGIT_ULPS * s.masked_fill(~visible, 0.0).abs()
+    mag = seq.heads(torch.bmm(seq.q.abs(), seq.k.abs().transpose(1, 2))) * batch.scale  # scale * sum_i |q_i k_i|
+    dlogit = (DOT_LAMBDA * math.sqrt(batch.head_size)) * mag
+    dlogit += LOGIT_ULPS * s.masked_fill(~visible, 0.0).abs()
     if batch.softcap is not None:
-        dlogit = dlogit + SOFTCAP_ULPS * batch.softcap * 2.0  # eps(fp32) = 2 * FP32_UNIT
+        dlogit += SOFTCAP_ULPS * batch.softcap * 2.0  # eps(fp32) = 2 * FP32_UNIT
     drow = LOGIT_ULPS * m.abs()  # the row max, common to the row
-    av, ao = v.abs(), o.abs()
-    pv = torch.einsum("hqk,khd->qhd", torch.maximum(p, fi.tiny * visible), av)  # sum_k max(p_k, tiny) |v_kd|
+    av, ao = seq.v.abs(), o.abs()
+    pv = seq.times_v(torch.maximum(p, fi.tiny * visible), av)  # sum_k max(p_k, tiny) |v_kd|
     pd = p * dlogit
     row = pd.sum(-1, keepdim=True) + drow * p.sum(-1, keepdim=True)  # [H, Q, 1]
-    if sink is not None:
-        row = row + psink * (LOGIT_ULPS * (sink.abs() + m.abs()))
-    logits = torch.einsum("hqk,khd->qhd", pd, av) + drow.transpose(0, 1) * pv + row.transpose(0, 1) * ao
+    if seq.sink is not None:
+        row = row + psink * (LOGIT_ULPS * (seq.sink.abs() + m.abs()))
+    logits = seq.times_v(pd, av) + drow.transpose(0, 1) * pv + row.transpose(0, 1) * ao
     keys = visible.sum(-1, keepdim=True).transpose(0, 1).to(p.dtype)  # [Q, H, 1]
     terms = {"probabilities": (fi.eps / 2) * pv, "logits": FP32_UNIT * logits,
              "accumulation": FP32_UNIT * (keys + 2) * (pv + ao)}
@@ -155,18 +203,20 @@ def _softmax_parts(s: torch.Tensor, sink: torch.Tensor | None):
 
 def _exact(batch: Batch, data: BatchData, envelope: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     shape = (batch.num_tokens, batch.num_heads, batch.head_size)
-    out = torch.empty(shape, dtype=torch.float64)
-    terms = {name: torch.empty(shape, dtype=torch.float64) for name in ENVELOPE_TERMS} if envelope else {}
+    dev = data.query.device
+    out = torch.empty(shape, dtype=torch.float64, device=dev)
+    terms = {name: torch.empty(shape, dtype=torch.float64, device=dev) for name in ENVELOPE_TERMS} \
+        if envelope else {}
     qsl = batch.query_start_loc
     for i in range(batch.num_seqs):  # one vectorized block per sequence (not per token)
-        q, k, v, s, sink = _sequence(batch, data, i, torch.float64)
-        m, e, esink, total = _softmax_parts(s, sink)
+        seq = _Grouped(batch, data, i)
+        m, e, esink, total = _softmax_parts(seq.s, seq.sink)
         p = e / total
-        o = torch.einsum("hqk,khd->qhd", p, v)
+        o = seq.times_v(p)
         out[qsl[i] : qsl[i + 1]] = o
         if envelope:
             psink = None if esink is None else esink / total
-            for name, term in _envelope(batch, p, psink, o, q, k, v, s, m, sink).items():
+            for name, term in _envelope(batch, seq, p, psink, o, m).items():
                 terms[name][qsl[i] : qsl[i + 1]] = term
     return out, terms
 
@@ -210,7 +260,7 @@ def flash_attention_model(batch: Batch, data: BatchData) -> torch.Tensor:
     divided by the fp32 row sum and rounded to the dtype once. Returned as fp64 ``[num_tokens, num_heads,
     head_size]``. The second low-precision model of the mean-error rule (:mod:`kvfuzz.contracts.oracles`)."""
     dt = batch.torch_dtype
-    out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=dt)
+    out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=dt, device=data.query.device)
     qsl = batch.query_start_loc
     for i in range(batch.num_seqs):
         _, _, v, s, sink = _sequence(batch, data, i, torch.float32)
