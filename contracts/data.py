@@ -14,7 +14,7 @@ from .batch import Batch, positions
 
 @attrs.frozen(eq=False)
 class BatchData:
-    """Tensors of one batch (all on CPU, in ``batch.dtype``).
+    """Tensors of one batch (drawn on CPU, in ``batch.dtype``; :meth:`to` copies them to a device).
 
     query:  ``[num_tokens, num_heads, head_size]``, in query order (``query_start_loc``).
     keys, values: ``[sum(seq_lens), num_kv_heads, head_size]``: every position ``0 .. seq_len-1`` of every
@@ -48,6 +48,15 @@ class BatchData:
         return BatchData(query=self.query[query_rows], keys=self.keys[kv_rows], values=self.values[kv_rows],
                          cache_keys=self.cache_keys[kv_rows], cache_values=self.cache_values[kv_rows],
                          sinks=self.sinks)
+
+    def to(self, device: str | torch.device) -> "BatchData":
+        """The same tensors on ``device`` (``self`` when they are there already): the fp64 reference of a CUDA
+        target's batch runs on its GPU."""
+        d, here = torch.device(device), self.query.device
+        if here == d or (d.index is None and here.type == d.type):
+            return self
+        return BatchData(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(d)
+                            for f in attrs.fields(BatchData)})
 
     def new_kv(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``key``/``value`` ``[num_tokens, num_kv_heads, head_size]``: the new tokens in query order, as a

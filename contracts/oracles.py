@@ -20,6 +20,8 @@ measured and rejected (docs/tolerance.md, "Why no mean-error rule").
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import torch
 
@@ -72,10 +74,12 @@ def _locate(batch: Batch, token: int) -> tuple[int, int]:
 
 
 def check_finite(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
-    """NaN or inf anywhere in ``out`` ``[num_tokens, num_heads, head_size]`` is always a failure."""
-    bad = ~torch.isfinite(out.cpu())
-    if not bad.any():
+    """NaN or inf anywhere in ``out`` ``[num_tokens, num_heads, head_size]`` (any device) is always a failure.
+    One host sync when it passes."""
+    if bool(torch.isfinite(out).all()):
         return None
+    out = out.cpu()
+    bad = ~torch.isfinite(out)
     t, h, d = (int(i) for i in torch.nonzero(bad)[0])
     rows = bad.any(dim=-1)
     seq, pos = _locate(batch, t)
@@ -88,33 +92,54 @@ def agreement_bound(ref: torch.Tensor, lowp: torch.Tensor, envelope: torch.Tenso
                     rtol: float = LOWP_RTOL) -> torch.Tensor:
     """The bound of the module docstring, fp64 ``[num_tokens, num_heads, head_size]``: per element,
     ``max(rtol * max_d |lowp - ref|, envelope)``; ``ref``, ``lowp``, ``envelope`` fp64, that shape."""
-    naive = rtol * (lowp - ref).abs().amax(dim=-1, keepdim=True)
+    naive = rtol * (lowp.to(ref.device) - ref).abs().amax(dim=-1, keepdim=True)
     return torch.maximum(naive, envelope)
 
 
-def check_agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: torch.Tensor,
-                    envelope: torch.Tensor, rtol: float = LOWP_RTOL) -> OracleFailure | None:
-    """Element-wise rule of the module docstring (:func:`agreement_bound`). ``out`` any float dtype, ``ref``,
-    ``lowp`` and ``envelope`` fp64, all ``[num_tokens, num_heads, head_size]``. Returns None when every
-    element passes, else the failure at the element with the largest ``|out - ref| / bound``."""
-    err = (out.cpu().to(torch.float64) - ref).abs()
-    bound = agreement_bound(ref, lowp, envelope, rtol)
+#: The same-precision output: a tensor, or a function computing it (called only when needed).
+LowPrecision = torch.Tensor | Callable[[], torch.Tensor]
+
+
+def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPrecision, envelope: torch.Tensor,
+              rtol: float = LOWP_RTOL) -> tuple[OracleFailure | None, float]:
+    """The element-wise rule of the module docstring, with its ratio: ``(failure, ratio)``.
+
+    ``out`` any float dtype, ``ref`` and ``envelope`` fp64, all ``[num_tokens, num_heads, head_size]`` and on
+    one device (``out`` is moved to ``ref``'s); ``lowp`` fp64 that shape, or a zero-argument function returning
+    it. ``failure``: None when every element passes, else the failure at the element with the largest
+    ``|out - ref| / bound``. ``ratio``: the largest ``|out - ref| / bound`` of a passing output (0.0 when it
+    fails). Every element under the envelope passes whatever ``lowp`` is (the bound is at least the envelope),
+    so ``lowp`` is computed only when some element exceeds it, and the ratio is then taken against the
+    envelope alone: an upper bound of the ratio against the full bound. One host sync when every element is
+    under the envelope."""
+    err = (out.to(ref.device, torch.float64) - ref).abs()
+    over = float((err / envelope).nan_to_num(float("inf")).max()) if err.numel() else 0.0  # envelope > 0
+    if over <= 1.0:
+        return None, over
+    err, ref, envelope = err.cpu(), ref.cpu(), envelope.cpu()
+    bound = agreement_bound(ref, (lowp() if callable(lowp) else lowp).cpu(), envelope, rtol)
     bad = ~(err <= bound)  # NaN counts as bad
     if not bad.any():
-        return None
+        return None, float((err / bound).max())
     excess = torch.where(bad, err / bound, torch.zeros_like(err)).nan_to_num(float("inf"))
     t, h, d = (int(i) for i in torch.unravel_index(torch.argmax(excess), excess.shape))
     seq, pos = _locate(batch, t)
     rows = bad.any(dim=-1)
     tokens = tuple(int(i) for i in torch.nonzero(rows.any(dim=1)).flatten())
     return OracleFailure("agreement", seq, pos, t, h, d, float(err[t, h, d]), float(bound[t, h, d]),
-                         int(rows.sum()), int(bad.sum()), tokens)
+                         int(rows.sum()), int(bad.sum()), tokens), 0.0
+
+
+def check_agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPrecision,
+                    envelope: torch.Tensor, rtol: float = LOWP_RTOL) -> OracleFailure | None:
+    """The failure of :func:`agreement` (None when every element passes)."""
+    return agreement(batch, out, ref, lowp, envelope, rtol)[0]
 
 
 def error_ratio(out: torch.Tensor, ref: torch.Tensor, lowp: torch.Tensor, envelope: torch.Tensor) -> float:
     """``max over elements of |out - ref| / bound``: how much of the agreement bound a passing kernel used
-    (fails above 1; the calibration statistic of docs/tolerance.md)."""
-    err = (out.cpu().to(torch.float64) - ref).abs()
+    (fails above 1; the calibration statistic of docs/tolerance.md). Exact (``lowp`` always counts)."""
+    err = (out.to(ref.device, torch.float64) - ref).abs()
     return float((err / agreement_bound(ref, lowp, envelope)).nan_to_num(float("inf")).max())
 
 

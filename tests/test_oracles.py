@@ -343,3 +343,36 @@ def test_catches_a_wrong_scale(make_batch):
     b, d, ref, lowp, env = case(make_batch)
     wrong = reference.reference_attention(attrs.evolve(b, sm_scale=b.scale * 1.05), d)
     assert check_agreement(b, wrong, ref, lowp, env) is not None
+
+
+def test_the_same_precision_model_is_computed_only_when_the_envelope_is_exceeded(make_batch):
+    """agreement() takes lowp lazily: an output inside the envelope never calls it (its ratio is then against
+    the envelope, an upper bound of the exact one); an output outside calls it once, and the verdict and the
+    located failure equal those of the eager call."""
+    from kvfuzz.contracts.oracles import agreement
+
+    b, d, ref, lowp, env = case(make_batch)
+    calls = []
+
+    def lazy():
+        calls.append(1)
+        return lowp
+
+    inside = emulate(b, d)  # FlashAttention-style: inside the envelope
+    fail, ratio = agreement(b, inside, ref, lazy, env)
+    assert fail is None and not calls and error_ratio(inside, ref, lowp, env) <= ratio <= 1.0
+    naive = _attend(b, d, b.torch_dtype)  # outside the envelope, inside the naive term
+    fail, ratio = agreement(b, naive, ref, lazy, env)
+    assert fail is None and calls == [1] and ratio == pytest.approx(error_ratio(naive, ref, lowp, env))
+    wrong = naive.clone()
+    wrong[5] += 0.01
+    fail, ratio = agreement(b, wrong, ref, lazy, env)
+    assert fail == check_agreement(b, wrong, ref, lowp, env) and fail is not None and ratio == 0.0
+    assert len(calls) == 2
+
+
+def test_batch_data_moves_to_a_device_and_stays_when_already_there(make_batch):
+    b, d, *_ = case(make_batch)
+    assert d.to("cpu") is d and d.to(torch.device("cpu")) is d
+    meta = d.to("meta")
+    assert meta.query.device.type == "meta" and meta.sinks is None and meta.cache_keys.shape == d.cache_keys.shape
