@@ -54,6 +54,7 @@ def run_campaign(target: str, duration: float, workers: int | None, cache: Path,
            "--seed", str(seed), "--out", str(out), "--triton-cache", str(cache), *extra]
     if workers:
         cmd += ["--workers", str(workers)]
+    out.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     log = open(out.parent / f"{out.name}.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, COLUMNS="200"))
@@ -97,13 +98,16 @@ def per_minute(samples: list[dict]) -> list[dict]:
 
 def curve(targets: list[str], duration: float, worker_counts: list[int | None], seed: int = 0,
           interval: float = 5.0, root: Path | None = None, extra: tuple[str, ...] = (),
-          on_run: Callable[[dict], None] = lambda r: None) -> dict:
+          on_run: Callable[[dict], None] = lambda r: None,
+          on_doc: Callable[[dict], None] = lambda d: None) -> dict:
     """For each target and worker count (None: kvfuzz's default), a cold run then a warm one; returns the
-    JSON document."""
+    JSON document, also handed to ``on_doc`` after every run (a benchmark cut short keeps what it measured)."""
     import torch
 
     root = Path(root or tempfile.mkdtemp(prefix="kvfuzz-curve-"))
-    runs = []
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    doc = {"settings": {"duration_s": duration, "seed": seed, "interval_s": interval, "device": device,
+                        "cpus": os.cpu_count(), "extra": list(extra)}, "runs": []}
     for target in targets:
         for workers in worker_counts:
             tag = f"{target}-w{workers or 'default'}"
@@ -114,11 +118,10 @@ def curve(targets: list[str], duration: float, worker_counts: list[int | None], 
                 shutil.rmtree(out, ignore_errors=True)
                 r = run_campaign(target, duration, workers, cache, out, seed, interval, extra)
                 r.update(mode=mode, workers_asked=workers or "default")
-                runs.append(r)
+                doc["runs"].append(r)
                 on_run(r)
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    return {"settings": {"duration_s": duration, "seed": seed, "interval_s": interval, "device": device,
-                         "cpus": os.cpu_count(), "extra": list(extra)}, "runs": runs}
+                on_doc(doc)
+    return doc
 
 
 def plot(doc: dict, path: Path) -> Path:

@@ -209,11 +209,16 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
                       f"{r['examples_per_s']} ex/s, {r['compiled']} kernels compiled, exit {r['exit_status']}; "
                       f"per minute: {pm}", highlight=False)
 
+    from kvfuzz.fuzz.campaign.journal import write_json
+
+    def save(doc: dict) -> None:  # after every run: a benchmark cut short keeps what it measured
+        if json_path:
+            Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+            write_json(Path(json_path), doc)
+
     doc = run_curve(names, parse_duration(duration), counts, seed, interval,
-                    Path(root) if root else None, tuple(fuzz_args), on_run=show)
+                    Path(root) if root else None, tuple(fuzz_args), on_run=show, on_doc=save)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(doc, indent=1))
         console.print(f"JSON: {json_path}")
     if plot_path:
         console.print(f"plot: {plot(doc, Path(plot_path))}")

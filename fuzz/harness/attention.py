@@ -3,6 +3,7 @@ the kernel, given that, returns finite output that agrees with the fp64 referenc
 
 from __future__ import annotations
 
+import os
 import time
 from functools import partial
 from typing import Any, Callable
@@ -21,6 +22,20 @@ from kvfuzz.fuzz.guard.signatures import build_call, check_kernel_call
 from kvfuzz.fuzz.harness.faults import CallerFault
 from kvfuzz.fuzz.harness.run import Run, error_name, generate, run_kernel
 from kvfuzz.fuzz.targets.base import Target
+
+#: Batches of a CUDA target with at least this many KV elements (``sum(seq_lens) * num_kv_heads * head_size``)
+#: get their fp64 reference on the GPU; smaller ones on the CPU (a small reference is a few hundred tiny kernel
+#: launches, which workers sharing one GPU queue behind each other). Environment: KVFUZZ_GPU_REFERENCE_MIN_KV.
+GPU_REFERENCE_MIN_KV = int(os.environ.get("KVFUZZ_GPU_REFERENCE_MIN_KV", 1 << 16))
+
+
+def reference_device(target: Target, batch) -> str:
+    """Where :func:`check_example` computes ``batch``'s reference: the CPU, or a CUDA target's GPU for a batch
+    of at least :data:`GPU_REFERENCE_MIN_KV` KV elements."""
+    device = target.device
+    if device == "cpu" or sum(batch.seq_lens) * batch.num_kv_heads * batch.head_size < GPU_REFERENCE_MIN_KV:
+        return "cpu"
+    return device
 
 
 def prepare(target: Target, example: Example, fault: CallerFault | None = None) -> Run:
@@ -160,10 +175,10 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     t.kernel = time.perf_counter() - s
 
     s = time.perf_counter()
-    # on the target's device (a CUDA target's fp64 reference runs on its GPU, asynchronously until the checks);
+    # on the reference device (a large batch of a CUDA target on its GPU, asynchronously until the checks);
     # the same-precision model only when an element exceeds the envelope, and on the CPU, where it is the same
     # on every machine (oracles.agreement)
-    reference, envelope = reference_and_envelope(batch, run.data.to(target.device))
+    reference, envelope = reference_and_envelope(batch, run.data.to(reference_device(target, batch)))
     t.reference = time.perf_counter() - s
 
     s = time.perf_counter()
