@@ -206,3 +206,33 @@ def test_fuzz_writes_a_report_with_coverage_plots(tmp_path):
     assert "![coverage of vllm.cpu_attention](coverage-vllm.cpu_attention.png)" in report
     r = kvfuzz("report", str(tmp_path / "nothing-here"))
     assert r.returncode == 2
+
+
+def test_bench_curve_writes_a_cold_and_a_warm_run_into_a_new_dir(tmp_path):
+    """`kvfuzz bench curve` on a CPU target: its --dir is created, each run's campaign ran and was sampled, and
+    the JSON (written after every run) holds both modes."""
+    doc_path = tmp_path / "results" / "curve.json"
+    r = kvfuzz("bench", "curve", "--target", "mutant.base", "--duration", "3s", "--workers", "1", "--interval",
+               "0.5", "--dir", str(tmp_path / "not" / "yet"), "--json", str(doc_path), "--", "--poison", "stale")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(doc_path.read_text())
+    assert [(x["mode"], x["workers"]) for x in doc["runs"]] == [("cold", 1), ("warm", 1)]
+    for run in doc["runs"]:
+        assert run["exit_status"] == 0 and run["examples"] > 0 and run["samples"]
+        assert run["failures"] == [] and run["declared_never_drawn"] is not None
+
+
+def test_small_references_of_a_cuda_target_run_on_the_cpu(make_batch):
+    from kvfuzz.fuzz.harness.attention import GPU_REFERENCE_MIN_KV, reference_device
+
+    class OnCuda:
+        device = "cuda"
+
+    class OnCpu:
+        device = "cpu"
+
+    small = make_batch([(3, 4), (1, 9)], head_size=32)
+    big = make_batch([(1, GPU_REFERENCE_MIN_KV // 32)], head_size=32, num_heads=1, num_kv_heads=1, block_size=16)
+    assert sum(big.seq_lens) * big.num_kv_heads * big.head_size >= GPU_REFERENCE_MIN_KV
+    assert reference_device(OnCuda(), small) == "cpu" and reference_device(OnCuda(), big) == "cuda"
+    assert reference_device(OnCpu(), big) == "cpu"
