@@ -233,6 +233,9 @@ def test_the_mixed_adapter_gives_one_reproducer_per_distinct_ending(tmp_path):
     (t,) = summary["targets"]
     sigs = {(f["kind"], f["check"]) for f in t["failures"]}
     assert {("kernel crash", "SIGSEGV"), ("kernel crash", "SIGABRT"), ("kernel hang", "timeout")} <= sigs, sigs
+    # SystemExit (head size 128, two or more sequences) is a failing example whose shrink reaches one sequence,
+    # where Mixed exits: the worker dies shrinking it, and the failure keeps its unshrunk reproducer
+    assert ("kernel crash", "raised SystemExit") in sigs, sigs
     dirs = [d for d in (tmp_path / "out").iterdir() if d.name.startswith("planted.mixed-")]
     assert len(dirs) == len(sigs)  # one reproducer per distinct ending
     assert t["examples"] == len(calls) and summary["lost"] == 0

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import re
+import shutil
 import time
 import traceback
 from pathlib import Path
@@ -257,6 +258,9 @@ class Listener(Protocol):
 
     def failure(self, record: FailureRecord) -> None: ...
 
+    def seen(self, record: FailureRecord) -> None:
+        """A new distinct failure, unshrunk (its reproducer already written): the worker may die shrinking it."""
+
 
 class _Quiet:
     def begin(self, target, example) -> None:
@@ -269,6 +273,9 @@ class _Quiet:
         pass
 
     def failure(self, record) -> None:
+        pass
+
+    def seen(self, record) -> None:
         pass
 
 
@@ -337,6 +344,8 @@ class Campaign:
         self.db = config.db()
         self.key = f"kvfuzz:{target.name}:{self.fault_name}".encode()
         self._latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
+        #: the unshrunk reproducer of each distinct failure seen here and not yet recorded shrunk (_seen)
+        self._early: dict[tuple[str, str], Path] = {}
         self._new: list[FailureRecord] = []
         self._run: Run | None = None
 
@@ -401,7 +410,10 @@ class Campaign:
             signature = f.signature
             if signature in self.known:
                 return  # counted in the finally: below
+            first = signature not in self._latest
             self._latest[signature] = (example, f, self._run)
+            if first:
+                self._seen(signature)
             raise
         finally:
             if not interrupted:
@@ -456,10 +468,23 @@ class Campaign:
                     self._record(e.signature)
         return self._new
 
+    def _seen(self, signature: tuple[str, str]) -> None:
+        """Write the unshrunk reproducer of a new distinct failure and report it before Hypothesis shrinks it:
+        a shrink can reach an input that kills the worker (a crash or hang of another kind), and the supervisor
+        then keeps this one instead of losing the failure. :meth:`_record` removes it once the shrunk one is
+        written."""
+        example, finding, run = self._latest[signature]
+        path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
+        self._early[signature] = path
+        self.listener.seen(FailureRecord.of(self.target.name, finding, example, self.fault_name, path))
+
     def _record(self, signature: tuple[str, str], latest=None) -> None:
         example, finding, run = latest or self._latest[signature]
         self.known.add(signature)
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
+        early = self._early.pop(signature, None)
+        if early is not None and Path(early) != Path(path):
+            shutil.rmtree(early, ignore_errors=True)
         record = FailureRecord.of(self.target.name, finding, example, self.fault_name, path)
         self._new.append(record)
         self.listener.failure(record)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -100,6 +101,9 @@ class _PipeListener:
 
     def failure(self, record) -> None:
         self.conn.send(("failure", record.target, attrs.asdict(record)))
+
+    def seen(self, record) -> None:
+        self.conn.send(("seen", record.target, attrs.asdict(record)))
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:
@@ -246,6 +250,8 @@ class _Slot:
     starts: int = 0
     startup_failures: int = 0
     retired: bool = False
+    #: distinct failures the worker saw and is shrinking (unshrunk reproducers written), by signature
+    pending: dict = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -517,8 +523,13 @@ class Supervisor:
             if s.task is not None:
                 s.task.counted += 1
             s.in_flight = None
+        elif kind == "seen":
+            record = FailureRecord(**msg[2])
+            s.pending[record.signature] = record
         elif kind == "failure":
-            self._failure(FailureRecord(**msg[2]))
+            record = FailureRecord(**msg[2])
+            s.pending.pop(record.signature, None)
+            self._failure(record)
         elif kind == "done":
             self._finish_task(s)
         elif kind == "fatal":
@@ -533,6 +544,7 @@ class Supervisor:
 
     def _finish_task(self, s: _Slot) -> None:
         task, s.task = s.task, None
+        s.pending.clear()  # a task that ends normally has reported each of them shrunk
         if task is None:
             return
         t = self.by_name[task.target]
@@ -559,6 +571,7 @@ class Supervisor:
         ending = classify(proc.exitcode, said_goodbye=s.goodbye, killed_for_hang=s.killed_for_hang,
                           stopping=self.stopping)
         s.proc = None
+        self._keep_unshrunk(s, ending)
         if task is not None:
             self._finish_task(s)
             if task.kind == "replay" and ending.kind is not EndingKind.FINISHED:
@@ -582,6 +595,25 @@ class Supervisor:
             self.on_event(f"worker {s.index}: {ending.kind.value} ({ending.detail}); starting a new one")
         self.restarts += 1
         self._start(s)
+
+    def _keep_unshrunk(self, s: _Slot, ending) -> None:
+        """The failures a dead worker was still shrinking keep their unshrunk reproducers: a shrink that steps
+        into an input that crashes or hangs the kernel must not take the failure it was shrinking with it."""
+        pending, s.pending = s.pending, {}
+        if ending.kind is EndingKind.FINISHED:
+            return
+        for record in pending.values():
+            t = self.by_name.get(record.target)
+            if t is None:
+                continue
+            if record.signature in t.stats.failures:  # known meanwhile: keep one reproducer
+                if record.reproducer and record.reproducer != t.stats.failures[record.signature].reproducer:
+                    shutil.rmtree(record.reproducer, ignore_errors=True)
+                continue
+            note = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
+            t.stats.add_failure(attrs.evolve(record, message=record.message + note))
+            self.on_event(f"{record.kind} ({record.check}) in {record.target}, unshrunk{note} -> "
+                          f"{record.reproducer}")
 
     def _example_ended(self, s: _Slot, flight: dict, ending, retried: bool) -> None:
         from kvfuzz.contracts.example import Example
