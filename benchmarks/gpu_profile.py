@@ -86,7 +86,7 @@ def stages(target, limits: Limits, n: int, big: bool = False) -> dict:
     for e in exs:
         t, w = run_one(target, e)
         wall += w
-        kv.append(sum(e.batch.seq_lens) * e.batch.num_kv_heads * e.batch.head_size)
+        kv.append(e.batch.kv_elements)
         for k in STAGES:
             tot[k] += getattr(t, k)
     m = len(exs)

@@ -248,6 +248,12 @@ class Batch:
         return sum(self.query_lens)
 
     @property
+    def kv_elements(self) -> int:
+        """Elements of the keys (as many again of the values) the sequences hold: ``sum(seq_lens) *
+        num_kv_heads * head_size``."""
+        return sum(self.seq_lens) * self.num_kv_heads * self.head_size
+
+    @property
     def query_start_loc(self) -> tuple[int, ...]:
         """``[num_seqs + 1]`` prefix sums of query_lens (vLLM's ``query_start_loc``)."""
         out = [0]

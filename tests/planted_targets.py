@@ -74,18 +74,3 @@ class SilentOnUndeclaredHeadSizes(SdpaPaged):
         if out.shape[-1] not in self.capabilities.head_sizes:
             out.zero_()
         return out
-
-
-class SwallowsInterrupts(SdpaPaged):
-    """Correct, but its run swallows KeyboardInterrupt (as code inside a kernel library can): a SIGTERM that
-    lands in it must still stop the campaign at the next example."""
-
-    name = "planted.swallows_interrupts"
-    description = "SDPA whose run takes 0.5 s and swallows KeyboardInterrupt"
-
-    def run(self, call):
-        try:
-            time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
-        return super().run(call)

@@ -553,16 +553,14 @@ class Supervisor:
         if task.kind == "replay":
             t.replayed = True
 
-    def _failure(self, record) -> None:
+    def _failure(self, record, how: str = "") -> None:
         t = self.by_name[record.target]
         if t.stats.add_failure(record):
-            self.on_event(f"{record.kind} ({record.check}) in {record.target} -> {record.reproducer}")
+            self.on_event(f"{record.kind} ({record.check}) in {record.target}{how} -> {record.reproducer}")
             return
         # another worker found it first (its hits are counted from the examples' outcomes): keep one reproducer
         first = t.stats.failures[record.signature]
         if record.reproducer and record.reproducer != first.reproducer:
-            import shutil
-
             shutil.rmtree(record.reproducer, ignore_errors=True)
 
     # ---- endings ----------------------------------------------------------------------------------------------
@@ -602,18 +600,10 @@ class Supervisor:
         pending, s.pending = s.pending, {}
         if ending.kind is EndingKind.FINISHED:
             return
+        note = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
         for record in pending.values():
-            t = self.by_name.get(record.target)
-            if t is None:
-                continue
-            if record.signature in t.stats.failures:  # known meanwhile: keep one reproducer
-                if record.reproducer and record.reproducer != t.stats.failures[record.signature].reproducer:
-                    shutil.rmtree(record.reproducer, ignore_errors=True)
-                continue
-            note = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
-            t.stats.add_failure(attrs.evolve(record, message=record.message + note))
-            self.on_event(f"{record.kind} ({record.check}) in {record.target}, unshrunk{note} -> "
-                          f"{record.reproducer}")
+            if record.target in self.by_name:  # known meanwhile: _failure keeps one reproducer
+                self._failure(attrs.evolve(record, message=record.message + note), how=note)
 
     def _example_ended(self, s: _Slot, flight: dict, ending, retried: bool) -> None:
         from kvfuzz.contracts.example import Example

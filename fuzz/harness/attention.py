@@ -23,7 +23,7 @@ from kvfuzz.fuzz.harness.faults import CallerFault
 from kvfuzz.fuzz.harness.run import Run, error_name, generate, run_kernel
 from kvfuzz.fuzz.targets.base import Target
 
-#: Batches of a CUDA target with at least this many KV elements (``sum(seq_lens) * num_kv_heads * head_size``)
+#: Batches of a CUDA target with at least this many KV elements (``Batch.kv_elements``)
 #: get their fp64 reference on the GPU; smaller ones on the CPU (a small reference is a few hundred tiny kernel
 #: launches, which workers sharing one GPU queue behind each other). Environment: KVFUZZ_GPU_REFERENCE_MIN_KV.
 GPU_REFERENCE_MIN_KV = int(os.environ.get("KVFUZZ_GPU_REFERENCE_MIN_KV", 1 << 16))
@@ -33,7 +33,7 @@ def reference_device(target: Target, batch) -> str:
     """Where :func:`check_example` computes ``batch``'s reference: the CPU, or a CUDA target's GPU for a batch
     of at least :data:`GPU_REFERENCE_MIN_KV` KV elements."""
     device = target.device
-    if device == "cpu" or sum(batch.seq_lens) * batch.num_kv_heads * batch.head_size < GPU_REFERENCE_MIN_KV:
+    if device == "cpu" or batch.kv_elements < GPU_REFERENCE_MIN_KV:
         return "cpu"
     return device
 
