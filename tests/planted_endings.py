@@ -54,8 +54,9 @@ class Slow(_Planted):
         pass
 
     def run(self, call):
+        _log()  # before the sleep: a test that kills the worker on seeing the call lands inside the kernel
         time.sleep(0.3)
-        return super().run(call)
+        return SdpaPaged.run(self, call)
 
 
 class Segfaults(_Planted):
