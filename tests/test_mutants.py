@@ -59,7 +59,9 @@ def test_bench_detect_json(tmp_path):
         assert m["kvfuzz"]["found"] == 1 and m["kvfuzz"]["runs"] == 1
         run = next(r for r in m["runs"] if r["tool"] == "kvfuzz")
         assert {"found", "seconds_to_first", "examples_to_first", "size", "case", "seconds_total"} <= set(run)
-        assert {"seqs", "tokens", "heads", "head_size", "blocks"} <= set(run["size"])
+        assert {"seqs", "tokens", "heads", "head_size", "blocks", "columns"} <= set(run["size"])
+        assert run["rerun_kinds"] == [run["kind"]] * 3 and m["kvfuzz"]["kind_stable"] == 1
+        assert m["kvfuzz"]["shrunk_to_smallest_trigger"] == 1
     # vLLM's grids use GQA ratios 1, 4 and 8 (MQA) only: a power-of-two assumption goes unnoticed
     assert by["mutant.gqa_pow2_group"]["grid"]["found"] == 0
     assert by["mutant.gqa_modulo"]["grid"]["found"] == 1

@@ -5,7 +5,8 @@ kvfuzz side: :func:`~kvfuzz.fuzz.campaign.fuzz_target` with a :class:`~kvfuzz.fu
 (in-memory example database, default strategy limits, all poisons), per mutant and seed, stopping after the
 first distinct failure is shrunk (or at the example/time budget). Reported: whether it found the mutant, the
 wall time and the number of examples to the first failing example (before shrinking), the time to the shrunk
-report, and the size of the shrunk case next to :func:`~kvfuzz.fuzz.mutants.smallest_trigger`.
+report, the size of the shrunk case (:func:`kvfuzz.strategies.reductions.size_key`) next to
+:func:`~kvfuzz.fuzz.mutants.smallest_trigger`, and the failure kind of :data:`RERUNS` reruns of it.
 
 Grid side: :mod:`kvfuzz.fuzz.bench.grid`.
 """
@@ -22,10 +23,16 @@ import torch
 from hypothesis.database import InMemoryExampleDatabase
 
 from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.failures import Finding
 from kvfuzz.fuzz.bench.grid import grid_detect
 from kvfuzz.fuzz.bench.mutants import MUTANTS, batch_size, get_mutant, smallest_trigger
 from kvfuzz.fuzz.campaign import engine as campaign_mod
+from kvfuzz.fuzz.harness import properties
 from kvfuzz.strategies.limits import Limits
+from kvfuzz.strategies.reductions import SIZE_FIELDS
+
+#: Reruns of each shrunk failure (its kind must not change from run to run).
+RERUNS = 3
 
 # ---- kvfuzz ---------------------------------------------------------------------------------------------------
 
@@ -47,7 +54,7 @@ def kvfuzz_detect(name: str, seed: int, max_examples: int = 200, duration: float
     out = {"tool": "kvfuzz", "mutant": name, "seed": seed, "found": bool(stats.failures),
            "examples_total": stats.examples, "seconds_total": round(elapsed, 3),
            "seconds_to_first": None, "examples_to_first": None, "seconds_to_shrunk": None,
-           "check": None, "kind": None, "size": None, "case": None, "poison": None}
+           "check": None, "kind": None, "size": None, "case": None, "poison": None, "rerun_kinds": None}
     if stats.failures:
         examples = {sig: Example.from_dict(f.example) for sig, f in stats.failures.items()}
         sig = min(examples, key=lambda s: _size_key(batch_size(examples[s].batch)))
@@ -55,20 +62,35 @@ def kvfuzz_detect(name: str, seed: int, max_examples: int = 200, duration: float
         out.update(seconds_to_first=round(first.get("seconds", elapsed), 3),
                    examples_to_first=first.get("examples"), seconds_to_shrunk=round(elapsed, 3),
                    check=found.check, kind=found.kind, size=batch_size(example.batch),
-                   case=example.batch.summary(), poison=example.poison.value)
+                   case=example.batch.summary(), poison=example.poison.value,
+                   rerun_kinds=rerun_kinds(target, example))
     return out
 
 
 
 def _size_key(size: dict) -> tuple:
-    return (size["seqs"], size["tokens"], size["kv_tokens"], size["heads"], size["head_size"], size["blocks"])
+    return tuple(size[f] for f in SIZE_FIELDS)
 
 
 def size_str(size: dict | None) -> str:
+    """``1s 1t 9kv H1/1 D24 BS8 NB3``: sequences, query tokens, KV tokens, heads, head size, block size, blocks."""
     if not size:
         return "-"
     return (f"{size['seqs']}s {size['tokens']}t {size['kv_tokens']}kv H{size['heads']}/{size['kv_heads']} "
             f"D{size['head_size']} BS{size['block_size']} NB{size['blocks']}")
+
+
+def rerun_kinds(target, example: Example, n: int = RERUNS) -> list[str]:
+    """The failure kind (or "passed") of ``n`` reruns of ``example``: a kind that changes from run to run makes
+    one bug two entries."""
+    kinds = []
+    for _ in range(n):
+        try:
+            properties.check(target, example)
+            kinds.append("passed")
+        except Finding as f:
+            kinds.append(f.kind.value)
+    return kinds
 
 
 def summarize(name: str, runs: list[dict]) -> dict:
@@ -86,6 +108,8 @@ def summarize(name: str, runs: list[dict]) -> dict:
         # tokens, kv tokens, heads, head size, blocks
         out["shrunk_to_smallest_trigger"] = sum(
             _size_key(r["size"]) <= _size_key(batch_size(smallest_trigger(name))) for r in found)
+        if all("rerun_kinds" in r for r in found):  # kvfuzz's: the shrunk case fails so on every rerun
+            out["kind_stable"] = sum(r["rerun_kinds"] == [r["kind"]] * len(r["rerun_kinds"]) for r in found)
     return out
 
 

@@ -27,6 +27,7 @@ from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.layouts import NHDLayout
 from kvfuzz.fuzz.targets.base import Availability, KernelCall, Target
+from kvfuzz.strategies.reductions import SIZE_FIELDS, size_key
 
 #: Emulated width of the element-offset word of ``int32_offset_overflow`` (real: 32 bits, signed: 2**31).
 OFFSET_BITS = 16
@@ -482,10 +483,10 @@ def smallest_trigger(name: str) -> Batch:
 
 
 def batch_size(batch: Batch) -> dict[str, int]:
-    """The sizes a shrunk case is compared by."""
-    return {"seqs": batch.num_seqs, "tokens": batch.num_tokens, "kv_tokens": sum(batch.seq_lens),
-            "heads": batch.num_heads, "kv_heads": batch.num_kv_heads, "head_size": batch.head_size,
-            "block_size": batch.block_size, "blocks": batch.num_blocks}
+    """The sizes a shrunk case is compared by (:func:`kvfuzz.strategies.reductions.size_key`, its fields
+    named), plus ``kv_heads`` and ``block_size`` for display."""
+    return {**dict(zip(SIZE_FIELDS, size_key(batch))), "kv_heads": batch.num_kv_heads,
+            "block_size": batch.block_size}
 
 
 __all__ = ["MUTANTS", "PagedTorch", "get_mutant", "smallest_trigger", "batch_size", "OFFSET_BITS", "ID_BITS",

@@ -50,6 +50,7 @@ from kvfuzz.contracts.failures import Finding, HarnessError
 from kvfuzz.contracts.layouts import LayoutError
 from kvfuzz.contracts.poison import Poison
 from kvfuzz.fuzz.campaign.database import open_database, read_only_view
+from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.campaign.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.coverage import Coverage, labels
@@ -110,6 +111,9 @@ class CampaignConfig:
     #: ``warmup`` configurations it visits, spread over the workers, so their kernels compile in parallel into
     #: the shared Triton cache (chunk ``-1 - i`` warms configuration ``i``).
     warmup: int = 0
+    #: Seconds the structural shrink (kvfuzz.fuzz.campaign.reduce) may spend on each new distinct failure after
+    #: Hypothesis's shrinker (0: off). Not with ``undeclared`` or ``big_cache``.
+    structural_shrink: float = 60.0
 
     def db(self) -> ExampleDatabase:
         """The example database (opened once). Raises DatabaseError when it cannot be used."""
@@ -395,29 +399,34 @@ class Campaign:
         if self.ended and example_key(example) in self.ended:  # it crashed or hung a worker: already counted
             event("skipped: ended a worker before")
             return
-        self.listener.begin(target.name, example)
+        finding = self._attempt(example, lab)
+        if finding is None or finding.signature in self.known:
+            return
+        signature = finding.signature
+        first = signature not in self._latest
+        self._latest[signature] = (example, finding, self._run)
+        if first:
+            self._seen(signature)
+        raise finding
+
+    def _attempt(self, example: Example, lab: dict | None = None) -> Finding | None:
+        """Run one example, reported to the listener (``begin``, its phases, ``end``) and counted; returns its
+        Finding or None (the Run stays in ``self._run``). Used by Hypothesis's test body and by the structural
+        shrink's candidates alike. KeyboardInterrupt (a stop) propagates and the example is not counted."""
+        if STOP.is_set():
+            raise KeyboardInterrupt
+        lab = labels(self.target, example.batch) if lab is None else lab
+        self.listener.begin(self.target.name, example)
         self.listener.phase("prepare")
         started = time.perf_counter()
         self._run = None
-        signature = undeclared = None
-        interrupted = False
+        finding = undeclared = None
         try:
             undeclared = self._run_example(example)
-        except KeyboardInterrupt:
-            interrupted = True  # a stop: this example gets no answer and is not counted
-            raise
         except Finding as f:
-            signature = f.signature
-            if signature in self.known:
-                return  # counted in the finally: below
-            first = signature not in self._latest
-            self._latest[signature] = (example, f, self._run)
-            if first:
-                self._seen(signature)
-            raise
-        finally:
-            if not interrupted:
-                self._end(example, lab, started, signature, undeclared)
+            finding = f
+        self._end(example, lab, started, None if finding is None else finding.signature, undeclared)
+        return finding
 
     def _end(self, example: Example, lab: dict, started: float, signature, undeclared: str | None) -> None:
         """Report one answered example to the listener (its Outcome)."""
@@ -481,6 +490,8 @@ class Campaign:
     def _record(self, signature: tuple[str, str], latest=None) -> None:
         example, finding, run = latest or self._latest[signature]
         self.known.add(signature)
+        if self._reduces():
+            example, finding, run = self._reduce(signature, example, finding, run)
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
         early = self._early.pop(signature, None)
         if early is not None and Path(early) != Path(path):
@@ -488,6 +499,36 @@ class Campaign:
         record = FailureRecord.of(self.target.name, finding, example, self.fault_name, path)
         self._new.append(record)
         self.listener.failure(record)
+
+    def _reduces(self) -> bool:
+        """Whether new failures get the structural shrink (not outside the declaration, nor on big caches,
+        whose block ids are placed on purpose)."""
+        c = self.config
+        return c.structural_shrink > 0 and not c.undeclared and not c.big_cache
+
+    def _reduce(self, signature: tuple[str, str], example: Example, finding: Finding, run: Run | None):
+        """The structural shrink (:mod:`kvfuzz.fuzz.campaign.reduce`) of a Hypothesis-shrunk failure; the
+        Hypothesis-shrunk reproducer is written (and reported ``seen``) first, so a candidate that kills the
+        worker leaves it behind. Returns the smallest ``(example, finding, run)`` that fails the same way."""
+        self._latest[signature] = (example, finding, run)
+        previous = self._early.get(signature)
+        self._seen(signature)
+        if previous is not None and Path(previous) != Path(self._early[signature]):
+            shutil.rmtree(previous, ignore_errors=True)
+        kept: list = []
+
+        def attempt(candidate: Example) -> Finding | None:
+            found = self._attempt(candidate)
+            if found is not None and found.signature == signature:
+                kept[:] = [self._run]  # every candidate failing so is taken: the last one is the result
+            return found
+
+        reduced = reduce_failure(example, signature, attempt, self.target.capabilities, self.config.limits,
+                                 self.config.structural_shrink,
+                                 skip=lambda e: bool(self.ended) and example_key(e) in self.ended)
+        if reduced.finding is None:
+            return example, finding, run
+        return reduced.example, reduced.finding, kept[0]
 
     def replay_database(self) -> list[FailureRecord]:
         """Replay (and re-shrink) what the database holds for this target; returns the new failures."""

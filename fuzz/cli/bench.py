@@ -32,6 +32,11 @@ def _cell(s: dict | None, seeds: int) -> tuple[str, str, str, str]:
             f"{s['median_seconds_to_first']:.2f}", f"{s['median_examples_to_first']:g}", size_str(s["median_size"]))
 
 
+def _of_found(s: dict, field: str) -> str:
+    """``n/found`` of a kvfuzz summary's count ``field`` ("-" when nothing was found)."""
+    return f"{s[field]}/{s['found']}" if s.get("found") and field in s else "-"
+
+
 def print_table(doc: dict) -> None:
     from kvfuzz.fuzz.bench.detection import size_str
 
@@ -39,12 +44,13 @@ def print_table(doc: dict) -> None:
     t = Table(title=f"kvfuzz bench detect: {len(doc['mutants'])} mutants x {seeds} seeds "
                     f"(kvfuzz: <= {doc['settings']['max_examples']} examples / {doc['settings']['duration_s']} s)")
     for col in ("mutant", "kvfuzz found", "s to 1st", "ex to 1st", "kvfuzz shrunk (median)", "smallest trigger",
-                "grid found", "grid s", "grid cases", "grid failing case"):
+                "shrunk = smallest", "kind stable", "grid found", "grid s", "grid cases", "grid failing case"):
         t.add_column(col, overflow="fold")
     for m in doc["mutants"]:
         k = _cell(m["kvfuzz"], seeds)
         g = _cell(m["grid"], seeds)
-        t.add_row(m["mutant"].removeprefix("mutant."), *k, size_str(m["smallest_trigger"]), *g)
+        t.add_row(m["mutant"].removeprefix("mutant."), *k, size_str(m["smallest_trigger"]),
+                  _of_found(m["kvfuzz"], "shrunk_to_smallest_trigger"), _of_found(m["kvfuzz"], "kind_stable"), *g)
     console.print(t)
     if doc["settings"]["grid"]:
         console.print(f"grid misses: {', '.join(doc['grid_missed']) or 'none'}")
@@ -93,28 +99,28 @@ def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, md_
         console.print(f"Markdown: {md_path}")
 
 
-def _size(z: dict | None) -> str:
-    if not z:
-        return "-"
-    return (f"{z['seqs']}s {z['tokens']}t {z['kv_tokens']}kv H{z['heads']}/{z['kv_heads']} D{z['head_size']} "
-            f"BS{z['block_size']} NB{z['blocks']}")
-
-
 def markdown_table(doc: dict) -> str:
     """The detect results as a Markdown table (median time and examples to the first failure over the seeds
-    that found the mutant; median shrunk size next to the smallest trigger)."""
+    that found the mutant; median shrunk size next to the smallest trigger; how many seeds shrank to it and
+    kept one failure kind over reruns)."""
+    from kvfuzz.fuzz.bench.detection import size_str
+
     rows = ["| mutant | kvfuzz found | s to 1st | examples to 1st | kvfuzz shrunk (median) | smallest trigger | "
-            "grid found | grid s | grid cases |", "|---|---|---|---|---|---|---|---|---|"]
+            "shrunk = smallest | kind stable | grid found | grid s | grid cases |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in doc["mutants"]:
         k, g = m["kvfuzz"], m.get("grid") or {}
+
         def found(x):
             return f"{x['found']}/{x['runs']}" if x else "-"
         rows.append(f"| {m['mutant'].removeprefix('mutant.')} | {found(k)} | {k.get('median_seconds_to_first') or '-'} | "
-                    f"{k.get('median_examples_to_first') or '-'} | {_size(k.get('median_size'))} | "
-                    f"{_size(m['smallest_trigger'])} | {found(g)} | {g.get('median_seconds_to_first') or '-'} | "
+                    f"{k.get('median_examples_to_first') or '-'} | {size_str(k.get('median_size'))} | "
+                    f"{size_str(m['smallest_trigger'])} | {_of_found(k, 'shrunk_to_smallest_trigger')} | "
+                    f"{_of_found(k, 'kind_stable')} | {found(g)} | {g.get('median_seconds_to_first') or '-'} | "
                     f"{g.get('median_examples_to_first') or '-'} |")
-    rows += ["", f"Grid misses: {', '.join(doc['grid_missed']) or 'none'}. "
-                 f"kvfuzz misses: {', '.join(doc['kvfuzz_missed']) or 'none'}. Wall time {doc['wall_seconds']} s.", ""]
+    grid = f"Grid misses: {', '.join(doc['grid_missed']) or 'none'}. " if doc["settings"]["grid"] else ""
+    rows += ["", f"{grid}kvfuzz misses: {', '.join(doc['kvfuzz_missed']) or 'none'}. "
+                 f"Wall time {doc['wall_seconds']} s.", ""]
     return "\n".join(rows)
 
 

@@ -89,9 +89,14 @@ UNLIMITED = 2**62
               help="Triton's kernel cache for every worker (TRITON_CACHE_DIR): compiled kernels persist there "
                    "and are shared by the workers and later campaigns. Default: Triton's own (~/.triton/cache "
                    "unless TRITON_CACHE_DIR is set).")
+@click.option("--structural-shrink", "structural_shrink", default=60.0, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Seconds each new distinct failure may spend in the structural shrink after Hypothesis's "
+                   "(several fields at once, e.g. a smaller head size with block ids scaled to keep their "
+                   "offsets; docs/campaigns.md); 0: off.")
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
          max_query_len, poisons, threads, workers, example_timeout, max_crashes, db_spec, undeclared, big_cache,
-         observability, configs, chunk_examples, warmup, triton_cache) -> None:
+         observability, configs, chunk_examples, warmup, triton_cache, structural_shrink) -> None:
     """Fuzz real kernels in supervised workers; shrink each failure and write a reproducer directory under
     --out. Exit 0 nothing failed, 1 a failure found, 2 bad usage, 3 the campaign could not run as asked."""
     budget = parse_duration(duration)
@@ -119,7 +124,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                             poisons=tuple(Poison(p) for p in poisons) or tuple(Poison), db_spec=db_spec,
                             undeclared=undeclared, big_cache=big_cache,
                             pin_configs={"auto": None, "pinned": True, "free": False}[configs],
-                            chunk_examples=chunk_examples, warmup=warmup)
+                            chunk_examples=chunk_examples, warmup=warmup, structural_shrink=structural_shrink)
     if triton_cache:
         Path(triton_cache).mkdir(parents=True, exist_ok=True)
         os.environ["TRITON_CACHE_DIR"] = str(Path(triton_cache).resolve())  # the workers inherit it
