@@ -125,7 +125,7 @@ def test_reduce_reaches_the_smallest_overflow_and_keeps_the_signature():
                            table=[[8, 0, 0], [7, 0, 0], [4, 5, 6]], num_blocks=9), Poison.NAN)
     sig = _overflows(start).signature
     out = reduce_failure(start, sig, _overflows, get_mutant("mutant.int32_offset_overflow").capabilities)
-    assert out.finding is not None and not out.out_of_time
+    assert out.finding is not None and not out.out_of_time and 1 <= out.taken <= out.tried
     assert size_key(out.example.batch) == size_key(smallest_trigger("mutant.int32_offset_overflow"))
     # a candidate failing another way is never taken
     other = reduce_failure(start, ("non-finite output", "finite"), _overflows, CAPS)
@@ -187,6 +187,12 @@ def test_a_campaign_shrinks_a_zoo_mutant_to_its_smallest_trigger(mutant, seed):
         assert len(seen) >= 2
     dirs = sorted(p.name for p in config.out.iterdir() if p.is_dir() and p.name.startswith(mutant))
     assert dirs == sorted(Path(r.reproducer).name for r in records)
+    # the reproducer says what the structural shrink did, from where
+    import json
+
+    shrink = json.loads((Path(best.reproducer) / "case.json").read_text())["details"]["structural_shrink"]
+    assert shrink["taken"] >= 1 and shrink["tried"] >= shrink["taken"] and not shrink["out_of_time"]
+    assert shrink["from"] != Example.from_dict(best.example).batch.summary()
 
 
 @pytest.mark.kernel

@@ -509,7 +509,9 @@ class Campaign:
     def _reduce(self, signature: tuple[str, str], example: Example, finding: Finding, run: Run | None):
         """The structural shrink (:mod:`kvfuzz.fuzz.campaign.reduce`) of a Hypothesis-shrunk failure; the
         Hypothesis-shrunk reproducer is written (and reported ``seen``) first, so a candidate that kills the
-        worker leaves it behind. Returns the smallest ``(example, finding, run)`` that fails the same way."""
+        worker leaves it behind. Returns the smallest ``(example, finding, run)`` that fails the same way, the
+        finding's details saying what the shrink did (``structural_shrink``: the case it started from, the
+        candidates tried and taken, seconds)."""
         self._latest[signature] = (example, finding, run)
         previous = self._early.get(signature)
         self._seen(signature)
@@ -526,9 +528,10 @@ class Campaign:
         reduced = reduce_failure(example, signature, attempt, self.target.capabilities, self.config.limits,
                                  self.config.structural_shrink,
                                  skip=lambda e: bool(self.ended) and example_key(e) in self.ended)
-        if reduced.finding is None:
-            return example, finding, run
-        return reduced.example, reduced.finding, kept[0]
+        if reduced.finding is not None:
+            example, finding, run = reduced.example, reduced.finding, kept[0]
+        finding.details["structural_shrink"] = reduced.to_dict(self._latest[signature][0])
+        return example, finding, run
 
     def replay_database(self) -> list[FailureRecord]:
         """Replay (and re-shrink) what the database holds for this target; returns the new failures."""

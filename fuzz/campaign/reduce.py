@@ -25,12 +25,20 @@ from kvfuzz.strategies.reductions import reductions
 @attrs.frozen
 class Reduced:
     """The result of :func:`reduce_failure`: the smallest failing example found, its finding (None when no
-    candidate beat the start), how many candidates ran and whether the time budget ran out."""
+    candidate beat the start), how many candidates ran and how many were taken, the seconds it took and
+    whether the time budget ran out."""
 
     example: Example
     finding: Finding | None
     tried: int
+    taken: int
+    seconds: float
     out_of_time: bool
+
+    def to_dict(self, start: Example) -> dict:
+        """What a reproducer's case.json says of it (``details.structural_shrink``)."""
+        return {"from": start.batch.summary(), "tried": self.tried, "taken": self.taken,
+                "seconds": round(self.seconds, 3), "out_of_time": self.out_of_time}
 
 
 def reduce_failure(example: Example, signature: tuple[str, str], attempt: Callable[[Example], Finding | None],
@@ -40,12 +48,13 @@ def reduce_failure(example: Example, signature: tuple[str, str], attempt: Callab
     ``attempt(candidate)`` runs one candidate and returns its Finding or None; the first candidate (smallest
     first) failing with ``signature`` becomes the new start, until no candidate does or ``seconds`` have
     passed (checked between candidates). ``skip``: candidates not to run (e.g. ones that ended a worker)."""
-    deadline = time.monotonic() + seconds
-    best, finding, tried, tested = example, None, 0, set()
+    start = time.monotonic()
+    deadline = start + seconds
+    best, finding, tried, taken, tested = example, None, 0, 0, set()
     while True:
         for cand in reductions(best.batch, capabilities, limits):
             if time.monotonic() > deadline:
-                return Reduced(best, finding, tried, True)
+                return Reduced(best, finding, tried, taken, time.monotonic() - start, True)
             candidate = attrs.evolve(best, batch=cand)
             if candidate in tested or skip(candidate):
                 continue
@@ -53,10 +62,10 @@ def reduce_failure(example: Example, signature: tuple[str, str], attempt: Callab
             tried += 1
             found = attempt(candidate)
             if found is not None and found.signature == tuple(signature):
-                best, finding = candidate, found
+                best, finding, taken = candidate, found, taken + 1
                 break
         else:
-            return Reduced(best, finding, tried, False)
+            return Reduced(best, finding, tried, taken, time.monotonic() - start, False)
 
 
 __all__ = ["Reduced", "reduce_failure"]
