@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from sdpa_paged_target import SdpaPaged  # noqa: E402
 
@@ -181,6 +183,27 @@ class Mixed(_Planted):
         if d == 32 and bs == 32:
             while True:
                 time.sleep(0.5)
+        return SdpaPaged.run(self, call)
+
+
+class CrashesWhenReshaped(_Planted):
+    """Raises SystemExit (a failing example) when a used block sits at or past 2**16 elements with head size 128,
+    and exits the process when one does with a smaller head size: what the structural shrink's "smaller head
+    size, block ids scaled to keep their offsets" candidate is (Hypothesis lowers the head size with the ids
+    kept, which ends the trigger). Block sizes 16 and 32 only, so that the scaled ids stay within the
+    strategies' bounds."""
+
+    name = "planted.crashes_when_reshaped"
+    description = "SystemExit on a far block at head size 128, os._exit on one at a smaller head size"
+    capabilities = attrs.evolve(SdpaPaged.capabilities, block_sizes=(16, 32))
+
+    def run(self, call):
+        _log()
+        nb, bs, hkv, d = call.kwargs["key_cache"].shape
+        table, seq_lens = call.kwargs["block_table"], call.kwargs["seq_lens"].tolist()
+        top = max(int(table[i, : -(-n // bs)].max()) for i, n in enumerate(seq_lens))
+        if top * bs * hkv * d >= 1 << 16:
+            raise SystemExit(3) if d == 128 else os._exit(1)
         return SdpaPaged.run(self, call)
 
 

@@ -214,6 +214,21 @@ def test_out_under_a_file_or_in_proc_is_a_usage_error(tmp_path):
         assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_a_worker_lost_in_the_structural_shrink_leaves_the_hypothesis_shrunk_reproducer(tmp_path):
+    """The structural shrink's candidate (a smaller head size, block ids scaled) exits the process: the failure
+    keeps the reproducer Hypothesis shrank, and says so."""
+    r, summary, calls = fuzz_planted("CrashesWhenReshaped", tmp_path, "--max-examples", "150", "--workers", "1",
+                                     "--max-crashes", "100", "--configs", "free", timeout=600)
+    assert r.returncode == 1, r.stdout
+    (t,) = summary["targets"]
+    (raised,) = [f for f in t["failures"] if f["check"] == "raised SystemExit"]
+    assert "shrunk by Hypothesis; the worker exited during the structural shrink" in raised["message"], raised
+    case = json.loads((Path(raised["reproducer"]) / "case.json").read_text())
+    assert case["example"]["batch"]["head_size"] == 128
+    assert t["examples"] == len(calls) and summary["lost"] == 0
+    assert_no_process_left(calls)
+
+
 def test_db_naming_a_file_or_an_unreachable_redis_fails_before_fuzzing(tmp_path):
     f = tmp_path / "db-file"
     f.write_text("")

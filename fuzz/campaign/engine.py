@@ -154,6 +154,9 @@ class FailureRecord:
     fault: str | None = None
     reproducer: str | None = None
     count: int = 1
+    #: How far a failure reported ``seen`` (not yet final) was shrunk: "unshrunk", or "hypothesis" (shrunk by
+    #: Hypothesis, before the structural shrink).
+    stage: str = "final"
 
     @property
     def signature(self) -> tuple[str, str]:
@@ -477,7 +480,7 @@ class Campaign:
                     self._record(e.signature)
         return self._new
 
-    def _seen(self, signature: tuple[str, str]) -> None:
+    def _seen(self, signature: tuple[str, str], stage: str = "unshrunk") -> None:
         """Write the unshrunk reproducer of a new distinct failure and report it before Hypothesis shrinks it:
         a shrink can reach an input that kills the worker (a crash or hang of another kind), and the supervisor
         then keeps this one instead of losing the failure. :meth:`_record` removes it once the shrunk one is
@@ -485,7 +488,8 @@ class Campaign:
         example, finding, run = self._latest[signature]
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
         self._early[signature] = path
-        self.listener.seen(FailureRecord.of(self.target.name, finding, example, self.fault_name, path))
+        self.listener.seen(attrs.evolve(FailureRecord.of(self.target.name, finding, example, self.fault_name, path),
+                                        stage=stage))
 
     def _record(self, signature: tuple[str, str], latest=None) -> None:
         example, finding, run = latest or self._latest[signature]
@@ -514,7 +518,7 @@ class Campaign:
         candidates tried and taken, seconds)."""
         self._latest[signature] = (example, finding, run)
         previous = self._early.get(signature)
-        self._seen(signature)
+        self._seen(signature, stage="hypothesis")
         if previous is not None and Path(previous) != Path(self._early[signature]):
             shutil.rmtree(previous, ignore_errors=True)
         kept: list = []

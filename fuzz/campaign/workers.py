@@ -600,10 +600,13 @@ class Supervisor:
         pending, s.pending = s.pending, {}
         if ending.kind is EndingKind.FINISHED:
             return
-        note = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
         for record in pending.values():
+            if record.stage == "hypothesis":
+                note = f" (shrunk by Hypothesis; the worker {ending.kind.value} during the structural shrink)"
+            else:
+                note = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
             if record.target in self.by_name:  # known meanwhile: _failure keeps one reproducer
-                self._failure(attrs.evolve(record, message=record.message + note), how=note)
+                self._failure(attrs.evolve(record, message=record.message + note, stage="final"), how=note)
 
     def _example_ended(self, s: _Slot, flight: dict, ending, retried: bool) -> None:
         from kvfuzz.contracts.example import Example
