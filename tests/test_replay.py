@@ -7,6 +7,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,17 @@ def test_replay_of_a_segfault_reports_a_kernel_crash_and_survives(cases):
 def test_replay_of_a_hang_reports_a_kernel_hang_after_the_timeout(cases):
     r = kvfuzz("replay", str(cases["Hangs"]), "--target", f"{PLANTED}:Hangs", "--timeout", "5")
     assert r.returncode == 1 and "kernel hang (timeout)" in r.stdout, r.stdout
+    assert "after 5 s" in r.stdout, r.stdout
+
+
+def test_replay_of_a_hang_waits_the_campaigns_own_example_timeout_by_default(cases):
+    """The campaign ran with --example-timeout 4: case.json records it, and the replay times the kernel call
+    against it instead of waiting 300 s."""
+    assert json.loads((cases["Hangs"] / "case.json").read_text())["details"]["timeout_s"] == 4
+    start = time.monotonic()
+    r = kvfuzz("replay", str(cases["Hangs"]), "--target", f"{PLANTED}:Hangs", timeout=120)
+    assert r.returncode == 1 and "kernel hang (timeout)" in r.stdout and "after 4 s" in r.stdout, r.stdout
+    assert time.monotonic() - start < 100
 
 
 def test_replay_passes_once_the_kernel_is_fixed(cases):
@@ -137,7 +149,7 @@ def test_check_over_a_corpus_with_crash_and_hang_cases_writes_the_table_and_juni
         shutil.copytree(cases[c], corpus / cases[c].name)
     junit = tmp_path / "junit.xml"
     r = kvfuzz("check", "--target", f"{PLANTED}:Correct", "--corpus", str(corpus), "--trust-targets",
-               "--junit-xml", str(junit), "--out", str(tmp_path / "o"), timeout=900)
+               "--junit-xml", str(junit), "--out", str(tmp_path / "o"), timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "kernel crash (SIGSEGV)" in r.stdout and "kernel hang (timeout)" in r.stdout and junit.exists()
     assert 'failures="2"' in junit.read_text()

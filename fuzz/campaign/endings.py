@@ -93,6 +93,7 @@ def finding_for(ending: Ending, phase: str | None, details: dict[str, Any] | Non
     details = {"phase": phase, "exitcode": ending.exitcode, **(details or {})}
     in_kernel = phase == "kernel"
     if ending.kind is EndingKind.HUNG:
+        details["timeout_s"] = timeout  # what a replay waits before it calls the same case a hang
         after = f" after {timeout:g} s" if timeout is not None else ""
         if in_kernel:
             return KernelHang("timeout", f"the kernel did not return{after}; its process was killed", details)

@@ -64,9 +64,11 @@ def check_targets(targets: list[Target], out: Path, max_examples: int, seed: int
     return results
 
 
-def check_corpus(corpus: Path, trust_targets: bool = False, timeout: float = 300.0) -> list[CheckResult]:
+def check_corpus(corpus: Path, trust_targets: bool = False, timeout: float | None = None) -> list[CheckResult]:
     """Replay every reproducer directory under ``corpus``, each isolated in a child process with ``timeout``
-    (a case that crashes or hangs is a failed result, "kernel crash"/"kernel hang", and the gate goes on). A
+    seconds for its kernel call (None: as :func:`~kvfuzz.fuzz.campaign.reproducers.replay`, a hang case's own
+    recorded example timeout) (a case that crashes or hangs is a failed result, "kernel crash"/"kernel hang",
+    and the gate goes on). A
     case that cannot be read or whose target is not trusted is a failed result whose ``bad_input`` is set."""
     results = []
     for d in sorted(p for p in corpus.iterdir() if p.is_dir() and (p / "case.json").exists()):

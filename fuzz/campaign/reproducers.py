@@ -341,11 +341,21 @@ def _child(directory: str, target_spec: str | None, trust_target: bool, conn) ->
     conn.send(("bye",))
 
 
+def hang_timeout(case: Case) -> float | None:
+    """The seconds the campaign gave an example before it called this case a hang (case.json
+    ``details.timeout_s``, written since kvfuzz records it), or None (not a hang, or not recorded)."""
+    t = (case.raw.get("details") or {}).get("timeout_s")
+    hang = case.kind == "kernel hang" or case.check.startswith("hung in")
+    return float(t) if hang and isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 else None
+
+
 def replay(directory: str | Path, *, target_spec: str | None = None, trust_target: bool = False,
-           timeout: float = REPLAY_TIMEOUT) -> ReplayResult:
+           timeout: float | None = None) -> ReplayResult:
     """Re-run a reproducer directory in a child process and compare with what it recorded. A child that dies
-    inside the kernel gives got = ("kernel crash", "<signal or exit status>"); one that runs past ``timeout``
-    seconds is killed and gives ("kernel hang", "timeout"); outside the kernel, ("harness error", ...).
+    inside the kernel gives got = ("kernel crash", "<signal or exit status>"); one whose kernel call runs past
+    ``timeout`` seconds (None: the campaign's own example timeout for a hang case, :func:`hang_timeout`, else
+    :data:`REPLAY_TIMEOUT`) is killed and gives ("kernel hang", "timeout"); outside the kernel (the whole
+    replay past :data:`REPLAY_TIMEOUT`, or ``timeout`` when larger), ("harness error", ...).
 
     Raises BadReproducer (a broken file), UntrustedTarget (an adapter the user did not name), or ValueError
     (the named target cannot be loaded) before anything runs."""
@@ -357,7 +367,8 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
     proc.start()
     child.close()
     phase, result, goodbye, hung = None, None, False, False
-    deadline = time.monotonic() + timeout
+    kernel_timeout = timeout if timeout is not None else (hang_timeout(case) or REPLAY_TIMEOUT)
+    deadline = time.monotonic() + max(REPLAY_TIMEOUT, kernel_timeout)
     try:
         while True:
             left = deadline - time.monotonic()
@@ -372,6 +383,8 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
                     break
                 if msg[0] == "phase":
                     phase = msg[1]
+                    if phase == "kernel":  # the campaign timed the kernel call: so does the replay
+                        deadline = min(deadline, time.monotonic() + kernel_timeout)
                 elif msg[0] == "result":
                     result = msg[1:]
                 elif msg[0] == "bye":
@@ -388,7 +401,8 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
         got, message, inputs_match = result
         return ReplayResult(case.directory, expected, None if got is None else tuple(got), message, inputs_match)
     ending = classify(proc.exitcode, said_goodbye=goodbye, killed_for_hang=hung)
-    finding = finding_for(ending, phase or "prepare", timeout=timeout)
+    finding = finding_for(ending, phase or "prepare",
+                          timeout=kernel_timeout if phase == "kernel" else max(REPLAY_TIMEOUT, kernel_timeout))
     if finding is None:  # killed from outside
         return ReplayResult(case.directory, expected, ("harness error", f"replay {ending.detail}"),
                             f"the replay process was {ending.kind.value} ({ending.detail}) before it answered", None)

@@ -18,9 +18,11 @@ from kvfuzz.fuzz.cli.common import console
                    "you did not name).")
 @click.option("--trust-target", is_flag=True,
               help="Import the adapter named by the case's own target_spec (only for reproducers you trust).")
-@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
-              help="Seconds the replay may run before it is reported as a hang.")
-def replay(directory: str, target_spec: str | None, trust_target: bool, timeout: float) -> None:
+@click.option("--timeout", default=None, type=click.FloatRange(min=1),
+              help="Seconds the kernel call may run before the replay reports a hang. Default: for a case "
+                   "recorded as a hang, the campaign's --example-timeout (case.json details.timeout_s); else "
+                   "300.")
+def replay(directory: str, target_spec: str | None, trust_target: bool, timeout: float | None) -> None:
     """Re-run a reproducer directory in a child process. Exit 1 while it still fails (a crash or hang included),
     0 once it passes, 2 when the directory or its target cannot be used (the message says which file and
     field)."""
