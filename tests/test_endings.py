@@ -123,10 +123,26 @@ def _wait_calls(log: Path, n: int, timeout: float = 120) -> list[str]:
     raise AssertionError(f"fewer than {n} kernel calls after {timeout} s")
 
 
+def _wait_state(path: Path, ready, timeout: float = 60) -> dict:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            state = json.loads(path.read_text())
+            if ready(state):
+                return state
+        except (OSError, ValueError):  # not written yet (it is replaced atomically, never half-written)
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{path} did not reach the expected state in {timeout} s")
+
+
 def test_sigkill_of_the_supervisor_takes_its_workers_and_the_next_run_resumes(tmp_path):
     p, log = _start("Slow", tmp_path, "--max-examples", "500", "--workers", "2")
     calls = _wait_calls(log, 6)
-    time.sleep(1.0)  # let a snapshot record what is in flight
+    # let a snapshot (every 2 s) record a chunk and what is in flight: a fixed sleep was not always enough on
+    # a loaded 2-core machine
+    _wait_state(tmp_path / "out" / "state.json",
+                lambda st: st.get("chunks", {}).get("planted.slow", 0) >= 1 and st.get("in_flight"))
     p.kill()
     p.wait(30)
     assert_no_process_left(log.read_text().split())  # the workers died with their supervisor
