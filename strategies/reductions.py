@@ -34,6 +34,7 @@ kvfuzz draws from: its smallest trigger is a smallest one kvfuzz could have draw
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterator
 
@@ -245,9 +246,7 @@ def _fewer_blocks(batch: Batch, capabilities: Capabilities) -> Iterator[Thunk]:
             below = sorted(removed)
 
             def ids(b: int) -> int | None:
-                if b in removed:
-                    return None
-                return b - sum(1 for r in below if r < b)
+                return None if b in removed else b - bisect.bisect_left(below, b)
             return _remap(batch, ids, batch.num_blocks - len(removed))
         yield remove
 

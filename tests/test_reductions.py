@@ -124,15 +124,18 @@ def test_reduce_reaches_the_smallest_overflow_and_keeps_the_signature():
     start = Example(_batch([1, 1, 1], [0, 0, 64], heads=(4, 4), head_size=256, block_size=32,
                            table=[[8, 0, 0], [7, 0, 0], [4, 5, 6]], num_blocks=9), Poison.NAN)
     sig = _overflows(start).signature
-    out = reduce_failure(start, sig, _overflows, get_mutant("mutant.int32_offset_overflow").capabilities)
+    befores = []
+    out = reduce_failure(start, sig, _overflows, get_mutant("mutant.int32_offset_overflow").capabilities,
+                         before=lambda: befores.append(1))
     assert out.finding is not None and not out.out_of_time and 1 <= out.taken <= out.tried
+    assert befores == [1]  # once, before the first candidate
     assert size_key(out.example.batch) == size_key(smallest_trigger("mutant.int32_offset_overflow"))
     # a candidate failing another way is never taken
     other = reduce_failure(start, ("non-finite output", "finite"), _overflows, CAPS)
     assert other.finding is None and other.example == start and other.tried > 0
     # no time: nothing run
-    none = reduce_failure(start, sig, _overflows, CAPS, seconds=-1)
-    assert none.out_of_time and none.tried == 0 and none.example == start
+    none = reduce_failure(start, sig, _overflows, CAPS, seconds=-1, before=lambda: befores.append(2))
+    assert none.out_of_time and none.tried == 0 and none.example == start and befores == [1]
     # skipped candidates are not run
     ran = []
     skipped = reduce_failure(start, sig, lambda e: ran.append(e), CAPS, skip=lambda e: True)

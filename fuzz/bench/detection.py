@@ -29,7 +29,7 @@ from kvfuzz.fuzz.bench.mutants import MUTANTS, batch_size, get_mutant, smallest_
 from kvfuzz.fuzz.campaign import engine as campaign_mod
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.strategies.limits import Limits
-from kvfuzz.strategies.reductions import SIZE_FIELDS
+from kvfuzz.strategies.reductions import SIZE_FIELDS, size_key
 
 #: Reruns of each shrunk failure (its kind must not change from run to run).
 RERUNS = 3
@@ -57,7 +57,7 @@ def kvfuzz_detect(name: str, seed: int, max_examples: int = 200, duration: float
            "check": None, "kind": None, "size": None, "case": None, "poison": None, "rerun_kinds": None}
     if stats.failures:
         examples = {sig: Example.from_dict(f.example) for sig, f in stats.failures.items()}
-        sig = min(examples, key=lambda s: _size_key(batch_size(examples[s].batch)))
+        sig = min(examples, key=lambda s: size_key(examples[s].batch))
         found, example = stats.failures[sig], examples[sig]
         out.update(seconds_to_first=round(first.get("seconds", elapsed), 3),
                    examples_to_first=first.get("examples"), seconds_to_shrunk=round(elapsed, 3),

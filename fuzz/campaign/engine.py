@@ -480,16 +480,24 @@ class Campaign:
                     self._record(e.signature)
         return self._new
 
-    def _seen(self, signature: tuple[str, str], stage: str = "unshrunk") -> None:
-        """Write the unshrunk reproducer of a new distinct failure and report it before Hypothesis shrinks it:
-        a shrink can reach an input that kills the worker (a crash or hang of another kind), and the supervisor
-        then keeps this one instead of losing the failure. :meth:`_record` removes it once the shrunk one is
+    def _seen(self, signature: tuple[str, str], latest=None, stage: str = "unshrunk") -> None:
+        """Write a provisional reproducer of a new distinct failure and report it (``stage``: "unshrunk" before
+        Hypothesis shrinks it, "hypothesis" before the structural shrink): a shrink can reach an input that kills
+        the worker (a crash or hang of another kind), and the supervisor then keeps this one instead of losing
+        the failure. It replaces an earlier provisional one; :meth:`_record` removes it once the final one is
         written."""
-        example, finding, run = self._latest[signature]
+        example, finding, run = latest or self._latest[signature]
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
+        self._drop_early(signature, keep=path)
         self._early[signature] = path
         self.listener.seen(attrs.evolve(FailureRecord.of(self.target.name, finding, example, self.fault_name, path),
                                         stage=stage))
+
+    def _drop_early(self, signature: tuple[str, str], keep: Path) -> None:
+        """Remove the provisional reproducer of ``signature`` unless it is ``keep`` (the same example)."""
+        early = self._early.pop(signature, None)
+        if early is not None and Path(early) != Path(keep):
+            shutil.rmtree(early, ignore_errors=True)
 
     def _record(self, signature: tuple[str, str], latest=None) -> None:
         example, finding, run = latest or self._latest[signature]
@@ -497,9 +505,7 @@ class Campaign:
         if self._reduces():
             example, finding, run = self._reduce(signature, example, finding, run)
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
-        early = self._early.pop(signature, None)
-        if early is not None and Path(early) != Path(path):
-            shutil.rmtree(early, ignore_errors=True)
+        self._drop_early(signature, keep=path)
         record = FailureRecord.of(self.target.name, finding, example, self.fault_name, path)
         self._new.append(record)
         self.listener.failure(record)
@@ -511,16 +517,12 @@ class Campaign:
         return c.structural_shrink > 0 and not c.undeclared and not c.big_cache
 
     def _reduce(self, signature: tuple[str, str], example: Example, finding: Finding, run: Run | None):
-        """The structural shrink (:mod:`kvfuzz.fuzz.campaign.reduce`) of a Hypothesis-shrunk failure; the
-        Hypothesis-shrunk reproducer is written (and reported ``seen``) first, so a candidate that kills the
-        worker leaves it behind. Returns the smallest ``(example, finding, run)`` that fails the same way, the
-        finding's details saying what the shrink did (``structural_shrink``: the case it started from, the
-        candidates tried and taken, seconds)."""
-        self._latest[signature] = (example, finding, run)
-        previous = self._early.get(signature)
-        self._seen(signature, stage="hypothesis")
-        if previous is not None and Path(previous) != Path(self._early[signature]):
-            shutil.rmtree(previous, ignore_errors=True)
+        """The structural shrink (:mod:`kvfuzz.fuzz.campaign.reduce`) of a Hypothesis-shrunk failure; before its
+        first candidate runs, the Hypothesis-shrunk reproducer is written (and reported ``seen``), so a
+        candidate that kills the worker leaves it behind. Returns the smallest ``(example, finding, run)`` that
+        fails the same way, the finding's details saying what the shrink did (``structural_shrink``: the case it
+        started from, the candidates tried and taken, seconds)."""
+        start = (example, finding, run)
         kept: list = []
 
         def attempt(candidate: Example) -> Finding | None:
@@ -531,10 +533,11 @@ class Campaign:
 
         reduced = reduce_failure(example, signature, attempt, self.target.capabilities, self.config.limits,
                                  self.config.structural_shrink,
-                                 skip=lambda e: bool(self.ended) and example_key(e) in self.ended)
+                                 skip=lambda e: bool(self.ended) and example_key(e) in self.ended,
+                                 before=lambda: self._seen(signature, start, stage="hypothesis"))
         if reduced.finding is not None:
             example, finding, run = reduced.example, reduced.finding, kept[0]
-        finding.details["structural_shrink"] = reduced.to_dict(self._latest[signature][0])
+        finding.details["structural_shrink"] = reduced.to_dict(start[0])
         return example, finding, run
 
     def replay_database(self) -> list[FailureRecord]:

@@ -43,11 +43,13 @@ class Reduced:
 
 def reduce_failure(example: Example, signature: tuple[str, str], attempt: Callable[[Example], Finding | None],
                    capabilities: Capabilities, limits: Limits = Limits(), seconds: float = 60.0,
-                   skip: Callable[[Example], bool] = lambda e: False) -> Reduced:
+                   skip: Callable[[Example], bool] = lambda e: False,
+                   before: Callable[[], None] = lambda: None) -> Reduced:
     """Greedy structural shrink of ``example``, which fails with ``signature`` (``(kind, check)``):
     ``attempt(candidate)`` runs one candidate and returns its Finding or None; the first candidate (smallest
     first) failing with ``signature`` becomes the new start, until no candidate does or ``seconds`` have
-    passed (checked between candidates). ``skip``: candidates not to run (e.g. ones that ended a worker)."""
+    passed (checked between candidates). ``skip``: candidates not to run (e.g. ones that ended a worker).
+    ``before``: called once, right before the first candidate runs (not at all when none does)."""
     start = time.monotonic()
     deadline = start + seconds
     best, finding, tried, taken, tested = example, None, 0, 0, set()
@@ -59,6 +61,8 @@ def reduce_failure(example: Example, signature: tuple[str, str], attempt: Callab
             if candidate in tested or skip(candidate):
                 continue
             tested.add(candidate)
+            if not tried:
+                before()
             tried += 1
             found = attempt(candidate)
             if found is not None and found.signature == tuple(signature):
