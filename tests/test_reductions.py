@@ -18,9 +18,11 @@ from kvfuzz.contracts.poison import Poison
 from kvfuzz.fuzz.bench.mutants import OFFSET_BITS, _batch, get_mutant, smallest_trigger
 from kvfuzz.fuzz.campaign import engine
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
+from kvfuzz.fuzz.harness import properties
 from kvfuzz.strategies.batches import batches
 from kvfuzz.strategies.limits import Limits
 from kvfuzz.strategies.reductions import max_num_blocks, reductions, reexpress, size_key
+from kvfuzz_test_support import available
 
 CAPS = Capabilities(contract=Contract.UNIFIED, devices=("cpu",), dtypes=("float16", "float32"),
                     head_sizes=(24, 32, 64, 256), block_sizes=(8, 16, 32), kv_cache_dtypes=("auto", "fp8_e4m3"),
@@ -205,3 +207,29 @@ def test_the_structural_shrink_can_be_turned_off():
     assert records
     assert all(size_key(Example.from_dict(r.example).batch)
                > size_key(smallest_trigger("mutant.int32_offset_overflow")) for r in records)
+
+
+@pytest.mark.kernel
+def test_a_real_kernels_finding_reduces_to_its_minimal_case():
+    """vLLM's CPU op (README Findings 1: NaN in the unused tail of its last token group reaches the output),
+    started from three sequences, four heads and head size 64: the structural shrink alone reaches the README's
+    minimal case (one decode sequence, ctx_len 0, one head, the smallest head size, one block)."""
+    target = available("vllm.cpu_attention")
+
+    def attempt(e):
+        try:
+            properties.check(target, e)
+        except Finding as f:
+            return f
+        return None
+
+    start = Example(_batch([5, 1, 3], [3, 20, 0], heads=(4, 2), head_size=64, block_size=32, dtype="float16",
+                           num_blocks=5), Poison.NAN)
+    found = attempt(start)
+    assert found is not None and found.signature == ("non-finite output", "finite")
+    out = reduce_failure(start, found.signature, attempt, target.capabilities)
+    b = out.example.batch
+    assert out.finding is not None and out.finding.signature == found.signature
+    assert (b.num_seqs, b.query_lens, b.ctx_lens, b.num_heads, b.num_kv_heads, b.num_blocks) == (
+        1, (1,), (0,), 1, 1, 1)
+    assert b.head_size == min(target.capabilities.head_sizes)
