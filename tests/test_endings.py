@@ -87,8 +87,11 @@ def test_every_ending_is_classified_counted_and_saved(tmp_path, cls, kind, check
 
 
 def test_the_budget_is_global_and_the_counts_add_up(tmp_path):
-    """Two workers share --max-examples (a restarted worker does not get the budget again)."""
-    r, summary, calls = fuzz_planted("Correct", tmp_path, "--max-examples", "40", "--workers", "2")
+    """Two workers share --max-examples (a restarted worker does not get the budget again). Slow (0.3 s a call)
+    in chunks of 5: with the fast Correct kernel in chunks of 25, one worker could run all 40 before the other
+    had started on a loaded machine (one failure in a fresh-clone run)."""
+    r, summary, calls = fuzz_planted("Slow", tmp_path, "--max-examples", "40", "--workers", "2",
+                                     "--chunk-examples", "5")
     assert r.returncode == 0, r.stdout + r.stderr
     (t,) = summary["targets"]
     assert t["examples"] == 40 == len(calls)
