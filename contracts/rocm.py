@@ -76,3 +76,24 @@ def rocm_custom_paged_attention_selected(arch: str, query_dtype: torch.dtype, he
             return False, f"not selected on {arch}: {why}"
     return True, (f"selected on {arch}: {str(query_dtype).removeprefix('torch.')}, head_size {head_size}, "
                   f"block_size {block_size}, gqa ratio {gqa_ratio}, no window")
+
+
+def rocm_custom_path_taken(call, arch: str) -> tuple[bool, str]:
+    """:func:`rocm_custom_paged_attention_selected` for one ``chunked_prefill_paged_decode`` call
+    (a :class:`~kvfuzz.contracts.paged_call.PagedCall` with valid shapes) on ROCm ``arch``: the query dtype,
+    head size, block size, GQA ratio, the ``max_seq_len`` passed, window, kv_cache_dtype, alibi, sinks and
+    whether both caches are packed, read off the call as vllm/v1/attention/ops/chunked_prefill_paged_decode.py
+    reads them before ``use_rocm_custom_paged_attention``. Used as the ROCm path's ``taken_on``
+    (:class:`~kvfuzz.contracts.declaration.KernelPath`)."""
+    q, kc, vc = call.query, call.key_cache, call.value_cache
+    hkv = call.num_kv_heads
+    msl = call.max_seq_len
+    try:
+        msl = int(msl.item()) if isinstance(msl, torch.Tensor) else int(msl or 0)
+    except (TypeError, ValueError, RuntimeError):
+        msl = 0
+    packed = kc.stride(0) == kc.shape[1:].numel() and vc.stride(0) == vc.shape[1:].numel()
+    kvd = call.kv_cache_dtype if isinstance(call.kv_cache_dtype, str) else "auto"
+    return rocm_custom_paged_attention_selected(
+        arch, q.dtype, int(q.shape[2]), call.block_size, int(q.shape[1]) // hkv if hkv else 0, msl,
+        call.sliding_window, kvd, call.has_alibi, call.has_sinks, packed)

@@ -122,11 +122,25 @@ FIX: dict[Check, str] = {
 
 
 class Severity(enum.Enum):
-    """ERROR: the call breaks the contract. WARNING: legal but suspicious (a vacuous cache), or a problem only
-    where the call does not run (ROCm portability)."""
+    """ERROR: this call breaks what this kernel, on the path it takes here, needs to compute what its caller
+    expects (data it will read is missing or stale, an index it will read is out of range, a dtype or shape it
+    will misread). WARNING: anything else, with a :class:`Category` saying which kind."""
 
     ERROR = "error"
     WARNING = "warning"
+
+
+class Category(enum.Enum):
+    """What a warning-level record is about (errors have none)."""
+
+    #: it breaks only on a path this call does not take here (e.g. int64 indices that vLLM's ROCm custom
+    #: paged-attention kernel would misread, on a CUDA or CPU run)
+    PORTABILITY = "portability"
+    #: a state a serving engine never creates, which this call still computes correctly (e.g. sequences sharing
+    #: blocks in a call that writes nothing)
+    REALISM = "realism"
+    #: the test cannot tell a right read from a wrong one (the cache region read is all zeros or constant)
+    VACUITY = "vacuity"
 
 
 #: At most this many records per check and call; the last one says how many more there were.
@@ -143,7 +157,7 @@ class Violation:
     :class:`Severity`. kernel: the kernel's name ("" for ground-truth invariants of kvfuzz's own harness).
     count: how many items (sequences, positions) this record stands for. source: where the wrong data sits,
     for the cache-content checks: "cache", or "key"/"value" (the new tokens passed as arguments); None
-    otherwise.
+    otherwise. category: for a warning, which kind (:class:`Category`); None for errors.
     """
 
     check: Check
@@ -160,6 +174,7 @@ class Violation:
     kernel: str = ""
     count: int = 1
     source: str | None = None
+    category: Category | None = None
 
     @property
     def kind(self) -> FailureKind:
@@ -173,7 +188,8 @@ class Violation:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: enums by their values, plus ``kind``."""
         d = attrs.asdict(self)
-        return d | {"check": self.check.value, "severity": self.severity.value, "kind": self.kind.value}
+        return d | {"check": self.check.value, "severity": self.severity.value, "kind": self.kind.value,
+                    "category": None if self.category is None else self.category.value}
 
     def __str__(self) -> str:
         return self.message
@@ -182,22 +198,26 @@ class Violation:
 def violation(check: Check, what: str, *, kernel: str = "", seq: int | None = None, position: int | None = None,
               block: int | None = None, slot: int | None = None, head: int | None = None, expected: Any = None,
               found: Any = None, fix: str | None = None, severity: Severity = Severity.ERROR,
-              count: int = 1, source: str | None = None) -> Violation:
+              count: int = 1, source: str | None = None, category: Category | None = None) -> Violation:
     """Build a :class:`Violation` whose message names everything given:
     ``"<check> violated [in <kernel>] at sequence s, position p, ...: <what>. Expected X; found Y. Fix the
-    caller: <fix>."``"""
+    caller: <fix>."`` (a warning: ``"<check> warning (<category>) [in <kernel>] ..."``). Raises ValueError for
+    a warning without a category or an error with one."""
+    if (severity is Severity.WARNING) != (category is not None):
+        raise ValueError(f"{check.value}: a warning needs a Category and an error has none "
+                         f"(severity {severity.value}, category {category})")
     fix = check.fix if fix is None else fix
     where = [f"{name} {val}" for name, val in (("sequence", seq), ("position", position), ("block", block),
                                                ("slot", slot), ("kv head", head)) if val is not None]
     loc = f" at {', '.join(where)}" if where else ""
     exp = "" if expected is None else f" Expected {expected};"
     fnd = "" if found is None else f" found {found}."
-    label = "violated" if severity is Severity.ERROR else "warning"
+    label = "violated" if severity is Severity.ERROR else f"warning ({category.value})"
     inside = f" in {kernel}" if kernel else ""
     msg = f"{check.value} {label}{inside}{loc}: {what}.{exp}{fnd} Fix the caller: {fix}."
     return Violation(check, msg, seq, position, block, slot, head,
                      None if expected is None else str(expected), None if found is None else str(found),
-                     fix, severity, kernel, count, source)
+                     fix, severity, kernel, count, source, category)
 
 
 def capped(out: list[Violation], total: int) -> list[Violation]:
@@ -211,5 +231,5 @@ def capped(out: list[Violation], total: int) -> list[Violation]:
     return out
 
 
-__all__ = ["Check", "FIX", "MAX_RECORDS_PER_CHECK", "MEMORY_UNSAFE", "Severity", "Violation", "capped",
+__all__ = ["Category", "Check", "FIX", "MAX_RECORDS_PER_CHECK", "MEMORY_UNSAFE", "Severity", "Violation", "capped",
            "violation"]

