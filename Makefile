@@ -20,7 +20,7 @@ STAMP := $(VENV)/.kvfuzz-setup-6
 # Default fuzz budget per target (ten targets): `make fuzz` finishes in about five minutes on a 2-core CPU.
 FUZZ_ARGS ?= --max-examples 200 --duration 30s --out kvfuzz-out
 
-.PHONY: setup fuzz test check-caller-fault clean
+.PHONY: setup fuzz test device-bundle check-caller-fault clean
 
 setup: $(STAMP)
 
@@ -52,6 +52,12 @@ fuzz: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The offline bundle a GPU machine with no network installs (benchmarks/gpu_env.sh): .device/ with cp312 wheels,
+# vLLM's Python files and the sglang kernel files; carry `.device` in the device call.
+device-bundle:
+	test -d $(SGLANG_DIR)/sglang || $(MAKE) setup
+	PY=$(BIN)/python SGLANG_TREE=$(SGLANG_DIR) bash benchmarks/device_bundle.sh
 
 clean:
 	rm -rf $(VENV) kvfuzz-out .hypothesis .pytest_cache
