@@ -85,7 +85,14 @@ class KernelDeclaration:
             raise ValueError("a KernelDeclaration needs at least one path taken on every platform")
 
     def paths_here(self, call: "PagedCall", rocm_arch: str | None) -> list[TakenPath]:
-        """The paths this call takes where it runs (``rocm_arch``: the ROCm architecture, None off ROCm)."""
+        """The paths this call takes where it runs (``rocm_arch``: the ROCm architecture, None off ROCm).
+        Memoized on the call (``PagedCall.routes``): several checks ask."""
+        key = ("here", rocm_arch)
+        if key not in call.routes:
+            call.routes[key] = self._paths_here(call, rocm_arch)
+        return call.routes[key]
+
+    def _paths_here(self, call: "PagedCall", rocm_arch: str | None) -> list[TakenPath]:
         out = []
         for p in self.paths:
             if p.taken_on is None:
@@ -100,7 +107,14 @@ class KernelDeclaration:
                         archs: tuple[str, ...]) -> list[TakenPath]:
         """Conditional paths this call does not take here but would on one of ``archs`` (checked only off
         ROCm: on ROCm the call's own architecture decides); ``where`` lists every architecture taking it, ``why``
-        is the first one's reason."""
+        is the first one's reason. Memoized on the call, as :meth:`paths_here`."""
+        key = ("elsewhere", rocm_arch, tuple(archs))
+        if key not in call.routes:
+            call.routes[key] = self._paths_elsewhere(call, rocm_arch, archs)
+        return call.routes[key]
+
+    def _paths_elsewhere(self, call: "PagedCall", rocm_arch: str | None,
+                         archs: tuple[str, ...]) -> list[TakenPath]:
         if rocm_arch:
             return []
         out = []

@@ -139,6 +139,8 @@ class PagedCall:
     #: what the kernel needs of its caller, per path (:class:`~kvfuzz.contracts.declaration.KernelDeclaration`,
     #: declared next to its signature in :mod:`kvfuzz.fuzz.guard.signatures`)
     declaration: KernelDeclaration = GENERIC
+    #: the paths this call takes, memoized by :class:`~kvfuzz.contracts.declaration.KernelDeclaration`
+    routes: dict = attrs.field(factory=dict, repr=False, eq=False)
 
     def name(self, arg: str) -> str:
         """The kernel's own name for a normalized argument (e.g. ``b_seq_len`` for ``seq_lens``)."""

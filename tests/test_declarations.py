@@ -126,6 +126,16 @@ def test_random_pools_sharing_pages_are_a_realism_warning_for_a_reader():
     assert [v.check for v in errs] == [Check.BLOCK_SHARING] and "clobbers" in errs[0].message
 
 
+def test_a_page_table_with_a_trailing_unit_dim_is_read_as_the_kernel_reads_it():
+    """vLLM's test passes req_to_page of shape [B, pages, 1]: the kernel addresses row b at b * stride(0)."""
+    kw = _decode_call(index_dtype=torch.int64)
+    flat = check_kernel_call("decode_attention_fwd", kw)
+    kw["req_to_token"] = kw["req_to_token"].unsqueeze(-1)
+    assert check_kernel_call("decode_attention_fwd", kw) == flat and _errors(flat) == []
+    kw["req_to_token"] = kw["req_to_token"].expand(-1, -1, 2)  # a real third dim: not a page table
+    assert Check.SHAPES in {v.check for v in _errors(check_kernel_call("decode_attention_fwd", kw))}
+
+
 def test_value_head_size_may_differ_only_where_declared():
     kw = _decode_call(index_dtype=torch.int32, d_qk=64, d_v=32)
     assert _errors(check_kernel_call("decode_attention_fwd", kw)) == []

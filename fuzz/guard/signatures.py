@@ -148,9 +148,14 @@ def decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: A
     else:
         vc = args["v_buffer"]
     qsl = torch.arange(n + 1, dtype=torch.int32, device=q.device if isinstance(q, torch.Tensor) else "cpu")
+    table = args["req_to_token"]
+    if is_tensor(table) and table.dim() > 2 and all(int(d) == 1 for d in table.shape[2:]):
+        # [B, pages, 1] (vLLM's test_triton_decode_attention.py): the kernel reads entry j of row b at
+        # req_to_token + b * stride(0) + j, so trailing unit dims change nothing it reads
+        table = table.reshape(table.shape[0], table.shape[1])
     return PagedCall(
         kernel="decode_attention_fwd", contract=Contract.UNIFIED, layout=NHDLayout(), query=q, key_cache=kc,
-        value_cache=vc, block_table=args["req_to_token"], query_start_loc=qsl, seq_lens=args["b_seq_len"],
+        value_cache=vc, block_table=table, query_start_loc=qsl, seq_lens=args["b_seq_len"],
         key=key, value=value,
         names=dict(query="q", key_cache="k_buffer", value_cache="v_buffer", block_table="req_to_token",
                    query_start_loc="(implicit: one query token per sequence)", seq_lens="b_seq_len"),
