@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+from kvfuzz.contracts.oracles import check_label
+
 PLOTTED = ("path", "mix", "gqa", "seq_len", "rocm gfx90a/gfx942/gfx950", "rocm gfx11/gfx12", "undeclared")
 
 
@@ -74,7 +76,7 @@ def write_report(out: Path) -> Path:
         for name, f in failures:
             repro = f.get("reproducer")
             link = f"[{Path(repro).name}]({Path(repro).name})" if repro else "-"
-            lines.append(f"| {name} | {f['kind']} | {f.get('blame', '')} | {f.get('check', '')} | "
+            lines.append(f"| {name} | {f['kind']} | {f.get('blame', '')} | {check_label(f.get('check', ''))} | "
                          f"{f.get('count', 1)} | {f.get('batch', '')} | {link} |")
         for name, f in failures:
             lines += ["", f"**{name}: {f['kind']}** — {f.get('message', '')}"]

@@ -235,6 +235,8 @@ def _progress_line(s) -> str:
 
 
 def _print_summary(results: list[dict]) -> None:
+    from kvfuzz.contracts.oracles import check_label
+
     table = Table(title="kvfuzz summary")
     for col in ("target", "examples", "ex/s", "kernel share", "paths", "failures"):
         table.add_column(col)
@@ -242,7 +244,7 @@ def _print_summary(results: list[dict]) -> None:
         total = s["kernel_s"] + s["harness_s"]
         share = f"{100 * s['kernel_s'] / total:.0f}%" if total else "-"
         paths = ", ".join(f"{p}: {n}" for p, n in sorted(s["paths"].items(), key=lambda x: -x[1]))
-        fails = "\n".join(f"[red]{f['kind']}[/] ({escape(f['check'])}) x{f['count']}"
+        fails = "\n".join(f"[red]{f['kind']}[/] ({escape(check_label(f['check']))}) x{f['count']}"
                           for f in s["failures"]) or "[green]none[/]"
         table.add_row(s["target"], str(s["examples"]), f"{s['examples_per_s']:.2f}", share, escape(paths), fails)
     console.print(table)

@@ -15,7 +15,7 @@ from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.failures import CallerContractViolation, KernelCrash, KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.invariants import check_contract
 from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.oracles import agreement, check_finite
+from kvfuzz.contracts.oracles import Oracle, agreement, check_finite
 from kvfuzz.contracts.reference import reference_and_envelope, same_precision_attention
 from kvfuzz.contracts.violations import Check, Violation, violation
 from kvfuzz.fuzz.guard.signatures import build_call, check_kernel_call
@@ -197,7 +197,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     if crash is not None:
         raise KernelCrash(f"raised {error_name(crash)}", crash.splitlines()[0], {**common, "traceback": crash})
     if finite_fail is not None:
-        raise NonFiniteOutput("finite", finite_fail.message(), {**common, "oracle": finite_fail.to_dict()})
+        raise NonFiniteOutput(Oracle.FINITE.value, finite_fail.message(), {**common, "oracle": finite_fail.to_dict()})
     if agree_fail is not None:
-        raise KernelMismatch("agreement", agree_fail.message(), {**common, "oracle": agree_fail.to_dict()})
+        raise KernelMismatch(Oracle.AGREEMENT.value, agree_fail.message(), {**common, "oracle": agree_fail.to_dict()})
     return run
