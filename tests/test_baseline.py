@@ -14,7 +14,7 @@ from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.failures import KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.oracles import Oracle
 from kvfuzz.contracts.poison import Poison
-from kvfuzz.fuzz.bench.mutants import _batch, get_mutant
+from kvfuzz.fuzz.bench.mutants import _batch
 from kvfuzz.fuzz.campaign.baseline import (BaselineError, KnownFinding, append_entry, classify, entry_from_case,
                                            load_baseline, match, parse_baseline)
 from kvfuzz.fuzz.campaign.reproducers import Case
@@ -255,3 +255,27 @@ def test_the_shipped_baseline_knows_finding_1_and_a_planted_defect_on_the_cpu_op
     assert r.returncode == 1 and summary["new_failures"] >= 1, r.stdout + r.stderr
     new = [f for f in summary["targets"][0]["failures"] if not f["known"]]
     assert all(Example.from_dict(f["example"]).batch.head_size == 64 for f in new), new
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("name, entry_id, batch", [
+    # README Findings 3's pinned case (tests/test_triton_targets.py): 2.55e-3 against a bound of 6.8e-4
+    ("vllm.decode_attention_fwd", "finding-3", dict(query_lens=[1], ctx_lens=[1], head_size=32, block_size=16,
+                                                     num_blocks=1, block_table=[[0]], seed=17)),
+    # README Findings 9's pinned case (tests/test_sglang_targets.py): 3.25e-3 against 2.03e-3
+    ("sglang.decode_attention_fwd", "finding-9", dict(query_lens=[1], ctx_lens=[1], head_size=128, block_size=1,
+                                                       num_blocks=2, block_table=[[0, 1]], seed=30)),
+])
+def test_the_shipped_precision_entries_know_the_pinned_cases_and_not_a_tenfold_worse_bound(name, entry_id, batch):
+    need(name)
+    from kvfuzz.contracts.batch import Batch
+
+    target = get_target(name)
+    example = Example(Batch(num_heads=1, num_kv_heads=1, dtype="float16", value_range="large", **batch), Poison.NAN)
+    f = failing(target, example)
+    shipped = load_baseline(SHIPPED)
+    assert classify(shipped, target, example, f) == entry_id
+    ratio = f.details["oracle"]["error"] / f.details["oracle"]["bound"]
+    tighter = attrs.evolve(shipped.get(entry_id), max_ratio=max(1.0, ratio / 2))
+    ok, why = match(tighter, target, example, f)
+    assert not ok and "the known bug changed" in why
