@@ -16,7 +16,7 @@ _EXPORTS = {
     "check_unified_invariant": "invariants",
     "CacheLayout": "layouts", "LayoutError": "layouts", "NHDLayout": "layouts", "VllmPagedLayout": "layouts",
     "CacheState": "materialize",
-    "OracleFailure": "oracles", "check_agreement": "oracles", "check_finite": "oracles",
+    "Oracle": "oracles", "OracleFailure": "oracles", "check_agreement": "oracles", "check_finite": "oracles",
     "PagedCall": "paged_call",
     "Poison": "poison",
     "reference_attention": "reference", "same_precision_attention": "reference",

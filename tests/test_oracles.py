@@ -12,7 +12,8 @@ from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.oracles import LOWP_RTOL, agreement_bound, check_agreement, check_finite, error_ratio
+from kvfuzz.contracts.oracles import (LOWP_RTOL, MESSAGES, Oracle, agreement_bound, check_agreement, check_finite,
+                                      check_label, error_ratio)
 from kvfuzz.contracts.reference import (
     ENVELOPE_TERMS,
     _attend,
@@ -321,8 +322,19 @@ def test_nan_is_always_a_failure_and_located(make_batch):
     out[5, 2, 9] = float("nan")  # row 5 = sequence 1 (decode), position 40
     f = check_finite(b, out)
     assert (f.seq, f.position, f.token, f.head, f.dim, f.bad_elements) == (1, 40, 5, 2, 9, 1)
+    assert f.oracle is Oracle.FINITE and f.to_dict()["oracle"] == "finite output"
+    assert f.message().startswith("non-finite output: 1 elements in 1 (token, head) rows; first at sequence 1 "
+                                  "position 40")
     g = check_agreement(b, out, ref, lowp, env)
-    assert g is not None and (g.token, g.head, g.dim) == (5, 2, 9)
+    assert g is not None and (g.token, g.head, g.dim) == (5, 2, 9) and g.oracle is Oracle.AGREEMENT
+
+
+def test_oracles_are_an_enum_with_one_message_each_and_read_as_oracles():
+    assert set(MESSAGES) == set(Oracle)
+    assert check_label(Oracle.FINITE.value) == "oracle: finite output"
+    assert check_label("agreement") == "oracle: agreement with the fp64 reference"  # an older reproducer's name
+    assert Oracle.parse("finite") is Oracle.FINITE and Oracle.parse("decode invariant") is None
+    assert check_label("decode invariant") == "decode invariant"  # caller checks read as themselves
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])

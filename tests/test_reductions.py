@@ -14,6 +14,7 @@ from kvfuzz.contracts.capabilities import Capabilities
 from kvfuzz.contracts.contract import Contract
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.failures import Finding, KernelMismatch
+from kvfuzz.contracts.oracles import Oracle
 from kvfuzz.contracts.poison import Poison
 from kvfuzz.fuzz.bench.mutants import OFFSET_BITS, _batch, get_mutant, smallest_trigger
 from kvfuzz.fuzz.campaign import engine
@@ -118,7 +119,7 @@ def test_a_shorter_sequence_at_a_smaller_block_size_keeps_a_non_consecutive_pair
 def _overflows(example: Example) -> Finding | None:
     """A stand-in kernel defect: a used block past 2**OFFSET_BITS elements."""
     if max(_offsets(example.batch)) >= 1 << OFFSET_BITS:
-        return KernelMismatch("agreement", "a block past the offset word")
+        return KernelMismatch(Oracle.AGREEMENT.value, "a block past the offset word")
     return None
 
 
@@ -133,7 +134,7 @@ def test_reduce_reaches_the_smallest_overflow_and_keeps_the_signature():
     assert befores == [1]  # once, before the first candidate
     assert size_key(out.example.batch) == size_key(smallest_trigger("mutant.int32_offset_overflow"))
     # a candidate failing another way is never taken
-    other = reduce_failure(start, ("non-finite output", "finite"), _overflows, CAPS)
+    other = reduce_failure(start, ("non-finite output", Oracle.FINITE.value), _overflows, CAPS)
     assert other.finding is None and other.example == start and other.tried > 0
     # no time: nothing run
     none = reduce_failure(start, sig, _overflows, CAPS, seconds=-1, before=lambda: befores.append(2))
@@ -226,7 +227,7 @@ def test_a_real_kernels_finding_reduces_to_its_minimal_case():
     start = Example(_batch([5, 1, 3], [3, 20, 0], heads=(4, 2), head_size=64, block_size=32, dtype="float16",
                            num_blocks=5), Poison.NAN)
     found = attempt(start)
-    assert found is not None and found.signature == ("non-finite output", "finite")
+    assert found is not None and found.signature == ("non-finite output", Oracle.FINITE.value)
     out = reduce_failure(start, found.signature, attempt, target.capabilities)
     b = out.example.batch
     assert out.finding is not None and out.finding.signature == found.signature

@@ -147,7 +147,7 @@ class OwnPageTable(TorchFlexPaged):
 def test_broken_variant_is_a_kernel_mismatch(cls):
     with pytest.raises(KernelMismatch) as info:
         properties.check(cls(), Example(mixed_batch(seed=2), Poison.STALE))
-    assert info.value.check == "agreement"
+    assert info.value.check == "agreement with the fp64 reference"
 
 
 def test_short_campaign(tmp_path):

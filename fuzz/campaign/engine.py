@@ -49,6 +49,7 @@ from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.failures import Finding, HarnessError
 from kvfuzz.contracts.layouts import LayoutError
 from kvfuzz.contracts.poison import Poison
+from kvfuzz.fuzz.campaign.baseline import Baseline, classify
 from kvfuzz.fuzz.campaign.database import open_database, read_only_view
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.campaign.reproducers import write_reproducer
@@ -114,6 +115,9 @@ class CampaignConfig:
     #: Seconds the structural shrink (kvfuzz.fuzz.campaign.reduce) may spend on each new distinct failure after
     #: Hypothesis's shrinker (0: off). Not with ``undeclared`` or ``big_cache``.
     structural_shrink: float = 60.0
+    #: Accepted findings (``kvfuzz fuzz --baseline``, kvfuzz.fuzz.campaign.baseline): a failure matching one is
+    #: counted and listed as known, never shrunk; anything else stays new. None: every failure is new.
+    baseline: Baseline | None = None
 
     def db(self) -> ExampleDatabase:
         """The example database (opened once). Raises DatabaseError when it cannot be used."""
@@ -157,16 +161,19 @@ class FailureRecord:
     #: How far a failure reported ``seen`` (not yet final) was shrunk: "unshrunk", or "hypothesis" (shrunk by
     #: Hypothesis, before the structural shrink).
     stage: str = "final"
+    #: The findings-baseline entry this failure is (CampaignConfig.baseline), or None: a new failure.
+    known: str | None = None
 
     @property
-    def signature(self) -> tuple[str, str]:
-        return (self.kind, self.check)
+    def signature(self) -> tuple[str, ...]:
+        return (self.kind, self.check) if self.known is None else (self.kind, self.check, self.known)
 
     @classmethod
     def of(cls, target: str, finding: Finding, example: Example, fault: str | None,
            reproducer: Path | None) -> "FailureRecord":
         return cls(target, finding.kind.value, finding.kind.blame, finding.check, finding.message,
-                   example.to_dict(), fault, None if reproducer is None else str(reproducer))
+                   example.to_dict(), fault, None if reproducer is None else str(reproducer),
+                   known=finding.known)
 
     def batch_summary(self) -> str:
         try:
@@ -178,7 +185,7 @@ class FailureRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "blame": self.blame, "check": self.check, "count": self.count,
                 "message": self.message, "batch": self.batch_summary(), "caller_fault": self.fault,
-                "reproducer": self.reproducer, "example": self.example}
+                "reproducer": self.reproducer, "example": self.example, "known": self.known}
 
 
 @attrs.define
@@ -405,6 +412,9 @@ class Campaign:
         finding = self._attempt(example, lab)
         if finding is None or finding.signature in self.known:
             return
+        if finding.known is not None:  # accepted in the baseline: listed once (unshrunk), counted, not shrunk
+            self._record_known(example, finding)
+            return
         signature = finding.signature
         first = signature not in self._latest
         self._latest[signature] = (example, finding, self._run)
@@ -428,6 +438,7 @@ class Campaign:
             undeclared = self._run_example(example)
         except Finding as f:
             finding = f
+            classify(self.config.baseline, self.target, example, finding)
         self._end(example, lab, started, None if finding is None else finding.signature, undeclared)
         return finding
 
@@ -506,6 +517,15 @@ class Campaign:
             example, finding, run = self._reduce(signature, example, finding, run)
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
         self._drop_early(signature, keep=path)
+        record = FailureRecord.of(self.target.name, finding, example, self.fault_name, path)
+        self._new.append(record)
+        self.listener.failure(record)
+
+    def _record_known(self, example: Example, finding: Finding) -> None:
+        """The first hit of a baseline entry here: its reproducer (as found, not shrunk: the baseline already
+        knows the bug) and its record; later hits are only counted."""
+        self.known.add(finding.signature)
+        path = write_reproducer(self.config.out, self.target, example, finding, self._run, fault_name=self.fault_name)
         record = FailureRecord.of(self.target.name, finding, example, self.fault_name, path)
         self._new.append(record)
         self.listener.failure(record)

@@ -16,6 +16,7 @@ from pathlib import Path
 import attrs
 
 from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.oracles import check_label
 from kvfuzz.fuzz.campaign.engine import CampaignConfig
 from kvfuzz.fuzz.campaign.reproducers import BadReproducer, replay
 from kvfuzz.fuzz.targets.base import Target
@@ -53,7 +54,7 @@ def check_targets(targets: list[Target], out: Path, max_examples: int, seed: int
     run = Supervisor(targets, names or [t.name for t in targets], config, workers=1, resume=False).run()
     results = []
     for stats in run.targets:
-        problems = [f"{f.kind} ({f.check}): {f.message} [reproducer: {f.reproducer}]"
+        problems = [f"{f.kind} ({check_label(f.check)}): {f.message} [reproducer: {f.reproducer}]"
                     for f in stats.failures.values()]
         if stats.stopped:
             problems.append(stats.stopped)

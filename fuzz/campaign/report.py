@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+from kvfuzz.contracts.oracles import check_label
+
 PLOTTED = ("path", "mix", "gqa", "seq_len", "rocm gfx90a/gfx942/gfx950", "rocm gfx11/gfx12", "undeclared")
 
 
@@ -60,6 +62,9 @@ def write_report(out: Path) -> Path:
         flags.append("**interrupted**")
     if summary.get("exit_status") is not None:
         flags.append(f"exit status {summary['exit_status']}")
+    if summary.get("baseline"):
+        flags.append(f"baseline `{summary['baseline']}` ({summary.get('known_failures', 0)} known, "
+                     f"{summary.get('new_failures', 0)} new)")
     lines += [", ".join(flags), "", "| target | examples | examples/s | kernel share | distinct failures |",
               "|---|---|---|---|---|"]
     for t in summary["targets"]:
@@ -67,14 +72,24 @@ def write_report(out: Path) -> Path:
         share = f"{100 * t['kernel_s'] / total:.0f}%" if total else "-"
         lines.append(f"| {t['target']} | {t['examples']} | {t['examples_per_s']:.2f} | {share} | "
                      f"{len(t['failures'])} |")
-    failures = [(t["target"], f) for t in summary["targets"] for f in t["failures"]]
-    lines += ["", "## Failures", ""]
+    failures = [(t["target"], f) for t in summary["targets"] for f in t["failures"] if not f.get("known")]
+    known = [(t["target"], f) for t in summary["targets"] for f in t["failures"] if f.get("known")]
+    if known:
+        lines += ["", "## Known findings (baseline)", "",
+                  "Accepted in the baseline: found and counted, not failures of this campaign.", "",
+                  "| target | known | kind | check | count | reproducer (first hit) |", "|---|---|---|---|---|---|"]
+        for name, f in known:
+            repro = f.get("reproducer")
+            link = f"[{Path(repro).name}]({Path(repro).name})" if repro else "-"
+            lines.append(f"| {name} | {f['known']} | {f['kind']} | {check_label(f.get('check', ''))} | "
+                         f"{f.get('count', 1)} | {link} |")
+    lines += ["", "## Failures" + (" (new)" if summary.get("baseline") else ""), ""]
     if failures:
         lines += ["| target | kind | blame | check | count | minimal batch | reproducer |", "|---|---|---|---|---|---|---|"]
         for name, f in failures:
             repro = f.get("reproducer")
             link = f"[{Path(repro).name}]({Path(repro).name})" if repro else "-"
-            lines.append(f"| {name} | {f['kind']} | {f.get('blame', '')} | {f.get('check', '')} | "
+            lines.append(f"| {name} | {f['kind']} | {f.get('blame', '')} | {check_label(f.get('check', ''))} | "
                          f"{f.get('count', 1)} | {f.get('batch', '')} | {link} |")
         for name, f in failures:
             lines += ["", f"**{name}: {f['kind']}** — {f.get('message', '')}"]

@@ -33,6 +33,7 @@ import attrs
 
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.failures import FailureKind, Finding
+from kvfuzz.contracts.oracles import LEGACY_NAMES, check_label
 from kvfuzz.fuzz.campaign.endings import classify, finding_for
 from kvfuzz.fuzz.campaign.journal import json_safe
 from kvfuzz.fuzz.harness import properties
@@ -172,7 +173,7 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
 
     write_json(d / "case.json", case)
     (d / "test_case.py").write_text(_TEST_TEMPLATE.format(
-        kind=case["kind"], check=case["check"], target=target.name, message=finding.message[:2000].replace('"""', "'''"),
+        kind=case["kind"], check=check_label(case["check"]), target=target.name, message=finding.message[:2000].replace('"""', "'''"),
         dirname=d.name))
     return d
 
@@ -235,6 +236,7 @@ def load_case(directory: str | Path) -> Case:
         raise BadReproducer(path, "kind", f"is {kind!r}, not a failure kind",
                             f"one of {', '.join(k.value for k in FailureKind)}")
     check = _need(case, path, "check", str, "the check that failed (a string)")
+    check = LEGACY_NAMES.get(check, check)  # an oracle by the bare name older reproducers recorded
     raw_example = _need(case, path, "example", dict, "the example: an object with batch and poison")
     try:
         example = Example.from_dict(raw_example)

@@ -556,7 +556,11 @@ class Supervisor:
     def _failure(self, record, how: str = "") -> None:
         t = self.by_name[record.target]
         if t.stats.add_failure(record):
-            self.on_event(f"{record.kind} ({record.check}) in {record.target}{how} -> {record.reproducer}")
+            from kvfuzz.contracts.oracles import check_label
+
+            known = f"known ({record.known}): " if record.known else ""
+            self.on_event(f"{known}{record.kind} ({check_label(record.check)}) in {record.target}{how} -> "
+                          f"{record.reproducer}")
             return
         # another worker found it first (its hits are counted from the examples' outcomes): keep one reproducer
         first = t.stats.failures[record.signature]

@@ -1,7 +1,8 @@
 """The ``kvfuzz`` command: one module per subcommand, registered on :func:`main`.
 
-Exit codes: 0 nothing failed, 1 something failed (a finding, or a replayed case that still fails), 2 bad
-usage (unknown target or fault, an unavailable target named explicitly, a bad option). Subcommand modules
+Exit codes: 0 nothing failed (``fuzz --baseline``: nothing new), 1 something failed (a finding, or a replayed
+case that still fails), 2 bad usage (unknown target or fault, an unavailable target named explicitly, a bad
+option, a bad baseline), 3 the campaign could not run as asked. Subcommand modules
 import torch only when they run, so ``kvfuzz --help`` is fast.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from kvfuzz.fuzz.cli import bench, check, fuzz, relations, replay, report, targets
+from kvfuzz.fuzz.cli import baseline, bench, check, fuzz, relations, replay, report, targets
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,5 +26,6 @@ main.add_command(check.check)
 main.add_command(report.report)
 main.add_command(relations.relations)
 main.add_command(bench.bench)
+main.add_command(baseline.baseline)
 
 __all__ = ["main"]

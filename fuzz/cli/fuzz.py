@@ -2,9 +2,10 @@
 and a summary.
 
 Exit codes (also in the README):
-  0  nothing failed and nothing was lost;
-  1  a failure was found (a finding of any blame: caller, kernel, harness);
-  2  bad usage: an unknown target or fault, a target that cannot run here, a bad option or --out;
+  0  nothing failed and nothing was lost (with --baseline: every failure found is a known one of the baseline);
+  1  a failure was found (a finding of any blame: caller, kernel, harness) that no --baseline entry accepts;
+  2  bad usage: an unknown target or fault, a target that cannot run here, a bad option or --out, a bad
+     --baseline file (the message names the file, the field and the fix);
   3  the campaign could not run as asked: examples were lost (workers killed from outside twice), workers could
      not start, the example database failed, --out is in use by another campaign, or it was interrupted.
 """
@@ -94,11 +95,17 @@ UNLIMITED = 2**62
               help="Seconds each new distinct failure may spend in the structural shrink after Hypothesis's "
                    "(several fields at once, e.g. a smaller head size with block ids scaled to keep their "
                    "offsets; docs/campaigns.md); 0: off.")
+@click.option("--baseline", "baseline_file", default=None, type=click.Path(dir_okay=False),
+              help="A findings baseline (TOML, e.g. kvfuzz-baseline.toml; `kvfuzz baseline add` writes entries): "
+                   "failures it accepts are still found, counted and listed as known, but only a new failure (or a "
+                   "known one that changed) exits 1.")
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
          max_query_len, poisons, threads, workers, example_timeout, max_crashes, db_spec, undeclared, big_cache,
-         observability, configs, chunk_examples, warmup, triton_cache, structural_shrink) -> None:
+         observability, configs, chunk_examples, warmup, triton_cache, structural_shrink, baseline_file) -> None:
     """Fuzz real kernels in supervised workers; shrink each failure and write a reproducer directory under
-    --out. Exit 0 nothing failed, 1 a failure found, 2 bad usage, 3 the campaign could not run as asked."""
+    --out. Exit 0 nothing failed (or only --baseline's known findings), 1 a new failure found, 2 bad usage,
+    3 the campaign could not run as asked."""
+    baseline = _baseline(baseline_file)
     budget = parse_duration(duration)
     if budget is not None and budget <= 0:
         raise click.BadParameter("must be more than 0 seconds (leave it out for no time limit)", param_hint="--duration")
@@ -124,7 +131,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                             poisons=tuple(Poison(p) for p in poisons) or tuple(Poison), db_spec=db_spec,
                             undeclared=undeclared, big_cache=big_cache,
                             pin_configs={"auto": None, "pinned": True, "free": False}[configs],
-                            chunk_examples=chunk_examples, warmup=warmup, structural_shrink=structural_shrink)
+                            chunk_examples=chunk_examples, warmup=warmup, structural_shrink=structural_shrink,
+                            baseline=baseline)
     if triton_cache:
         Path(triton_cache).mkdir(parents=True, exist_ok=True)
         os.environ["TRITON_CACHE_DIR"] = str(Path(triton_cache).resolve())  # the workers inherit it
@@ -155,6 +163,19 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     finally:
         lock.release()
     sys.exit(code)
+
+
+def _baseline(path: str | None):
+    """The --baseline file, loaded and validated (None without one); click.BadParameter (exit 2) naming the
+    file, the field and the fix otherwise."""
+    if path is None:
+        return None
+    from kvfuzz.fuzz.campaign.baseline import BaselineError, load_baseline
+
+    try:
+        return load_baseline(path)
+    except BaselineError as e:
+        raise click.BadParameter(str(e), param_hint="--baseline") from None
 
 
 def _out_dir(value: str) -> Path:
@@ -209,9 +230,12 @@ def _finish(result, targets, config, out: Path, caller_fault, seed) -> int:
     by_name = {t.name: t for t in targets}
     results = [s.to_dict() | {"declared": declared_space(by_name[s.target], s.coverage.to_dict())}
                for s in result.targets]
-    _print_summary(results)
-    failed = any(t["failures"] for t in results)
-    code = EXIT_FAILURE if failed else (EXIT_CANNOT_RUN if result.problems or result.interrupted else EXIT_OK)
+    _print_summary(results, config.baseline)
+    new = sum(1 for t in results for f in t["failures"] if not f.get("known"))
+    known = sum(1 for t in results for f in t["failures"] if f.get("known"))
+    code = EXIT_FAILURE if new else (EXIT_CANNOT_RUN if result.problems or result.interrupted else EXIT_OK)
+    if config.baseline is not None:
+        console.print(f"baseline {escape(config.baseline.path)}: {known} known finding(s), {new} new")
     for p in result.problems:
         console.print(f"[red]problem[/]: {escape(p)}")
     for w in result.warnings:
@@ -219,7 +243,8 @@ def _finish(result, targets, config, out: Path, caller_fault, seed) -> int:
     summary = {"targets": results, "caller_fault": caller_fault, "seed": seed, "workers": result.workers,
                "worker_restarts": result.restarts, "interrupted": result.interrupted, "problems": result.problems, "warnings": result.warnings,
                "examples": sum(t["examples"] for t in results), "lost": sum(t["lost"] for t in results),
-               "exit_status": code}
+               "baseline": config.baseline.path if config.baseline is not None else None,
+               "new_failures": new, "known_failures": known, "exit_status": code}
     write_json(out / "summary.json", summary, fsync=True)
     console.print(f"summary: {out / 'summary.json'}" + (" (interrupted)" if result.interrupted else ""))
     try:
@@ -234,7 +259,13 @@ def _progress_line(s) -> str:
             f"{len(s.failures)} distinct failures, {sum(f.count for f in s.failures.values())} failing examples")
 
 
-def _print_summary(results: list[dict]) -> None:
+def _print_summary(results: list[dict], baseline=None) -> None:
+    from kvfuzz.contracts.oracles import check_label
+
+    def line(f: dict) -> str:
+        what = f"{f['kind']}[/] ({escape(check_label(f['check']))}) x{f['count']}"
+        return f"[yellow]known {escape(f['known'])}: {what}" if f.get("known") else f"[red]{what}"
+
     table = Table(title="kvfuzz summary")
     for col in ("target", "examples", "ex/s", "kernel share", "paths", "failures"):
         table.add_column(col)
@@ -242,8 +273,7 @@ def _print_summary(results: list[dict]) -> None:
         total = s["kernel_s"] + s["harness_s"]
         share = f"{100 * s['kernel_s'] / total:.0f}%" if total else "-"
         paths = ", ".join(f"{p}: {n}" for p, n in sorted(s["paths"].items(), key=lambda x: -x[1]))
-        fails = "\n".join(f"[red]{f['kind']}[/] ({escape(f['check'])}) x{f['count']}"
-                          for f in s["failures"]) or "[green]none[/]"
+        fails = "\n".join(line(f) for f in s["failures"]) or "[green]none[/]"
         table.add_row(s["target"], str(s["examples"]), f"{s['examples_per_s']:.2f}", share, escape(paths), fails)
     console.print(table)
     for s in results:
@@ -261,6 +291,12 @@ def _print_summary(results: list[dict]) -> None:
             console.print(f"[bold]{s['target']}[/] [yellow]{escape(s['stopped'])}[/]")
     for s in results:
         for f in s["failures"]:
+            entry = baseline.get(f["known"]) if baseline is not None and f.get("known") else None
+            if entry is not None:
+                console.print(f"[bold]{s['target']}[/] [yellow]known ({escape(entry.id)})[/]: {f['kind']} x{f['count']}"
+                              f" — {escape(entry.reason)} [{escape(entry.reference)}]\n"
+                              f"  reproducer (first hit, not shrunk): {escape(str(f['reproducer']))}")
+                continue
             console.print(f"[bold]{s['target']}[/] [red]{f['kind']}[/] — blame: {f['blame']}\n"
                           f"  {escape(f['message'])}\n  minimal batch: {escape(f['batch'])}\n"
                           f"  reproducer: {escape(str(f['reproducer']))}")

@@ -26,6 +26,7 @@ def replay(directory: str, target_spec: str | None, trust_target: bool, timeout:
     """Re-run a reproducer directory in a child process. Exit 1 while it still fails (a crash or hang included),
     0 once it passes, 2 when the directory or its target cannot be used (the message says which file and
     field)."""
+    from kvfuzz.contracts.oracles import check_label
     from kvfuzz.fuzz.campaign.reproducers import BadReproducer
     from kvfuzz.fuzz.campaign.reproducers import replay as replay_case
 
@@ -40,8 +41,10 @@ def replay(directory: str, target_spec: str | None, trust_target: bool, timeout:
         console.print("[yellow]warning[/]: regenerated inputs differ from tensors.safetensors "
                       "(kvfuzz or torch version changed since this case was written)")
     if r.got is None:
-        console.print(f"[green]passes now[/]: recorded {r.expected[0]} ({r.expected[1]}) no longer reproduces")
+        console.print(f"[green]passes now[/]: recorded {r.expected[0]} ({check_label(r.expected[1])}) no longer "
+                      "reproduces")
         sys.exit(0)
-    same = "reproduced" if r.reproduced else f"fails differently (recorded {r.expected[0]} / {r.expected[1]})"
-    console.print(f"[red]{same}[/]: {r.got[0]} ({r.got[1]})\n{escape(r.message)}")
+    same = ("reproduced" if r.reproduced
+            else f"fails differently (recorded {r.expected[0]} / {check_label(r.expected[1])})")
+    console.print(f"[red]{same}[/]: {r.got[0]} ({escape(check_label(r.got[1]))})\n{escape(r.message)}")
     sys.exit(1)

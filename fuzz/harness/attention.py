@@ -10,12 +10,14 @@ from typing import Any, Callable
 
 import torch
 
+from kvfuzz.contracts.batch import Batch
 from kvfuzz.contracts.csr import indptr
+from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.example import Example
 from kvfuzz.contracts.failures import CallerContractViolation, KernelCrash, KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.invariants import check_contract
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.oracles import agreement, check_finite
+from kvfuzz.contracts.materialize import CacheState, materialize
+from kvfuzz.contracts.oracles import Oracle, agreement, check_finite
 from kvfuzz.contracts.reference import reference_and_envelope, same_precision_attention
 from kvfuzz.contracts.violations import Check, Violation, violation
 from kvfuzz.fuzz.guard.signatures import build_call, check_kernel_call
@@ -38,8 +40,11 @@ def reference_device(target: Target, batch) -> str:
     return device
 
 
-def prepare(target: Target, example: Example, fault: CallerFault | None = None) -> Run:
-    """Generate the data, materialize the cache the (possibly faulty) caller writes, and build the call."""
+def prepare(target: Target, example: Example, fault: CallerFault | None = None,
+            after_materialize: Callable[[Batch, BatchData, CacheState], None] | None = None) -> Run:
+    """Generate the data, materialize the cache the (possibly faulty) caller writes, and build the call.
+    ``after_materialize(batch, data, cache)``: changes the cache before the call is built (the baseline's
+    re-run with some poisoned slots made finite, kvfuzz.fuzz.campaign.baseline)."""
     batch = example.batch
     data, t = generate(example)
     s = time.perf_counter()
@@ -47,6 +52,8 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None) 
     if fault is not None:
         lens = fault.cached_lens(batch, lens)
     cache = materialize(batch, data, target.layout(batch), lens, example.poison, device=target.device)
+    if after_materialize is not None:
+        after_materialize(batch, data, cache)
     call = target.build_call(batch, data, cache)
     if fault is not None and fault.applies(batch, call.kwargs):
         fault.mutate_call(batch, data, cache, call)
@@ -197,7 +204,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     if crash is not None:
         raise KernelCrash(f"raised {error_name(crash)}", crash.splitlines()[0], {**common, "traceback": crash})
     if finite_fail is not None:
-        raise NonFiniteOutput("finite", finite_fail.message(), {**common, "oracle": finite_fail.to_dict()})
+        raise NonFiniteOutput(Oracle.FINITE.value, finite_fail.message(), {**common, "oracle": finite_fail.to_dict()})
     if agree_fail is not None:
-        raise KernelMismatch("agreement", agree_fail.message(), {**common, "oracle": agree_fail.to_dict()})
+        raise KernelMismatch(Oracle.AGREEMENT.value, agree_fail.message(), {**common, "oracle": agree_fail.to_dict()})
     return run

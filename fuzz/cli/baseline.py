@@ -1,0 +1,58 @@
+"""``kvfuzz baseline``: the findings baseline ``kvfuzz fuzz --baseline`` reads (kvfuzz.fuzz.campaign.baseline).
+
+``kvfuzz baseline add DIR`` turns a reproducer directory into a ``[[known]]`` entry of the baseline file. Exit 0
+when the entry was written, 2 when the reproducer or the baseline cannot be used, or the entry cannot be written
+(the message names the file, the field and the fix).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.markup import escape
+
+from kvfuzz.fuzz.cli.common import console
+
+
+@click.group()
+def baseline() -> None:
+    """Manage a findings baseline: failures accepted as known (kvfuzz fuzz --baseline FILE)."""
+
+
+@baseline.command("add")
+@click.argument("directory")
+@click.option("--baseline", "baseline_file", default="kvfuzz-baseline.toml", show_default=True,
+              type=click.Path(dir_okay=False), help="The baseline file to append to (created if missing).")
+@click.option("--id", "entry_id", required=True, help='A unique name for the entry, e.g. "finding-1".')
+@click.option("--reason", required=True, help="Why the finding is accepted.")
+@click.option("--reference", required=True, help="Where it is documented: an upstream issue, a README section.")
+@click.option("--slots", type=click.Choice(["tail", "unwritten"]), default="tail", show_default=True,
+              help="A non-finite output: where the poison it reads sits. tail: from seq_len to the next multiple "
+                   "of --tail-tokens and of the block size; unwritten: any slot the contract leaves unwritten.")
+@click.option("--tail-tokens", default=32, show_default=True, type=click.IntRange(min=1),
+              help="--slots tail: the kernel's token group.")
+@click.option("--max-ratio", default=None, type=click.FloatRange(min=1.0),
+              help="A kernel mismatch: the largest |out - ref| / bound accepted. Default: 10 times the "
+                   "reproducer's own.")
+@click.option("--heads", type=click.Choice(["any", "equal"]), default="any", show_default=True,
+              help="equal: the entry covers batches with num_heads == num_kv_heads only (an MHA-path bug).")
+def add(directory, baseline_file, entry_id, reason, reference, slots, tail_tokens, max_ratio, heads) -> None:
+    """Append an entry for the reproducer in DIRECTORY (its case.json: target, kind, check, poison, error) to
+    the baseline. Only non-finite output and kernel mismatch reproducers can be accepted."""
+    from kvfuzz.fuzz.campaign.baseline import BaselineError, append_entry, entry_from_case
+    from kvfuzz.fuzz.campaign.reproducers import BadReproducer, load_case
+
+    try:
+        case = load_case(directory)
+        entry = entry_from_case(case, entry_id, reason, reference, slots=slots, tail_tokens=tail_tokens,
+                                max_ratio=max_ratio, heads=heads)
+        append_entry(baseline_file, entry)
+    except (BadReproducer, BaselineError) as e:
+        console.print(f"[red]cannot add[/]: {escape(str(e))}")
+        sys.exit(2)
+    except OSError as e:
+        console.print(f"[red]cannot add[/]: writing {escape(baseline_file)} failed ({escape(str(e))}); name a "
+                      "writable file")
+        sys.exit(2)
+    console.print(f"added {escape(entry.id)} to {escape(baseline_file)}:\n{escape(entry.to_toml())}")
