@@ -386,10 +386,11 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
     gets no key/value and reads all seq_len positions from the cache). unified contract (``"all"``, only when
     the caller hands the new tokens' key/value to the checker: unified kernels take none): every sequence's
     last query_len positions — the **unified invariant**. Sequences with unreadable blocks are skipped (the
-    block checks report them). Returns one record per offending sequence, at its first wrong (position, head).
+    block checks report them). With an interleaved value cache (``use_interleaved_v_cache``, vLLM's
+    test_prefix_prefill.py ``interleave_v``) only the keys are compared. Returns one record per offending sequence, at its first wrong (position, head).
     """
     if call.new_tokens_cached is NewTokensCached.NONE or not is_tensor(call.key) or not is_tensor(call.value) \
-            or call.skip_blocks or call.skip_value_layout:
+            or call.skip_blocks:
         return []
     if call.key.shape[0] != int(lens.qsl[-1]):
         return []  # Check.PREFILL_ROWS reports it; rows cannot be matched to tokens
@@ -420,7 +421,8 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
     if (fp8 is not None and scale_value(call.k_scale) is None) or (fp8 is None and kc_rows.dtype != exp_k.dtype):
         return []  # per-head scales or a mismatched cache dtype (Check.KV_CACHE_DTYPE reports it)
     kbad = _differs(kc_rows, exp_k, fp8).cpu()
-    vbad = _differs(vc_rows, exp_v, fp8).cpu()
+    # an interleaved value cache (use_interleaved_v_cache) cannot be read through the layout: keys only
+    vbad = torch.zeros_like(kbad) if call.skip_value_layout else _differs(vc_rows, exp_v, fp8).cpu()
     bad = kbad | vbad
     bad_rows = bad.any(dim=1)
     if not bad_rows.any():
@@ -468,10 +470,11 @@ def check_vacuity(call: PagedCall, lens: Lens, readable: torch.Tensor) -> list[V
     The region: per sequence positions ``0 .. n-1`` with n = ctx_len for prefill and seq_len for decode
     sequences (split contract), seq_len (unified, or ``context_attention_fwd`` with ``k=None``), ctx_len
     (``context_attention_fwd``); sequences with unreadable blocks are left out; sliding windows are ignored
-    (the region may be larger than what is read). Cost: one gather of at most :data:`VACUITY_SAMPLE_ROWS` rows
+    (the region may be larger than what is read); an interleaved value cache is not judged (keys only). Cost:
+    one gather of at most :data:`VACUITY_SAMPLE_ROWS` rows
     unless that sample is constant.
     """
-    if call.skip_blocks or call.skip_value_layout:
+    if call.skip_blocks:
         return []
     n = call.cache_reads.positions(lens)
     n = torch.where(readable, n.clamp(min=0), torch.zeros_like(n))
@@ -491,7 +494,8 @@ def check_vacuity(call: PagedCall, lens: Lens, readable: torch.Tensor) -> list[V
     def constant(idx: torch.Tensor) -> tuple[bool, bool, torch.Tensor, torch.Tensor]:
         kr, vr = call.layout.gather(call.key_cache, call.value_cache, slots_of(idx).to(dev))
         kb, vb = bits(kr).reshape(-1), bits(vr).reshape(-1)
-        return bool((kb == kb[0]).all()), bool((vb == vb[0]).all()), kr.reshape(-1)[0], vr.reshape(-1)[0]
+        vconst = not call.skip_value_layout and bool((vb == vb[0]).all())  # interleaved values: keys only
+        return bool((kb == kb[0]).all()), vconst, kr.reshape(-1)[0], vr.reshape(-1)[0]
 
     sample = torch.unique(torch.linspace(0, total - 1, min(total, VACUITY_SAMPLE_ROWS)).round().long())
     kconst, vconst, k0, v0 = constant(sample)

@@ -272,3 +272,19 @@ def test_warnings_never_stop_the_kernel_and_carry_their_category(make_batch):
         g._check("chunked_prefill_paged_decode", kw, "test")
     assert g.stopped == 0 and g.records[0].errors == () and g.calls == {"chunked_prefill_paged_decode": 1}
     assert "index tensor dtype (warning, portability): 1" in g.summary()
+
+
+def test_an_interleaved_value_cache_still_has_its_keys_checked(make_batch):
+    """vLLM's test_prefix_prefill.py interleave_v cases: the value cache cannot be read through the layout,
+    but the seeds' missing decode token is missing from the key cache too."""
+    from kvfuzz.fuzz.targets.vllm_triton import VllmChunkedPrefillPagedDecode
+
+    b = make_batch([(5, 3), (1, 20)], dtype="float16", head_size=64, block_size=16)
+    d = make_batch_data(b)
+    for cached, want in ((tuple(b.ctx_lens), [(Check.DECODE, 1, 20)]), (Contract.SPLIT.cached_lens(b), [])):
+        cs = materialize(b, d, VllmPagedLayout(), cached, Poison.ZEROS)
+        kw = VllmChunkedPrefillPagedDecode().build_call(b, d, cs).kwargs | {"use_interleaved_v_cache": True}
+        kw["value_cache"] = torch.zeros_like(kw["value_cache"])  # unreadable as laid out: not judged
+        vs = check_kernel_call("chunked_prefill_paged_decode", kw)
+        assert [(v.check, v.seq, v.position) for v in _errors(vs)] == want
+        assert all(v.check is not Check.VACUITY or "the key" in v.message for v in vs)
