@@ -1,6 +1,7 @@
 """The kvfuzz command end to end: the seeds' caller fault found, shrunk, written, replayed."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -236,3 +237,57 @@ def test_small_references_of_a_cuda_target_run_on_the_cpu(make_batch):
     assert big.kv_elements >= GPU_REFERENCE_MIN_KV > small.kv_elements
     assert reference_device(OnCuda(), small) == "cpu" and reference_device(OnCuda(), big) == "cuda"
     assert reference_device(OnCpu(), big) == "cpu"
+
+
+def test_output_that_is_not_a_terminal_is_never_wrapped(tmp_path, monkeypatch):
+    """Piped or logged, whatever COLUMNS says: a message whole on one line, a table at its full width."""
+    import io
+
+    from rich.table import Table
+
+    from kvfuzz.fuzz.cli.common import make_console
+
+    monkeypatch.setenv("COLUMNS", "40")
+    buf = io.StringIO()
+    c = make_console(buf)
+    message = "cannot start: " + "/deep" * 60 + "/db is a file, not a directory"
+    c.print(message)
+    table = Table(title="wide")
+    table.add_column("target", overflow="fold")
+    table.add_column("failures", overflow="fold")
+    table.add_row("vllm.cpu_attention", "kernel mismatch " + "x" * 200)
+    c.print(table)
+    lines = buf.getvalue().splitlines()
+    assert message in lines, lines
+    assert any("kernel mismatch " + "x" * 200 in line for line in lines), lines
+
+
+def test_on_a_terminal_rich_keeps_its_layout(monkeypatch):
+    import io
+
+    from kvfuzz.fuzz.cli.common import UNWRAPPED_WIDTH, make_console
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setenv("COLUMNS", "40")
+    buf = Tty()
+    c = make_console(buf)
+    assert c.width == 40 and c.width != UNWRAPPED_WIDTH
+    c.print("word " * 20)
+    assert max(len(line) for line in buf.getvalue().splitlines()) <= 40
+
+
+def test_a_cli_message_naming_a_long_path_is_one_line_in_a_log(tmp_path):
+    """The fuzz command's own message, piped with COLUMNS=40 and a path of ~300 characters: one whole line."""
+    deep = tmp_path.joinpath(*["d" * 40] * 7)
+    deep.mkdir(parents=True)
+    f = deep / "db-file"
+    f.write_text("")
+    planted = Path(__file__).resolve().parent / "planted_endings.py"
+    r = subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", f"{planted}:Correct",
+                        "--db", str(f), "--out", str(tmp_path / "o")], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, COLUMNS="40"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert any(str(f) in line and "is a file, not a directory" in line for line in r.stdout.splitlines()), r.stdout
