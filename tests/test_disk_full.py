@@ -176,3 +176,23 @@ def test_a_full_disk_that_state_json_still_fits_keeps_the_examples_in_flight(tmp
     (tmp_path / "disk-is-full").unlink()
     r2 = _fuzz("DiesOfFullLog", tmp_path, full=False)
     assert r2.returncode == 0 and "retrying the 1 example(s)" in r2.stdout, r2.stdout + r2.stderr
+
+
+def test_a_full_disk_inside_an_example_is_nobodys_finding(tmp_path):
+    """ENOSPC while an example is prepared (an adapter writing a file) stops the campaign: not a harness error,
+    not the kernel's."""
+    from kvfuzz.contracts.batch import Batch
+    from kvfuzz.fuzz.bench.mutants import PagedTorch
+    from kvfuzz.fuzz.campaign.engine import Campaign, CampaignConfig
+
+    class FullInPrepare(PagedTorch):
+        name = "planted.full_in_prepare"
+
+        def build_call(self, *args, **kwargs):
+            _enospc()
+
+    batch = Batch(query_lens=[1], ctx_lens=[3], num_heads=2, num_kv_heads=1, head_size=32, block_size=16,
+                  num_blocks=2, block_table=[[1]], dtype="float32", seed=0)
+    c = Campaign(FullInPrepare(), CampaignConfig(out=tmp_path, database=None, db_spec=str(tmp_path / "db")))
+    with pytest.raises(OutOfSpace, match="no space left on device"):
+        c._run_example(Example(batch, Poison.NAN))
