@@ -684,13 +684,13 @@ class Supervisor:
             return
         for record in pending.values():
             if note is not None:
-                pass
+                why = note
             elif record.stage == "hypothesis":
-                note = f" (shrunk by Hypothesis; the worker {ending.kind.value} during the structural shrink)"
+                why = f" (shrunk by Hypothesis; the worker {ending.kind.value} during the structural shrink)"
             else:
-                note = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
+                why = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
             if record.target in self.by_name:  # known meanwhile: _failure keeps one reproducer
-                self._failure(attrs.evolve(record, message=record.message + note, stage="final"), how=note)
+                self._failure(attrs.evolve(record, message=record.message + why, stage="final"), how=why)
 
     def _example_ended(self, s: _Slot, flight: dict, ending, retried: bool) -> None:
         from kvfuzz.contracts.example import Example
