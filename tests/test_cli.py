@@ -1,6 +1,8 @@
 """The kvfuzz command end to end: the seeds' caller fault found, shrunk, written, replayed."""
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -236,3 +238,131 @@ def test_small_references_of_a_cuda_target_run_on_the_cpu(make_batch):
     assert big.kv_elements >= GPU_REFERENCE_MIN_KV > small.kv_elements
     assert reference_device(OnCuda(), small) == "cpu" and reference_device(OnCuda(), big) == "cuda"
     assert reference_device(OnCpu(), big) == "cpu"
+
+
+def test_output_that_is_not_a_terminal_is_never_wrapped(tmp_path, monkeypatch):
+    """Piped or logged, whatever COLUMNS says: a message whole on one line, a table at its full width."""
+    import io
+
+    from rich.table import Table
+
+    from kvfuzz.fuzz.cli.common import make_console
+
+    monkeypatch.setenv("COLUMNS", "40")
+    buf = io.StringIO()
+    c = make_console(buf)
+    message = "cannot start: " + "/deep" * 60 + "/db is a file, not a directory"
+    c.print(message)
+    table = Table(title="wide")
+    table.add_column("target", overflow="fold")
+    table.add_column("failures", overflow="fold")
+    table.add_row("vllm.cpu_attention", "kernel mismatch " + "x" * 200)
+    c.print(table)
+    lines = buf.getvalue().splitlines()
+    assert message in lines, lines
+    assert any("kernel mismatch " + "x" * 200 in line for line in lines), lines
+
+
+def test_on_a_terminal_rich_keeps_its_layout(monkeypatch):
+    import io
+
+    from kvfuzz.fuzz.cli.common import UNWRAPPED_WIDTH, make_console
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setenv("COLUMNS", "40")
+    buf = Tty()
+    c = make_console(buf)
+    assert c.width == 40 and c.width != UNWRAPPED_WIDTH
+    c.print("word " * 20)
+    assert max(len(line) for line in buf.getvalue().splitlines()) <= 40
+
+
+def test_a_cli_message_naming_a_long_path_is_one_line_in_a_log(tmp_path):
+    """The fuzz command's own message, piped with COLUMNS=40 and a path of ~300 characters: one whole line."""
+    deep = tmp_path.joinpath(*["d" * 40] * 7)
+    deep.mkdir(parents=True)
+    f = deep / "db-file"
+    f.write_text("")
+    planted = Path(__file__).resolve().parent / "planted_endings.py"
+    r = subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", f"{planted}:Correct",
+                        "--db", str(f), "--out", str(tmp_path / "o")], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, COLUMNS="40"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert any(str(f) in line and "is a file, not a directory" in line for line in r.stdout.splitlines()), r.stdout
+
+
+def test_targets_tells_availability_without_loading_a_kernel_library():
+    """`kvfuzz targets` (without --check) imports no kernel library: it answers from what is installed and says
+    so; --check loads each kernel, as `kvfuzz fuzz` does."""
+    probe = ("import sys; from kvfuzz.fuzz.cli import main\n"
+             "try:\n    main(['targets', '--json'])\nexcept SystemExit:\n    pass\n"
+             "print([m for m in ('vllm', 'triton', 'sglang', 'torch._dynamo', 'torch._inductor') if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    *rows_json, imported = r.stdout.rstrip().splitlines()
+    assert imported == "[]", imported
+    rows = {row["name"]: row for row in json.loads("\n".join(rows_json))}
+    assert not any(row["loaded"] for row in rows.values())
+    assert all("not loaded (--check loads it)" in row["reason"] for row in rows.values() if row["available"])
+    checked = {row["name"]: row for row in json.loads(kvfuzz("targets", "--json", "--check").stdout)}
+    assert all(row["loaded"] for row in checked.values())
+    for name, row in checked.items():  # the forecast agrees with loading, here
+        assert row["available"] == rows[name]["available"], (name, row["reason"], rows[name]["reason"])
+        assert "not loaded" not in row["reason"]
+
+
+def test_installed_names_what_is_missing_without_loading(monkeypatch, tmp_path):
+    from kvfuzz.fuzz.targets import sglang_triton, vllm_cpu, vllm_triton
+    from kvfuzz.fuzz.targets.sglang_triton import SglangDecodeAttentionFwd
+    from kvfuzz.fuzz.targets.torch_flex import TorchFlexPaged
+    from kvfuzz.fuzz.targets.vllm_cpu import VllmCpuAttention
+    from kvfuzz.fuzz.targets.vllm_triton import VllmUnifiedAttention, module_file
+
+    assert module_file("vllm.v1.attention.ops.no_such_kernel") is None and module_file("no_such_pkg.x") is None
+    monkeypatch.setattr(vllm_cpu, "_AVAILABILITY", None)
+    monkeypatch.setenv(vllm_cpu.LIB_ENV, str(tmp_path / "missing.so"))
+    a = VllmCpuAttention().installed()
+    assert not a.ok and "missing.so is not a file" in a.reason
+    monkeypatch.setattr(vllm_cpu.torch, "__version__", "2.4.0")
+    assert "built against torch 2.13" in VllmCpuAttention().installed().reason
+    monkeypatch.setenv(sglang_triton.TREE_ENV, str(tmp_path))
+    a = SglangDecodeAttentionFwd().installed()
+    assert not a.ok and f"{sglang_triton.TREE_ENV}={tmp_path} lacks" in a.reason
+    t = VllmUnifiedAttention()
+    monkeypatch.setattr(t, "kernel", ("vllm.v1.attention.ops.no_such_kernel", "f"))
+    if importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("triton") is not None:
+        a = t.installed()
+        assert not a.ok and "has no vllm.v1.attention.ops.no_such_kernel" in a.reason
+    monkeypatch.setattr(vllm_triton, "_on_cuda", lambda: False)
+    monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or object())
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert vllm_triton.triton_imported_too_early()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    a = TorchFlexPaged().installed()
+    assert not a.ok and "torch.nn.attention.flex_attention" in a.reason
+
+
+def test_a_target_that_cannot_tell_without_loading_is_loaded(tmp_path, monkeypatch):
+    """An adapter without installed() (the base class's None) is asked availability(), and says loaded."""
+    from click.testing import CliRunner
+
+    import kvfuzz.fuzz.targets as targets_pkg
+    from kvfuzz.fuzz.cli import main
+    from kvfuzz.fuzz.targets.registry import load_spec
+
+    (tmp_path / "plain_target.py").write_text(
+        "import sys\nsys.path.insert(0, %r)\nfrom sdpa_paged_target import SdpaPaged\n"
+        "class Plain(SdpaPaged):\n    name = 'plain.sdpa'\n" % str(Path(__file__).resolve().parents[1] / "examples"))
+    t = load_spec(f"{tmp_path / 'plain_target.py'}:Plain")
+    assert t.installed() is None
+    asked = []
+    monkeypatch.setattr(type(t), "availability", lambda self: asked.append(1) or type(t).__mro__[1].availability(self))
+    monkeypatch.setattr(targets_pkg, "registered", lambda: ["plain.sdpa"])
+    monkeypatch.setattr(targets_pkg, "get_target", lambda name: t)
+    r = CliRunner().invoke(main, ["targets", "--json"])
+    assert r.exit_code == 0, r.output
+    (row,) = json.loads(r.output)
+    assert row["loaded"] is True and row["available"] is True and asked

@@ -51,6 +51,7 @@ from kvfuzz.contracts.layouts import LayoutError
 from kvfuzz.contracts.poison import Poison
 from kvfuzz.fuzz.campaign.baseline import Baseline, classify
 from kvfuzz.fuzz.campaign.database import open_database, read_only_view
+from kvfuzz.fuzz.campaign.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.campaign.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import properties
@@ -392,9 +393,14 @@ class Campaign:
                 raise
             raise HarnessError(f"raised KeyboardInterrupt in {stage}", "KeyboardInterrupt outside the kernel call "
                                "with no stop requested", {"traceback": traceback.format_exc(limit=-6)}) from None
+        except OutOfSpace:
+            raise
         except BaseException as e:  # the adapter or kvfuzz: name it, shrink it, never blame the kernel
             if type(e).__module__.startswith("hypothesis"):
                 raise
+            if disk_full(e):  # a full disk ends the campaign (exit 3); it is nobody's finding
+                raise OutOfSpace(getattr(e, "filename", None) or f"a file ({stage})",
+                                 e if isinstance(e, OSError) else None) from e
             raise HarnessError(f"raised {type(e).__name__} in {stage}",
                                f"{type(e).__name__} outside the kernel call ({stage}: {'the target built the call' if stage == 'prepare' else 'checking the output'}): {e}",
                                {"stage": stage, "traceback": traceback.format_exc(limit=-6)}) from None

@@ -7,6 +7,10 @@
 - :class:`OutLock` holds ``OUT/.kvfuzz.lock`` (``fcntl.flock``) for a campaign's lifetime: a second campaign on
   the same ``--out`` is refused, naming the holder. The kernel releases the lock when its process dies, so a
   stale lock from a dead campaign is taken over without ceremony.
+- A full disk is an ending like any other: :func:`disk_full` tells an ``OSError`` of a full disk or quota,
+  :class:`OutOfSpace` carries it out of a campaign (a ``BaseException``, as ``KeyboardInterrupt``: Hypothesis
+  stops at once instead of shrinking it, and no ``except Exception`` takes it for the kernel's or the adapter's
+  error), and the supervisor ends the campaign with exit status 3, keeping what it wrote (docs/campaigns.md).
 - :class:`CampaignState` (``OUT/state.json``): per target, how many chunks of seeds were started (a resumed
   campaign continues with new seeds), whether the campaign is running, and the examples in flight per worker
   (what a campaign killed outright was doing; the next run retries them).
@@ -14,6 +18,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -29,18 +35,62 @@ class StateFileWarning(UserWarning):
     """A state file was torn or unreadable and was set aside."""
 
 
+#: errno values of a write that failed for want of space: the device is full, or the user's quota is spent.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether ``e`` is an error of a full disk (ENOSPC) or a spent quota (EDQUOT): an OSError with that errno, or
+    an error of Rust code (safetensors' ``SafetensorError``) whose message ends in Rust's ``(os error N)``."""
+    if isinstance(e, OSError) and e.errno is not None:
+        return e.errno in DISK_FULL_ERRNOS
+    return isinstance(e, Exception) and any(f"(os error {n})" in str(e) for n in DISK_FULL_ERRNOS)
+
+
+class OutOfSpace(BaseException):
+    """A campaign could not write ``path``: no space left on its device (or quota). A ``BaseException``, as
+    ``KeyboardInterrupt`` is, so that Hypothesis re-raises it at once instead of shrinking it, and no
+    ``except Exception`` in a harness takes it for an adapter's or a kernel's error."""
+
+    def __init__(self, path: Path | str, error: OSError | None = None) -> None:
+        self.path = str(path)
+        self.error = error
+        why = error.strerror if error is not None and error.strerror else "No space left on device"
+        super().__init__(f"{why.lower()}: could not write {self.path}")
+
+
+@contextlib.contextmanager
+def stop_when_full(path: Path | str):
+    """Turn an error of a full disk (:func:`disk_full`) raised inside the block into :class:`OutOfSpace` naming
+    ``path``; any other error passes unchanged."""
+    try:
+        yield
+    except Exception as e:
+        if disk_full(e):
+            raise OutOfSpace(path, e if isinstance(e, OSError) else None) from e
+        raise
+
+
 def write_json(path: Path, obj: Any, *, fsync: bool = False) -> None:
     """Write ``obj`` as JSON to ``path`` atomically (``fsync``: also survive a machine crash, at ~ms cost).
-    Non-finite floats are written as the strings "nan", "inf", "-inf" (JSON has no NaN)."""
+    Non-finite floats are written as the strings "nan", "inf", "-inf" (JSON has no NaN).
+
+    Raises OSError when the file cannot be written (a full disk: ENOSPC, see :func:`disk_full`); ``path`` then
+    keeps its previous version and the temporary file is removed."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     text = json.dumps(json_safe(obj), indent=1, allow_nan=False) + "\n"
-    with open(tmp, "w") as f:
-        f.write(text)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()  # inside the try: a full disk shows here (or at close), not in a later, silent close
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def json_safe(obj: Any) -> Any:
@@ -91,7 +141,8 @@ class OutLock:
     """An exclusive lock on a campaign's output directory, held while the campaign runs.
 
     ``acquire`` raises :class:`OutLocked` naming the holder's pid and start time when another live process
-    holds it; a lock left by a dead process is free (flock locks die with their process)."""
+    holds it (a lock left by a dead process is free: flock locks die with their process), and
+    :class:`OutOfSpace` when the holder's line cannot be written for want of space."""
 
     NAME = ".kvfuzz.lock"
 
@@ -108,9 +159,14 @@ class OutLock:
             os.close(fd)
             raise OutLocked(f"{self.path.parent} is in use by another kvfuzz campaign ({holder}); wait for it to "
                             f"finish, stop it, or give this one another --out") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
         self._fd = fd
+        try:
+            with stop_when_full(self.path):
+                os.ftruncate(fd, 0)
+                os.write(fd, f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+        except BaseException:
+            self.release()
+            raise
         return self
 
     def release(self) -> None:
@@ -158,4 +214,5 @@ class CampaignState:
                                "in_flight": self.in_flight})
 
 
-__all__ = ["CampaignState", "OutLock", "OutLocked", "StateFileWarning", "json_safe", "read_json", "write_json"]
+__all__ = ["CampaignState", "DISK_FULL_ERRNOS", "OutLock", "OutLocked", "OutOfSpace", "StateFileWarning", "disk_full",
+           "json_safe", "read_json", "stop_when_full", "write_json"]

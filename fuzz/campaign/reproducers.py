@@ -25,6 +25,7 @@ import importlib.metadata
 import json
 import multiprocessing as mp
 import platform
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -152,30 +153,51 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
                      fault_name: str | None = None) -> Path:
     """Write a reproducer directory under ``out``; returns its path. With ``run=None`` (a crash recovered by the
     supervisor) the tensors are rebuilt from the example without running the kernel; when even that fails (the
-    adapter cannot build the call), case.json says so and tensors.safetensors is left out."""
-    from safetensors.torch import save_file
+    adapter cannot build the call), case.json says so and tensors.safetensors is left out.
+
+    Raises :class:`~kvfuzz.fuzz.campaign.journal.OutOfSpace` when the disk (or quota) is full; a directory this
+    call created is then removed, so no half-written reproducer or temporary file is left."""
+    from kvfuzz.fuzz.campaign.journal import stop_when_full
 
     case = case_dict(target, example, finding, fault_name)
     digest = hashlib.sha1(json.dumps(case["example"], sort_keys=True).encode()).hexdigest()[:10]
     slug = "".join(c if c.isalnum() or c in "._" else "-" for c in finding.check)
     d = Path(out) / f"{target.name}-{finding.kind.slug}-{slug}-{digest}"
-    d.mkdir(parents=True, exist_ok=True)
     if run is None:
         try:
             run = properties.prepare(target, example, get_fault(fault_name) if fault_name else None)
         except Exception as e:  # the finding itself may be that the call cannot be built
             case["tensors"] = f"not written: building the call raised {type(e).__name__}: {e}"
+    existed = d.is_dir()
+    try:
+        with stop_when_full(d):
+            _write_files(d, target, case, finding, run)
+    except BaseException:
+        if not existed:
+            shutil.rmtree(d, ignore_errors=True)
+        else:  # an earlier write of the same example stands, whole
+            (d / ".tensors.safetensors.tmp").unlink(missing_ok=True)
+            (d / ".test_case.py.tmp").unlink(missing_ok=True)
+        raise
+    return d
+
+
+def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run | None) -> None:
+    from safetensors.torch import save_file
+
+    from kvfuzz.fuzz.campaign.journal import write_json
+
+    d.mkdir(parents=True, exist_ok=True)
     if run is not None:
         tmp = d / ".tensors.safetensors.tmp"
         save_file(_tensors(run), str(tmp))
         tmp.replace(d / "tensors.safetensors")
-    from kvfuzz.fuzz.campaign.journal import write_json
-
     write_json(d / "case.json", case)
-    (d / "test_case.py").write_text(_TEST_TEMPLATE.format(
+    tmp = d / ".test_case.py.tmp"
+    tmp.write_text(_TEST_TEMPLATE.format(
         kind=case["kind"], check=check_label(case["check"]), target=target.name, message=finding.message[:2000].replace('"""', "'''"),
         dirname=d.name))
-    return d
+    tmp.replace(d / "test_case.py")
 
 
 # ---- reading back ---------------------------------------------------------------------------------------------

@@ -40,12 +40,15 @@ from typing import Any, Callable
 import attrs
 
 from kvfuzz.fuzz.campaign.endings import EndingKind, classify, finding_for
-from kvfuzz.fuzz.campaign.journal import CampaignState, read_json, write_json
+from kvfuzz.fuzz.campaign.journal import CampaignState, OutOfSpace, disk_full, read_json, write_json
 
 #: Seconds between status/state snapshots.
 SNAPSHOT_SECONDS = 2.0
 #: Seconds workers get to finish their example after a stop before they are killed.
 STOP_GRACE_SECONDS = 20.0
+#: A worker that dies without a word while ``--out`` has less free space than this died of the full disk (its
+#: log is on it too): the supervisor ends the campaign as out of space instead of blaming the example.
+FULL_BELOW_BYTES = 1 << 20
 
 
 # ---- the worker -------------------------------------------------------------------------------------------------
@@ -163,14 +166,35 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                 conn.send(("done", tid))
     except KeyboardInterrupt:
         pass  # stopped: say goodbye below
+    except OutOfSpace as e:  # a full disk: the supervisor ends the campaign (exit 3), keeping what was written
+        conn.send(("disk_full", str(e)))
+        _quiet_streams()
     except Exception as e:  # kvfuzz itself broke outside any example: tell the supervisor, with the traceback
+        if disk_full(e):
+            conn.send(("disk_full", str(OutOfSpace(getattr(e, "filename", None) or spec.config["out"], e))))
+            _quiet_streams()
+            conn.send(("bye",))
+            return
         import traceback
 
-        traceback.print_exc()
         conn.send(("fatal", f"worker {spec.index}: {type(e).__name__}: {e} (traceback in {spec.log})"))
+        try:
+            traceback.print_exc()
+        except OSError:
+            pass
         return
     _report_database_errors(conn, locals().get("config"))
     conn.send(("bye",))
+
+
+def _quiet_streams() -> None:
+    """After a full disk: the log (stdout, stderr) cannot take what it still buffers; drop it, so the worker's
+    exit does not fail flushing it."""
+    for name in ("stdout", "stderr"):
+        try:
+            getattr(sys, name).flush()
+        except (OSError, ValueError):
+            setattr(sys, name, open(os.devnull, "w"))
 
 
 def _report_database_errors(conn, config) -> None:
@@ -280,7 +304,8 @@ class _Target:
 class SupervisorResult:
     """targets: TargetStats per target. problems: what went wrong besides findings (workers that could not
     start, examples lost; any of them makes the campaign's exit status 3). interrupted: the user stopped the
-    campaign. warnings: worth knowing, lost nothing (a shared database's outage)."""
+    campaign. warnings: worth knowing, lost nothing (a shared database's outage). disk_full: why the campaign
+    stopped for want of space and what it kept (also the first problem; exit status 3, findings or not)."""
 
     targets: list
     problems: list[str]
@@ -288,6 +313,7 @@ class SupervisorResult:
     workers: int
     restarts: int
     warnings: list[str] = attrs.Factory(list)
+    disk_full: str | None = None
 
 
 class Supervisor:
@@ -326,6 +352,11 @@ class Supervisor:
         self.warnings: list[str] = []
         self.stopping = False
         self.fatal: str | None = None
+        #: what could not be written when the disk filled (None: it did not); the campaign then stops
+        self.disk_full: str | None = None
+        #: examples in flight when the disk filled: state.json keeps them, so a rerun with space retries them
+        self._unfinished: dict[str, dict] = {}
+        self._state_saved = True  # whether the final state.json was written (False: the last snapshot stands)
         self.restarts = 0
         self._task_ids = 0
         self._snapshot_at = 0.0
@@ -338,7 +369,7 @@ class Supervisor:
         old = {s: signal.signal(s, self._stop_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._snapshot(force=True)
-            for slot in self.slots:
+            for slot in self.slots if self.disk_full is None else ():
                 self._start(slot)
             self._loop()
         finally:
@@ -351,8 +382,44 @@ class Supervisor:
             self.problems.append(f"{lost} example(s) lost: their workers were killed from outside twice")
         if self.fatal:
             self.problems.insert(0, self.fatal)
-        return SupervisorResult([t.stats for t in self.targets], self.problems, self.stopping and not self.fatal,
-                                self.workers, self.restarts, self.warnings)
+        full = self._disk_full_report() if self.disk_full else None
+        if full:
+            self.problems.insert(0, full)
+        return SupervisorResult([t.stats for t in self.targets], self.problems,
+                                self.stopping and not self.fatal and not self.disk_full,
+                                self.workers, self.restarts, self.warnings, full)
+
+    def _out_of_space(self, message: str) -> None:
+        """The disk of ``--out`` is full: stop the campaign, keeping the examples in flight for a rerun."""
+        if self.disk_full is None:
+            self.disk_full = message  # said once, at the end (_disk_full_report), with what was kept
+        self.stopping = True  # each worker's example in flight is kept as it ends (_ended)
+
+    def _keep_unfinished(self, s: _Slot, flight: dict | None) -> None:
+        if flight is not None:
+            self._unfinished[str(s.index)] = {"target": flight["target"], "example": flight["example"],
+                                              "phase": flight["phase"]}
+
+    def _out_nearly_full(self) -> bool:
+        try:
+            st = os.statvfs(self.out)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < FULL_BELOW_BYTES
+
+    def _disk_full_report(self) -> str:
+        """The one message of a campaign stopped by a full disk: what failed, what was kept, how to go on."""
+        found = [f.reproducer for t in self.targets for f in t.stats.failures.values() if f.reproducer]
+        kept = [f"{self.state.path.name} as of its last snapshot" + ("" if self._state_saved else
+                                                                     " (not updated at the end: no space)")]
+        if found:
+            kept.append(f"{len(found)} reproducer(s): " + ", ".join(str(p) for p in found))
+        kept.append("the example database (hypothesis-db/)")
+        retry = (f"retries the {len(self._unfinished)} example(s) that were in flight and "
+                 if self._unfinished and self._state_saved else "")
+        return (f"{self.disk_full}; the campaign stopped. Kept in "
+                f"{self.out}: {'; '.join(kept)}. Free some space and run the same command again: it {retry}"
+                f"continues with new seeds")
 
     def _stop_signal(self, signum, frame) -> None:
         if not self.stopping:
@@ -535,6 +602,8 @@ class Supervisor:
         elif kind == "fatal":
             self.fatal = msg[1]
             self.stopping = True
+        elif kind == "disk_full":
+            self._out_of_space(msg[1])
         elif kind == "bye":
             s.goodbye = True
         elif kind == "warning":
@@ -572,6 +641,18 @@ class Supervisor:
         proc, flight, task = s.proc, s.in_flight, s.task
         ending = classify(proc.exitcode, said_goodbye=s.goodbye, killed_for_hang=s.killed_for_hang,
                           stopping=self.stopping)
+        if self.disk_full is not None or (ending.kind is EndingKind.EXITED and not s.goodbye
+                                          and self._out_nearly_full()):
+            # stopped by the full disk, died of it (its log is there too) or with it: nobody's finding; what it
+            # had in flight stays in state.json for a rerun
+            self._out_of_space(self.disk_full or f"no space left on device: less than {FULL_BELOW_BYTES >> 20} MiB "
+                               f"free in {self.out} when worker {s.index} {ending.kind.value} ({ending.detail})")
+            self._keep_unfinished(s, flight)
+            s.proc, s.in_flight = None, None
+            self._keep_unshrunk(s, ending, note=" (not shrunk: the disk filled while shrinking it)")
+            if task is not None:
+                self._finish_task(s)
+            return
         s.proc = None
         self._keep_unshrunk(s, ending)
         if task is not None:
@@ -598,19 +679,22 @@ class Supervisor:
         self.restarts += 1
         self._start(s)
 
-    def _keep_unshrunk(self, s: _Slot, ending) -> None:
+    def _keep_unshrunk(self, s: _Slot, ending, note: str | None = None) -> None:
         """The failures a dead worker was still shrinking keep their unshrunk reproducers: a shrink that steps
-        into an input that crashes or hangs the kernel must not take the failure it was shrinking with it."""
+        into an input that crashes or hangs the kernel must not take the failure it was shrinking with it.
+        ``note``: why it ended, instead of the ending's."""
         pending, s.pending = s.pending, {}
         if ending.kind is EndingKind.FINISHED:
             return
         for record in pending.values():
-            if record.stage == "hypothesis":
-                note = f" (shrunk by Hypothesis; the worker {ending.kind.value} during the structural shrink)"
+            if note is not None:
+                why = note
+            elif record.stage == "hypothesis":
+                why = f" (shrunk by Hypothesis; the worker {ending.kind.value} during the structural shrink)"
             else:
-                note = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
+                why = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
             if record.target in self.by_name:  # known meanwhile: _failure keeps one reproducer
-                self._failure(attrs.evolve(record, message=record.message + note, stage="final"), how=note)
+                self._failure(attrs.evolve(record, message=record.message + why, stage="final"), how=why)
 
     def _example_ended(self, s: _Slot, flight: dict, ending, retried: bool) -> None:
         from kvfuzz.contracts.example import Example
@@ -644,7 +728,12 @@ class Supervisor:
         if finding.signature not in t.stats.failures:
             fault = self.config.fault.name if self.config.fault else None
             finding = self._blame_caller(t.target, example, finding)
-            path = write_reproducer(self.out, t.target, example, finding, None, fault_name=fault)
+            try:
+                path = write_reproducer(self.out, t.target, example, finding, None, fault_name=fault)
+            except OutOfSpace as e:  # not recorded: kept in state.json, so a rerun with space finds it again
+                self._out_of_space(str(e))
+                self._keep_unfinished(s, flight)
+                return
             t.stats.add_failure(FailureRecord.of(t.name, finding, example, fault, path))
             self.on_event(f"{finding.kind.value} ({finding.check}) in {t.name}, worker {s.index} -> {path}")
         if t.crashes >= self.max_crashes and not t.stats.stopped:
@@ -691,16 +780,27 @@ class Supervisor:
         if not (force or final) and now - self._snapshot_at < SNAPSHOT_SECONDS:
             return
         self._snapshot_at = now
-        self.state.running = not final
-        self.state.in_flight = {} if final else {
+        # stopped by a full disk: state.json stays "running" with what was in flight, so a rerun retries it
+        self.state.running = not final or self.disk_full is not None
+        self.state.in_flight = dict(self._unfinished) if final else {
             str(s.index): {"target": s.in_flight["target"], "example": s.in_flight["example"],
                            "phase": s.in_flight["phase"]}
             for s in self.slots if s.in_flight is not None}
-        self.state.save()
-        write_json(self.out / "status.json", {"updated": time.time(), "running": not final,
-                                              "targets": [t.stats.to_dict() for t in self.targets],
-                                              "workers": {str(s.index): (s.in_flight or {}).get("target")
-                                                          for s in self.slots}})
+        path = self.state.path
+        try:
+            self.state.save()
+            if final:
+                self._state_saved = True
+            path = self.out / "status.json"
+            write_json(path, {"updated": time.time(), "running": not final,
+                              "targets": [t.stats.to_dict() for t in self.targets],
+                              "workers": {str(s.index): (s.in_flight or {}).get("target") for s in self.slots}})
+        except OSError as e:
+            if not disk_full(e):
+                raise
+            if final and path == self.state.path:
+                self._state_saved = False
+            self._out_of_space(str(OutOfSpace(path, e)))
 
     def _progress(self) -> None:
         now = time.monotonic()

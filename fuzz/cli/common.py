@@ -10,8 +10,25 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-# Outside a terminal (a log file, CI) rich would wrap tables at 80 columns: give it room instead.
-console = Console(width=None if sys.stdout.isatty() else 160)
+#: The width tables get outside a terminal: wide enough that no table of kvfuzz's is ever folded.
+UNWRAPPED_WIDTH = 100_000
+
+
+def make_console(file=None) -> Console:
+    """A console for ``file`` (default: stdout, looked up at each print). On a terminal, rich's layout (the
+    terminal's width). Anywhere else (a log file, a pipe, CI) nothing is ever hard-wrapped, whatever ``COLUMNS``
+    says: each message is whole on its line and tables are at their full width, so logs can be grepped."""
+    stream = sys.stdout if file is None else file
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):  # a closed or foreign stream
+        terminal = False
+    if terminal:
+        return Console(file=file)
+    return Console(file=file, width=UNWRAPPED_WIDTH, soft_wrap=True)
+
+
+console = make_console()
 
 
 def parse_duration(value: str | None) -> float | None:

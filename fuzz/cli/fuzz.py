@@ -120,7 +120,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
 
     from kvfuzz.fuzz.campaign.database import DatabaseError, open_database
     from kvfuzz.fuzz.campaign.engine import CampaignConfig
-    from kvfuzz.fuzz.campaign.journal import OutLock, OutLocked
+    from kvfuzz.fuzz.campaign.journal import OutLock, OutLocked, OutOfSpace
     from kvfuzz.fuzz.campaign.workers import default_workers, gpu_count
     from kvfuzz.fuzz.harness.faults import get_fault
 
@@ -140,6 +140,9 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         lock = OutLock(out).acquire()
     except OutLocked as e:
         console.print(f"[red]cannot start[/]: {escape(str(e))}")
+        sys.exit(EXIT_CANNOT_RUN)
+    except OutOfSpace as e:
+        console.print(f"[red]cannot start[/]: {escape(str(e))}; free some space on the device of {escape(str(out))}")
         sys.exit(EXIT_CANNOT_RUN)
     try:
         try:
@@ -223,7 +226,7 @@ def _supervise(chosen, names, config, **kw):
 
 def _finish(result, targets, config, out: Path, caller_fault, seed) -> int:
     """Print and write the summary and the report; returns the exit status."""
-    from kvfuzz.fuzz.campaign.journal import write_json
+    from kvfuzz.fuzz.campaign.journal import disk_full, write_json
     from kvfuzz.fuzz.campaign.report import write_report
     from kvfuzz.fuzz.harness.coverage import declared_space
 
@@ -234,6 +237,8 @@ def _finish(result, targets, config, out: Path, caller_fault, seed) -> int:
     new = sum(1 for t in results for f in t["failures"] if not f.get("known"))
     known = sum(1 for t in results for f in t["failures"] if f.get("known"))
     code = EXIT_FAILURE if new else (EXIT_CANNOT_RUN if result.problems or result.interrupted else EXIT_OK)
+    if result.disk_full:  # the campaign could not run as asked, findings or not (the message lists what was kept)
+        code = EXIT_CANNOT_RUN
     if config.baseline is not None:
         console.print(f"baseline {escape(config.baseline.path)}: {known} known finding(s), {new} new")
     for p in result.problems:
@@ -245,8 +250,18 @@ def _finish(result, targets, config, out: Path, caller_fault, seed) -> int:
                "examples": sum(t["examples"] for t in results), "lost": sum(t["lost"] for t in results),
                "baseline": config.baseline.path if config.baseline is not None else None,
                "new_failures": new, "known_failures": known, "exit_status": code}
-    write_json(out / "summary.json", summary, fsync=True)
+    try:
+        write_json(out / "summary.json", summary, fsync=True)
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        console.print(f"[red]summary not written[/]: no space left for {escape(str(out / 'summary.json'))} "
+                      "(the counts are above)")
+        return code
     console.print(f"summary: {out / 'summary.json'}" + (" (interrupted)" if result.interrupted else ""))
+    if result.disk_full:
+        console.print("report not written: the disk is full (`kvfuzz report` writes it once there is space)")
+        return code
     try:
         console.print(f"report: {write_report(out)}")
     except Exception as e:  # a plotting problem must not cost the campaign's exit status

@@ -1,4 +1,9 @@
-"""``kvfuzz targets``: every target, its contract and declaration, and whether it runs here."""
+"""``kvfuzz targets``: every target, its contract and declaration, and whether it runs here.
+
+Whether it runs here is told from what is installed (``Target.installed``: packages, files, the torch version),
+without importing a kernel library, so the command is fast; ``--check`` loads each kernel
+(``Target.availability``, as ``kvfuzz fuzz`` does) and says what loading said. A target that cannot tell without
+loading (``installed`` returns None: adapters of other packages, by default) is loaded either way."""
 
 from __future__ import annotations
 
@@ -13,7 +18,10 @@ from kvfuzz.fuzz.cli.common import console
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def targets(as_json: bool) -> None:
+@click.option("--check", is_flag=True,
+              help="Load each kernel to say whether it runs here (slow: imports every kernel library). Without "
+                   "it, whether a target runs is told from what is installed, and says it was not loaded.")
+def targets(as_json: bool, check: bool) -> None:
     """List the targets, their contracts and declarations, and whether they run here. Piped, one
     tab-separated line per target."""
     from kvfuzz.fuzz.targets import get_target, registered
@@ -21,7 +29,10 @@ def targets(as_json: bool) -> None:
     rows = []
     for name in registered():
         t = get_target(name)
-        a = t.availability()
+        a = None if check else t.installed()
+        loaded = a is None
+        if a is None:
+            a = t.availability()
         c = t.capabilities
         contract = c.contract.value
         contract += " (decode-only)" if c.decode_only else ""
@@ -30,8 +41,8 @@ def targets(as_json: bool) -> None:
                      "shared_prefix_blocks": c.shared_prefix_blocks, "devices": list(c.devices),
                      "dtypes": list(c.dtypes), "head_sizes": list(c.head_sizes), "block_sizes": list(c.block_sizes),
                      "kv_cache_dtypes": list(c.kv_cache_dtypes), "features": sorted(c.features),
-                     "exclusive": [sorted(p) for p in c.exclusive], "available": a.ok, "device": a.device,
-                     "reason": a.reason, "description": t.description})
+                     "exclusive": [sorted(p) for p in c.exclusive], "available": a.ok, "loaded": loaded,
+                     "device": a.device, "reason": a.reason, "description": t.description})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -31,6 +31,10 @@ class Availability:
     device: str = "cpu"
 
 
+#: What an answer of :meth:`Target.installed` says it did not do (``kvfuzz targets`` without ``--check``).
+NOT_LOADED = "installed, not loaded (--check loads it)"
+
+
 @attrs.define
 class KernelCall:
     """One call's arguments, by the kernel's own parameter names, plus the tensors the contract checkers read.
@@ -82,6 +86,13 @@ class Target(abc.ABC):
     @abc.abstractmethod
     def availability(self) -> Availability:
         """Whether the kernel can run here and, if not, why (say what to install)."""
+
+    def installed(self) -> Availability | None:
+        """Whether the kernel looks runnable here from what is installed (packages, files, the torch version),
+        without importing or loading the kernel: cheap, for ``kvfuzz targets``. None (the default): this target
+        cannot tell without loading it, and :meth:`availability` is asked instead. A yes here is a forecast
+        (its reason says :data:`NOT_LOADED`); :meth:`availability` has the last word. Never raises."""
+        return None
 
     @abc.abstractmethod
     def layout(self, batch: Batch) -> CacheLayout:

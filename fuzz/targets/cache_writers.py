@@ -119,6 +119,9 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
     )
 
+    def kernel_module(self) -> str:
+        return _KERNEL_MODULE
+
     def availability(self) -> Availability:
         avail = super().availability()
         if not avail.ok:

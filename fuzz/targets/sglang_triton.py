@@ -41,8 +41,9 @@ from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.layouts import CacheLayout, NHDLayout
 from kvfuzz.contracts.materialize import CacheState
 
-from .base import Availability, KernelCall
-from .vllm_triton import VllmTritonTarget, _on_cuda, _poisoned_scratch, _sinks, prepare_triton_runtime
+from .base import NOT_LOADED, Availability, KernelCall
+from .vllm_triton import (_TRITON_TOO_EARLY, VllmTritonTarget, _on_cuda, _poisoned_scratch, _sinks,
+                          prepare_triton_runtime, triton_imported_too_early)
 
 #: The SGLang release whose kernels kvfuzz pins (Makefile: SGLANG_PIN).
 SGLANG_VERSION = "0.5.23"
@@ -167,6 +168,23 @@ class SglangTritonTarget(VllmTritonTarget):
         tree = sglang_tree()
         src = f"sglang {SGLANG_VERSION} kernel files from {tree}" if tree else "the installed sglang"
         return Availability(True, f"{where}; {src}", device)
+
+    def installed(self) -> Availability:
+        """From what is installed: triton, the kernel files (:func:`missing_kernels`), and (on CPU) triton not
+        yet imported without its interpreter; nothing is imported."""
+        if importlib.util.find_spec("triton") is None:
+            return Availability(False, "python package 'triton' is not installed (run `make setup`, or "
+                                       "`pip install triton` on a GPU machine)")
+        if triton_imported_too_early():
+            return Availability(False, _TRITON_TOO_EARLY)
+        why = missing_kernels()
+        if why is not None:
+            return Availability(False, why)
+        device = "cuda" if _on_cuda() else "cpu"
+        where = "compiled (CUDA)" if device == "cuda" else "Triton interpreter (CPU)"
+        tree = sglang_tree()
+        src = f"sglang {SGLANG_VERSION} kernel files in {tree}" if tree else "the installed sglang"
+        return Availability(True, f"{where}; {src}: {NOT_LOADED}", device)
 
     def layout(self, batch: Batch) -> CacheLayout:
         return NHDLayout()

