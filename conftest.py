@@ -22,7 +22,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 @pytest.fixture
 def make_batch():
     """Build a Batch with a contiguous block table from per-sequence (query_len, ctx_len) pairs."""
-    from kvfuzz.contracts.batch import Batch
+    from kvfuzz.contracts.model.batch import Batch
 
     def build(lens, *, num_heads=4, num_kv_heads=2, head_size=32, block_size=16, spare=1, dtype="float32",
               seed=0, reverse=False):

@@ -24,11 +24,11 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     __version__ = "0+unknown"
 
 _EXPORTS = {
-    "Batch": "contracts.batch", "Capabilities": "contracts.capabilities", "Contract": "contracts.contract",
-    "BatchData": "contracts.data", "Example": "contracts.example", "FailureKind": "contracts.failures",
-    "Finding": "contracts.failures", "CacheLayout": "contracts.layouts", "LayoutError": "contracts.layouts",
-    "NHDLayout": "contracts.layouts", "VllmPagedLayout": "contracts.layouts", "CacheState": "contracts.materialize",
-    "Poison": "contracts.poison", "Check": "contracts.violations", "Violation": "contracts.violations",
+    "Batch": "contracts.model.batch", "Capabilities": "contracts.model.capabilities", "Contract": "contracts.model.contract",
+    "BatchData": "contracts.model.data", "Example": "contracts.model.example", "FailureKind": "contracts.checks.failures",
+    "Finding": "contracts.checks.failures", "CacheLayout": "contracts.caches.layouts", "LayoutError": "contracts.caches.layouts",
+    "NHDLayout": "contracts.caches.layouts", "VllmPagedLayout": "contracts.caches.layouts", "CacheState": "contracts.caches.materialize",
+    "Poison": "contracts.model.poison", "Check": "contracts.checks.violations", "Violation": "contracts.checks.violations",
     "Limits": "strategies.limits", "batches": "strategies.batches", "examples": "strategies.batches",
     "Availability": "fuzz.targets.base", "KernelCall": "fuzz.targets.base", "Target": "fuzz.targets.base",
     "get_target": "fuzz.targets.registry", "Guard": "fuzz.guard.interception", "guard": "fuzz.guard.interception",

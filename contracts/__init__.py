@@ -5,24 +5,24 @@ arguments, and the oracles a kernel must pass. Depends on torch and attrs only; 
 from .lazy import lazy_exports
 
 _EXPORTS = {
-    "DTYPES": "batch", "KV_CACHE_DTYPES": "batch", "FEATURES": "batch", "VALUE_RANGES": "batch", "Batch": "batch",
-    "positions": "batch",
-    "Capabilities": "capabilities",
-    "Contract": "contract",
-    "BatchData": "data", "make_batch_data": "data",
-    "Example": "example",
-    "FailureKind": "failures", "Finding": "failures",
-    "check_contract": "invariants", "check_decode_invariant": "invariants", "check_prefill_invariant": "invariants",
-    "check_unified_invariant": "invariants",
-    "CacheLayout": "layouts", "LayoutError": "layouts", "NHDLayout": "layouts", "VllmPagedLayout": "layouts",
-    "CacheState": "materialize",
-    "Oracle": "oracles", "OracleFailure": "oracles", "check_agreement": "oracles", "check_finite": "oracles",
-    "PagedCall": "paged_call",
-    "Poison": "poison",
-    "reference_attention": "reference", "same_precision_attention": "reference",
-    "Check": "violations", "Severity": "violations", "Violation": "violations",
+    "DTYPES": "model.batch", "KV_CACHE_DTYPES": "model.batch", "FEATURES": "model.batch", "VALUE_RANGES": "model.batch", "Batch": "model.batch",
+    "positions": "model.batch",
+    "Capabilities": "model.capabilities",
+    "Contract": "model.contract",
+    "BatchData": "model.data", "make_batch_data": "model.data",
+    "Example": "model.example",
+    "FailureKind": "checks.failures", "Finding": "checks.failures",
+    "check_contract": "checks.invariants", "check_decode_invariant": "checks.invariants", "check_prefill_invariant": "checks.invariants",
+    "check_unified_invariant": "checks.invariants",
+    "CacheLayout": "caches.layouts", "LayoutError": "caches.layouts", "NHDLayout": "caches.layouts", "VllmPagedLayout": "caches.layouts",
+    "CacheState": "caches.materialize",
+    "Oracle": "checks.oracles", "OracleFailure": "checks.oracles", "check_agreement": "checks.oracles", "check_finite": "checks.oracles",
+    "PagedCall": "calls.paged_call",
+    "Poison": "model.poison",
+    "reference_attention": "checks.reference", "same_precision_attention": "checks.reference",
+    "Check": "checks.violations", "Severity": "checks.violations", "Violation": "checks.violations",
 }
 # A function named like its module (materialize) is not exported here: importing the submodule rebinds the
-# package attribute to the module. Import it from kvfuzz.contracts.materialize.
+# package attribute to the module. Import it from kvfuzz.contracts.caches.materialize.
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -1,6 +1,6 @@
 """Lazy package exports (PEP 562): a package's ``__init__`` names what it exports and from which submodule,
 and a submodule is imported only when one of its names is first used. So ``import kvfuzz`` and the CLI's
-``--help`` do not pay for torch, and ``kvfuzz.contracts.poison`` imports without it."""
+``--help`` do not pay for torch, and ``kvfuzz.contracts.model.poison`` imports without it."""
 
 from __future__ import annotations
 

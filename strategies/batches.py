@@ -23,10 +23,10 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvfuzz.contracts.batch import FEATURES, VALUE_RANGES, Batch
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.batch import FEATURES, VALUE_RANGES, Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.poison import Poison
 
 from .configs import GQA_RATIOS, NUM_KV_HEADS, KernelConfig, window_edges
 from .limits import Limits
@@ -39,7 +39,7 @@ KINDS = ("decode", "prefill", "prefill-no-ctx")
 ARRANGEMENTS = ("contiguous", "reversed", "permuted", "fragmented", "high")
 HIGH_IDS = 64
 #: k_scale/v_scale of fp8 caches, 1.0 first. Each has at most 2 significant bits, so ``fp8 * scale`` is exact
-#: in fp16 and bf16 (:func:`kvfuzz.contracts.data.make_batch_data` checks); 3/64 is the order of a calibrated
+#: in fp16 and bf16 (:func:`kvfuzz.contracts.model.data.make_batch_data` checks); 3/64 is the order of a calibrated
 #: e4m3 scale for N(0, 1) data (amax / 448), 2.0 one above 1.
 KV_SCALES = (1.0, 0.5, 0.375, 3 / 64, 2.0)
 #: Softcap values: Gemma 2's 50 (mild on N(0, 1) logits) and 4 (bends most logits).
@@ -277,7 +277,7 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
     shrinks to the plain call): fp8 ``k_scale``/``v_scale`` (:data:`KV_SCALES`), the features the target
     declares (``sliding_window`` biased to 1, 2 and ``block_size - 1 .. + 1``; ``alibi``; ``sinks``;
     ``softcap`` from :data:`SOFTCAPS`), skipping a feature declared exclusive with one already drawn, and the
-    ``value_range`` (one of ``value_ranges``, :data:`~kvfuzz.contracts.batch.VALUE_RANGES` by default). ``pin``: which features are on and the
+    ``value_range`` (one of ``value_ranges``, :data:`~kvfuzz.contracts.model.batch.VALUE_RANGES` by default). ``pin``: which features are on and the
     window are those of this configuration (see :func:`batches`)."""
     # every value is drawn whether it is used or not (module docstring: no shifts while shrinking)
     k_scale, v_scale = draw(_sampled(KV_SCALES)), draw(_sampled(KV_SCALES))
@@ -354,7 +354,7 @@ def big_cache_examples(capabilities: Capabilities, limits: Limits = Limits(),
     """:func:`examples` whose blocks sit past ``min_element_offset`` elements of a cache (default 2**31: a
     kernel computing ``block_id * block_stride`` in int32 overflows). The cache is several GiB (at fp16, at
     least 4 GiB per cache); kvfuzz allocates it without initialising it and poisons only the blocks the
-    batch references (:data:`kvfuzz.contracts.materialize.FULL_POISON_MAX_BYTES`). Meant for GPUs, or CPUs
+    batch references (:data:`kvfuzz.contracts.caches.materialize.FULL_POISON_MAX_BYTES`). Meant for GPUs, or CPUs
     with the memory: untouched pages of ``torch.empty`` cost no RAM, a kernel that copies the whole cache
     does."""
     return examples(capabilities, limits, poisons, pin=pin).map(

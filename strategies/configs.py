@@ -23,8 +23,8 @@ import random
 
 import attrs
 
-from kvfuzz.contracts.batch import FEATURES
-from kvfuzz.contracts.capabilities import Capabilities
+from kvfuzz.contracts.model.batch import FEATURES
+from kvfuzz.contracts.model.capabilities import Capabilities
 
 from .limits import Limits
 
@@ -37,10 +37,10 @@ NUM_KV_HEADS = (1, 2, 4)
 class KernelConfig:
     """What one compiled specialization of an attention kernel is fixed to (see the module docstring).
 
-    dtype, kv_cache_dtype: names as in :class:`~kvfuzz.contracts.batch.Batch`. num_heads, num_kv_heads:
+    dtype, kv_cache_dtype: names as in :class:`~kvfuzz.contracts.model.batch.Batch`. num_heads, num_kv_heads:
     query and kv heads (``num_kv_heads`` in :data:`NUM_KV_HEADS`, the group size in :data:`GQA_RATIOS`).
     head_size, block_size: elements per head, tokens per block. features: the optional features on
-    (:data:`~kvfuzz.contracts.batch.FEATURES`). sliding_window: the window drawn when ``"sliding_window"`` is
+    (:data:`~kvfuzz.contracts.model.batch.FEATURES`). sliding_window: the window drawn when ``"sliding_window"`` is
     on (keys, before the target's ``min_sliding_window``), else None."""
 
     dtype: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-#: kvfuzz.contracts.batch.VALUE_RANGES, spelled out: that module imports torch, and the CLI reads these defaults
+#: kvfuzz.contracts.model.batch.VALUE_RANGES, spelled out: that module imports torch, and the CLI reads these defaults
 #: (tests/test_strategies.py keeps the two equal).
 VALUE_RANGES = ("normal", "large", "equal", "dominant")
 
@@ -17,7 +17,7 @@ class Limits:
     max_num_seqs: sequences per batch. max_ctx_len: cached tokens per sequence. max_query_len: new tokens
     of a prefill. max_num_heads: query heads. max_spare_blocks: unused physical blocks beyond those needed.
     value_ranges: how queries and keys may be drawn, a non-empty subset of
-    :data:`kvfuzz.contracts.batch.VALUE_RANGES` (the pre-merge gate narrows it for a target's documented
+    :data:`kvfuzz.contracts.model.batch.VALUE_RANGES` (the pre-merge gate narrows it for a target's documented
     limitation: ``Target.gate_value_ranges``). Raises InvalidArgument for a bound out of range.
     """
 

@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.capabilities import Capabilities
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
 
 from .batches import HIGH_IDS
 from .configs import GQA_RATIOS, NUM_KV_HEADS

@@ -9,10 +9,10 @@ import attrs
 import pytest
 import torch
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import CallerContractViolation, KernelMismatch, NonFiniteOutput
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelMismatch, NonFiniteOutput
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.mutants import PagedTorch
 from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.targets import get_target
@@ -180,8 +180,8 @@ def test_large_values_catch_a_softmax_without_max_subtraction():
 def test_fp8_reference_models_the_scale():
     """A reference that ignores the scale (keys = the fp8 codes) differs from kvfuzz's; the cache holds the
     codes bitwise and the logical keys are exactly ``codes * k_scale``."""
-    from kvfuzz.contracts.data import make_batch_data
-    from kvfuzz.contracts.reference import reference_attention
+    from kvfuzz.contracts.model.data import make_batch_data
+    from kvfuzz.contracts.checks.reference import reference_attention
 
     b = batch_for(PagedTorch(), **PARAMS["fp8_e4m3"])
     d = make_batch_data(b)
@@ -210,13 +210,13 @@ def test_reproducer_of_a_big_fp8_cache_stores_referenced_blocks_and_replays(tmp_
 
     from safetensors.torch import load_file
 
-    from kvfuzz.contracts.failures import Finding
+    from kvfuzz.contracts.checks.failures import Finding
     from kvfuzz.fuzz.bench.mutants import get_mutant, smallest_trigger
     from kvfuzz.fuzz.campaign.reproducers import replay, write_reproducer
     from kvfuzz.fuzz.harness.attention import prepare
     from kvfuzz.strategies.batches import relocate_high
 
-    monkeypatch.setattr(importlib.import_module("kvfuzz.contracts.materialize"), "FULL_POISON_MAX_BYTES", 4096)
+    monkeypatch.setattr(importlib.import_module("kvfuzz.contracts.caches.materialize"), "FULL_POISON_MAX_BYTES", 4096)
     t = get_mutant("fp8_scale_ignored")
     b = attrs.evolve(relocate_high(smallest_trigger("fp8_scale_ignored"), 2**14), alibi=True)
     example = Example(b, Poison.NAN)

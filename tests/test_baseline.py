@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import attrs
 import pytest
 
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import KernelMismatch, NonFiniteOutput
-from kvfuzz.contracts.oracles import Oracle
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
+from kvfuzz.contracts.checks.oracles import Oracle
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.mutants import _batch
 from kvfuzz.fuzz.campaign.baseline import (BaselineError, KnownFinding, append_entry, classify, entry_from_case,
                                            load_baseline, match, parse_baseline)
@@ -268,7 +268,7 @@ def test_the_shipped_baseline_knows_finding_1_and_a_planted_defect_on_the_cpu_op
 ])
 def test_the_shipped_precision_entries_know_the_pinned_cases_and_not_a_tenfold_worse_bound(name, entry_id, batch):
     need(name)
-    from kvfuzz.contracts.batch import Batch
+    from kvfuzz.contracts.model.batch import Batch
 
     target = get_target(name)
     example = Example(Batch(num_heads=1, num_kv_heads=1, dtype="float16", value_range="large", **batch), Poison.NAN)

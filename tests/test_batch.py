@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kvfuzz.contracts.batch import Batch, positions
+from kvfuzz.contracts.model.batch import Batch, positions
 
 
 def test_derived_quantities(make_batch):

@@ -10,15 +10,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.cpu_layout import CpuAttnLayout
-from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import KernelCrash, KernelMismatch
-from kvfuzz.contracts.layouts import NHDLayout
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.poison import Poison
-from kvfuzz.contracts.writer import writer_inputs
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.caches.cpu_layout import CpuAttnLayout
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch
+from kvfuzz.contracts.caches.layouts import NHDLayout
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.contracts.model.writer import writer_inputs
 from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
 from kvfuzz.fuzz.campaign.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import properties

@@ -12,10 +12,10 @@ from hypothesis.database import InMemoryExampleDatabase
 from hypothesis.errors import InvalidArgument
 from hypothesis.internal.conjecture.data import ConjectureData
 
-from kvfuzz.contracts.batch import FEATURES
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.example import Example
+from kvfuzz.contracts.model.batch import FEATURES
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.bench.mutants import batch_size, get_mutant, smallest_trigger
 from kvfuzz.fuzz.campaign import engine
 from kvfuzz.strategies.batches import choice, examples

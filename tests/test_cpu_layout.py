@@ -1,4 +1,4 @@
-"""vLLM's CPU attention: the cache layout (kvfuzz.contracts.cpu_layout) and the target (vllm.cpu_attention).
+"""vLLM's CPU attention: the cache layout (kvfuzz.contracts.caches.cpu_layout) and the target (vllm.cpu_attention).
 
 The layout tests write through the real ``cpu_attn_reshape_and_cache`` and decode with ``CpuAttnLayout.gather``:
 every written row must come back bitwise and every other slot must still hold the NaN poison. The end-to-end
@@ -12,14 +12,14 @@ import random
 import pytest
 import torch
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.cpu_layout import CpuAttnLayout, _op, cpu_attn_isa
-from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.layouts import CacheLayout, LayoutError
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.poison import Poison
-from kvfuzz.contracts.reference import reference_attention
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.caches.cpu_layout import CpuAttnLayout, _op, cpu_attn_isa
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.caches.layouts import CacheLayout, LayoutError
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.contracts.checks.reference import reference_attention
 from kvfuzz.fuzz.targets import vllm_cpu
 from kvfuzz.fuzz.targets.vllm_cpu import VllmCpuAttention
 
@@ -150,7 +150,7 @@ def test_roundtrip_bitwise_and_poison_untouched(isa, dtype, head_size, block_siz
     kc, vc = cache.key_cache, cache.value_cache
     nb, bs = batch.num_blocks, batch.block_size
 
-    from kvfuzz.contracts.batch import positions
+    from kvfuzz.contracts.model.batch import positions
 
     seq, pos = positions(cached)
     rows = data.token_rows(batch, seq, pos)
@@ -256,8 +256,8 @@ def test_kvfuzz_reports_the_nan_tail_defect_as_the_kernels(dtype, block_size):
     The caller kept the unified contract, so kvfuzz must blame the kernel, and name the sequence."""
     if not AVAIL.ok:
         pytest.skip(f"vllm.cpu_attention is unavailable: {AVAIL.reason}")
-    from kvfuzz.contracts.example import Example
-    from kvfuzz.contracts.failures import NonFiniteOutput
+    from kvfuzz.contracts.model.example import Example
+    from kvfuzz.contracts.checks.failures import NonFiniteOutput
     from kvfuzz.fuzz.harness.attention import check_example
 
     batch = make_batch(random.Random(5), dtype=dtype, head_size=64, block_size=block_size,

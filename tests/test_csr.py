@@ -1,4 +1,4 @@
-"""The CSR model (contracts/csr.py), shared prefix blocks and csr_tail in Batch, and the strategies that draw
+"""The CSR model (contracts/model/csr.py), shared prefix blocks and csr_tail in Batch, and the strategies that draw
 them: no kernels."""
 
 import attrs
@@ -7,16 +7,16 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis.errors import NoSuchExample
 
-from kvfuzz.contracts.batch import Batch, positions
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.csr import indptr, page_lists, token_slot_lists, token_table
-from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.invariants import check_contract
-from kvfuzz.contracts.layouts import NHDLayout
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.poison import Poison
-from kvfuzz.contracts.reference import reference_attention
+from kvfuzz.contracts.model.batch import Batch, positions
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.csr import indptr, page_lists, token_slot_lists, token_table
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.checks.invariants import check_contract
+from kvfuzz.contracts.caches.layouts import NHDLayout
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.contracts.checks.reference import reference_attention
 from kvfuzz.strategies.batches import batches
 from kvfuzz.strategies.limits import Limits
 

@@ -1,4 +1,4 @@
-"""What each kernel needs of its caller, declared as data (kvfuzz.contracts.declaration, next to the signatures
+"""What each kernel needs of its caller, declared as data (kvfuzz.contracts.calls.declaration, next to the signatures
 in kvfuzz.fuzz.guard.signatures), and the guard's errors-versus-warnings rule that reads it (issue 19).
 
 The false-positive patterns of vLLM's own kernel tests, reproduced on CPU with the real kernels (Triton's
@@ -15,13 +15,13 @@ import pytest
 import torch
 from kvfuzz_test_support import available
 
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.declaration import KernelDeclaration, KernelPath
-from kvfuzz.contracts.layouts import NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.poison import Poison
-from kvfuzz.contracts.violations import Category, Check, Severity, violation
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.calls.declaration import KernelDeclaration, KernelPath
+from kvfuzz.contracts.caches.layouts import NHDLayout, VllmPagedLayout
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.contracts.checks.violations import Category, Check, Severity, violation
 from kvfuzz.fuzz.guard import KvfuzzGuardWarning, guard
 from kvfuzz.fuzz.guard.signatures import SIGNATURES, check_kernel_call
 
@@ -117,7 +117,7 @@ def test_random_pools_sharing_pages_are_a_realism_warning_for_a_reader():
     # the same state against a kernel that writes the cache: an error (each write clobbers the others')
     import attrs
 
-    from kvfuzz.contracts.call_checks import check_call
+    from kvfuzz.contracts.calls.call_checks import check_call
     from kvfuzz.fuzz.guard.signatures import build_call
 
     call = build_call("decode_attention_fwd", kw)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import KernelMismatch
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import KernelMismatch
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign import journal, reproducers
 from kvfuzz.fuzz.campaign.journal import OutLock, OutOfSpace, disk_full, stop_when_full, write_json
 from kvfuzz.fuzz.campaign.reproducers import write_reproducer
@@ -78,7 +78,7 @@ def test_write_json_on_a_full_disk_keeps_the_old_file_and_leaves_no_temporary(tm
 
 
 def test_a_reproducer_that_does_not_fit_is_not_left_half_written(tmp_path, monkeypatch):
-    from kvfuzz.contracts.batch import Batch
+    from kvfuzz.contracts.model.batch import Batch
     from kvfuzz.fuzz.bench.mutants import PagedTorch
 
     t = PagedTorch()
@@ -181,7 +181,7 @@ def test_a_full_disk_that_state_json_still_fits_keeps_the_examples_in_flight(tmp
 def test_a_full_disk_inside_an_example_is_nobodys_finding(tmp_path):
     """ENOSPC while an example is prepared (an adapter writing a file) stops the campaign: not a harness error,
     not the kernel's."""
-    from kvfuzz.contracts.batch import Batch
+    from kvfuzz.contracts.model.batch import Batch
     from kvfuzz.fuzz.bench.mutants import PagedTorch
     from kvfuzz.fuzz.campaign.engine import Campaign, CampaignConfig
 

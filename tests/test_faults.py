@@ -2,9 +2,9 @@
 
 import pytest
 
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import CallerContractViolation
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import CallerContractViolation
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.harness.faults import FAULTS, get_fault
 from kvfuzz.fuzz.targets import get_target
@@ -66,7 +66,7 @@ def test_fault_is_blamed_on_the_caller(make_batch, fault, target, check, outcome
 
 @pytest.mark.parametrize("fault, target, check", PORTABILITY_CASES, ids=[f"{c[0]}-{c[1]}" for c in PORTABILITY_CASES])
 def test_a_fault_only_another_platform_misreads_is_a_portability_warning(make_batch, fault, target, check):
-    from kvfuzz.contracts.violations import Category
+    from kvfuzz.contracts.checks.violations import Category
     from kvfuzz.fuzz.guard.signatures import check_kernel_call
     from kvfuzz.fuzz.harness.attention import prepare
 

@@ -1,4 +1,4 @@
-"""The runtime guard (kvfuzz.fuzz.guard, kvfuzz.contracts.call_checks, the pytest plugin).
+"""The runtime guard (kvfuzz.fuzz.guard, kvfuzz.contracts.calls.call_checks, the pytest plugin).
 
 Every check has a test that makes it fire and one that keeps it quiet. Where a kernel is involved the call goes
 through the real, patched entry point: a firing call in mode "raise" is stopped before the kernel runs (the
@@ -18,14 +18,14 @@ import pytest
 import torch
 from kvfuzz_test_support import available
 
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.failures import FailureKind
-from kvfuzz.contracts.layouts import NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.poison import Poison
-from kvfuzz.contracts.rocm import rocm_custom_paged_attention_selected
-from kvfuzz.contracts.violations import Category, Check, Severity
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.checks.failures import FailureKind
+from kvfuzz.contracts.caches.layouts import NHDLayout, VllmPagedLayout
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.contracts.calls.rocm import rocm_custom_paged_attention_selected
+from kvfuzz.contracts.checks.violations import Category, Check, Severity
 from kvfuzz.fuzz.guard import CallerContractError, KvfuzzGuardWarning, guard, is_guarded, original_of
 from kvfuzz.fuzz.guard import interception as guard_mod
 from kvfuzz.fuzz.guard.signatures import check_kernel_call
@@ -607,8 +607,8 @@ def test_seeds_scenario_is_not_collected_by_the_normal_run():
 def test_checks_ignore_the_default_device(make_batch):
     """vLLM's tests call torch.set_default_device("cuda"); the guard's CPU-side index arithmetic must not
     follow it (seen on an H100: 'Expected all tensors to be on the same device'). "meta" stands in for cuda."""
-    from kvfuzz.contracts.data import make_batch_data
-    from kvfuzz.contracts.materialize import materialize
+    from kvfuzz.contracts.model.data import make_batch_data
+    from kvfuzz.contracts.caches.materialize import materialize
     from kvfuzz.fuzz.targets import get_target
 
     t = get_target("vllm.chunked_prefill_paged_decode")
@@ -676,12 +676,12 @@ def test_cpu_op_fp8_call_is_accepted_and_its_cache_not_misread(make_batch):
 
 
 WARNING_ONLY_TEST = '''
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.layouts import VllmPagedLayout
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.caches.layouts import VllmPagedLayout
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.targets.vllm_triton import VllmChunkedPrefillPagedDecode
 
 

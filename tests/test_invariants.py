@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.invariants import (
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.checks.invariants import (
     DECODE,
     PREFILL,
     UNIFIED,
@@ -14,9 +14,9 @@ from kvfuzz.contracts.invariants import (
     check_prefill_invariant,
     check_unified_invariant,
 )
-from kvfuzz.contracts.layouts import NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.caches.layouts import NHDLayout, VllmPagedLayout
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.poison import Poison
 
 
 def setup(make_batch, contract, lens=None, layout=VllmPagedLayout(), poison=Poison.NAN, **kw):

@@ -35,7 +35,7 @@ def test_the_import_contract_holds(tmp_path):
     pytest.importorskip("importlinter")
     r = _lint(tmp_path, ROOT / "pyproject.toml")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "Contracts: 4 kept, 0 broken." in r.stdout
+    assert "Contracts: 5 kept, 0 broken." in r.stdout
 
 
 def test_the_import_contract_catches_an_upward_import(tmp_path):
@@ -73,7 +73,19 @@ def test_public_api():
 
 def test_import_kvfuzz_and_the_help_do_not_import_torch():
     """What made ``kvfuzz --help`` take 2.6 s: the CLI imported torch for option defaults."""
-    code = ("import sys, kvfuzz, kvfuzz.fuzz.cli; import kvfuzz.contracts.poison, kvfuzz.strategies.limits; "
+    code = ("import sys, kvfuzz, kvfuzz.fuzz.cli; import kvfuzz.contracts.model.poison, kvfuzz.strategies.limits; "
             "print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+def test_the_import_contract_catches_a_room_of_contracts_importing_calls(tmp_path):
+    """Nothing in contracts but calls/ itself may import calls/ (the guard's checks of a real call)."""
+    pytest.importorskip("importlinter")
+    pkg = _copy_tree(tmp_path / "pkg")
+    (pkg / "kvfuzz/contracts/checks/planted.py").write_text("from kvfuzz.contracts.calls import paged_call\n")
+    env = dict(os.environ, PYTHONPATH=str(pkg))
+    exe = Path(sys.executable).parent / "lint-imports"
+    r = subprocess.run([str(exe), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 1 and "kvfuzz.contracts.checks.planted -> kvfuzz.contracts.calls.paged_call" in r.stdout

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from kvfuzz.contracts.batch import positions
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.layouts import LayoutError, NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.batch import positions
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.caches.layouts import LayoutError, NHDLayout, VllmPagedLayout
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.poison import Poison
 
 LAYOUTS = [VllmPagedLayout(), NHDLayout()]
 
@@ -91,7 +91,7 @@ def test_scales_need_an_fp8_cache(make_batch):
 
 def test_big_caches_are_poisoned_only_where_referenced(make_batch, monkeypatch):
     import importlib
-    m = importlib.import_module("kvfuzz.contracts.materialize")
+    m = importlib.import_module("kvfuzz.contracts.caches.materialize")
     from kvfuzz.strategies.batches import relocate_high
 
     b = relocate_high(make_batch([(1, 5), (3, 4)], dtype="float16", block_size=16), min_element_offset=2**16)

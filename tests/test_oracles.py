@@ -7,14 +7,14 @@ import pytest
 import torch
 from hypothesis import given
 
-import kvfuzz.contracts.reference as reference
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.oracles import (LOWP_RTOL, MESSAGES, Oracle, agreement_bound, check_agreement, check_finite,
+import kvfuzz.contracts.checks.reference as reference
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.checks.oracles import (LOWP_RTOL, MESSAGES, Oracle, agreement_bound, check_agreement, check_finite,
                                       check_label, error_ratio)
-from kvfuzz.contracts.reference import (
+from kvfuzz.contracts.checks.reference import (
     ENVELOPE_TERMS,
     _attend,
     _sequence,
@@ -361,7 +361,7 @@ def test_the_same_precision_model_is_computed_only_when_the_envelope_is_exceeded
     """agreement() takes lowp lazily: an output inside the envelope never calls it (its ratio is then against
     the envelope, an upper bound of the exact one); an output outside calls it once, and the verdict and the
     located failure equal those of the eager call."""
-    from kvfuzz.contracts.oracles import agreement
+    from kvfuzz.contracts.checks.oracles import agreement
 
     b, d, ref, lowp, env = case(make_batch)
     calls = []

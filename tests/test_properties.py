@@ -9,7 +9,7 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.gate import CHECK_LIMITS
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets import BUILTIN, get_target

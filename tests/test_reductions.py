@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.database import InMemoryExampleDatabase
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import Finding, KernelMismatch
-from kvfuzz.contracts.oracles import Oracle
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
+from kvfuzz.contracts.checks.oracles import Oracle
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.mutants import OFFSET_BITS, _batch, get_mutant, smallest_trigger
 from kvfuzz.fuzz.campaign import engine
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
@@ -72,7 +72,7 @@ def _check_candidates(batch: Batch, caps: Capabilities) -> list[Batch]:
 @given(batches(CAPS, LIMITS))
 def test_reexpressing_at_a_smaller_block_size_keeps_every_token_in_its_slot(batch):
     import torch
-    from kvfuzz.contracts.batch import positions
+    from kvfuzz.contracts.model.batch import positions
 
     for bs in (b for b in CAPS.block_sizes if batch.block_size % b == 0):
         small = reexpress(batch, bs)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import FailureKind
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import FailureKind
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.relation_runs import check_relation
 from kvfuzz.fuzz.cli.relations import relations
 from kvfuzz.fuzz.harness.relations import RELATIONS, RelationViolation, relocated, sequence_permutation

@@ -9,14 +9,14 @@ import pytest
 import torch
 from kvfuzz_test_support import available as _available
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import CallerContractViolation, KernelMismatch
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.poison import Poison
-from kvfuzz.contracts.violations import Check
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelMismatch
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.contracts.checks.violations import Check
 from kvfuzz.fuzz.guard import guard
 from kvfuzz.fuzz.guard.interception import CallerContractError, is_guarded
 from kvfuzz.fuzz.guard.signatures import check_kernel_call
@@ -268,7 +268,7 @@ def test_decode_checks_fire(make_batch, case):
 def test_two_current_tokens_in_one_slot_are_a_realism_warning(make_batch):
     """decode_attention_fwd writes nothing: two sequences naming one slot for their current token read what
     the pool holds there (a state SGLang's allocator never creates), so it warns instead of failing."""
-    from kvfuzz.contracts.violations import Category
+    from kvfuzz.contracts.checks.violations import Category
 
     t = SglangDecodeAttentionFwd()
     b = make_batch([(1, 3), (1, 19), (1, 9)], block_size=4, head_size=48)
@@ -338,7 +338,7 @@ def test_decode_mha_rounds_each_q_k_product_to_the_input_dtype(make_batch):
     q, k, v = data.query[0], data.keys, data.values  # [1, D], [2, 1, D], [2, 1, D]
     s = (q[None] * k).float().sum(-1).double() * b.scale  # products rounded to fp16, as the kernel does
     emulated = torch.einsum("lh,lhd->hd", s.softmax(0), v.double())
-    from kvfuzz.contracts.reference import reference_attention
+    from kvfuzz.contracts.checks.reference import reference_attention
 
     ref = reference_attention(b, data)[0]
     assert float((emulated - ref).abs().max()) > bound  # rounding the products alone breaks the bound

@@ -3,9 +3,9 @@
 import pytest
 from hypothesis import find, given, settings
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.contract import Contract
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.fuzz.targets.vllm_triton import VllmChunkedPrefillPagedDecode
 from kvfuzz.strategies.batches import batches, boundary_lengths, examples
 from kvfuzz.strategies.limits import Limits
@@ -64,7 +64,7 @@ def test_shrinks_to_a_single_short_decode_sequence():
 
 
 def test_examples_draw_every_poison_and_respect_the_choice():
-    from kvfuzz.contracts.poison import Poison
+    from kvfuzz.contracts.model.poison import Poison
     for p in Poison:
         find(examples(CAPS, LIMITS), lambda e, p=p: e.poison is p, settings=FIND)
     e = find(examples(CAPS, LIMITS, poisons=(Poison.ZEROS,)), lambda e: True, settings=FIND)
@@ -128,7 +128,7 @@ def test_any_sequence_can_be_removed():
 def test_value_ranges_are_bounded_by_the_limits():
     from hypothesis.errors import InvalidArgument
 
-    from kvfuzz.contracts.batch import VALUE_RANGES
+    from kvfuzz.contracts.model.batch import VALUE_RANGES
     from kvfuzz.strategies import limits
 
     assert limits.VALUE_RANGES == VALUE_RANGES  # spelled out in limits.py to keep torch out of the CLI

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from kvfuzz_test_support import available
 
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import CallerContractViolation
-from kvfuzz.contracts.invariants import DECODE, UNIFIED
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import CallerContractViolation
+from kvfuzz.contracts.checks.invariants import DECODE, UNIFIED
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
 from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.harness.faults import get_fault

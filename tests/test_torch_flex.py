@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvfuzz.contracts.batch import Batch, positions
-from kvfuzz.contracts.data import make_batch_data
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import KernelMismatch, NonFiniteOutput
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.batch import Batch, positions
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets.torch_flex import FlexPagedLayout, TorchFlexPaged, paged_attention_for

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import FailureKind, SilentlyUnsupported
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import FailureKind, SilentlyUnsupported
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets import get_target

@@ -22,8 +22,8 @@ import attrs
 import torch
 from hypothesis.database import InMemoryExampleDatabase
 
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import Finding
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.fuzz.bench.grid import grid_detect
 from kvfuzz.fuzz.bench.mutants import MUTANTS, batch_size, get_mutant, smallest_trigger
 from kvfuzz.fuzz.campaign import engine as campaign_mod

@@ -39,12 +39,12 @@ from typing import Callable, Iterator
 import attrs
 import torch
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.data import BatchData, make_batch_data
-from kvfuzz.contracts.layouts import NHDLayout
-from kvfuzz.contracts.materialize import CacheState, materialize
-from kvfuzz.contracts.poison import Poison
-from kvfuzz.contracts.reference import reference_attention
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.data import BatchData, make_batch_data
+from kvfuzz.contracts.caches.layouts import NHDLayout
+from kvfuzz.contracts.caches.materialize import CacheState, materialize
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.contracts.checks.reference import reference_attention
 from kvfuzz.fuzz.bench.mutants import batch_size, get_mutant
 
 
@@ -130,7 +130,7 @@ def _unified_case(seed: int, idx: int, seqs, heads, head_size: int, dtype: str, 
         reps = -(-num_blocks // 64)
         kc = tile.repeat(reps, 1, 1, 1)[:num_blocks].contiguous()
         vc = tile.flip(0).repeat(reps, 1, 1, 1)[:num_blocks].contiguous()
-        from kvfuzz.contracts.batch import positions
+        from kvfuzz.contracts.model.batch import positions
         seq, pos = positions(batch.seq_lens)
         slots = batch.slots(seq, pos)
         rows = data.token_rows(batch, seq, pos)

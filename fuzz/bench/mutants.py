@@ -22,10 +22,10 @@ from typing import ClassVar
 
 import torch
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.layouts import NHDLayout
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.caches.layouts import NHDLayout
 from kvfuzz.fuzz.targets.base import Availability, KernelCall, Target
 from kvfuzz.strategies.reductions import SIZE_FIELDS, size_key
 

@@ -133,7 +133,7 @@ def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
     missing or mistyped field, a kind or slot class kvfuzz does not know, a duplicate id, a non-finite entry
     without poisons and slots or a mismatch entry without ``max_ratio``. Targets are not resolved here (a
     baseline may list targets not installed on this machine)."""
-    from kvfuzz.contracts.oracles import LEGACY_NAMES, Oracle
+    from kvfuzz.contracts.checks.oracles import LEGACY_NAMES, Oracle
 
     try:
         doc = tomllib.loads(text)
@@ -233,8 +233,8 @@ def tail_slots(batch, cache, tail_tokens: int):
 def _passes_with_finite(entry: KnownFinding, target, example) -> bool:
     """Whether ``example`` passes every check (no finding, nothing raised) with the entry's slot class holding
     zeros instead of its poison, in this process."""
-    from kvfuzz.contracts.failures import Finding
-    from kvfuzz.contracts.poison import Poison
+    from kvfuzz.contracts.checks.failures import Finding
+    from kvfuzz.contracts.model.poison import Poison
     from kvfuzz.fuzz.harness import attention, properties
 
     try:

@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from kvfuzz.contracts.failures import Finding, HarnessError, KernelCrash, KernelHang
+from kvfuzz.contracts.checks.failures import Finding, HarnessError, KernelCrash, KernelHang
 
 #: Signals a process raises on itself when code inside it breaks (a kernel's out-of-bounds access, abort()).
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT,

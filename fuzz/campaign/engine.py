@@ -45,10 +45,10 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, event, given, reject, seed, settings
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import Finding, HarnessError
-from kvfuzz.contracts.layouts import LayoutError
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import Finding, HarnessError
+from kvfuzz.contracts.caches.layouts import LayoutError
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.baseline import Baseline, classify
 from kvfuzz.fuzz.campaign.database import open_database, read_only_view
 from kvfuzz.fuzz.campaign.journal import OutOfSpace, disk_full

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import attrs
 
-from kvfuzz.contracts.poison import Poison
-from kvfuzz.contracts.oracles import check_label
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.fuzz.campaign.engine import CampaignConfig
 from kvfuzz.fuzz.campaign.reproducers import BadReproducer, replay
 from kvfuzz.fuzz.targets.base import Target

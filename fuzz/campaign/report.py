@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-from kvfuzz.contracts.oracles import check_label
+from kvfuzz.contracts.checks.oracles import check_label
 
 PLOTTED = ("path", "mix", "gqa", "seq_len", "rocm gfx90a/gfx942/gfx950", "rocm gfx11/gfx12", "undeclared")
 

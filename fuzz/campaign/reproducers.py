@@ -32,9 +32,9 @@ from typing import Any
 
 import attrs
 
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import FailureKind, Finding
-from kvfuzz.contracts.oracles import LEGACY_NAMES, check_label
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import FailureKind, Finding
+from kvfuzz.contracts.checks.oracles import LEGACY_NAMES, check_label
 from kvfuzz.fuzz.campaign.endings import classify, finding_for
 from kvfuzz.fuzz.campaign.journal import json_safe
 from kvfuzz.fuzz.harness import properties
@@ -100,7 +100,7 @@ def _tensors(run: Run) -> dict:
     ``value_cache_blocks``) with their ids (``cache_block_ids``), not as several GiB."""
     import torch
 
-    from kvfuzz.contracts.materialize import is_big, referenced_blocks
+    from kvfuzz.contracts.caches.materialize import is_big, referenced_blocks
 
     t: dict[str, torch.Tensor] = {
         "query": run.data.query, "keys_ground_truth": run.data.keys, "values_ground_truth": run.data.values,

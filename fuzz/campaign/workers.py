@@ -131,7 +131,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     try:
         import torch
 
-        from kvfuzz.contracts.example import Example
+        from kvfuzz.contracts.model.example import Example
         from kvfuzz.fuzz.campaign.database import DatabaseError
         from kvfuzz.fuzz.campaign.engine import Campaign, example_key
         from kvfuzz.fuzz.targets import get_target
@@ -233,7 +233,7 @@ def config_to_dict(config) -> dict:
 
 
 def config_from_dict(d: dict):
-    from kvfuzz.contracts.poison import Poison
+    from kvfuzz.contracts.model.poison import Poison
     from kvfuzz.fuzz.campaign.engine import CampaignConfig
     from kvfuzz.fuzz.harness.faults import get_fault
     from kvfuzz.strategies.limits import Limits
@@ -625,7 +625,7 @@ class Supervisor:
     def _failure(self, record, how: str = "") -> None:
         t = self.by_name[record.target]
         if t.stats.add_failure(record):
-            from kvfuzz.contracts.oracles import check_label
+            from kvfuzz.contracts.checks.oracles import check_label
 
             known = f"known ({record.known}): " if record.known else ""
             self.on_event(f"{known}{record.kind} ({check_label(record.check)}) in {record.target}{how} -> "
@@ -697,7 +697,7 @@ class Supervisor:
                 self._failure(attrs.evolve(record, message=record.message + why, stage="final"), how=why)
 
     def _example_ended(self, s: _Slot, flight: dict, ending, retried: bool) -> None:
-        from kvfuzz.contracts.example import Example
+        from kvfuzz.contracts.model.example import Example
         from kvfuzz.fuzz.campaign.engine import FailureRecord, Outcome
         from kvfuzz.fuzz.campaign.reproducers import write_reproducer
 

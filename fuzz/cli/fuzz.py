@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.cli.common import available_targets, console, parse_duration
 from kvfuzz.fuzz.harness.faults import FAULT_NAMES
 from kvfuzz.strategies.limits import Limits
@@ -275,7 +275,7 @@ def _progress_line(s) -> str:
 
 
 def _print_summary(results: list[dict], baseline=None) -> None:
-    from kvfuzz.contracts.oracles import check_label
+    from kvfuzz.contracts.checks.oracles import check_label
 
     def line(f: dict) -> str:
         what = f"{f['kind']}[/] ({escape(check_label(f['check']))}) x{f['count']}"

@@ -18,7 +18,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.cli.common import console
 
 

@@ -26,7 +26,7 @@ def replay(directory: str, target_spec: str | None, trust_target: bool, timeout:
     """Re-run a reproducer directory in a child process. Exit 1 while it still fails (a crash or hang included),
     0 once it passes, 2 when the directory or its target cannot be used (the message says which file and
     field)."""
-    from kvfuzz.contracts.oracles import check_label
+    from kvfuzz.contracts.checks.oracles import check_label
     from kvfuzz.fuzz.campaign.reproducers import BadReproducer
     from kvfuzz.fuzz.campaign.reproducers import replay as replay_case
 

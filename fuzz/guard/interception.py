@@ -7,10 +7,10 @@ kernel's caller contract, before the kernel runs.
         run_my_kernel_tests()
 
 Each call's arguments are bound by the kernel's own signature, normalized and checked by
-:func:`kvfuzz.contracts.call_checks.check_call` (decode invariant, index tensors, lengths, block table,
+:func:`kvfuzz.contracts.calls.call_checks.check_call` (decode invariant, index tensors, lengths, block table,
 max_seq_len/max_query_len, kv_cache_dtype and the ROCm kernel selection, vacuous caches). Violations are
-:class:`~kvfuzz.contracts.violations.Violation` records of kind "caller contract violation"
-(:attr:`kvfuzz.contracts.failures.FailureKind.CALLER_VIOLATION`), grouped per call in a :class:`GuardRecord`.
+:class:`~kvfuzz.contracts.checks.violations.Violation` records of kind "caller contract violation"
+(:attr:`kvfuzz.contracts.checks.failures.FailureKind.CALLER_VIOLATION`), grouped per call in a :class:`GuardRecord`.
 
 Modes: ``"raise"``: a call with an error-level violation raises :class:`CallerContractError` (naming all of the
 call's violations) instead of running the kernel; warning-level records (vacuity, ROCm portability) are
@@ -63,9 +63,9 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from kvfuzz.contracts.failures import CallerContractViolation, FailureKind
-from kvfuzz.contracts.rocm import ROCM_PORTABILITY_ARCHS, current_rocm_arch
-from kvfuzz.contracts.violations import Check, Violation
+from kvfuzz.contracts.checks.failures import CallerContractViolation, FailureKind
+from kvfuzz.contracts.calls.rocm import ROCM_PORTABILITY_ARCHS, current_rocm_arch
+from kvfuzz.contracts.checks.violations import Check, Violation
 from kvfuzz.fuzz.guard.signatures import SIGNATURES, KernelSignature, check_kernel_call
 
 MODES = ("raise", "warn", "record")

@@ -36,7 +36,7 @@ The fixture ``kvfuzz_guard`` gives the session's :class:`~kvfuzz.fuzz.guard.inte
 without ``--kvfuzz-guard``), e.g. to hand a unified kernel's new tokens over with ``kvfuzz_guard.new_kv(key, value)``.
 The terminal summary lists the calls checked and every violation by test; under pytest-xdist (``-n N``) it
 aggregates every worker's calls and records. Records are of kind
-"caller contract violation" (:attr:`kvfuzz.contracts.failures.FailureKind.CALLER_VIOLATION`).
+"caller contract violation" (:attr:`kvfuzz.contracts.checks.failures.FailureKind.CALLER_VIOLATION`).
 
 kvfuzz (and torch) are imported only when ``--kvfuzz-guard`` is given.
 """

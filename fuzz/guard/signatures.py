@@ -1,5 +1,5 @@
 """Kernel signatures: how each supported kernel's own arguments map onto a
-:class:`~kvfuzz.contracts.paged_call.PagedCall`, and where each kernel lives (what the guard intercepts).
+:class:`~kvfuzz.contracts.calls.paged_call.PagedCall`, and where each kernel lives (what the guard intercepts).
 
 One :class:`KernelSignature` per kernel in :data:`SIGNATURES`: its builder (arguments bound by the kernel's
 parameter names -> PagedCall), the modules that may define it (or the ``torch.ops`` namespace of an op), and
@@ -19,16 +19,16 @@ from typing import Any, Callable, Mapping
 import attrs
 import torch
 
-from kvfuzz.contracts.call_checks import check_call
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.cpu_layout import CpuAttnLayout, cpu_attn_isa
-from kvfuzz.contracts.csr import token_table
-from kvfuzz.contracts.declaration import INT32_ONLY, KernelDeclaration, KernelPath
-from kvfuzz.contracts.kv_cache_dtype import FP8_FAMILIES
-from kvfuzz.contracts.layouts import NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.paged_call import CacheReads, CsrArgs, NewTokensCached, PagedCall, index_values, is_tensor
-from kvfuzz.contracts.rocm import ROCM_CUSTOM_KV_CACHE_DTYPES, rocm_custom_path_taken
-from kvfuzz.contracts.violations import Violation
+from kvfuzz.contracts.calls.call_checks import check_call
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.caches.cpu_layout import CpuAttnLayout, cpu_attn_isa
+from kvfuzz.contracts.model.csr import token_table
+from kvfuzz.contracts.calls.declaration import INT32_ONLY, KernelDeclaration, KernelPath
+from kvfuzz.contracts.calls.kv_cache_dtype import FP8_FAMILIES
+from kvfuzz.contracts.caches.layouts import NHDLayout, VllmPagedLayout
+from kvfuzz.contracts.calls.paged_call import CacheReads, CsrArgs, NewTokensCached, PagedCall, index_values, is_tensor
+from kvfuzz.contracts.calls.rocm import ROCM_CUSTOM_KV_CACHE_DTYPES, rocm_custom_path_taken
+from kvfuzz.contracts.checks.violations import Violation
 
 
 def _get(args: Mapping[str, Any], name: str, default: Any = None) -> Any:
@@ -299,7 +299,7 @@ class KernelSignature:
     (``key``/``value``: a unified kernel's new tokens, when known). takes_new_kv: the kernel takes the new
     tokens' key/value as arguments. attr and modules: the function's name and the modules that may define it
     (the guard patches them); op_namespace: for a ``torch.ops`` op instead, its namespace. declaration: what
-    the kernel needs of its caller, per path (:class:`~kvfuzz.contracts.declaration.KernelDeclaration`); every
+    the kernel needs of its caller, per path (:class:`~kvfuzz.contracts.calls.declaration.KernelDeclaration`); every
     PagedCall built through :func:`build_call` carries it."""
 
     name: str
@@ -354,7 +354,7 @@ def build_call(kernel: str, args: Mapping[str, Any], key: Any = None, value: Any
 
 def check_kernel_call(kernel: str, args: Mapping[str, Any], *, key: Any = None, value: Any = None,
                       **kw: Any) -> list[Violation]:
-    """:func:`~kvfuzz.contracts.call_checks.check_call` on one call of ``kernel`` (see :func:`build_call`);
+    """:func:`~kvfuzz.contracts.calls.call_checks.check_call` on one call of ``kernel`` (see :func:`build_call`);
     ``kw`` goes to check_call (``rocm_arch``, ``portability_archs``, ``vacuity``)."""
     return check_call(build_call(kernel, args, key, value), **kw)
 

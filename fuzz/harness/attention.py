@@ -10,16 +10,16 @@ from typing import Any, Callable
 
 import torch
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.csr import indptr
-from kvfuzz.contracts.data import BatchData
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import CallerContractViolation, KernelCrash, KernelMismatch, NonFiniteOutput
-from kvfuzz.contracts.invariants import check_contract
-from kvfuzz.contracts.materialize import CacheState, materialize
-from kvfuzz.contracts.oracles import Oracle, agreement, check_finite
-from kvfuzz.contracts.reference import reference_and_envelope, same_precision_attention
-from kvfuzz.contracts.violations import Check, Violation, violation
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.csr import indptr
+from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelCrash, KernelMismatch, NonFiniteOutput
+from kvfuzz.contracts.checks.invariants import check_contract
+from kvfuzz.contracts.caches.materialize import CacheState, materialize
+from kvfuzz.contracts.checks.oracles import Oracle, agreement, check_finite
+from kvfuzz.contracts.checks.reference import reference_and_envelope, same_precision_attention
+from kvfuzz.contracts.checks.violations import Check, Violation, violation
 from kvfuzz.fuzz.guard.signatures import build_call, check_kernel_call
 from kvfuzz.fuzz.harness.faults import CallerFault
 from kvfuzz.fuzz.harness.run import Run, error_name, generate, run_kernel
@@ -100,7 +100,7 @@ def metadata_violations(target: Target, run: Run) -> list[Violation]:
 
 
 def call_violations(target: Target, run: Run) -> list[Violation]:
-    """Error-level findings of the runtime guard's argument checks (:mod:`kvfuzz.contracts.call_checks`) on
+    """Error-level findings of the runtime guard's argument checks (:mod:`kvfuzz.contracts.calls.call_checks`) on
     this call; [] when the target declares no ``checked_kernel``."""
     if target.checked_kernel is None:
         return []
@@ -125,7 +125,7 @@ def _kernel_summary(out: torch.Tensor | None, finite_fail, agree_fail, crash: st
 
 
 def caller_violations(target: Target, run: Run) -> list[Violation]:
-    """Ground-truth invariants (:mod:`kvfuzz.contracts.invariants`), then the call's metadata against the batch,
+    """Ground-truth invariants (:mod:`kvfuzz.contracts.checks.invariants`), then the call's metadata against the batch,
     then the runtime guard's argument checks (a check already reported for a sequence is not repeated); []
     when the call keeps the contract."""
     batch = run.example.batch
@@ -157,7 +157,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
                   run: Run | None = None, run_unsafe: bool = False,
                   on_phase: Callable[[str], None] | None = None) -> Run:
     """Run one example end to end; returns the :class:`Run` or raises a
-    :class:`~kvfuzz.contracts.failures.Finding`:
+    :class:`~kvfuzz.contracts.checks.failures.Finding`:
 
     - CallerContractViolation when the call breaks the target's contract (checked before the kernel runs;
       the kernel still runs and its outcome is in ``details["kernel"]``);

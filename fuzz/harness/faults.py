@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import attrs
 
 if TYPE_CHECKING:  # torch is imported where a fault mutates a call: the CLI lists fault names without it
-    from kvfuzz.contracts.batch import Batch
+    from kvfuzz.contracts.model.batch import Batch
 
 
 def _required(batch: Batch, required: tuple[int, ...]) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """The one entry point the campaign calls per example: :func:`prepare` builds a target's call from an example,
 :func:`check` runs it through the target's property, chosen by the target's contract: the attention property
 (:mod:`kvfuzz.fuzz.harness.attention`) for split, prefix and unified kernels, the writer property
-(:mod:`kvfuzz.fuzz.harness.writer`) for :attr:`~kvfuzz.contracts.contract.Contract.WRITER`. And
+(:mod:`kvfuzz.fuzz.harness.writer`) for :attr:`~kvfuzz.contracts.model.contract.Contract.WRITER`. And
 :func:`check_undeclared`, the property of configurations a target does not declare."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Callable
 
 from hypothesis import reject
 
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import KernelCrash, KernelMismatch, NonFiniteOutput, SilentlyUnsupported
-from kvfuzz.contracts.layouts import LayoutError
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, NonFiniteOutput, SilentlyUnsupported
+from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.fuzz.harness import attention, writer
 from kvfuzz.fuzz.harness.faults import CallerFault
 from kvfuzz.fuzz.harness.run import Run
@@ -36,7 +36,7 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None) 
 def check(target: Target, example: Example, fault: CallerFault | None = None, run: Run | None = None,
           run_unsafe: bool = False, on_phase: Callable[[str], None] | None = None) -> Run:
     """Run one example end to end through the target's property; returns the :class:`Run` or raises a
-    :class:`~kvfuzz.contracts.failures.Finding`. ``run_unsafe``: also run calls whose arguments could make
+    :class:`~kvfuzz.contracts.checks.failures.Finding`. ``run_unsafe``: also run calls whose arguments could make
     the kernel read or write outside its tensors (isolated worker processes only). ``on_phase``: told "kernel"
     and "check" around the kernel call (a campaign's journal)."""
     if is_writer(target):

@@ -1,6 +1,6 @@
 """Metamorphic relations: oracles that need no tolerance where the kernel is deterministic.
 
-The fp64-reference oracle (:mod:`kvfuzz.contracts.oracles`) must allow rounding error, and an error that
+The fp64-reference oracle (:mod:`kvfuzz.contracts.checks.oracles`) must allow rounding error, and an error that
 fits inside the tolerance goes unseen. A metamorphic relation instead runs the kernel twice on inputs that
 must give the same answer and compares the two outputs **bit for bit** (except decode-prefill consistency,
 where two different kernel paths meet and the oracle's bound is used):
@@ -34,14 +34,14 @@ from typing import Callable
 import attrs
 import torch
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.data import BatchData, make_batch_data
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import FailureKind, Finding, KernelCrash
-from kvfuzz.contracts.materialize import CacheState, materialize
-from kvfuzz.contracts.oracles import RTOL, row_floor
-from kvfuzz.contracts.poison import Poison
-from kvfuzz.contracts.reference import reference_attention, same_precision_attention
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.data import BatchData, make_batch_data
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import FailureKind, Finding, KernelCrash
+from kvfuzz.contracts.caches.materialize import CacheState, materialize
+from kvfuzz.contracts.checks.oracles import RTOL, row_floor
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.contracts.checks.reference import reference_attention, same_precision_attention
 from kvfuzz.fuzz.harness.run import error_name, run_kernel
 from kvfuzz.fuzz.targets.base import Target
 
@@ -57,7 +57,7 @@ class RelationViolation(Finding):
 def materialize_with(target: Target, batch: Batch, data: BatchData, poison: Poison,
                      poison_seeds: tuple[int, int] | None = None,
                      cached_lens: tuple[int, ...] | None = None) -> CacheState:
-    """:func:`kvfuzz.contracts.materialize.materialize` in the target's layout and on its device, with the
+    """:func:`kvfuzz.contracts.caches.materialize.materialize` in the target's layout and on its device, with the
     target's contract's cached lengths unless ``cached_lens`` is given, and explicit poison seeds."""
     lens = target.capabilities.contract.cached_lens(batch) if cached_lens is None else tuple(cached_lens)
     return materialize(batch, data, target.layout(batch), lens, poison, device=target.device,

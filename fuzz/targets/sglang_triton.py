@@ -1,6 +1,6 @@
 """SGLang's Triton attention kernels (sglang 0.5.23, sglang/kernels/ops/attention/): ``extend_attention_fwd``
 (prefix contract) and ``decode_attention_fwd`` (unified contract), compiled on CUDA, under Triton's interpreter
-on CPU. Both read a token pool through CSR page lists (:mod:`kvfuzz.contracts.csr`).
+on CPU. Both read a token pool through CSR page lists (:mod:`kvfuzz.contracts.model.csr`).
 
 Where the kernels come from (:func:`prepare_sglang_runtime`), first that exists:
 
@@ -33,13 +33,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.csr import token_slot_lists
-from kvfuzz.contracts.data import BatchData
-from kvfuzz.contracts.layouts import CacheLayout, NHDLayout
-from kvfuzz.contracts.materialize import CacheState
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.csr import token_slot_lists
+from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout
+from kvfuzz.contracts.caches.materialize import CacheState
 
 from .base import NOT_LOADED, Availability, KernelCall
 from .vllm_triton import (_TRITON_TOO_EARLY, VllmTritonTarget, _on_cuda, _poisoned_scratch, _sinks,
@@ -204,7 +204,7 @@ class SglangExtendAttentionFwd(SglangTritonTarget):
     SGLang's Triton backend calls it (sglang/srt/layers/attention/triton_backend.py ``forward_extend``).
 
     Prefix contract: ``kv_indices`` list each sequence's cached prefix (``ctx_len`` token slots, in position
-    order; :func:`~kvfuzz.contracts.csr.token_slot_lists`), the new tokens come as ``k_extend``/``v_extend``
+    order; :func:`~kvfuzz.contracts.model.csr.token_slot_lists`), the new tokens come as ``k_extend``/``v_extend``
     ``[T, Hkv, D]`` in ``qo_indptr`` order and are never read from the pool. Arguments: ``q_extend``/``o_extend``
     ``[T, H, D]``; ``k_buffer``/``v_buffer`` the pool ``[num_slots, Hkv, D]`` (3-D only: the kernel raises on a
     4-D paged view); ``qo_indptr`` = query_start_loc and ``kv_indptr`` int32 ``[N + 1]``, ``kv_indices`` int64

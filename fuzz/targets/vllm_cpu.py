@@ -8,9 +8,9 @@ The call mirrors vllm/v1/attention/backends/cpu_attn.py:
 - ``CPUAttentionMetadataBuilder.build``: ``scheduler_metadata = get_scheduler_metadata(num_reqs, num_heads,
   num_kv_heads, head_dim, seq_lens int32 [N], dtype, query_start_loc int32 [N+1], causal, window (-1: none),
   isa, enable_kv_split, dynamic_causal, kv_cache_dtype)``, with ``isa`` from ``_get_attn_isa``
-  (:func:`kvfuzz.contracts.cpu_layout.cpu_attn_isa`).
+  (:func:`kvfuzz.contracts.caches.cpu_layout.cpu_attn_isa`).
 - ``CPUAttentionBackendImpl.forward``: ``cpu_attention_with_kv_cache(query [T, H, D], key_cache, value_cache
-  ([NB, Hkv, BS, D] chunk views, :class:`~kvfuzz.contracts.cpu_layout.CpuAttnLayout`), output [T, H, D],
+  ([NB, Hkv, BS, D] chunk views, :class:`~kvfuzz.contracts.caches.cpu_layout.CpuAttnLayout`), output [T, H, D],
   query_start_loc, seq_lens, scale, causal, alibi_slopes, sliding_window_size, block_table int32 [N, M], softcap,
   scheduler_metadata, s_aux, dynamic_causal, k_scale, v_scale, kv_cache_dtype)``; query/output in the model
   dtype (float32, float16 or bfloat16), the cache in the same dtype (kv_cache_dtype "auto").
@@ -27,14 +27,14 @@ from pathlib import Path
 
 import torch
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.cpu_layout import CpuAttnLayout, cpu_attn_isa
-from kvfuzz.contracts.data import BatchData
-from kvfuzz.contracts.layouts import LayoutError
-from kvfuzz.contracts.materialize import CacheState
-from kvfuzz.contracts.poison import Poison
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.caches.cpu_layout import CpuAttnLayout, cpu_attn_isa
+from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.caches.layouts import LayoutError
+from kvfuzz.contracts.caches.materialize import CacheState
+from kvfuzz.contracts.model.poison import Poison
 
 from .base import NOT_LOADED, Availability, KernelCall, Target
 
@@ -184,7 +184,7 @@ class VllmCpuOp(Target):
 
 class VllmCpuAttention(VllmCpuOp):
     """``torch.ops._C.cpu_attention_with_kv_cache``: vLLM's CPU backend (vllm/v1/attention/backends/cpu_attn.py),
-    unified contract, cache in :class:`~kvfuzz.contracts.cpu_layout.CpuAttnLayout` for the ISA vLLM picks.
+    unified contract, cache in :class:`~kvfuzz.contracts.caches.cpu_layout.CpuAttnLayout` for the ISA vLLM picks.
 
     Declared capabilities were measured on an AVX-512-BF16 machine with ``_C.abi3.so``: float32/float16/bfloat16;
     head sizes 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512 (48 is accepted by the op though vLLM does not

@@ -21,12 +21,12 @@ import attrs
 import numpy as np
 import torch
 
-from kvfuzz.contracts.batch import Batch
-from kvfuzz.contracts.capabilities import Capabilities
-from kvfuzz.contracts.contract import Contract
-from kvfuzz.contracts.data import BatchData
-from kvfuzz.contracts.layouts import CacheLayout, NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.materialize import CacheState, fill_poison
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout, VllmPagedLayout
+from kvfuzz.contracts.caches.materialize import CacheState, fill_poison
 
 from .base import NOT_LOADED, Availability, KernelCall, Target
 
@@ -173,7 +173,7 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
     Split contract: prefill sequences are computed by ``context_attention_fwd(..., skip_decode=True)`` from
     the cache (positions ``0 .. ctx_len-1``) plus ``key``/``value`` ``[num_tokens, num_kv_heads, head_size]``
     (the new tokens, in query order); decode sequences by ``kernel_paged_attention_2d`` from the cache alone
-    (positions ``0 .. seq_len-1``). Cache: :class:`~kvfuzz.contracts.layouts.VllmPagedLayout`, uint8
+    (positions ``0 .. seq_len-1``). Cache: :class:`~kvfuzz.contracts.caches.layouts.VllmPagedLayout`, uint8
     storage for fp8 kv_cache_dtypes. Index tensors int32; ``k_scale``/``v_scale`` float32 scalar tensors.
 
     Features, in the kernel's conventions: ``sliding_window = W`` (keys with ``pos_q - pos_k < W``),
@@ -278,7 +278,7 @@ class VllmContextAttentionFwd(VllmTritonTarget):
     ``skip_decode=False``.
 
     Prefix contract: every sequence, decode included, is computed by ``_fwd_kernel`` from the cache
-    (positions ``0 .. ctx_len-1``, :class:`~kvfuzz.contracts.layouts.VllmPagedLayout`) plus ``k``/``v``
+    (positions ``0 .. ctx_len-1``, :class:`~kvfuzz.contracts.caches.layouts.VllmPagedLayout`) plus ``k``/``v``
     ``[num_tokens, num_kv_heads, head_size]`` (its new tokens, in query order); the kernel never reads a
     sequence's new tokens from the cache. Index tensors int32 (``b_loc`` = block table, ``b_start_loc`` =
     query_start_loc, ``b_seq_len`` = seq_lens); ``k_scale``/``v_scale`` float32 scalar tensors; uint8 cache
@@ -332,7 +332,7 @@ class VllmUnifiedAttention(VllmTritonTarget):
     """``unified_attention`` (vllm/v1/attention/ops/triton_unified_attention.py, vllm 0.33.0).
 
     Unified contract: every sequence's ``seq_len`` positions are read from the cache
-    (:class:`~kvfuzz.contracts.layouts.NHDLayout`, ``[num_blocks, block_size, num_kv_heads, head_size]``).
+    (:class:`~kvfuzz.contracts.caches.layouts.NHDLayout`, ``[num_blocks, block_size, num_kv_heads, head_size]``).
     Called as vLLM's TRITON_ATTN backend calls it (vllm/v1/attention/backends/triton_attn.py, eager mode,
     no CUDA graphs): ``cu_seqlens_q`` = query_start_loc int32, ``seqused_k`` = seq_lens int32,
     ``window_size = (W - 1, 0)`` for a sliding window of W keys (else ``(-1, -1)``), ``softcap`` (0: off),
@@ -443,7 +443,7 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
     Decode only (one query token per sequence), unified contract: every sequence's ``seq_len`` positions
     are read from the cache. The kernel reads ``k_buffer``/``v_buffer`` as ``[num_pages, page_size,
     num_kv_heads, head_size]`` (its strides: page ``stride(-4)``, token ``stride(-3)``, head ``stride(-2)``)
-    = :class:`~kvfuzz.contracts.layouts.NHDLayout` with ``page_size = block_size``, and ``req_to_token`` =
+    = :class:`~kvfuzz.contracts.caches.layouts.NHDLayout` with ``page_size = block_size``, and ``req_to_token`` =
     the block table (page ids, int32). Arguments: ``q``/``o`` ``[N, H, D]``, ``lse`` ``[N, H]`` fp32,
     ``attn_logits`` ``[N, H, num_kv_splits, D + 1]`` fp32 (filled with the example's poison: vLLM serves it
     from a reused workspace), ``k_scale``/``v_scale`` float32 scalars, an fp8 cache as an fp8 view (as

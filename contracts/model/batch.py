@@ -7,7 +7,7 @@ tokens already cached and ``query_len`` new tokens, ``seq_len = ctx_len + query_
 ``block_table[i, p // block_size] * block_size + p % block_size`` of the paged cache.
 
 A ``Batch`` is pure structure: no tensors. Its tensors (queries, the ground-truth keys and values of every
-position) are drawn deterministically from ``seed`` by :func:`kvfuzz.contracts.data.make_batch_data`.
+position) are drawn deterministically from ``seed`` by :func:`kvfuzz.contracts.model.data.make_batch_data`.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ FP8_DTYPES: dict[str, torch.dtype] = {
 }
 
 #: Optional attention features a batch may use and a target may declare
-#: (:class:`~kvfuzz.contracts.capabilities.Capabilities`).
+#: (:class:`~kvfuzz.contracts.model.capabilities.Capabilities`).
 FEATURES = ("sliding_window", "alibi", "sinks", "softcap")
 
-#: How the batch's queries and keys are drawn (:func:`kvfuzz.contracts.data.make_batch_data`), simplest
+#: How the batch's queries and keys are drawn (:func:`kvfuzz.contracts.model.data.make_batch_data`), simplest
 #: first. "normal": N(0, 1). "large": queries and keys x4 (logits ~16x larger: sharp softmax, exp range).
 #: "equal": every position of a sequence has the same key (all logits of a row equal). "dominant": one
 #: position per sequence has a key x16 (one key takes nearly all, or nearly none, of a row's weight).
@@ -138,7 +138,7 @@ class Batch:
     value_range:
         How queries and keys are drawn, one of :data:`VALUE_RANGES`.
     csr_tail:
-        Entries of a CSR ``kv_indices`` past ``kv_indptr[-1]`` (:func:`kvfuzz.contracts.csr.token_slot_lists`):
+        Entries of a CSR ``kv_indices`` past ``kv_indptr[-1]`` (:func:`kvfuzz.contracts.model.csr.token_slot_lists`):
         ids no kernel may read, as a buffer allocated for a larger batch holds them (SGLang's CUDA-graph
         ``kv_indices`` buffers): out of range (``-1``, ``num_blocks * block_size``) or slots of other positions
         (poisoned or another sequence's). Only CSR targets see them; empty by default.
@@ -264,7 +264,7 @@ class Batch:
     @property
     def seq_start_loc(self) -> tuple[int, ...]:
         """``[num_seqs + 1]`` prefix sums of seq_lens: where each sequence's positions start in the
-        flat ground-truth key/value tensors of :class:`~kvfuzz.contracts.data.BatchData`."""
+        flat ground-truth key/value tensors of :class:`~kvfuzz.contracts.model.data.BatchData`."""
         out = [0]
         for s in self.seq_lens:
             out.append(out[-1] + s)
@@ -359,7 +359,7 @@ class Batch:
 
     def shared_prefix_rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Where shared prefix blocks make two sequences' positions one: ``(dst, src)`` int64 rows into the
-        flat per-position tensors of :class:`~kvfuzz.contracts.data.BatchData` (``seq_start_loc`` order),
+        flat per-position tensors of :class:`~kvfuzz.contracts.model.data.BatchData` (``seq_start_loc`` order),
         each position of a later user's shared block paired with the same position of the block's first user;
         None when no block is shared. A first user never copies that block from anyone, so one indexed copy
         ``x[dst] = x[src]`` makes every user agree."""

@@ -11,7 +11,7 @@ kernel_unified_attention):
       ->  mask k_pos > p, and k_pos <= p - sliding_window  ->  softmax over the row plus exp(sink[h])
 
 A sink adds ``exp(sink[h] - m)`` to the denominator and nothing to the numerator. The keys/values of an fp8
-cache are already the dequantized ``fp8 * scale`` values (:func:`~kvfuzz.contracts.data.make_batch_data`).
+cache are already the dequantized ``fp8 * scale`` values (:func:`~kvfuzz.contracts.model.data.make_batch_data`).
 
 The envelope (:func:`reference_and_envelope`, derivation and measurements in docs/tolerance.md) bounds, per
 output element, how far a correct kernel of the FlashAttention family can land from the reference: scores,
@@ -25,8 +25,8 @@ import math
 
 import torch
 
-from .batch import Batch
-from .data import BatchData
+from ..model.batch import Batch
+from ..model.data import BatchData
 
 #: Unit roundoff of the fp32 arithmetic FlashAttention-family kernels compute scores, softmax and both
 #: accumulations in: ``torch.finfo(torch.float32).eps / 2``.
@@ -258,7 +258,7 @@ def flash_attention_model(batch: Batch, data: BatchData) -> torch.Tensor:
     triton_unified_attention.py: ``P.to(V.dtype)`` before ``tl.dot(P, V)``): scores, softmax and the P@V
     accumulation in fp32, the unnormalized probabilities rounded to ``batch.dtype`` before P@V, the output
     divided by the fp32 row sum and rounded to the dtype once. Returned as fp64 ``[num_tokens, num_heads,
-    head_size]``. The second low-precision model of the mean-error rule (:mod:`kvfuzz.contracts.oracles`)."""
+    head_size]``. The second low-precision model of the mean-error rule (:mod:`kvfuzz.contracts.checks.oracles`)."""
     dt = batch.torch_dtype
     out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=dt, device=data.query.device)
     qsl = batch.query_start_loc
@@ -273,6 +273,6 @@ def flash_attention_model(batch: Batch, data: BatchData) -> torch.Tensor:
 def same_precision_attention(batch: Batch, data: BatchData) -> torch.Tensor:
     """The same math done naively in ``batch.dtype`` (softmax accumulated in fp32, as torch does), returned
     as fp64. Its distance from :func:`reference_attention` measures how much error the dtype itself costs;
-    the tolerance rule (:mod:`kvfuzz.contracts.oracles`) allows a kernel a multiple of it, as
+    the tolerance rule (:mod:`kvfuzz.contracts.checks.oracles`) allows a kernel a multiple of it, as
     FlashAttention's tests do (tests/test_flash_attn.py, ``out_pt``)."""
     return _attend(batch, data, batch.torch_dtype).to(torch.float64)

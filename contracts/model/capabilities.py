@@ -26,7 +26,7 @@ class Capabilities:
     devices: where it runs ("cpu", "cuda").
     dtypes, kv_cache_dtypes, head_sizes, block_sizes: what it accepts (names as in :class:`Batch`).
     decode_only: the kernel takes decode sequences only (query_len == 1), e.g. vLLM's decode_attention_fwd.
-    features: optional attention features it implements, names from :data:`~kvfuzz.contracts.batch.FEATURES`
+    features: optional attention features it implements, names from :data:`~kvfuzz.contracts.model.batch.FEATURES`
         ("sliding_window", "alibi", "sinks", "softcap").
     exclusive: pairs of features it cannot combine (e.g. prefix_prefill's ALiBi kernel has no sliding window
         and asserts ``sinks is None``).
@@ -38,10 +38,10 @@ class Capabilities:
         ``sliding_window_size = W - 1`` reads 0 as "no window": 2).
     metadata: how the kernel is told where each sequence's tokens are (:data:`METADATA`): "block_table"
         (vLLM: a per-sequence block table with seq_lens and query_start_loc) or "csr" (SGLang, FlashInfer:
-        ``kv_indptr``/``kv_indices`` page lists, :mod:`kvfuzz.contracts.csr`); CSR targets also get
+        ``kv_indptr``/``kv_indices`` page lists, :mod:`kvfuzz.contracts.model.csr`); CSR targets also get
         ``Batch.csr_tail`` drawn.
     shared_prefix_blocks: the target was verified with full context blocks shared by several sequences
-        (SGLang's radix cache, vLLM's prefix caching; :class:`~kvfuzz.contracts.batch.Batch`); strategies draw
+        (SGLang's radix cache, vLLM's prefix caching; :class:`~kvfuzz.contracts.model.batch.Batch`); strategies draw
         such batches only for targets that declare it.
     """
 
@@ -117,7 +117,7 @@ class Capabilities:
         return out
 
     def accepts(self, batch) -> bool:
-        """Whether ``batch`` (a :class:`~kvfuzz.contracts.batch.Batch`) is inside this declaration."""
+        """Whether ``batch`` (a :class:`~kvfuzz.contracts.model.batch.Batch`) is inside this declaration."""
         return (batch.dtype in self.dtypes and batch.kv_cache_dtype in self.kv_cache_dtypes
                 and batch.head_size in self.head_sizes_for(batch.kv_cache_dtype)
                 and batch.block_size in self.block_sizes

@@ -5,10 +5,10 @@ Agreement (derivation and calibration in docs/tolerance.md), per output element 
     |out - ref|  <=  max(LOWP_RTOL * max_d' |out_lp - ref|,  envelope)
 
 ``ref`` is the fp64 reference and ``out_lp`` the same math done naively in the batch dtype
-(:func:`~kvfuzz.contracts.reference.same_precision_attention`): the first term is FlashAttention's rule
+(:func:`~kvfuzz.contracts.checks.reference.same_precision_attention`): the first term is FlashAttention's rule
 (tests/test_flash_attn.py: ``2 * max|out_pt - ref|``) applied per (token, head) row, so an error confined to one
 token cannot hide behind a large rounding error elsewhere. ``envelope``
-(:func:`~kvfuzz.contracts.reference.reference_and_envelope`) bounds what a correct FlashAttention-family kernel
+(:func:`~kvfuzz.contracts.checks.reference.reference_and_envelope`) bounds what a correct FlashAttention-family kernel
 (fp32 scores and accumulation, P rounded to the dtype, the output rounded once) can produce at that element; it
 scales with what drives the rounding: the output's ulp, ``sum_k p_k |v_k|``, and the logits' fp32 error (head
 size, ``sum_i |q_i k_i|``, logit magnitudes). Each term alone admits one legitimate way of computing attention:
@@ -26,7 +26,7 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from .batch import Batch
+from ..model.batch import Batch
 from .reference import SOFTCAP_ULPS
 
 #: Multiple of the naive same-precision row error a kernel may make: FlashAttention's 2, for every dtype (the
@@ -36,7 +36,7 @@ LOWP_RTOL = 2.0
 
 class Oracle(enum.Enum):
     """Every oracle a kernel's output must pass, by the name findings, summaries and reproducer directories use
-    (a finding's ``check``), as :class:`~kvfuzz.contracts.violations.Check` names the caller checks."""
+    (a finding's ``check``), as :class:`~kvfuzz.contracts.checks.violations.Check` names the caller checks."""
 
     #: NaN or inf anywhere in the output (:func:`check_finite`)
     FINITE = "finite output"

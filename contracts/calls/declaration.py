@@ -4,7 +4,7 @@ key head size; whether the kernel writes the cache.
 
 vLLM's attention backends declare their capabilities as class data that the selector reads
 (vllm/v1/attention/backend.py, ``AttentionBackend``: ``supported_dtypes``, ``get_supported_head_sizes``, ...);
-kvfuzz's guard does the same for the caller contract: :mod:`kvfuzz.contracts.call_checks` reads a call's
+kvfuzz's guard does the same for the caller contract: :mod:`kvfuzz.contracts.calls.call_checks` reads a call's
 :class:`KernelDeclaration` instead of branching on kernel names, and every declaration lives next to the
 kernel's signature (:mod:`kvfuzz.fuzz.guard.signatures`), with the vLLM or SGLang source it was read from.
 
@@ -16,13 +16,13 @@ warning** naming that path; when no path reads it, it is not reported.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 import attrs
 import torch
 
-if TYPE_CHECKING:
-    from .paged_call import PagedCall
+#: A :class:`~kvfuzz.contracts.calls.paged_call.PagedCall` (not imported: paged_call imports this module).
+PagedCall = Any
 
 #: Index dtypes a Triton kernel loads correctly: it loads each index with the pointer's element type.
 TRITON_INDEX_DTYPES = frozenset({torch.int32, torch.int64})
@@ -48,7 +48,7 @@ class KernelPath:
     index_dtypes: frozenset[torch.dtype] = TRITON_INDEX_DTYPES
     reads: frozenset[str] = frozenset()
     kv_cache_dtypes: tuple[str, ...] | None = None
-    taken_on: Callable[["PagedCall", str], tuple[bool, str]] | None = None
+    taken_on: Callable[[PagedCall, str], tuple[bool, str]] | None = None
     source: str = ""
 
     def __attrs_post_init__(self) -> None:
@@ -84,7 +84,7 @@ class KernelDeclaration:
         if not any(p.taken_on is None for p in self.paths):
             raise ValueError("a KernelDeclaration needs at least one path taken on every platform")
 
-    def paths_here(self, call: "PagedCall", rocm_arch: str | None) -> list[TakenPath]:
+    def paths_here(self, call: PagedCall, rocm_arch: str | None) -> list[TakenPath]:
         """The paths this call takes where it runs (``rocm_arch``: the ROCm architecture, None off ROCm).
         Memoized on the call (``PagedCall.routes``): several checks ask."""
         key = ("here", rocm_arch)
@@ -92,7 +92,7 @@ class KernelDeclaration:
             call.routes[key] = self._paths_here(call, rocm_arch)
         return call.routes[key]
 
-    def _paths_here(self, call: "PagedCall", rocm_arch: str | None) -> list[TakenPath]:
+    def _paths_here(self, call: PagedCall, rocm_arch: str | None) -> list[TakenPath]:
         out = []
         for p in self.paths:
             if p.taken_on is None:
@@ -103,7 +103,7 @@ class KernelDeclaration:
                     out.append(TakenPath(p, rocm_arch, why))
         return out
 
-    def paths_elsewhere(self, call: "PagedCall", rocm_arch: str | None,
+    def paths_elsewhere(self, call: PagedCall, rocm_arch: str | None,
                         archs: tuple[str, ...]) -> list[TakenPath]:
         """Conditional paths this call does not take here but would on one of ``archs`` (checked only off
         ROCm: on ROCm the call's own architecture decides); ``where`` lists every architecture taking it, ``why``
@@ -113,7 +113,7 @@ class KernelDeclaration:
             call.routes[key] = self._paths_elsewhere(call, rocm_arch, archs)
         return call.routes[key]
 
-    def _paths_elsewhere(self, call: "PagedCall", rocm_arch: str | None,
+    def _paths_elsewhere(self, call: PagedCall, rocm_arch: str | None,
                          archs: tuple[str, ...]) -> list[TakenPath]:
         if rocm_arch:
             return []

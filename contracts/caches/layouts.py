@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .batch import Batch
+from ..model.batch import Batch
 
 
 class LayoutError(ValueError):

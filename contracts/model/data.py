@@ -1,4 +1,4 @@
-"""Ground-truth tensors of a :class:`~kvfuzz.contracts.batch.Batch`, drawn from its seed.
+"""Ground-truth tensors of a :class:`~kvfuzz.contracts.model.batch.Batch`, drawn from its seed.
 
 Everything is generated in float32 from a seeded ``torch.Generator`` and rounded once to the batch dtype, so
 the kernel and the fp64 reference see bit-identical inputs.
@@ -83,7 +83,7 @@ def _exactly_dequantized(codes: torch.Tensor, scale: float, dt: torch.dtype) -> 
 
 
 def _shape_values(batch: Batch, query: torch.Tensor, keys: torch.Tensor, gen: torch.Generator) -> None:
-    """Apply ``batch.value_range`` in place (see :data:`~kvfuzz.contracts.batch.VALUE_RANGES`)."""
+    """Apply ``batch.value_range`` in place (see :data:`~kvfuzz.contracts.model.batch.VALUE_RANGES`)."""
     if batch.value_range == "large":
         query.mul_(4.0)
         keys.mul_(4.0)
@@ -102,7 +102,7 @@ def make_batch_data(batch: Batch) -> BatchData:
     ``batch.value_range``, rounded to ``batch.dtype``). For an fp8 ``kv_cache_dtype`` the keys/values are
     first quantized with ``k_scale``/``v_scale`` and the logical keys are the exact dequantized values, so
     the fp64 reference models the quantization and a kernel that drops a scale disagrees with it. Positions
-    in shared prefix blocks (:meth:`~kvfuzz.contracts.batch.Batch.shared_prefix_rows`) get the keys and
+    in shared prefix blocks (:meth:`~kvfuzz.contracts.model.batch.Batch.shared_prefix_rows`) get the keys and
     values of the block's first user (drawn as usual, then copied: batches without sharing draw exactly what
     they drew before sharing existed). Sinks:
     fp32 ``[num_heads]`` N(0, 1) * 2 when ``batch.sinks``. Deterministic across runs and machines for one

@@ -1,5 +1,5 @@
 """CSR page lists: how SGLang and FlashInfer tell a kernel where each sequence's tokens are, derived from the
-block-table model (:class:`~kvfuzz.contracts.batch.Batch`), and back.
+block-table model (:class:`~kvfuzz.contracts.model.batch.Batch`), and back.
 
 vLLM hands a kernel a per-sequence block table plus ``seq_lens``; SGLang's Triton attention
 (sglang/kernels/ops/attention/{extend,decode}_attention.py in sglang 0.5.23, called by

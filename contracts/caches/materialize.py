@@ -5,10 +5,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from .batch import Batch, positions
-from .data import BatchData
+from ..model.batch import Batch, positions
+from ..model.data import BatchData
 from .layouts import CacheLayout
-from .poison import Poison
+from ..model.poison import Poison
 
 #: Magnitude of STALE poison (fits fp16 and bf16; dominates softmax of N(0, 1) keys).
 STALE_MAGNITUDE = 100.0
@@ -101,7 +101,7 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
     """Build a cache in ``layout`` that holds positions ``0 .. cached_lens[i]-1`` of every sequence ``i``
     at the slots its block table names, and ``poison`` in every other slot.
 
-    ``cached_lens`` usually comes from :meth:`~kvfuzz.contracts.contract.Contract.cached_lens`; a caller
+    ``cached_lens`` usually comes from :meth:`~kvfuzz.contracts.model.contract.Contract.cached_lens`; a caller
     fault passes something else. ``poison_seeds``: seeds of the key and value caches' STALE poison (default
     ``batch.seed + 1``, ``+ 2``). Vectorized: one gather and one indexed store per cache. Caches over
     :data:`FULL_POISON_MAX_BYTES` are poisoned only in the referenced blocks (:func:`referenced_blocks`).

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .batch import Batch
+from ..model.batch import Batch
 from .layouts import LayoutError
 
 #: Head sizes the compiled dispatch (csrc/cpu/generate_cpu_attn_dispatch.py) accepts; others raise

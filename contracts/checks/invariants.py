@@ -14,7 +14,7 @@ prefix contract (vllm/v1/attention/ops/prefix_prefill.py, context_attention_fwd 
     (:func:`check_prefix_invariant`).
 
 Comparison is bitwise: the harness writes the very values the reference uses, so anything but the same
-bits at a slot is a wrong cache state. Each :class:`~kvfuzz.contracts.violations.Violation` says where:
+bits at a slot is a wrong cache state. Each :class:`~kvfuzz.contracts.checks.violations.Violation` says where:
 sequence, position, block, slot, kv head.
 """
 
@@ -24,13 +24,13 @@ from collections.abc import Iterable
 
 import torch
 
-from .batch import Batch, positions
-from .contract import Contract
-from .data import BatchData
-from .layouts import CacheLayout
+from ..model.batch import Batch, positions
+from ..model.contract import Contract
+from ..model.data import BatchData
+from ..caches.layouts import CacheLayout
 from .violations import Check, Violation, violation
 
-#: The ground-truth invariants, by their :class:`~kvfuzz.contracts.violations.Check`.
+#: The ground-truth invariants, by their :class:`~kvfuzz.contracts.checks.violations.Check`.
 DECODE, PREFILL, UNIFIED = Check.DECODE, Check.PREFILL, Check.UNIFIED
 
 

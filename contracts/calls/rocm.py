@@ -80,11 +80,11 @@ def rocm_custom_paged_attention_selected(arch: str, query_dtype: torch.dtype, he
 
 def rocm_custom_path_taken(call, arch: str) -> tuple[bool, str]:
     """:func:`rocm_custom_paged_attention_selected` for one ``chunked_prefill_paged_decode`` call
-    (a :class:`~kvfuzz.contracts.paged_call.PagedCall` with valid shapes) on ROCm ``arch``: the query dtype,
+    (a :class:`~kvfuzz.contracts.calls.paged_call.PagedCall` with valid shapes) on ROCm ``arch``: the query dtype,
     head size, block size, GQA ratio, the ``max_seq_len`` passed, window, kv_cache_dtype, alibi, sinks and
     whether both caches are packed, read off the call as vllm/v1/attention/ops/chunked_prefill_paged_decode.py
     reads them before ``use_rocm_custom_paged_attention``. Used as the ROCm path's ``taken_on``
-    (:class:`~kvfuzz.contracts.declaration.KernelPath`)."""
+    (:class:`~kvfuzz.contracts.calls.declaration.KernelPath`)."""
     q, kc, vc = call.query, call.key_cache, call.value_cache
     hkv = call.num_kv_heads
     msl = call.max_seq_len

@@ -20,7 +20,7 @@ writer (vllm/v1/attention/ops/triton_reshape_and_cache_flash.py, reshape_and_cac
     cpu_attn_reshape_and_cache): the kernel stores the new tokens' ``key``/``value`` rows at ``slot_mapping``
     (a negative slot is padding, skipped); before the call the cache holds each sequence's context
     ``0 .. ctx_len-1``, after it every new token sits at its slot and nothing else changed
-    (:mod:`kvfuzz.contracts.writer`).
+    (:mod:`kvfuzz.contracts.model.writer`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The runtime guard's checks of a CSR call (SGLang's Triton ``extend_attention_fwd`` and ``decode_attention_fwd``,
 sglang/kernels/ops/attention/ in sglang 0.5.23), without ground truth.
 
-A CSR call arrives as a :class:`~kvfuzz.contracts.paged_call.PagedCall` whose ``csr``
-(:class:`~kvfuzz.contracts.paged_call.CsrArgs`) holds the call's own ``kv_indptr``/``kv_indices``/``qo_indptr``
+A CSR call arrives as a :class:`~kvfuzz.contracts.calls.paged_call.PagedCall` whose ``csr``
+(:class:`~kvfuzz.contracts.calls.paged_call.CsrArgs`) holds the call's own ``kv_indptr``/``kv_indices``/``qo_indptr``
 and decode scratch, and whose block table is the token-level table those lists describe (block_size 1 over the
-pool viewed as ``[slots, 1, Hkv, D]``), so the block-table checks of :mod:`kvfuzz.contracts.call_checks` (the
+pool viewed as ``[slots, 1, Hkv, D]``), so the block-table checks of :mod:`kvfuzz.contracts.calls.call_checks` (the
 decode/unified invariant with the new tokens handed over, vacuity, kv_cache_dtype) apply unchanged. This module
 adds what only CSR lists can get wrong, measured on the kernels (kvfuzz's notes, sglang 0.5.23 under Triton
 3.9's interpreter):
@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import torch
 
-from .csr import token_table
+from ..model.csr import token_table
 from .paged_call import CsrArgs, Lens, PagedCall, index_values, is_tensor, scalar_int
-from .violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
+from ..checks.violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
 
 
 

@@ -46,7 +46,7 @@ class FailureKind(enum.Enum):
 
 class Finding(AssertionError):
     """A failed example: ``kind`` (whose fault), ``check`` (the invariant or oracle, a string: a
-    :class:`~kvfuzz.contracts.violations.Check` value or an oracle name), a message, and details (violations and
+    :class:`~kvfuzz.contracts.checks.violations.Check` value or an oracle name), a message, and details (violations and
     oracle failures as dicts, the kernel path, what the kernel computed)."""
 
     kind: FailureKind

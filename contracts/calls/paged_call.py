@@ -3,7 +3,7 @@ helpers the call checks share.
 
 A real call arrives with the kernel's own argument names (``b_seq_len``, ``seqused_k``, ``req_to_token``...);
 :mod:`kvfuzz.fuzz.guard.signatures` maps each supported kernel's arguments onto a PagedCall, and
-:mod:`kvfuzz.contracts.call_checks` checks PagedCalls only. Index tensors are read as the caller meant them
+:mod:`kvfuzz.contracts.calls.call_checks` checks PagedCalls only. Index tensors are read as the caller meant them
 (int64 CPU copies, :func:`index_values`), whatever dtype or device they came in.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 import attrs
 import torch
 
-from .contract import Contract
-from .cpu_layout import CpuAttnLayout
+from ..model.contract import Contract
+from ..caches.cpu_layout import CpuAttnLayout
 from .declaration import GENERIC, KernelDeclaration
-from .layouts import CacheLayout, NHDLayout, VllmPagedLayout
+from ..caches.layouts import CacheLayout, NHDLayout, VllmPagedLayout
 
 
 class NewTokensCached(enum.Enum):
@@ -58,7 +58,7 @@ class CacheReads(enum.Enum):
 
 @attrs.define
 class CsrArgs:
-    """A CSR call's own index arguments, as passed (SGLang's Triton kernels; :mod:`kvfuzz.contracts.csr`).
+    """A CSR call's own index arguments, as passed (SGLang's Triton kernels; :mod:`kvfuzz.contracts.model.csr`).
 
     kv_indptr ``[N + 1]`` and kv_indices (token slots), qo_indptr ``[N + 1]`` (extend) or None (decode: one
     query row per sequence), page_size (int). key_pool/value_pool: ``k_buffer``/``v_buffer`` ``[slots, Hkv,
@@ -134,12 +134,12 @@ class PagedCall:
     #: where the kernel casts the fp8 values without the scales.
     descales_ignored: bool = False
     #: a CSR call (SGLang): its own index arguments (:class:`CsrArgs`); block_table/seq_lens are then derived
-    #: from them (a token-level table, block_size 1) and :mod:`kvfuzz.contracts.csr_checks` checks them
+    #: from them (a token-level table, block_size 1) and :mod:`kvfuzz.contracts.calls.csr_checks` checks them
     csr: CsrArgs | None = None
-    #: what the kernel needs of its caller, per path (:class:`~kvfuzz.contracts.declaration.KernelDeclaration`,
+    #: what the kernel needs of its caller, per path (:class:`~kvfuzz.contracts.calls.declaration.KernelDeclaration`,
     #: declared next to its signature in :mod:`kvfuzz.fuzz.guard.signatures`)
     declaration: KernelDeclaration = GENERIC
-    #: the paths this call takes, memoized by :class:`~kvfuzz.contracts.declaration.KernelDeclaration`
+    #: the paths this call takes, memoized by :class:`~kvfuzz.contracts.calls.declaration.KernelDeclaration`
     routes: dict = attrs.field(factory=dict, repr=False, eq=False)
 
     def name(self, arg: str) -> str:

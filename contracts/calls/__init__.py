@@ -1,0 +1,3 @@
+"""kvfuzz.contracts.calls: Checks of a real call's arguments, without ground truth (the runtime guard's): the normalized call
+(PagedCall), what each kernel declares it needs, the call checks, the CSR checks, the kv_cache_dtype policy and
+vLLM's ROCm routing model. Nothing else in contracts imports it."""
