@@ -387,6 +387,12 @@ def test_guard_wraps_plan_and_run_and_remembers_the_plan_per_wrapper():
         assert Check.LAST_PAGE_LEN in g.records[-1].checks
         assert g.calls["flashinfer.BatchDecodeWithPagedKVCacheWrapper.plan"] == 3
         assert fi.calls.count("decode.run") == 2  # the stand-in ran: record mode never stops a call
+    with fguard.flashinfer_guard(fi):
+        early = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+        early.plan(*lists, 28, 4, 64, 16)  # planned while no guard was active: run() is not judged
+        with guard(mode="record") as g2:
+            early.run(q, cache)
+        assert g2.records == [] and g2.unchecked["flashinfer.BatchDecodeWithPagedKVCacheWrapper.run"] == 1
     assert fi.BatchDecodeWithPagedKVCacheWrapper.plan is original_plan and not fguard.installed()
 
 

@@ -7,7 +7,8 @@ active :class:`~kvfuzz.fuzz.guard.interception.Guard` (``guard()`` or the pytest
 - ``plan()``: the page lists are remembered on the wrapper instance (``_kvfuzz_plan``) and checked
   (:func:`kvfuzz.contracts.calls.page_lists.check_plan`: index dtypes, kv_indptr, kv_last_page_len, kv_len vs
   qo_len);
-- ``run()``: q and the cache against the plan, page ids in range (``check_run``), and, inside
+- ``run()``: q and the cache against the plan, page ids in range (``check_run``; a wrapper planned before
+  install() is not checked, only counted in ``guard.unchecked``), and, inside
   ``guard.new_kv(k, v)`` (the call's new tokens, ``[rows, Hkv, D]`` in qo_indptr order), that every query row's
   own token is in the pages where the lists put it (``check_current_tokens``: a decode's current token at slot
   ``last_page_len - 1`` of its last page);
@@ -123,6 +124,7 @@ def _wrap_plan(cls_name: str, kind: str, original: Callable) -> Callable:
     @functools.wraps(original)
     def plan(self, *args, **kwargs):
         g = _guard()
+        self.__dict__.pop(_PLAN_ATTR, None)  # a plan made unguarded leaves no stale one behind
         if g is not None:
             a = _bind(original, (self, *args), kwargs)
             if a is not None:
@@ -130,7 +132,7 @@ def _wrap_plan(cls_name: str, kind: str, original: Callable) -> Callable:
                     p = plan_of(kind, self, a)
                 except Exception:
                     p = None
-                self.__dict__[_PLAN_ATTR] = p
+                self.__dict__[_PLAN_ATTR] = p  # None: run() is then not checked (counted in guard.unchecked)
                 if p is not None:
                     report(g, kernel, lambda: check_plan(p), _caller(2))
         return original(self, *args, **kwargs)
@@ -153,12 +155,15 @@ def _wrap_run(cls_name: str, original: Callable) -> Callable:
 
                 def checks() -> list[Violation]:
                     out = check_run(p, a.get("q"), a.get("paged_kv_cache"), kernel)
-                    if p is not None and new is not None and not any(v.check.memory_unsafe for v in out):
+                    if new is not None and not any(v.check.memory_unsafe for v in out):
                         out += check_current_tokens(p, a["paged_kv_cache"], new[0], new[1], a.get("k_scale"),
                                                     a.get("v_scale"))
                     return out
 
-                report(g, kernel, checks, _caller(2))
+                if p is None:  # planned before install() or a plan() the guard could not read: nothing to compare
+                    g.unchecked[kernel] += 1
+                else:
+                    report(g, kernel, checks, _caller(2))
         _TLS.depth = getattr(_TLS, "depth", 0) + 1
         try:
             return original(self, *args, **kwargs)
