@@ -444,3 +444,55 @@ def test_guard_passes_calls_through_without_an_active_guard_and_install_needs_fl
         import flashinfer  # noqa: F401
     except Exception:
         assert fguard.install() is False and not fguard.installed()
+
+
+# ---- the harness with the targets' calls, the kernel replaced by a CPU model (marked as such) -----------------
+class _AppendModel(FlashInferAppendPagedKvCache):
+    """NOT FlashInfer: append_paged_kv_cache's documented effect written with the layout, to test that the writer
+    harness (guard blocks, element offsets, the 5-D views) reads this target's calls right."""
+
+    name = "test.flashinfer_append_model"
+
+    def run(self, call):
+        kw = call.kwargs
+        lay = call.layout
+        ptr, idx, last = kw["kv_indptr"].long(), kw["kv_indices"].long(), kw["kv_last_page_len"]
+        ps = lay.dims(call.key_cache)[1]
+        pos, seq = kw["positions"].long(), kw["batch_indices"].long()
+        slots = idx[ptr[seq] + pos // ps] * ps + pos % ps
+        kc, vc = unpack_paged_kv_cache(kw["paged_kv_cache"], lay.kv_layout)
+        lay.write(kc, vc, slots, kw["append_key"], kw["append_value"])
+        return call.key_cache
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e5m2"])
+def test_writer_harness_reads_the_append_calls(seed, kv_cache_dtype):
+    from kvfuzz.contracts.model.example import Example
+    from kvfuzz.fuzz.harness.writer import check_writer_example
+
+    b = prefill_batch(seed=seed, kv_cache_dtype=kv_cache_dtype, k_scale=0.5 if kv_cache_dtype != "auto" else 1.0)
+    t = _AppendModel()
+    t.availability = lambda: __import__("kvfuzz.fuzz.targets.base", fromlist=["Availability"]).Availability(True)
+    check_writer_example(t, Example(b, Poison.NAN))  # passes: every token at its slot, nothing else touched
+
+
+class _AppendModelOffByOne(_AppendModel):
+    """NOT FlashInfer: a broken writer (each row one slot too far), which the harness must catch."""
+
+    name = "test.flashinfer_append_model_off_by_one"
+
+    def run(self, call):
+        call.kwargs["positions"] = call.kwargs["positions"] + 1
+        return super().run(call)
+
+
+def test_writer_harness_catches_a_broken_append():
+    from kvfuzz.contracts.checks.failures import KernelMismatch
+    from kvfuzz.contracts.model.example import Example
+    from kvfuzz.fuzz.harness.writer import check_writer_example
+
+    t = _AppendModelOffByOne()
+    t.availability = lambda: __import__("kvfuzz.fuzz.targets.base", fromlist=["Availability"]).Availability(True)
+    with pytest.raises(KernelMismatch):
+        check_writer_example(t, Example(prefill_batch(seed=0), Poison.NAN))
