@@ -26,7 +26,7 @@ step "kvfuzz targets"
 $KV targets | grep -E "^flashinfer|^target" ; $KV targets --check 2>&1 | grep -E "^flashinfer"
 
 step "first calls: JIT compile, then a second call (kvfuzz property on one batch each)"
-timeout 300 python3 - <<'EOF' 2>&1 | tee "$OUT/first_calls.txt"
+timeout 240 python3 - <<'EOF' 2>&1 | tee "$OUT/first_calls.txt"
 import time, torch
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.example import Example
@@ -73,13 +73,13 @@ for spec in flashinfer.batch_decode:26 flashinfer.batch_prefill:35 flashinfer.ap
   T=${spec%%:*} S=${spec##*:}
   step "campaign $T (seed $S)"
   s=$SECONDS
-  timeout 150 $KV fuzz --target "$T" --seed "$S" --workers 1 --max-examples 150 --duration 45s --out "$OUT/$T" \
+  timeout 100 $KV fuzz --target "$T" --seed "$S" --workers 1 --max-examples 150 --duration 40s --out "$OUT/$T" \
     --jit-cache "$FLASHINFER_WORKSPACE_BASE" 2>&1 | tail -25
   echo "exit ${PIPESTATUS[0]}, $((SECONDS - s)) s"
 done
 
 step "seeds scenario under the guard (the unfixed test must FAIL with the unified invariant, the fixed one PASS)"
-KVFUZZ_SEEDS_SCENARIO=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 120 python3 -m pytest -q -rA -p no:cacheprovider \
+KVFUZZ_SEEDS_SCENARIO=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 90 python3 -m pytest -q -rA -p no:cacheprovider \
   -p kvfuzz.fuzz.guard.plugin --kvfuzz-guard tests/seeds_scenario/test_flashinfer_like.py 2>&1 | tail -30
 step "seeds scenario without the guard (both PASS)"
 KVFUZZ_SEEDS_SCENARIO=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 60 python3 -m pytest -q -rA -p no:cacheprovider \
