@@ -49,6 +49,12 @@ class Check(enum.Enum):
     NUM_KV_SPLITS = "num_kv_splits"
     #: SGLang's decode: attn_logits/attn_lse shapes, dtypes and layout
     SCRATCH = "scratch buffers"
+    #: FlashInfer page lists: kv_last_page_len[i] in 1..page_size for a sequence with pages, 0 without
+    LAST_PAGE_LEN = "kv_last_page_len"
+    #: FlashInfer wrappers: run() gets the q, cache and dtypes that plan() was given
+    PLAN_RUN = "plan/run agreement"
+    #: FlashInfer append_paged_kv_cache: every row's (batch index, position) is inside the page lists
+    APPEND_POSITIONS = "append positions"
 
     @property
     def fix(self) -> str:
@@ -68,7 +74,7 @@ class Check(enum.Enum):
 
 MEMORY_UNSAFE = frozenset({Check.BLOCK_RANGE, Check.BLOCK_TABLE_WIDTH, Check.QUERY_START_LOC, Check.SHAPES,
                            Check.SEQ_LEN_GE_QUERY_LEN, Check.KV_INDICES_RANGE, Check.NUM_KV_SPLITS,
-                           Check.SCRATCH})
+                           Check.SCRATCH, Check.LAST_PAGE_LEN, Check.PLAN_RUN, Check.APPEND_POSITIONS})
 
 FIX: dict[Check, str] = {
     Check.DECODE: "write the decode token's k/v into the cache (reshape_and_cache) before calling; in vLLM the cache "
@@ -115,6 +121,18 @@ FIX: dict[Check, str] = {
                    "attn_lse as contiguous float32 [batch, num_heads, max_kv_splits], with max_kv_splits == "
                    "attn_logits.shape[2] (the kernel addresses attn_lse by attn_logits' offsets divided by "
                    "v_head_dim: any other last dim writes out of bounds)",
+    Check.LAST_PAGE_LEN: "pass kv_last_page_len[i] = seq_len - (num_pages - 1) * page_size, in 1..page_size "
+                         "(a full last page is page_size, not 0: (seq_len - 1) % page_size + 1), and give every "
+                         "sequence ceil(seq_len / page_size) pages in kv_indptr; FlashInfer derives kv_len = "
+                         "(pages - 1) * page_size + last_page_len from them (flashinfer/page.py get_seq_lens)",
+    Check.PLAN_RUN: "call plan() again whenever the batch, the heads, head_dim, page_size, the dtypes or the cache "
+                    "layout change, and pass run() the q ([qo_indptr[-1] or batch_size, num_qo_heads, head_dim]) and "
+                    "the paged_kv_cache ([num_pages, 2, page_size, num_kv_heads, head_dim] for NHD, [num_pages, 2, "
+                    "num_kv_heads, page_size, head_dim] for HND, or a (k, v) tuple of 4-D tensors) plan() described",
+    Check.APPEND_POSITIONS: "build batch_indices and positions with flashinfer.get_batch_indices_positions("
+                            "append_indptr, flashinfer.get_seq_lens(kv_indptr, kv_last_page_len, page_size), nnz) "
+                            "after growing kv_indptr/kv_indices/kv_last_page_len to include the appended tokens: "
+                            "every row's position must be < its sequence's kv_len",
     Check.VACUITY: "fill the cache with varied values of the cache dtype (for fp8 caches store the bytes of "
                    "(x / k_scale).to(fp8 dtype), e.g. cache.view(fp8 dtype)[...] = ...; copy_ of fp16 values into "
                    "a uint8 cache converts them to integers, so values of magnitude < 1 all become 0)",

@@ -90,6 +90,10 @@ UNLIMITED = 2**62
               help="Triton's kernel cache for every worker (TRITON_CACHE_DIR): compiled kernels persist there "
                    "and are shared by the workers and later campaigns. Default: Triton's own (~/.triton/cache "
                    "unless TRITON_CACHE_DIR is set).")
+@click.option("--jit-cache", "jit_cache", default=None, type=click.Path(file_okay=False),
+              help="FlashInfer's JIT cache for every worker (FLASHINFER_WORKSPACE_BASE, set before flashinfer is "
+                   "imported): compiled FlashInfer modules persist there. Default: $FLASHINFER_WORKSPACE_BASE, else "
+                   "FlashInfer's own (the home directory).")
 @click.option("--structural-shrink", "structural_shrink", default=60.0, show_default=True,
               type=click.FloatRange(min=0),
               help="Seconds each new distinct failure may spend in the structural shrink after Hypothesis's "
@@ -101,10 +105,13 @@ UNLIMITED = 2**62
                    "known one that changed) exits 1.")
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
          max_query_len, poisons, threads, workers, example_timeout, max_crashes, db_spec, undeclared, big_cache,
-         observability, configs, chunk_examples, warmup, triton_cache, structural_shrink, baseline_file) -> None:
+         observability, configs, chunk_examples, warmup, triton_cache, jit_cache, structural_shrink, baseline_file) -> None:
     """Fuzz real kernels in supervised workers; shrink each failure and write a reproducer directory under
     --out. Exit 0 nothing failed (or only --baseline's known findings), 1 a new failure found, 2 bad usage,
     3 the campaign could not run as asked."""
+    if jit_cache:  # before any target is loaded: flashinfer reads it when first imported
+        Path(jit_cache).mkdir(parents=True, exist_ok=True)
+        os.environ["FLASHINFER_WORKSPACE_BASE"] = str(Path(jit_cache).resolve())  # the workers inherit it
     baseline = _baseline(baseline_file)
     budget = parse_duration(duration)
     if budget is not None and budget <= 0:

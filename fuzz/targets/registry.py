@@ -35,6 +35,9 @@ BUILTIN = {
     "torch.flex_paged": "kvfuzz.fuzz.targets.torch_flex:TorchFlexPaged",
     "sglang.extend_attention_fwd": "kvfuzz.fuzz.targets.sglang_triton:SglangExtendAttentionFwd",
     "sglang.decode_attention_fwd": "kvfuzz.fuzz.targets.sglang_triton:SglangDecodeAttentionFwd",
+    "flashinfer.batch_decode": "kvfuzz.fuzz.targets.flashinfer:FlashInferBatchDecode",
+    "flashinfer.batch_prefill": "kvfuzz.fuzz.targets.flashinfer:FlashInferBatchPrefill",
+    "flashinfer.append_paged_kv_cache": "kvfuzz.fuzz.targets.flashinfer:FlashInferAppendPagedKvCache",
 }
 
 #: The entry-point group other packages register adapters under.
