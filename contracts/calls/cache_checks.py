@@ -78,9 +78,10 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
     exp_v, _, _ = as_cache_repr(call, call.value[rows_d].to(dev), scale_value(call.v_scale), rocm_arch)
     if (fp8 is not None and scale_value(call.k_scale) is None) or (fp8 is None and kc_rows.dtype != exp_k.dtype):
         return []  # per-head scales or a mismatched cache dtype (Check.KV_CACHE_DTYPE reports it)
-    kbad = _differs(kc_rows, exp_k, fp8).cpu()
+    kbad = _differs(kc_rows, exp_k, fp8)
     # an interleaved value cache (use_interleaved_v_cache) cannot be read through the layout: keys only
-    vbad = torch.zeros_like(kbad) if call.skip_value_layout else _differs(vc_rows, exp_v, fp8).cpu()
+    vbad = torch.zeros_like(kbad) if call.skip_value_layout else _differs(vc_rows, exp_v, fp8)
+    kbad, vbad = torch.stack([kbad, vbad]).cpu()  # one device-to-host copy (one sync on a GPU)
     bad = kbad | vbad
     bad_rows = bad.any(dim=1)
     if not bad_rows.any():
@@ -152,8 +153,9 @@ def check_vacuity(call: PagedCall, lens: Lens, readable: torch.Tensor) -> list[V
     def constant(idx: torch.Tensor) -> tuple[bool, bool, torch.Tensor, torch.Tensor]:
         kr, vr = call.layout.gather(call.key_cache, call.value_cache, slots_of(idx).to(dev))
         kb, vb = bits(kr).reshape(-1), bits(vr).reshape(-1)
-        vconst = not call.skip_value_layout and bool((vb == vb[0]).all())  # interleaved values: keys only
-        return bool((kb == kb[0]).all()), vconst, kr.reshape(-1)[0], vr.reshape(-1)[0]
+        kc, vc = torch.stack([(kb == kb[0]).all(), (vb == vb[0]).all()]).tolist()  # one sync on a GPU
+        vconst = vc and not call.skip_value_layout  # interleaved values: keys only
+        return kc, vconst, kr.reshape(-1)[0], vr.reshape(-1)[0]
 
     sample = torch.unique(torch.linspace(0, total - 1, min(total, VACUITY_SAMPLE_ROWS)).round().long())
     kconst, vconst, k0, v0 = constant(sample)
