@@ -5,8 +5,9 @@ arguments, and the oracles a kernel must pass. Depends on torch and attrs only; 
 from .lazy import lazy_exports
 
 _EXPORTS = {
-    "DTYPES": "model.batch", "KV_CACHE_DTYPES": "model.batch", "FEATURES": "model.batch", "VALUE_RANGES": "model.batch", "Batch": "model.batch",
-    "positions": "model.batch",
+    "DTYPES": "model.space", "KV_CACHE_DTYPES": "model.space", "FEATURES": "model.space", "VALUE_RANGES": "model.space",
+    "Batch": "model.batch",
+    "positions": "model.space",
     "Capabilities": "model.capabilities",
     "Contract": "model.contract",
     "BatchData": "model.data", "make_batch_data": "model.data",

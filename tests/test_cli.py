@@ -315,7 +315,7 @@ def test_targets_tells_availability_without_loading_a_kernel_library():
 
 
 def test_installed_names_what_is_missing_without_loading(monkeypatch, tmp_path):
-    from kvfuzz.fuzz.targets import sglang_triton, vllm_cpu, vllm_triton
+    from kvfuzz.fuzz.targets import sglang_triton, triton_runtime, vllm_cpu
     from kvfuzz.fuzz.targets.sglang_triton import SglangDecodeAttentionFwd
     from kvfuzz.fuzz.targets.torch_flex import TorchFlexPaged
     from kvfuzz.fuzz.targets.vllm_cpu import VllmCpuAttention
@@ -336,10 +336,10 @@ def test_installed_names_what_is_missing_without_loading(monkeypatch, tmp_path):
     if importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("triton") is not None:
         a = t.installed()
         assert not a.ok and "has no vllm.v1.attention.ops.no_such_kernel" in a.reason
-    monkeypatch.setattr(vllm_triton, "_on_cuda", lambda: False)
+    monkeypatch.setattr(triton_runtime, "on_cuda", lambda: False)
     monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or object())
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert vllm_triton.triton_imported_too_early()
+    assert triton_runtime.triton_imported_too_early()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     a = TorchFlexPaged().installed()
     assert not a.ok and "torch.nn.attention.flex_attention" in a.reason

@@ -18,6 +18,10 @@ rejects it):
 - a warning when the cache region the kernel reads is all zeros or constant (:func:`check_vacuity`): such a
   test cannot tell a right read from a wrong one.
 
+The block-table checks live in :mod:`kvfuzz.contracts.calls.block_checks`, the cache-content checks (the
+decode/unified invariants, vacuity) in :mod:`kvfuzz.contracts.calls.cache_checks`; this module holds the
+argument checks and :func:`check_call`, which runs them all.
+
 Every check takes a :class:`~kvfuzz.contracts.calls.paged_call.PagedCall` (a real call normalized by
 :mod:`kvfuzz.fuzz.guard.signatures`); :func:`check_call` runs them all and returns a list of
 :class:`~kvfuzz.contracts.checks.violations.Violation`. Everything here is pure: torch only, no global state, nothing
@@ -38,13 +42,15 @@ from __future__ import annotations
 import attrs
 import torch
 
-from ..model.contract import Contract
-from .csr_checks import check_csr, check_csr_index_tensors, check_csr_shapes, check_decode_scratch
-from .kv_cache_dtype import as_cache_repr, check_kv_cache_dtype, scale_value
 from ..caches.layouts import NHDLayout, VllmPagedLayout
-from .paged_call import Lens, NewTokensCached, PagedCall, bits, call_lens, fmt, index_values, is_tensor, scalar_int
-from .rocm import ROCM_PORTABILITY_ARCHS
 from ..checks.violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
+from ..model.contract import Contract
+from .block_checks import check_block_table
+from .cache_checks import VACUITY_SAMPLE_ROWS, check_new_tokens_cached, check_vacuity
+from .csr_checks import check_csr, check_csr_index_tensors, check_csr_shapes, check_decode_scratch
+from .kv_cache_dtype import check_kv_cache_dtype
+from .paged_call import Lens, PagedCall, call_lens, is_tensor, scalar_int
+from .rocm import ROCM_PORTABILITY_ARCHS
 
 
 def non_tensor_arguments(call: PagedCall) -> list[str]:
@@ -281,248 +287,6 @@ def check_prefill_rows(call: PagedCall, lens: Lens) -> list[Violation]:
                                  f"{call.name(arg)} has {int(t.shape[0])} rows but {call.name('query_start_loc')}"
                                  f"[-1] = {need} new tokens are passed", kernel=call.kernel, expected=f"{need} rows",
                                  found=f"{int(t.shape[0])} rows"))
-    return out
-
-
-def _needed_blocks(lens: Lens, bs: int) -> torch.Tensor:
-    return torch.div(lens.seq_lens.clamp(min=0) + bs - 1, bs, rounding_mode="floor")
-
-
-def check_block_table(call: PagedCall, lens: Lens) -> tuple[list[Violation], torch.Tensor]:
-    """Every block the kernel reads (columns ``< ceil(seq_len / block_size)``) exists in the table and lies in
-    ``[0, num_blocks)``; no two sequences write their new tokens (positions ``ctx_len .. seq_len-1``) into one
-    block. Returns the violations and a bool ``[N]`` mask of sequences whose blocks are all readable (the cache
-    checks use only those).
-
-    Source: every kernel reads ``block_table[seq, pos // block_size]`` for ``pos < seq_len`` (docs/contracts.md §1)
-    with no bounds check; vllm/v1/core/kv_cache_manager.py never hands one block to two writers.
-    """
-    k, out = call.kernel, []
-    n = len(lens.seq_lens)
-    ok = torch.ones(n, dtype=torch.bool)
-    if call.skip_blocks:
-        return out, ok
-    bt = index_values(call.block_table)
-    if bt is None or bt.dim() != 2:
-        return out, torch.zeros(n, dtype=torch.bool)
-    bt = bt[:n]
-    bs, nb = call.block_size, call.num_blocks
-    need = _needed_blocks(lens, bs)
-    m = bt.shape[1]
-    narrow = torch.nonzero(need > m).flatten()
-    for i in narrow[:MAX_RECORDS_PER_CHECK].tolist():
-        out.append(violation(Check.BLOCK_TABLE_WIDTH,
-            f"{call.name('block_table')} has {m} columns but sequence {i} (seq_len {int(lens.seq_lens[i])}, "
-            f"block_size {bs}) needs {int(need[i])}: the kernel reads past the row", kernel=k, seq=i,
-            position=int(lens.seq_lens[i]) - 1, expected=f">= {int(need[i])} columns", found=f"{m} columns"))
-    out = capped(out, len(narrow))
-    ok &= need <= m
-    cols = torch.arange(m)
-    read = cols[None, :] < need[:, None]  # [N, M]
-    oob = read & ((bt < 0) | (bt >= nb))
-    bad_seqs = torch.nonzero(oob.any(dim=1)).flatten()
-    recs = []
-    for i in bad_seqs[:MAX_RECORDS_PER_CHECK].tolist():
-        c = int(torch.nonzero(oob[i]).flatten()[0])
-        blk = int(bt[i, c])
-        recs.append(violation(Check.BLOCK_RANGE,
-            f"{call.name('block_table')}[{i}, {c}] = {blk} is outside the cache's {nb} blocks; the kernel reads "
-            f"it for positions {c * bs}..{min((c + 1) * bs, int(lens.seq_lens[i])) - 1}", kernel=k, seq=i, position=c * bs,
-            block=blk, expected=f"0 <= id < {nb}", found=blk, count=int(oob[i].sum())))
-    out += capped(recs, len(bad_seqs))
-    ok &= ~oob.any(dim=1)
-    # write-write sharing: columns holding new tokens
-    first_new = torch.div(lens.ctx_lens.clamp(min=0), bs, rounding_mode="floor")
-    write = read & (cols[None, :] >= first_new[:, None]) & (lens.query_lens > 0)[:, None]
-    seq_idx = torch.arange(n)[:, None].expand(n, m)
-    w_seq, w_blk = seq_idx[write], bt[write]
-    if len(w_blk):
-        pairs = torch.unique(w_blk * n + w_seq)  # distinct (block, seq), sorted by block
-        pblk, pseq = torch.div(pairs, n, rounding_mode="floor"), pairs % n
-        blocks, counts = torch.unique_consecutive(pblk, return_counts=True)
-        shared = blocks[counts > 1]
-        recs = []
-        writes = call.declaration.writes_cache
-        for blk in shared[:MAX_RECORDS_PER_CHECK].tolist():
-            seqs = pseq[pblk == blk].tolist()
-            if writes:
-                story = f"block {blk} receives new tokens of sequences {seqs}: each write clobbers the others' tokens"
-            else:
-                story = (f"block {blk} holds new-token positions of sequences {seqs}, a state a serving engine never "
-                         f"creates (vLLM shares only full prefix blocks, which nobody writes); {k} writes nothing, "
-                         f"so it reads what the cache holds, as a reference reading through the same table does")
-            recs.append(violation(Check.BLOCK_SHARING, story, kernel=k, seq=seqs[1], block=blk,
-                                  expected="one writing sequence per block", found=f"{len(seqs)} sequences",
-                                  count=len(seqs), severity=Severity.ERROR if writes else Severity.WARNING,
-                                  category=None if writes else Category.REALISM))
-        out += capped(recs, len(shared))
-    return out, ok
-
-def _differs(found: torch.Tensor, expected: torch.Tensor, fp8: torch.dtype | None) -> torch.Tensor:
-    """bool ``[n, Hkv]``: rows whose bits differ (fp8: by more than one code, or sign; +0 == -0)."""
-    if fp8 is None:
-        return (bits(found) != bits(expected)).any(dim=-1)
-    a, b = bits(found.view(fp8)).to(torch.int16), bits(expected).to(torch.int16)
-    same = ((a - b).abs() <= 1) & ((a & 0x80) == (b & 0x80))
-    same |= (found.view(fp8).float() == expected.float())
-    return (~same).any(dim=-1)
-
-
-#: How a CSR (SGLang) caller keeps the unified contract.
-CSR_NEW_TOKENS_FIX = ("write the current token's k/v into the pool at its slot (the last kv_indices entry of the "
-                      "sequence) before calling, as SGLang's backend does (token_to_kv_pool.set_kv_buffer at "
-                      "out_cache_loc, then decode_attention_fwd): the decode kernel reads every listed slot, the "
-                      "current token's included")
-
-
-def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor, *,
-                            rocm_arch: str | None = None) -> list[Violation]:
-    """The new tokens the kernel reads from the cache are there: bitwise, the cache at each new token's slot
-    holds the ``key``/``value`` row the call passes for it (cast to the cache dtype; fp8 caches: ``(k / k_scale)``
-    rounded to the fp8 dtype, one code of rounding slack).
-
-    split contract (``new_tokens_cached`` is ``DECODE``): every decode sequence (query_len == 1) at position
-    ``seq_len-1`` — the **decode invariant** (chunked_prefill_paged_decode.py: ``kernel_paged_attention_2d``
-    gets no key/value and reads all seq_len positions from the cache). unified contract (``"all"``, only when
-    the caller hands the new tokens' key/value to the checker: unified kernels take none): every sequence's
-    last query_len positions — the **unified invariant**. Sequences with unreadable blocks are skipped (the
-    block checks report them). With an interleaved value cache (``use_interleaved_v_cache``, vLLM's
-    test_prefix_prefill.py ``interleave_v``) only the keys are compared. Returns one record per offending sequence, at its first wrong (position, head).
-    """
-    if call.new_tokens_cached is NewTokensCached.NONE or not is_tensor(call.key) or not is_tensor(call.value) \
-            or call.skip_blocks:
-        return []
-    if call.key.shape[0] != int(lens.qsl[-1]):
-        return []  # Check.PREFILL_ROWS reports it; rows cannot be matched to tokens
-    ql = lens.query_lens.clamp(min=0)
-    include = readable & (lens.query_lens >= 0) & (lens.ctx_lens >= 0)
-    if call.new_tokens_cached is NewTokensCached.DECODE:
-        include &= lens.query_lens == 1
-        check = Check.DECODE
-    else:
-        check = Check.UNIFIED
-    counts = torch.where(include, ql, torch.zeros_like(ql))
-    total = int(counts.sum())
-    if total == 0:
-        return []
-    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    j = torch.arange(total) - (torch.cumsum(counts, 0) - counts)[seq]
-    pos = lens.ctx_lens[seq] + j
-    rows = lens.qsl[seq] + j
-    bt = index_values(call.block_table)
-    bs = call.block_size
-    blk = bt[seq, pos // bs]
-    slots = blk * bs + pos % bs
-    dev = call.key_cache.device
-    kc_rows, vc_rows = call.layout.gather(call.key_cache, call.value_cache, slots.to(dev))
-    rows_d = rows.to(call.key.device)
-    exp_k, fp8, desc = as_cache_repr(call, call.key[rows_d].to(dev), scale_value(call.k_scale), rocm_arch)
-    exp_v, _, _ = as_cache_repr(call, call.value[rows_d].to(dev), scale_value(call.v_scale), rocm_arch)
-    if (fp8 is not None and scale_value(call.k_scale) is None) or (fp8 is None and kc_rows.dtype != exp_k.dtype):
-        return []  # per-head scales or a mismatched cache dtype (Check.KV_CACHE_DTYPE reports it)
-    kbad = _differs(kc_rows, exp_k, fp8).cpu()
-    # an interleaved value cache (use_interleaved_v_cache) cannot be read through the layout: keys only
-    vbad = torch.zeros_like(kbad) if call.skip_value_layout else _differs(vc_rows, exp_v, fp8).cpu()
-    bad = kbad | vbad
-    bad_rows = bad.any(dim=1)
-    if not bad_rows.any():
-        return []
-    offenders = torch.unique(seq[bad_rows])
-    out = []
-    for s in offenders[:MAX_RECORDS_PER_CHECK].tolist():
-        r = int(torch.nonzero(bad_rows & (seq == s)).flatten()[0])
-        is_k = bool(kbad[r].any())
-        h = int(torch.nonzero(kbad[r] if is_k else vbad[r]).flatten()[0])
-        got, exp = (kc_rows, exp_k) if is_k else (vc_rows, exp_v)
-        g = got[r, h].view(fp8) if fp8 is not None else got[r, h]
-        e = exp[r, h]
-        d = int(torch.nonzero(bits(g) != bits(e)).flatten()[0]) if (bits(g) != bits(e)).any() else 0
-        n_bad = int((bad_rows & (seq == s)).sum())
-        p = int(pos[r])
-        which = "key" if is_k else "value"
-        if check == Check.DECODE:
-            sl = int(lens.seq_lens[s])
-            story = (f"sequence {s} is a decode (query_len 1, seq_len {sl}), so the decode kernel reads "
-                     f"{'all ' + str(sl) + ' positions' if sl > 1 else 'its 1 position'} from the cache, but its "
-                     f"current token's {which} "
-                     f"({call.name(which)} row {int(rows[r])}) is not in the cache at position {p}")
-        else:
-            story = (f"the unified kernel reads all {int(lens.seq_lens[s])} positions of sequence {s} from the cache, "
-                     f"but the {which} of its new token at position {p} (row {int(rows[r])} of the {which} handed "
-                     f"to the guard) is not there" + (f"; {n_bad} of its {int(ql[s])} new positions are missing"
-                                                      if n_bad > 1 else ""))
-        csr = call.csr is not None  # a token pool: the "block" is the slot
-        out.append(violation(check, story, kernel=call.kernel, seq=s, position=p, block=None if csr else int(blk[r]),
-            slot=int(slots[r]), head=h, expected=f"{fmt(float(e[d]))} ({desc}, head dim {d})",
-            found=f"{fmt(float(g[d]))} in the cache", count=n_bad, source="cache", fix=CSR_NEW_TOKENS_FIX if csr else None))
-    return capped(out, len(offenders))
-
-
-#: Vacuity samples this many rows of the read region first; only a constant sample triggers a full pass.
-VACUITY_SAMPLE_ROWS = 64
-
-
-def check_vacuity(call: PagedCall, lens: Lens, readable: torch.Tensor) -> list[Violation]:
-    """Warning when the key or value cache region the kernel reads is all zeros or one constant: such a test
-    cannot tell a right read from a wrong one (e.g. vLLM's test_prefix_prefill.py fp8 cases copy fp16 values of
-    magnitude <= 1e-3 into a uint8 cache, which stores them as 0).
-
-    The region: per sequence positions ``0 .. n-1`` with n = ctx_len for prefill and seq_len for decode
-    sequences (split contract), seq_len (unified, or ``context_attention_fwd`` with ``k=None``), ctx_len
-    (``context_attention_fwd``); sequences with unreadable blocks are left out; sliding windows are ignored
-    (the region may be larger than what is read); an interleaved value cache is not judged (keys only). Cost:
-    one gather of at most :data:`VACUITY_SAMPLE_ROWS` rows
-    unless that sample is constant.
-    """
-    if call.skip_blocks:
-        return []
-    n = call.cache_reads.positions(lens)
-    n = torch.where(readable, n.clamp(min=0), torch.zeros_like(n))
-    total = int(n.sum())
-    if total == 0:
-        return []
-    bt = index_values(call.block_table)
-    bs = call.block_size
-    dev = call.key_cache.device
-
-    def slots_of(idx: torch.Tensor) -> torch.Tensor:
-        starts = torch.cumsum(n, 0) - n
-        seq = torch.searchsorted(torch.cumsum(n, 0), idx, right=True)
-        pos = idx - starts[seq]
-        return bt[seq, pos // bs] * bs + pos % bs
-
-    def constant(idx: torch.Tensor) -> tuple[bool, bool, torch.Tensor, torch.Tensor]:
-        kr, vr = call.layout.gather(call.key_cache, call.value_cache, slots_of(idx).to(dev))
-        kb, vb = bits(kr).reshape(-1), bits(vr).reshape(-1)
-        vconst = not call.skip_value_layout and bool((vb == vb[0]).all())  # interleaved values: keys only
-        return bool((kb == kb[0]).all()), vconst, kr.reshape(-1)[0], vr.reshape(-1)[0]
-
-    sample = torch.unique(torch.linspace(0, total - 1, min(total, VACUITY_SAMPLE_ROWS)).round().long())
-    kconst, vconst, k0, v0 = constant(sample)
-    if (kconst or vconst) and len(sample) < total:
-        # confirm on the whole region, in chunks
-        kc_all, vc_all = kconst, vconst
-        for start in range(0, total, 65536):
-            idx = torch.arange(start, min(total, start + 65536))
-            kk, vv, k1, v1 = constant(idx)
-            kc_all &= kk and bool(bits(k1.reshape(1)) == bits(k0.reshape(1)))
-            vc_all &= vv and bool(bits(v1.reshape(1)) == bits(v0.reshape(1)))
-            if not (kc_all or vc_all):
-                break
-        kconst, vconst = kc_all, vc_all
-    out = []
-    nseq = int((n > 0).sum())
-    for name, const, v0_ in (("key", kconst, k0), ("value", vconst, v0)):
-        if not const:
-            continue
-        val = float(v0_.float()) if v0_.dtype != torch.uint8 else int(v0_)
-        what = "all zeros" if bits(v0_.reshape(1)).item() == 0 else f"the constant {fmt(float(val))}"
-        out.append(violation(
-            Check.VACUITY, f"the {name} cache region the kernel reads ({total} positions of {nseq} sequences, "
-            f"{call.key_cache.dtype} storage) is {what}, so a wrong read (wrong block, slot, position or length) "
-            f"gives the same output as a right one and the test cannot catch it",
-            kernel=call.kernel, expected=f"varied values in the {name} cache", found=what,
-            severity=Severity.WARNING, category=Category.VACUITY, count=total))
     return out
 
 

@@ -18,34 +18,8 @@ from typing import Any
 import attrs
 import torch
 
-#: Query/output dtypes kvfuzz models, by the names vLLM's ``--dtype`` uses.
-DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-}
-
-#: vLLM's ``kv_cache_dtype`` values (vllm/config/cache.py, CacheDType).
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-
-#: Storage of each fp8 ``kv_cache_dtype`` (vLLM allocates uint8 and kernels view it as this dtype;
-#: "fp8" means e4m3, vllm/v1/attention/ops/chunked_prefill_paged_decode.py).
-FP8_DTYPES: dict[str, torch.dtype] = {
-    "fp8": torch.float8_e4m3fn,
-    "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
-
-#: Optional attention features a batch may use and a target may declare
-#: (:class:`~kvfuzz.contracts.model.capabilities.Capabilities`).
-FEATURES = ("sliding_window", "alibi", "sinks", "softcap")
-
-#: How the batch's queries and keys are drawn (:func:`kvfuzz.contracts.model.data.make_batch_data`), simplest
-#: first. "normal": N(0, 1). "large": queries and keys x4 (logits ~16x larger: sharp softmax, exp range).
-#: "equal": every position of a sequence has the same key (all logits of a row equal). "dominant": one
-#: position per sequence has a key x16 (one key takes nearly all, or nearly none, of a row's weight).
-VALUE_RANGES = ("normal", "large", "equal", "dominant")
-
+from .space import (DTYPES, FEATURES, FP8_DTYPES, KV_CACHE_DTYPES, VALUE_RANGES,  # noqa: F401 (re-exported)
+                    alibi_slopes, positions)
 
 def _tuple_of_ints(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
@@ -73,20 +47,6 @@ def _optional_float(value: Any) -> float | None:
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
-
-
-def alibi_slopes(num_heads: int) -> tuple[float, ...]:
-    """ALiBi slopes of ``num_heads`` heads, as vLLM computes them for BLOOM/MPT-style models
-    (vllm/model_executor/models/bloom.py, ``_get_alibi_slopes``): geometric ``2**(-8/n * k)`` for the
-    largest power of two ``n <= num_heads``, interleaved extra slopes for the rest. fp32 values."""
-    closest = 2 ** math.floor(math.log2(num_heads))
-    base = torch.tensor(2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32)
-    slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32))
-    if closest != num_heads:
-        extra = torch.tensor(2 ** (-(2 ** -(math.log2(2 * closest) - 3))), dtype=torch.float32)
-        n = min(closest, num_heads - closest)
-        slopes = torch.cat([slopes, torch.pow(extra, torch.arange(1, 1 + 2 * n, 2, dtype=torch.int32))])
-    return tuple(float(x) for x in slopes)
 
 
 @attrs.frozen
@@ -441,18 +401,3 @@ class Batch:
             f"H={self.num_heads} Hkv={self.num_kv_heads} D={self.head_size} block_size={self.block_size} "
             f"num_blocks={self.num_blocks} dtype={self.dtype} kv_cache_dtype={self.kv_cache_dtype}{extra}"
         )
-
-
-def positions(lens: tuple[int, ...] | list[int], offsets: tuple[int, ...] | list[int] | None = None):
-    """Vectorized enumeration of ``(seq, pos)`` for ``pos in offsets[seq] .. offsets[seq] + lens[seq] - 1``.
-
-    Returns two int64 tensors of length ``sum(lens)``, ordered by sequence then position (query order when
-    ``lens = query_lens`` and ``offsets = ctx_lens``).
-    """
-    counts = torch.tensor(list(lens), dtype=torch.int64)
-    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    starts = torch.cumsum(counts, 0) - counts
-    pos = torch.arange(int(counts.sum())) - starts[seq]
-    if offsets is not None:
-        pos = pos + torch.tensor(list(offsets), dtype=torch.int64)[seq]
-    return seq, pos

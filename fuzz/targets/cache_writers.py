@@ -35,7 +35,7 @@ from kvfuzz.contracts.model.writer import writer_inputs
 
 from .base import Availability, KernelCall
 from .vllm_cpu import VllmCpuOp
-from .vllm_triton import VllmTritonTarget, _on_cuda, _scales, prepare_triton_runtime
+from .triton_runtime import VllmTritonTarget, on_cuda, scales, prepare_triton_runtime
 
 _KERNEL_MODULE = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
 _QUANT_UTILS = "vllm.model_executor.layers.quantization.utils.quant_utils"
@@ -142,7 +142,7 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
         kc, vc = cache.key_cache, cache.value_cache
         num_heads, head_size = key.shape[1], key.shape[2]
         n = num_heads * head_size
-        k_scale, v_scale = _scales(batch, dev)
+        k_scale, v_scale = scales(batch, dev)
         kwargs = dict(
             key_ptr=key, value_ptr=value, key_cache_ptr=kc, value_cache_ptr=vc,
             slot_mapping_ptr=inputs.slot_mapping.to(dev), k_scale=k_scale, v_scale=v_scale,
@@ -166,10 +166,10 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
     def path(self, batch: Batch) -> str:
         n = batch.num_kv_heads * batch.head_size
         tile = min(2048, 1 << (n - 1).bit_length())
-        if not _on_cuda() or torch.cuda.get_device_capability()[0] < 9:
+        if not on_cuda() or torch.cuda.get_device_capability()[0] < 9:
             tile = min(512, tile)
         tiles = -(-n // tile)
-        return f"{'compiled' if _on_cuda() else 'interpreted'}, {'1 tile' if tiles == 1 else f'{tiles} tiles'}/row"
+        return f"{'compiled' if on_cuda() else 'interpreted'}, {'1 tile' if tiles == 1 else f'{tiles} tiles'}/row"
 
 
 # ---- vLLM CPU cpu_attn_reshape_and_cache ------------------------------------------------------------------

@@ -42,7 +42,7 @@ from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout
 from kvfuzz.contracts.caches.materialize import CacheState
 
 from .base import NOT_LOADED, Availability, KernelCall
-from .vllm_triton import (_TRITON_TOO_EARLY, VllmTritonTarget, _on_cuda, _poisoned_scratch, _sinks,
+from .triton_runtime import (TRITON_TOO_EARLY, VllmTritonTarget, on_cuda, poisoned_scratch, sinks,
                           prepare_triton_runtime, triton_imported_too_early)
 
 #: The SGLang release whose kernels kvfuzz pins (Makefile: SGLANG_PIN).
@@ -176,11 +176,11 @@ class SglangTritonTarget(VllmTritonTarget):
             return Availability(False, "python package 'triton' is not installed (run `make setup`, or "
                                        "`pip install triton` on a GPU machine)")
         if triton_imported_too_early():
-            return Availability(False, _TRITON_TOO_EARLY)
+            return Availability(False, TRITON_TOO_EARLY)
         why = missing_kernels()
         if why is not None:
             return Availability(False, why)
-        device = "cuda" if _on_cuda() else "cpu"
+        device = "cuda" if on_cuda() else "cpu"
         where = "compiled (CUDA)" if device == "cuda" else "Triton interpreter (CPU)"
         tree = sglang_tree()
         src = f"sglang {SGLANG_VERSION} kernel files in {tree}" if tree else "the installed sglang"
@@ -254,7 +254,7 @@ class SglangExtendAttentionFwd(SglangTritonTarget):
             custom_mask=None, is_causal=True, mask_indptr=None, max_len_extend=batch.max_query_len,
             k_scale=batch.k_scale, v_scale=batch.v_scale, sm_scale=batch.sm_scale,
             logit_cap=batch.softcap or 0.0, sliding_window_size=-1 if w is None else w - 1,
-            sinks=_sinks(data, dev), page_size=batch.block_size,
+            sinks=sinks(data, dev), page_size=batch.block_size,
         )
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out, key=k_extend,
                           value=v_extend)
@@ -309,7 +309,7 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
 
     def __init__(self, max_kv_splits: int | None = None) -> None:
         super().__init__()
-        self.max_kv_splits = max_kv_splits or (8 if _on_cuda() else 4)
+        self.max_kv_splits = max_kv_splits or (8 if on_cuda() else 4)
         if self.max_kv_splits < 1:
             raise ValueError(f"max_kv_splits must be >= 1, got {max_kv_splits}")
 
@@ -333,11 +333,11 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
         kwargs = dict(
             q=data.query.to(dev), k_buffer=_pool(cache.key_cache), v_buffer=_pool(cache.value_cache), o=out,
             kv_indptr=kv_indptr, kv_indices=kv_indices,
-            attn_logits=_poisoned_scratch((n, h, s, d), cache, batch.seed + 3),
-            attn_lse=_poisoned_scratch((n, h, s), cache, batch.seed + 4),
+            attn_logits=poisoned_scratch((n, h, s, d), cache, batch.seed + 3),
+            attn_lse=poisoned_scratch((n, h, s), cache, batch.seed + 4),
             num_kv_splits=torch.tensor(self.num_kv_splits(batch), dtype=torch.int32, device=dev),
             max_kv_splits=s, sm_scale=batch.scale, k_scale=batch.k_scale, v_scale=batch.v_scale,
-            logit_cap=batch.softcap or 0.0, sinks=_sinks(data, dev), page_size=batch.block_size,
+            logit_cap=batch.softcap or 0.0, sinks=sinks(data, dev), page_size=batch.block_size,
         )
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 

@@ -76,7 +76,7 @@ class FlexPagedLayout:
         return key_cache[0, :, slots, :].transpose(0, 1), value_cache[0, :, slots, :].transpose(0, 1)
 
 
-def _on_cuda() -> bool:
+def on_cuda() -> bool:
     return torch.cuda.is_available()
 
 
@@ -84,9 +84,9 @@ def _keep_triton_interpretable() -> None:
     """flex_attention imports triton (through dynamo/inductor) even when it runs eagerly. On a machine without
     CUDA, enable Triton's interpreter first (:func:`~kvfuzz.fuzz.targets.vllm_triton.prepare_triton_runtime`), so
     vLLM's Triton targets still run in the same process; too late (triton already imported) changes nothing."""
-    if _on_cuda():
+    if on_cuda():
         return
-    from .vllm_triton import prepare_triton_runtime
+    from .triton_runtime import prepare_triton_runtime
 
     try:
         prepare_triton_runtime()
@@ -145,7 +145,7 @@ class TorchFlexPaged(Target):
     cuda_block_sizes = (16, 32, 64, 128)
 
     def __init__(self) -> None:
-        if _on_cuda():
+        if on_cuda():
             self.capabilities = attrs.evolve(type(self).capabilities, head_sizes=self.cuda_head_sizes,
                                              block_sizes=self.cuda_block_sizes)
 
@@ -159,8 +159,8 @@ class TorchFlexPaged(Target):
                                        f"({type(e).__name__}: {e}); it needs torch >= 2.6")
         if not torch._dynamo.is_dynamo_supported():
             return Availability(False, "flex_attention needs dynamo, which this Python/torch does not support")
-        return Availability(True, "torch.compile'd flex_attention (CUDA)" if _on_cuda()
-                            else "eager flex_attention (CPU)", "cuda" if _on_cuda() else "cpu")
+        return Availability(True, "torch.compile'd flex_attention (CUDA)" if on_cuda()
+                            else "eager flex_attention (CPU)", "cuda" if on_cuda() else "cpu")
 
     def installed(self) -> Availability:
         """From this torch's modules, found without importing them (flex_attention imports dynamo and
@@ -173,15 +173,15 @@ class TorchFlexPaged(Target):
             if not found:
                 return Availability(False, f"torch {torch.__version__} has no {module} (paged flex attention "
                                            "needs torch >= 2.6)")
-        where = "torch.compile'd flex_attention (CUDA)" if _on_cuda() else "eager flex_attention (CPU)"
+        where = "torch.compile'd flex_attention (CUDA)" if on_cuda() else "eager flex_attention (CPU)"
         return Availability(True, f"{where}; torch {torch.__version__}: {NOT_LOADED}",
-                            "cuda" if _on_cuda() else "cpu")
+                            "cuda" if on_cuda() else "cpu")
 
     def layout(self, batch: Batch) -> FlexPagedLayout:
         return FlexPagedLayout()
 
     def path(self, batch: Batch) -> str:
-        if not _on_cuda():
+        if not on_cuda():
             return "eager (cpu)"
         opts = self.kernel_options(batch, "cuda")
         return "compiled (cuda)" + (f", BLOCK_M=32 BLOCK_N={opts['BLOCK_N']}" if opts else ", default blocks")

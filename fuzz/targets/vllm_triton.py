@@ -9,16 +9,7 @@ interpreter computes bf16 wrongly (triton-lang/triton#11584), so on CPU these ta
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import logging
-import os
-import sys
-import types
-from pathlib import Path
 
-import attrs
-import numpy as np
 import torch
 
 from kvfuzz.contracts.model.batch import Batch
@@ -26,145 +17,11 @@ from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.caches.materialize import CacheState, fill_poison
+from kvfuzz.contracts.caches.materialize import CacheState
 
-from .base import NOT_LOADED, Availability, KernelCall, Target
-
-
-def _on_cuda() -> bool:
-    return torch.cuda.is_available()
-
-
-def _quiet_vllm() -> None:
-    if importlib.util.find_spec("vllm") is not None:
-        import vllm.logger  # noqa: F401  (configures vLLM's loggers; then quiet its platform-probe warnings)
-
-        logging.getLogger("vllm").setLevel(logging.ERROR)
-
-
-@functools.cache
-def prepare_triton_runtime() -> str:
-    """Make vLLM's Triton kernels importable here; returns "cuda" or "cpu" (interpreted).
-
-    Raises RuntimeError if triton was already imported without the interpreter on a machine without CUDA
-    (the interpreter flag is read at import time): set TRITON_INTERPRET=1 before importing triton.
-    """
-    if _on_cuda():
-        _quiet_vllm()
-        return "cuda"
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(_TRITON_TOO_EARLY)
-    os.environ["TRITON_INTERPRET"] = "1"
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    if "vllm.platforms.rocm" not in sys.modules:
-        stub = types.ModuleType("vllm.platforms.rocm")
-        stub.use_rocm_custom_paged_attention = lambda *a, **k: False  # no ROCm here: the Triton decode path
-        sys.modules["vllm.platforms.rocm"] = stub
-    _quiet_vllm()
-    return "cpu"
-
-
-def _missing(*modules: str) -> str | None:
-    for m in modules:
-        if importlib.util.find_spec(m) is None:
-            return m
-    return None
-
-
-#: Why vLLM's Triton kernels cannot run when triton came in before the interpreter flag (prepare_triton_runtime).
-_TRITON_TOO_EARLY = ("triton was imported before kvfuzz could enable its interpreter; on a machine without CUDA set "
-                     "TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES='' in the environment before importing triton")
-
-
-def triton_imported_too_early() -> bool:
-    """Whether triton is already imported without its interpreter on a machine without CUDA (then too late)."""
-    return not _on_cuda() and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-
-
-def module_file(dotted: str) -> Path | None:
-    """The source file of module ``dotted``, found from where its top-level package is installed without
-    importing anything (vllm's ``__init__`` alone imports torch's compiler stack); None when it is not there."""
-    top, _, rest = dotted.partition(".")
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if not rest:
-        return Path(spec.origin) if spec.origin else None
-    for root in spec.submodule_search_locations or ():
-        base = Path(root).joinpath(*rest.split("."))
-        for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
-            if candidate.is_file():
-                return candidate
-    return None
-
-
-class VllmTritonTarget(Target):
-    """Shared availability logic for vLLM's Triton kernels.
-
-    dtypes depend on where the kernel runs: interpreted on CPU, fp16 and fp32 (the interpreter computes
-    bf16 wrongly); compiled on CUDA, fp16 and bf16 (Triton's ``tl.dot`` takes fp32 inputs as TF32 by
-    default, measured 1.7e-3 error on a single-key decode on an H200, which kvfuzz's fp32 tolerance does
-    not model yet).
-    """
-
-    cpu_dtypes: tuple[str, ...] = ("float16", "float32")
-    cuda_dtypes: tuple[str, ...] = ("float16", "bfloat16")
-
-    def __init__(self) -> None:
-        dtypes = self.cuda_dtypes if _on_cuda() else self.cpu_dtypes
-        self.capabilities = attrs.evolve(type(self).capabilities, dtypes=dtypes)
-
-    def installed(self) -> Availability:
-        """From what is installed: triton and vllm, the kernel's module file, and (on CPU) triton not yet
-        imported without its interpreter; nothing is imported."""
-        missing = _missing("triton", "vllm")
-        if missing:
-            return Availability(False, f"python package {missing!r} is not installed (run `make setup`, or "
-                                       "`pip install triton vllm` on a GPU machine)")
-        if triton_imported_too_early():
-            return Availability(False, _TRITON_TOO_EARLY)
-        device = "cuda" if _on_cuda() else "cpu"
-        if device == "cpu" and not set(self.capabilities.dtypes) - {"bfloat16"}:
-            return Availability(False, "only bf16 declared, and Triton's interpreter computes bf16 wrongly")
-        module = self.kernel_module()
-        if module_file(module) is None:
-            return Availability(False, f"the installed vllm has no {module} (kvfuzz pins vllm 0.33.0: `make setup`)")
-        where = "compiled (CUDA)" if device == "cuda" else "Triton interpreter (CPU)"
-        return Availability(True, f"{where}; {module}: {NOT_LOADED}", device)
-
-    def kernel_module(self) -> str:
-        """The module holding the kernel (what :meth:`installed` looks for)."""
-        return self.kernel[0]
-
-    def availability(self) -> Availability:
-        missing = _missing("triton", "vllm")
-        if missing:
-            return Availability(False, f"python package {missing!r} is not installed (run `make setup`, or "
-                                       "`pip install triton vllm` on a GPU machine)")
-        try:
-            device = prepare_triton_runtime()
-        except RuntimeError as e:
-            return Availability(False, str(e))
-        if device == "cpu" and not set(self.capabilities.dtypes) - {"bfloat16"}:
-            return Availability(False, "only bf16 declared, and Triton's interpreter computes bf16 wrongly")
-        return Availability(True, "compiled (CUDA)" if device == "cuda" else "Triton interpreter (CPU)", device)
-
-    @property
-    def interpreted(self) -> bool:
-        return not _on_cuda()
-
-    #: ``(module, function)`` of the vLLM kernel entry point :meth:`run` calls with the call's kwargs.
-    kernel: tuple[str, str]
-
-    def run(self, call: KernelCall) -> torch.Tensor:
-        prepare_triton_runtime()
-        fn = getattr(importlib.import_module(self.kernel[0]), self.kernel[1])
-        with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison arithmetic
-            fn(**call.kwargs)
-        return call.output
+from .base import KernelCall
+from .triton_runtime import (VllmTritonTarget, fp8_storage, module_file, on_cuda, poisoned_scratch,  # noqa: F401
+                             prepare_triton_runtime, scales, sinks)  # module_file, prepare_triton_runtime: re-exported
 
 
 class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
@@ -213,23 +70,6 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         return "+".join(parts)
 
 
-def _fp8_storage(batch: Batch, cache: torch.Tensor) -> torch.Tensor:
-    """The cache as vLLM hands it to the split/prefix kernels: uint8 storage for an fp8 kv_cache_dtype
-    (vllm/utils/torch_utils.py maps every fp8 name to torch.uint8; the kernels view it back by name)."""
-    return cache.view(torch.uint8) if batch.fp8_dtype is not None else cache
-
-
-def _scales(batch: Batch, dev) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 scalar tensors ``k_scale``, ``v_scale`` (vLLM's ``layer._k_scale``/``_v_scale``)."""
-    return (torch.tensor(batch.k_scale, dtype=torch.float32, device=dev),
-            torch.tensor(batch.v_scale, dtype=torch.float32, device=dev))
-
-
-def _sinks(data: BatchData, dev) -> torch.Tensor | None:
-    return None if data.sinks is None else data.sinks.to(device=dev, dtype=torch.float32)
-
-
-#: context_attention_fwd's names for the arguments chunked_prefill_paged_decode takes under these names.
 PREFIX_PREFILL_NAMES = dict(query="q", key="k", value="v", output="o", key_cache="k_cache", value_cache="v_cache",
                             block_table="b_loc", query_start_loc="b_start_loc", seq_lens="b_seq_len",
                             max_query_len="max_input_len")
@@ -245,32 +85,20 @@ def _split_family_call(batch: Batch, data: BatchData, cache: CacheState, names: 
     dev = cache.key_cache.device
     key, value = data.new_kv(batch)
     out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype, device=dev)
-    k_scale, v_scale = _scales(batch, dev)
+    k_scale, v_scale = scales(batch, dev)
     values = dict(
         query=data.query.to(dev), key=key.to(dev), value=value.to(dev), output=out,
-        kv_cache_dtype=batch.kv_cache_dtype, key_cache=_fp8_storage(batch, cache.key_cache),
-        value_cache=_fp8_storage(batch, cache.value_cache),
+        kv_cache_dtype=batch.kv_cache_dtype, key_cache=fp8_storage(batch, cache.key_cache),
+        value_cache=fp8_storage(batch, cache.value_cache),
         block_table=batch.block_table_tensor(dev), query_start_loc=batch.query_start_loc_tensor(dev),
         seq_lens=batch.seq_lens_tensor(dev), max_seq_len=batch.max_seq_len,
         max_query_len=batch.max_query_len, k_scale=k_scale, v_scale=v_scale,
         alibi_slopes=batch.alibi_slopes_tensor(dev), sliding_window=batch.sliding_window,
-        sinks=_sinks(data, dev), **extra,
+        sinks=sinks(data, dev), **extra,
     )
     kwargs = {(names or {}).get(k, k): v for k, v in values.items()}
     return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out,
                       key=values["key"], value=values["value"])
-
-
-def _poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int) -> torch.Tensor:
-    """An fp32 scratch buffer filled with the example's poison.
-
-    vLLM allocates these buffers with ``torch.empty`` once and reuses them across layers and steps, so a
-    kernel that reads a scratch element it did not write in this call reads stale data: the poison makes
-    such a read visible (NaN/inf) or wrong (stale) instead of silently plausible.
-    """
-    t = torch.empty(shape, dtype=torch.float32, device=cache.key_cache.device)
-    fill_poison(t, cache.poison, seed_offset)
-    return t
 
 
 class VllmContextAttentionFwd(VllmTritonTarget):
@@ -396,7 +224,7 @@ class VllmUnifiedAttention(VllmTritonTarget):
             from vllm.v1.kv_cache_interface import KVQuantMode
 
             quant = dict(kv_quant_mode=KVQuantMode.FP8_PER_TENSOR)
-            descale = [s.expand((batch.num_seqs, batch.num_kv_heads)) for s in _scales(batch, dev)]
+            descale = [s.expand((batch.num_seqs, batch.num_kv_heads)) for s in scales(batch, dev)]
         w = batch.sliding_window
         kwargs = dict(
             q=data.query.to(dev), k=cache.key_cache, v=cache.value_cache, out=out,
@@ -405,11 +233,11 @@ class VllmUnifiedAttention(VllmTritonTarget):
             causal=True, window_size=(-1, -1) if w is None else (w - 1, 0),
             block_table=batch.block_table_tensor(dev), softcap=batch.softcap or 0,
             q_descale=None, k_descale=descale[0], v_descale=descale[1],
-            alibi_slopes=batch.alibi_slopes_tensor(dev), sinks=_sinks(data, dev), **quant,
+            alibi_slopes=batch.alibi_slopes_tensor(dev), sinks=sinks(data, dev), **quant,
             seq_threshold_3D=self.seq_threshold_3d(batch), num_par_softmax_segments=segs,
-            softmax_segm_output=_poisoned_scratch((t, h, segs, dpad), cache, batch.seed + 3),
-            softmax_segm_max=_poisoned_scratch((t, h, segs), cache, batch.seed + 4),
-            softmax_segm_expsum=_poisoned_scratch((t, h, segs), cache, batch.seed + 5),
+            softmax_segm_output=poisoned_scratch((t, h, segs, dpad), cache, batch.seed + 3),
+            softmax_segm_max=poisoned_scratch((t, h, segs), cache, batch.seed + 4),
+            softmax_segm_expsum=poisoned_scratch((t, h, segs), cache, batch.seed + 5),
         )
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
@@ -487,7 +315,7 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         if self.fixed_splits is not None:
             return self.fixed_splits
         ideal = 1 << (max(1, batch.max_seq_len // self.MIN_WORK_PER_SPLIT) - 1).bit_length()
-        sm_count = torch.cuda.get_device_properties(0).multi_processor_count if _on_cuda() else 1
+        sm_count = torch.cuda.get_device_properties(0).multi_processor_count if on_cuda() else 1
         return min(ideal, sm_count * self.SPLIT_OCCUPANCY_MULTIPLIER)
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -501,12 +329,12 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         n, h, d = batch.num_seqs, batch.num_heads, batch.head_size
         splits = self.num_kv_splits(batch)
         out = torch.empty((n, h, d), dtype=batch.torch_dtype, device=dev)
-        k_scale, v_scale = _scales(batch, dev)
+        k_scale, v_scale = scales(batch, dev)
         kwargs = dict(
             q=data.query.to(dev), k_buffer=cache.key_cache, v_buffer=cache.value_cache, o=out,
             lse=torch.empty((n, h), dtype=torch.float32, device=dev), req_to_token=batch.block_table_tensor(dev),
             b_seq_len=batch.seq_lens_tensor(dev),
-            attn_logits=_poisoned_scratch((n, h, splits, d + 1), cache, batch.seed + 3),
+            attn_logits=poisoned_scratch((n, h, splits, d + 1), cache, batch.seed + 3),
             num_kv_splits=splits, sm_scale=batch.scale, page_size=batch.block_size,
             logit_cap=batch.softcap or 0.0, k_scale=k_scale, v_scale=v_scale,
         )

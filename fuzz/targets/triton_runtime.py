@@ -1,0 +1,198 @@
+"""What vLLM's and SGLang's Triton targets share: where Triton runs (compiled on CUDA, or Triton's interpreter on a
+CPU, set up before triton/vllm are imported), the base class with their availability logic, and the helpers
+their calls share (fp8 cache storage, k/v scales, sinks, poisoned split-KV scratch buffers).
+
+Sources: vllm/triton_utils (the placeholder swapped in without a GPU driver), vllm/platforms/rocm.py (stubbed
+on CPU: the Triton decode path), Triton's interpreter (TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import sys
+import types
+from pathlib import Path
+
+import attrs
+import numpy as np
+import torch
+
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.caches.materialize import CacheState, fill_poison
+
+from .base import NOT_LOADED, Availability, KernelCall, Target
+
+
+def on_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def quiet_vllm() -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        import vllm.logger  # noqa: F401  (configures vLLM's loggers; then quiet its platform-probe warnings)
+
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+@functools.cache
+def prepare_triton_runtime() -> str:
+    """Make vLLM's Triton kernels importable here; returns "cuda" or "cpu" (interpreted).
+
+    Raises RuntimeError if triton was already imported without the interpreter on a machine without CUDA
+    (the interpreter flag is read at import time): set TRITON_INTERPRET=1 before importing triton.
+    """
+    if on_cuda():
+        quiet_vllm()
+        return "cuda"
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(TRITON_TOO_EARLY)
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if "vllm.platforms.rocm" not in sys.modules:
+        stub = types.ModuleType("vllm.platforms.rocm")
+        stub.use_rocm_custom_paged_attention = lambda *a, **k: False  # no ROCm here: the Triton decode path
+        sys.modules["vllm.platforms.rocm"] = stub
+    quiet_vllm()
+    return "cpu"
+
+
+def missing_module(*modules: str) -> str | None:
+    for m in modules:
+        if importlib.util.find_spec(m) is None:
+            return m
+    return None
+
+
+#: Why vLLM's Triton kernels cannot run when triton came in before the interpreter flag (prepare_triton_runtime).
+TRITON_TOO_EARLY = ("triton was imported before kvfuzz could enable its interpreter; on a machine without CUDA set "
+                     "TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES='' in the environment before importing triton")
+
+
+def triton_imported_too_early() -> bool:
+    """Whether triton is already imported without its interpreter on a machine without CUDA (then too late)."""
+    return not on_cuda() and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def module_file(dotted: str) -> Path | None:
+    """The source file of module ``dotted``, found from where its top-level package is installed without
+    importing anything (vllm's ``__init__`` alone imports torch's compiler stack); None when it is not there."""
+    top, _, rest = dotted.partition(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if not rest:
+        return Path(spec.origin) if spec.origin else None
+    for root in spec.submodule_search_locations or ():
+        base = Path(root).joinpath(*rest.split("."))
+        for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+class VllmTritonTarget(Target):
+    """Shared availability logic for vLLM's Triton kernels.
+
+    dtypes depend on where the kernel runs: interpreted on CPU, fp16 and fp32 (the interpreter computes
+    bf16 wrongly); compiled on CUDA, fp16 and bf16 (Triton's ``tl.dot`` takes fp32 inputs as TF32 by
+    default, measured 1.7e-3 error on a single-key decode on an H200, which kvfuzz's fp32 tolerance does
+    not model yet).
+    """
+
+    cpu_dtypes: tuple[str, ...] = ("float16", "float32")
+    cuda_dtypes: tuple[str, ...] = ("float16", "bfloat16")
+
+    def __init__(self) -> None:
+        dtypes = self.cuda_dtypes if on_cuda() else self.cpu_dtypes
+        self.capabilities = attrs.evolve(type(self).capabilities, dtypes=dtypes)
+
+    def installed(self) -> Availability:
+        """From what is installed: triton and vllm, the kernel's module file, and (on CPU) triton not yet
+        imported without its interpreter; nothing is imported."""
+        missing = missing_module("triton", "vllm")
+        if missing:
+            return Availability(False, f"python package {missing!r} is not installed (run `make setup`, or "
+                                       "`pip install triton vllm` on a GPU machine)")
+        if triton_imported_too_early():
+            return Availability(False, TRITON_TOO_EARLY)
+        device = "cuda" if on_cuda() else "cpu"
+        if device == "cpu" and not set(self.capabilities.dtypes) - {"bfloat16"}:
+            return Availability(False, "only bf16 declared, and Triton's interpreter computes bf16 wrongly")
+        module = self.kernel_module()
+        if module_file(module) is None:
+            return Availability(False, f"the installed vllm has no {module} (kvfuzz pins vllm 0.33.0: `make setup`)")
+        where = "compiled (CUDA)" if device == "cuda" else "Triton interpreter (CPU)"
+        return Availability(True, f"{where}; {module}: {NOT_LOADED}", device)
+
+    def kernel_module(self) -> str:
+        """The module holding the kernel (what :meth:`installed` looks for)."""
+        return self.kernel[0]
+
+    def availability(self) -> Availability:
+        missing = missing_module("triton", "vllm")
+        if missing:
+            return Availability(False, f"python package {missing!r} is not installed (run `make setup`, or "
+                                       "`pip install triton vllm` on a GPU machine)")
+        try:
+            device = prepare_triton_runtime()
+        except RuntimeError as e:
+            return Availability(False, str(e))
+        if device == "cpu" and not set(self.capabilities.dtypes) - {"bfloat16"}:
+            return Availability(False, "only bf16 declared, and Triton's interpreter computes bf16 wrongly")
+        return Availability(True, "compiled (CUDA)" if device == "cuda" else "Triton interpreter (CPU)", device)
+
+    @property
+    def interpreted(self) -> bool:
+        return not on_cuda()
+
+    #: ``(module, function)`` of the vLLM kernel entry point :meth:`run` calls with the call's kwargs.
+    kernel: tuple[str, str]
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        prepare_triton_runtime()
+        fn = getattr(importlib.import_module(self.kernel[0]), self.kernel[1])
+        with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison arithmetic
+            fn(**call.kwargs)
+        return call.output
+
+
+def fp8_storage(batch: Batch, cache: torch.Tensor) -> torch.Tensor:
+    """The cache as vLLM hands it to the split/prefix kernels: uint8 storage for an fp8 kv_cache_dtype
+    (vllm/utils/torch_utils.py maps every fp8 name to torch.uint8; the kernels view it back by name)."""
+    return cache.view(torch.uint8) if batch.fp8_dtype is not None else cache
+
+
+def scales(batch: Batch, dev) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 scalar tensors ``k_scale``, ``v_scale`` (vLLM's ``layer._k_scale``/``_v_scale``)."""
+    return (torch.tensor(batch.k_scale, dtype=torch.float32, device=dev),
+            torch.tensor(batch.v_scale, dtype=torch.float32, device=dev))
+
+
+def sinks(data: BatchData, dev) -> torch.Tensor | None:
+    return None if data.sinks is None else data.sinks.to(device=dev, dtype=torch.float32)
+
+
+#: context_attention_fwd's names for the arguments chunked_prefill_paged_decode takes under these names.
+def poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int) -> torch.Tensor:
+    """An fp32 scratch buffer filled with the example's poison.
+
+    vLLM allocates these buffers with ``torch.empty`` once and reuses them across layers and steps, so a
+    kernel that reads a scratch element it did not write in this call reads stale data: the poison makes
+    such a read visible (NaN/inf) or wrong (stale) instead of silently plausible.
+    """
+    t = torch.empty(shape, dtype=torch.float32, device=cache.key_cache.device)
+    fill_poison(t, cache.poison, seed_offset)
+    return t
+
+
+
+
+__all__ = ["TRITON_TOO_EARLY", "VllmTritonTarget", "fp8_storage", "missing_module", "module_file", "on_cuda",
+           "poisoned_scratch", "prepare_triton_runtime", "quiet_vllm", "scales", "sinks", "triton_imported_too_early"]
