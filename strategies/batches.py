@@ -204,7 +204,8 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     # heads right before the head size: the shrinker can trade fewer heads for a larger head size (it lowers
     # one choice and raises one up to four choices later), the order a developer reads a case in
     heads = None if pin is None else (pin.num_heads, pin.num_kv_heads)
-    num_heads, num_kv_heads = draw(_cached(gqa_heads, limits.max_num_heads, pin=heads))
+    num_heads, num_kv_heads = draw(_cached(gqa_heads, limits.max_num_heads, ratios=capabilities.gqa_ratios,
+                                           pin=heads))
     head_size = draw(choice(sorted(capabilities.head_sizes), *_pinned(pin, "head_size")))
     cache_dtypes = [k for k in capabilities.kv_cache_dtypes
                     if head_size in capabilities.head_sizes_for(k)
@@ -325,7 +326,7 @@ def undeclared_examples(capabilities: Capabilities, dtypes: tuple[str, ...], lim
     them right (kvfuzz's taxonomy: "configuration rejected" vs "silently accepted but unsupported")."""
     if not dtypes:
         raise InvalidArgument("dtypes must name at least one dtype the environment computes faithfully")
-    universe = attrs.evolve(capabilities, dtypes=dtypes, exclusive=(), fp8_gqa_ratios=None,
+    universe = attrs.evolve(capabilities, dtypes=dtypes, exclusive=(), fp8_gqa_ratios=None, gqa_ratios=None,
                             head_sizes=tuple(sorted(set(UNIVERSE_HEAD_SIZES) | set(capabilities.head_sizes))),
                             block_sizes=tuple(sorted(set(UNIVERSE_BLOCK_SIZES) | set(capabilities.block_sizes))))
     return examples(universe, limits, poisons).filter(lambda e: not capabilities.accepts(e.batch))

@@ -92,7 +92,7 @@ def _round(capabilities: Capabilities, limits: Limits, seed: int, r: int) -> tup
     a head size an fp8 cache does not take, keep the value not yet seen)."""
     rng = random.Random(f"kvfuzz-configs:{seed}:{r}")
     features = [f for f in FEATURES if f in capabilities.features]
-    ratios = gqa_ratios(limits)
+    ratios = tuple(r for r in gqa_ratios(limits) if capabilities.gqa_ratios is None or r in capabilities.gqa_ratios)
     dims: dict[str, list] = {"dtype": list(capabilities.dtypes), "ratio": list(ratios), "kv": list(NUM_KV_HEADS),
                              "head_size": list(capabilities.head_sizes),
                              "kv_cache_dtype": list(capabilities.kv_cache_dtypes),

@@ -138,3 +138,28 @@ def test_value_ranges_are_bounded_by_the_limits():
         Limits(value_ranges=("huge",))
     with pytest.raises(InvalidArgument, match="value_ranges"):
         Limits(value_ranges=())
+
+
+def test_declared_gqa_ratios_bound_the_draws_the_configurations_and_the_declaration():
+    """A kernel compiled for some GQA group sizes only (FlashInfer's CUDA-core decode: 1, 2, 3, 4, 8) gets no
+    other, free or pinned; a batch with another is outside its declaration."""
+    from kvfuzz.strategies.configs import config_for
+
+    caps = Capabilities(contract=Contract.UNIFIED, devices=("cuda",), dtypes=("float16",), head_sizes=(64,),
+                        block_sizes=(16,), gqa_ratios=(1, 2, 3, 4, 8))
+    limits = Limits(max_num_seqs=2, max_ctx_len=20, max_query_len=4, max_num_heads=16)
+    seen = set()
+
+    @settings(max_examples=150, deadline=None, database=None)
+    @given(batches(caps, limits))
+    def draws(b):
+        assert b.gqa_ratio in (1, 2, 3, 4, 8) and caps.accepts(b)
+        seen.add(b.gqa_ratio)
+
+    draws()
+    assert len(seen) >= 3  # the draws did cover several declared sizes
+    assert {config_for(caps, limits, 0, i).num_heads // config_for(caps, limits, 0, i).num_kv_heads
+            for i in range(40)} <= {1, 2, 3, 4, 8}
+    b = Batch(query_lens=[1], ctx_lens=[5], num_heads=7, num_kv_heads=1, head_size=64, block_size=16,
+              num_blocks=2, block_table=[[0]], dtype="float16", seed=0)
+    assert not caps.accepts(b) and caps.outside(b) == ["GQA group size 7"]

@@ -32,6 +32,9 @@ class Capabilities:
         and asserts ``sinks is None``).
     fp8_head_sizes: head sizes accepted with an fp8 kv_cache_dtype (None: all of ``head_sizes``), e.g. the
         5-D cache needs ``head_size % 16 == 0`` for 1-byte elements.
+    gqa_ratios: GQA group sizes (``num_heads // num_kv_heads``) the kernel accepts at all (None: all), e.g.
+        FlashInfer's CUDA-core decode dispatches group sizes 1, 2, 3, 4 and 8 only (``DISPATCH_GQA_GROUP_SIZE``;
+        others raise "Unsupported group_size").
     fp8_gqa_ratios: GQA group sizes (``num_heads // num_kv_heads``) accepted with an fp8 kv_cache_dtype (None:
         all), e.g. SGLang's grouped decode kernel rounds q to the fp8 cache dtype by design, its MHA kernel not.
     min_sliding_window: the smallest window (``Batch.sliding_window``, keys) the kernel can express (SGLang's
@@ -59,6 +62,8 @@ class Capabilities:
         default=None, converter=lambda v: None if v is None else tuple(v))
     fp8_gqa_ratios: tuple[int, ...] | None = attrs.field(
         default=None, converter=lambda v: None if v is None else tuple(v))
+    gqa_ratios: tuple[int, ...] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else tuple(v))
     min_sliding_window: int = 1
     metadata: str = "block_table"
     shared_prefix_blocks: bool = False
@@ -77,7 +82,10 @@ class Capabilities:
             raise ValueError(f"unknown metadata {self.metadata!r}; known: {list(METADATA)}")
 
     def fp8_accepts_gqa(self, kv_cache_dtype: str, gqa_ratio: int) -> bool:
-        """Whether the GQA group size ``gqa_ratio`` is accepted with ``kv_cache_dtype``."""
+        """Whether the GQA group size ``gqa_ratio`` is accepted with ``kv_cache_dtype`` (``gqa_ratios`` and,
+        for an fp8 cache, ``fp8_gqa_ratios``)."""
+        if self.gqa_ratios is not None and gqa_ratio not in self.gqa_ratios:
+            return False
         return kv_cache_dtype == "auto" or self.fp8_gqa_ratios is None or gqa_ratio in self.fp8_gqa_ratios
 
     def head_sizes_for(self, kv_cache_dtype: str) -> tuple[int, ...]:
@@ -103,7 +111,9 @@ class Capabilities:
                 f" with kv_cache_dtype {batch.kv_cache_dtype}" if batch.head_size in self.head_sizes else ""))
         if batch.block_size not in self.block_sizes:
             out.append(f"block_size {batch.block_size}")
-        if not self.fp8_accepts_gqa(batch.kv_cache_dtype, batch.gqa_ratio):
+        if self.gqa_ratios is not None and batch.gqa_ratio not in self.gqa_ratios:
+            out.append(f"GQA group size {batch.gqa_ratio}")
+        elif not self.fp8_accepts_gqa(batch.kv_cache_dtype, batch.gqa_ratio):
             out.append(f"GQA group size {batch.gqa_ratio} with kv_cache_dtype {batch.kv_cache_dtype}")
         if batch.sliding_window is not None and batch.sliding_window < self.min_sliding_window:
             out.append(f"sliding_window {batch.sliding_window} (< {self.min_sliding_window})")

@@ -169,6 +169,13 @@ def _common(batch: Batch, data: BatchData, cache: CacheState) -> dict:
     )
 
 
+#: Group sizes FlashInfer's CUDA-core decode kernels are compiled for (include/flashinfer/utils.cuh
+#: ``DISPATCH_GQA_GROUP_SIZE``: 1, 2, 3, 4, 8); any other raises "Unsupported group_size" (seen on an H100 with
+#: flashinfer 0.7.2.post1: group size 7, RuntimeError from the JIT module). SGLang switches to the tensor-core
+#: decode for such models (use_tensor_cores); this target declares the CUDA-core path's sizes.
+DECODE_GQA_RATIOS = (1, 2, 3, 4, 8)
+
+
 class FlashInferBatchDecode(FlashInferTarget):
     """``BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout).plan(indptr, indices, last_page_len,
     num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode="NONE", window_left, logits_soft_cap,
@@ -177,7 +184,8 @@ class FlashInferBatchDecode(FlashInferTarget):
 
     Decode only, unified contract: the page lists cover all ``seq_len`` positions of every sequence, the current
     token's included (``last_page_len = (seq_len - 1) % page_size + 1``). Index tensors int32 on the GPU. The
-    CUDA-core decode path (``use_tensor_cores=False``, the default) is what this target runs."""
+    CUDA-core decode path (``use_tensor_cores=False``, the default) is what this target runs; it dispatches GQA
+    group sizes 1, 2, 3, 4 and 8 only (:data:`DECODE_GQA_RATIOS`)."""
 
     name = "flashinfer.batch_decode"
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper over page lists (decode only, unified contract)"
@@ -185,7 +193,7 @@ class FlashInferBatchDecode(FlashInferTarget):
     capabilities = Capabilities(
         contract=Contract.UNIFIED, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"), decode_only=True,
-        features=("sliding_window", "softcap"), metadata="csr",
+        features=("sliding_window", "softcap"), metadata="csr", gqa_ratios=DECODE_GQA_RATIOS,
     )
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
