@@ -3,6 +3,7 @@ the plan/run/append caller checks (each fed a violating call and a correct one),
 wrapper classes (with a stand-in flashinfer module whose run() computes nothing), and the targets' availability
 on CPU. The kernels themselves run only on CUDA (benchmarks/gpu_flashinfer.sh)."""
 
+import sys
 import types
 import warnings
 
@@ -496,3 +497,27 @@ def test_writer_harness_catches_a_broken_append():
     t.availability = lambda: __import__("kvfuzz.fuzz.targets.base", fromlist=["Availability"]).Availability(True)
     with pytest.raises(KernelMismatch):
         check_writer_example(t, Example(prefill_batch(seed=0), Poison.NAN))
+
+
+def test_the_plugin_installs_the_flashinfer_hooks_only_where_flashinfer_is_installed(monkeypatch):
+    """--kvfuzz-guard wraps FlashInfer's plan()/run() for the session when flashinfer is importable, and
+    imports nothing when it is not (this CPU machine)."""
+    import importlib.machinery
+    import importlib.util
+
+    from kvfuzz.fuzz.guard import flashinfer as fi_guard
+    from kvfuzz.fuzz.guard.plugin import _install_flashinfer
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert _install_flashinfer() is False and not fi_guard.installed()
+    m = standin_flashinfer()
+    m.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
+    monkeypatch.setitem(sys.modules, "flashinfer", m)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: m.__spec__ if name == "flashinfer" else None)
+    original = m.BatchDecodeWithPagedKVCacheWrapper.plan
+    try:
+        assert _install_flashinfer() is True and fi_guard.installed()
+        assert m.BatchDecodeWithPagedKVCacheWrapper.plan is not original
+    finally:
+        fi_guard.uninstall()
+    assert not fi_guard.installed() and m.BatchDecodeWithPagedKVCacheWrapper.plan is original

@@ -18,10 +18,8 @@ Each checked call counts in ``guard.calls`` under ``flashinfer.<Class>.plan``/``
 ``flashinfer.append_paged_kv_cache``; its violations become one :class:`GuardRecord`.
 
 Hooking it in: ``with flashinfer_guard(): ...`` (or ``install()`` ... ``uninstall()``) while a guard is
-active; the guard's own ``__enter__`` does not install it (kvfuzz.fuzz.guard.interception is left alone). For the
-pytest plugin, call ``install()`` right after ``self.guard.__enter__()`` in ``_GuardSession.__init__`` and
-``uninstall()`` in ``pytest_unconfigure``; until then a test (tests/seeds_scenario/test_flashinfer_like.py)
-installs it itself. ``install`` imports flashinfer (or takes ``module=``, e.g. a stand-in in tests) and returns
+active; the guard's own ``__enter__`` does not install it. The pytest plugin (``--kvfuzz-guard``) installs it
+for the session when flashinfer is installed. ``install`` imports flashinfer (or takes ``module=``, e.g. a stand-in in tests) and returns
 False when there is none. Nested installs are counted; the last ``uninstall`` restores the originals.
 """
 

@@ -97,8 +97,10 @@ class _GuardSession:
         self.strict = config.getoption("kvfuzz_guard_strict")
         self.is_controller = hasattr(config, "workerinput") is False and _xdist_active(config)
         self.guard = Guard("record" if self.mode in ("fail", "record") else self.mode)
+        self.flashinfer = False
         if not self.is_controller:
             self.guard.__enter__()
+            self.flashinfer = _install_flashinfer()
         self.failed_tests: list[str] = []
         #: every record of the session as a dict (this process's, and the workers' under xdist)
         self.records: list[dict] = []
@@ -109,6 +111,10 @@ class _GuardSession:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if not self.is_controller:
+            if self.flashinfer:
+                from kvfuzz.fuzz.guard import flashinfer
+
+                flashinfer.uninstall()
             self.guard.__exit__(None, None, None)
 
     @pytest.hookimpl(hookwrapper=True)
@@ -219,6 +225,18 @@ class _GuardSession:
                 tr.write_line(f"  {r['kernel']} call #{r['index']} from {r['caller'] or '?'}:")
                 for v in r["violations"]:
                     tr.write_line(f"    - {v['message']}")
+
+
+def _install_flashinfer() -> bool:
+    """Wrap FlashInfer's plan()/run() and append_paged_kv_cache (kvfuzz.fuzz.guard.flashinfer) when flashinfer is
+    installed; False (nothing done, nothing imported) when it is not."""
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer") is None:
+        return False
+    from kvfuzz.fuzz.guard import flashinfer
+
+    return flashinfer.install()
 
 
 def _xdist_active(config: pytest.Config) -> bool:

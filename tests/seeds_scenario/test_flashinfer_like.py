@@ -12,7 +12,8 @@ the output less than atol 1e-2). ``test_decode_with_the_seeds_fix`` appends them
 (batch_indices/positions from ``get_batch_indices_positions``) and passes clean.
 
 The guard's FlashInfer hooks (kvfuzz.fuzz.guard.flashinfer) are installed by this module's autouse fixture
-while the kvfuzz plugin is on (the plugin does not install them itself yet). Skipped without CUDA or flashinfer.
+while the kvfuzz plugin is on (the plugin installs them too when flashinfer is installed; nested installs are
+counted). Skipped without CUDA or flashinfer.
 Collected only with KVFUZZ_SEEDS_SCENARIO=1 (see conftest.py).
 """
 
