@@ -38,15 +38,21 @@ def test_the_import_contract_holds(tmp_path):
     assert "Contracts: 5 kept, 0 broken." in r.stdout
 
 
+def _lint_with(tmp_path: Path, module: str, code: str) -> subprocess.CompletedProcess:
+    """import-linter over the installed layout with one planted module (``module``: its path under the package
+    root, e.g. ``kvfuzz/fuzz/harness/planted.py``)."""
+    pkg = _copy_tree(tmp_path / "pkg")
+    (pkg / module).write_text(code)
+    env = dict(os.environ, PYTHONPATH=str(pkg))
+    exe = Path(sys.executable).parent / "lint-imports"
+    return subprocess.run([str(exe), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path)
+
+
 def test_the_import_contract_catches_an_upward_import(tmp_path):
     """The linter would catch a room importing a room above it (a planted harness -> campaign import)."""
     pytest.importorskip("importlinter")
-    pkg = _copy_tree(tmp_path / "pkg")
-    (pkg / "kvfuzz/fuzz/harness/planted.py").write_text("from kvfuzz.fuzz.campaign import engine\n")
-    env = dict(os.environ, PYTHONPATH=str(pkg))
-    exe = Path(sys.executable).parent / "lint-imports"
-    r = subprocess.run([str(exe), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], capture_output=True,
-                       text=True, env=env, cwd=tmp_path)
+    r = _lint_with(tmp_path, "kvfuzz/fuzz/harness/planted.py", "from kvfuzz.fuzz.campaign import engine\n")
     assert r.returncode == 1 and "kvfuzz.fuzz.harness.planted -> kvfuzz.fuzz.campaign.engine" in r.stdout, r.stdout
 
 
@@ -82,10 +88,5 @@ def test_import_kvfuzz_and_the_help_do_not_import_torch():
 def test_the_import_contract_catches_a_room_of_contracts_importing_calls(tmp_path):
     """Nothing in contracts but calls/ itself may import calls/ (the guard's checks of a real call)."""
     pytest.importorskip("importlinter")
-    pkg = _copy_tree(tmp_path / "pkg")
-    (pkg / "kvfuzz/contracts/checks/planted.py").write_text("from kvfuzz.contracts.calls import paged_call\n")
-    env = dict(os.environ, PYTHONPATH=str(pkg))
-    exe = Path(sys.executable).parent / "lint-imports"
-    r = subprocess.run([str(exe), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], capture_output=True,
-                       text=True, env=env, cwd=tmp_path)
+    r = _lint_with(tmp_path, "kvfuzz/contracts/checks/planted.py", "from kvfuzz.contracts.calls import paged_call\n")
     assert r.returncode == 1 and "kvfuzz.contracts.checks.planted -> kvfuzz.contracts.calls.paged_call" in r.stdout
