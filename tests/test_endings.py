@@ -6,19 +6,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from kvfuzz_test_support import kvfuzz, start_kvfuzz
 
 HERE = Path(__file__).resolve().parent
 PLANTED = HERE / "planted_endings.py"
-
-
-def kvfuzz(*args, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
 
 
 def fuzz_planted(cls, tmp_path, *extra, timeout=300):
@@ -111,9 +106,8 @@ def test_crashing_worker_restarts_with_the_rest_of_the_global_budget(tmp_path):
 def _start(cls, tmp_path, *extra):
     log = tmp_path / "calls.log"
     env = dict(os.environ, KVFUZZ_PLANTED_LOG=str(log))
-    p = subprocess.Popen([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", f"{PLANTED}:{cls}",
-                          "--poison", "stale", "--out", str(tmp_path / "out"), *extra],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    p = start_kvfuzz("fuzz", "--target", f"{PLANTED}:{cls}", "--poison", "stale", "--out", str(tmp_path / "out"),
+                     *extra, env=env, stderr=subprocess.STDOUT)
     return p, log
 
 

@@ -7,20 +7,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase, MultiplexedDatabase
+from kvfuzz_test_support import kvfuzz, start_kvfuzz
 
 HERE = Path(__file__).resolve().parent
 PLANTED = HERE / "planted_endings.py"
-
-
-def kvfuzz(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def test_two_workers_share_a_directory_corpus(tmp_path):
@@ -86,11 +81,9 @@ def test_a_redis_outage_mid_campaign_loses_no_failure(tmp_path):
     proc, client, url = _redis(tmp_path)
     log = tmp_path / "calls.log"
     try:
-        p = subprocess.Popen([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", f"{PLANTED}:Slow",
-                              "--target", f"{PLANTED}:RaisesRuntimeError", "--max-examples", "10", "--poison",
-                              "stale", "--db", url, "--out", str(tmp_path / "out")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=dict(os.environ, KVFUZZ_PLANTED_LOG=str(log)))
+        p = start_kvfuzz("fuzz", "--target", f"{PLANTED}:Slow", "--target", f"{PLANTED}:RaisesRuntimeError",
+                         "--max-examples", "10", "--poison", "stale", "--db", url, "--out", str(tmp_path / "out"),
+                         env=dict(os.environ, KVFUZZ_PLANTED_LOG=str(log)), stderr=subprocess.STDOUT)
         for _ in range(600):
             if log.exists() and log.read_text().split():
                 break
