@@ -293,6 +293,7 @@ def test_targets_tells_availability_without_loading_a_kernel_library():
     assert not any(row["loaded"] for row in rows.values())
     assert all("not loaded (--check loads it)" in row["reason"] for row in rows.values() if row["available"])
     checked = {row["name"]: row for row in json.loads(kvfuzz("targets", "--json", "--check").stdout)}
+    assert rows and checked.keys() == rows.keys()  # every target forecast is loaded and compared below
     assert all(row["loaded"] for row in checked.values())
     for name, row in checked.items():  # the forecast agrees with loading, here
         assert row["available"] == rows[name]["available"], (name, row["reason"], rows[name]["reason"])
