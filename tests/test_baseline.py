@@ -247,10 +247,10 @@ def test_the_shipped_baseline_knows_finding_1_and_a_planted_defect_on_the_cpu_op
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("name, entry_id, batch", [
-    # README Findings 3's pinned case (tests/test_triton_targets.py): 2.55e-3 against a bound of 6.8e-4
+    # README Findings 3's pinned case (tests/test_vllm_triton.py): 2.55e-3 against a bound of 6.8e-4
     ("vllm.decode_attention_fwd", "finding-3", dict(query_lens=[1], ctx_lens=[1], head_size=32, block_size=16,
                                                      num_blocks=1, block_table=[[0]], seed=17)),
-    # README Findings 9's pinned case (tests/test_sglang_targets.py): 3.25e-3 against 2.03e-3
+    # README Findings 9's pinned case (tests/test_sglang_triton.py): 3.25e-3 against 2.03e-3
     ("sglang.decode_attention_fwd", "finding-9", dict(query_lens=[1], ctx_lens=[1], head_size=128, block_size=1,
                                                        num_blocks=2, block_table=[[0, 1]], seed=30)),
 ])

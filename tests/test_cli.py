@@ -13,6 +13,7 @@ from kvfuzz_test_support import available, kvfuzz, start_kvfuzz
 
 pytestmark = pytest.mark.kernel
 TRITON = "vllm.chunked_prefill_paged_decode"
+PLANTED = Path(__file__).resolve().parent / "planted_endings.py"
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +104,25 @@ def test_the_seeds_fault_on_sglang_decode_is_the_callers(tmp_path):
 def test_bad_usage_exits_2_with_the_problem_named(tmp_path, args, message):
     r = kvfuzz(*args, cwd=tmp_path)
     assert r.returncode == 2 and message in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--duration", "0"], "--duration"),
+    (["--out", ""], "--out"),
+    (["--max-examples", "0"], "--max-examples"),
+])
+def test_cli_edges_are_usage_errors(tmp_path, args, message):
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", *(["--out", str(tmp_path / "o")] if "--out" not in args
+                                                            else []), *args)
+    assert r.returncode == 2 and message in r.stderr, r.stdout + r.stderr
+
+
+def test_out_under_a_file_or_in_proc_is_a_usage_error(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    for out in (f / "sub", "/proc/kvfuzz-out"):
+        r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--out", str(out))
+        assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_clean_run_exits_0(tmp_path):

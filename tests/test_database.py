@@ -1,5 +1,6 @@
-"""Campaigns sharing an example database: a directory, a real Redis server on loopback, and a Redis outage in
-the middle of a campaign (nothing lost: the local mirror keeps every failure)."""
+"""The example database (kvfuzz.fuzz.campaign.database): campaigns sharing one (a directory, a real Redis server
+on loopback), a Redis outage in the middle of a campaign (nothing lost: the local mirror keeps every failure), and
+a --db that cannot be used, refused before fuzzing."""
 
 import json
 import os
@@ -130,3 +131,14 @@ def test_check_reads_a_corpus_without_writing_it(tmp_path):
     view.delete(b"k", b"v")
     assert list(DirectoryBasedExampleDatabase(str(db)).fetch(b"k")) == [b"v"]
     assert list(DirectoryBasedExampleDatabase(str(db)).fetch(b"k2")) == []
+
+
+def test_db_naming_a_file_or_an_unreachable_redis_fails_before_fuzzing(tmp_path):
+    f = tmp_path / "db-file"
+    f.write_text("")
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--db", str(f), "--out", str(tmp_path / "o1"))
+    assert r.returncode == 2 and "is a file, not a directory" in r.stdout, r.stdout + r.stderr
+    pytest.importorskip("redis")
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--db", "redis://127.0.0.1:1/0", "--out",
+               str(tmp_path / "o2"))
+    assert r.returncode == 3 and "does not answer" in r.stdout and "Traceback" not in r.stdout + r.stderr

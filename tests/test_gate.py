@@ -1,5 +1,5 @@
-"""kvfuzz check: green on the real targets, red on a planted kernel regression and on a corpus case that
-fails again; JUnit XML either way."""
+"""kvfuzz check, the pre-merge gate (kvfuzz.fuzz.campaign.gate): green on the real targets, red on a planted
+kernel regression and on a corpus case that fails again; JUnit XML either way."""
 
 import shutil
 import xml.etree.ElementTree as ET
