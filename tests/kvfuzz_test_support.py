@@ -1,9 +1,36 @@
 """Helpers shared by the test modules (importable because tests/ has no __init__.py: pytest puts it on
 sys.path)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from kvfuzz.fuzz.targets import get_target
+
+#: The repository root: the working directory of every kvfuzz command a test runs, unless it names another, so
+#: that a test does not depend on where pytest was started (``kvfuzz check`` reads ``regressions/`` from it).
+ROOT = Path(__file__).resolve().parents[1]
+#: The kvfuzz command, run as a user would but with this interpreter (the test environment's kvfuzz).
+KVFUZZ = [sys.executable, "-m", "kvfuzz.fuzz.cli"]
+
+
+def kvfuzz(*args, cwd=ROOT, env=None, timeout=600, input=None) -> subprocess.CompletedProcess:
+    """Run ``kvfuzz ARGS`` in a child process and wait for it: stdout and stderr captured as text.
+
+    ``args`` may be paths (passed as ``str``). ``env`` is the child's whole environment (as for
+    :func:`subprocess.run`; ``None`` inherits this one), ``input`` its stdin, ``timeout`` seconds before
+    :class:`subprocess.TimeoutExpired` (generous: a test on a busy machine must not fail on time alone)."""
+    return subprocess.run([*KVFUZZ, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout, input=input)
+
+
+def start_kvfuzz(*args, cwd=ROOT, env=None, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """Start ``kvfuzz ARGS`` in a child process without waiting (to signal or kill it mid-run): stdout piped as
+    text, stderr piped apart or, with ``stderr=subprocess.STDOUT``, into stdout. The caller waits for it."""
+    return subprocess.Popen([*KVFUZZ, *map(str, args)], stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            cwd=cwd, env=env)
 
 
 def available(name):

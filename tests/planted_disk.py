@@ -1,4 +1,4 @@
-"""A disk that fills in the middle of a campaign, without mounting anything (tests/test_endings.py): loaded as a
+"""A disk that fills in the middle of a campaign, without mounting anything (tests/test_disk_full.py): loaded as a
 user adapter by path, this module is imported by the supervisor and by every worker, and patches both.
 
 While the flag file named by KVFUZZ_PLANTED_FULL exists, the campaign's --out (KVFUZZ_PLANTED_OUT) is "full":

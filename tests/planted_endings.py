@@ -1,5 +1,6 @@
 """Adapters whose kernel ends badly in every way a kernel can, on one head size out of three (64), loaded as
-user adapters by path: the fault-injection suite of the campaign machinery (tests/test_endings.py).
+user adapters by path: the fault-injection suite of the campaign machinery (tests/test_supervisor.py; also
+test_replay.py, test_database.py and test_cli.py).
 
 Every kernel call appends its pid to the file named by KVFUZZ_PLANTED_LOG (when set), before misbehaving, so a
 test can count kernel calls against the campaign's example count and check every process is gone afterwards.

@@ -2,8 +2,6 @@
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,15 +18,11 @@ from kvfuzz.fuzz.campaign.baseline import (BaselineError, KnownFinding, append_e
 from kvfuzz.fuzz.campaign.reproducers import Case
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets import BUILTIN, get_target
+from kvfuzz_test_support import available, kvfuzz
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = ROOT / "tests" / "planted_targets.py"
 SHIPPED = ROOT / "kvfuzz-baseline.toml"
-
-
-def kvfuzz(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
 
 
 def tail_entry(target: str, slots: str = "tail", **kw) -> KnownFinding:
@@ -227,17 +221,11 @@ def test_a_bad_baseline_file_exits_2_naming_the_field(tmp_path):
 
 
 # ---- the real kernels and the shipped baseline ---------------------------------------------------------------------
-def need(name):
-    a = get_target(name).availability()
-    if not a.ok:
-        pytest.skip(f"{name} unavailable: {a.reason}")
-
-
 @pytest.mark.kernel
 def test_the_shipped_baseline_knows_finding_1_and_a_planted_defect_on_the_cpu_op_is_red(tmp_path):
     """README Findings 1's minimal case is finding-1; a campaign on the real op with the shipped baseline exits 0,
     and the same op with a planted new NaN (head size 64, whatever the cache holds) exits 1."""
-    need("vllm.cpu_attention")
+    available("vllm.cpu_attention")
     target = get_target("vllm.cpu_attention")
     shipped = load_baseline(SHIPPED)
     example = Example(_batch([1], [0], head_size=32, block_size=16), Poison.NAN)
@@ -259,15 +247,15 @@ def test_the_shipped_baseline_knows_finding_1_and_a_planted_defect_on_the_cpu_op
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("name, entry_id, batch", [
-    # README Findings 3's pinned case (tests/test_triton_targets.py): 2.55e-3 against a bound of 6.8e-4
+    # README Findings 3's pinned case (tests/test_vllm_triton.py): 2.55e-3 against a bound of 6.8e-4
     ("vllm.decode_attention_fwd", "finding-3", dict(query_lens=[1], ctx_lens=[1], head_size=32, block_size=16,
                                                      num_blocks=1, block_table=[[0]], seed=17)),
-    # README Findings 9's pinned case (tests/test_sglang_targets.py): 3.25e-3 against 2.03e-3
+    # README Findings 9's pinned case (tests/test_sglang_triton.py): 3.25e-3 against 2.03e-3
     ("sglang.decode_attention_fwd", "finding-9", dict(query_lens=[1], ctx_lens=[1], head_size=128, block_size=1,
                                                        num_blocks=2, block_table=[[0, 1]], seed=30)),
 ])
 def test_the_shipped_precision_entries_know_the_pinned_cases_and_not_a_tenfold_worse_bound(name, entry_id, batch):
-    need(name)
+    available(name)
     from kvfuzz.contracts.model.batch import Batch
 
     target = get_target(name)

@@ -9,26 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from kvfuzz.fuzz.targets import get_target
+from kvfuzz_test_support import available, kvfuzz, start_kvfuzz
 
 pytestmark = pytest.mark.kernel
 TRITON = "vllm.chunked_prefill_paged_decode"
-
-
-def kvfuzz(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
-
-
-def need(name):
-    a = get_target(name).availability()
-    if not a.ok:
-        pytest.skip(f"{name} unavailable: {a.reason}")
+PLANTED = Path(__file__).resolve().parent / "planted_endings.py"
 
 
 @pytest.fixture(scope="module")
 def caller_fault_run(tmp_path_factory):
-    need(TRITON)
+    available(TRITON)
     out = tmp_path_factory.mktemp("fuzz")
     r = kvfuzz("fuzz", "--target", TRITON, "--caller-fault", "decode-ctx-only", "--max-examples", "8",
                "--seed", "3", "--out", str(out))
@@ -98,7 +88,7 @@ def test_targets_lists_the_sglang_targets_with_csr_metadata():
 
 
 def test_the_seeds_fault_on_sglang_decode_is_the_callers(tmp_path):
-    need("sglang.decode_attention_fwd")
+    available("sglang.decode_attention_fwd")
     r = kvfuzz("fuzz", "--target", "sglang.decode_attention_fwd", "--caller-fault", "decode-ctx-only",
                "--max-examples", "3", "--seed", "5", "--out", str(tmp_path))
     assert r.returncode == 1 and "unified invariant" in r.stdout and "blame: caller" in r.stdout, r.stdout
@@ -116,8 +106,27 @@ def test_bad_usage_exits_2_with_the_problem_named(tmp_path, args, message):
     assert r.returncode == 2 and message in r.stdout + r.stderr, r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--duration", "0"], "--duration"),
+    (["--out", ""], "--out"),
+    (["--max-examples", "0"], "--max-examples"),
+])
+def test_cli_edges_are_usage_errors(tmp_path, args, message):
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", *(["--out", str(tmp_path / "o")] if "--out" not in args
+                                                            else []), *args)
+    assert r.returncode == 2 and message in r.stderr, r.stdout + r.stderr
+
+
+def test_out_under_a_file_or_in_proc_is_a_usage_error(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    for out in (f / "sub", "/proc/kvfuzz-out"):
+        r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--out", str(out))
+        assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_clean_run_exits_0(tmp_path):
-    need("vllm.cpu_attention")
+    available("vllm.cpu_attention")
     r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--max-examples", "20", "--poison", "stale",
                "--out", str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -128,7 +137,7 @@ def test_clean_run_exits_0(tmp_path):
 def test_big_cache_campaign_on_the_cpu_op(tmp_path):
     """Blocks past 2**31 elements of 4+ GiB caches, allocated but poisoned only where referenced: the CPU op
     runs them on this machine without touching the rest (measured: 400 examples in 7.7 s, 0.5 GB RSS)."""
-    need("vllm.cpu_attention")
+    available("vllm.cpu_attention")
     r = kvfuzz("fuzz", "--big-cache", "--target", "vllm.cpu_attention", "--max-examples", "10", "--poison", "stale",
                "--out", str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -139,9 +148,8 @@ def test_big_cache_campaign_on_the_cpu_op(tmp_path):
 def test_a_user_adapter_loads_as_package_module_class(tmp_path):
     import os
     examples = Path(__file__).resolve().parents[1] / "examples"
-    r = subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", "sdpa_paged_target:SdpaPaged",
-                        "--max-examples", "5", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(examples)})
+    r = kvfuzz("fuzz", "--target", "sdpa_paged_target:SdpaPaged", "--max-examples", "5", "--out", str(tmp_path),
+               env={**os.environ, "PYTHONPATH": str(examples)})
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads((tmp_path / "summary.json").read_text())["targets"][0]["target"] == "example.sdpa_paged"
 
@@ -156,7 +164,7 @@ def test_a_user_adapter_loads_from_a_file_outside_the_package(tmp_path):
 
 
 def test_observability_writes_tyche_json_lines(tmp_path):
-    need("vllm.cpu_attention")
+    available("vllm.cpu_attention")
     r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--max-examples", "5", "--poison", "stale",
                "--observability", "--out", str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -170,10 +178,8 @@ def test_observability_writes_tyche_json_lines(tmp_path):
 def test_sigterm_stops_after_the_current_example_and_writes_the_summary(tmp_path):
     import signal
     import time
-    need(TRITON)
-    p = subprocess.Popen([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", TRITON, "--max-examples",
-                          "1000", "--poison", "stale", "--out", str(tmp_path)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    available(TRITON)
+    p = start_kvfuzz("fuzz", "--target", TRITON, "--max-examples", "1000", "--poison", "stale", "--out", str(tmp_path))
     for _ in range(1200):  # until the status file counts an example
         try:
             if json.loads((tmp_path / "status.json").read_text())["targets"][0]["examples"] > 0:
@@ -197,7 +203,7 @@ def test_sigterm_stops_after_the_current_example_and_writes_the_summary(tmp_path
 
 
 def test_fuzz_writes_a_report_with_coverage_plots(tmp_path):
-    need("vllm.cpu_attention")
+    available("vllm.cpu_attention")
     r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--max-examples", "20", "--poison", "nan",
                "--out", str(tmp_path))
     assert r.returncode == 1
@@ -287,9 +293,8 @@ def test_a_cli_message_naming_a_long_path_is_one_line_in_a_log(tmp_path):
     f = deep / "db-file"
     f.write_text("")
     planted = Path(__file__).resolve().parent / "planted_endings.py"
-    r = subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", f"{planted}:Correct",
-                        "--db", str(f), "--out", str(tmp_path / "o")], capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ, COLUMNS="40"))
+    r = kvfuzz("fuzz", "--target", f"{planted}:Correct", "--db", str(f), "--out", str(tmp_path / "o"),
+               env=dict(os.environ, COLUMNS="40"))
     assert r.returncode == 2, r.stdout + r.stderr
     assert any(str(f) in line and "is a file, not a directory" in line for line in r.stdout.splitlines()), r.stdout
 
@@ -308,6 +313,7 @@ def test_targets_tells_availability_without_loading_a_kernel_library():
     assert not any(row["loaded"] for row in rows.values())
     assert all("not loaded (--check loads it)" in row["reason"] for row in rows.values() if row["available"])
     checked = {row["name"]: row for row in json.loads(kvfuzz("targets", "--json", "--check").stdout)}
+    assert rows and checked.keys() == rows.keys()  # every target forecast is loaded and compared below
     assert all(row["loaded"] for row in checked.values())
     for name, row in checked.items():  # the forecast agrees with loading, here
         assert row["available"] == rows[name]["available"], (name, row["reason"], rows[name]["reason"])

@@ -6,11 +6,10 @@ The disk is filled by injection (tests/planted_disk.py patches os.replace and os
 import errno
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from kvfuzz_test_support import kvfuzz
 
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import KernelMismatch
@@ -116,9 +115,8 @@ def _fuzz(cls, tmp_path, *extra, full=True, only_statvfs=False):
         env["KVFUZZ_PLANTED_FULL"] = str(tmp_path / "disk-is-full")
     if only_statvfs:
         env["KVFUZZ_PLANTED_ONLY_STATVFS"] = "1"
-    return subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", f"{PLANTED}:{cls}",
-                           "--poison", "stale", "--out", str(out), "--max-examples", "40", "--example-timeout",
-                           "20", *extra], capture_output=True, text=True, timeout=600, env=env)
+    return kvfuzz("fuzz", "--target", f"{PLANTED}:{cls}", "--poison", "stale", "--out", str(out), "--max-examples",
+                  "40", "--example-timeout", "20", *extra, env=env)
 
 
 def _assert_stopped_cleanly(r, out: Path):

@@ -8,6 +8,7 @@ from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.harness.faults import FAULTS, get_fault
 from kvfuzz.fuzz.targets import get_target
+from kvfuzz_test_support import available
 
 pytestmark = pytest.mark.kernel
 
@@ -52,9 +53,7 @@ def test_every_fault_has_a_case():
 
 @pytest.mark.parametrize("fault, target, check, outcomes", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_fault_is_blamed_on_the_caller(make_batch, fault, target, check, outcomes):
-    t = get_target(target)
-    if not t.availability().ok:
-        pytest.skip(t.availability().reason)
+    t = available(target)
     b = make_batch([(5, 3), (1, 20), (4, 9)], dtype="float16", head_size=64, block_size=16, seed=8)
     with pytest.raises(CallerContractViolation) as info:
         check_example(t, Example(b, Poison.STALE), get_fault(fault))
@@ -70,9 +69,7 @@ def test_a_fault_only_another_platform_misreads_is_a_portability_warning(make_ba
     from kvfuzz.fuzz.guard.signatures import check_kernel_call
     from kvfuzz.fuzz.harness.attention import prepare
 
-    t = get_target(target)
-    if not t.availability().ok:
-        pytest.skip(t.availability().reason)
+    t = available(target)
     b = make_batch([(5, 3), (1, 20), (4, 9)], dtype="float16", head_size=64, block_size=16, seed=8)
     check_example(t, Example(b, Poison.STALE), get_fault(fault))  # the kernel agrees: no finding
     run = prepare(t, Example(b, Poison.STALE), get_fault(fault))
@@ -90,9 +87,7 @@ def _csr_batch(make_batch, target):
 
 @pytest.mark.parametrize("fault, target, check, outcomes", CSR_CASES, ids=[f"{c[0]}-{c[1]}" for c in CSR_CASES])
 def test_csr_fault_is_blamed_on_the_caller(make_batch, fault, target, check, outcomes):
-    t = get_target(target)
-    if not t.availability().ok:
-        pytest.skip(t.availability().reason)
+    t = available(target)
     with pytest.raises(CallerContractViolation) as info:
         check_example(t, Example(_csr_batch(make_batch, t), Poison.STALE), get_fault(fault))
     f = info.value
@@ -124,12 +119,11 @@ def test_csr_faults_shrink_to_the_fewest_sequences_they_need(target):
         assert e.batch.num_seqs == fault.needs_seqs, (name, e.batch.summary())
 
 
-def test_without_a_fault_the_same_batch_is_clean(make_batch):
-    for name in ("vllm.cpu_attention", "vllm.chunked_prefill_paged_decode"):
-        t = get_target(name)
-        if t.availability().ok:
-            b = make_batch([(5, 3), (1, 20), (4, 9)], dtype="float16", head_size=64, block_size=16, seed=8)
-            check_example(t, Example(b, Poison.STALE))
+@pytest.mark.parametrize("name", ["vllm.cpu_attention", "vllm.chunked_prefill_paged_decode"])
+def test_without_a_fault_the_same_batch_is_clean(make_batch, name):
+    t = available(name)
+    b = make_batch([(5, 3), (1, 20), (4, 9)], dtype="float16", head_size=64, block_size=16, seed=8)
+    check_example(t, Example(b, Poison.STALE))
 
 
 def test_a_fault_that_cannot_apply_leaves_the_example_alone(make_batch):

@@ -628,12 +628,9 @@ def test_checks_ignore_the_default_device(make_batch):
 def test_decode_attention_fwd_is_guarded_too(make_batch):
     """decode_attention_fwd (decode-only, implicit query_start_loc): the seeds' fill fires the unified
     invariant once the new tokens are handed over; a complete cache runs quietly."""
-    from kvfuzz.fuzz.targets import get_target
     from kvfuzz.fuzz.targets.vllm_triton import prepare_triton_runtime
 
-    t = get_target("vllm.decode_attention_fwd")
-    if not t.availability().ok:
-        pytest.skip(t.availability().reason)
+    t = available("vllm.decode_attention_fwd")
     prepare_triton_runtime()
     import vllm.v1.attention.ops.triton_decode_attention as m
 

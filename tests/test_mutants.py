@@ -10,6 +10,7 @@ from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.mutants import MUTANTS, PagedTorch, get_mutant, smallest_trigger
 from kvfuzz.fuzz.harness.attention import check_example
+from kvfuzz_test_support import kvfuzz
 
 pytestmark = pytest.mark.kernel
 
@@ -69,14 +70,9 @@ def test_bench_detect_json(tmp_path):
 
 
 def test_bench_throughput_splits_time_by_stage(tmp_path):
-    import json
-    import subprocess
-    import sys
-
     out = tmp_path / "t.json"
-    r = subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", "bench", "throughput", "--target",
-                        "vllm.cpu_attention", "--examples", "5", "--no-scaling", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    r = kvfuzz("bench", "throughput", "--target", "vllm.cpu_attention", "--examples", "5", "--no-scaling", "--json",
+               str(out))
     if "not available" in r.stderr:
         pytest.skip(r.stderr.strip())
     assert r.returncode == 0, r.stdout + r.stderr

@@ -11,14 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from kvfuzz_test_support import kvfuzz
 
 HERE = Path(__file__).resolve().parent
 PLANTED = HERE / "planted_endings.py"
-
-
-def kvfuzz(*args, cwd=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,9 @@
 """Each real target end to end on CPU: correct calls pass, the seeds' caller fault is blamed on the caller."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from kvfuzz_test_support import available
+from kvfuzz_test_support import available, kvfuzz
 
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import CallerContractViolation
@@ -67,7 +65,5 @@ def test_a_subclass_that_does_not_set_its_own_name_is_rejected(tmp_path):
     with pytest.raises(ValueError, match=r"Faster does not set its own `name`: it would share SdpaPaged's name "
                                          r"'example.sdpa_paged'"):
         load_spec(f"{adapter}:Faster")
-    r = subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", f"{adapter}:Faster",
-                        "--max-examples", "1", "--out", str(tmp_path / "o")], capture_output=True, text=True,
-                       timeout=120)
+    r = kvfuzz("fuzz", "--target", f"{adapter}:Faster", "--max-examples", "1", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "does not set its own `name`" in r.stderr and "nameless.py" in r.stderr, r.stderr

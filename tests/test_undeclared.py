@@ -11,8 +11,8 @@ from kvfuzz.contracts.checks.failures import FailureKind, SilentlyUnsupported
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
 from kvfuzz.fuzz.harness import properties
-from kvfuzz.fuzz.targets import get_target
 from kvfuzz.strategies import Limits
+from kvfuzz_test_support import available
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planted_targets import SilentOnUndeclaredHeadSizes  # noqa: E402
@@ -26,9 +26,7 @@ def test_taxonomy_of_undeclared_outcomes():
 
 
 def test_cpu_op_rejects_block_size_8_with_an_error(make_batch):
-    t = get_target("vllm.cpu_attention")
-    if not t.availability().ok:
-        pytest.skip(t.availability().reason)
+    t = available("vllm.cpu_attention")
     b = make_batch([(3, 4), (1, 9)], block_size=8, head_size=64)
     assert not t.capabilities.accepts(b)
     _, outcome = properties.check_undeclared(t, Example(b, Poison.STALE))
@@ -53,12 +51,14 @@ def test_undeclared_campaign_finds_the_silent_kernel_and_counts_rejections(tmp_p
     assert kinds == {FailureKind.SILENT_UNSUPPORTED.value}
     (f,) = stats.failures.values()
     assert f.example["batch"]["head_size"] not in (32, 64, 128)
-    t = get_target("vllm.cpu_attention")
-    if t.availability().ok:
-        stats = fuzz_target(t, CampaignConfig(out=tmp_path / "cpu", max_examples=20, seed=1, undeclared=True,
-                                              poisons=(Poison.STALE,)))
-        assert not stats.failures and sum(stats.rejections.values()) > 0
-        assert all("[F1" not in m for m in stats.rejections)  # time stamps stripped, equal errors grouped
+
+
+def test_undeclared_campaign_on_the_cpu_op_counts_its_rejections_and_finds_nothing(tmp_path):
+    t = available("vllm.cpu_attention")
+    stats = fuzz_target(t, CampaignConfig(out=tmp_path / "cpu", max_examples=20, seed=1, undeclared=True,
+                                          poisons=(Poison.STALE,)))
+    assert not stats.failures and sum(stats.rejections.values()) > 0
+    assert all("[F1" not in m for m in stats.rejections)  # time stamps stripped, equal errors grouped
 
 
 def test_context_attention_fwd_alibi_window_and_sinks(make_batch):
@@ -67,9 +67,7 @@ def test_context_attention_fwd_alibi_window_and_sinks(make_batch):
     it silently attends to the whole context (FINDING, README Findings 6)."""
     import attrs
 
-    t = get_target("vllm.context_attention_fwd")
-    if not t.availability().ok:
-        pytest.skip(t.availability().reason)
+    t = available("vllm.context_attention_fwd")
     b = make_batch([(1, 9), (4, 6)], dtype="float32", head_size=32, block_size=16, num_heads=4, num_kv_heads=2)
     _, outcome = properties.check_undeclared(t, Example(attrs.evolve(b, alibi=True, sinks=True), Poison.NAN))
     assert outcome == "rejected: AssertionError: Sinks arg is not supported with alibi"

@@ -201,7 +201,7 @@ class VllmUnifiedAttention(VllmTritonTarget):
         block_sizes=(16, 32, 48, 64, 544),
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         features=("sliding_window", "alibi", "sinks", "softcap"),
-        # accepted without complaint but position-dependent: see README Findings 5 (tests/test_triton_targets.py)
+        # accepted without complaint but position-dependent: see README Findings 5 (tests/test_vllm_triton.py)
         exclusive=(("alibi", "sinks"),),
     )
 

@@ -1,5 +1,6 @@
-"""Campaigns sharing an example database: a directory, a real Redis server on loopback, and a Redis outage in
-the middle of a campaign (nothing lost: the local mirror keeps every failure)."""
+"""The example database (kvfuzz.fuzz.campaign.database): campaigns sharing one (a directory, a real Redis server
+on loopback), a Redis outage in the middle of a campaign (nothing lost: the local mirror keeps every failure), and
+a --db that cannot be used, refused before fuzzing."""
 
 import json
 import os
@@ -7,20 +8,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase, MultiplexedDatabase
+from kvfuzz_test_support import kvfuzz, start_kvfuzz
 
 HERE = Path(__file__).resolve().parent
 PLANTED = HERE / "planted_endings.py"
-
-
-def kvfuzz(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def test_two_workers_share_a_directory_corpus(tmp_path):
@@ -86,11 +82,9 @@ def test_a_redis_outage_mid_campaign_loses_no_failure(tmp_path):
     proc, client, url = _redis(tmp_path)
     log = tmp_path / "calls.log"
     try:
-        p = subprocess.Popen([sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", f"{PLANTED}:Slow",
-                              "--target", f"{PLANTED}:RaisesRuntimeError", "--max-examples", "10", "--poison",
-                              "stale", "--db", url, "--out", str(tmp_path / "out")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=dict(os.environ, KVFUZZ_PLANTED_LOG=str(log)))
+        p = start_kvfuzz("fuzz", "--target", f"{PLANTED}:Slow", "--target", f"{PLANTED}:RaisesRuntimeError",
+                         "--max-examples", "10", "--poison", "stale", "--db", url, "--out", str(tmp_path / "out"),
+                         env=dict(os.environ, KVFUZZ_PLANTED_LOG=str(log)), stderr=subprocess.STDOUT)
         for _ in range(600):
             if log.exists() and log.read_text().split():
                 break
@@ -137,3 +131,14 @@ def test_check_reads_a_corpus_without_writing_it(tmp_path):
     view.delete(b"k", b"v")
     assert list(DirectoryBasedExampleDatabase(str(db)).fetch(b"k")) == [b"v"]
     assert list(DirectoryBasedExampleDatabase(str(db)).fetch(b"k2")) == []
+
+
+def test_db_naming_a_file_or_an_unreachable_redis_fails_before_fuzzing(tmp_path):
+    f = tmp_path / "db-file"
+    f.write_text("")
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--db", str(f), "--out", str(tmp_path / "o1"))
+    assert r.returncode == 2 and "is a file, not a directory" in r.stdout, r.stdout + r.stderr
+    pytest.importorskip("redis")
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--db", "redis://127.0.0.1:1/0", "--out",
+               str(tmp_path / "o2"))
+    assert r.returncode == 3 and "does not answer" in r.stdout and "Traceback" not in r.stdout + r.stderr

@@ -1,22 +1,16 @@
-"""kvfuzz check: green on the real targets, red on a planted kernel regression and on a corpus case that
-fails again; JUnit XML either way."""
+"""kvfuzz check, the pre-merge gate (kvfuzz.fuzz.campaign.gate): green on the real targets, red on a planted
+kernel regression and on a corpus case that fails again; JUnit XML either way."""
 
 import shutil
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from kvfuzz_test_support import kvfuzz
 
 pytestmark = pytest.mark.kernel
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-
-
-def kvfuzz(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "kvfuzz.fuzz.cli", *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd)
 
 
 def test_green_on_the_real_targets_with_the_committed_corpus(tmp_path):
