@@ -69,6 +69,7 @@ def test_the_database_replays_the_failure_first(caller_fault_run):
     assert r.returncode == 1 and "decode invariant" in r.stdout
 
 
+@pytest.mark.cli_text
 def test_targets_lists_both_with_availability():
     r = kvfuzz("targets", "--json")
     assert r.returncode == 0
@@ -101,6 +102,7 @@ def test_the_seeds_fault_on_sglang_decode_is_the_callers(tmp_path):
     (["replay", "."], "case.json: does not exist"),
     (["fuzz", "--big-cache", "--target", "vllm.cpu_reshape_and_cache"], "--big-cache fuzzes attention kernels"),
 ])
+@pytest.mark.cli_text
 def test_bad_usage_exits_2_with_the_problem_named(tmp_path, args, message):
     r = kvfuzz(*args, cwd=tmp_path)
     assert r.returncode == 2 and message in r.stdout + r.stderr, r.stdout + r.stderr
@@ -111,12 +113,14 @@ def test_bad_usage_exits_2_with_the_problem_named(tmp_path, args, message):
     (["--out", ""], "--out"),
     (["--max-examples", "0"], "--max-examples"),
 ])
+@pytest.mark.cli_text
 def test_cli_edges_are_usage_errors(tmp_path, args, message):
     r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", *(["--out", str(tmp_path / "o")] if "--out" not in args
                                                             else []), *args)
     assert r.returncode == 2 and message in r.stderr, r.stdout + r.stderr
 
 
+@pytest.mark.cli_text
 def test_out_under_a_file_or_in_proc_is_a_usage_error(tmp_path):
     f = tmp_path / "file"
     f.write_text("")
@@ -246,6 +250,7 @@ def test_small_references_of_a_cuda_target_run_on_the_cpu(make_batch):
     assert reference_device(OnCpu(), big) == "cpu"
 
 
+@pytest.mark.cli_text
 def test_output_that_is_not_a_terminal_is_never_wrapped(tmp_path, monkeypatch):
     """Piped or logged, whatever COLUMNS says: a message whole on one line, a table at its full width."""
     import io
@@ -286,6 +291,7 @@ def test_on_a_terminal_rich_keeps_its_layout(monkeypatch):
     assert max(len(line) for line in buf.getvalue().splitlines()) <= 40
 
 
+@pytest.mark.cli_text
 def test_a_cli_message_naming_a_long_path_is_one_line_in_a_log(tmp_path):
     """The fuzz command's own message, piped with COLUMNS=40 and a path of ~300 characters: one whole line."""
     deep = tmp_path.joinpath(*["d" * 40] * 7)

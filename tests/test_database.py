@@ -133,6 +133,7 @@ def test_check_reads_a_corpus_without_writing_it(tmp_path):
     assert list(DirectoryBasedExampleDatabase(str(db)).fetch(b"k2")) == []
 
 
+@pytest.mark.cli_text
 def test_db_naming_a_file_or_an_unreachable_redis_fails_before_fuzzing(tmp_path):
     f = tmp_path / "db-file"
     f.write_text("")

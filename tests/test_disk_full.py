@@ -18,6 +18,9 @@ from kvfuzz.fuzz.campaign import journal, reproducers
 from kvfuzz.fuzz.campaign.journal import OutLock, OutOfSpace, disk_full, stop_when_full, write_json
 from kvfuzz.fuzz.campaign.reproducers import write_reproducer
 
+#: the CI reruns these with a 100-character TMPDIR and COLUMNS=40 (.ci/run)
+pytestmark = pytest.mark.cli_text
+
 HERE = Path(__file__).resolve().parent
 PLANTED = HERE / "planted_disk.py"
 

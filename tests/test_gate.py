@@ -24,6 +24,7 @@ def test_green_on_the_real_targets_with_the_committed_corpus(tmp_path):
     assert not list(root.iter("failure"))
 
 
+@pytest.mark.cli_text
 def test_red_on_a_planted_kernel_regression(tmp_path):
     junit = tmp_path / "junit.xml"
     r = kvfuzz("check", "--target", f"{HERE / 'planted_targets.py'}:DecodeMissesOwnToken", "--corpus",

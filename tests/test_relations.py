@@ -155,6 +155,7 @@ def test_property_shrinks_a_violation_to_a_minimal_example():
     assert na.outcome == "not applicable"
 
 
+@pytest.mark.cli_text
 def test_relations_command_table_and_exit_status():
     runner = CliRunner()
     noisy = f"{HERE / 'broken_kernels.py'}:Noisy"

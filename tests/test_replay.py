@@ -36,6 +36,7 @@ def test_replay_of_a_segfault_reports_a_kernel_crash_and_survives(cases):
     assert r.returncode == 1 and "reproduced" in r.stdout and "kernel crash (SIGSEGV)" in r.stdout, r.stdout
 
 
+@pytest.mark.cli_text
 def test_replay_of_a_hang_reports_a_kernel_hang_after_the_timeout(cases):
     r = kvfuzz("replay", str(cases["Hangs"]), "--target", f"{PLANTED}:Hangs", "--timeout", "5")
     assert r.returncode == 1 and "kernel hang (timeout)" in r.stdout, r.stdout
@@ -116,6 +117,7 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.cli_text
 @pytest.mark.parametrize("corruption", list(CORRUPTIONS))
 def test_corrupt_reproducers_exit_2_naming_file_and_field(cases, tmp_path, corruption):
     edit, message = CORRUPTIONS[corruption]
@@ -125,6 +127,7 @@ def test_corrupt_reproducers_exit_2_naming_file_and_field(cases, tmp_path, corru
     assert message in r.stdout and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
 
 
+@pytest.mark.cli_text
 def test_a_pickled_tensors_file_is_rejected_and_never_unpickled(cases, tmp_path):
     marker = tmp_path / "unpickled"
 

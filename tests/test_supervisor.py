@@ -184,6 +184,7 @@ def test_sigterm_stops_the_campaign_even_when_the_kernel_swallows_the_interrupt(
     assert_no_process_left(log.read_text().split())
 
 
+@pytest.mark.cli_text
 def test_a_second_campaign_on_the_same_out_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
     p, log = _start("Slow", tmp_path, "--max-examples", "30")
     _wait_calls(log, 2)
@@ -197,6 +198,7 @@ def test_a_second_campaign_on_the_same_out_is_refused_and_a_stale_lock_is_taken_
     assert r.returncode == 0, r.stdout
 
 
+@pytest.mark.cli_text
 def test_torn_state_files_are_set_aside_with_a_warning(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
