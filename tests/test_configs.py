@@ -16,7 +16,8 @@ from kvfuzz.contracts.model.batch import FEATURES
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.bench.mutants import batch_size, get_mutant, smallest_trigger
+from kvfuzz.fuzz.bench.mutants import get_mutant, smallest_trigger
+from kvfuzz.fuzz.bench.paged_torch import batch_size
 from kvfuzz.fuzz.campaign import chunks, engine
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.records import TargetStats

@@ -16,7 +16,8 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
 from kvfuzz.contracts.checks.oracles import Oracle
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.bench.mutants import OFFSET_BITS, _batch, get_mutant, smallest_trigger
+from kvfuzz.fuzz.bench.mutants import OFFSET_BITS, get_mutant, smallest_trigger
+from kvfuzz.fuzz.bench.paged_torch import small_batch as _batch
 from kvfuzz.fuzz.campaign import engine
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.records import Quiet, TargetStats

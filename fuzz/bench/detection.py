@@ -25,7 +25,8 @@ from hypothesis.database import InMemoryExampleDatabase
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.fuzz.bench.grid import grid_detect
-from kvfuzz.fuzz.bench.mutants import MUTANTS, batch_size, get_mutant, smallest_trigger
+from kvfuzz.fuzz.bench.mutants import MUTANTS, get_mutant, smallest_trigger
+from kvfuzz.fuzz.bench.paged_torch import batch_size
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness import properties
