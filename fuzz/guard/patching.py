@@ -41,6 +41,7 @@ import threading
 from typing import Any, Callable, Protocol
 
 import attrs
+import torch
 
 from kvfuzz.fuzz.guard.signatures import SIGNATURES, KernelSignature
 
@@ -219,8 +220,6 @@ def patch_defining_module(name: str) -> None:
 
 
 def patch_ops() -> None:
-    import torch
-
     for entry in KERNELS:
         if not entry.op_namespace:
             continue
@@ -272,8 +271,6 @@ class PatchingFinder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    import torch
-
     for name in WATCHED:
         patch_defining_module(name)
     patch_ops()
@@ -305,8 +302,6 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    import torch
-
     for owner, attr, original in reversed(STATE.patched):
         try:
             if id(getattr(owner, attr, None)) in STATE.originals:
