@@ -37,7 +37,7 @@ import attrs
 from kvfuzz.contracts.checks.failures import CallerContractViolation, FailureKind
 from kvfuzz.contracts.calls.rocm import ROCM_PORTABILITY_ARCHS, current_rocm_arch
 from kvfuzz.contracts.checks.violations import Check, Violation
-from kvfuzz.fuzz.guard.patching import enter, leave
+from kvfuzz.fuzz.guard.patching import active_guard, enter, leave
 from kvfuzz.fuzz.guard.signatures import SIGNATURES, check_kernel_call
 
 MODES = ("raise", "warn", "record")
@@ -263,4 +263,7 @@ def guard(mode: str = "raise", **kwargs: Any) -> Guard:
     return Guard(mode, **kwargs)
 
 
-__all__ = ["MODES", "CallerContractError", "Guard", "GuardRecord", "KvfuzzGuardWarning", "guard", "summary_lines"]
+# active_guard: the innermost active Guard (kept here too: code that checks calls for a guard, e.g. other
+# interceptors in this package, imports it with Guard)
+__all__ = ["MODES", "CallerContractError", "Guard", "GuardRecord", "KvfuzzGuardWarning", "active_guard", "guard",
+           "summary_lines"]
