@@ -31,7 +31,10 @@ _EXPORTS = {
     "Poison": "contracts.model.poison", "Check": "contracts.checks.violations", "Violation": "contracts.checks.violations",
     "Limits": "strategies.limits", "batches": "strategies.batches", "examples": "strategies.batches",
     "Availability": "fuzz.targets.base", "KernelCall": "fuzz.targets.base", "Target": "fuzz.targets.base",
-    "get_target": "fuzz.targets.registry", "Guard": "fuzz.guard.interception", "guard": "fuzz.guard.interception",
+    "get_target": "fuzz.targets.registry", "registered": "fuzz.targets.registry",
+    "Guard": "fuzz.guard.interception", "guard": "fuzz.guard.interception", "GuardRecord": "fuzz.guard.interception",
+    "CallerContractError": "fuzz.guard.interception", "KvfuzzGuardWarning": "fuzz.guard.interception",
 }
+# tests/test_public_api.py lists these names too: a change to the public surface is a change to that test.
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = ["__version__", *sorted(_EXPORTS)]

@@ -12,7 +12,7 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.checks.oracles import Oracle
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.bench.mutants import _batch
+from kvfuzz.fuzz.bench.paged_torch import small_batch as _batch
 from kvfuzz.fuzz.campaign.baseline import (BaselineError, KnownFinding, append_entry, classify, entry_from_case,
                                            load_baseline, match, parse_baseline)
 from kvfuzz.fuzz.campaign.reproducers import Case

@@ -16,8 +16,11 @@ from kvfuzz.contracts.model.batch import FEATURES
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.bench.mutants import batch_size, get_mutant, smallest_trigger
-from kvfuzz.fuzz.campaign import engine
+from kvfuzz.fuzz.bench.mutants import get_mutant, smallest_trigger
+from kvfuzz.fuzz.bench.paged_torch import batch_size
+from kvfuzz.fuzz.campaign import chunks, engine
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.records import TargetStats
 from kvfuzz.strategies.batches import choice, examples
 from kvfuzz.strategies.configs import KernelConfig, config_for, round_length
 from kvfuzz.strategies.limits import Limits
@@ -82,8 +85,8 @@ def test_bad_pins_are_rejected():
         KernelConfig("float16", 4, 2, 64, "auto", 16, features=("sliding_window",))
 
 
-def _pinned_campaign(mutant: str, seed: int = 0) -> engine.TargetStats:
-    config = engine.CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=1000, duration=60, seed=seed,
+def _pinned_campaign(mutant: str, seed: int = 0) -> TargetStats:
+    config = CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=1000, duration=60, seed=seed,
                                    database=InMemoryExampleDatabase(), stop_at_first_failure=True,
                                    pin_configs=True, structural_shrink=0)  # widening alone
     return engine.fuzz_target(get_mutant(mutant), config), config
@@ -108,19 +111,19 @@ def test_a_failure_found_in_one_configuration_widens_to_the_smallest_trigger(mut
 
 def test_chunks_are_pinned_on_cuda_and_free_on_cpu_by_default():
     cpu = get_mutant("mutant.gqa_modulo")
-    config = engine.CampaignConfig(out=Path(tempfile.mkdtemp()))
-    assert engine.pins_configs(cpu, config) is (cpu.device == "cuda")
-    assert engine.examples_per_chunk(cpu, config) == (engine.PINNED_CHUNK_EXAMPLES if cpu.device == "cuda"
-                                                      else engine.CHUNK_EXAMPLES)
-    pinned = engine.CampaignConfig(out=config.out, pin_configs=True)
-    assert engine.chunk_config(cpu, pinned, 5) == config_for(cpu.capabilities, pinned.limits, 0, 5)
-    assert engine.chunk_config(cpu, pinned, -1) == config_for(cpu.capabilities, pinned.limits, 0, 0)  # warm-up
-    assert engine.chunk_config(cpu, engine.CampaignConfig(out=config.out, pin_configs=True, undeclared=True),
+    config = CampaignConfig(out=Path(tempfile.mkdtemp()))
+    assert chunks.pins_configs(cpu, config) is (cpu.device == "cuda")
+    assert chunks.examples_per_chunk(cpu, config) == (chunks.PINNED_CHUNK_EXAMPLES if cpu.device == "cuda"
+                                                      else chunks.CHUNK_EXAMPLES)
+    pinned = CampaignConfig(out=config.out, pin_configs=True)
+    assert chunks.chunk_config(cpu, pinned, 5) == config_for(cpu.capabilities, pinned.limits, 0, 5)
+    assert chunks.chunk_config(cpu, pinned, -1) == config_for(cpu.capabilities, pinned.limits, 0, 0)  # warm-up
+    assert chunks.chunk_config(cpu, CampaignConfig(out=config.out, pin_configs=True, undeclared=True),
                                0) is None
 
 
 def test_default_workers():
-    from kvfuzz.fuzz.campaign.workers import MAX_WORKERS_PER_GPU, default_workers
+    from kvfuzz.fuzz.campaign.config import MAX_WORKERS_PER_GPU, default_workers
 
     assert default_workers(0, cpus=64) == 1
     assert default_workers(1, cpus=16) == MAX_WORKERS_PER_GPU

@@ -269,7 +269,7 @@ def test_warnings_never_stop_the_kernel_and_carry_their_category(make_batch):
     b, kw = _split_kw(make_batch)
     kw["seq_lens"] = kw["seq_lens"].long()
     with guard("raise") as g, pytest.warns(KvfuzzGuardWarning, match=r"index tensor dtype warning \(portability\)"):
-        g._check("chunked_prefill_paged_decode", kw, "test")
+        g.check_call("chunked_prefill_paged_decode", kw, "test")
     assert g.stopped == 0 and g.records[0].errors == () and g.calls == {"chunked_prefill_paged_decode": 1}
     assert "index tensor dtype (warning, portability): 1" in g.summary()
 

@@ -184,7 +184,8 @@ def test_a_full_disk_inside_an_example_is_nobodys_finding(tmp_path):
     not the kernel's."""
     from kvfuzz.contracts.model.batch import Batch
     from kvfuzz.fuzz.bench.mutants import PagedTorch
-    from kvfuzz.fuzz.campaign.engine import Campaign, CampaignConfig
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.campaign.engine import Campaign
 
     class FullInPrepare(PagedTorch):
         name = "planted.full_in_prepare"

@@ -61,7 +61,8 @@ def test_the_gate_draws_only_a_targets_gate_value_ranges(tmp_path):
     from hypothesis import find, settings
     from hypothesis.errors import NoSuchExample
 
-    from kvfuzz.fuzz.campaign.engine import CampaignConfig, strategy_for
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.campaign.engine import strategy_for
     from kvfuzz.fuzz.targets import get_target
 
     t = get_target("sglang.decode_attention_fwd")

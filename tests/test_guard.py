@@ -28,6 +28,7 @@ from kvfuzz.contracts.calls.rocm import rocm_custom_paged_attention_selected
 from kvfuzz.contracts.checks.violations import Category, Check, Severity
 from kvfuzz.fuzz.guard import CallerContractError, KvfuzzGuardWarning, guard, is_guarded, original_of
 from kvfuzz.fuzz.guard import interception as guard_mod
+from kvfuzz.fuzz.guard import patching
 from kvfuzz.fuzz.guard.signatures import check_kernel_call
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -475,12 +476,12 @@ def test_patches_aliases_restores_them_and_works_as_decorator(make_batch):
             late.op = mod.chunked_prefill_paged_decode  # imported while the guard is on
             sys.modules[late.__name__] = late
             alias.op(**kw)
-            return guard_mod.active_guard()
+            return patching.active_guard()
 
         g = run_suite()
         assert [r.checks for r in g.records] == [(Check.MAX_QUERY_LEN,)]
         assert mod.chunked_prefill_paged_decode is real and alias.op is real and late.op is real
-        assert guard_mod._PATCHED == [] and guard_mod.active_guard() is None
+        assert patching.STATE.patched == [] and patching.active_guard() is None
     finally:
         sys.modules.pop(alias.__name__, None)
         sys.modules.pop(late.__name__, None)
@@ -689,7 +690,7 @@ def test_int64_seq_lens(kvfuzz_guard):
     cs = materialize(b, d, VllmPagedLayout(), Contract.SPLIT.cached_lens(b), Poison.ZEROS)
     kw = VllmChunkedPrefillPagedDecode().build_call(b, d, cs).kwargs
     kw["seq_lens"] = kw["seq_lens"].long()  # fine on the Triton path; vLLM's ROCm custom kernel misreads it
-    kvfuzz_guard._check("chunked_prefill_paged_decode", kw, "the test")
+    kvfuzz_guard.check_call("chunked_prefill_paged_decode", kw, "the test")
 '''
 
 

@@ -36,7 +36,7 @@ def test_smallest_trigger_fails_the_property_and_base_passes(name):
 
 @pytest.mark.parametrize("poison", [Poison.STALE, Poison.ZEROS])
 def test_base_passes_grid_like_batches(poison):
-    from kvfuzz.fuzz.bench.mutants import _batch
+    from kvfuzz.fuzz.bench.paged_torch import small_batch as _batch
 
     b = _batch([1, 5, 9], [30, 0, 17], heads=(6, 2), head_size=32, block_size=8,
                table=[[6, 2, 9, 0], [1, 0, 0, 0], [3, 8, 5, 7]], num_blocks=10)

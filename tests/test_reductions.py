@@ -16,8 +16,11 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
 from kvfuzz.contracts.checks.oracles import Oracle
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.bench.mutants import OFFSET_BITS, _batch, get_mutant, smallest_trigger
+from kvfuzz.fuzz.bench.mutants import OFFSET_BITS, get_mutant, smallest_trigger
+from kvfuzz.fuzz.bench.paged_torch import small_batch as _batch
 from kvfuzz.fuzz.campaign import engine
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.records import Quiet, TargetStats
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.strategies.batches import batches
@@ -145,7 +148,7 @@ def test_reduce_reaches_the_smallest_overflow_and_keeps_the_signature():
     assert ran == [] and skipped.tried == 0
 
 
-class _Events(engine._Quiet):
+class _Events(Quiet):
     def __init__(self):
         self.events = []
 
@@ -160,10 +163,10 @@ class _Events(engine._Quiet):
 
 
 def _campaign(mutant: str, seed: int, structural_shrink: float, listener=None):
-    config = engine.CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=2000, duration=60, seed=seed,
+    config = CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=2000, duration=60, seed=seed,
                                    database=InMemoryExampleDatabase(), stop_at_first_failure=True,
                                    pin_configs=False, structural_shrink=structural_shrink)
-    stats = engine.TargetStats(mutant)
+    stats = TargetStats(mutant)
     campaign = engine.Campaign(get_mutant(mutant), config, listener or engine._Counting(stats, 0.0, lambda s: None))
     chunk = 0
     while not campaign._new and chunk < 40:

@@ -17,8 +17,7 @@ from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelMism
 from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.checks.violations import Check
-from kvfuzz.fuzz.guard import guard
-from kvfuzz.fuzz.guard.interception import CallerContractError, is_guarded
+from kvfuzz.fuzz.guard import CallerContractError, guard, is_guarded
 from kvfuzz.fuzz.guard.signatures import check_kernel_call
 from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.targets.sglang_triton import (

@@ -9,7 +9,8 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import CallerContractViolation
 from kvfuzz.contracts.checks.invariants import DECODE, UNIFIED
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.harness.faults import get_fault
 from kvfuzz.strategies import Limits

@@ -11,7 +11,8 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets.torch_flex import FlexPagedLayout, TorchFlexPaged, paged_attention_for
 from kvfuzz.strategies import Limits

@@ -9,7 +9,8 @@ import pytest
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import FailureKind, SilentlyUnsupported
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.campaign.engine import CampaignConfig, fuzz_target
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.strategies import Limits
 from kvfuzz_test_support import available

@@ -25,8 +25,10 @@ from hypothesis.database import InMemoryExampleDatabase
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.fuzz.bench.grid import grid_detect
-from kvfuzz.fuzz.bench.mutants import MUTANTS, batch_size, get_mutant, smallest_trigger
-from kvfuzz.fuzz.campaign import engine as campaign_mod
+from kvfuzz.fuzz.bench.mutants import MUTANTS, get_mutant, smallest_trigger
+from kvfuzz.fuzz.bench.paged_torch import batch_size
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.strategies.limits import Limits
 from kvfuzz.strategies.reductions import SIZE_FIELDS, size_key
@@ -39,15 +41,15 @@ RERUNS = 3
 def kvfuzz_detect(name: str, seed: int, max_examples: int = 200, duration: float | None = 20.0,
                   limits: Limits = Limits(), pin_configs: bool | None = None) -> dict:
     """Fuzz mutant ``name`` with seed ``seed`` until its first distinct failure is shrunk or the budget is
-    spent; ``pin_configs`` as in :class:`~kvfuzz.fuzz.campaign.engine.CampaignConfig` (None: pinned on CUDA).
+    spent; ``pin_configs`` as in :class:`~kvfuzz.fuzz.campaign.config.CampaignConfig` (None: pinned on CUDA).
     Returns a result dict (see the module docstring)."""
     target = get_mutant(name)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kvfuzz-bench-") as d:
-        config = campaign_mod.CampaignConfig(out=Path(d), max_examples=max_examples, duration=duration, seed=seed,
-                                             limits=limits, database=InMemoryExampleDatabase(),
-                                             stop_at_first_failure=True, pin_configs=pin_configs)
-        stats = campaign_mod.fuzz_target(target, config)
+        config = CampaignConfig(out=Path(d), max_examples=max_examples, duration=duration, seed=seed,
+                                limits=limits, database=InMemoryExampleDatabase(), stop_at_first_failure=True,
+                                pin_configs=pin_configs)
+        stats = fuzz_target(target, config)
     first = {} if stats.first_failure_s is None else {"seconds": stats.first_failure_s,
                                                       "examples": stats.first_failure_examples}
     elapsed = time.monotonic() - start

@@ -45,7 +45,8 @@ from kvfuzz.contracts.caches.layouts import NHDLayout
 from kvfuzz.contracts.caches.materialize import CacheState, materialize
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.checks.reference import reference_attention
-from kvfuzz.fuzz.bench.mutants import batch_size, get_mutant
+from kvfuzz.fuzz.bench.mutants import get_mutant
+from kvfuzz.fuzz.bench.paged_torch import batch_size
 
 
 @attrs.frozen

@@ -1,6 +1,6 @@
 """A zoo of deliberately broken paged-attention kernels, each modeled on a real bug (docs/contracts.md §5).
 
-Every mutant subclasses :class:`PagedTorch`, a reference-style torch kernel over the NHD cache layout with the
+Every mutant subclasses :class:`~kvfuzz.fuzz.bench.paged_torch.PagedTorch` (fuzz/bench/paged_torch.py), a reference-style torch kernel over the NHD cache layout with the
 unified contract (the same math as ``examples/sdpa_paged_target.py``'s ``SdpaPaged``, written out step by step
 so that one step can be broken): it reads the block table, addresses the cache through flat element offsets
 (``block * BS*Hkv*D + slot_in_block * Hkv*D + kv_head * D + d``, as a CUDA/Triton kernel does), maps query
@@ -18,16 +18,12 @@ say so: ``int32_offset_overflow`` wraps element offsets at ``2**OFFSET_BITS`` (1
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import torch
 
 from kvfuzz.contracts.model.batch import Batch
-from kvfuzz.contracts.model.capabilities import Capabilities
-from kvfuzz.contracts.model.contract import Contract
-from kvfuzz.contracts.caches.layouts import NHDLayout
-from kvfuzz.fuzz.targets.base import Availability, KernelCall, Target
-from kvfuzz.strategies.reductions import SIZE_FIELDS, size_key
+from kvfuzz.fuzz.bench.paged_torch import PagedTorch, small_batch
+from kvfuzz.fuzz.targets.base import Target
 
 #: Emulated width of the element-offset word of ``int32_offset_overflow`` (real: 32 bits, signed: 2**31).
 OFFSET_BITS = 16
@@ -35,156 +31,6 @@ OFFSET_BITS = 16
 ID_BITS = 5
 #: Partition (split-KV chunk) size of ``split_kv_exact_multiple``.
 PARTITION = 16
-
-
-class PagedTorch(Target):
-    """The unmutated base: correct paged attention in torch (fp32 accumulation), unified contract, NHD cache.
-
-    Arguments (``KernelCall.kwargs``): query ``[T, H, D]``, key_cache/value_cache ``[NB, BS, Hkv, D]`` (in the
-    batch dtype, or fp8 for an fp8 kv_cache_dtype, dequantized as ``fp8 * k_scale``), block_table int32
-    ``[N, W]``, seq_lens int32 ``[N]``, query_start_loc int32 ``[N+1]``, scale (float, or None for the
-    kernel's default ``1/sqrt(head_size)``; kvfuzz passes ``batch.sm_scale``), k_scale/v_scale (float),
-    sliding_window (None or W keys), softcap (None or c), alibi_slopes (None or float32 ``[H]``),
-    output ``[T, H, D]``.
-    """
-
-    name: ClassVar[str] = "mutant.base"
-    description: ClassVar[str] = "unmutated torch paged attention (the base every mutant breaks)"
-    trigger: ClassVar[str] = "never (correct kernel)"
-    bug: ClassVar[str] = ""
-    capabilities = Capabilities(contract=Contract.UNIFIED, devices=("cpu",),
-                                dtypes=("float32", "float16", "bfloat16"), head_sizes=(24, 32, 64, 128, 256),
-                                block_sizes=(8, 16, 32), kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"),
-                                features=("sliding_window", "alibi", "softcap"))
-
-    def availability(self) -> Availability:
-        return Availability(True, f"torch {torch.__version__}", "cpu")
-
-    def layout(self, batch: Batch) -> NHDLayout:
-        return NHDLayout()
-
-    def build_call(self, batch, data, cache) -> KernelCall:
-        dev = cache.key_cache.device
-        out = torch.zeros((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype,
-                          device=dev)
-        kwargs = dict(query=data.query.to(dev), key_cache=cache.key_cache, value_cache=cache.value_cache,
-                      block_table=batch.block_table_tensor(dev), seq_lens=batch.seq_lens_tensor(dev),
-                      query_start_loc=batch.query_start_loc_tensor(dev), scale=batch.sm_scale, output=out,
-                      k_scale=batch.k_scale, v_scale=batch.v_scale, sliding_window=batch.sliding_window,
-                      softcap=batch.softcap, alibi_slopes=batch.alibi_slopes_tensor(dev))
-        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
-
-    # ---- the steps a mutant may break ------------------------------------------------------------------
-    def softmax_scale(self, scale: float | None, num_heads: int, head_size: int) -> float:
-        return scale if scale is not None else 1.0 / math.sqrt(head_size)
-
-    def seq_lens_of(self, seq_lens: torch.Tensor) -> list[int]:
-        return seq_lens.tolist()
-
-    def physical_blocks(self, table_row: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """Physical block ids of logical blocks ``cols`` (int64)."""
-        return table_row[cols].long()
-
-    def block_offsets(self, blocks: torch.Tensor, block_stride: int) -> torch.Tensor:
-        """Element offset of each block's first element (int64)."""
-        return blocks * block_stride
-
-    def kv_heads(self, num_heads: int, num_kv_heads: int) -> torch.Tensor:
-        """kv head read by each query head (vLLM's grouping ``h // (H // Hkv)``)."""
-        return torch.arange(num_heads) // (num_heads // num_kv_heads)
-
-    def keys_read(self, seq_len: int, block_size: int, decode: bool) -> int:
-        """How many leading positions the kernel loads (K and V)."""
-        return seq_len
-
-    def dequantize(self, x: torch.Tensor, scale: float) -> torch.Tensor:
-        """fp32 cache elements (fp8 codes or plain values) -> the values attention uses."""
-        return x * scale
-
-    def in_window(self, qpos: torch.Tensor, kpos: torch.Tensor, window: int, decode: bool) -> torch.Tensor:
-        """``[Q, S]`` bool: keys inside a sliding window of ``window`` keys ending at each query position."""
-        return kpos[None, :] > qpos[:, None] - window
-
-    def allowed(self, qpos: torch.Tensor, kpos: torch.Tensor, seq_len: int, decode: bool,
-                num_seqs: int) -> torch.Tensor:
-        """``[Q, S]`` bool: which loaded keys each query row attends to (causal)."""
-        return kpos[None, :] <= qpos[:, None]
-
-    def combine(self, scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor, decode: bool,
-                num_seqs: int) -> torch.Tensor:
-        """``scores [H, Q, S]`` (fp32, unmasked), ``allowed [Q, S]``, ``v [S, H, D]`` -> ``[Q, H, D]``."""
-        p = torch.softmax(scores.masked_fill(~allowed[None], float("-inf")), dim=-1)
-        return torch.einsum("hqs,shd->qhd", p, v)
-
-    # ---- the kernel -------------------------------------------------------------------------------------
-    def gather(self, cache: torch.Tensor, table_row: torch.Tensor, n: int, heads: torch.Tensor) -> torch.Tensor:
-        """``[n, H, D]`` fp32: positions ``0..n-1`` of one sequence, for every query head, read through flat
-        element offsets (an offset past the cache wraps around, so a wrong one reads some other slot)."""
-        nb, bs, hkv, d = cache.shape
-        pos = torch.arange(n)
-        cols = pos // bs
-        blocks = self.physical_blocks(table_row, cols)
-        base = self.block_offsets(blocks, bs * hkv * d)
-        idx = (base + (pos % bs) * hkv * d)[:, None, None] + heads[None, :, None] * d + torch.arange(d)[None, None]
-        return cache.reshape(-1)[idx % cache.numel()].float()
-
-    def run(self, call: KernelCall) -> torch.Tensor:
-        a = call.kwargs
-        q_all, kc, vc, out = a["query"], a["key_cache"], a["value_cache"], a["output"]
-        nb, bs, hkv, d = kc.shape
-        h = q_all.shape[1]
-        scale = self.softmax_scale(a["scale"], h, d)
-        qsl = a["query_start_loc"].tolist()
-        seq_lens = self.seq_lens_of(a["seq_lens"])
-        flat_table = a["block_table"].reshape(-1)
-        width = a["block_table"].shape[1]
-        heads = self.kv_heads(h, hkv)
-        n_seqs = len(qsl) - 1
-        for i in range(n_seqs):
-            qs, qe = qsl[i], qsl[i + 1]
-            seq_len = seq_lens[i]
-            if qe == qs:
-                continue
-            if seq_len <= 0:  # an empty sequence: the kernel writes zeros
-                out[qs:qe] = 0
-                continue
-            decode = qe - qs == 1
-            n = self.keys_read(seq_len, bs, decode)
-            # a row's columns, read row-major from the flat table (a column past the row reads the next row)
-            row = flat_table[(i * width + torch.arange(-(-n // bs))) % flat_table.numel()]
-            k = self.dequantize(self.gather(kc, row, n, heads), a["k_scale"])
-            v = self.dequantize(self.gather(vc, row, n, heads), a["v_scale"])
-            q = q_all[qs:qe].float()
-            scores = torch.einsum("qhd,shd->hqs", q, k) * scale
-            qpos = seq_len - (qe - qs) + torch.arange(qe - qs)
-            kpos = torch.arange(n)
-            if a["softcap"] is not None:
-                scores = a["softcap"] * torch.tanh(scores / a["softcap"])
-            if a["alibi_slopes"] is not None:
-                scores = scores + a["alibi_slopes"][:, None, None] * (kpos[None, None, :] - qpos[None, :, None])
-            allowed = self.allowed(qpos, kpos, seq_len, decode, n_seqs)
-            if a["sliding_window"] is not None:
-                allowed = allowed & self.in_window(qpos, kpos, a["sliding_window"], decode)
-            out[qs:qe] = self.combine(scores, allowed, v, decode, n_seqs).to(out.dtype)
-        return out
-
-
-def _batch(query_lens, ctx_lens, heads=(1, 1), head_size=24, block_size=8, num_blocks=None, table=None,
-           **kw) -> Batch:
-    """A small batch, contiguous block table by default."""
-    seq_lens = [q + c for q, c in zip(query_lens, ctx_lens)]
-    need = [-(-s // block_size) for s in seq_lens]
-    if table is None:
-        table, k = [], 0
-        for n in need:
-            table.append(list(range(k, k + n)))
-            k += n
-        w = max(need)
-        table = [r + [0] * (w - len(r)) for r in table]
-    if num_blocks is None:
-        num_blocks = max(max(r[:n]) for r, n in zip(table, need)) + 1
-    return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=heads[0], num_kv_heads=heads[1],
-                 head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table, **kw)
 
 
 # ---- the mutants --------------------------------------------------------------------------------------------
@@ -199,7 +45,7 @@ class DecodeMissesOwnToken(PagedTorch):
     description = "decode rows leave out the current token"
     trigger = "any decode sequence (query_len == 1)"
     bug = "§5.7 mask off by one (vllm issue 3385, sglang PR 26147); README's decode-token story"
-    smallest = staticmethod(lambda: _batch([1], [0]))
+    smallest = staticmethod(lambda: small_batch([1], [0]))
 
     def allowed(self, qpos, kpos, seq_len, decode, num_seqs):
         ok = super().allowed(qpos, kpos, seq_len, decode, num_seqs)
@@ -215,7 +61,7 @@ class TailVUnmasked(PagedTorch):
     description = "V of the last block's tail slots multiplied by p = 0 (0 * NaN)"
     trigger = "seq_len % block_size != 0 and NaN/inf in the unwritten tail slots"
     bug = "§5.3 NaN from unmasked V tail (vllm PR 936, PR 53856: ctx 4090 fails / 4096 passes; FA issue 2374)"
-    smallest = staticmethod(lambda: _batch([1], [0]))
+    smallest = staticmethod(lambda: small_batch([1], [0]))
 
     def keys_read(self, seq_len, block_size, decode):
         return -(-seq_len // block_size) * block_size
@@ -230,7 +76,7 @@ class DecodeTailUnmasked(PagedTorch):
     description = "decode rows attend to the unused tail slots of their last block"
     trigger = "a decode sequence with seq_len % block_size != 0 (any poison: stale data is read)"
     bug = "§5.3 / §5.5 unmasked partial final block (vllm PR 936, flash-attention PR 2711)"
-    smallest = staticmethod(lambda: _batch([1], [0]))
+    smallest = staticmethod(lambda: small_batch([1], [0]))
 
     def keys_read(self, seq_len, block_size, decode):
         return -(-seq_len // block_size) * block_size
@@ -249,7 +95,7 @@ class GqaModulo(PagedTorch):
     description = "kv head h % Hkv instead of h // ratio"
     trigger = "GQA with num_kv_heads >= 2 and ratio >= 2 (e.g. H=4, Hkv=2), seq_len >= 1"
     bug = "§5.6 GQA mapping bugs (FlashInfer issues 2896, 2849)"
-    smallest = staticmethod(lambda: _batch([1], [0], heads=(4, 2)))
+    smallest = staticmethod(lambda: small_batch([1], [0], heads=(4, 2)))
 
     def kv_heads(self, num_heads, num_kv_heads):
         return torch.arange(num_heads) % num_kv_heads
@@ -264,7 +110,7 @@ class GqaPow2Group(PagedTorch):
     description = "kv head h >> log2(ratio): wrong for group sizes 3, 7"
     trigger = "GQA ratio not a power of two (3, 7) with num_heads >= 3"
     bug = "§5.6 group size 7 (28/4 heads) precision/crash (FlashInfer issue 2896)"
-    smallest = staticmethod(lambda: _batch([1], [0], heads=(3, 1)))
+    smallest = staticmethod(lambda: small_batch([1], [0], heads=(3, 1)))
 
     def kv_heads(self, num_heads, num_kv_heads):
         shift = int(math.floor(math.log2(num_heads // num_kv_heads)))
@@ -279,7 +125,7 @@ class ContiguousBlocks(PagedTorch):
     description = "reads block_table[i, 0] + logical block instead of block_table[i, logical block]"
     trigger = "a sequence over >= 2 blocks whose ids are not consecutive ascending (reversed/permuted table)"
     bug = "§5.11 kernel assumes contiguous slots bt[i//BS]*BS + i%BS (vllm PR 42420)"
-    smallest = staticmethod(lambda: _batch([1], [8], table=[[0, 2]], num_blocks=3))
+    smallest = staticmethod(lambda: small_batch([1], [8], table=[[0, 2]], num_blocks=3))
 
     def physical_blocks(self, table_row, cols):
         return table_row[0].long() + cols
@@ -301,7 +147,7 @@ class Int32OffsetOverflow(PagedTorch):
     # the minimum in the benchmark's order (heads, then head size, then blocks) among the ids the strategies
     # draw (up to 64): one head of size 32 wraps at block 64 of 32 tokens (64 * 32 * 32 = 65536); head size 24
     # would need block 86
-    smallest = staticmethod(lambda: _batch([1], [0], head_size=32, block_size=32, table=[[64]], num_blocks=65))
+    smallest = staticmethod(lambda: small_batch([1], [0], head_size=32, block_size=32, table=[[64]], num_blocks=65))
 
     def block_offsets(self, blocks, block_stride):
         return (blocks * block_stride) % (1 << OFFSET_BITS)
@@ -318,7 +164,7 @@ class BlockId16Bit(PagedTorch):
     description = f"block ids & 0x{(1 << ID_BITS) - 1:X} (scaled-down 16-bit truncation)"
     trigger = f"a used block id >= 2**{ID_BITS} = {1 << ID_BITS}"
     bug = "§5.2 block id truncated to 16 bits (ROCm/ATOM issue 702)"
-    smallest = staticmethod(lambda: _batch([1], [0], table=[[1 << ID_BITS]], num_blocks=(1 << ID_BITS) + 1))
+    smallest = staticmethod(lambda: small_batch([1], [0], table=[[1 << ID_BITS]], num_blocks=(1 << ID_BITS) + 1))
 
     def physical_blocks(self, table_row, cols):
         return table_row[cols].long() & ((1 << ID_BITS) - 1)
@@ -333,7 +179,7 @@ class ScaleIgnored(PagedTorch):
     description = "passed sm_scale ignored, 1.0 used"
     trigger = "sm_scale passed explicitly and != 1 (any row attending >= 2 keys)"
     bug = "§5.10 scales ignored / defaulted to 1.0 (vllm PR 42080, sglang PR 18882)"
-    smallest = staticmethod(lambda: _batch([1], [1], sm_scale=0.125))
+    smallest = staticmethod(lambda: small_batch([1], [1], sm_scale=0.125))
 
     def softmax_scale(self, scale, num_heads, head_size):
         return 1.0 if scale is not None else 1.0 / math.sqrt(head_size)
@@ -347,7 +193,7 @@ class DefaultScaleNumHeads(PagedTorch):
     description = "default scale 1/sqrt(num_heads)"
     trigger = "no sm_scale passed, num_heads != head_size, a row attending >= 2 keys"
     bug = "§5.13 default sm_scale from num_heads (vllm PR 31380)"
-    smallest = staticmethod(lambda: _batch([1], [1]))
+    smallest = staticmethod(lambda: small_batch([1], [1]))
 
     def softmax_scale(self, scale, num_heads, head_size):
         return scale if scale is not None else 1.0 / math.sqrt(num_heads)
@@ -362,7 +208,7 @@ class SplitKvExactMultiple(PagedTorch):
     description = f"decode drops the last KV partition when seq_len % {PARTITION} == 0"
     trigger = f"a decode sequence with seq_len % {PARTITION} == 0"
     bug = "§5.15 edge case at a multiple of the partition size (pytorch/xla PR 8431)"
-    smallest = staticmethod(lambda: _batch([1], [PARTITION - 1], block_size=16))
+    smallest = staticmethod(lambda: small_batch([1], [PARTITION - 1], block_size=16))
 
     def allowed(self, qpos, kpos, seq_len, decode, num_seqs):
         ok = super().allowed(qpos, kpos, seq_len, decode, num_seqs)
@@ -380,7 +226,7 @@ class BatchDependentSplit(PagedTorch):
     description = "split count from num_seqs; multi-split combine without max rescaling"
     trigger = "a decode sequence with seq_len >= 2 in a batch of <= 2 sequences"
     bug = "§5.12 output depends on batch-mates (flash-attention issue 1897, FlashInfer PR 1675)"
-    smallest = staticmethod(lambda: _batch([1], [1]))
+    smallest = staticmethod(lambda: small_batch([1], [1]))
 
     def combine(self, scores, allowed, v, decode, num_seqs):
         splits = max(1, 4 // num_seqs)
@@ -409,7 +255,7 @@ class SeqLensInt64AsInt32(PagedTorch):
     description = "seq_lens read as int32 words of an int64 tensor"
     trigger = "a batch of >= 2 sequences"
     bug = "§5.4 int64 metadata where int32 expected (FlashInfer issue 1654; vllm issue 28490 / PR 28905)"
-    smallest = staticmethod(lambda: _batch([1, 1], [0, 0]))
+    smallest = staticmethod(lambda: small_batch([1, 1], [0, 0]))
 
     def seq_lens_of(self, seq_lens):
         return seq_lens.to(torch.int64).view(torch.int32)[: len(seq_lens)].tolist()
@@ -424,7 +270,7 @@ class Fp8ScaleIgnored(PagedTorch):
     description = "fp8 cache read without k_scale/v_scale"
     trigger = "an fp8 kv_cache_dtype with v_scale != 1 (any row), or k_scale != 1 (a row attending >= 2 keys)"
     bug = "§5.10 fp8 k_scale/v_scale ignored or defaulted to 1.0 (vllm PR 42080, sglang PR 18882)"
-    smallest = staticmethod(lambda: _batch([1], [0], kv_cache_dtype="fp8_e4m3", v_scale=0.5))
+    smallest = staticmethod(lambda: small_batch([1], [0], kv_cache_dtype="fp8_e4m3", v_scale=0.5))
 
     def dequantize(self, x, scale):
         return x
@@ -438,7 +284,7 @@ class SlidingWindowOffByOne(PagedTorch):
     description = "sliding window keeps W + 1 keys"
     trigger = "a sliding window W and a query row at position >= W"
     bug = "§5.7 sliding window off by one (vllm issue 3385, sglang PR 26147)"
-    smallest = staticmethod(lambda: _batch([1], [1], sliding_window=1))
+    smallest = staticmethod(lambda: small_batch([1], [1], sliding_window=1))
 
     def in_window(self, qpos, kpos, window, decode):
         return kpos[None, :] >= qpos[:, None] - window
@@ -452,7 +298,7 @@ class WindowIgnoredOnDecode(PagedTorch):
     description = "decode rows are not windowed"
     trigger = "a decode sequence with seq_len > W"
     bug = "§5.9 decode path ignores the sliding window (mistral.rs issue 2094)"
-    smallest = staticmethod(lambda: _batch([1], [1], sliding_window=1))
+    smallest = staticmethod(lambda: small_batch([1], [1], sliding_window=1))
 
     def in_window(self, qpos, kpos, window, decode):
         ok = super().in_window(qpos, kpos, window, decode)
@@ -482,12 +328,5 @@ def smallest_trigger(name: str) -> Batch:
     return type(get_mutant(name)).smallest()
 
 
-def batch_size(batch: Batch) -> dict[str, int]:
-    """The sizes a shrunk case is compared by (:func:`kvfuzz.strategies.reductions.size_key`, its fields
-    named), plus ``kv_heads`` and ``block_size`` for display."""
-    return {**dict(zip(SIZE_FIELDS, size_key(batch))), "kv_heads": batch.num_kv_heads,
-            "block_size": batch.block_size}
-
-
-__all__ = ["MUTANTS", "PagedTorch", "get_mutant", "smallest_trigger", "batch_size", "OFFSET_BITS", "ID_BITS",
+__all__ = ["MUTANTS", "PagedTorch", "get_mutant", "smallest_trigger", "OFFSET_BITS", "ID_BITS",
            "PARTITION"]

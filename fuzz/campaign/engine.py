@@ -16,10 +16,10 @@ signatures of failures already known. A scheduler runs it piece by piece:
   goes on;
 - :meth:`Campaign.check_one` re-runs one given example (one a killed worker had in flight).
 
-Every example is reported to a :class:`Listener` as it happens: ``begin`` (the example, before anything runs),
+Every example is reported to a :class:`~kvfuzz.fuzz.campaign.records.Listener` as it happens: ``begin`` (the example, before anything runs),
 ``phase`` ("kernel" right before the kernel call, "check" after it), ``end`` (an :class:`Outcome`, what it adds
 to the counts) and ``failure`` (a new distinct failure, a :class:`FailureRecord`). The supervisor
-(:mod:`kvfuzz.fuzz.campaign.workers`) gets these over a pipe, so it knows at every moment which example each
+(:mod:`kvfuzz.fuzz.campaign.supervisor`) gets these over a pipe, so it knows at every moment which example each
 worker runs and in which phase; :func:`fuzz_target` runs a whole budget in this process for library use (the
 gate, benchmarks, tests), counting with :class:`TargetStats`.
 
@@ -32,273 +32,34 @@ every saved failure, with each kvfuzz release). tests/test_workers.py checks sav
 
 from __future__ import annotations
 
-import collections
 import re
 import shutil
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Callable
 
 import attrs
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, event, given, reject, seed, settings
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 
-from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import Finding, HarnessError
 from kvfuzz.contracts.caches.layouts import LayoutError
-from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.campaign.baseline import Baseline, classify
-from kvfuzz.fuzz.campaign.database import open_database, read_only_view
+from kvfuzz.contracts.checks.failures import Finding, HarnessError
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.campaign.baseline import classify
+from kvfuzz.fuzz.campaign.chunks import CHUNK_SEED_STRIDE, chunk_config, chunk_size, examples_per_chunk
+from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.journal import OutOfSpace, disk_full
+from kvfuzz.fuzz.campaign.records import FailureRecord, Listener, Outcome, Quiet, TargetStats, example_key
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.campaign.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import properties
-from kvfuzz.fuzz.harness.coverage import Coverage, labels
-from kvfuzz.fuzz.harness.faults import CallerFault
+from kvfuzz.fuzz.harness.coverage import labels
 from kvfuzz.fuzz.harness.run import STOP, Run
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
-from kvfuzz.strategies.configs import KernelConfig, config_for
-from kvfuzz.strategies.limits import Limits
-
-#: Chunk k of a campaign with seed s explores Hypothesis seed ``s * CHUNK_SEED_STRIDE + k``.
-CHUNK_SEED_STRIDE = 100_003
-#: Examples per chunk when each example draws its own configuration, and when a chunk is pinned to one: on a
-#: GPU one compile (~1 s per specialization, a few per configuration) against 200 examples of a few ms each.
-CHUNK_EXAMPLES, PINNED_CHUNK_EXAMPLES = 25, 200
-#: Examples of a warm-up chunk (CampaignConfig.warmup): one compiles the configuration, a second catches an
-#: integer specialization of its lengths.
-WARMUP_EXAMPLES = 2
-
-
-@attrs.define
-class CampaignConfig:
-    """Budgets are per target: at most ``max_examples`` examples and ``duration`` seconds (None: no limit).
-    ``poisons``: what may fill the slots the contract leaves unwritten (strictness: NaN and inf catch any read
-    of them that reaches the output, stale finite values catch reads that change the answer)."""
-
-    out: Path
-    max_examples: int = 30
-    duration: float | None = None
-    seed: int = 0
-    fault: CallerFault | None = None
-    limits: Limits = Limits()
-    poisons: tuple[Poison, ...] = tuple(Poison)
-    #: Examples per chunk (the unit of work a worker gets, and the examples one kernel configuration gets
-    #: when pinned); None: :data:`CHUNK_EXAMPLES` (free) or :data:`PINNED_CHUNK_EXAMPLES` (pinned).
-    chunk_examples: int | None = None
-    database: ExampleDatabase | None = None
-    #: Stop exploring after the first distinct failure is shrunk (benchmarks of time-to-first-failure).
-    stop_at_first_failure: bool = False
-    #: Hypothesis database: None for ``out/hypothesis-db``, a directory path, or ``redis://host:port/db``.
-    db_spec: str | None = None
-    #: The pre-merge gate: its database is in memory (plus a read-only view of ``db_spec`` when given), and each
-    #: target draws only its ``gate_poisons`` and ``gate_value_ranges`` (a documented kernel limitation the gate
-    #: does not re-report).
-    gate: bool = False
-    #: Run calls whose arguments could make a kernel read out of bounds (isolated worker processes only).
-    run_unsafe: bool = False
-    #: Draw configurations the target does not declare (kvfuzz.fuzz.harness.properties.check_undeclared).
-    undeclared: bool = False
-    #: Place every batch's blocks past 2**31 elements of a multi-GiB cache (big_cache_examples).
-    big_cache: bool = False
-    #: Each chunk stays inside one kernel configuration (compile-aware generation; the module docstring).
-    #: False: every example draws its own (each one a new compile on a GPU). None: pinned for targets that
-    #: run on CUDA (compiled kernels), free on CPU (nothing to amortize, and a free draw varies the
-    #: configuration at every example).
-    pin_configs: bool | None = None
-    #: Pinned targets: before the campaign proper, run :data:`WARMUP_EXAMPLES` examples in each of the first
-    #: ``warmup`` configurations it visits, spread over the workers, so their kernels compile in parallel into
-    #: the shared Triton cache (chunk ``-1 - i`` warms configuration ``i``).
-    warmup: int = 0
-    #: Seconds the structural shrink (kvfuzz.fuzz.campaign.reduce) may spend on each new distinct failure after
-    #: Hypothesis's shrinker (0: off). Not with ``undeclared`` or ``big_cache``.
-    structural_shrink: float = 60.0
-    #: Accepted findings (``kvfuzz fuzz --baseline``, kvfuzz.fuzz.campaign.baseline): a failure matching one is
-    #: counted and listed as known, never shrunk; anything else stays new. None: every failure is new.
-    baseline: Baseline | None = None
-
-    def db(self) -> ExampleDatabase:
-        """The example database (opened once). Raises DatabaseError when it cannot be used."""
-        if self.database is None:
-            self.database = (read_only_view(self.db_spec) if self.gate
-                             else open_database(self.db_spec, self.out))
-        return self.database
-
-
-@attrs.frozen
-class Outcome:
-    """What one example adds to its target's counts (small: a worker sends one per example).
-
-    labels: coverage labels (:func:`kvfuzz.fuzz.harness.coverage.labels`). kernel_s, harness_s: seconds in the
-    kernel and outside it. ratio: how close a passing kernel came to the tolerance bound. signature: the
-    finding's (kind, check) when the example failed. rejection: ``--undeclared``: the error a kernel rejected
-    an undeclared configuration with."""
-
-    labels: dict[str, str]
-    kernel_s: float = 0.0
-    harness_s: float = 0.0
-    ratio: float = 0.0
-    signature: tuple[str, str] | None = None
-    rejection: str | None = None
-
-
-@attrs.define
-class FailureRecord:
-    """One distinct failure as summaries keep it: its signature, what it says, its minimal example, how often
-    it was hit and its reproducer directory."""
-
-    target: str
-    kind: str
-    blame: str
-    check: str
-    message: str
-    example: dict
-    fault: str | None = None
-    reproducer: str | None = None
-    count: int = 1
-    #: How far a failure reported ``seen`` (not yet final) was shrunk: "unshrunk", or "hypothesis" (shrunk by
-    #: Hypothesis, before the structural shrink).
-    stage: str = "final"
-    #: The findings-baseline entry this failure is (CampaignConfig.baseline), or None: a new failure.
-    known: str | None = None
-
-    @property
-    def signature(self) -> tuple[str, ...]:
-        return (self.kind, self.check) if self.known is None else (self.kind, self.check, self.known)
-
-    @classmethod
-    def of(cls, target: str, finding: Finding, example: Example, fault: str | None,
-           reproducer: Path | None) -> "FailureRecord":
-        return cls(target, finding.kind.value, finding.kind.blame, finding.check, finding.message,
-                   example.to_dict(), fault, None if reproducer is None else str(reproducer),
-                   known=finding.known)
-
-    def batch_summary(self) -> str:
-        try:
-            e = Example.from_dict(self.example)
-            return f"{e.batch.summary()}, poison={e.poison.value}"
-        except (KeyError, TypeError, ValueError):
-            return "(example unreadable)"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "blame": self.blame, "check": self.check, "count": self.count,
-                "message": self.message, "batch": self.batch_summary(), "caller_fault": self.fault,
-                "reproducer": self.reproducer, "example": self.example, "known": self.known}
-
-
-@attrs.define
-class TargetStats:
-    """One target's counts over a campaign (every worker's examples, exactly)."""
-
-    target: str
-    examples: int = 0
-    elapsed: float = 0.0
-    kernel_seconds: float = 0.0
-    harness_seconds: float = 0.0
-    paths: collections.Counter = attrs.Factory(collections.Counter)
-    failures: dict = attrs.Factory(dict)  # signature -> FailureRecord
-    max_error_ratio: float = 0.0
-    coverage: Coverage = attrs.Factory(Coverage)
-    rejections: collections.Counter = attrs.Factory(collections.Counter)  # --undeclared: error -> count
-    #: Seconds and examples (counted from the target's start) until the first failing example, before any
-    #: shrinking; None while nothing failed.
-    first_failure_s: float | None = None
-    first_failure_examples: int | None = None
-    #: Examples a worker was running when it was killed from outside and a retry could not complete.
-    lost: int = 0
-    #: Why the campaign stopped giving this target work early ("" if it did not).
-    stopped: str = ""
-
-    @property
-    def examples_per_second(self) -> float:
-        return self.examples / self.elapsed if self.elapsed else 0.0
-
-    def add(self, outcome: Outcome, elapsed: float) -> None:
-        """Count one example, ``elapsed`` seconds after the target's start."""
-        self.examples += 1
-        self.elapsed = max(self.elapsed, elapsed)
-        self.kernel_seconds += outcome.kernel_s
-        self.harness_seconds += outcome.harness_s
-        self.paths[outcome.labels.get("path", "default")] += 1
-        self.coverage.add(outcome.labels)
-        self.max_error_ratio = max(self.max_error_ratio, outcome.ratio)
-        if outcome.rejection is not None:
-            self.rejections[outcome.rejection] += 1
-        if outcome.signature is not None:
-            if self.first_failure_s is None:
-                self.first_failure_s, self.first_failure_examples = round(elapsed, 3), self.examples
-            known = self.failures.get(tuple(outcome.signature))
-            if known is not None:
-                known.count += 1
-
-    def add_failure(self, record: FailureRecord) -> bool:
-        """Keep a new distinct failure; returns False when its signature is already known (then its count
-        grows: a second worker found it, or a recovered crash repeated)."""
-        if record.signature in self.failures:
-            return False
-        self.failures[record.signature] = record
-        return True
-
-    def to_dict(self) -> dict:
-        return {
-            "target": self.target,
-            "examples": self.examples,
-            "elapsed_s": round(self.elapsed, 3),
-            "examples_per_s": round(self.examples_per_second, 3),
-            "kernel_s": round(self.kernel_seconds, 3),
-            "harness_s": round(self.harness_seconds, 3),
-            "paths": dict(self.paths),
-            "coverage": self.coverage.to_dict(),
-            "rejections": dict(self.rejections.most_common(20)),
-            "max_error_ratio": self.max_error_ratio,
-            "first_failure_s": self.first_failure_s,
-            "first_failure_examples": self.first_failure_examples,
-            "lost": self.lost,
-            "stopped": self.stopped,
-            "failures": [f.to_dict() for f in self.failures.values()],
-        }
-
-
-class Listener(Protocol):
-    """Told about every example of a :class:`Campaign` as it happens (see the module docstring)."""
-
-    def begin(self, target: str, example: Example) -> None: ...
-
-    def phase(self, name: str) -> None: ...
-
-    def end(self, target: str, outcome: Outcome) -> None: ...
-
-    def failure(self, record: FailureRecord) -> None: ...
-
-    def seen(self, record: FailureRecord) -> None:
-        """A new distinct failure, unshrunk (its reproducer already written): the worker may die shrinking it."""
-
-
-class _Quiet:
-    def begin(self, target, example) -> None:
-        pass
-
-    def phase(self, name) -> None:
-        pass
-
-    def end(self, target, outcome) -> None:
-        pass
-
-    def failure(self, record) -> None:
-        pass
-
-    def seen(self, record) -> None:
-        pass
-
-
-def example_key(example: Example | dict) -> str:
-    """A canonical text of an example (its dict, keys sorted): equal for equal examples."""
-    import json
-
-    return json.dumps(example if isinstance(example, dict) else example.to_dict(), sort_keys=True)
+from kvfuzz.strategies.configs import KernelConfig
 
 
 def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | None = None):
@@ -319,29 +80,6 @@ def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | Non
     return examples(target.capabilities, config.limits, config.poisons, pin=pin)
 
 
-def pins_configs(target: Target, config: CampaignConfig) -> bool:
-    """Whether ``target``'s chunks each stay in one kernel configuration (``config.pin_configs``; auto: on
-    CUDA). Never with ``undeclared`` (it draws outside the declaration)."""
-    if config.undeclared:
-        return False
-    return config.pin_configs if config.pin_configs is not None else target.device == "cuda"
-
-
-def examples_per_chunk(target: Target, config: CampaignConfig) -> int:
-    """``config.chunk_examples``, or its default for how ``target`` is fuzzed (:data:`CHUNK_EXAMPLES`)."""
-    if config.chunk_examples is not None:
-        return config.chunk_examples
-    return PINNED_CHUNK_EXAMPLES if pins_configs(target, config) else CHUNK_EXAMPLES
-
-
-def chunk_config(target: Target, config: CampaignConfig, chunk: int) -> KernelConfig | None:
-    """The kernel configuration chunk ``chunk`` of this campaign stays in (warm-up chunk ``-1 - i``: the
-    ``i``-th), or None when it draws freely (:func:`pins_configs`)."""
-    if not pins_configs(target, config):
-        return None
-    return config_for(target.capabilities, config.limits, config.seed, chunk if chunk >= 0 else -1 - chunk)
-
-
 class Campaign:
     """One target's campaign in this process (see the module docstring). ``known``: signatures of failures
     already reported elsewhere (another worker): they are counted, not shrunk and written again."""
@@ -350,7 +88,7 @@ class Campaign:
                  known: set[tuple[str, str]] | frozenset = frozenset()) -> None:
         self.target = target
         self.config = config
-        self.listener = listener or _Quiet()
+        self.listener = listener or Quiet()
         self.known: set[tuple[str, str]] = set(known)
         #: example_key -> signature of examples that ended a worker (a crash, a hang): counted, not re-run
         self.ended: dict[str, tuple[str, str]] = {}
@@ -623,7 +361,7 @@ class Campaign:
 
 
 # ---- the whole budget in this process (library use: the gate, benchmarks, tests) ----------------------------
-class _Counting(_Quiet):
+class _Counting(Quiet):
     def __init__(self, stats: TargetStats, start: float, on_example: Callable[[TargetStats], None]) -> None:
         self.stats, self.start, self.on_example = stats, start, on_example
 
@@ -667,18 +405,4 @@ def fuzz_target(target: Target, config: CampaignConfig,
     return stats
 
 
-def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int = 1,
-               per_chunk: int = CHUNK_EXAMPLES) -> int:
-    """Examples in the next chunk: at most ``per_chunk`` (:func:`examples_per_chunk`) and what is left of the
-    example budget; with a time budget, no more than the time left allows at the rate measured so far (so the
-    budget overshoots by at most one example per worker, or a shrink)."""
-    n = min(per_chunk, config.max_examples - done)
-    if config.duration is not None and done:
-        per_example = elapsed / done * workers
-        n = min(n, int((config.duration - elapsed) / per_example))
-    return max(1, n)
-
-
-__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "WARMUP_EXAMPLES", "Campaign", "CampaignConfig",
-           "FailureRecord", "Listener", "Outcome", "TargetStats", "chunk_config", "chunk_size",
-           "example_key", "examples_per_chunk", "fuzz_target", "pins_configs", "strategy_for"]
+__all__ = ["Campaign", "fuzz_target", "strategy_for"]

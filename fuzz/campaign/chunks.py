@@ -1,0 +1,57 @@
+"""Chunk arithmetic: a campaign explores a target in chunks of examples, chunk ``k`` from Hypothesis seed
+``seed * CHUNK_SEED_STRIDE + k`` and, when pinned, inside chunk ``k``'s kernel configuration (warm-up chunk
+``-1 - i``: the ``i``-th); how many examples a chunk gets, from the budget left."""
+
+from __future__ import annotations
+
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.targets.base import Target
+from kvfuzz.strategies.configs import KernelConfig, config_for
+
+#: Chunk k of a campaign with seed s explores Hypothesis seed ``s * CHUNK_SEED_STRIDE + k``.
+CHUNK_SEED_STRIDE = 100_003
+#: Examples per chunk when each example draws its own configuration, and when a chunk is pinned to one: on a
+#: GPU one compile (~1 s per specialization, a few per configuration) against 200 examples of a few ms each.
+CHUNK_EXAMPLES, PINNED_CHUNK_EXAMPLES = 25, 200
+#: Examples of a warm-up chunk (CampaignConfig.warmup): one compiles the configuration, a second catches an
+#: integer specialization of its lengths.
+WARMUP_EXAMPLES = 2
+
+
+def pins_configs(target: Target, config: CampaignConfig) -> bool:
+    """Whether ``target``'s chunks each stay in one kernel configuration (``config.pin_configs``; auto: on
+    CUDA). Never with ``undeclared`` (it draws outside the declaration)."""
+    if config.undeclared:
+        return False
+    return config.pin_configs if config.pin_configs is not None else target.device == "cuda"
+
+
+def examples_per_chunk(target: Target, config: CampaignConfig) -> int:
+    """``config.chunk_examples``, or its default for how ``target`` is fuzzed (:data:`CHUNK_EXAMPLES`)."""
+    if config.chunk_examples is not None:
+        return config.chunk_examples
+    return PINNED_CHUNK_EXAMPLES if pins_configs(target, config) else CHUNK_EXAMPLES
+
+
+def chunk_config(target: Target, config: CampaignConfig, chunk: int) -> KernelConfig | None:
+    """The kernel configuration chunk ``chunk`` of this campaign stays in (warm-up chunk ``-1 - i``: the
+    ``i``-th), or None when it draws freely (:func:`pins_configs`)."""
+    if not pins_configs(target, config):
+        return None
+    return config_for(target.capabilities, config.limits, config.seed, chunk if chunk >= 0 else -1 - chunk)
+
+
+def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int = 1,
+               per_chunk: int = CHUNK_EXAMPLES) -> int:
+    """Examples in the next chunk: at most ``per_chunk`` (:func:`examples_per_chunk`) and what is left of the
+    example budget; with a time budget, no more than the time left allows at the rate measured so far (so the
+    budget overshoots by at most one example per worker, or a shrink)."""
+    n = min(per_chunk, config.max_examples - done)
+    if config.duration is not None and done:
+        per_example = elapsed / done * workers
+        n = min(n, int((config.duration - elapsed) / per_example))
+    return max(1, n)
+
+
+__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "WARMUP_EXAMPLES", "chunk_config",
+           "chunk_size", "examples_per_chunk", "pins_configs"]

@@ -1,0 +1,145 @@
+"""What a campaign is configured with: :class:`CampaignConfig` (one target's budgets, strategy and database,
+the same in every worker), its picklable form for a worker (:func:`config_to_dict`, :func:`config_from_dict`),
+and the supervisor's own settings (:class:`WorkerPool`: how many workers and what each gets;
+:class:`CrashPolicy`: when an example hangs and when a target gets no more work), with their defaults
+(:func:`gpu_count`, :func:`default_workers`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+from hypothesis.database import ExampleDatabase
+
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.campaign.baseline import Baseline
+from kvfuzz.fuzz.campaign.database import open_database, read_only_view
+from kvfuzz.fuzz.harness.faults import CallerFault, get_fault
+from kvfuzz.strategies.limits import Limits
+
+
+@attrs.define
+class CampaignConfig:
+    """Budgets are per target: at most ``max_examples`` examples and ``duration`` seconds (None: no limit).
+    ``poisons``: what may fill the slots the contract leaves unwritten (strictness: NaN and inf catch any read
+    of them that reaches the output, stale finite values catch reads that change the answer)."""
+
+    out: Path
+    max_examples: int = 30
+    duration: float | None = None
+    seed: int = 0
+    fault: CallerFault | None = None
+    limits: Limits = Limits()
+    poisons: tuple[Poison, ...] = tuple(Poison)
+    #: Examples per chunk (the unit of work a worker gets, and the examples one kernel configuration gets
+    #: when pinned); None: :data:`~kvfuzz.fuzz.campaign.chunks.CHUNK_EXAMPLES` (free) or
+    #: :data:`~kvfuzz.fuzz.campaign.chunks.PINNED_CHUNK_EXAMPLES` (pinned).
+    chunk_examples: int | None = None
+    database: ExampleDatabase | None = None
+    #: Stop exploring after the first distinct failure is shrunk (benchmarks of time-to-first-failure).
+    stop_at_first_failure: bool = False
+    #: Hypothesis database: None for ``out/hypothesis-db``, a directory path, or ``redis://host:port/db``.
+    db_spec: str | None = None
+    #: The pre-merge gate: its database is in memory (plus a read-only view of ``db_spec`` when given), and each
+    #: target draws only its ``gate_poisons`` and ``gate_value_ranges`` (a documented kernel limitation the gate
+    #: does not re-report).
+    gate: bool = False
+    #: Run calls whose arguments could make a kernel read out of bounds (isolated worker processes only).
+    run_unsafe: bool = False
+    #: Draw configurations the target does not declare (kvfuzz.fuzz.harness.properties.check_undeclared).
+    undeclared: bool = False
+    #: Place every batch's blocks past 2**31 elements of a multi-GiB cache (big_cache_examples).
+    big_cache: bool = False
+    #: Each chunk stays inside one kernel configuration (compile-aware generation; kvfuzz.fuzz.campaign.engine).
+    #: False: every example draws its own (each one a new compile on a GPU). None: pinned for targets that
+    #: run on CUDA (compiled kernels), free on CPU (nothing to amortize, and a free draw varies the
+    #: configuration at every example).
+    pin_configs: bool | None = None
+    #: Pinned targets: before the campaign proper, run :data:`~kvfuzz.fuzz.campaign.chunks.WARMUP_EXAMPLES`
+    #: examples in each of the first ``warmup`` configurations it visits, spread over the workers, so their
+    #: kernels compile in parallel into the shared Triton cache (chunk ``-1 - i`` warms configuration ``i``).
+    warmup: int = 0
+    #: Seconds the structural shrink (kvfuzz.fuzz.campaign.reduce) may spend on each new distinct failure after
+    #: Hypothesis's shrinker (0: off). Not with ``undeclared`` or ``big_cache``.
+    structural_shrink: float = 60.0
+    #: Accepted findings (``kvfuzz fuzz --baseline``, kvfuzz.fuzz.campaign.baseline): a failure matching one is
+    #: counted and listed as known, never shrunk; anything else stays new. None: every failure is new.
+    baseline: Baseline | None = None
+
+    def db(self) -> ExampleDatabase:
+        """The example database (opened once). Raises DatabaseError when it cannot be used."""
+        if self.database is None:
+            self.database = (read_only_view(self.db_spec) if self.gate
+                             else open_database(self.db_spec, self.out))
+        return self.database
+
+
+def config_to_dict(config: CampaignConfig) -> dict:
+    """The picklable values of a CampaignConfig (the fault by name; no open database)."""
+    d = {f.name: getattr(config, f.name) for f in attrs.fields(type(config)) if f.name != "database"}
+    d["fault"] = config.fault.name if config.fault else None
+    d["poisons"] = [p.value for p in config.poisons]
+    d["limits"] = attrs.asdict(config.limits)
+    d["out"] = str(config.out)
+    return d
+
+
+def config_from_dict(d: dict) -> CampaignConfig:
+    """The CampaignConfig a worker runs (:func:`config_to_dict`'s values), allowed to run unsafe calls."""
+    d = dict(d)
+    d["fault"] = get_fault(d["fault"]) if d["fault"] else None
+    d["poisons"] = tuple(Poison(p) for p in d["poisons"])
+    d["limits"] = Limits(**d["limits"])
+    d["out"] = Path(d["out"])
+    d["run_unsafe"] = True  # a worker is isolated: calls that may read out of bounds run (and may crash it)
+    return CampaignConfig(**d)
+
+
+@attrs.frozen
+class WorkerPool:
+    """The supervisor's workers: how many (``workers``), torch CPU threads each (``threads``), GPUs to spread
+    them over with CUDA_VISIBLE_DEVICES (``gpus``; 0: none), and whether each writes Hypothesis observations to
+    OUT/observed/ (``observe``)."""
+
+    workers: int = 1
+    threads: int = 1
+    gpus: int = 0
+    observe: bool = False
+
+
+@attrs.frozen
+class CrashPolicy:
+    """When the supervisor calls an example hung (``example_timeout`` seconds in flight) and when a target gets
+    no more work (``max_crashes`` crashes and hangs)."""
+
+    example_timeout: float = 300.0
+    max_crashes: int = 10
+
+
+def gpu_count() -> int:
+    """CUDA devices visible here (0 without torch's CUDA). Imports torch: only when a campaign starts."""
+    try:
+        import torch  # here, not at the top: `kvfuzz --help` and the CLI's option parsing stay free of torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+#: Workers per GPU at most by default: Triton compiles on the CPU, one worker at a time per process, while the
+#: GPU runs the small fuzz batches of several workers with room to spare.
+MAX_WORKERS_PER_GPU = 8
+
+
+def default_workers(gpus: int, cpus: int | None = None) -> int:
+    """Workers when --workers is not given: on CUDA, per GPU half the CPU cores it has (at most
+    :data:`MAX_WORKERS_PER_GPU`, at least 1); on CPU, 1 (a second worker competes for the same cores)."""
+    if not gpus:
+        return 1
+    cpus = cpus or os.cpu_count() or 1
+    return gpus * max(1, min(MAX_WORKERS_PER_GPU, cpus // gpus // 2))
+
+
+__all__ = ["MAX_WORKERS_PER_GPU", "CampaignConfig", "CrashPolicy", "WorkerPool", "config_from_dict",
+           "config_to_dict", "default_workers", "gpu_count"]

@@ -1,0 +1,195 @@
+"""What a campaign counts and reports: an example's :class:`Outcome`, a distinct failure's
+:class:`FailureRecord`, a target's :class:`TargetStats`, and the :class:`Listener` told about every example as it
+happens (a worker's sends each event over its pipe; :class:`Quiet` ignores them all)."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+
+from kvfuzz.contracts.checks.failures import Finding
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.harness.coverage import Coverage
+
+
+@attrs.frozen
+class Outcome:
+    """What one example adds to its target's counts (small: a worker sends one per example).
+
+    labels: coverage labels (:func:`kvfuzz.fuzz.harness.coverage.labels`). kernel_s, harness_s: seconds in the
+    kernel and outside it. ratio: how close a passing kernel came to the tolerance bound. signature: the
+    finding's (kind, check) when the example failed. rejection: ``--undeclared``: the error a kernel rejected
+    an undeclared configuration with."""
+
+    labels: dict[str, str]
+    kernel_s: float = 0.0
+    harness_s: float = 0.0
+    ratio: float = 0.0
+    signature: tuple[str, str] | None = None
+    rejection: str | None = None
+
+
+@attrs.define
+class FailureRecord:
+    """One distinct failure as summaries keep it: its signature, what it says, its minimal example, how often
+    it was hit and its reproducer directory."""
+
+    target: str
+    kind: str
+    blame: str
+    check: str
+    message: str
+    example: dict
+    fault: str | None = None
+    reproducer: str | None = None
+    count: int = 1
+    #: How far a failure reported ``seen`` (not yet final) was shrunk: "unshrunk", or "hypothesis" (shrunk by
+    #: Hypothesis, before the structural shrink).
+    stage: str = "final"
+    #: The findings-baseline entry this failure is (CampaignConfig.baseline), or None: a new failure.
+    known: str | None = None
+
+    @property
+    def signature(self) -> tuple[str, ...]:
+        return (self.kind, self.check) if self.known is None else (self.kind, self.check, self.known)
+
+    @classmethod
+    def of(cls, target: str, finding: Finding, example: Example, fault: str | None,
+           reproducer: Path | None) -> "FailureRecord":
+        return cls(target, finding.kind.value, finding.kind.blame, finding.check, finding.message,
+                   example.to_dict(), fault, None if reproducer is None else str(reproducer),
+                   known=finding.known)
+
+    def batch_summary(self) -> str:
+        try:
+            e = Example.from_dict(self.example)
+            return f"{e.batch.summary()}, poison={e.poison.value}"
+        except (KeyError, TypeError, ValueError):
+            return "(example unreadable)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "blame": self.blame, "check": self.check, "count": self.count,
+                "message": self.message, "batch": self.batch_summary(), "caller_fault": self.fault,
+                "reproducer": self.reproducer, "example": self.example, "known": self.known}
+
+
+@attrs.define
+class TargetStats:
+    """One target's counts over a campaign (every worker's examples, exactly)."""
+
+    target: str
+    examples: int = 0
+    elapsed: float = 0.0
+    kernel_seconds: float = 0.0
+    harness_seconds: float = 0.0
+    paths: collections.Counter = attrs.Factory(collections.Counter)
+    failures: dict = attrs.Factory(dict)  # signature -> FailureRecord
+    max_error_ratio: float = 0.0
+    coverage: Coverage = attrs.Factory(Coverage)
+    rejections: collections.Counter = attrs.Factory(collections.Counter)  # --undeclared: error -> count
+    #: Seconds and examples (counted from the target's start) until the first failing example, before any
+    #: shrinking; None while nothing failed.
+    first_failure_s: float | None = None
+    first_failure_examples: int | None = None
+    #: Examples a worker was running when it was killed from outside and a retry could not complete.
+    lost: int = 0
+    #: Why the campaign stopped giving this target work early ("" if it did not).
+    stopped: str = ""
+
+    @property
+    def examples_per_second(self) -> float:
+        return self.examples / self.elapsed if self.elapsed else 0.0
+
+    def add(self, outcome: Outcome, elapsed: float) -> None:
+        """Count one example, ``elapsed`` seconds after the target's start."""
+        self.examples += 1
+        self.elapsed = max(self.elapsed, elapsed)
+        self.kernel_seconds += outcome.kernel_s
+        self.harness_seconds += outcome.harness_s
+        self.paths[outcome.labels.get("path", "default")] += 1
+        self.coverage.add(outcome.labels)
+        self.max_error_ratio = max(self.max_error_ratio, outcome.ratio)
+        if outcome.rejection is not None:
+            self.rejections[outcome.rejection] += 1
+        if outcome.signature is not None:
+            if self.first_failure_s is None:
+                self.first_failure_s, self.first_failure_examples = round(elapsed, 3), self.examples
+            known = self.failures.get(tuple(outcome.signature))
+            if known is not None:
+                known.count += 1
+
+    def add_failure(self, record: FailureRecord) -> bool:
+        """Keep a new distinct failure; returns False when its signature is already known (then its count
+        grows: a second worker found it, or a recovered crash repeated)."""
+        if record.signature in self.failures:
+            return False
+        self.failures[record.signature] = record
+        return True
+
+    def to_dict(self) -> dict:
+        return {
+            "target": self.target,
+            "examples": self.examples,
+            "elapsed_s": round(self.elapsed, 3),
+            "examples_per_s": round(self.examples_per_second, 3),
+            "kernel_s": round(self.kernel_seconds, 3),
+            "harness_s": round(self.harness_seconds, 3),
+            "paths": dict(self.paths),
+            "coverage": self.coverage.to_dict(),
+            "rejections": dict(self.rejections.most_common(20)),
+            "max_error_ratio": self.max_error_ratio,
+            "first_failure_s": self.first_failure_s,
+            "first_failure_examples": self.first_failure_examples,
+            "lost": self.lost,
+            "stopped": self.stopped,
+            "failures": [f.to_dict() for f in self.failures.values()],
+        }
+
+
+class Listener(Protocol):
+    """Told about every example of a :class:`~kvfuzz.fuzz.campaign.engine.Campaign` as it happens: ``begin``
+    (the example, before anything runs), ``phase`` ("kernel" right before the kernel call, "check" after it),
+    ``end`` (an :class:`Outcome`, what it adds to the counts), ``failure`` (a new distinct failure, a
+    :class:`FailureRecord`) and ``seen`` (the same, before it is shrunk)."""
+
+    def begin(self, target: str, example: Example) -> None: ...
+
+    def phase(self, name: str) -> None: ...
+
+    def end(self, target: str, outcome: Outcome) -> None: ...
+
+    def failure(self, record: FailureRecord) -> None: ...
+
+    def seen(self, record: FailureRecord) -> None:
+        """A new distinct failure, unshrunk (its reproducer already written): the worker may die shrinking it."""
+
+
+class Quiet:
+    """A listener that ignores everything (a base for listeners that care about some events)."""
+
+    def begin(self, target, example) -> None:
+        pass
+
+    def phase(self, name) -> None:
+        pass
+
+    def end(self, target, outcome) -> None:
+        pass
+
+    def failure(self, record) -> None:
+        pass
+
+    def seen(self, record) -> None:
+        pass
+
+
+def example_key(example: Example | dict) -> str:
+    """A canonical text of an example (its dict, keys sorted): equal for equal examples."""
+    return json.dumps(example if isinstance(example, dict) else example.to_dict(), sort_keys=True)
+
+
+__all__ = ["FailureRecord", "Listener", "Outcome", "Quiet", "TargetStats", "example_key"]
