@@ -31,13 +31,11 @@ import importlib
 import inspect
 import sys
 import threading
-import warnings
 from typing import Any, Callable, Iterator
 
 from kvfuzz.contracts.calls.page_lists import PagePlan, check_append, check_current_tokens, check_plan, check_run, make_plan
 from kvfuzz.contracts.checks.violations import Violation
-from kvfuzz.fuzz.guard.interception import (CallerContractError, Guard, GuardRecord, KvfuzzGuardWarning,
-                                            active_guard)
+from kvfuzz.fuzz.guard.interception import Guard, active_guard
 
 WRAPPERS = {"BatchDecodeWithPagedKVCacheWrapper": "decode", "BatchPrefillWithPagedKVCacheWrapper": "prefill"}
 _PLAN_ATTR = "_kvfuzz_plan"
@@ -60,30 +58,8 @@ def _caller(depth: int) -> str:
 
 
 def report(guard: Guard, kernel: str, check: Callable[[], list[Violation]], caller: str) -> None:
-    """Run ``check`` and record its violations in ``guard`` as :meth:`Guard._check` does for the kernels it
-    intercepts: count the call, append a :class:`GuardRecord`, raise :class:`CallerContractError` in mode
-    "raise" (an error-level record), warn in "raise"/"warn". A check that itself fails is counted in
-    ``guard.unchecked`` with a warning, never breaking the caller."""
-    try:
-        violations = check()
-    except Exception as e:
-        guard.unchecked[kernel] += 1
-        warnings.warn(f"kvfuzz guard could not check a {kernel} call from {caller}: {type(e).__name__}: {e}",
-                      KvfuzzGuardWarning, stacklevel=4)
-        return
-    index = sum(guard.calls.values())
-    guard.calls[kernel] += 1
-    if not violations:
-        return
-    rec = GuardRecord(kernel, tuple(violations), caller, guard.current_test, index)
-    guard.records.append(rec)
-    if guard.on_record is not None:
-        guard.on_record(rec)
-    if guard.mode == "raise" and rec.errors:
-        guard.stopped += 1
-        raise CallerContractError([rec])
-    if guard.mode in ("raise", "warn"):
-        warnings.warn(f"[{rec.kind.value}] {rec.message}", KvfuzzGuardWarning, stacklevel=4)
+    """Run ``check`` and act on its violations as :meth:`Guard.report` does for the kernels it intercepts."""
+    guard.report(kernel, check, caller, stacklevel=5)
 
 
 def _bind(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any] | None:

@@ -199,13 +199,21 @@ class Guard:
         key = value = None
         if not SIGNATURES[kernel].takes_new_kv and self._new_kv is not None:
             key, value = self._new_kv
+        self.report(kernel, lambda: check_kernel_call(kernel, bound, key=key, value=value, rocm_arch=self.rocm_arch,
+                                                      portability_archs=self.portability_archs,
+                                                      vacuity=self.vacuity), caller, stacklevel=4)
+
+    def report(self, kernel: str, check: Callable[[], list[Violation]], caller: str, stacklevel: int = 3) -> None:
+        """Run ``check`` (one call's checks) and act on its violations as ``mode`` says: count the call, append
+        a :class:`GuardRecord`, raise :class:`CallerContractError` in mode "raise" when a violation is an
+        error, warn in "raise"/"warn". A check that itself fails is counted in ``unchecked`` with a warning,
+        never breaking the caller's program. ``stacklevel``: the warnings' (the caller of the kernel)."""
         try:
-            violations = check_kernel_call(kernel, bound, key=key, value=value, rocm_arch=self.rocm_arch,
-                                           portability_archs=self.portability_archs, vacuity=self.vacuity)
+            violations = check()
         except Exception as e:  # a bug or an unforeseen argument: never break the caller's program
             self.unchecked[kernel] += 1
             warnings.warn(f"kvfuzz guard could not check a {kernel} call from {caller}: {type(e).__name__}: {e}",
-                          KvfuzzGuardWarning, stacklevel=3)
+                          KvfuzzGuardWarning, stacklevel=stacklevel)
             return
         index = sum(self.calls.values())
         self.calls[kernel] += 1
@@ -219,7 +227,7 @@ class Guard:
             self.stopped += 1
             raise CallerContractError([rec])
         if self.mode in ("raise", "warn"):
-            warnings.warn(f"[{rec.kind.value}] {rec.message}", KvfuzzGuardWarning, stacklevel=3)
+            warnings.warn(f"[{rec.kind.value}] {rec.message}", KvfuzzGuardWarning, stacklevel=stacklevel)
 
     def summary(self) -> str:
         """A few lines: calls checked, calls stopped and calls the guard could not check, violating calls and
