@@ -10,8 +10,8 @@ import warnings
 import pytest
 import torch
 
-from kvfuzz.contracts.calls.page_lists import (check_append, check_current_tokens, check_plan, check_run,
-                                               make_plan, token_slots)
+from kvfuzz.contracts.calls.page_contents import check_append, check_current_tokens, token_slots
+from kvfuzz.contracts.calls.page_lists import check_plan, check_run, make_plan
 from kvfuzz.contracts.caches.flashinfer_layouts import FlashInferLayout, unpack_paged_kv_cache
 from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.checks.violations import FIX, Check

@@ -33,7 +33,8 @@ import sys
 import threading
 from typing import Any, Callable, Iterator
 
-from kvfuzz.contracts.calls.page_lists import PagePlan, check_append, check_current_tokens, check_plan, check_run, make_plan
+from kvfuzz.contracts.calls.page_contents import check_append, check_current_tokens
+from kvfuzz.contracts.calls.page_lists import PagePlan, check_plan, check_run, make_plan
 from kvfuzz.contracts.checks.violations import Violation
 from kvfuzz.fuzz.guard.interception import Guard, active_guard
 
