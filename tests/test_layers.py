@@ -90,3 +90,34 @@ def test_the_import_contract_catches_a_room_of_contracts_importing_calls(tmp_pat
     pytest.importorskip("importlinter")
     r = _lint_with(tmp_path, "kvfuzz/contracts/checks/planted.py", "from kvfuzz.contracts.calls import paged_call\n")
     assert r.returncode == 1 and "kvfuzz.contracts.checks.planted -> kvfuzz.contracts.calls.paged_call" in r.stdout
+
+
+#: the size at which a module has grown two concerns (issue 23): split it by what it holds
+MAX_MODULE_LINES = 450
+
+
+def _oversize_and_unplaced(root: Path, arch: str) -> tuple[list[str], list[str]]:
+    """Modules under ``root``'s package folders over :data:`MAX_MODULE_LINES`, and those ``arch`` (the text of
+    docs/architecture.md) never names (as a whole word)."""
+    import re
+
+    too_long, unplaced = [], []
+    for folder in ("api", "contracts", "strategies", "fuzz"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            if len(path.read_text().splitlines()) > MAX_MODULE_LINES:
+                too_long.append(str(path.relative_to(root)))
+            if path.stem != "__init__" and not re.search(rf"\b{re.escape(path.stem)}\b", arch):
+                unplaced.append(str(path.relative_to(root)))
+    return too_long, unplaced
+
+
+def test_no_module_is_over_the_size_limit_and_the_architecture_places_every_module(tmp_path):
+    too_long, unplaced = _oversize_and_unplaced(ROOT, (ROOT / "docs" / "architecture.md").read_text())
+    assert not too_long, f"over {MAX_MODULE_LINES} lines: {too_long}"
+    assert not unplaced, f"docs/architecture.md does not place: {unplaced}"
+    # the rule can fail: a planted long, unnamed module
+    (tmp_path / "fuzz").mkdir()
+    (tmp_path / "fuzz" / "sprawl.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert _oversize_and_unplaced(tmp_path, "") == (["fuzz/sprawl.py"], ["fuzz/sprawl.py"])
