@@ -17,7 +17,6 @@ counted). Skipped without CUDA or flashinfer.
 Collected only with KVFUZZ_SEEDS_SCENARIO=1 (see conftest.py).
 """
 
-import contextlib
 
 import pytest
 import torch
@@ -43,16 +42,6 @@ def flashinfer_hooks(request):
 
     with flashinfer_guard(flashinfer):
         yield
-
-
-@pytest.fixture
-def hand_over(request):
-    """``kvfuzz_guard.new_kv(k, v)`` under the kvfuzz plugin, else a no-op: the test runs unchanged."""
-    try:
-        g = request.getfixturevalue("kvfuzz_guard")
-    except pytest.FixtureLookupError:
-        g = None
-    return (lambda k, v: g.new_kv(k, v)) if g is not None else (lambda k, v: contextlib.nullcontext())
 
 
 def _decode_once(hand_over, fixed):

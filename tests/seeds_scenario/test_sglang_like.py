@@ -19,7 +19,6 @@ the pool, ``k_extend`` copied from it) shows the guard quiet on SGLang's own ext
 Collected only with KVFUZZ_SEEDS_SCENARIO=1 (see conftest.py); tests/test_guard.py runs it.
 """
 
-import contextlib
 
 import pytest
 import torch
@@ -36,16 +35,6 @@ from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = torch.float16
-
-
-@pytest.fixture
-def hand_over(request):
-    """``kvfuzz_guard.new_kv(k, v)`` under the kvfuzz plugin, else a no-op: the test runs unchanged."""
-    try:
-        g = request.getfixturevalue("kvfuzz_guard")
-    except pytest.FixtureLookupError:
-        g = None
-    return (lambda k, v: g.new_kv(k, v)) if g is not None else (lambda k, v: contextlib.nullcontext())
 
 
 def decode_attention_fwd_torch(q, k_buffer, v_buffer, kv_indptr, kv_indices, sm_scale, k_new, v_new):
