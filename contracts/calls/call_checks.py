@@ -155,30 +155,28 @@ def check_index_tensors(call: PagedCall, *, rocm_arch: str | None = None,
         return check_csr_index_tensors(call)
     out = []
     dev = call.query.device if is_tensor(call.query) else None
-    decl = call.declaration
-    here = decl.paths_here(call, rocm_arch) if shapes_ok else [tp for tp in decl.paths_here(call, None)]
-    elsewhere = decl.paths_elsewhere(call, rocm_arch, portability_archs) if shapes_ok else []
+    # without valid shapes the ROCm route cannot be computed: only the paths every call takes count
+    arch, archs = (rocm_arch, portability_archs) if shapes_ok else (None, ())
     for arg in ("block_table", "seq_lens", "query_start_loc"):
         if arg == "block_table" and call.skip_blocks:
             continue
         t = getattr(call, arg)
         if not is_tensor(t) or t.dtype.is_floating_point:
             continue  # not an index tensor at all: check_shapes / call_lens report it
-        bad_here = [tp for tp in here if t.dtype not in tp.path.index_dtypes]
-        bad_there = [tp for tp in elsewhere if t.dtype not in tp.path.index_dtypes]
-        if bad_here:
-            tp = bad_here[0]
+        hit = call.declaration.first_path(call, arch, archs, lambda p: t.dtype not in p.index_dtypes)
+        if hit is None:
+            continue
+        tp, here = hit
+        want = " or ".join(sorted(map(str, tp.path.index_dtypes)))
+        if here:
             on = "" if tp.where == "here" else f" (this call runs on {tp.where}: {tp.why})"
             out.append(violation(Check.INDEX_DTYPE, f"{call.name(arg)} is {t.dtype}, which {tp.path.name} does not "
-                                 f"read correctly{on}", kernel=call.kernel,
-                                 expected=" or ".join(sorted(map(str, tp.path.index_dtypes))), found=t.dtype))
-        elif bad_there:
-            tp = bad_there[0]
+                                 f"read correctly{on}", kernel=call.kernel, expected=want, found=t.dtype))
+        else:
             out.append(violation(Check.INDEX_DTYPE, f"{call.name(arg)} is {t.dtype}: correct on the path this call "
                                  f"takes here, but if it ran on ROCm {tp.where}, {tp.path.name} would misread it "
-                                 f"({tp.why})", kernel=call.kernel,
-                                 expected=" or ".join(sorted(map(str, tp.path.index_dtypes))) + " on that path",
-                                 found=t.dtype, severity=Severity.WARNING, category=Category.PORTABILITY))
+                                 f"({tp.why})", kernel=call.kernel, expected=want + " on that path", found=t.dtype,
+                                 severity=Severity.WARNING, category=Category.PORTABILITY))
     for arg in ("block_table", "seq_lens", "query_start_loc", "key", "value", "key_cache", "value_cache"):
         t = getattr(call, arg)
         if is_tensor(t) and dev is not None and t.device != dev:
@@ -235,18 +233,14 @@ def check_max_lens(call: PagedCall, lens: Lens, *, rocm_arch: str | None = None,
     out = []
     if len(lens.seq_lens) == 0:
         return out
-    decl = call.declaration
-    here = decl.paths_here(call, rocm_arch)
-    elsewhere = decl.paths_elsewhere(call, rocm_arch, portability_archs)
     for arg, actual, what in (("max_seq_len", lens.seq_lens, "seq_len"), ("max_query_len", lens.query_lens,
                                                                             "query_len")):
         given = getattr(call, arg)
         if given is None:
             continue
-        reads_here = [tp for tp in here if arg in tp.path.reads]
-        reads_there = [tp for tp in elsewhere if arg in tp.path.reads]
-        if not reads_here and not reads_there:
-            continue
+        hit = call.declaration.first_path(call, rocm_arch, portability_archs, lambda p: arg in p.reads)
+        if hit is None:
+            continue  # no path reads it, here or elsewhere
         val, need = scalar_int(given), int(actual.max())
         if val is None or val < need:
             i = int(torch.argmax(actual))
@@ -258,13 +252,12 @@ def check_max_lens(call: PagedCall, lens: Lens, *, rocm_arch: str | None = None,
                 extra = " (chunked_prefill_paged_decode then skips context_attention_fwd: no prefill is computed)"
             check = Check.MAX_SEQ_LEN if arg == "max_seq_len" else Check.MAX_QUERY_LEN
             msg = f"{call.name(arg)} = {given!r} is smaller than the longest {what} (sequence {i}: {need}){extra}"
-            if reads_here:
-                tp = reads_here[0]
+            tp, here = hit
+            if here:
                 on = "" if tp.where == "here" else f", on {tp.where} ({tp.why})"
                 out.append(violation(check, f"{msg}; {tp.path.name} reads it{on}", kernel=call.kernel, seq=i,
                                      expected=f">= {need}", found=given))
             else:
-                tp = reads_there[0]
                 out.append(violation(check, f"{msg}. No path this call takes here reads it, but if it ran on ROCm "
                                      f"{tp.where}, {tp.path.name} would ({tp.why})", kernel=call.kernel, seq=i,
                                      expected=f">= {need} on that path", found=given, severity=Severity.WARNING,

@@ -113,6 +113,20 @@ class KernelDeclaration:
             call.routes[key] = self._paths_elsewhere(call, rocm_arch, archs)
         return call.routes[key]
 
+    def first_path(self, call: PagedCall, rocm_arch: str | None, archs: tuple[str, ...],
+                   where: Callable[[KernelPath], bool]) -> tuple[TakenPath, bool] | None:
+        """The first path for which ``where`` holds, and whether this call takes it here: a path taken here
+        first (``(path, True)``: the checks' errors), else one taken only on another of ``archs``
+        (``(path, False)``: portability warnings); None when no path qualifies. The rule every
+        declaration-driven check applies (module docstring)."""
+        for tp in self.paths_here(call, rocm_arch):
+            if where(tp.path):
+                return tp, True
+        for tp in self.paths_elsewhere(call, rocm_arch, archs):
+            if where(tp.path):
+                return tp, False
+        return None
+
     def _paths_elsewhere(self, call: PagedCall, rocm_arch: str | None,
                          archs: tuple[str, ...]) -> list[TakenPath]:
         if rocm_arch:

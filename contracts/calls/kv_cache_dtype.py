@@ -126,28 +126,25 @@ def check_kv_cache_dtype(call: PagedCall, *, rocm_arch: str | None = None,
 
 def _path_kv_cache_dtypes(call: PagedCall, rocm_arch: str | None,
                           portability_archs: tuple[str, ...]) -> list[Violation]:
-    """The kv_cache_dtype string against every path of the call's declaration that names the strings it accepts
+    """The kv_cache_dtype string against the paths of the call's declaration that name the strings they accept
     (``KernelPath.kv_cache_dtypes``; vLLM's ROCm custom kernel, csrc/rocm/attention.cu, takes auto/fp8/fp8_e4m3
     and fails with "Unsupported KV cache dtype"): an error on a path taken here, a portability warning on a
     path taken only on another platform."""
     kvd = call.kv_cache_dtype
     if not isinstance(kvd, str):
         return []
-    decl = call.declaration
-    out = []
-    for tp in decl.paths_here(call, rocm_arch) + decl.paths_elsewhere(call, rocm_arch, portability_archs):
-        accepted = tp.path.kv_cache_dtypes
-        if accepted is None or kvd in accepted:
-            continue
-        here = tp.where == "here" or rocm_arch is not None
-        runs = f"this call runs on {tp.where}" if here else f"if this call ran on ROCm {tp.where}"
-        want = " or ".join(repr(a) for a in accepted)
-        out.append(violation(Check.KV_CACHE_DTYPE, f"{tp.path.name} does not support {kvd} ({runs}: {tp.why}; "
-                             f"it accepts kv_cache_dtype {want} only and fails with 'Unsupported KV cache dtype: "
-                             f"{kvd}')", kernel=call.kernel, expected=f"{want} on that path", found=repr(kvd),
-                             severity=Severity.ERROR if here else Severity.WARNING,
-                             category=None if here else Category.PORTABILITY))
-    return out
+    hit = call.declaration.first_path(call, rocm_arch, portability_archs,
+                                      lambda p: p.kv_cache_dtypes is not None and kvd not in p.kv_cache_dtypes)
+    if hit is None:
+        return []
+    tp, here = hit
+    runs = f"this call runs on {tp.where}" if here else f"if this call ran on ROCm {tp.where}"
+    want = " or ".join(repr(a) for a in tp.path.kv_cache_dtypes)
+    return [violation(Check.KV_CACHE_DTYPE, f"{tp.path.name} does not support {kvd} ({runs}: {tp.why}; it accepts "
+                      f"kv_cache_dtype {want} only and fails with 'Unsupported KV cache dtype: {kvd}')",
+                      kernel=call.kernel, expected=f"{want} on that path", found=repr(kvd),
+                      severity=Severity.ERROR if here else Severity.WARNING,
+                      category=None if here else Category.PORTABILITY)]
 
 
 def scale_value(x: Any) -> float | None:
