@@ -31,6 +31,7 @@ WHEELS=(
   regex==2026.11.15 pyzmq==27.3.0 psutil==7.2.2                 # vllm.platforms, vllm.distributed
   cachetools==8.0.1 blake3==1.0.11                              # vllm.utils
   requests==2.34.2 certifi==2026.10.18 charset-normalizer==3.5.2 idna==3.20 urllib3==2.8.0  # vllm.utils.flashinfer
+  py-spy==0.4.3                                                 # benchmarks/gpu_profile.sh: workers' profiles
 )
 
 [ -x "$PY" ] || { echo "device_bundle: $PY not found (run make setup, or set PY=)" >&2; exit 1; }

@@ -130,16 +130,23 @@ def gpu_count() -> int:
 #: Workers per GPU at most by default: Triton compiles on the CPU, one worker at a time per process, while the
 #: GPU runs the small fuzz batches of several workers with room to spare.
 MAX_WORKERS_PER_GPU = 8
+#: Under CUDA MPS (kvfuzz.fuzz.campaign.mps) the workers' kernels run concurrently, so more of them help: per GPU
+#: its share of the CPU cores less two (the supervisor, Triton's compiles), at most this many. Measured on an
+#: H100 with 16 cores: 14 workers under MPS 296 examples/s against 8 without 161/s and 16 without 187/s.
+MAX_WORKERS_PER_GPU_MPS = 14
 
 
-def default_workers(gpus: int, cpus: int | None = None) -> int:
+def default_workers(gpus: int, cpus: int | None = None, mps: bool = False) -> int:
     """Workers when --workers is not given: on CUDA, per GPU half the CPU cores it has (at most
-    :data:`MAX_WORKERS_PER_GPU`, at least 1); on CPU, 1 (a second worker competes for the same cores)."""
+    :data:`MAX_WORKERS_PER_GPU`, at least 1), or under MPS (``mps``) its cores less two (at most
+    :data:`MAX_WORKERS_PER_GPU_MPS`); on CPU, 1 (a second worker competes for the same cores)."""
     if not gpus:
         return 1
     cpus = cpus or os.cpu_count() or 1
+    if mps:
+        return gpus * max(1, min(MAX_WORKERS_PER_GPU_MPS, cpus // gpus - 2))
     return gpus * max(1, min(MAX_WORKERS_PER_GPU, cpus // gpus // 2))
 
 
-__all__ = ["MAX_WORKERS_PER_GPU", "CampaignConfig", "CrashPolicy", "WorkerPool", "config_from_dict",
+__all__ = ["MAX_WORKERS_PER_GPU", "MAX_WORKERS_PER_GPU_MPS", "CampaignConfig", "CrashPolicy", "WorkerPool", "config_from_dict",
            "config_to_dict", "default_workers", "gpu_count"]

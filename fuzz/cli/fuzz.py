@@ -12,6 +12,7 @@ Exit codes (also in the README):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -58,7 +59,14 @@ UNLIMITED = 2**62
               help="Worker processes (on CUDA machines spread over the GPUs with CUDA_VISIBLE_DEVICES). Every "
                    "campaign runs its examples in workers: a kernel that crashes or hangs costs a worker, not the "
                    "campaign, and the example is saved. Default: 1 on CPU; on CUDA, per GPU half its share of "
-                   "the CPU cores, at most 8 (Triton compiles on the CPU; the GPU has room).")
+                   "the CPU cores, at most 8 (Triton compiles on the CPU; the GPU has room), or under MPS its "
+                   "share less two, at most 14.")
+@click.option("--mps", "mps_mode", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="CUDA MPS for the workers sharing a GPU (their kernels then run concurrently instead of "
+                   "time-slicing): auto starts a private daemon (nvidia-cuda-mps-control -d) when the targets "
+                   "run on CUDA and the program is on PATH, and stops it at the end; on: exit 3 if it cannot "
+                   "start; off: none. A campaign run under the user's own daemon (CUDA_MPS_PIPE_DIRECTORY set) "
+                   "uses it.")
 @click.option("--example-timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds one example may run before its worker is killed and the example reported as hung.")
 @click.option("--max-crashes", default=10, show_default=True, type=click.IntRange(min=1),
@@ -104,7 +112,7 @@ UNLIMITED = 2**62
                    "failures it accepts are still found, counted and listed as known, but only a new failure (or a "
                    "known one that changed) exits 1.")
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
-         max_query_len, poisons, threads, workers, example_timeout, max_crashes, db_spec, undeclared, big_cache,
+         max_query_len, poisons, threads, workers, mps_mode, example_timeout, max_crashes, db_spec, undeclared, big_cache,
          observability, configs, chunk_examples, warmup, triton_cache, jit_cache, structural_shrink, baseline_file) -> None:
     """Fuzz real kernels in supervised workers; shrink each failure and write a reproducer directory under
     --out. Exit 0 nothing failed (or only --baseline's known findings), 1 a new failure found, 2 bad usage,
@@ -129,6 +137,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, default_workers, gpu_count
     from kvfuzz.fuzz.campaign.database import DatabaseError, open_database
     from kvfuzz.fuzz.campaign.journal import OutLock, OutLocked, OutOfSpace
+    from kvfuzz.fuzz.campaign.mps import MpsError, start_mps
     from kvfuzz.fuzz.harness.faults import get_fault
 
     config = CampaignConfig(out=out, max_examples=max_examples, duration=budget, seed=seed,
@@ -151,6 +160,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     except OutOfSpace as e:
         console.print(f"[red]cannot start[/]: {escape(str(e))}; free some space on the device of {escape(str(out))}")
         sys.exit(EXIT_CANNOT_RUN)
+    stack = contextlib.ExitStack()  # what the campaign started and must stop (an MPS daemon)
     try:
         try:
             open_database(db_spec, out)  # fail before any worker starts (each worker opens its own)
@@ -158,7 +168,15 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
             console.print(f"[red]cannot start[/]: {escape(str(e))}")
             sys.exit(EXIT_CANNOT_RUN if "does not answer" in str(e) else EXIT_USAGE)
         gpus = gpu_count() if any(t.availability().device == "cuda" for t in chosen) else 0
-        workers = workers or default_workers(gpus)
+        try:
+            mps = start_mps(mps_mode, gpus)
+        except MpsError as e:
+            console.print(f"[red]cannot start[/]: {escape(str(e))}")
+            sys.exit(EXIT_CANNOT_RUN)
+        stack.callback(mps.stop)
+        if mps.note:
+            console.print(escape(mps.note))
+        workers = workers or default_workers(gpus, mps=mps.active)
         if not gpus and workers > (os.cpu_count() or 1):
             console.print(f"[yellow]--workers {workers} on {os.cpu_count()} CPU cores[/]: workers will share cores "
                           "(one per core is the most that helps on CPU)")
@@ -171,6 +189,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         result = _supervise(chosen, list(target_names) or [t.name for t in chosen], config, pool, policy)
         code = _finish(result, chosen, config, out, caller_fault, seed)
     finally:
+        stack.close()
         lock.release()
     sys.exit(code)
 
