@@ -94,3 +94,13 @@ def test_default_workers_under_mps():
     assert default_workers(2, cpus=16, mps=True) == 2 * 6
     assert default_workers(4, cpus=8, mps=True) == 4  # one per GPU at least
     assert default_workers(0, cpus=16, mps=True) == 1  # no GPU: MPS changes nothing
+
+
+@pytest.mark.cli_text
+def test_mps_on_without_a_gpu_exits_3(tmp_path):
+    from kvfuzz_test_support import kvfuzz
+
+    r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--max-examples", "1", "--mps", "on",
+               "--out", str(tmp_path / "out"))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "--mps on: no CUDA device here" in r.stdout + r.stderr
