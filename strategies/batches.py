@@ -54,7 +54,13 @@ def choice(elements: Sequence, pin=_FREE) -> st.SearchStrategy:
     from ``integers(i, i)``), so an example drawn pinned replays unchanged in the free strategy: a failure found
     inside one kernel configuration is saved, replayed and shrunk across all of them
     (:mod:`kvfuzz.strategies.configs`). Raises InvalidArgument if ``pin`` is not an element."""
-    elements = tuple(elements)
+    return _choice(tuple(elements), pin)
+
+
+@functools.lru_cache(maxsize=4096)
+def _choice(elements: tuple, pin) -> st.SearchStrategy:
+    """:func:`choice`, built once per ``(elements, pin)``: a strategy is validated the first time it is drawn
+    from, which costs more than the draw (pinned campaigns drew a fresh mapped strategy per field per example)."""
     if pin is _FREE:
         return _sampled(elements)
     if pin not in elements:
