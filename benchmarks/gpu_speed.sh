@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 21's measurement on one lent GPU (no network; carry .device/ from `make device-bundle`): `kvfuzz bench
+# curve` of one target (a cold Triton cache, then the warm cache it left, same seed and workers: kvfuzz fuzz's
+# defaults, MPS included), nvidia-smi's utilization sampled each second through both, a py-spy profile of one
+# worker 20 s into the warm run, and benchmarks/gpu_profile.py's per-stage split (small and 1M-KV batches).
+# Few files under OUT (a device call brings back a limited number): curve.json, util-{cold,warm}.txt,
+# worker-warm.top.txt, profile.json, log.txt.
+# Usage: OUT=dir bash benchmarks/gpu_speed.sh [TARGET] [SECONDS] [-- kvfuzz fuzz args]
+set -uo pipefail
+T=${1:-vllm.unified_attention}
+S=${2:-150}
+shift 2 2>/dev/null; [ "${1:-}" = "--" ] && shift
+R=${OUT:?set OUT}
+mkdir -p "$R"
+source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
+W=$(mktemp -d)
+{
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  echo "cpus $(nproc)"
+  nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -l 1 > "$W/util.txt" 2>/dev/null &
+  SMI=$!
+  (  # split the samples at the warm run's start, and py-spy one of its workers 20 s in
+    while [ ! -d "$W/curve/$T-wdefault-warm" ]; do sleep 1; done
+    wc -l < "$W/util.txt" > "$W/cold-lines"
+    sleep 20
+    cli=$(pgrep -f -- "--out $W/curve/$T-wdefault-warm" | head -1)
+    w=$(pgrep -P "$cli" | tail -1)
+    [ -n "$w" ] && /tmp/site/bin/py-spy record -p "$w" -d 20 -f raw -o "$W/warm.raw" --nonblocking
+    python3 benchmarks/pyspy_top.py "$W/warm.raw" --top 70 > "$R/worker-warm.top.txt" 2>&1
+  ) &
+  $KV bench curve --target "$T" --duration "${S}s" --workers default --dir "$W/curve" --json "$R/curve.json" -- "$@"
+  kill $SMI 2>/dev/null
+  n=$(cat "$W/cold-lines" 2>/dev/null || echo 0)
+  head -n "$n" "$W/util.txt" > "$R/util-cold.txt"; tail -n +"$((n + 1))" "$W/util.txt" > "$R/util-warm.txt"
+  for m in cold warm; do
+    python3 -c "import sys; u=[float(x) for x in open(sys.argv[1]).read().split()]; print(sys.argv[2], 'gpu util mean %.1f%% over %d s' % (sum(u)/max(1,len(u)), len(u)))" "$R/util-$m.txt" $m
+  done
+  tail -5 "$W/curve/$T-wdefault-warm.log"
+  TRITON_CACHE_DIR="$W/curve/triton-$T-wdefault" timeout 240 python3 benchmarks/gpu_profile.py --target "$T" \
+    --examples 200 --configs 1 --out "$R/profile.json" 2>&1 | cut -c1-600
+  head -40 "$R/worker-warm.top.txt"
+} > "$R/log.txt" 2>&1
+rm -rf "$W"
+cat "$R/log.txt" | tail -c 9000
