@@ -1,8 +1,11 @@
 """The fp64 reference and its envelope (kvfuzz.contracts.checks.reference) against a slow oracle that computes
 them one query token at a time over exactly the keys that token sees (a slice, no mask, no padding), from
 the formulas of docs/tolerance.md written out again. Drawn batches mix decodes and prefills of very uneven
-lengths (so a batched computation pads a lot), empty contexts, GQA ratios, every feature and fp8 scales.
-Padding must not leak: poison in one sequence changes no other sequence's rows."""
+lengths (so the batched computation pads a lot), empty contexts, GQA ratios, every feature and fp8 scales,
+under every chunk budget (kvfuzz.contracts.checks.reference_chunks: the CPU's, the GPU's, and budgets that
+cut sequences into many blocks). Padding must not leak: poison in one sequence changes no other sequence's
+rows. The layout covers every query row once, within its budget; the reference reads no device tensor back
+to the host (it runs on the meta device)."""
 
 import math
 from unittest import mock
@@ -14,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvfuzz.contracts.checks.reference as reference
+import kvfuzz.contracts.checks.reference_chunks as chunks
 from kvfuzz.contracts.checks.reference import ENVELOPE_TERMS, ulp
 from kvfuzz.contracts.model.batch import VALUE_RANGES, Batch
 from kvfuzz.contracts.model.data import BatchData, make_batch_data
@@ -121,11 +125,65 @@ def assert_matches(batch: Batch, data: BatchData, expect: tuple[torch.Tensor, di
     torch.testing.assert_close(env.cpu(), sum(terms_e.values()), rtol=1e-12, atol=0)
 
 
+#: Chunk budgets the batched reference is checked under (it uses chunks.CPU on the CPU): the CPU's and the GPU's,
+#: none (no two blocks share a chunk, sequences cut into blocks of a few rows), and small chunks padded freely.
+BUDGETS = {"cpu": chunks.CPU, "gpu": chunks.GPU, "none": chunks.Budget(1, 0),
+           "small": chunks.Budget(2**11, 2**30)}
+
+
 @settings(max_examples=100, deadline=None)
-@given(ragged_batches())
-def test_reference_and_envelope_equal_the_per_token_oracle(b):
+@given(ragged_batches(), st.sampled_from(sorted(BUDGETS)))
+def test_reference_and_envelope_equal_the_per_token_oracle(b, budget):
     d = make_batch_data(b)
-    assert_matches(b, d, per_token(b, d))
+    with mock.patch.object(chunks, "CPU", BUDGETS[budget]):
+        assert_matches(b, d, per_token(b, d))
+
+
+@settings(max_examples=100, deadline=None)
+@given(ragged_batches(), st.sampled_from(sorted(BUDGETS)))
+def test_layout_covers_every_query_row_once_within_its_budget(b, budget):
+    """Blocks: consecutive rows of one sequence, in query order, each seeing exactly the key span of its rows
+    (causal, the window). Chunks: within the budget unless one block, blocks in query order, and index
+    tensors that say the same."""
+    with mock.patch.object(chunks, "CPU", BUDGETS[budget]):
+        layout = chunks.layout(b, torch.device("cpu"))
+    blocks = [blk for c in layout for blk in c.blocks]
+    assert sorted(blk.row0 for blk in blocks) == [blk.row0 for blk in chunks.blocks(b, BUDGETS[budget].elements)]
+    rows = sorted(r for blk in blocks for r in range(blk.row0, blk.row0 + blk.rows))
+    assert rows == list(range(b.num_tokens))
+    for blk in blocks:
+        i = max(i for i in range(b.num_seqs) if b.query_start_loc[i] <= blk.row0)
+        assert blk.row0 + blk.rows <= b.query_start_loc[i + 1]  # one sequence
+        assert blk.pos0 == b.ctx_lens[i] + blk.row0 - b.query_start_loc[i]
+        first = blk.pos0 if b.sliding_window is None else blk.pos0 - b.sliding_window + 1  # its first row's
+        assert blk.key0 == (0 if b.sliding_window is None else max(0, first))
+        assert blk.key_row0 == b.seq_start_loc[i] + blk.key0 and blk.keys >= blk.rows
+    for c in layout:
+        assert [blk.row0 for blk in c.blocks] == sorted(blk.row0 for blk in c.blocks)
+        assert c.whole == (len(layout) == 1)
+        assert (c.rows, c.keys) == (max(x.rows for x in c.blocks), max(x.keys for x in c.blocks))
+        if len(c.blocks) > 1:
+            assert chunks.size(b, len(c.blocks), c.rows, c.keys) <= BUDGETS[budget].elements
+            expect = [(j, t, blk.row0 + t) for j, blk in enumerate(c.blocks) for t in range(blk.rows)]
+            assert list(zip(c.block.tolist(), c.row.tolist(), c.token.tolist())) == expect
+            assert c.pos0.tolist() == [x.pos0 for x in c.blocks]
+            assert c.last_key.tolist() == [x.keys - 1 for x in c.blocks]
+        else:
+            assert c.block is None and c.token is None
+
+
+@pytest.mark.parametrize("budget", sorted(BUDGETS))
+def test_runs_on_the_meta_device(budget):
+    """On the meta device every op runs without data: ``.item()``, ``.tolist()`` or ``bool()`` of a device
+    tensor (a host synchronization on CUDA) raises there, and so does mixing in a tensor made on the CPU."""
+    b = batch_of([(1, 200), (12, 0), (1, 0), (3, 60)], num_heads=4, num_kv_heads=2, head_size=16,
+                 sliding_window=9, alibi=True, sinks=True, softcap=4.0, seed=1)
+    d = make_batch_data(b).to("meta")
+    with mock.patch.object(chunks, "CPU", BUDGETS[budget]):
+        ref, env = reference.reference_and_envelope(b, d)
+        terms = reference.envelope_terms(b, d)
+    for x in (ref, env, *terms.values()):
+        assert x.device.type == "meta" and x.dtype == F64 and x.shape == (b.num_tokens, 4, 16)
 
 
 @pytest.mark.parametrize("lens, kw", [
@@ -141,15 +199,18 @@ def test_edges_equal_the_per_token_oracle(lens, kw):
     assert_matches(b, d, per_token(b, d))
 
 
+@pytest.mark.parametrize("budget", sorted(BUDGETS))
 @pytest.mark.parametrize("poison", [float("nan"), float("inf"), 6e4])
-def test_padding_does_not_leak(poison):
+def test_padding_does_not_leak(poison, budget, monkeypatch):
     """Sequences of very different lengths, one of them (each in turn) filled with ``poison`` (queries, keys and
     values): every other sequence's reference and envelope are unchanged. A batched computation that read past
     a sequence's keys, or a padded row or key of another sequence, would carry the poison over."""
+    monkeypatch.setattr(chunks, "CPU", BUDGETS[budget])
     b = batch_of([(1, 200), (12, 0), (1, 0), (3, 60), (1, 5)], num_heads=4, num_kv_heads=2, head_size=16,
                  dtype="float16", sinks=True, alibi=True, seed=5)
     clean = make_batch_data(b)
     ref, env = reference.reference_and_envelope(b, clean)
+    assert torch.isfinite(ref).all() and torch.isfinite(env).all()
     for i in range(b.num_seqs):
         q0, q1, k0, k1 = b.query_start_loc[i], b.query_start_loc[i + 1], b.seq_start_loc[i], b.seq_start_loc[i + 1]
         d = attrs.evolve(clean, query=clean.query.clone(), keys=clean.keys.clone(), values=clean.values.clone())
