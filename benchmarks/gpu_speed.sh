@@ -2,7 +2,8 @@
 # Issue 21's measurement on one lent GPU (no network; carry .device/ from `make device-bundle`): `kvfuzz bench
 # curve` of one target (a cold Triton cache, then the warm cache it left, same seed and workers: kvfuzz fuzz's
 # defaults, MPS included), nvidia-smi's utilization sampled each second through both, a py-spy profile of one
-# worker 20 s into the warm run, and benchmarks/gpu_profile.py's per-stage split (small and 1M-KV batches).
+# worker 20 s into the warm run, optionally (GPUREF_SECONDS) a warm run with every fp64 reference on the GPU, and
+# benchmarks/gpu_profile.py's per-stage split (small and 1M-KV batches).
 # Few files under OUT (a device call brings back a limited number): curve.json, util-{cold,warm}.txt,
 # worker-warm.top.txt, profile.json, log.txt.
 # Usage: OUT=dir bash benchmarks/gpu_speed.sh [TARGET] [SECONDS] [-- kvfuzz fuzz args]
@@ -36,8 +37,13 @@ W=$(mktemp -d)
     python3 -c "import sys; u=[float(x) for x in open(sys.argv[1]).read().split()]; print(sys.argv[2], 'gpu util mean %.1f%% over %d s' % (sum(u)/max(1,len(u)), len(u)))" "$R/util-$m.txt" $m
   done
   tail -5 "$W/curve/$T-wdefault-warm.log"
+  if [ -n "${GPUREF_SECONDS:-}" ]; then  # warm again, every fp64 reference on the GPU (KVFUZZ_GPU_REFERENCE_MIN_KV=0)
+    KVFUZZ_GPU_REFERENCE_MIN_KV=0 timeout $((GPUREF_SECONDS + 90)) $KV fuzz --target "$T" --seed 0 \
+      --duration "${GPUREF_SECONDS}s" --triton-cache "$W/curve/triton-$T-wdefault" --out "$W/gpuref" "$@" > /dev/null 2>&1
+    python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['targets'][0]; print('gpu-reference warm:', {k: t.get(k) for k in ('examples','examples_per_s','kernel_s','harness_s','elapsed_s')})" "$W/gpuref/summary.json"
+  fi
   TRITON_CACHE_DIR="$W/curve/triton-$T-wdefault" timeout 240 python3 benchmarks/gpu_profile.py --target "$T" \
-    --examples 200 --configs 1 --out "$R/profile.json" 2>&1 | cut -c1-600
+    --examples ${PROFILE_EXAMPLES:-100} --configs 1 --out "$R/profile.json" 2>&1 | cut -c1-600
   head -40 "$R/worker-warm.top.txt"
 } > "$R/log.txt" 2>&1
 rm -rf "$W"
