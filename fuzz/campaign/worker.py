@@ -65,14 +65,14 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="kvfuzz-parent-watch").start()
 
 
-#: glibc malloc settings of a worker (``mallopt``): an example allocates and frees tensors of a few MiB (caches,
-#: ground truth, the fp64 reference), which glibc's defaults hand back to the kernel on every free (blocks over
-#: the mmap threshold, a heap top over the trim threshold), so each example paid again for page faults and
-#: zeroed pages (a fifth of a vllm.cpu_attention worker's time was system time). Blocks up to
-#: ``M_MMAP_THRESHOLD`` bytes (glibc's maximum) come from the heap, and up to ``M_TRIM_THRESHOLD`` bytes of
-#: freed heap stay with the process; larger blocks (``--big-cache``'s caches of several GiB) are still mapped
+#: glibc malloc settings of a worker (``mallopt``): an example allocates and frees tensors of up to ~100 MiB
+#: (caches, ground truth, the fp64 reference's intermediates), which glibc's defaults hand back to the kernel on
+#: free (blocks over the 32 MiB at most that its mmap threshold rises to, a heap top over the trim threshold),
+#: so each example paid again for page faults and zeroed pages (a fifth of a vllm.cpu_attention worker's time
+#: was system time). Blocks under ``M_MMAP_THRESHOLD`` come from the heap and up to ``M_TRIM_THRESHOLD`` bytes
+#: of freed heap stay with the process; larger blocks (``--big-cache``'s caches of several GiB) are still mapped
 #: and returned on free.
-MALLOC_SETTINGS = {"M_TRIM_THRESHOLD": (-1, 1 << 30), "M_TOP_PAD": (-2, 64 << 20), "M_MMAP_THRESHOLD": (-3, 32 << 20)}
+MALLOC_SETTINGS = {"M_TRIM_THRESHOLD": (-1, 1 << 30), "M_TOP_PAD": (-2, 64 << 20), "M_MMAP_THRESHOLD": (-3, 1 << 30)}
 
 
 def tune_malloc() -> bool:
