@@ -182,7 +182,7 @@ class Campaign:
             undeclared = self._run_example(example)
         except Finding as f:
             finding = f
-            classify(self.config.baseline, self.target, example, finding)
+            classify(self.config.baseline, self.target, example, finding, self._run)
         self._end(example, lab, started, None if finding is None else finding.signature, undeclared)
         return finding
 

@@ -32,7 +32,10 @@ class Timings:
 
 @attrs.define
 class Run:
-    """Everything one example produced: inputs, the call, the output and the reference (for reproducers)."""
+    """Everything one example produced: inputs, the call, the output and the reference (for reproducers).
+    ``reference`` (fp64, on the CPU) and ``envelope`` (fp64, on the reference device), both
+    ``[num_tokens, num_heads, head_size]``, are set by the attention property; a run handed to it with both set
+    is checked against them instead of computing them again."""
 
     example: Example
     data: BatchData
@@ -40,6 +43,7 @@ class Run:
     call: KernelCall
     output: torch.Tensor | None = None
     reference: torch.Tensor | None = None
+    envelope: torch.Tensor | None = None
     timings: Timings = attrs.Factory(Timings)
     path: str = ""
     ratio: float = 0.0
