@@ -180,6 +180,26 @@ def test_the_re_run_reuses_the_failing_runs_data_and_reference_and_still_decides
     assert calls == [1]
 
 
+def test_a_campaign_hands_the_failing_run_to_the_baseline(tmp_path, monkeypatch):
+    """The engine passes each failing example's Run to classify(): every example computes its reference once,
+    its baseline re-run none."""
+    from kvfuzz.fuzz.campaign.baseline import Baseline
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.campaign.engine import fuzz_target
+    from kvfuzz.fuzz.harness import attention
+    from kvfuzz.strategies.limits import Limits
+
+    target = get_target("mutant.tail_v_unmasked")
+    calls = []
+    monkeypatch.setattr(attention, "reference_and_envelope",
+                        lambda *a, real=attention.reference_and_envelope: calls.append(1) or real(*a))
+    config = CampaignConfig(out=tmp_path, max_examples=12, seed=1, poisons=(Poison.NAN,), structural_shrink=0,
+                            limits=Limits(max_num_seqs=2, max_ctx_len=20, max_query_len=4),
+                            baseline=Baseline("b.toml", (tail_entry(target.name, "unwritten"),)))
+    stats = fuzz_target(target, config)
+    assert stats.examples == len(calls) and any(f.known for f in stats.failures.values()), (stats.examples, len(calls))
+
+
 def test_the_tail_class_is_the_tail_not_every_unwritten_slot():
     """A kernel that lets NaN from any slot of the pool through is not the tail bug (Finding 2's class is)."""
     target = get_target(f"{PLANTED}:PoolVUnmasked")
