@@ -274,3 +274,25 @@ def test_a_worker_keeps_freed_memory_so_the_next_example_does_not_fault_its_page
     if tuned == "not glibc":
         pytest.skip("the C library is not glibc")
     assert int(tuned) < 100 and int(faults("default")) > 1000
+
+
+def test_the_supervisor_reads_its_workers_in_batches_not_once_per_message(tmp_path, monkeypatch):
+    """A worker says begin, kernel, check and end per example; the supervisor looks at the pipes at most every
+    POLL_SECONDS and reads what has arrived, so it wakes far fewer times than it gets messages (it took the
+    workers' cores for each one), and still counts every example."""
+    from kvfuzz.fuzz.campaign import supervisor as sup
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.targets import get_target
+
+    waits, messages = [], []
+    monkeypatch.setattr(sup, "wait", lambda *a, real=sup.wait, **k: waits.append(1) or real(*a, **k))
+    monkeypatch.setattr(sup.Supervisor, "_message",
+                        lambda self, s, msg, real=sup.Supervisor._message: messages.append(msg[0]) or real(self, s, msg))
+    spec = f"{PLANTED}:Correct"
+    monkeypatch.setenv("KVFUZZ_PLANTED_LOG", str(tmp_path / "calls.log"))
+    config = CampaignConfig(out=tmp_path / "out", max_examples=300, structural_shrink=0)
+    result = sup.Supervisor([get_target(spec)], [spec], config, resume=False).run()
+    examples = result.targets[0].examples
+    assert examples == 300 and messages.count("end") == 300 and "phase" in messages
+    assert messages.count("phase") == 2 * examples  # kernel and check; begin says "prepare"
+    assert len(waits) < examples / 2, (len(waits), len(messages))

@@ -173,8 +173,7 @@ class Campaign:
         if STOP.is_set():
             raise KeyboardInterrupt
         lab = labels(self.target, example.batch) if lab is None else lab
-        self.listener.begin(self.target.name, example)
-        self.listener.phase("prepare")
+        self.listener.begin(self.target.name, example)  # the example is being prepared
         started = time.perf_counter()
         self._run = None
         finding = undeclared = None
