@@ -151,9 +151,10 @@ def _failing_run(target, example):
 
 @pytest.mark.parametrize("slots", ["tail", "unwritten"])
 def test_the_re_run_reuses_the_failing_runs_data_and_reference_and_still_decides(monkeypatch, slots):
-    """Handed the failing Run, match() re-runs the example without generating its data or computing its
-    reference again (they do not depend on the poison), and answers as without it: known for the mutant's
-    NaN tail, new for a planted defect no finite cache removes."""
+    """Handed the failing Run, match() re-runs the example without generating its data, computing its
+    reference (they do not depend on the poison) or checking the caller again (a fault-free call that passed),
+    and answers as without it: known for the mutant's NaN tail, new for a planted defect no finite cache
+    removes."""
     from kvfuzz.fuzz.harness import attention
 
     target = get_target("mutant.tail_v_unmasked")
@@ -169,6 +170,7 @@ def test_the_re_run_reuses_the_failing_runs_data_and_reference_and_still_decides
     with monkeypatch.context() as m:
         m.setattr(attention, "generate", computed_again)
         m.setattr(attention, "reference_and_envelope", computed_again)
+        m.setattr(attention, "caller_violations", computed_again)
         assert match(tail_entry(target.name, slots), target, example, f, run) == (True, "")
         ok, why = match(tail_entry(planted.name, slots), planted, one, g, planted_run)
         assert not ok and f"still fails with zeros in its {slots} slots" in why
@@ -177,6 +179,24 @@ def test_the_re_run_reuses_the_failing_runs_data_and_reference_and_still_decides
     monkeypatch.setattr(attention, "reference_and_envelope",
                         lambda *a, real=attention.reference_and_envelope: calls.append(1) or real(*a))
     assert match(tail_entry(target.name, slots), target, example, f, planted_run) == (True, "")
+    assert calls == [1]
+
+
+def test_the_re_run_of_a_run_prepared_with_a_caller_fault_checks_the_caller_again(monkeypatch):
+    """A fault that left no violation (shared-block needs two sequences: one has none) may still have changed
+    the call; the re-run is built without it, so its caller checks run."""
+    from kvfuzz.fuzz.harness import attention
+    from kvfuzz.fuzz.harness.faults import get_fault
+
+    target = get_target("mutant.tail_v_unmasked")
+    example = Example(_batch([1], [4], heads=(2, 1), head_size=32, block_size=8), Poison.NAN)
+    run = properties.prepare(target, example, get_fault("shared-block"))
+    with pytest.raises(NonFiniteOutput) as info:
+        properties.check(target, example, run=run)
+    calls = []
+    monkeypatch.setattr(attention, "caller_violations",
+                        lambda *a, real=attention.caller_violations: calls.append(1) or real(*a))
+    assert run.fault is not None and match(tail_entry(target.name), target, example, info.value, run) == (True, "")
     assert calls == [1]
 
 

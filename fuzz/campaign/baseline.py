@@ -242,13 +242,16 @@ def _reusable(target, example, run) -> bool:
 def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
     """Whether ``example`` passes every check (no finding, nothing raised) with the entry's slot class holding
     zeros instead of its poison, in this process. ``run``: the example's failing Run; its data, reference and
-    envelope are reused (:func:`_reusable`) and everything else (cache, call, caller checks, kernel, output
-    checks) is done again."""
+    envelope are reused (:func:`_reusable`) and the cache, the call, the kernel and the output checks are done
+    again. So are the caller checks, unless ``run`` was prepared without a caller fault: then its call passed
+    them (its finding is not a caller violation), the re-run's call is built the same way from the same data,
+    and its cache differs only in slots the contract leaves unwritten, which no caller check reads."""
     from kvfuzz.contracts.checks.failures import Finding
     from kvfuzz.contracts.model.poison import Poison
     from kvfuzz.fuzz.harness import attention, properties
 
     reuse = _reusable(target, example, run)
+    checked = reuse and run.fault is None
 
     def again(example_, after_materialize=None):
         """A fresh run of ``example_``, carrying ``run``'s data, reference and envelope when reusable."""
@@ -261,7 +264,10 @@ def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
     try:
         if entry.slots == "unwritten":
             zeros = attrs.evolve(example, poison=Poison.ZEROS)
-            properties.check(target, zeros, run=again(zeros) if reuse else None)
+            if reuse:
+                attention.check_example(target, zeros, run=again(zeros), caller_checked=checked)
+            else:
+                properties.check(target, zeros)
             return True
 
         def finite_tail(batch, data, cache) -> None:
@@ -272,7 +278,10 @@ def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
                 cache.layout.write(cache.key_cache, cache.value_cache, slots.to(cache.key_cache.device),
                                    zeros.to(cache.key_cache.device), zeros.to(cache.key_cache.device))
 
-        properties.check(target, example, run=again(example, finite_tail))
+        if reuse:
+            attention.check_example(target, example, run=again(example, finite_tail), caller_checked=checked)
+        else:
+            properties.check(target, example, run=again(example, finite_tail))
         return True
     except Finding:
         return False

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 import torch
@@ -35,7 +35,8 @@ class Run:
     """Everything one example produced: inputs, the call, the output and the reference (for reproducers).
     ``reference`` (fp64, on the CPU) and ``envelope`` (fp64, on the reference device), both
     ``[num_tokens, num_heads, head_size]``, are set by the attention property; a run handed to it with both set
-    is checked against them instead of computing them again."""
+    is checked against them instead of computing them again. ``fault``: the caller fault
+    (:class:`~kvfuzz.fuzz.harness.faults.CallerFault`) it was prepared with, None for none."""
 
     example: Example
     data: BatchData
@@ -47,6 +48,7 @@ class Run:
     timings: Timings = attrs.Factory(Timings)
     path: str = ""
     ratio: float = 0.0
+    fault: Any = None
 
 
 def generate(example: Example) -> tuple[BatchData, Timings]:
