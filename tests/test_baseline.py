@@ -125,6 +125,101 @@ def test_a_nan_tail_is_known_only_while_finite_tail_slots_make_it_pass():
     assert "new: baseline nan-tail" in g.message
 
 
+def test_a_non_finite_output_is_not_also_compared_with_the_reference(monkeypatch):
+    """NaN fails agreement too and the finite-output failure wins, so the same-precision model (which only an
+    output over the envelope needs) is not computed for it; the run keeps its reference and envelope."""
+    from kvfuzz.fuzz.harness import attention
+
+    def not_needed(*a, **k):
+        raise AssertionError("the same-precision model was computed for a non-finite output")
+
+    monkeypatch.setattr(attention, "same_precision_attention", not_needed)
+    target = get_target("mutant.tail_v_unmasked")
+    example = Example(_batch([1], [4], heads=(2, 1), head_size=32, block_size=8), Poison.NAN)
+    run = properties.prepare(target, example)
+    with pytest.raises(NonFiniteOutput):
+        properties.check(target, example, run=run)
+    assert run.ratio == 0.0 and run.reference is not None and run.envelope is not None
+
+
+def _failing_run(target, example):
+    run = properties.prepare(target, example)
+    with pytest.raises(NonFiniteOutput) as info:
+        properties.check(target, example, run=run)
+    return info.value, run
+
+
+@pytest.mark.parametrize("slots", ["tail", "unwritten"])
+def test_the_re_run_reuses_the_failing_runs_data_and_reference_and_still_decides(monkeypatch, slots):
+    """Handed the failing Run, match() re-runs the example without generating its data, computing its
+    reference (they do not depend on the poison) or checking the caller again (a fault-free call that passed),
+    and answers as without it: known for the mutant's NaN tail, new for a planted defect no finite cache
+    removes."""
+    from kvfuzz.fuzz.harness import attention
+
+    target = get_target("mutant.tail_v_unmasked")
+    example = Example(_batch([1], [4], heads=(2, 1), head_size=32, block_size=8), Poison.NAN)
+    f, run = _failing_run(target, example)
+    planted = get_target(f"{PLANTED}:TailVUnmaskedAndOwnToken")
+    one = Example(_batch([1], [0], head_size=32, block_size=8), Poison.NAN)
+    g, planted_run = _failing_run(planted, one)
+
+    def computed_again(*a, **k):
+        raise AssertionError("computed again")
+
+    with monkeypatch.context() as m:
+        m.setattr(attention, "generate", computed_again)
+        m.setattr(attention, "reference_and_envelope", computed_again)
+        m.setattr(attention, "caller_violations", computed_again)
+        assert match(tail_entry(target.name, slots), target, example, f, run) == (True, "")
+        ok, why = match(tail_entry(planted.name, slots), planted, one, g, planted_run)
+        assert not ok and f"still fails with zeros in its {slots} slots" in why
+    # a run of another batch is not reused: the re-run computes its own (and the answer is the same)
+    calls = []
+    monkeypatch.setattr(attention, "reference_and_envelope",
+                        lambda *a, real=attention.reference_and_envelope: calls.append(1) or real(*a))
+    assert match(tail_entry(target.name, slots), target, example, f, planted_run) == (True, "")
+    assert calls == [1]
+
+
+def test_the_re_run_of_a_run_prepared_with_a_caller_fault_checks_the_caller_again(monkeypatch):
+    """A fault that left no violation (shared-block needs two sequences: one has none) may still have changed
+    the call; the re-run is built without it, so its caller checks run."""
+    from kvfuzz.fuzz.harness import attention
+    from kvfuzz.fuzz.harness.faults import get_fault
+
+    target = get_target("mutant.tail_v_unmasked")
+    example = Example(_batch([1], [4], heads=(2, 1), head_size=32, block_size=8), Poison.NAN)
+    run = properties.prepare(target, example, get_fault("shared-block"))
+    with pytest.raises(NonFiniteOutput) as info:
+        properties.check(target, example, run=run)
+    calls = []
+    monkeypatch.setattr(attention, "caller_violations",
+                        lambda *a, real=attention.caller_violations: calls.append(1) or real(*a))
+    assert run.fault is not None and match(tail_entry(target.name), target, example, info.value, run) == (True, "")
+    assert calls == [1]
+
+
+def test_a_campaign_hands_the_failing_run_to_the_baseline(tmp_path, monkeypatch):
+    """The engine passes each failing example's Run to classify(): every example computes its reference once,
+    its baseline re-run none."""
+    from kvfuzz.fuzz.campaign.baseline import Baseline
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.campaign.engine import fuzz_target
+    from kvfuzz.fuzz.harness import attention
+    from kvfuzz.strategies.limits import Limits
+
+    target = get_target("mutant.tail_v_unmasked")
+    calls = []
+    monkeypatch.setattr(attention, "reference_and_envelope",
+                        lambda *a, real=attention.reference_and_envelope: calls.append(1) or real(*a))
+    config = CampaignConfig(out=tmp_path, max_examples=12, seed=1, poisons=(Poison.NAN,), structural_shrink=0,
+                            limits=Limits(max_num_seqs=2, max_ctx_len=20, max_query_len=4),
+                            baseline=Baseline("b.toml", (tail_entry(target.name, "unwritten"),)))
+    stats = fuzz_target(target, config)
+    assert stats.examples == len(calls) and any(f.known for f in stats.failures.values()), (stats.examples, len(calls))
+
+
 def test_the_tail_class_is_the_tail_not_every_unwritten_slot():
     """A kernel that lets NaN from any slot of the pool through is not the tail bug (Finding 2's class is)."""
     target = get_target(f"{PLANTED}:PoolVUnmasked")

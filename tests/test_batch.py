@@ -1,5 +1,7 @@
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvfuzz.contracts.model.batch import Batch, positions
 
@@ -29,6 +31,16 @@ def test_positions_enumerates_in_order():
     seq, pos = positions([2, 0, 3], offsets=[5, 9, 1])
     assert seq.tolist() == [0, 0, 2, 2, 2]
     assert pos.tolist() == [5, 6, 1, 2, 3]
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 100)), max_size=6), st.booleans())
+def test_positions_is_every_position_of_every_sequence_in_order(seqs, with_offsets):
+    lens = [n for n, _ in seqs]
+    offsets = [o for _, o in seqs] if with_offsets else None
+    seq, pos = positions(lens, offsets)
+    want = [(i, (offsets[i] if offsets else 0) + j) for i, n in enumerate(lens) for j in range(n)]
+    assert list(zip(seq.tolist(), pos.tolist())) == want
+    assert seq.dtype == pos.dtype == torch.int64
 
 
 @pytest.mark.parametrize("change, match", [

@@ -117,3 +117,37 @@ def test_vllm_5d_layout_matches_vllm_documented_indexing(make_batch):
         for dim in (0, 7, 8, 31):
             assert state.key_cache[blk, h, dim // x, off, dim % x] == d.keys[p, h, dim]
             assert state.value_cache[blk, h, dim, off] == d.values[p, h, dim]
+
+
+def test_stale_poison_is_large_finite_values_drawn_from_the_seed_repeating_every_period(make_batch):
+    """STALE: the same seed gives the same cache, another seed other values; the blocks of a period differ and
+    the pattern repeats every STALE_PERIOD blocks; values are N(0, 1) * STALE_MAGNITUDE."""
+    from kvfuzz.contracts.caches.materialize import STALE_MAGNITUDE, STALE_PERIOD, fill_poison
+
+    t = torch.empty((2 * STALE_PERIOD + 3, 2, 4, 8), dtype=torch.float16)
+    fill_poison(t, Poison.STALE, 7)
+    again, other = torch.empty_like(t), torch.empty_like(t)
+    fill_poison(again, Poison.STALE, 7)
+    fill_poison(other, Poison.STALE, 8)
+    assert torch.equal(t, again) and not torch.equal(t, other)
+    assert torch.isfinite(t).all() and t.abs().max() > 2 * STALE_MAGNITUDE
+    assert 0.8 * STALE_MAGNITUDE < t.float().std() < 1.2 * STALE_MAGNITUDE
+    assert all(not torch.equal(t[0], t[i]) for i in range(1, STALE_PERIOD))
+    assert torch.equal(t[:STALE_PERIOD], t[STALE_PERIOD:2 * STALE_PERIOD])
+    assert torch.equal(t[2 * STALE_PERIOD:], t[:3])
+
+
+def test_a_stale_pattern_larger_than_the_pool_wraps_around_it(monkeypatch):
+    import importlib
+
+    m = importlib.import_module("kvfuzz.contracts.caches.materialize")
+    monkeypatch.setattr(m, "STALE_POOL_SIZE", 1000)
+    monkeypatch.setattr(m, "_STALE_POOLS", {})
+    small = m.stale_pattern((1000,), torch.float32, 3)  # one whole pool, from the seed's offset on
+    big = m.stale_pattern((5, 700), torch.float32, 3)
+    assert big.shape == (5, 700)
+    flat = big.flatten()
+    assert torch.equal(flat[:1000], small) and torch.equal(flat[1000:2000], small)
+    assert torch.equal(flat[2000:3000], small) and torch.equal(flat[3000:], small[:500])
+    fp8 = m.stale_pattern((10, 10), torch.float8_e4m3fn, 3)
+    assert torch.isfinite(fp8.float()).all()  # saturated to the fp8 range, never NaN

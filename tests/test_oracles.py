@@ -329,6 +329,50 @@ def test_nan_is_always_a_failure_and_located(make_batch):
     assert g is not None and (g.token, g.head, g.dim) == (5, 2, 9) and g.oracle is Oracle.AGREEMENT
 
 
+def _check_finite_by_element(b, out):
+    """check_finite as it was written first (every element tested): what the fast one must equal."""
+    from kvfuzz.contracts.checks.oracles import OracleFailure, _locate
+
+    bad = ~torch.isfinite(out)
+    if not bad.any():
+        return None
+    t, h, d = (int(i) for i in torch.nonzero(bad)[0])
+    rows = bad.any(dim=-1)
+    seq, pos = _locate(b, t)
+    tokens = tuple(int(i) for i in torch.nonzero(rows.any(dim=1)).flatten())
+    return OracleFailure(Oracle.FINITE, seq, pos, t, h, d, float(out[t, h, d]), float("nan"), int(rows.sum()),
+                         int(bad.sum()), tokens)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("plant", ["none", "nan", "inf", "both signs of inf in a row", "scattered",
+                                   "huge finite fp32", "huge fp32 and a nan"])
+def test_check_finite_equals_the_element_by_element_check(make_batch, dtype, plant):
+    """The fast check (a finite sum proves every element finite) finds what testing every element finds, where
+    it is first, how many rows and elements, which tokens; finite values whose sum overflows are no failure."""
+    b, d, ref, lowp, env = case(make_batch)
+    out = lowp.to(dtype).clone()
+    gen = torch.Generator().manual_seed(len(plant))
+    if plant == "nan":
+        out[5, 2, 9] = float("nan")
+    elif plant == "inf":
+        out[0, 0, 0] = -float("inf")
+    elif plant == "both signs of inf in a row":  # inf + -inf: the row sums to NaN
+        out[3, 1, 4], out[3, 1, 6] = float("inf"), -float("inf")
+    elif plant == "scattered":
+        idx = torch.randint(0, out.numel(), (40,), generator=gen)
+        out.view(-1)[idx[:20]] = float("nan")
+        out.view(-1)[idx[20:]] = float("inf")
+    elif plant.startswith("huge"):
+        if dtype != torch.float32:
+            pytest.skip("only fp32 holds values whose fp32 sum overflows")
+        out[:, :, :8] = 3e38  # finite, but the sums are inf
+        if plant.endswith("nan"):
+            out[-1, -1, -1] = float("nan")
+    assert repr(check_finite(b, out)) == repr(_check_finite_by_element(b, out))  # repr: NaN fields compare
+    assert (check_finite(b, out) is None) == (plant in ("none", "huge finite fp32"))
+
+
 def test_oracles_are_an_enum_with_one_message_each_and_read_as_oracles():
     assert set(MESSAGES) == set(Oracle)
     assert check_label(Oracle.FINITE.value) == "oracle: finite output"

@@ -119,17 +119,27 @@ def _locate(batch: Batch, token: int) -> tuple[int, int]:
 
 
 def check_finite(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
-    """NaN or inf anywhere in ``out`` ``[num_tokens, num_heads, head_size]`` (any device) is always a failure.
-    One host sync when it passes."""
-    if bool(torch.isfinite(out).all()):
+    """NaN or inf anywhere in ``out`` ``[num_tokens, num_heads, head_size]`` (any device) is always a failure,
+    located at its first non-finite element (row-major order). One host sync when it passes.
+
+    A NaN or inf element makes any sum over it NaN or inf, so an fp32 sum that is finite proves every element
+    finite (one vectorized pass; ``isfinite(out).all()`` took ten times as long); a non-finite sum (which a
+    finite fp32 output of huge values can also give) is decided element by element, in the rows whose sums are
+    not finite."""
+    if bool(torch.isfinite(out.sum(dtype=torch.float32))):
         return None
     out = out.cpu()
-    bad = ~torch.isfinite(out)
-    t, h, d = (int(i) for i in torch.nonzero(bad)[0])
-    rows = bad.any(dim=-1)
+    rows = torch.nonzero(~torch.isfinite(out.sum(dim=-1, dtype=torch.float32)))  # [k, 2] (token, head), sorted
+    bad = ~torch.isfinite(out[rows[:, 0], rows[:, 1]])  # [k, head_size]: exact, in those rows only
+    bad_rows = bad.any(dim=-1)
+    if not bool(bad_rows.any()):
+        return None  # finite values whose sum overflowed
+    r = int(torch.nonzero(bad_rows)[0])
+    t, h = (int(i) for i in rows[r])
+    d = int(torch.nonzero(bad[r])[0])
     seq, pos = _locate(batch, t)
-    tokens = tuple(int(i) for i in torch.nonzero(rows.any(dim=1)).flatten())
-    return OracleFailure(Oracle.FINITE, seq, pos, t, h, d, float(out[t, h, d]), float("nan"), int(rows.sum()),
+    tokens = tuple(int(i) for i in torch.unique(rows[bad_rows, 0]))
+    return OracleFailure(Oracle.FINITE, seq, pos, t, h, d, float(out[t, h, d]), float("nan"), int(bad_rows.sum()),
                          int(bad.sum()), tokens)
 
 

@@ -56,14 +56,16 @@ def positions(lens: tuple[int, ...] | list[int], offsets: tuple[int, ...] | list
     """Vectorized enumeration of ``(seq, pos)`` for ``pos in offsets[seq] .. offsets[seq] + lens[seq] - 1``.
 
     Returns two int64 tensors of length ``sum(lens)``, ordered by sequence then position (query order when
-    ``lens = query_lens`` and ``offsets = ctx_lens``).
+    ``lens = query_lens`` and ``offsets = ctx_lens``). Raises RuntimeError for a negative length.
     """
-    counts = torch.tensor(list(lens), dtype=torch.int64)
-    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    starts = torch.cumsum(counts, 0) - counts
-    pos = torch.arange(int(counts.sum())) - starts[seq]
-    if offsets is not None:
-        pos = pos + torch.tensor(list(offsets), dtype=torch.int64)[seq]
+    counts = [int(n) for n in lens]
+    seq = torch.repeat_interleave(torch.tensor(counts, dtype=torch.int64))  # [0]*lens[0] + [1]*lens[1] + ...
+    # pos = (flat index) - (where the sequence starts in the flat order) + (its offset)
+    shift, start = [], 0
+    for i, n in enumerate(counts):
+        shift.append(start - (0 if offsets is None else int(offsets[i])))
+        start += n
+    pos = torch.arange(len(seq), dtype=torch.int64) - torch.tensor(shift, dtype=torch.int64)[seq]
     return seq, pos
 
 

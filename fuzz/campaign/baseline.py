@@ -230,16 +230,44 @@ def tail_slots(batch, cache, tail_tokens: int):
     return torch.unique(slots[~torch.isin(slots, written)])
 
 
-def _passes_with_finite(entry: KnownFinding, target, example) -> bool:
+def _reusable(target, example, run) -> bool:
+    """Whether ``run`` (the failing run of ``example``, or None) holds what a re-run of the same batch may reuse:
+    the ground truth and the fp64 reference and envelope, which depend on the batch only, not on the poison."""
+    from kvfuzz.fuzz.harness.properties import is_writer
+
+    return (run is not None and not is_writer(target) and run.reference is not None and run.envelope is not None
+            and run.example.batch == example.batch)
+
+
+def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
     """Whether ``example`` passes every check (no finding, nothing raised) with the entry's slot class holding
-    zeros instead of its poison, in this process."""
+    zeros instead of its poison, in this process. ``run``: the example's failing Run; its data, reference and
+    envelope are reused (:func:`_reusable`) and the cache, the call, the kernel and the output checks are done
+    again. So are the caller checks, unless ``run`` was prepared without a caller fault: then its call passed
+    them (its finding is not a caller violation), the re-run's call is built the same way from the same data,
+    and its cache differs only in slots the contract leaves unwritten, which no caller check reads."""
     from kvfuzz.contracts.checks.failures import Finding
     from kvfuzz.contracts.model.poison import Poison
     from kvfuzz.fuzz.harness import attention, properties
 
+    reuse = _reusable(target, example, run)
+    checked = reuse and run.fault is None
+
+    def again(example_, after_materialize=None):
+        """A fresh run of ``example_``, carrying ``run``'s data, reference and envelope when reusable."""
+        if not reuse:
+            return attention.prepare(target, example_, after_materialize=after_materialize)
+        fresh = attention.prepare(target, example_, after_materialize=after_materialize, data=run.data)
+        fresh.reference, fresh.envelope = run.reference, run.envelope
+        return fresh
+
     try:
         if entry.slots == "unwritten":
-            properties.check(target, attrs.evolve(example, poison=Poison.ZEROS))
+            zeros = attrs.evolve(example, poison=Poison.ZEROS)
+            if reuse:
+                attention.check_example(target, zeros, run=again(zeros), caller_checked=checked)
+            else:
+                properties.check(target, zeros)
             return True
 
         def finite_tail(batch, data, cache) -> None:
@@ -250,8 +278,10 @@ def _passes_with_finite(entry: KnownFinding, target, example) -> bool:
                 cache.layout.write(cache.key_cache, cache.value_cache, slots.to(cache.key_cache.device),
                                    zeros.to(cache.key_cache.device), zeros.to(cache.key_cache.device))
 
-        run = attention.prepare(target, example, after_materialize=finite_tail)
-        properties.check(target, example, run=run)
+        if reuse:
+            attention.check_example(target, example, run=again(example, finite_tail), caller_checked=checked)
+        else:
+            properties.check(target, example, run=again(example, finite_tail))
         return True
     except Finding:
         return False
@@ -259,13 +289,14 @@ def _passes_with_finite(entry: KnownFinding, target, example) -> bool:
         return False
 
 
-def match(entry: KnownFinding, target, example, finding) -> tuple[bool, str]:
+def match(entry: KnownFinding, target, example, finding, run=None) -> tuple[bool, str]:
     """Whether ``finding`` (raised by ``example`` on ``target``) is the entry's known bug, and why not.
 
     Returns ``(True, "")`` or ``(False, reason)``; ``reason`` is "" when target, kind or check differ, else
     what failed (for a near miss worth saying: a known precision bug that outgrew its ``max_ratio``, a
     non-finite output not explained by the entry's slots). A non-finite entry re-runs the example once, in
-    this process (module docstring)."""
+    this process (module docstring), reusing ``run``'s ground truth, reference and envelope when ``run`` is
+    the failing :class:`~kvfuzz.fuzz.harness.run.Run` of this example (the same answer, computed once)."""
     if (entry.target, entry.kind, entry.check) != (target.name, finding.kind.value, finding.check):
         return False, ""
     b = example.batch
@@ -274,7 +305,7 @@ def match(entry: KnownFinding, target, example, finding) -> tuple[bool, str]:
     if entry.kind == "non-finite output":
         if example.poison.value not in entry.poisons:
             return False, f"baseline {entry.id} covers poisons {', '.join(entry.poisons)}, not {example.poison.value}"
-        if not _passes_with_finite(entry, target, example):
+        if not _passes_with_finite(entry, target, example, run):
             return False, (f"baseline {entry.id}: the example still fails with zeros in its {entry.slots} slots, so "
                            "the non-finite output does not come (only) from there")
         return True, ""
@@ -289,8 +320,9 @@ def match(entry: KnownFinding, target, example, finding) -> tuple[bool, str]:
     return True, ""
 
 
-def classify(baseline: Baseline | None, target, example, finding) -> str | None:
-    """The id of the first entry of ``baseline`` that ``finding`` matches (:func:`match`), or None. Sets
+def classify(baseline: Baseline | None, target, example, finding, run=None) -> str | None:
+    """The id of the first entry of ``baseline`` that ``finding`` matches (:func:`match`, handed ``run``, the
+    example's failing Run when the caller has it), or None. Sets
     ``finding.known`` to it (so its signature differs from a new failure's of the same kind and check) and
     records in ``finding.details["baseline"]`` the entry, or the near misses that kept it new (which its
     message then also names)."""
@@ -298,7 +330,7 @@ def classify(baseline: Baseline | None, target, example, finding) -> str | None:
         return None
     misses = []
     for entry in baseline.for_target(target.name):
-        ok, why = match(entry, target, example, finding)
+        ok, why = match(entry, target, example, finding, run)
         if ok:
             finding.known = entry.id
             finding.details["baseline"] = {"known": entry.id, "reason": entry.reason, "reference": entry.reference}

@@ -173,8 +173,7 @@ class Campaign:
         if STOP.is_set():
             raise KeyboardInterrupt
         lab = labels(self.target, example.batch) if lab is None else lab
-        self.listener.begin(self.target.name, example)
-        self.listener.phase("prepare")
+        self.listener.begin(self.target.name, example)  # the example is being prepared
         started = time.perf_counter()
         self._run = None
         finding = undeclared = None
@@ -182,7 +181,7 @@ class Campaign:
             undeclared = self._run_example(example)
         except Finding as f:
             finding = f
-            classify(self.config.baseline, self.target, example, finding)
+            classify(self.config.baseline, self.target, example, finding, self._run)
         self._end(example, lab, started, None if finding is None else finding.signature, undeclared)
         return finding
 

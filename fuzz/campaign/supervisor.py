@@ -49,6 +49,11 @@ from kvfuzz.fuzz.campaign.worker_endings import WorkerEndings
 SNAPSHOT_SECONDS = 2.0
 #: Seconds workers get to finish their example after a stop before they are killed.
 STOP_GRACE_SECONDS = 20.0
+#: Seconds the supervisor lets pass between two looks at its workers' pipes. A worker says four things per
+#: example (begin, kernel, check, end): woken for each, the supervisor took the workers' cores from them some
+#: thousand times a second. Messages wait in the pipes in order meanwhile (a dead worker's are read before its
+#: death is handled), and the hang clock of an example starts at most this late.
+POLL_SECONDS = 0.02
 
 
 class Supervisor(WorkerEndings):
@@ -155,7 +160,11 @@ class Supervisor(WorkerEndings):
 
     def _loop(self) -> None:
         stop_sent_at = None
+        looked_at = -POLL_SECONDS
         while True:
+            pause = looked_at + POLL_SECONDS - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
             if self.stopping and stop_sent_at is None:
                 stop_sent_at = time.monotonic()
                 for s in self.slots:
@@ -174,6 +183,7 @@ class Supervisor(WorkerEndings):
                 return
             waitables = [s.conn for s in live] + [s.proc.sentinel for s in live]
             ready = wait(waitables, timeout=0.5)
+            looked_at = time.monotonic()
             for s in live:
                 if s.conn in ready:
                     self._drain(s)

@@ -22,7 +22,7 @@ from kvfuzz.contracts.checks.reference import reference_and_envelope, same_preci
 from kvfuzz.contracts.checks.violations import Check, Violation, violation
 from kvfuzz.fuzz.guard.signatures import build_call, check_kernel_call
 from kvfuzz.fuzz.harness.faults import CallerFault
-from kvfuzz.fuzz.harness.run import Run, error_name, generate, run_kernel
+from kvfuzz.fuzz.harness.run import Run, Timings, error_name, generate, run_kernel
 from kvfuzz.fuzz.targets.base import Target
 
 #: Batches of a CUDA target with at least this many KV elements (``Batch.kv_elements``)
@@ -41,12 +41,18 @@ def reference_device(target: Target, batch) -> str:
 
 
 def prepare(target: Target, example: Example, fault: CallerFault | None = None,
-            after_materialize: Callable[[Batch, BatchData, CacheState], None] | None = None) -> Run:
+            after_materialize: Callable[[Batch, BatchData, CacheState], None] | None = None,
+            data: BatchData | None = None) -> Run:
     """Generate the data, materialize the cache the (possibly faulty) caller writes, and build the call.
     ``after_materialize(batch, data, cache)``: changes the cache before the call is built (the baseline's
-    re-run with some poisoned slots made finite, kvfuzz.fuzz.campaign.baseline)."""
+    re-run with some poisoned slots made finite, kvfuzz.fuzz.campaign.baseline). ``data``: this batch's ground
+    truth, already generated (``make_batch_data(example.batch)``; nothing here changes it), instead of
+    generating it again."""
     batch = example.batch
-    data, t = generate(example)
+    if data is None:
+        data, t = generate(example)
+    else:
+        t = Timings()
     s = time.perf_counter()
     lens = target.capabilities.contract.cached_lens(batch)
     if fault is not None:
@@ -58,7 +64,7 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None,
     if fault is not None and fault.applies(batch, call.kwargs):
         fault.mutate_call(batch, data, cache, call)
     t.materialize = time.perf_counter() - s
-    return Run(example, data, cache, call, timings=t, path=target.path(batch))
+    return Run(example, data, cache, call, timings=t, path=target.path(batch), fault=fault)
 
 
 def poison_output(output) -> None:
@@ -155,7 +161,7 @@ def caller_finding(violations: list[Violation], kernel: dict[str, Any], details:
 
 def check_example(target: Target, example: Example, fault: CallerFault | None = None,
                   run: Run | None = None, run_unsafe: bool = False,
-                  on_phase: Callable[[str], None] | None = None) -> Run:
+                  on_phase: Callable[[str], None] | None = None, caller_checked: bool = False) -> Run:
     """Run one example end to end; returns the :class:`Run` or raises a
     :class:`~kvfuzz.contracts.checks.failures.Finding`:
 
@@ -163,11 +169,15 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
       the kernel still runs and its outcome is in ``details["kernel"]``);
     - KernelCrash when the kernel raises on a call that keeps the contract;
     - NonFiniteOutput / KernelMismatch when its output has NaN/inf or disagrees with the fp64 reference.
+
+    ``caller_checked``: the caller checks (:func:`caller_violations`) are known to pass for this call and are
+    not run (the baseline's re-run of a fault-free call that passed them, whose cache differs only in slots
+    those checks never read).
     """
     run = run or prepare(target, example, fault)
     batch, t = example.batch, run.timings
     s = time.perf_counter()
-    violations = caller_violations(target, run)
+    violations = [] if caller_checked else caller_violations(target, run)
     t.check_caller = time.perf_counter() - s
 
     crash = None
@@ -184,17 +194,23 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     s = time.perf_counter()
     # on the reference device (a large batch of a CUDA target on its GPU, asynchronously until the checks);
     # the same-precision model only when an element exceeds the envelope, and on the CPU, where it is the same
-    # on every machine (oracles.agreement)
-    reference, envelope = reference_and_envelope(batch, run.data.to(reference_device(target, batch)))
+    # on every machine (oracles.agreement). A run that carries both already (the baseline's re-run of this
+    # example's data) keeps them: they depend on the data only.
+    if run.reference is not None and run.envelope is not None:
+        envelope = run.envelope
+        reference = run.reference.to(envelope.device)
+    else:
+        reference, envelope = reference_and_envelope(batch, run.data.to(reference_device(target, batch)))
     t.reference = time.perf_counter() - s
 
     s = time.perf_counter()
     finite_fail = agree_fail = None
     if run.output is not None:
         finite_fail = check_finite(batch, run.output)
-        agree_fail, run.ratio = agreement(batch, run.output, reference, partial(same_precision_attention, batch,
-                                                                                 run.data), envelope)
-    run.reference = reference.cpu()
+        if finite_fail is None:  # a non-finite output fails agreement too, and its failure always wins
+            agree_fail, run.ratio = agreement(batch, run.output, reference,
+                                              partial(same_precision_attention, batch, run.data), envelope)
+    run.reference, run.envelope = reference.cpu(), envelope
     t.check_output = time.perf_counter() - s
     kernel = _kernel_summary(run.output, finite_fail, agree_fail, crash, not_run=bool(unsafe and not run_unsafe))
     common = {"path": run.path, "kernel": kernel}

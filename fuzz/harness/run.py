@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 import torch
@@ -32,7 +32,11 @@ class Timings:
 
 @attrs.define
 class Run:
-    """Everything one example produced: inputs, the call, the output and the reference (for reproducers)."""
+    """Everything one example produced: inputs, the call, the output and the reference (for reproducers).
+    ``reference`` (fp64, on the CPU) and ``envelope`` (fp64, on the reference device), both
+    ``[num_tokens, num_heads, head_size]``, are set by the attention property; a run handed to it with both set
+    is checked against them instead of computing them again. ``fault``: the caller fault
+    (:class:`~kvfuzz.fuzz.harness.faults.CallerFault`) it was prepared with, None for none."""
 
     example: Example
     data: BatchData
@@ -40,9 +44,11 @@ class Run:
     call: KernelCall
     output: torch.Tensor | None = None
     reference: torch.Tensor | None = None
+    envelope: torch.Tensor | None = None
     timings: Timings = attrs.Factory(Timings)
     path: str = ""
     ratio: float = 0.0
+    fault: Any = None
 
 
 def generate(example: Example) -> tuple[BatchData, Timings]:

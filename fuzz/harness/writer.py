@@ -196,7 +196,7 @@ def prepare_writer(target: Target, example: Example, fault: CallerFault | None =
     cache = attrs.evolve(cache, layout=layout)
     call = target.build_call(batch, data, cache)
     t.materialize = time.perf_counter() - s
-    return Run(example, data, cache, call, timings=t, path=target.path(batch))
+    return Run(example, data, cache, call, timings=t, path=target.path(batch), fault=fault)
 
 
 #: A passing writer example keeps its caches stacked in ``Run.output``/``Run.reference`` only up to this size
