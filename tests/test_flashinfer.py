@@ -4,11 +4,11 @@ wrapper classes (with a stand-in flashinfer module whose run() computes nothing)
 on CPU. The kernels themselves run only on CUDA (benchmarks/gpu_flashinfer.sh)."""
 
 import sys
-import types
 import warnings
 
 import pytest
 import torch
+from flashinfer_standin import standin_flashinfer
 
 from kvfuzz.contracts.calls.page_contents import check_append, check_current_tokens, token_slots
 from kvfuzz.contracts.calls.page_lists import check_plan, check_run, make_plan
@@ -320,52 +320,7 @@ def test_new_checks_have_fixes():
         assert FIX[c] and c.memory_unsafe
 
 
-# ---- the guard, over a stand-in flashinfer (its run() computes nothing) -----------------------------------
-def standin_flashinfer():
-    """A module with FlashInfer's wrapper classes and append_paged_kv_cache, by their 0.7 signatures; run()
-    returns None: nothing is computed, only the arguments reach the guard."""
-    m = types.ModuleType("flashinfer_standin")
-    calls = []
-
-    class BatchDecodeWithPagedKVCacheWrapper:
-        def __init__(self, float_workspace_buffer, kv_layout="NHD"):
-            self._kv_layout = kv_layout
-
-        def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
-                 pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
-                 kv_data_type=None, data_type=None, sm_scale=None):
-            calls.append("decode.plan")
-
-        def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
-                return_lse=False):
-            calls.append("decode.run")
-
-    class BatchPrefillWithPagedKVCacheWrapper:
-        def __init__(self, float_workspace_buffer, kv_layout="NHD"):
-            self._kv_layout = kv_layout
-
-        def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-                 num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None,
-                 causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False, sm_scale=None,
-                 window_left=-1, logits_soft_cap=None, rope_scale=None, rope_theta=None, q_data_type="float16",
-                 kv_data_type=None):
-            calls.append("prefill.plan")
-
-        def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
-                return_lse=False):
-            calls.append("prefill.run")
-
-    def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
-                              kv_indptr, kv_last_page_len, kv_layout="NHD"):
-        calls.append("append")
-
-    m.BatchDecodeWithPagedKVCacheWrapper = BatchDecodeWithPagedKVCacheWrapper
-    m.BatchPrefillWithPagedKVCacheWrapper = BatchPrefillWithPagedKVCacheWrapper
-    m.append_paged_kv_cache = append_paged_kv_cache
-    m.calls = calls
-    return m
-
-
+# ---- the guard, over a stand-in flashinfer (its run() computes nothing: tests/flashinfer_standin.py) -----
 def test_guard_wraps_plan_and_run_and_remembers_the_plan_per_wrapper():
     fi = standin_flashinfer()
     original_plan = fi.BatchDecodeWithPagedKVCacheWrapper.plan

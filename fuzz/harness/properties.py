@@ -40,7 +40,7 @@ def check(target: Target, example: Example, fault: CallerFault | None = None, ru
     the kernel read or write outside its tensors (isolated worker processes only). ``on_phase``: told "kernel"
     and "check" around the kernel call (a campaign's journal)."""
     if is_writer(target):
-        return writer.check_writer_example(target, example, fault, run=run, on_phase=on_phase)
+        return writer.check_writer_example(target, example, fault, run=run, on_phase=on_phase, run_unsafe=run_unsafe)
     return attention.check_example(target, example, fault, run=run, run_unsafe=run_unsafe, on_phase=on_phase)
 
 

@@ -63,8 +63,9 @@ class Target(abc.ABC):
     #: One line on what the kernel is and where it lives.
     description: ClassVar[str]
     capabilities: ClassVar[Capabilities]
-    #: The kernel's name in kvfuzz.fuzz.guard.signatures.SIGNATURES: the property then also runs the
-    #: runtime guard's argument checks (index dtypes, lengths, block ids, max_seq_len, ...) on every call.
+    #: The kernel's name in kvfuzz.fuzz.guard.signatures.SIGNATURES (or, for FlashInfer's calls, in
+    #: kvfuzz.fuzz.guard.flashinfer.CHECKED_KERNELS): the property then also runs the runtime guard's argument
+    #: checks (index dtypes, lengths, block ids, max_seq_len, page lists, ...) on every call.
     checked_kernel: ClassVar[str | None] = None
     #: Poisons the pre-merge gate (``kvfuzz check``) uses; None: all. A target restricts this only for a
     #: documented, known kernel limitation, which ``kvfuzz fuzz`` (all poisons) keeps reporting.

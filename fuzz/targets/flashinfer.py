@@ -24,6 +24,9 @@ FlashInfer's default ``1/sqrt(head_dim)``); fp8 caches are ``torch.float8_e4m3fn
 holding ``k / k_scale``, with ``kv_data_type`` set in plan and ``k_scale``/``v_scale`` floats to run (run
 multiplies ``sm_scale`` by ``k_scale`` and the output by ``v_scale``).
 
+Caller checks: each target names its call as ``checked_kernel`` (a key of kvfuzz.fuzz.guard.flashinfer's
+CHECKED_KERNELS), so every campaign example also goes through the guard's plan()/run() (or append) checks.
+
 Compile keys: FlashInfer JIT-compiles one module per (q dtype, kv dtype, o dtype, index dtype, head_dim,
 pos_encoding_mode, use_sliding_window, use_logits_soft_cap) (flashinfer/jit/attention/modules.py
 ``gen_batch_decode_module``/``gen_batch_prefill_module``); heads, GQA group, page size and the window's size are
@@ -190,6 +193,7 @@ class FlashInferBatchDecode(FlashInferTarget):
     name = "flashinfer.batch_decode"
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper over page lists (decode only, unified contract)"
     wrapper_class = "BatchDecodeWithPagedKVCacheWrapper"
+    checked_kernel = "flashinfer.BatchDecodeWithPagedKVCacheWrapper"
     capabilities = Capabilities(
         contract=Contract.UNIFIED, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"), decode_only=True,
@@ -226,6 +230,7 @@ class FlashInferBatchPrefill(FlashInferTarget):
     description = ("FlashInfer BatchPrefillWithPagedKVCacheWrapper, causal, over page lists with the new tokens "
                    "appended (unified contract)")
     wrapper_class = "BatchPrefillWithPagedKVCacheWrapper"
+    checked_kernel = "flashinfer.BatchPrefillWithPagedKVCacheWrapper"
     capabilities = Capabilities(
         contract=Contract.UNIFIED, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"),
@@ -270,6 +275,7 @@ class FlashInferAppendPagedKvCache(FlashInferTarget):
 
     name = "flashinfer.append_paged_kv_cache"
     description = "FlashInfer append_paged_kv_cache: new tokens' k/v into the pages via page lists (writer)"
+    checked_kernel = "flashinfer.append_paged_kv_cache"
     capabilities = Capabilities(
         contract=Contract.WRITER, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"), metadata="csr",
