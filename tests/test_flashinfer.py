@@ -6,6 +6,7 @@ on CPU. The kernels themselves run only on CUDA (benchmarks/gpu_flashinfer.sh)."
 import sys
 import warnings
 
+import attrs
 import pytest
 import torch
 from flashinfer_standin import standin_flashinfer
@@ -171,7 +172,6 @@ def test_append_call_leaves_out_padding_and_is_clean():
     t = FlashInferAppendPagedKvCache()
     data = make_batch_data(b)
     cache = materialize(b, data, GuardedLayout(t.layout(b)), b.ctx_lens, Poison.NAN)
-    import attrs
     cache = attrs.evolve(cache, layout=t.layout(b))
     call = t.build_call(b, data, cache)
     kw = call.kwargs
@@ -183,13 +183,30 @@ def test_append_call_leaves_out_padding_and_is_clean():
 
 
 def test_targets_say_why_not_on_cpu():
-    for name in ("flashinfer.batch_decode", "flashinfer.batch_prefill", "flashinfer.append_paged_kv_cache"):
+    for name in ("flashinfer.batch_decode", "flashinfer.batch_decode_tc", "flashinfer.batch_prefill",
+                 "flashinfer.append_paged_kv_cache"):
         assert name in BUILTIN
         t = get_target(name)
         for a in (t.availability(), t.installed()):
             assert not a.ok and "CUDA only" in a.reason and a.reason == CUDA_ONLY
     assert FlashInferBatchDecode.capabilities.decode_only
     assert FlashInferAppendPagedKvCache.capabilities.contract is Contract.WRITER
+
+
+def test_the_decode_paths_declare_the_group_sizes_their_kernels_dispatch():
+    """The CUDA-core decode: 0.7.2.post1's DISPATCH_GQA_GROUP_SIZE (1, 2, 3, 4, 6, 8, 16; 7 raised on the H100);
+    the tensor-core decode (use_tensor_cores=True, the prefill kernels): any group size kvfuzz draws."""
+    from kvfuzz.fuzz.targets.flashinfer import FlashInferBatchDecodeTC
+    from kvfuzz.strategies.configs import GQA_RATIOS
+
+    cuda_core, tc = FlashInferBatchDecode.capabilities, FlashInferBatchDecodeTC.capabilities
+    assert cuda_core.gqa_ratios == (1, 2, 3, 4, 6, 8, 16) and set(GQA_RATIOS) - set(cuda_core.gqa_ratios) == {7}
+    assert set(GQA_RATIOS) <= set(tc.gqa_ratios) == set(range(1, 17))
+    assert attrs.evolve(tc, gqa_ratios=cuda_core.gqa_ratios) == cuda_core  # nothing else differs
+    b = decode_batch(num_heads=28, num_kv_heads=4)  # group size 7
+    assert tc.accepts(b) and cuda_core.outside(b) == ["GQA group size 7"]
+    assert FlashInferBatchDecodeTC.wrapper_kwargs == {"use_tensor_cores": True} and not FlashInferBatchDecode.wrapper_kwargs
+    assert FlashInferBatchDecodeTC.checked_kernel == FlashInferBatchDecode.checked_kernel
 
 
 # ---- each check: a violating call fires it, the correct one does not -------------------------------------

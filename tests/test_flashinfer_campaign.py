@@ -17,8 +17,9 @@ from kvfuzz.fuzz.harness.caller import call_violations, caller_violations
 from kvfuzz.fuzz.harness.faults import FAULTS, get_fault, page_list_names
 from kvfuzz.fuzz.targets import get_target
 
-DECODE, PREFILL, APPEND = "flashinfer.batch_decode", "flashinfer.batch_prefill", "flashinfer.append_paged_kv_cache"
-TARGETS = (DECODE, PREFILL, APPEND)
+DECODE, TC, PREFILL, APPEND = ("flashinfer.batch_decode", "flashinfer.batch_decode_tc", "flashinfer.batch_prefill",
+                               "flashinfer.append_paged_kv_cache")
+TARGETS = (DECODE, TC, PREFILL, APPEND)
 
 
 @pytest.fixture
@@ -51,18 +52,27 @@ def test_a_correct_call_passes_every_check_and_the_model_agrees(make_batch, stan
     properties.check(t, Example(b, Poison.NAN), run=run)  # no finding: the stand-in agrees with the reference
 
 
+def test_the_tensor_core_decode_takes_group_size_7_and_builds_its_wrapper_with_the_flag(make_batch, standin):
+    b = batch_for(make_batch, TC, num_heads=7, num_kv_heads=1)
+    assert get_target(TC).capabilities.accepts(b) and not get_target(DECODE).capabilities.accepts(b)
+    properties.check(fresh(TC), Example(b, Poison.NAN))
+    assert "decode.plan(tensor cores)" in standin.calls
+
+
 #: fault, target, the first check reported (the guard's name for it), what the kernel did with the call
 CASES = [
     ("last-page-len-off-by-one", DECODE, "kv_last_page_len", {"not run"}),
     ("last-page-len-off-by-one", PREFILL, "kv_last_page_len", {"not run"}),
     ("last-page-len-off-by-one", APPEND, "kv_last_page_len", {"not run"}),
     ("block-out-of-range", DECODE, "kv_indices range", {"not run"}),
+    ("block-out-of-range", TC, "kv_indices range", {"not run"}),
     ("block-out-of-range", PREFILL, "kv_indices range", {"not run"}),
     ("block-out-of-range", APPEND, "kv_indices range", {"not run"}),
     ("kv-indptr-off-by-one", DECODE, "kv_indptr", {"mismatch"}),
     ("kv-indptr-off-by-one", PREFILL, "kv_indptr", {"mismatch", "not run"}),
     ("kv-indptr-off-by-one", APPEND, "kv_indptr", {"not run"}),
     ("decode-ctx-only", DECODE, "unified invariant", {"mismatch"}),
+    ("decode-ctx-only", TC, "unified invariant", {"mismatch"}),
     ("query-start-loc-mismatch", PREFILL, "query_start_loc", {"not run"}),
     ("int64-index", APPEND, "index tensor dtype", {"wrote the cache"}),
 ]

@@ -3,6 +3,8 @@ on first use of each configuration):
 
 - ``flashinfer.batch_decode``: ``BatchDecodeWithPagedKVCacheWrapper`` (flashinfer/decode.py), decode only,
   unified contract: every sequence's ``kv_len`` tokens, the current one included, are in the pages.
+- ``flashinfer.batch_decode_tc``: the same wrapper with ``use_tensor_cores=True`` (decode through the prefill
+  kernels, every GQA group size; the CUDA-core decode dispatches 1, 2, 3, 4, 6, 8, 16 only).
 - ``flashinfer.batch_prefill``: ``BatchPrefillWithPagedKVCacheWrapper`` (flashinfer/prefill.py) with
   ``causal=True``, unified contract: the new tokens were appended to the pages before attention, as vLLM's
   (vllm/v1/attention/backends/flashinfer.py) and SGLang's (flashinfer_backend.py) backends do
@@ -108,6 +110,9 @@ class FlashInferTarget(Target):
 
     #: ``flashinfer`` attribute of the wrapper class (None for the writer).
     wrapper_class: str | None = None
+    #: Constructor keywords of the wrapper besides the workspace and kv_layout (the tensor-core decode's
+    #: ``use_tensor_cores=True``).
+    wrapper_kwargs: dict = {}
 
     def __init__(self) -> None:
         self._wrappers: dict[str, object] = {}
@@ -143,7 +148,7 @@ class FlashInferTarget(Target):
             if self._workspace is None or self._workspace.device != device:
                 self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
             cls = getattr(flashinfer_module(), self.wrapper_class)
-            self._wrappers[key] = cls(self._workspace, kv_layout)
+            self._wrappers[key] = cls(self._workspace, kv_layout, **self.wrapper_kwargs)
         return self._wrappers[key]
 
     def path(self, batch: Batch) -> str:
@@ -172,11 +177,17 @@ def _common(batch: Batch, data: BatchData, cache: CacheState) -> dict:
     )
 
 
-#: Group sizes FlashInfer's CUDA-core decode kernels are compiled for (include/flashinfer/utils.cuh
-#: ``DISPATCH_GQA_GROUP_SIZE``: 1, 2, 3, 4, 8); any other raises "Unsupported group_size" (seen on an H100 with
-#: flashinfer 0.7.2.post1: group size 7, RuntimeError from the JIT module). SGLang switches to the tensor-core
-#: decode for such models (use_tensor_cores); this target declares the CUDA-core path's sizes.
-DECODE_GQA_RATIOS = (1, 2, 3, 4, 8)
+#: Group sizes FlashInfer's CUDA-core decode kernels are compiled for: flashinfer-python 0.7.2.post1's
+#: flashinfer/data/include/flashinfer/utils.cuh ``DISPATCH_GQA_GROUP_SIZE`` (used by csrc/batch_decode.cu's plan
+#: and run) dispatches 1, 2, 3, 4, 6, 8 and 16 (flashinfer-ai/flashinfer main, 2026-08: 1, 2, 3, 4, 6, 8); any
+#: other raises "Unsupported group_size: N" (seen on an H100: group size 7, a RuntimeError from the JIT module;
+#: regressions/flashinfer.batch_decode-configuration-rejected-* replays it). SGLang switches to the tensor-core
+#: decode for such models (:class:`FlashInferBatchDecodeTC`).
+DECODE_GQA_RATIOS = (1, 2, 3, 4, 6, 8, 16)
+#: The tensor-core decode runs FlashInfer's prefill kernels, whose GQA group size is a runtime
+#: ``uint_fastdiv group_size`` (flashinfer/data/include/flashinfer/attention/prefill.cuh): any group size;
+#: declared for the sizes kvfuzz draws (at most 16 query heads).
+TC_DECODE_GQA_RATIOS = tuple(range(1, 17))
 
 
 class FlashInferBatchDecode(FlashInferTarget):
@@ -188,7 +199,7 @@ class FlashInferBatchDecode(FlashInferTarget):
     Decode only, unified contract: the page lists cover all ``seq_len`` positions of every sequence, the current
     token's included (``last_page_len = (seq_len - 1) % page_size + 1``). Index tensors int32 on the GPU. The
     CUDA-core decode path (``use_tensor_cores=False``, the default) is what this target runs; it dispatches GQA
-    group sizes 1, 2, 3, 4 and 8 only (:data:`DECODE_GQA_RATIOS`)."""
+    group sizes 1, 2, 3, 4, 6, 8 and 16 only (:data:`DECODE_GQA_RATIOS`)."""
 
     name = "flashinfer.batch_decode"
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper over page lists (decode only, unified contract)"
@@ -213,6 +224,27 @@ class FlashInferBatchDecode(FlashInferTarget):
 
     def run(self, call: KernelCall) -> torch.Tensor:
         return _plan_and_run(self, call, DECODE_PLAN_ARGS)
+
+
+class FlashInferBatchDecodeTC(FlashInferBatchDecode):
+    """The tensor-core decode: ``BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout,
+    use_tensor_cores=True)`` (a plain constructor flag, flashinfer/decode.py ``__init__``), then the same
+    ``plan``/``run`` calls as :class:`FlashInferBatchDecode`. Its plan() (the ``use_tensor_cores`` branch of
+    ``BatchDecodeWithPagedKVCacheWrapper.plan``) builds ``qo_indptr = arange(batch_size + 1)`` and runs FlashInfer's
+    batch prefill kernels: ``get_batch_prefill_module("fa2", ...)`` for fp16/bf16 q and kv, and for an fp8 cache
+    the backend ``determine_attention_backend`` picks (flashinfer/utils.py: FA3 needs an fp8 q, so fa2 here).
+    Their GQA group size is a runtime argument, so every group size works (:data:`TC_DECODE_GQA_RATIOS`), as
+    SGLang relies on for the group sizes the CUDA-core decode rejects. Same contract, page lists and checks
+    (the guard wraps the same class); compile keys those of a prefill module."""
+
+    name = "flashinfer.batch_decode_tc"
+    description = ("FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True): decode through the "
+                   "prefill kernels, any GQA group size (unified contract)")
+    wrapper_kwargs = {"use_tensor_cores": True}
+    capabilities = attrs.evolve(FlashInferBatchDecode.capabilities, gqa_ratios=TC_DECODE_GQA_RATIOS)
+
+    def path(self, batch: Batch) -> str:
+        return f"tensor-cores,{super().path(batch)}"
 
 
 class FlashInferBatchPrefill(FlashInferTarget):
@@ -305,5 +337,5 @@ class FlashInferAppendPagedKvCache(FlashInferTarget):
         return call.key_cache
 
 
-__all__ = ["CUDA_ONLY", "FLASHINFER_VERSION", "FlashInferAppendPagedKvCache", "FlashInferBatchDecode",
-           "FlashInferBatchPrefill", "FlashInferTarget", "layout_for", "page_list_tensors", "window_left"]
+__all__ = ["CUDA_ONLY", "DECODE_GQA_RATIOS", "FLASHINFER_VERSION", "FlashInferAppendPagedKvCache",
+           "FlashInferBatchDecode", "FlashInferBatchDecodeTC", "FlashInferBatchPrefill", "TC_DECODE_GQA_RATIOS", "FlashInferTarget", "layout_for", "page_list_tensors", "window_left"]
