@@ -33,8 +33,9 @@ Compile keys: FlashInfer JIT-compiles one module per (q dtype, kv dtype, o dtype
 pos_encoding_mode, use_sliding_window, use_logits_soft_cap) (flashinfer/jit/attention/modules.py
 ``gen_batch_decode_module``/``gen_batch_prefill_module``); heads, GQA group, page size and the window's size are
 runtime arguments. A campaign's pinned configurations (strategies/configs.py) fix those compile keys per chunk
-(and more besides), so one chunk costs one compile: measured on an H100, 16.9 s for a decode module, 97.8 s for
-the sm90 prefill module (/work/shared/REFERENCE.md §2). The JIT cache is ``$FLASHINFER_WORKSPACE_BASE``
+and leave heads, page size and the window's size free (``runtime_fields``), so one chunk costs at most one
+compile and still draws every page size and GQA group: measured on an H100, 21 s for a decode module, 86 s for
+the sm90 prefill module, 19 s for append's page module (benchmarks/results/flashinfer-first-calls-h100.txt). The JIT cache is ``$FLASHINFER_WORKSPACE_BASE``
 (FlashInfer's own default: the home directory); set it before the first flashinfer import.
 """
 
@@ -108,6 +109,9 @@ def window_left(batch: Batch) -> int:
 class FlashInferTarget(Target):
     """Shared availability (CUDA and an importable flashinfer), layouts and wrapper reuse."""
 
+    #: Heads, page size and the window's size are run-time arguments of FlashInfer's modules (module docstring):
+    #: a pinned chunk stays in one module (dtypes, head size, window and soft cap on or off) and draws them.
+    runtime_fields = frozenset({"heads", "block_size", "window"})
     #: ``flashinfer`` attribute of the wrapper class (None for the writer).
     wrapper_class: str | None = None
     #: Constructor keywords of the wrapper besides the workspace and kv_layout (the tensor-core decode's
