@@ -16,6 +16,13 @@ shrink (a failure is still shrunk by Hypothesis and listed) and the target's own
   phase ran (at least 60), so it revisits the same configurations; ``--duration`` = wall - 15 s; modules it
   still builds are listed.
 
+How the campaign options meet a 20-90 s compile per module on a 16-core machine: with FlashInfer's run-time
+fields free, chunks 0 .. workers-1 are already (mostly) different modules, compiled in parallel by the workers,
+so ``--warmup`` (2-example chunks of the first configurations) would only visit them twice; small chunks
+(``--chunk-examples`` 20-25) move each worker to its next module soon after a compile, which is what spreads a
+cold phase over the declared values (a round of 3 configurations draws every one); more workers than the
+cores a module's nvcc jobs need only slow every compile down, hence PLAN's worker counts and MAX_JOBS.
+
 JIT modules (flashinfer/jit/core.py ``JitSpecNvcc.build``): ``<cache>/.cache/flashinfer/<version>/<arch>/
 cached_ops/<name>/`` holds ``build.ninja`` (written right before ninja runs, rewritten only when it changes)
 and ``<name>.so``; a module's compile time is the .so's mtime minus build.ninja's (under the campaign's

@@ -49,10 +49,14 @@ def _mismatch(check: Check, got: Any, want: list[int], what: str, kernel: str) -
 
 
 def _page_list_metadata(target: Target, run: Run) -> list[Violation]:
-    """FlashInfer's page lists against the batch: every call lists all ``seq_len`` positions (attention reads
-    the new tokens from the pages; append_paged_kv_cache's lists "incorporate the appended k/v"), so
-    ``kv_indptr`` holds ``[0, cumsum(ceil(seq_len / page_size))]`` and ``kv_last_page_len`` ``(seq_len - 1) %
-    page_size + 1`` (:func:`kvfuzz.contracts.model.csr.page_lists`); ``qo_indptr`` = query_start_loc."""
+    """FlashInfer's page lists against the batch: every call lists all ``seq_len`` positions (the wrappers'
+    run() reads the new tokens from the pages, flashinfer/decode.py and prefill.py; append_paged_kv_cache's lists
+    "incorporate the appended k/v", flashinfer/page.py), so ``kv_indptr`` ``[N + 1]`` holds ``[0,
+    cumsum(ceil(seq_len / page_size))]`` and ``kv_last_page_len`` ``[N]`` ``(seq_len - 1) % page_size + 1``
+    (:func:`kvfuzz.contracts.model.csr.page_lists`; FlashInfer reads kv_len back with flashinfer/page.py
+    ``get_seq_lens``); a prefill's ``qo_indptr`` ``[N + 1]`` = query_start_loc. Violations: ``kv_indptr``,
+    ``kv_last_page_len``, ``query_start_loc`` at the first sequence that differs (shape errors are the guard
+    checks' to report)."""
     kw = run.call.kwargs
     names = page_list_names(kw)
     batch = run.example.batch
