@@ -6,7 +6,6 @@ undeclared replay's three answers are tested with the stand-in flashinfer (tests
 import json
 import shutil
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 from flashinfer_regression_case import CHECK, TARGET, group_size_7_example, write_group_size_7_case
