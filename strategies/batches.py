@@ -196,22 +196,26 @@ def _sequence_slot(block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[
 
 
 def _pinned(pin: KernelConfig | None, field: str):
-    """``(value,)`` of a pinned configuration's field, ``()`` when free: ``choice(xs, *_pinned(pin, f))``."""
-    return () if pin is None else (getattr(pin, field),)
+    """``(value,)`` of a pinned configuration's field, ``()`` when free (no pin, or a field the configuration
+    leaves free): ``choice(xs, *_pinned(pin, f))``."""
+    return () if pin is None or not pin.pins(field) else (getattr(pin, field),)
 
 
 @st.composite
 def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: KernelConfig | None = None) -> Batch:
     """A mixed batch inside ``capabilities``: decode sequences, prefills with and without context. ``pin``: a
     :class:`~kvfuzz.strategies.configs.KernelConfig` inside ``capabilities`` every batch keeps (dtype, heads,
-    head size, kv_cache_dtype, block size, which features are on, the window), drawn as the same choices the
-    free strategy makes, so a pinned example replays and shrinks in the free one (:func:`choice`)."""
+    head size, kv_cache_dtype, block size, which features are on, the window; not those the configuration
+    leaves free), drawn as the same choices the free strategy makes, so a pinned example replays and shrinks in
+    the free one (:func:`choice`)."""
     dtype = draw(choice(capabilities.dtypes, *_pinned(pin, "dtype")))
     # heads right before the head size: the shrinker can trade fewer heads for a larger head size (it lowers
     # one choice and raises one up to four choices later), the order a developer reads a case in
-    heads = None if pin is None else (pin.num_heads, pin.num_kv_heads)
-    num_heads, num_kv_heads = draw(_cached(gqa_heads, limits.max_num_heads, ratios=capabilities.gqa_ratios,
-                                           pin=heads))
+    heads = None if pin is None or not pin.pins("heads") else (pin.num_heads, pin.num_kv_heads)
+    ratios = capabilities.gqa_ratios
+    if pin is not None and heads is None and capabilities.fp8_gqa_ratios is not None:  # the pinned cache's groups
+        ratios = tuple(r for r in (ratios or GQA_RATIOS) if capabilities.fp8_accepts_gqa(pin.kv_cache_dtype, r))
+    num_heads, num_kv_heads = draw(_cached(gqa_heads, limits.max_num_heads, ratios=ratios, pin=heads))
     head_size = draw(choice(sorted(capabilities.head_sizes), *_pinned(pin, "head_size")))
     cache_dtypes = [k for k in capabilities.kv_cache_dtypes
                     if head_size in capabilities.head_sizes_for(k)
@@ -292,7 +296,7 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
               if draw(choice((False, True), *(() if pin is None else (f in pin.features,))))]
     edges = window_edges(block_size, max_seq_len)
     # the window: a plain integer (first: it shrinks to any minimum) or a block edge
-    pinned_window = pin is not None and pin.sliding_window is not None
+    pinned_window = pin is not None and pin.sliding_window is not None and pin.pins("window")
     if draw(choice((0, 1), *((0,) if pinned_window else ()))) == 0:
         window = draw(_forced(pin.sliding_window) if pinned_window else _windows(max(1, max_seq_len)))
     else:

@@ -14,6 +14,13 @@ of 16), and every batch inside it reuses the compiled kernel (~ms instead of ~1 
 values in a random order, so every declared value appears within the first round (about as many
 configurations as the longest dimension has values) and the combinations vary from round to round.
 Deterministic in ``(seed, index)``.
+
+Not every kernel compiles for all of these: FlashInfer's JIT modules are keyed by dtypes, head size and whether
+a window and a soft cap are used (flashinfer/jit/attention/modules.py ``get_batch_decode_uri``,
+``get_batch_prefill_uri``), while heads, GQA group, page size and the window's size are runtime arguments. A
+configuration can leave such fields free (``KernelConfig.free``, from ``Target.runtime_fields``): a chunk then
+stays in one compiled module and still draws them freely, and the rotation counts only the pinned dimensions
+(every declared value of those appears within the round).
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ from .limits import Limits
 #: GQA group sizes (num_heads // num_kv_heads); 1 is MHA, 7 is the FlashInfer 28/4 case.
 GQA_RATIOS = (1, 2, 4, 8, 16, 3, 7)
 NUM_KV_HEADS = (1, 2, 4)
+#: Fields of a configuration a kernel may take at run time rather than compile for (``KernelConfig.free``):
+#: the heads (and so the GQA group), the block (page) size, the sliding window's size (its presence stays pinned).
+RUNTIME_FIELDS = ("heads", "block_size", "window")
+_ROUND_DIMS = {"heads": ("ratio", "kv"), "block_size": ("block_size",), "window": ()}
 
 
 @attrs.frozen
@@ -41,7 +52,8 @@ class KernelConfig:
     query and kv heads (``num_kv_heads`` in :data:`NUM_KV_HEADS`, the group size in :data:`GQA_RATIOS`).
     head_size, block_size: elements per head, tokens per block. features: the optional features on
     (:data:`~kvfuzz.contracts.model.batch.FEATURES`). sliding_window: the window drawn when ``"sliding_window"`` is
-    on (keys, before the target's ``min_sliding_window``), else None."""
+    on (keys, before the target's ``min_sliding_window``), else None. free: fields of :data:`RUNTIME_FIELDS` the
+    batches of a chunk draw freely although they are set here (the kernel does not compile for them)."""
 
     dtype: str
     num_heads: int
@@ -51,6 +63,7 @@ class KernelConfig:
     block_size: int
     features: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     sliding_window: int | None = None
+    free: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
 
     def __attrs_post_init__(self) -> None:
         if self.num_kv_heads not in NUM_KV_HEADS or self.num_heads % self.num_kv_heads \
@@ -59,16 +72,25 @@ class KernelConfig:
                              f"num_kv_heads must be one of {NUM_KV_HEADS} and the group size one of {GQA_RATIOS}")
         if ("sliding_window" in self.features) != (self.sliding_window is not None):
             raise ValueError("KernelConfig: sliding_window is set exactly when the feature is on")
+        if not self.free <= set(RUNTIME_FIELDS):
+            raise ValueError(f"KernelConfig: free fields {sorted(self.free - set(RUNTIME_FIELDS))} are not among "
+                             f"{RUNTIME_FIELDS}")
+
+    def pins(self, field: str) -> bool:
+        """Whether batches keep ``field`` (one of :data:`RUNTIME_FIELDS`) as configured."""
+        return field not in self.free
 
     def summary(self) -> str:
-        """One line: ``float16 H8/2 D64 auto BS16 sliding_window=5,softcap``."""
-        feats = ",".join(f"sliding_window={self.sliding_window}" if f == "sliding_window" else f
+        """One line: ``float16 H8/2 D64 auto BS16 sliding_window=5,softcap`` (a free field as ``*``)."""
+        window = self.sliding_window if self.pins("window") else "*"
+        feats = ",".join(f"sliding_window={window}" if f == "sliding_window" else f
                          for f in FEATURES if f in self.features)
-        return (f"{self.dtype} H{self.num_heads}/{self.num_kv_heads} D{self.head_size} {self.kv_cache_dtype} "
-                f"BS{self.block_size}" + (f" {feats}" if feats else ""))
+        heads = f"H{self.num_heads}/{self.num_kv_heads}" if self.pins("heads") else "H*"
+        block = f"BS{self.block_size}" if self.pins("block_size") else "BS*"
+        return (f"{self.dtype} {heads} D{self.head_size} {self.kv_cache_dtype} {block}" + (f" {feats}" if feats else ""))
 
     def to_dict(self) -> dict:
-        return {**attrs.asdict(self), "features": sorted(self.features)}
+        return {**attrs.asdict(self), "features": sorted(self.features), "free": sorted(self.free)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "KernelConfig":
@@ -86,10 +108,12 @@ def window_edges(block_size: int, max_seq_len: int) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def _round(capabilities: Capabilities, limits: Limits, seed: int, r: int) -> tuple[KernelConfig, ...]:
-    """Round ``r``: configurations until every value of every dimension has appeared (each position takes,
-    per dimension, a value not yet seen in the round when one is left; conflicts between dimensions, such as
-    a head size an fp8 cache does not take, keep the value not yet seen)."""
+def _round(capabilities: Capabilities, limits: Limits, seed: int, r: int,
+           free: frozenset[str] = frozenset()) -> tuple[KernelConfig, ...]:
+    """Round ``r``: configurations until every value of every pinned dimension has appeared (each position
+    takes, per dimension, a value not yet seen in the round when one is left; conflicts between dimensions, such
+    as a head size an fp8 cache does not take, keep the value not yet seen). ``free``: fields left to the
+    batches (:data:`RUNTIME_FIELDS`), whose dimensions do not lengthen the round."""
     rng = random.Random(f"kvfuzz-configs:{seed}:{r}")
     features = [f for f in FEATURES if f in capabilities.features]
     ratios = tuple(r for r in gqa_ratios(limits) if capabilities.gqa_ratios is None or r in capabilities.gqa_ratios)
@@ -97,7 +121,8 @@ def _round(capabilities: Capabilities, limits: Limits, seed: int, r: int) -> tup
                              "head_size": list(capabilities.head_sizes),
                              "kv_cache_dtype": list(capabilities.kv_cache_dtypes),
                              "block_size": list(capabilities.block_sizes), **{f: [False, True] for f in features}}
-    unseen = {d: set(v) for d, v in dims.items()}
+    loose = {d for f in free for d in _ROUND_DIMS[f]}
+    unseen = {d: (set() if d in loose else set(v)) for d, v in dims.items()}
     max_seq_len = max(1, limits.max_ctx_len + limits.max_query_len)
     out: list[KernelConfig] = []
 
@@ -140,26 +165,29 @@ def _round(capabilities: Capabilities, limits: Limits, seed: int, r: int) -> tup
             edges = window_edges(c["block_size"], max_seq_len)
             window = rng.choice(edges) if rng.random() < 0.5 else rng.randint(1, max_seq_len)
         out.append(KernelConfig(c["dtype"], kv * c["ratio"], kv, c["head_size"], c["kv_cache_dtype"],
-                                c["block_size"], frozenset(on), window))
+                                c["block_size"], frozenset(on), window, free))
     return tuple(out)
 
 
-def round_length(capabilities: Capabilities, limits: Limits, seed: int = 0, r: int = 0) -> int:
+def round_length(capabilities: Capabilities, limits: Limits, seed: int = 0, r: int = 0,
+                 free: frozenset[str] = frozenset()) -> int:
     """Configurations in round ``r`` of a campaign with ``seed``: as many as it takes for every declared
-    value to appear (at least the number of values of the longest dimension)."""
-    return len(_round(capabilities, limits, seed, r))
+    value of the pinned dimensions to appear (at least the number of values of the longest one)."""
+    return len(_round(capabilities, limits, seed, r, frozenset(free)))
 
 
-def config_for(capabilities: Capabilities, limits: Limits, seed: int, index: int) -> KernelConfig:
-    """The ``index``-th configuration a campaign with ``seed`` visits (module docstring)."""
+def config_for(capabilities: Capabilities, limits: Limits, seed: int, index: int,
+               free: frozenset[str] = frozenset()) -> KernelConfig:
+    """The ``index``-th configuration a campaign with ``seed`` visits (module docstring); ``free``: the fields
+    its batches draw freely (:data:`RUNTIME_FIELDS`)."""
     r = 0
     while True:
-        configs = _round(capabilities, limits, seed, r)
+        configs = _round(capabilities, limits, seed, r, frozenset(free))
         if index < len(configs):
             return configs[index]
         index -= len(configs)
         r += 1
 
 
-__all__ = ["GQA_RATIOS", "NUM_KV_HEADS", "KernelConfig", "config_for", "gqa_ratios", "round_length",
-           "window_edges"]
+__all__ = ["GQA_RATIOS", "NUM_KV_HEADS", "RUNTIME_FIELDS", "KernelConfig", "config_for", "gqa_ratios",
+           "round_length", "window_edges"]

@@ -76,6 +76,48 @@ def test_one_round_of_configurations_covers_every_declared_value():
     assert configs != [config_for(CAPS, LIMITS, seed=4, index=k) for k in range(n)]
 
 
+def test_runtime_fields_stay_free_inside_a_pinned_chunk_and_the_round_counts_only_the_pinned_ones():
+    """FlashInfer compiles per dtype, head size and window/soft cap on or off, not per heads, page size or window
+    size: a configuration leaving those free keeps the compiled ones, draws the others (and still replays in the
+    free strategy), and a round needs only as many configurations as the longest pinned dimension."""
+    free = frozenset({"heads", "block_size", "window"})
+    caps = Capabilities(contract=Contract.UNIFIED, devices=("cuda",), dtypes=("float16", "bfloat16"),
+                        head_sizes=(64, 128, 256), block_sizes=(1, 16, 5, 64, 8, 32, 3),
+                        kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"), features=("sliding_window", "softcap"),
+                        gqa_ratios=(1, 2, 3, 4, 8, 16), metadata="csr")
+    n = round_length(caps, LIMITS, seed=5, free=free)
+    assert n < round_length(caps, LIMITS, seed=5) and n >= 3  # 3 head sizes, 3 cache dtypes: not 7 block sizes
+    configs = [config_for(caps, LIMITS, seed=5, index=k, free=free) for k in range(n)]
+    assert {c.head_size for c in configs} == set(caps.head_sizes) and {c.dtype for c in configs} == set(caps.dtypes)
+    assert all(c.free == free for c in configs)
+    windowed = next(c for c in configs if "sliding_window" in c.features)
+    assert "H* " in windowed.summary() and "BS*" in windowed.summary() and "sliding_window=*" in windowed.summary()
+    plain = examples(caps, LIMITS)
+    seen = {"heads": set(), "block": set(), "window": set()}
+    for j in range(40):
+        data = ConjectureData(random=random.Random(j))
+        b = _draw(data, examples(caps, LIMITS, pin=windowed)).batch
+        assert (b.dtype, b.head_size, b.kv_cache_dtype, set(b.features)) == (
+            windowed.dtype, windowed.head_size, windowed.kv_cache_dtype, set(windowed.features))
+        assert caps.accepts(b)
+        seen["heads"].add((b.num_heads, b.num_kv_heads)), seen["block"].add(b.block_size)
+        seen["window"].add(b.sliding_window)
+        assert _draw(ConjectureData.for_choices(data.choices), plain).batch == b
+    assert all(len(v) > 1 for v in seen.values()), seen
+    with pytest.raises(ValueError, match="free fields"):
+        KernelConfig("float16", 4, 2, 64, "auto", 16, free=("head_size",))
+
+
+def test_a_flashinfer_chunk_leaves_its_runtime_fields_free():
+    from kvfuzz.fuzz.targets import get_target
+
+    t = get_target("flashinfer.batch_decode")
+    pinned = CampaignConfig(out=Path(tempfile.mkdtemp()), pin_configs=True)
+    assert t.runtime_fields == {"heads", "block_size", "window"}
+    assert chunks.chunk_config(t, pinned, 2) == config_for(t.capabilities, pinned.limits, 0, 2, free=t.runtime_fields)
+    assert chunks.chunk_config(get_mutant("mutant.gqa_modulo"), pinned, 2).free == frozenset()
+
+
 def test_bad_pins_are_rejected():
     with pytest.raises(InvalidArgument, match="not one of"):
         choice((16, 32), 48)

@@ -33,8 +33,11 @@ CSR_CASES = [
     ("shared-block", "sglang.decode_attention_fwd", "unified invariant", {"mismatch"}),
     ("query-start-loc-mismatch", "sglang.extend_attention_fwd", "query_start_loc", {"not run"}),
 ]
-#: the faults that mean nothing for a CSR call (int32/int64 both work there; no max_seq_len argument)
-CSR_NOT_APPLICABLE = {"int64-index", "max-seq-len-too-small"}
+#: the faults that mean nothing for a CSR call (int32/int64 both work there; no max_seq_len argument; no
+#: kv_last_page_len)
+CSR_NOT_APPLICABLE = {"int64-index", "max-seq-len-too-small", "last-page-len-off-by-one"}
+#: faults of FlashInfer's page lists alone (tests/test_flashinfer_campaign.py has their cases)
+PAGE_LISTS_ONLY = {"last-page-len-off-by-one"}
 
 
 #: faults that break only what a path on another platform needs: vLLM's ROCm custom kernel reads int32 indices
@@ -47,7 +50,8 @@ PORTABILITY_CASES = [
 
 
 def test_every_fault_has_a_case():
-    assert {c[0] for c in CASES} | {c[0] for c in CSR_CASES} | {c[0] for c in PORTABILITY_CASES} == set(FAULTS)
+    assert {c[0] for c in CASES} | {c[0] for c in CSR_CASES} | {c[0] for c in PORTABILITY_CASES} | PAGE_LISTS_ONLY \
+        == set(FAULTS)
     assert {c[0] for c in CSR_CASES} | CSR_NOT_APPLICABLE == set(FAULTS)
 
 
@@ -131,5 +135,7 @@ def test_a_fault_that_cannot_apply_leaves_the_example_alone(make_batch):
     assert not get_fault("shared-block").applies(b)
     assert not get_fault("decode-ctx-only").applies(b)
     assert not get_fault("max-seq-len-too-small").applies(b, {"query": None})
+    assert not get_fault("last-page-len-off-by-one").applies(b, {"query": None, "block_table": None})
+    assert not get_fault("last-page-len-off-by-one").applies(b, {"kv_indptr": None, "kv_indices": None})
     with pytest.raises(KeyError, match="known: decode-ctx-only"):
         get_fault("nope")

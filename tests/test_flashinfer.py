@@ -4,11 +4,12 @@ wrapper classes (with a stand-in flashinfer module whose run() computes nothing)
 on CPU. The kernels themselves run only on CUDA (benchmarks/gpu_flashinfer.sh)."""
 
 import sys
-import types
 import warnings
 
+import attrs
 import pytest
 import torch
+from flashinfer_standin import standin_flashinfer
 
 from kvfuzz.contracts.calls.page_contents import check_append, check_current_tokens, token_slots
 from kvfuzz.contracts.calls.page_lists import check_plan, check_run, make_plan
@@ -171,7 +172,6 @@ def test_append_call_leaves_out_padding_and_is_clean():
     t = FlashInferAppendPagedKvCache()
     data = make_batch_data(b)
     cache = materialize(b, data, GuardedLayout(t.layout(b)), b.ctx_lens, Poison.NAN)
-    import attrs
     cache = attrs.evolve(cache, layout=t.layout(b))
     call = t.build_call(b, data, cache)
     kw = call.kwargs
@@ -183,13 +183,30 @@ def test_append_call_leaves_out_padding_and_is_clean():
 
 
 def test_targets_say_why_not_on_cpu():
-    for name in ("flashinfer.batch_decode", "flashinfer.batch_prefill", "flashinfer.append_paged_kv_cache"):
+    for name in ("flashinfer.batch_decode", "flashinfer.batch_decode_tc", "flashinfer.batch_prefill",
+                 "flashinfer.append_paged_kv_cache"):
         assert name in BUILTIN
         t = get_target(name)
         for a in (t.availability(), t.installed()):
             assert not a.ok and "CUDA only" in a.reason and a.reason == CUDA_ONLY
     assert FlashInferBatchDecode.capabilities.decode_only
     assert FlashInferAppendPagedKvCache.capabilities.contract is Contract.WRITER
+
+
+def test_the_decode_paths_declare_the_group_sizes_their_kernels_dispatch():
+    """The CUDA-core decode: 0.7.2.post1's DISPATCH_GQA_GROUP_SIZE (1, 2, 3, 4, 6, 8, 16; 7 raised on the H100);
+    the tensor-core decode (use_tensor_cores=True, the prefill kernels): any group size kvfuzz draws."""
+    from kvfuzz.fuzz.targets.flashinfer import FlashInferBatchDecodeTC
+    from kvfuzz.strategies.configs import GQA_RATIOS
+
+    cuda_core, tc = FlashInferBatchDecode.capabilities, FlashInferBatchDecodeTC.capabilities
+    assert cuda_core.gqa_ratios == (1, 2, 3, 4, 6, 8, 16) and set(GQA_RATIOS) - set(cuda_core.gqa_ratios) == {7}
+    assert set(GQA_RATIOS) <= set(tc.gqa_ratios) == set(range(1, 17))
+    assert attrs.evolve(tc, gqa_ratios=cuda_core.gqa_ratios) == cuda_core  # nothing else differs
+    b = decode_batch(num_heads=28, num_kv_heads=4)  # group size 7
+    assert tc.accepts(b) and cuda_core.outside(b) == ["GQA group size 7"]
+    assert FlashInferBatchDecodeTC.wrapper_kwargs == {"use_tensor_cores": True} and not FlashInferBatchDecode.wrapper_kwargs
+    assert FlashInferBatchDecodeTC.checked_kernel == FlashInferBatchDecode.checked_kernel
 
 
 # ---- each check: a violating call fires it, the correct one does not -------------------------------------
@@ -320,52 +337,7 @@ def test_new_checks_have_fixes():
         assert FIX[c] and c.memory_unsafe
 
 
-# ---- the guard, over a stand-in flashinfer (its run() computes nothing) -----------------------------------
-def standin_flashinfer():
-    """A module with FlashInfer's wrapper classes and append_paged_kv_cache, by their 0.7 signatures; run()
-    returns None: nothing is computed, only the arguments reach the guard."""
-    m = types.ModuleType("flashinfer_standin")
-    calls = []
-
-    class BatchDecodeWithPagedKVCacheWrapper:
-        def __init__(self, float_workspace_buffer, kv_layout="NHD"):
-            self._kv_layout = kv_layout
-
-        def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
-                 pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
-                 kv_data_type=None, data_type=None, sm_scale=None):
-            calls.append("decode.plan")
-
-        def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
-                return_lse=False):
-            calls.append("decode.run")
-
-    class BatchPrefillWithPagedKVCacheWrapper:
-        def __init__(self, float_workspace_buffer, kv_layout="NHD"):
-            self._kv_layout = kv_layout
-
-        def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-                 num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None,
-                 causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False, sm_scale=None,
-                 window_left=-1, logits_soft_cap=None, rope_scale=None, rope_theta=None, q_data_type="float16",
-                 kv_data_type=None):
-            calls.append("prefill.plan")
-
-        def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
-                return_lse=False):
-            calls.append("prefill.run")
-
-    def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
-                              kv_indptr, kv_last_page_len, kv_layout="NHD"):
-        calls.append("append")
-
-    m.BatchDecodeWithPagedKVCacheWrapper = BatchDecodeWithPagedKVCacheWrapper
-    m.BatchPrefillWithPagedKVCacheWrapper = BatchPrefillWithPagedKVCacheWrapper
-    m.append_paged_kv_cache = append_paged_kv_cache
-    m.calls = calls
-    return m
-
-
+# ---- the guard, over a stand-in flashinfer (its run() computes nothing: tests/flashinfer_standin.py) -----
 def test_guard_wraps_plan_and_run_and_remembers_the_plan_per_wrapper():
     fi = standin_flashinfer()
     original_plan = fi.BatchDecodeWithPagedKVCacheWrapper.plan

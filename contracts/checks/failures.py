@@ -91,6 +91,15 @@ class SilentlyUnsupported(Finding):
     kind = FailureKind.SILENT_UNSUPPORTED
 
 
+class ConfigurationRejected(Finding):
+    """Not a failure (its kind's ``is_failure`` is False): a configuration outside the target's declaration that
+    the kernel refused with a clear error, the expected answer. A campaign only counts these
+    (``rejections``); written as a case (``check``: the text the error must contain) it lets a replay confirm
+    the refusal stays clear (kvfuzz.fuzz.campaign.reproducers)."""
+
+    kind = FailureKind.CONFIG_REJECTED
+
+
 class HarnessError(Finding):
     """kvfuzz or the target's adapter failed outside the kernel call (``build_call`` raised, a layout could not
     hold a declared batch, the process died or hung in ``prepare``/``check``): never blamed on the kernel."""
@@ -100,4 +109,4 @@ class HarnessError(Finding):
 
 FINDING_CLASSES: dict[FailureKind, type[Finding]] = {
     c.kind: c for c in (CallerContractViolation, KernelMismatch, NonFiniteOutput, KernelCrash, KernelHang,
-                        SilentlyUnsupported, HarnessError)}
+                        ConfigurationRejected, SilentlyUnsupported, HarnessError)}

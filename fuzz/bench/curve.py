@@ -13,6 +13,10 @@ counted so far) and the Triton cache (``__grp__*.json`` files: one per compiled 
 Reported per run: the samples, examples/s per minute, the mean over the run, compiled specializations per
 minute, the campaign's exit status and failures, and whether every declared dtype, kv_cache_dtype, head size,
 block size and feature was drawn (the summary's ``declared`` table).
+
+:func:`run_campaign` serves other compile caches too (``cache_option``, ``count``: FlashInfer's JIT modules,
+benchmarks/flashinfer_speed.py) and can stop a campaign at a wall-clock limit (``wall``) and still read what it
+counted.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +33,10 @@ from pathlib import Path
 from typing import Callable
 
 MODES = ("cold", "warm")
+#: Seconds between the SIGTERM of a campaign past its ``wall`` and the SIGKILL of its process group: the
+#: supervisor gives its workers 20 s (kvfuzz.fuzz.campaign.supervisor.STOP_GRACE_SECONDS), then writes the
+#: summary.
+KILL_AFTER = 30.0
 
 
 def _status_examples(out: Path, target: str) -> int | None:
@@ -46,39 +55,76 @@ def compiled_kernels(cache: Path) -> int:
     return sum(1 for _ in cache.rglob("__grp__*.json")) if cache.exists() else 0
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the campaign's process group (its workers and what they started: nvcc, ninja), if any is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def run_campaign(target: str, duration: float, workers: int | None, cache: Path, out: Path, seed: int = 0,
                  interval: float = 5.0, extra: tuple[str, ...] = (),
-                 on_sample: Callable[[dict], None] = lambda s: None) -> dict:
-    """One ``kvfuzz fuzz`` of ``target`` for ``duration`` s with Triton cache ``cache``; returns its curve."""
+                 on_sample: Callable[[dict], None] = lambda s: None, cache_option: str = "--triton-cache",
+                 count: Callable[[Path], int] = None, wall: float | None = None,
+                 stop: Callable[[], bool] = lambda: False) -> dict:
+    """One ``kvfuzz fuzz`` of ``target`` for ``duration`` s with compile cache ``cache`` (passed as
+    ``cache_option``, counted by ``count``: Triton's by default); returns its curve. The campaign runs in its own
+    process group. ``wall``: seconds after which it is sent SIGTERM (it stops, finishes or abandons the examples
+    in flight and writes its summary) and, :data:`KILL_AFTER` s later, its whole group SIGKILL (then the counts
+    come from its last status.json); ``stopped_at_wall`` says whether that happened. ``stop()`` true (asked at
+    every sample) stops it the same way before its wall. Whatever happens, no process of the group is left
+    running."""
+    count = count or compiled_kernels
     cmd = [sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", target, "--duration", f"{duration}s",
-           "--seed", str(seed), "--out", str(out), "--triton-cache", str(cache), *extra]
+           "--seed", str(seed), "--out", str(out), cache_option, str(cache), *extra]
     if workers:
         cmd += ["--workers", str(workers)]
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     log = open(out.parent / f"{out.name}.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, COLUMNS="200"))
-    samples = []
-    while proc.poll() is None:
-        time.sleep(interval)
-        s = {"t": round(time.monotonic() - start, 2), "examples": _status_examples(out, target),
-             "compiled": compiled_kernels(cache)}
-        samples.append(s)
-        on_sample(s)
-    log.close()
-    wall = time.monotonic() - start
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, COLUMNS="200"),
+                            start_new_session=True)
+    samples, termed = [], None
+    try:
+        while proc.poll() is None:
+            to_wall = None if wall is None or termed is not None else wall - (time.monotonic() - start)
+            time.sleep(interval if to_wall is None else max(0.1, min(interval, to_wall)))
+            now = time.monotonic() - start
+            if termed is None and (wall is not None and now >= wall or stop()):
+                termed = now
+                proc.terminate()
+            if termed is not None and now >= termed + KILL_AFTER:
+                _kill_group(proc)
+            s = {"t": round(now, 2), "examples": _status_examples(out, target), "compiled": count(cache)}
+            samples.append(s)
+            on_sample(s)
+    finally:
+        _kill_group(proc)  # nvcc/ninja a killed worker left behind
+        proc.wait()
+        log.close()
+    elapsed = time.monotonic() - start
     try:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         summary = {}
     t = next((x for x in summary.get("targets", []) if x.get("target") == target), {})
+    if not t:  # killed before its summary: what its last status snapshot counted
+        try:
+            status = json.loads((out / "status.json").read_text())
+            t = next((x for x in status.get("targets", []) if x.get("target") == target), {})
+        except (OSError, ValueError):
+            t = {}
     never = [f"{dim} {v}" for dim, counts in t.get("declared", {}).items() for v, n in counts.items() if n == 0]
-    return {"target": target, "workers": summary.get("workers", workers), "seconds": round(wall, 1),
-            "exit_status": proc.returncode, "examples": t.get("examples"), "elapsed_s": t.get("elapsed_s"),
+    return {"target": target, "workers": summary.get("workers", workers), "seconds": round(elapsed, 1),
+            "pid": proc.pid, "exit_status": proc.returncode, "stopped_at_wall": termed is not None,
+            "summary": bool(summary), "examples": t.get("examples"), "elapsed_s": t.get("elapsed_s"),
             "examples_per_s": t.get("examples_per_s"), "kernel_s": t.get("kernel_s"),
-            "harness_s": t.get("harness_s"), "compiled": compiled_kernels(cache),
+            "harness_s": t.get("harness_s"), "compiled": count(cache),
             "failures": [(f["kind"], f["check"], f["count"]) for f in t.get("failures", [])],
-            "declared_never_drawn": never, "per_minute": per_minute(samples), "samples": samples}
+            "declared": t.get("declared", {}), "coverage": t.get("coverage", {}),
+            "rejections": t.get("rejections", {}), "declared_never_drawn": never,
+            "per_minute": per_minute(samples), "samples": samples}
 
 
 def per_minute(samples: list[dict]) -> list[dict]:

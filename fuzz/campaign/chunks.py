@@ -35,10 +35,12 @@ def examples_per_chunk(target: Target, config: CampaignConfig) -> int:
 
 def chunk_config(target: Target, config: CampaignConfig, chunk: int) -> KernelConfig | None:
     """The kernel configuration chunk ``chunk`` of this campaign stays in (warm-up chunk ``-1 - i``: the
-    ``i``-th), or None when it draws freely (:func:`pins_configs`)."""
+    ``i``-th), or None when it draws freely (:func:`pins_configs`). The target's ``runtime_fields`` are left free
+    inside it."""
     if not pins_configs(target, config):
         return None
-    return config_for(target.capabilities, config.limits, config.seed, chunk if chunk >= 0 else -1 - chunk)
+    return config_for(target.capabilities, config.limits, config.seed, chunk if chunk >= 0 else -1 - chunk,
+                      free=target.runtime_fields)
 
 
 def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int = 1,

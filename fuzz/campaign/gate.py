@@ -18,7 +18,7 @@ import attrs
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.fuzz.campaign.config import CampaignConfig, WorkerPool
-from kvfuzz.fuzz.campaign.reproducers import BadReproducer, replay
+from kvfuzz.fuzz.campaign.reproducers import BadReproducer, TargetUnavailable, replay
 from kvfuzz.fuzz.campaign.supervisor import Supervisor
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.limits import Limits
@@ -39,6 +39,8 @@ class CheckResult:
     detail: str = ""
     #: the case could not be read or its target not loaded (exit 2: bad input, not a regression)
     bad_input: bool = False
+    #: why the case was not replayed: its target cannot run on this machine (a CUDA-only kernel on a CPU)
+    skipped: str | None = None
 
 
 def check_targets(targets: list[Target], out: Path, max_examples: int, seed: int,
@@ -70,19 +72,23 @@ def check_corpus(corpus: Path, trust_targets: bool = False, timeout: float | Non
     seconds for its kernel call (None: as :func:`~kvfuzz.fuzz.campaign.reproducers.replay`, a hang case's own
     recorded example timeout) (a case that crashes or hangs is a failed result, "kernel crash"/"kernel hang",
     and the gate goes on). A
-    case that cannot be read or whose target is not trusted is a failed result whose ``bad_input`` is set."""
+    case that cannot be read or whose target is not trusted is a failed result whose ``bad_input`` is set; one
+    whose target cannot run on this machine is skipped (``skipped`` says why), not failed."""
     results = []
     for d in sorted(p for p in corpus.iterdir() if p.is_dir() and (p / "case.json").exists()):
         s = time.monotonic()
-        bad = False
+        bad, skipped = False, None
         try:
             r = replay(d, trust_target=trust_targets, timeout=timeout)
             failure = None if r.got is None else f"{r.got[0]} ({r.got[1]}): {r.message}"
         except BadReproducer as e:
             failure, bad = f"bad reproducer: {e}", True
+        except TargetUnavailable as e:
+            failure, skipped = None, str(e)
         except ValueError as e:  # an untrusted or unloadable target
             failure, bad = f"cannot replay: {e}", True
-        results.append(CheckResult("regression", d.name, time.monotonic() - s, failure, bad_input=bad))
+        results.append(CheckResult("regression", d.name, time.monotonic() - s, failure, bad_input=bad,
+                                   skipped=skipped))
     return results
 
 
@@ -93,9 +99,11 @@ def write_junit(results: list[CheckResult], path: Path) -> None:
         rs = [r for r in results if r.suite == suite]
         el = ET.SubElement(root, "testsuite", name=f"kvfuzz.{suite}", tests=str(len(rs)),
                            failures=str(sum(r.failure is not None for r in rs)), errors="0",
-                           time=f"{sum(r.seconds for r in rs):.3f}")
+                           skipped=str(sum(r.skipped is not None for r in rs)), time=f"{sum(r.seconds for r in rs):.3f}")
         for r in rs:
             tc = ET.SubElement(el, "testcase", classname=f"kvfuzz.{suite}", name=r.name, time=f"{r.seconds:.3f}")
+            if r.skipped is not None:
+                ET.SubElement(tc, "skipped", message=r.skipped[:500])
             if r.failure is not None:
                 f = ET.SubElement(tc, "failure", message=r.failure.splitlines()[0][:500])
                 f.text = r.failure

@@ -34,28 +34,18 @@ import attrs
 
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import FailureKind, Finding
-from kvfuzz.contracts.checks.oracles import LEGACY_NAMES, check_label
+from kvfuzz.contracts.checks.oracles import check_label
+from kvfuzz.fuzz.campaign.cases import CASE_FORMAT, BadReproducer, Case, load_case
 from kvfuzz.fuzz.campaign.endings import classify, finding_for
 from kvfuzz.fuzz.campaign.journal import json_safe
 from kvfuzz.fuzz.harness import properties
-from kvfuzz.fuzz.harness.faults import FAULTS, get_fault
+from kvfuzz.fuzz.harness.faults import get_fault
 from kvfuzz.fuzz.harness.run import Run
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.fuzz.targets.registry import get_target, is_registered, load_spec, spec_of
 
-CASE_FORMAT = 1
 #: Seconds a replay may run before it is reported as a hang.
 REPLAY_TIMEOUT = 300.0
-
-
-class BadReproducer(ValueError):
-    """A reproducer directory that cannot be read: ``path`` and ``field`` say where, the message says how to
-    fix it. (kvfuzz replay and kvfuzz check exit 2 on it: the file is broken, the bug is not known to be back.)"""
-
-    def __init__(self, path: Path, field: str | None, problem: str, fix: str = "") -> None:
-        where = f"{path}" + (f", field {field!r}" if field else "")
-        super().__init__(f"{where}: {problem}" + (f"; {fix}" if fix else ""))
-        self.path, self.field = path, field
 
 
 def versions() -> dict[str, str | None]:
@@ -133,20 +123,30 @@ _TEST_TEMPLATE = '''"""kvfuzz reproducer: {kind} ({check}) on {target}.
 {message}
 
 Re-run: pytest {dirname}/test_case.py   (or: kvfuzz replay {dirname})
-The test fails while the failure reproduces and passes once it is fixed. It replays this directory in a child
+{verdict} It replays this directory in a child
 process (a crash or a hang fails the test instead of killing pytest).
 """
 
 from pathlib import Path
 
-from kvfuzz.fuzz.campaign.reproducers import replay
+import pytest
+
+from kvfuzz.fuzz.campaign.reproducers import TargetUnavailable, replay
 
 
 def test_case():
     # running this file is your consent to import the target it names (trust_target)
-    r = replay(Path(__file__).parent, trust_target=True)
+    try:
+        r = replay(Path(__file__).parent, trust_target=True)
+    except TargetUnavailable as e:  # e.g. a CUDA-only kernel on a CPU machine: nothing to replay here
+        pytest.skip(str(e))
     assert r.got is None, f"{{r.got[0]}} ({{r.got[1]}}): {{r.message}}"
 '''
+
+
+#: What a case recording a refused undeclared configuration tests (test_case.py's docstring).
+_VERDICT_REJECTED = ("An undeclared configuration: the test passes while the kernel refuses it with an error (or\n"
+                     "computes it right) and fails if it computes it wrongly.")
 
 
 def write_reproducer(out: Path, target: Target, example: Example, finding: Finding, run: Run | None,
@@ -194,115 +194,45 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
         tmp.replace(d / "tensors.safetensors")
     write_json(d / "case.json", case)
     tmp = d / ".test_case.py.tmp"
+    verdict = (_VERDICT_REJECTED if finding.kind is FailureKind.CONFIG_REJECTED else
+               "The test fails while the failure reproduces and passes once it is fixed.")
     tmp.write_text(_TEST_TEMPLATE.format(
         kind=case["kind"], check=check_label(case["check"]), target=target.name, message=finding.message[:2000].replace('"""', "'''"),
-        dirname=d.name))
+        dirname=d.name, verdict=verdict))
     tmp.replace(d / "test_case.py")
-
-
-# ---- reading back ---------------------------------------------------------------------------------------------
-@attrs.frozen
-class Case:
-    """A validated case.json: the fields a replay needs."""
-
-    directory: Path
-    target: str
-    target_spec: str | None
-    kind: str
-    check: str
-    example: Example
-    fault: str | None
-    raw: dict
-
-
-def _need(case: dict, path: Path, field: str, typ: type | tuple, what: str) -> Any:
-    if field not in case:
-        raise BadReproducer(path, field, "is missing", f"a kvfuzz case.json has {what}")
-    v = case[field]
-    if not isinstance(v, typ):
-        raise BadReproducer(path, field, f"is {type(v).__name__} {str(v)[:60]!r}, expected {what}")
-    return v
-
-
-def load_case(directory: str | Path) -> Case:
-    """Read and validate ``directory/case.json`` (and that tensors.safetensors, if present, is a readable
-    safetensors file). Raises :class:`BadReproducer` naming the file, the field and the fix."""
-    d = Path(directory)
-    path = d / "case.json"
-    if not d.is_dir():
-        raise BadReproducer(d, None, "is not a directory", "pass a reproducer directory written by `kvfuzz fuzz`")
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise BadReproducer(path, None, "does not exist", "pass a reproducer directory written by `kvfuzz fuzz` "
-                            "(it holds case.json, tensors.safetensors, test_case.py)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadReproducer(path, None, f"cannot be read ({e})") from None
-    try:
-        case = json.loads(text)
-    except ValueError as e:
-        raise BadReproducer(path, None, f"is not valid JSON ({e})", "restore it from the campaign's output") from None
-    if not isinstance(case, dict):
-        raise BadReproducer(path, None, f"holds a JSON {type(case).__name__}, not an object",
-                            "a kvfuzz case.json is an object with target, kind, check, example")
-    fmt = case.get("format")
-    if fmt != CASE_FORMAT:
-        raise BadReproducer(path, "format", f"is {fmt!r}; this kvfuzz reads format {CASE_FORMAT}",
-                            "rewrite the case with this kvfuzz (replay its example with `kvfuzz fuzz`)")
-    target = _need(case, path, "target", str, "the target's name (a string)")
-    spec = case.get("target_spec")
-    if spec is not None and not isinstance(spec, str):
-        raise BadReproducer(path, "target_spec", f"is {type(spec).__name__}, expected a string or null")
-    kind = _need(case, path, "kind", str, "the failure kind (a string)")
-    if kind not in {k.value for k in FailureKind}:
-        raise BadReproducer(path, "kind", f"is {kind!r}, not a failure kind",
-                            f"one of {', '.join(k.value for k in FailureKind)}")
-    check = _need(case, path, "check", str, "the check that failed (a string)")
-    check = LEGACY_NAMES.get(check, check)  # an oracle by the bare name older reproducers recorded
-    raw_example = _need(case, path, "example", dict, "the example: an object with batch and poison")
-    try:
-        example = Example.from_dict(raw_example)
-    except KeyError as e:
-        raise BadReproducer(path, f"example.{e.args[0]}", "is missing") from None
-    except (TypeError, ValueError) as e:
-        raise BadReproducer(path, "example", f"is not a valid example ({type(e).__name__}: {e})") from None
-    fault = case.get("caller_fault")
-    if fault is not None and fault not in FAULTS:
-        raise BadReproducer(path, "caller_fault", f"is {fault!r}, not a caller fault this kvfuzz knows",
-                            f"one of {', '.join(FAULTS)}, or null")
-    tensors = d / "tensors.safetensors"
-    if tensors.exists():
-        try:
-            from safetensors import safe_open
-
-            with safe_open(str(tensors), framework="pt") as f:
-                list(f.keys())
-        except Exception as e:
-            raise BadReproducer(tensors, None, f"is not a readable safetensors file ({type(e).__name__}: {e}); "
-                                "kvfuzz never reads pickles", "restore it, or delete it (the case replays from "
-                                "case.json alone)") from None
-    return Case(d, target, spec, kind, check, example, fault, case)
 
 
 # ---- replaying ------------------------------------------------------------------------------------------------
 @attrs.frozen
 class ReplayResult:
     """expected: the case's recorded (kind, check). got: what the re-run found, None if it passed.
-    inputs_match: whether the regenerated inputs equal the stored tensors bit for bit (None: no tensors)."""
+    inputs_match: whether the regenerated inputs equal the stored tensors bit for bit (None: no tensors).
+    outcome: for a configuration outside the target's declaration, the answer of
+    :func:`~kvfuzz.fuzz.harness.properties.check_undeclared` ("rejected: <error>" or "accepted, correct", both
+    not failures: got is None), else None."""
 
     directory: Path
     expected: tuple[str, str]
     got: tuple[str, str] | None
     message: str
     inputs_match: bool | None
+    outcome: str | None = None
 
     @property
     def reproduced(self) -> bool:
+        """The recorded finding again; for a recorded rejection, a rejection whose error names the case's check."""
+        if self.expected[0] == FailureKind.CONFIG_REJECTED.value:
+            return bool(self.outcome and self.outcome.startswith("rejected") and self.expected[1] in self.outcome)
         return self.got == self.expected
 
 
 class UntrustedTarget(ValueError):
     """The case names an adapter loaded from a file or module; replaying it would run that code."""
+
+
+class TargetUnavailable(Exception):
+    """The case's target cannot run on this machine (its ``installed()``/``availability()`` says why: no CUDA, a
+    package missing): nothing was replayed. ``kvfuzz replay`` exits 3 on it, ``kvfuzz check`` skips the case."""
 
 
 def resolve_target(case: Case, target_spec: str | None = None, trust_target: bool = False) -> Target:
@@ -334,8 +264,21 @@ def resolve_target(case: Case, target_spec: str | None = None, trust_target: boo
     return load_spec(spec)
 
 
+def unavailable(case: Case, target: Target, load: bool = False) -> str | None:
+    """Why ``target`` cannot replay ``case`` here (``target.installed()``, the cheap forecast; with ``load``, or
+    when it cannot tell, ``availability()``), or None when it can."""
+    a = None if load else target.installed()
+    a = a if a is not None else target.availability()
+    if a.ok:
+        return None
+    return (f"{case.directory.name} needs {case.target}, which cannot run on this machine: {a.reason}; replay it "
+            "where the target runs")
+
+
 def replay_here(case: Case, target: Target, on_phase=None) -> ReplayResult:
-    """Re-run ``case`` in this process (a crash takes this process down: prefer :func:`replay`)."""
+    """Re-run ``case`` in this process (a crash takes this process down: prefer :func:`replay`). A batch outside
+    the target's declaration is checked as ``kvfuzz fuzz --undeclared`` does (a clear error is the expected
+    answer, ``ReplayResult.outcome``)."""
     import torch
     from safetensors.torch import load_file
 
@@ -349,6 +292,13 @@ def replay_here(case: Case, target: Target, on_phase=None) -> ReplayResult:
                            for k, v in (("query", run.data.query), ("keys_ground_truth", run.data.keys)))
     expected = (case.kind, case.check)
     try:
+        if not target.capabilities.accepts(case.example.batch):
+            if on_phase is not None:  # check_undeclared runs the kernel without phases: time it as a kernel call
+                on_phase("kernel")
+            _, outcome = properties.check_undeclared(target, case.example, run=run)
+            outside = ", ".join(target.capabilities.outside(case.example.batch))
+            return ReplayResult(case.directory, expected, None, f"an undeclared configuration ({outside}): {outcome}",
+                                inputs_match, outcome)
         properties.check(target, case.example, fault, run=run, run_unsafe=True, on_phase=on_phase)
     except Finding as f:
         return ReplayResult(case.directory, expected, f.signature, f.message, inputs_match)
@@ -356,12 +306,18 @@ def replay_here(case: Case, target: Target, on_phase=None) -> ReplayResult:
 
 
 def _child(directory: str, target_spec: str | None, trust_target: bool, conn) -> None:
-    """The isolated replay's child: run the case, telling the parent each phase and the result."""
+    """The isolated replay's child: run the case, telling the parent each phase and the result (or that the
+    target cannot run here)."""
     case = load_case(directory)
     target = resolve_target(case, target_spec, trust_target)
+    why = unavailable(case, target, load=True)
+    if why is not None:
+        conn.send(("unavailable", why))
+        conn.send(("bye",))
+        return
     conn.send(("phase", "prepare"))
     r = replay_here(case, target, on_phase=lambda p: conn.send(("phase", p)))
-    conn.send(("result", r.got, r.message, r.inputs_match))
+    conn.send(("result", r.got, r.message, r.inputs_match, r.outcome))
     conn.send(("bye",))
 
 
@@ -382,9 +338,13 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
     replay past :data:`REPLAY_TIMEOUT`, or ``timeout`` when larger), ("harness error", ...).
 
     Raises BadReproducer (a broken file), UntrustedTarget (an adapter the user did not name), or ValueError
-    (the named target cannot be loaded) before anything runs."""
+    (the named target cannot be loaded) before anything runs; TargetUnavailable when the target cannot run
+    here (said by its ``installed()`` before, or by its ``availability()`` in the child)."""
     case = load_case(directory)
-    resolve_target(case, target_spec, trust_target)  # refuse untrusted or unknown targets here, not in the child
+    target = resolve_target(case, target_spec, trust_target)  # refuse untrusted or unknown targets here
+    why = unavailable(case, target)
+    if why is not None:
+        raise TargetUnavailable(why)
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(str(case.directory), target_spec, trust_target, child), daemon=True)
@@ -411,6 +371,8 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
                         deadline = min(deadline, time.monotonic() + kernel_timeout)
                 elif msg[0] == "result":
                     result = msg[1:]
+                elif msg[0] == "unavailable":
+                    result = msg
                 elif msg[0] == "bye":
                     goodbye = True
             elif not proc.is_alive() and not parent.poll():
@@ -421,9 +383,12 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
             proc.kill()
             proc.join()
     expected = (case.kind, case.check)
+    if result is not None and result[0] == "unavailable":
+        raise TargetUnavailable(result[1])
     if result is not None:
-        got, message, inputs_match = result
-        return ReplayResult(case.directory, expected, None if got is None else tuple(got), message, inputs_match)
+        got, message, inputs_match, outcome = result
+        return ReplayResult(case.directory, expected, None if got is None else tuple(got), message, inputs_match,
+                            outcome)
     ending = classify(proc.exitcode, said_goodbye=goodbye, killed_for_hang=hung)
     finding = finding_for(ending, phase or "prepare",
                           timeout=kernel_timeout if phase == "kernel" else max(REPLAY_TIMEOUT, kernel_timeout))
@@ -433,5 +398,5 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
     return ReplayResult(case.directory, expected, finding.signature, finding.message, None)
 
 
-__all__ = ["BadReproducer", "CASE_FORMAT", "Case", "ReplayResult", "UntrustedTarget", "load_case", "replay",
-           "replay_here", "resolve_target", "versions", "write_reproducer"]
+__all__ = ["BadReproducer", "CASE_FORMAT", "Case", "ReplayResult", "TargetUnavailable", "UntrustedTarget", "load_case",
+           "replay", "replay_here", "resolve_target", "unavailable", "versions", "write_reproducer"]

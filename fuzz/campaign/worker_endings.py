@@ -22,7 +22,7 @@ from kvfuzz.fuzz.campaign.journal import OutOfSpace
 from kvfuzz.fuzz.campaign.records import FailureRecord, Outcome
 from kvfuzz.fuzz.campaign.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import properties
-from kvfuzz.fuzz.harness.attention import caller_finding, caller_violations
+from kvfuzz.fuzz.harness.caller import caller_finding, caller_violations
 
 #: A worker that dies without a word while ``--out`` has less free space than this died of the full disk (its
 #: log is on it too): the supervisor ends the campaign as out of space instead of blaming the example.

@@ -29,7 +29,8 @@ from kvfuzz.fuzz.cli.common import available_targets, console
               help="Replay corpus cases whose adapters were loaded from a file or module (imports that code).")
 def check(target_names, max_examples, seed, corpus, junit_xml, out_dir, db_spec, trust_targets) -> None:
     """Pre-merge gate: a deterministic fuzz budget on each target plus an isolated replay of a regression corpus.
-    Exit 0 when everything passes, 1 when something fails, 2 when a corpus case cannot be read (named)."""
+    Exit 0 when everything passes, 1 when something fails, 2 when a corpus case cannot be read (named). A corpus
+    case whose target cannot run on this machine is skipped (said), not failed."""
     import torch
 
     from kvfuzz.fuzz.campaign.gate import check_corpus, check_targets, write_junit
@@ -53,13 +54,17 @@ def check(target_names, max_examples, seed, corpus, junit_xml, out_dir, db_spec,
         table.add_column(col)
     for r in results:
         res = "[green]pass[/]" if r.failure is None else f"[red]FAIL[/] {escape(r.failure)}"
+        if r.skipped is not None:
+            res = f"[yellow]skipped[/] {escape(r.skipped)}"
         table.add_row(r.suite, r.name, f"{r.seconds:.1f}s", res)
     console.print(table)
     if junit_xml:
         write_junit(results, Path(junit_xml))
         console.print(f"JUnit XML: {junit_xml}")
     failed = [r for r in results if r.failure is not None]
-    console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    skipped = sum(r.skipped is not None for r in results)
+    console.print(f"{len(results) - len(failed) - skipped} passed, {len(failed)} failed"
+                  + (f", {skipped} skipped (target not runnable here)" if skipped else ""))
     bad = [r for r in failed if r.bad_input]
     for r in bad:
         console.print(f"[red]bad input[/]: {escape(r.failure)}")

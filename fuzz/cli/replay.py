@@ -24,10 +24,11 @@ from kvfuzz.fuzz.cli.common import console
                    "300.")
 def replay(directory: str, target_spec: str | None, trust_target: bool, timeout: float | None) -> None:
     """Re-run a reproducer directory in a child process. Exit 1 while it still fails (a crash or hang included),
-    0 once it passes, 2 when the directory or its target cannot be used (the message says which file and
-    field)."""
+    0 once it passes (for a configuration outside the target's declaration: rejected with an error, or computed
+    right), 2 when the directory or its target cannot be used (the message says which file and field), 3 when
+    the target cannot run on this machine (e.g. a CUDA-only kernel on a CPU machine: nothing was replayed)."""
     from kvfuzz.contracts.checks.oracles import check_label
-    from kvfuzz.fuzz.campaign.reproducers import BadReproducer
+    from kvfuzz.fuzz.campaign.reproducers import BadReproducer, TargetUnavailable
     from kvfuzz.fuzz.campaign.reproducers import replay as replay_case
 
     try:
@@ -35,11 +36,22 @@ def replay(directory: str, target_spec: str | None, trust_target: bool, timeout:
     except BadReproducer as e:
         console.print(f"[red]bad reproducer[/]: {escape(str(e))}")
         sys.exit(2)
+    except TargetUnavailable as e:
+        console.print(f"[yellow]cannot replay here[/]: {escape(str(e))}")
+        sys.exit(3)
     except ValueError as e:  # an untrusted or unloadable target
         raise click.UsageError(str(e)) from None
     if r.inputs_match is False:
         console.print("[yellow]warning[/]: regenerated inputs differ from tensors.safetensors "
                       "(kvfuzz or torch version changed since this case was written)")
+    if r.got is None and r.outcome is not None:  # an undeclared configuration: an error is the expected answer
+        if r.outcome.startswith("rejected"):
+            how = "as recorded" if r.reproduced else f"(recorded: {r.expected[0]}, {r.expected[1]})"
+            console.print(f"[green]rejected {escape(how)}[/]: {escape(r.message)}")
+        else:
+            console.print(f"[yellow]accepted now[/], computed right: {escape(r.message)}; the target's declaration "
+                          "could be widened")
+        sys.exit(0)
     if r.got is None:
         console.print(f"[green]passes now[/]: recorded {r.expected[0]} ({check_label(r.expected[1])}) no longer "
                       "reproduces")

@@ -17,6 +17,11 @@ active :class:`~kvfuzz.fuzz.guard.interception.Guard` (``guard()`` or the pytest
 Each checked call counts in ``guard.calls`` under ``flashinfer.<Class>.plan``/``.run`` or
 ``flashinfer.append_paged_kv_cache``; its violations become one :class:`GuardRecord`.
 
+The same checks run on every example of a FlashInfer campaign: a target names one of :data:`CHECKED_KERNELS`
+as its ``checked_kernel`` and the harness calls :func:`check_call` on the call it builds (kvfuzz.fuzz.harness.
+caller), so a caller fault is reported under the names the hooks use (``kv_last_page_len``, ``kv_indptr``,
+``kv_indices range``, ``plan/run agreement``, ``unified invariant``, ``append positions``).
+
 Hooking it in: ``with flashinfer_guard(): ...`` (or ``install()`` ... ``uninstall()``) while a guard is
 active; the guard's own ``__enter__`` does not install it. The pytest plugin (``--kvfuzz-guard``) installs it
 for the session when flashinfer is installed. ``install`` imports flashinfer (or takes ``module=``, e.g. a stand-in in tests) and returns
@@ -35,7 +40,7 @@ from typing import Any, Callable, Iterator
 
 from kvfuzz.contracts.calls.page_contents import check_append, check_current_tokens
 from kvfuzz.contracts.calls.page_lists import PagePlan, check_plan, check_run, make_plan
-from kvfuzz.contracts.checks.violations import Violation
+from kvfuzz.contracts.checks.violations import Check, Violation
 from kvfuzz.fuzz.guard.interception import Guard, active_guard
 
 WRAPPERS = {"BatchDecodeWithPagedKVCacheWrapper": "decode", "BatchPrefillWithPagedKVCacheWrapper": "prefill"}
@@ -74,10 +79,11 @@ def _bind(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any] | None:
     return out
 
 
-def plan_of(kind: str, wrapper: Any, a: dict[str, Any]) -> PagePlan:
-    """The :class:`PagePlan` of a bound plan() call (decode: flashinfer/decode.py names; prefill:
-    flashinfer/prefill.py names). ``data_type`` (decode, deprecated) stands for both dtypes when given."""
-    layout = getattr(wrapper, "_kv_layout", "NHD")
+def plan_of(kind: str, a: dict[str, Any], kv_layout: str = "NHD") -> PagePlan:
+    """The :class:`PagePlan` of a plan() call's arguments by name (decode: flashinfer/decode.py
+    ``BatchDecodeWithPagedKVCacheWrapper.plan`` names; prefill: flashinfer/prefill.py
+    ``BatchPrefillWithPagedKVCacheWrapper.plan`` names) for a wrapper of ``kv_layout``. ``data_type`` (decode,
+    deprecated) stands for both dtypes when given. Raises KeyError when a page-list argument is missing."""
     q_dt = a.get("q_data_type", "float16")
     kv_dt = a.get("kv_data_type")
     if a.get("data_type") is not None:
@@ -86,11 +92,55 @@ def plan_of(kind: str, wrapper: Any, a: dict[str, Any]) -> PagePlan:
     if kind == "decode":
         return make_plan("decode", a["indptr"], a["indices"], a["last_page_len"], a["num_qo_heads"],
                          a["num_kv_heads"], a["head_dim"], a["page_size"], q_data_type=q_dt, kv_data_type=kv_dt,
-                         kv_layout=layout, window_left=a.get("window_left", -1))
+                         kv_layout=kv_layout, window_left=a.get("window_left", -1))
     return make_plan("prefill", a["paged_kv_indptr"], a["paged_kv_indices"], a["paged_kv_last_page_len"],
                      a["num_qo_heads"], a["num_kv_heads"], a["head_dim_qk"], a["page_size"],
-                     qo_indptr=a["qo_indptr"], q_data_type=q_dt, kv_data_type=kv_dt, kv_layout=layout,
+                     qo_indptr=a["qo_indptr"], q_data_type=q_dt, kv_data_type=kv_dt, kv_layout=kv_layout,
                      window_left=a.get("window_left", -1), causal=a.get("causal", False))
+
+
+def run_checks(plan: PagePlan | None, a: dict[str, Any], kernel: str, new_kv: tuple | None = None,
+               tokens: bool = True) -> list[Violation]:
+    """What the run() hook checks: run()'s ``q`` and ``paged_kv_cache`` against ``plan``
+    (:func:`~kvfuzz.contracts.calls.page_lists.check_run`) and, with the call's new tokens ``new_kv = (k, v)``
+    (``[rows, Hkv, D]`` in qo_indptr order) and ``tokens``, the current tokens in the pages
+    (:func:`~kvfuzz.contracts.calls.page_contents.check_current_tokens`, skipped after a memory-unsafe
+    violation: the lists cannot be followed then)."""
+    out = check_run(plan, a.get("q"), a.get("paged_kv_cache"), kernel)
+    if new_kv is not None and tokens and plan is not None and not any(v.check.memory_unsafe for v in out):
+        out += check_current_tokens(plan, a["paged_kv_cache"], new_kv[0], new_kv[1], a.get("k_scale"),
+                                    a.get("v_scale"))
+    return out
+
+
+def append_checks(a: dict[str, Any]) -> list[Violation]:
+    """What the append_paged_kv_cache hook checks (:func:`~kvfuzz.contracts.calls.page_contents.check_append`),
+    on its arguments by name (flashinfer/page.py ``append_paged_kv_cache``)."""
+    return check_append(a["append_key"], a["append_value"], a["batch_indices"], a["positions"], a["paged_kv_cache"],
+                        a["kv_indices"], a["kv_indptr"], a["kv_last_page_len"], a.get("kv_layout", "NHD"))
+
+
+#: FlashInfer calls a target names as its ``checked_kernel`` (kvfuzz.fuzz.targets.base.Target): every example
+#: of its campaigns then goes through the checks these hooks apply (:func:`check_call`), by the same names.
+CHECKED_KERNELS = {"flashinfer.BatchDecodeWithPagedKVCacheWrapper": "decode",
+                   "flashinfer.BatchPrefillWithPagedKVCacheWrapper": "prefill",
+                   "flashinfer.append_paged_kv_cache": "append"}
+
+
+def check_call(kernel: str, args: dict[str, Any], kv_layout: str = "NHD", key: Any = None,
+               value: Any = None) -> list[Violation]:
+    """Everything the hooks check on one call of ``kernel`` (a key of :data:`CHECKED_KERNELS`), from its
+    arguments by name: for a wrapper, plan()'s (:func:`~kvfuzz.contracts.calls.page_lists.check_plan`) then
+    run()'s (:func:`run_checks`, the current tokens when ``key``/``value`` ``[rows, Hkv, D]`` are given and the
+    plan is well formed) for a wrapper of ``kv_layout``; for append_paged_kv_cache, :func:`append_checks`.
+    Raises KeyError for an unknown kernel or a missing argument."""
+    kind = CHECKED_KERNELS[kernel]
+    if kind == "append":
+        return append_checks(args)
+    plan = plan_of(kind, args, kv_layout)
+    out = check_plan(plan)
+    sound = not any(v.check.memory_unsafe or v.check in (Check.KV_INDPTR, Check.INDEX_DTYPE) for v in out)
+    return out + run_checks(plan, args, kernel, None if key is None else (key, value), tokens=sound)
 
 
 def _wrap_plan(cls_name: str, kind: str, original: Callable) -> Callable:
@@ -104,7 +154,7 @@ def _wrap_plan(cls_name: str, kind: str, original: Callable) -> Callable:
             a = _bind(original, (self, *args), kwargs)
             if a is not None:
                 try:
-                    p = plan_of(kind, self, a)
+                    p = plan_of(kind, a, getattr(self, "_kv_layout", "NHD"))
                 except Exception:
                     p = None
                 self.__dict__[_PLAN_ATTR] = p  # None: run() is then not checked (counted in guard.unchecked)
@@ -129,11 +179,7 @@ def _wrap_run(cls_name: str, original: Callable) -> Callable:
                 new = g._new_kv
 
                 def checks() -> list[Violation]:
-                    out = check_run(p, a.get("q"), a.get("paged_kv_cache"), kernel)
-                    if new is not None and not any(v.check.memory_unsafe for v in out):
-                        out += check_current_tokens(p, a["paged_kv_cache"], new[0], new[1], a.get("k_scale"),
-                                                    a.get("v_scale"))
-                    return out
+                    return run_checks(p, a, kernel, new)
 
                 if p is None:  # planned before install() or a plan() the guard could not read: nothing to compare
                     g.unchecked[kernel] += 1
@@ -158,9 +204,7 @@ def _wrap_append(original: Callable) -> Callable:
         if g is not None:
             a = _bind(original, args, kwargs)
             if a is not None:
-                report(g, kernel, lambda: check_append(
-                    a["append_key"], a["append_value"], a["batch_indices"], a["positions"], a["paged_kv_cache"],
-                    a["kv_indices"], a["kv_indptr"], a["kv_last_page_len"], a.get("kv_layout", "NHD")), _caller(2))
+                report(g, kernel, lambda: append_checks(a), _caller(2))
         return original(*args, **kwargs)
 
     append_paged_kv_cache.__kvfuzz_guard_original__ = original
@@ -232,4 +276,5 @@ def flashinfer_guard(module: Any = None) -> Iterator[bool]:
             uninstall()
 
 
-__all__ = ["WRAPPERS", "flashinfer_guard", "install", "installed", "plan_of", "report", "uninstall"]
+__all__ = ["CHECKED_KERNELS", "WRAPPERS", "append_checks", "check_call", "flashinfer_guard", "install", "installed",
+           "plan_of", "report", "run_checks", "uninstall"]

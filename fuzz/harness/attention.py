@@ -11,16 +11,13 @@ from typing import Any, Callable
 import torch
 
 from kvfuzz.contracts.model.batch import Batch
-from kvfuzz.contracts.model.csr import indptr
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelCrash, KernelMismatch, NonFiniteOutput
-from kvfuzz.contracts.checks.invariants import check_contract
+from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.caches.materialize import CacheState, materialize
 from kvfuzz.contracts.checks.oracles import Oracle, agreement, check_finite
 from kvfuzz.contracts.checks.reference import reference_and_envelope, same_precision_attention
-from kvfuzz.contracts.checks.violations import Check, Violation, violation
-from kvfuzz.fuzz.guard.signatures import build_call, check_kernel_call
+from kvfuzz.fuzz.harness.caller import call_violations, caller_finding, caller_violations, metadata_violations
 from kvfuzz.fuzz.harness.faults import CallerFault
 from kvfuzz.fuzz.harness.run import Run, Timings, error_name, generate, run_kernel
 from kvfuzz.fuzz.targets.base import Target
@@ -62,7 +59,7 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None,
         after_materialize(batch, data, cache)
     call = target.build_call(batch, data, cache)
     if fault is not None and fault.applies(batch, call.kwargs):
-        fault.mutate_call(batch, data, cache, call)
+        fault.mutate(batch, data, cache, call)
     t.materialize = time.perf_counter() - s
     return Run(example, data, cache, call, timings=t, path=target.path(batch), fault=fault)
 
@@ -73,48 +70,6 @@ def poison_output(output) -> None:
     mismatch on one run and non-finite on the next, and kept it from shrinking)."""
     if isinstance(output, torch.Tensor) and output.dtype.is_floating_point:
         output.fill_(float("nan"))
-
-
-def metadata_violations(target: Target, run: Run) -> list[Violation]:
-    """With ground truth: do the call's query_start_loc and seq_lens (CSR calls: kv_indptr, against the
-    positions the target's contract says the kernel reads) describe the batch? (A shifted query_start_loc
-    still starts at 0, rises and ends at T, so only the harness, which knows each sequence's query_len, can
-    tell.) Named after the argument, as the guard's checks are."""
-    if target.checked_kernel is None:
-        return []
-    call = build_call(target.checked_kernel, run.call.kwargs)
-    batch = run.example.batch
-    out = []
-    lengths = (Check.SEQ_LENS, call.seq_lens, batch.seq_lens, "sequence lengths")
-    if call.csr is not None:  # CSR: kv_indptr lists what the contract says the kernel reads
-        listed = target.capabilities.contract.cached_lens(batch)
-        lengths = (Check.KV_INDPTR, call.csr.kv_indptr, tuple(indptr(listed).tolist()),
-                   "positions the kernel reads (" + ("ctx_lens" if listed == batch.ctx_lens else "seq_lens") + ")")
-    for check, got, want, what in ((Check.QUERY_START_LOC, call.query_start_loc, batch.query_start_loc,
-                                    "query tokens"), lengths):
-        if not isinstance(got, torch.Tensor):
-            continue
-        got_l = got.cpu().tolist()
-        if got_l != list(want):
-            i = next((k for k, (a, b) in enumerate(zip(got_l, want)) if a != b), min(len(got_l), len(want)))
-            seq = max(0, i - 1) if check in (Check.QUERY_START_LOC, Check.KV_INDPTR) else i
-            out.append(violation(
-                check, f"{check.value} does not match the batch's {what}: entry {i} is "
-                       f"{got_l[i] if i < len(got_l) else None} ({check.value} = {got_l})",
-                kernel=target.checked_kernel, seq=seq, expected=list(want), found=got_l))
-    return out
-
-
-def call_violations(target: Target, run: Run) -> list[Violation]:
-    """Error-level findings of the runtime guard's argument checks (:mod:`kvfuzz.contracts.calls.call_checks`) on
-    this call; [] when the target declares no ``checked_kernel``."""
-    if target.checked_kernel is None:
-        return []
-    key = value = None
-    if not target.capabilities.contract.passes_new_kv:  # unified: hand the guard the new tokens, where the call is
-        key, value = (t.to(run.call.key_cache.device) for t in run.data.new_kv(run.example.batch))
-    found = check_kernel_call(target.checked_kernel, run.call.kwargs, key=key, value=value, vacuity=False)
-    return [v for v in found if v.is_error]
 
 
 def _kernel_summary(out: torch.Tensor | None, finite_fail, agree_fail, crash: str | None,
@@ -128,35 +83,6 @@ def _kernel_summary(out: torch.Tensor | None, finite_fail, agree_fail, crash: st
     if agree_fail is not None:
         return {"outcome": "mismatch", **agree_fail.to_dict()}
     return {"outcome": "agrees with reference"}
-
-
-def caller_violations(target: Target, run: Run) -> list[Violation]:
-    """Ground-truth invariants (:mod:`kvfuzz.contracts.checks.invariants`), then the call's metadata against the batch,
-    then the runtime guard's argument checks (a check already reported for a sequence is not repeated); []
-    when the call keeps the contract."""
-    batch = run.example.batch
-    violations = check_contract(target.capabilities.contract, batch, run.data, run.cache.layout,
-                                run.call.key_cache, run.call.value_cache, run.call.key, run.call.value)
-    violations += metadata_violations(target, run)
-    seen = {(v.check, v.seq) for v in violations}
-    return violations + [v for v in call_violations(target, run) if (v.check, v.seq) not in seen]
-
-
-def caller_finding(violations: list[Violation], kernel: dict[str, Any], details: dict[str, Any]
-                   ) -> CallerContractViolation:
-    """The finding of a call that broke its contract: the first violation's check and message, the others
-    named, and what the kernel computed from the call (``kernel``: its outcome, as in ``details["kernel"]``)."""
-    first = violations[0]
-    msg = first.message
-    if len(violations) > 1:
-        msg += f" (+{len(violations) - 1} more: {', '.join(sorted({v.check.value for v in violations[1:]}))})"
-    msg += f" Kernel computed from this call: {kernel['outcome']}"
-    if "message" in kernel:
-        msg += f" ({kernel['message'][:300]})"
-    elif kernel.get("error"):
-        msg += f" ({kernel['error'].splitlines()[0][:300]})"
-    return CallerContractViolation(first.check.value, msg, {**details, "kernel": kernel,
-                                                            "violations": [v.to_dict() for v in violations]})
 
 
 def check_example(target: Target, example: Example, fault: CallerFault | None = None,
@@ -224,3 +150,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     if agree_fail is not None:
         raise KernelMismatch(Oracle.AGREEMENT.value, agree_fail.message(), {**common, "oracle": agree_fail.to_dict()})
     return run
+
+
+__all__ = ["GPU_REFERENCE_MIN_KV", "call_violations", "caller_finding", "caller_violations", "check_example",
+           "metadata_violations", "poison_output", "prepare", "reference_device"]

@@ -40,8 +40,17 @@ def check(target: Target, example: Example, fault: CallerFault | None = None, ru
     the kernel read or write outside its tensors (isolated worker processes only). ``on_phase``: told "kernel"
     and "check" around the kernel call (a campaign's journal)."""
     if is_writer(target):
-        return writer.check_writer_example(target, example, fault, run=run, on_phase=on_phase)
+        return writer.check_writer_example(target, example, fault, run=run, on_phase=on_phase, run_unsafe=run_unsafe)
     return attention.check_example(target, example, fault, run=run, run_unsafe=run_unsafe, on_phase=on_phase)
+
+
+def rejection_text(message: str) -> str:
+    """The first line of a kernel's error, as rejections are counted and grouped: glog's "[F1121 10:07:04.913680852 "
+    time stamps dropped, absolute source paths cut to the file (FlashInfer's JIT errors name
+    ``/<workspace>/.cache/flashinfer/<version>/<arch>/generated/<module>/batch_decode.cu:63``, which would push
+    the message itself past the 200 characters kept)."""
+    line = re.sub(r"\[[A-Z]\d{4} [\d:.]+ ", "[", message.splitlines()[0] if message else "")
+    return re.sub(r"(?:/[\w.+=-]+)+/([\w.+=-]+:\d+)", r"\1", line)[:200]
 
 
 def check_undeclared(target: Target, example: Example, run: Run | None = None) -> tuple[Run, str]:
@@ -61,8 +70,7 @@ def check_undeclared(target: Target, example: Example, run: Run | None = None) -
     try:
         check(target, example, run=run)
     except KernelCrash as e:
-        # group equal errors: drop glog's "[F1121 10:07:04.913680852 " time stamps
-        return run, "rejected: " + re.sub(r"\[[A-Z]\d{4} [\d:.]+ ", "[", e.message.splitlines()[0])[:200]
+        return run, "rejected: " + rejection_text(e.message)
     except (KernelMismatch, NonFiniteOutput) as f:
         raise SilentlyUnsupported(
             f.check, f"{target.name} accepted an undeclared configuration ({what}) without an error and "

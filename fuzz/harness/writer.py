@@ -40,7 +40,8 @@ from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch
 from kvfuzz.contracts.caches.layouts import CacheLayout, LayoutError
 from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.model.writer import WriterInputs
-from kvfuzz.fuzz.harness.faults import CallerFault
+from kvfuzz.fuzz.harness.caller import caller_finding, caller_violations
+from kvfuzz.fuzz.harness.faults import CallerFault, page_list_names
 from kvfuzz.fuzz.harness.run import Run, error_name, generate, run_kernel
 from kvfuzz.fuzz.targets.base import Target
 
@@ -181,10 +182,11 @@ def prepare_writer(target: Target, example: Example, fault: CallerFault | None =
     """Generate the data, materialize the pre-write cache (context positions ``0 .. ctx_len-1``, poison
     elsewhere, guard blocks around it) and build the writer call.
 
-    Of a caller fault only ``cached_lens`` applies: it changes which positions the pre-write cache holds
+    Of a caller fault ``cached_lens`` applies: it changes which positions the pre-write cache holds
     (``decode-ctx-only`` changes nothing here: the pre-write cache holds ``ctx_len`` positions of every
     sequence anyway). Faults' call mutations model attention-kernel arguments (block_table, query_start_loc,
-    max_seq_len) that a writer call does not have, and are not applied."""
+    max_seq_len) that vLLM's writers do not take, and are applied only to a writer taking page lists
+    (FlashInfer's append_paged_kv_cache: :attr:`~kvfuzz.fuzz.harness.faults.CallerFault.pages`)."""
     batch = example.batch
     data, t = generate(example)
     s = time.perf_counter()
@@ -195,6 +197,8 @@ def prepare_writer(target: Target, example: Example, fault: CallerFault | None =
     cache = materialize(batch, data, GuardedLayout(layout), lens, example.poison, device=target.device)
     cache = attrs.evolve(cache, layout=layout)
     call = target.build_call(batch, data, cache)
+    if fault is not None and page_list_names(call.kwargs) is not None and fault.applies(batch, call.kwargs):
+        fault.mutate(batch, data, cache, call)
     t.materialize = time.perf_counter() - s
     return Run(example, data, cache, call, timings=t, path=target.path(batch), fault=fault)
 
@@ -342,14 +346,38 @@ def _expected_after(inputs: WriterInputs, key_cache: torch.Tensor, value_cache: 
     return ek, ev
 
 
+def _caller_broke(target: Target, run: Run, run_unsafe: bool, on_phase) -> None:
+    """Raise the CallerContractViolation of a writer call that breaks its contract (kvfuzz.fuzz.harness.caller:
+    for a target naming its kernel, FlashInfer's append checks and its page lists against the batch), after
+    running the kernel unless the call could write outside its tensors (``run_unsafe``: isolated workers)."""
+    s = time.perf_counter()
+    violations = caller_violations(target, run)
+    run.timings.check_caller = time.perf_counter() - s
+    if not violations:
+        return
+    unsafe = sorted({v.check.value for v in violations if v.check.memory_unsafe})
+    if unsafe and not run_unsafe:
+        kernel = {"outcome": "not run", "error": f"not run: this call ({', '.join(unsafe)}) can make the kernel "
+                                                 "write outside its tensors; `kvfuzz fuzz` runs such calls in its "
+                                                 "isolated worker processes"}
+    else:
+        _, crash = run_kernel(target, run.call, on_phase)
+        kernel = {"outcome": "crashed", "error": crash} if crash else {"outcome": "wrote the cache"}
+    raise caller_finding(violations, kernel, {"path": run.path})
+
+
 def check_writer_example(target: Target, example: Example, fault: CallerFault | None = None,
-                         run: Run | None = None, on_phase: Callable[[str], None] | None = None) -> Run:
+                         run: Run | None = None, on_phase: Callable[[str], None] | None = None,
+                         run_unsafe: bool = False) -> Run:
     """Run one cache-writer example end to end; returns the :class:`~kvfuzz.fuzz.harness.run.Run` (for caches
     over :data:`STACKED_MAX_BYTES` that pass, ``output`` and ``reference`` are None; otherwise ``output``:
     the caches after the call stacked ``[2, ...]`` key then value; ``reference``: the caches as they must be)
-    or raises KernelCrash (the kernel raised) or KernelMismatch with check :data:`SLOT_CONTENTS` (a real
-    token is not at its slot) or :data:`UNTOUCHED` (something outside the written slots changed)."""
+    or raises CallerContractViolation (the call breaks the writer's contract: a target naming its kernel, as
+    in the attention property; ``run_unsafe``: run such a call even where it could write out of bounds),
+    KernelCrash (the kernel raised) or KernelMismatch with check :data:`SLOT_CONTENTS` (a real token is not at
+    its slot) or :data:`UNTOUCHED` (something outside the written slots changed)."""
     run = run or prepare_writer(target, example, fault)
+    _caller_broke(target, run, run_unsafe, on_phase)
     batch, t, call = example.batch, run.timings, run.call
     inputs: WriterInputs = call.kwargs["_inputs"]
     layout = run.cache.layout
@@ -357,7 +385,7 @@ def check_writer_example(target: Target, example: Example, fault: CallerFault | 
     before = _Snapshot.take(call.key_cache, call.value_cache)
     k_off, v_off = slot_element_offsets(layout, call.key_cache, call.value_cache,
                                         inputs.slot_mapping[inputs.token >= 0], batch.block_size)
-    t.check_caller = time.perf_counter() - s
+    t.check_caller += time.perf_counter() - s
 
     s = time.perf_counter()
     _, crash = run_kernel(target, call, on_phase)

@@ -63,9 +63,14 @@ class Target(abc.ABC):
     #: One line on what the kernel is and where it lives.
     description: ClassVar[str]
     capabilities: ClassVar[Capabilities]
-    #: The kernel's name in kvfuzz.fuzz.guard.signatures.SIGNATURES: the property then also runs the
-    #: runtime guard's argument checks (index dtypes, lengths, block ids, max_seq_len, ...) on every call.
+    #: The kernel's name in kvfuzz.fuzz.guard.signatures.SIGNATURES (or, for FlashInfer's calls, in
+    #: kvfuzz.fuzz.guard.flashinfer.CHECKED_KERNELS): the property then also runs the runtime guard's argument
+    #: checks (index dtypes, lengths, block ids, max_seq_len, page lists, ...) on every call.
     checked_kernel: ClassVar[str | None] = None
+    #: Fields of a kernel configuration (kvfuzz.strategies.configs.RUNTIME_FIELDS: "heads", "block_size",
+    #: "window") the kernel takes as run-time arguments instead of compiling for them: a pinned chunk then stays
+    #: in one compiled specialization and still draws these freely (FlashInfer: all three).
+    runtime_fields: ClassVar[frozenset[str]] = frozenset()
     #: Poisons the pre-merge gate (``kvfuzz check``) uses; None: all. A target restricts this only for a
     #: documented, known kernel limitation, which ``kvfuzz fuzz`` (all poisons) keeps reporting.
     gate_poisons: ClassVar[tuple[Poison, ...] | None] = None

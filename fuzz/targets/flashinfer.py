@@ -3,6 +3,8 @@ on first use of each configuration):
 
 - ``flashinfer.batch_decode``: ``BatchDecodeWithPagedKVCacheWrapper`` (flashinfer/decode.py), decode only,
   unified contract: every sequence's ``kv_len`` tokens, the current one included, are in the pages.
+- ``flashinfer.batch_decode_tc``: the same wrapper with ``use_tensor_cores=True`` (decode through the prefill
+  kernels, every GQA group size; the CUDA-core decode dispatches 1, 2, 3, 4, 6, 8, 16 only).
 - ``flashinfer.batch_prefill``: ``BatchPrefillWithPagedKVCacheWrapper`` (flashinfer/prefill.py) with
   ``causal=True``, unified contract: the new tokens were appended to the pages before attention, as vLLM's
   (vllm/v1/attention/backends/flashinfer.py) and SGLang's (flashinfer_backend.py) backends do
@@ -24,12 +26,16 @@ FlashInfer's default ``1/sqrt(head_dim)``); fp8 caches are ``torch.float8_e4m3fn
 holding ``k / k_scale``, with ``kv_data_type`` set in plan and ``k_scale``/``v_scale`` floats to run (run
 multiplies ``sm_scale`` by ``k_scale`` and the output by ``v_scale``).
 
+Caller checks: each target names its call as ``checked_kernel`` (a key of kvfuzz.fuzz.guard.flashinfer's
+CHECKED_KERNELS), so every campaign example also goes through the guard's plan()/run() (or append) checks.
+
 Compile keys: FlashInfer JIT-compiles one module per (q dtype, kv dtype, o dtype, index dtype, head_dim,
 pos_encoding_mode, use_sliding_window, use_logits_soft_cap) (flashinfer/jit/attention/modules.py
 ``gen_batch_decode_module``/``gen_batch_prefill_module``); heads, GQA group, page size and the window's size are
 runtime arguments. A campaign's pinned configurations (strategies/configs.py) fix those compile keys per chunk
-(and more besides), so one chunk costs one compile: measured on an H100, 16.9 s for a decode module, 97.8 s for
-the sm90 prefill module (/work/shared/REFERENCE.md §2). The JIT cache is ``$FLASHINFER_WORKSPACE_BASE``
+and leave heads, page size and the window's size free (``runtime_fields``), so one chunk costs at most one
+compile and still draws every page size and GQA group: measured on an H100, 21 s for a decode module, 86 s for
+the sm90 prefill module, 19 s for append's page module (benchmarks/results/flashinfer-first-calls-h100.txt). The JIT cache is ``$FLASHINFER_WORKSPACE_BASE``
 (FlashInfer's own default: the home directory); set it before the first flashinfer import.
 """
 
@@ -103,8 +109,14 @@ def window_left(batch: Batch) -> int:
 class FlashInferTarget(Target):
     """Shared availability (CUDA and an importable flashinfer), layouts and wrapper reuse."""
 
+    #: Heads, page size and the window's size are run-time arguments of FlashInfer's modules (module docstring):
+    #: a pinned chunk stays in one module (dtypes, head size, window and soft cap on or off) and draws them.
+    runtime_fields = frozenset({"heads", "block_size", "window"})
     #: ``flashinfer`` attribute of the wrapper class (None for the writer).
     wrapper_class: str | None = None
+    #: Constructor keywords of the wrapper besides the workspace and kv_layout (the tensor-core decode's
+    #: ``use_tensor_cores=True``).
+    wrapper_kwargs: dict = {}
 
     def __init__(self) -> None:
         self._wrappers: dict[str, object] = {}
@@ -140,7 +152,7 @@ class FlashInferTarget(Target):
             if self._workspace is None or self._workspace.device != device:
                 self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
             cls = getattr(flashinfer_module(), self.wrapper_class)
-            self._wrappers[key] = cls(self._workspace, kv_layout)
+            self._wrappers[key] = cls(self._workspace, kv_layout, **self.wrapper_kwargs)
         return self._wrappers[key]
 
     def path(self, batch: Batch) -> str:
@@ -169,11 +181,17 @@ def _common(batch: Batch, data: BatchData, cache: CacheState) -> dict:
     )
 
 
-#: Group sizes FlashInfer's CUDA-core decode kernels are compiled for (include/flashinfer/utils.cuh
-#: ``DISPATCH_GQA_GROUP_SIZE``: 1, 2, 3, 4, 8); any other raises "Unsupported group_size" (seen on an H100 with
-#: flashinfer 0.7.2.post1: group size 7, RuntimeError from the JIT module). SGLang switches to the tensor-core
-#: decode for such models (use_tensor_cores); this target declares the CUDA-core path's sizes.
-DECODE_GQA_RATIOS = (1, 2, 3, 4, 8)
+#: Group sizes FlashInfer's CUDA-core decode kernels are compiled for: flashinfer-python 0.7.2.post1's
+#: flashinfer/data/include/flashinfer/utils.cuh ``DISPATCH_GQA_GROUP_SIZE`` (used by csrc/batch_decode.cu's plan
+#: and run) dispatches 1, 2, 3, 4, 6, 8 and 16 (flashinfer-ai/flashinfer main, 2026-08: 1, 2, 3, 4, 6, 8); any
+#: other raises "Unsupported group_size: N" (seen on an H100: group size 7, a RuntimeError from the JIT module;
+#: regressions/flashinfer.batch_decode-configuration-rejected-* replays it). SGLang switches to the tensor-core
+#: decode for such models (:class:`FlashInferBatchDecodeTC`).
+DECODE_GQA_RATIOS = (1, 2, 3, 4, 6, 8, 16)
+#: The tensor-core decode runs FlashInfer's prefill kernels, whose GQA group size is a runtime
+#: ``uint_fastdiv group_size`` (flashinfer/data/include/flashinfer/attention/prefill.cuh): any group size;
+#: declared for the sizes kvfuzz draws (at most 16 query heads).
+TC_DECODE_GQA_RATIOS = tuple(range(1, 17))
 
 
 class FlashInferBatchDecode(FlashInferTarget):
@@ -185,11 +203,12 @@ class FlashInferBatchDecode(FlashInferTarget):
     Decode only, unified contract: the page lists cover all ``seq_len`` positions of every sequence, the current
     token's included (``last_page_len = (seq_len - 1) % page_size + 1``). Index tensors int32 on the GPU. The
     CUDA-core decode path (``use_tensor_cores=False``, the default) is what this target runs; it dispatches GQA
-    group sizes 1, 2, 3, 4 and 8 only (:data:`DECODE_GQA_RATIOS`)."""
+    group sizes 1, 2, 3, 4, 6, 8 and 16 only (:data:`DECODE_GQA_RATIOS`)."""
 
     name = "flashinfer.batch_decode"
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper over page lists (decode only, unified contract)"
     wrapper_class = "BatchDecodeWithPagedKVCacheWrapper"
+    checked_kernel = "flashinfer.BatchDecodeWithPagedKVCacheWrapper"
     capabilities = Capabilities(
         contract=Contract.UNIFIED, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"), decode_only=True,
@@ -211,6 +230,27 @@ class FlashInferBatchDecode(FlashInferTarget):
         return _plan_and_run(self, call, DECODE_PLAN_ARGS)
 
 
+class FlashInferBatchDecodeTC(FlashInferBatchDecode):
+    """The tensor-core decode: ``BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout,
+    use_tensor_cores=True)`` (a plain constructor flag, flashinfer/decode.py ``__init__``), then the same
+    ``plan``/``run`` calls as :class:`FlashInferBatchDecode`. Its plan() (the ``use_tensor_cores`` branch of
+    ``BatchDecodeWithPagedKVCacheWrapper.plan``) builds ``qo_indptr = arange(batch_size + 1)`` and runs FlashInfer's
+    batch prefill kernels: ``get_batch_prefill_module("fa2", ...)`` for fp16/bf16 q and kv, and for an fp8 cache
+    the backend ``determine_attention_backend`` picks (flashinfer/utils.py: FA3 needs an fp8 q, so fa2 here).
+    Their GQA group size is a runtime argument, so every group size works (:data:`TC_DECODE_GQA_RATIOS`), as
+    SGLang relies on for the group sizes the CUDA-core decode rejects. Same contract, page lists and checks
+    (the guard wraps the same class); compile keys those of a prefill module."""
+
+    name = "flashinfer.batch_decode_tc"
+    description = ("FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True): decode through the "
+                   "prefill kernels, any GQA group size (unified contract)")
+    wrapper_kwargs = {"use_tensor_cores": True}
+    capabilities = attrs.evolve(FlashInferBatchDecode.capabilities, gqa_ratios=TC_DECODE_GQA_RATIOS)
+
+    def path(self, batch: Batch) -> str:
+        return f"tensor-cores,{super().path(batch)}"
+
+
 class FlashInferBatchPrefill(FlashInferTarget):
     """``BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout).plan(qo_indptr, paged_kv_indptr,
     paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal=True,
@@ -226,6 +266,7 @@ class FlashInferBatchPrefill(FlashInferTarget):
     description = ("FlashInfer BatchPrefillWithPagedKVCacheWrapper, causal, over page lists with the new tokens "
                    "appended (unified contract)")
     wrapper_class = "BatchPrefillWithPagedKVCacheWrapper"
+    checked_kernel = "flashinfer.BatchPrefillWithPagedKVCacheWrapper"
     capabilities = Capabilities(
         contract=Contract.UNIFIED, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"),
@@ -270,6 +311,7 @@ class FlashInferAppendPagedKvCache(FlashInferTarget):
 
     name = "flashinfer.append_paged_kv_cache"
     description = "FlashInfer append_paged_kv_cache: new tokens' k/v into the pages via page lists (writer)"
+    checked_kernel = "flashinfer.append_paged_kv_cache"
     capabilities = Capabilities(
         contract=Contract.WRITER, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"), metadata="csr",
@@ -299,5 +341,5 @@ class FlashInferAppendPagedKvCache(FlashInferTarget):
         return call.key_cache
 
 
-__all__ = ["CUDA_ONLY", "FLASHINFER_VERSION", "FlashInferAppendPagedKvCache", "FlashInferBatchDecode",
-           "FlashInferBatchPrefill", "FlashInferTarget", "layout_for", "page_list_tensors", "window_left"]
+__all__ = ["CUDA_ONLY", "DECODE_GQA_RATIOS", "FLASHINFER_VERSION", "FlashInferAppendPagedKvCache",
+           "FlashInferBatchDecode", "FlashInferBatchDecodeTC", "FlashInferBatchPrefill", "TC_DECODE_GQA_RATIOS", "FlashInferTarget", "layout_for", "page_list_tensors", "window_left"]

@@ -36,6 +36,7 @@ BUILTIN = {
     "sglang.extend_attention_fwd": "kvfuzz.fuzz.targets.sglang_triton:SglangExtendAttentionFwd",
     "sglang.decode_attention_fwd": "kvfuzz.fuzz.targets.sglang_triton:SglangDecodeAttentionFwd",
     "flashinfer.batch_decode": "kvfuzz.fuzz.targets.flashinfer:FlashInferBatchDecode",
+    "flashinfer.batch_decode_tc": "kvfuzz.fuzz.targets.flashinfer:FlashInferBatchDecodeTC",
     "flashinfer.batch_prefill": "kvfuzz.fuzz.targets.flashinfer:FlashInferBatchPrefill",
     "flashinfer.append_paged_kv_cache": "kvfuzz.fuzz.targets.flashinfer:FlashInferAppendPagedKvCache",
 }

@@ -1,0 +1,144 @@
+"""The caller's side of one example, for both properties (attention and writer): does the call keep the
+target's contract? Three sources, in this order (a check already reported for a sequence is not repeated):
+
+1. the ground-truth invariants (:mod:`kvfuzz.contracts.checks.invariants`): the cache against every token
+   kvfuzz generated;
+2. the call's metadata against the batch (:func:`metadata_violations`): only the harness knows each
+   sequence's lengths, so only it can tell a shifted but well-formed ``query_start_loc``, ``kv_indptr`` or
+   ``kv_last_page_len`` from the right one;
+3. the runtime guard's own checks of the call (:func:`call_violations`), for a target naming its kernel
+   (``Target.checked_kernel``): :mod:`kvfuzz.fuzz.guard.signatures` for the kernels the guard intercepts,
+   :mod:`kvfuzz.fuzz.guard.flashinfer` for FlashInfer's plan()/run() and append_paged_kv_cache.
+
+Every violation is named by the :class:`~kvfuzz.contracts.checks.violations.Check` the guard uses for the same
+argument, so a caller fault reads the same in a campaign and under ``pytest --kvfuzz-guard``.
+:func:`caller_finding` turns them into the finding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvfuzz.contracts.checks.failures import CallerContractViolation
+from kvfuzz.contracts.checks.invariants import check_contract
+from kvfuzz.contracts.checks.violations import Check, Violation, violation
+from kvfuzz.contracts.model.csr import indptr, page_lists
+from kvfuzz.fuzz.guard import flashinfer as fi_checks
+from kvfuzz.fuzz.guard.signatures import build_call, check_kernel_call
+from kvfuzz.fuzz.harness.faults import page_list_names
+from kvfuzz.fuzz.harness.run import Run
+from kvfuzz.fuzz.targets.base import Target
+
+
+def _mismatch(check: Check, got: Any, want: list[int], what: str, kernel: str) -> list[Violation]:
+    """A violation of ``check`` when the call's tensor ``got`` differs from ``want`` (the batch's), located at
+    the first differing entry (a prefix-sum argument's entry ``i`` belongs to sequence ``i - 1``)."""
+    if not isinstance(got, torch.Tensor):
+        return []
+    got_l = got.cpu().tolist()
+    if got_l == list(want):
+        return []
+    i = next((k for k, (a, b) in enumerate(zip(got_l, want)) if a != b), min(len(got_l), len(want)))
+    prefix_sums = check in (Check.QUERY_START_LOC, Check.KV_INDPTR)
+    seq = max(0, i - 1) if prefix_sums else i
+    return [violation(check, f"{check.value} does not match the batch's {what}: entry {i} is "
+                             f"{got_l[i] if i < len(got_l) else None} ({check.value} = {got_l})",
+                      kernel=kernel, seq=seq, expected=list(want), found=got_l)]
+
+
+def _page_list_metadata(target: Target, run: Run) -> list[Violation]:
+    """FlashInfer's page lists against the batch: every call lists all ``seq_len`` positions (the wrappers'
+    run() reads the new tokens from the pages, flashinfer/decode.py and prefill.py; append_paged_kv_cache's lists
+    "incorporate the appended k/v", flashinfer/page.py), so ``kv_indptr`` ``[N + 1]`` holds ``[0,
+    cumsum(ceil(seq_len / page_size))]`` and ``kv_last_page_len`` ``[N]`` ``(seq_len - 1) % page_size + 1``
+    (:func:`kvfuzz.contracts.model.csr.page_lists`; FlashInfer reads kv_len back with flashinfer/page.py
+    ``get_seq_lens``); a prefill's ``qo_indptr`` ``[N + 1]`` = query_start_loc. Violations: ``kv_indptr``,
+    ``kv_last_page_len``, ``query_start_loc`` at the first sequence that differs (shape errors are the guard
+    checks' to report)."""
+    kw = run.call.kwargs
+    names = page_list_names(kw)
+    batch = run.example.batch
+    want = page_lists(batch, batch.seq_lens)
+    bs = batch.block_size
+    return (_mismatch(Check.QUERY_START_LOC, kw.get("qo_indptr"), list(batch.query_start_loc), "query tokens",
+                      target.checked_kernel)
+            + _mismatch(Check.KV_INDPTR, kw[names[0]], want.page_indptr.tolist(),
+                        f"pages per sequence (ceil(seq_len / page_size), page_size {bs})", target.checked_kernel)
+            + _mismatch(Check.LAST_PAGE_LEN, kw[names[2]], want.last_page_len.tolist(),
+                        f"last page lengths ((seq_len - 1) % page_size + 1, page_size {bs})",
+                        target.checked_kernel))
+
+
+def metadata_violations(target: Target, run: Run) -> list[Violation]:
+    """With ground truth: do the call's query_start_loc and seq_lens (CSR calls: kv_indptr, against the
+    positions the target's contract says the kernel reads; FlashInfer's page lists: kv_indptr over pages and
+    kv_last_page_len) describe the batch? (A shifted query_start_loc still starts at 0, rises and ends at T, so
+    only the harness, which knows each sequence's query_len, can tell.) Named after the argument, as the
+    guard's checks are."""
+    if target.checked_kernel is None:
+        return []
+    if target.checked_kernel in fi_checks.CHECKED_KERNELS:
+        return _page_list_metadata(target, run) if page_list_names(run.call.kwargs) else []
+    call = build_call(target.checked_kernel, run.call.kwargs)
+    batch = run.example.batch
+    lengths = (Check.SEQ_LENS, call.seq_lens, batch.seq_lens, "sequence lengths")
+    if call.csr is not None:  # CSR: kv_indptr lists what the contract says the kernel reads
+        listed = target.capabilities.contract.cached_lens(batch)
+        lengths = (Check.KV_INDPTR, call.csr.kv_indptr, tuple(indptr(listed).tolist()),
+                   "positions the kernel reads (" + ("ctx_lens" if listed == batch.ctx_lens else "seq_lens") + ")")
+    out = _mismatch(Check.QUERY_START_LOC, call.query_start_loc, batch.query_start_loc, "query tokens",
+                    target.checked_kernel)
+    return out + _mismatch(*lengths, target.checked_kernel)
+
+
+def call_violations(target: Target, run: Run) -> list[Violation]:
+    """Error-level findings of the runtime guard's argument checks on this call
+    (:mod:`kvfuzz.contracts.calls.call_checks` through :func:`~kvfuzz.fuzz.guard.signatures.check_kernel_call`;
+    FlashInfer's plan/run/append checks through :func:`kvfuzz.fuzz.guard.flashinfer.check_call`); [] when the
+    target declares no ``checked_kernel``. A unified kernel's checks get the new tokens (the current-token
+    checks)."""
+    if target.checked_kernel is None:
+        return []
+    key = value = None
+    if not target.capabilities.contract.passes_new_kv:  # unified: hand the guard the new tokens, where the call is
+        key, value = (t.to(run.call.key_cache.device) for t in run.data.new_kv(run.example.batch))
+    if target.checked_kernel in fi_checks.CHECKED_KERNELS:
+        found = fi_checks.check_call(target.checked_kernel, run.call.kwargs,
+                                     getattr(run.call.layout, "kv_layout", "NHD"), key=key, value=value)
+    else:
+        found = check_kernel_call(target.checked_kernel, run.call.kwargs, key=key, value=value, vacuity=False)
+    return [v for v in found if v.is_error]
+
+
+def caller_violations(target: Target, run: Run) -> list[Violation]:
+    """Ground-truth invariants (:mod:`kvfuzz.contracts.checks.invariants`), then the call's metadata against the
+    batch, then the runtime guard's argument checks (a check already reported for a sequence is not repeated);
+    [] when the call keeps the contract."""
+    batch = run.example.batch
+    violations = check_contract(target.capabilities.contract, batch, run.data, run.cache.layout,
+                                run.call.key_cache, run.call.value_cache, run.call.key, run.call.value)
+    violations += metadata_violations(target, run)
+    seen = {(v.check, v.seq) for v in violations}
+    return violations + [v for v in call_violations(target, run) if (v.check, v.seq) not in seen]
+
+
+def caller_finding(violations: list[Violation], kernel: dict[str, Any], details: dict[str, Any]
+                   ) -> CallerContractViolation:
+    """The finding of a call that broke its contract: the first violation's check and message, the others
+    named, and what the kernel computed from the call (``kernel``: its outcome, as in ``details["kernel"]``)."""
+    first = violations[0]
+    msg = first.message
+    if len(violations) > 1:
+        msg += f" (+{len(violations) - 1} more: {', '.join(sorted({v.check.value for v in violations[1:]}))})"
+    msg += f" Kernel computed from this call: {kernel['outcome']}"
+    if "message" in kernel:
+        msg += f" ({kernel['message'][:300]})"
+    elif kernel.get("error"):
+        msg += f" ({kernel['error'].splitlines()[0][:300]})"
+    return CallerContractViolation(first.check.value, msg, {**details, "kernel": kernel,
+                                                            "violations": [v.to_dict() for v in violations]})
+
+
+__all__ = ["call_violations", "caller_finding", "caller_violations", "metadata_violations"]
