@@ -378,3 +378,20 @@ def test_a_target_that_cannot_tell_without_loading_is_loaded(tmp_path, monkeypat
     assert r.exit_code == 0, r.output
     (row,) = json.loads(r.output)
     assert row["loaded"] is True and row["available"] is True and asked
+
+
+def test_bench_curve_warm_capped_stops_at_the_cold_runs_examples(tmp_path):
+    """--mode warm-capped: the warm run draws exactly as many examples as the cold run (so it visits only what
+    the cold run compiled); modes must start cold."""
+    doc_path = tmp_path / "curve.json"
+    r = kvfuzz("bench", "curve", "--target", "mutant.base", "--duration", "3s", "--workers", "1", "--interval",
+               "0.5", "--mode", "warm-capped", "--dir", str(tmp_path / "runs"), "--json", str(doc_path), "--",
+               "--poison", "stale")
+    assert r.returncode == 0, r.stdout + r.stderr
+    cold, capped = json.loads(doc_path.read_text())["runs"]
+    assert (cold["mode"], capped["mode"]) == ("cold", "warm-capped")
+    assert cold["examples"] > 0 and capped["examples"] == cold["examples"]
+    from kvfuzz.fuzz.bench.curve import curve
+
+    with pytest.raises(ValueError, match="start with 'cold'"):
+        curve(["mutant.base"], 1.0, [1], modes=("warm",))

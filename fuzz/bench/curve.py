@@ -7,8 +7,11 @@ counted so far) and the Triton cache (``__grp__*.json`` files: one per compiled 
 ``interval`` seconds. Modes:
 
 - ``cold``: an empty Triton cache (every specialization is compiled in the run);
-- ``warm``: the cache the cold run with the same seed and workers left (every configuration the campaign visits
-  is already compiled; what remains is loading it from disk once per worker).
+- ``warm``: the cache the cold run with the same seed and workers left (the configurations the cold run
+  visited are compiled; what remains is loading them from disk once per worker; being faster, it goes on to
+  configurations the cold run never reached and compiles those);
+- ``warm-capped`` (``--mode``): the same, capped at the cold run's example count, so it stays within what the
+  cold run compiled.
 
 Reported per run: the samples, examples/s per minute, the mean over the run, compiled specializations per
 minute, the campaign's exit status and failures, and whether every declared dtype, kv_cache_dtype, head size,
@@ -33,6 +36,10 @@ from pathlib import Path
 from typing import Callable
 
 MODES = ("cold", "warm")
+#: Every mode :func:`curve` runs: ``warm-capped`` is a warm run that draws as many examples as the cold one did,
+#: so it visits the configurations the cold run compiled (an uncapped warm run, faster, goes on to new ones and
+#: compiles them): the rate of a warm cache without compiles.
+ALL_MODES = ("cold", "warm", "warm-capped")
 #: Seconds between the SIGTERM of a campaign past its ``wall`` and the SIGKILL of its process group: the
 #: supervisor gives its workers 20 s (kvfuzz.fuzz.campaign.supervisor.STOP_GRACE_SECONDS), then writes the
 #: summary.
@@ -145,9 +152,13 @@ def per_minute(samples: list[dict]) -> list[dict]:
 def curve(targets: list[str], duration: float, worker_counts: list[int | None], seed: int = 0,
           interval: float = 5.0, root: Path | None = None, extra: tuple[str, ...] = (),
           on_run: Callable[[dict], None] = lambda r: None,
-          on_doc: Callable[[dict], None] = lambda d: None) -> dict:
-    """For each target and worker count (None: kvfuzz's default), a cold run then a warm one; returns the
-    JSON document, also handed to ``on_doc`` after every run (a benchmark cut short keeps what it measured)."""
+          on_doc: Callable[[dict], None] = lambda d: None, modes: tuple[str, ...] = MODES) -> dict:
+    """For each target and worker count (None: kvfuzz's default), the runs of ``modes`` in order (a cold run
+    first: the others use the cache it left); returns the JSON document, also handed to ``on_doc`` after every
+    run (a benchmark cut short keeps what it measured). Raises ValueError for a mode not in :data:`ALL_MODES`
+    or modes that do not start with "cold"."""
+    if not modes or modes[0] != "cold" or any(m not in ALL_MODES for m in modes):
+        raise ValueError(f"modes must start with 'cold' and be among {', '.join(ALL_MODES)}: {modes}")
     import torch
 
     root = Path(root or tempfile.mkdtemp(prefix="kvfuzz-curve-"))
@@ -159,10 +170,14 @@ def curve(targets: list[str], duration: float, worker_counts: list[int | None], 
             tag = f"{target}-w{workers or 'default'}"
             cache = root / f"triton-{tag}"
             shutil.rmtree(cache, ignore_errors=True)
-            for mode in MODES:
+            cold_examples = None
+            for mode in modes:
                 out = root / f"{tag}-{mode}"
                 shutil.rmtree(out, ignore_errors=True)
-                r = run_campaign(target, duration, workers, cache, out, seed, interval, extra)
+                cap = ("--max-examples", str(max(1, cold_examples or 1))) if mode == "warm-capped" else ()
+                r = run_campaign(target, duration, workers, cache, out, seed, interval, (*extra, *cap))
+                if mode == "cold":
+                    cold_examples = r.get("examples")
                 r.update(mode=mode, workers_asked=workers or "default")
                 doc["runs"].append(r)
                 on_run(r)
@@ -196,4 +211,4 @@ def plot(doc: dict, path: Path) -> Path:
     return path
 
 
-__all__ = ["MODES", "compiled_kernels", "curve", "per_minute", "plot", "run_campaign"]
+__all__ = ["ALL_MODES", "MODES", "compiled_kernels", "curve", "per_minute", "plot", "run_campaign"]

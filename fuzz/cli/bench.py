@@ -190,8 +190,13 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
               help="Keep each campaign's --out and Triton cache here (default: a temporary directory).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the JSON here.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Write a PNG plot here.")
+@click.option("--mode", "modes", multiple=True, type=click.Choice(["warm", "warm-capped"]),
+              help="Runs after the cold one (repeatable; default: warm). warm: the cache the cold run left; "
+                   "warm-capped: the same, capped at the cold run's example count, so it stays within the "
+                   "configurations the cold run compiled (the rate of a warm cache without compiles).")
 @click.argument("fuzz_args", nargs=-1, type=click.UNPROCESSED)
-def curve(target_names, duration, worker_counts, seed, interval, root, json_path, plot_path, fuzz_args) -> None:
+def curve(target_names, duration, worker_counts, seed, interval, root, json_path, plot_path, modes,
+          fuzz_args) -> None:
     """Examples/s minute by minute over real campaigns: per target, a cold Triton cache then a warm one, for
     each worker count. Arguments after -- go to kvfuzz fuzz (e.g. -- --poison stale)."""
     from kvfuzz.fuzz.bench.curve import curve as run_curve
@@ -223,7 +228,8 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
             write_json(Path(json_path), doc)
 
     doc = run_curve(names, parse_duration(duration), counts, seed, interval,
-                    Path(root) if root else None, tuple(fuzz_args), on_run=show, on_doc=save)
+                    Path(root) if root else None, tuple(fuzz_args), on_run=show, on_doc=save,
+                    modes=("cold", *(modes or ("warm",))))
     if json_path:
         console.print(f"JSON: {json_path}")
     if plot_path:
