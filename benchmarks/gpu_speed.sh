@@ -45,8 +45,9 @@ W=$(mktemp -d)
       --duration "${GPUREF_SECONDS}s" --triton-cache "$W/curve/triton-$T-wdefault" --out "$W/gpuref" "$@" > /dev/null 2>&1
     python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['targets'][0]; print('gpu-reference warm:', {k: t.get(k) for k in ('examples','examples_per_s','kernel_s','harness_s','elapsed_s')})" "$W/gpuref/summary.json"
   fi
-  TRITON_CACHE_DIR="$W/curve/triton-$T-wdefault" timeout 240 python3 benchmarks/gpu_profile.py --target "$T" \
-    --examples ${PROFILE_EXAMPLES:-100} --configs 1 --out "$R/profile.json" 2>&1 | cut -c1-600
+  [ "${PROFILE_EXAMPLES:-100}" = 0 ] || TRITON_CACHE_DIR="$W/curve/triton-$T-wdefault" timeout 240 \
+    python3 benchmarks/gpu_profile.py --target "$T" --examples "${PROFILE_EXAMPLES:-100}" --configs 1 \
+    --out "$R/profile.json" 2>&1 | cut -c1-600
   head -40 "$R/worker-warm.top.txt"
 } > "$R/log.txt" 2>&1
 rm -rf "$W"
