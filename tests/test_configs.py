@@ -164,10 +164,19 @@ def test_chunks_are_pinned_on_cuda_and_free_on_cpu_by_default():
                                0) is None
 
 
-def test_default_workers():
-    from kvfuzz.fuzz.campaign.config import MAX_WORKERS_PER_GPU, default_workers
+def test_default_workers(monkeypatch):
+    from kvfuzz.fuzz.campaign import config
+    from kvfuzz.fuzz.campaign.config import MAX_CPU_WORKERS, MAX_WORKERS_PER_GPU, default_workers, usable_cpus
 
-    assert default_workers(0, cpus=64) == 1
+    # CPU: one worker per usable core, at most MAX_CPU_WORKERS, whatever this machine has
+    assert default_workers(0, cpus=1) == 1 and default_workers(0, cpus=2) == 2
+    assert default_workers(0, cpus=64) == MAX_CPU_WORKERS
+    monkeypatch.setattr(config.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert usable_cpus() == 3 and default_workers(0) == 3  # the affinity mask, not the machine's cores
+    monkeypatch.delattr(config.os, "sched_getaffinity")
+    monkeypatch.setattr(config.os, "cpu_count", lambda: None)
+    assert usable_cpus() == 1  # neither an affinity mask nor a core count: one
+    monkeypatch.undo()
     assert default_workers(1, cpus=16) == MAX_WORKERS_PER_GPU
     assert default_workers(8, cpus=128) == 8 * MAX_WORKERS_PER_GPU
     assert default_workers(4, cpus=8) == 4  # one per GPU at least

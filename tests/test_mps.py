@@ -93,7 +93,7 @@ def test_default_workers_under_mps():
     assert default_workers(1, cpus=16) == MAX_WORKERS_PER_GPU
     assert default_workers(2, cpus=16, mps=True) == 2 * 6
     assert default_workers(4, cpus=8, mps=True) == 4  # one per GPU at least
-    assert default_workers(0, cpus=16, mps=True) == 1  # no GPU: MPS changes nothing
+    assert default_workers(0, cpus=16, mps=True) == default_workers(0, cpus=16)  # no GPU: MPS changes nothing
 
 
 @pytest.mark.cli_text

@@ -158,7 +158,11 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
         fill_poison(vc, poison, vs)
     seq, pos = positions(cached_lens)
     slots = batch.slots(seq, pos)
-    rows = data.token_rows(batch, seq, pos)
     if len(slots):
-        layout.write(kc, vc, slots.to(device), data.cache_keys[rows].to(device), data.cache_values[rows].to(device))
+        if tuple(cached_lens) == batch.seq_lens and len(data.cache_keys) == len(seq):
+            keys, values = data.cache_keys, data.cache_values  # every position: the ground truth's rows in order
+        else:
+            rows = data.token_rows(batch, seq, pos)
+            keys, values = data.cache_keys.index_select(0, rows), data.cache_values.index_select(0, rows)
+        layout.write(kc, vc, slots.to(device), keys.to(device), values.to(device))
     return CacheState(layout, kc, vc, tuple(cached_lens), slots, poison)

@@ -73,9 +73,13 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
     slots = blk * bs + pos % bs
     dev = call.key_cache.device
     kc_rows, vc_rows = call.layout.gather(call.key_cache, call.value_cache, slots.to(dev))
-    rows_d = rows.to(call.key.device)
-    exp_k, fp8, desc = as_cache_repr(call, call.key[rows_d].to(dev), scale_value(call.k_scale), rocm_arch)
-    exp_v, _, _ = as_cache_repr(call, call.value[rows_d].to(dev), scale_value(call.v_scale), rocm_arch)
+    if total == call.key.shape[0] and torch.equal(rows, torch.arange(total)):  # every row, in order: no gather
+        key_rows, value_rows = call.key, call.value
+    else:
+        rows_d = rows.to(call.key.device)
+        key_rows, value_rows = call.key[rows_d], call.value[rows_d]
+    exp_k, fp8, desc = as_cache_repr(call, key_rows.to(dev), scale_value(call.k_scale), rocm_arch)
+    exp_v, _, _ = as_cache_repr(call, value_rows.to(dev), scale_value(call.v_scale), rocm_arch)
     if (fp8 is not None and scale_value(call.k_scale) is None) or (fp8 is None and kc_rows.dtype != exp_k.dtype):
         return []  # per-head scales or a mismatched cache dtype (Check.KV_CACHE_DTYPE reports it)
     kbad = _differs(kc_rows, exp_k, fp8)

@@ -62,7 +62,7 @@ class BatchData:
         """``key``/``value`` ``[num_tokens, num_kv_heads, head_size]``: the new tokens in query order, as a
         split-contract kernel receives them."""
         rows = self.token_rows(batch, *positions(batch.query_lens, offsets=batch.ctx_lens))
-        return self.keys[rows], self.values[rows]
+        return self.keys.index_select(0, rows), self.values.index_select(0, rows)
 
 
 def quantize_fp8(x: torch.Tensor, fp8: torch.dtype, scale: float) -> torch.Tensor:

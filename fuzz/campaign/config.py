@@ -2,7 +2,7 @@
 the same in every worker), its picklable form for a worker (:func:`config_to_dict`, :func:`config_from_dict`),
 and the supervisor's own settings (:class:`WorkerPool`: how many workers and what each gets;
 :class:`CrashPolicy`: when an example hangs and when a target gets no more work), with their defaults
-(:func:`gpu_count`, :func:`default_workers`)."""
+(:func:`gpu_count`, :func:`usable_cpus`, :func:`default_workers`)."""
 
 from __future__ import annotations
 
@@ -134,19 +134,34 @@ MAX_WORKERS_PER_GPU = 8
 #: its share of the CPU cores less two (the supervisor, Triton's compiles), at most this many. Measured on an
 #: H100 with 16 cores: 14 workers under MPS 296 examples/s against 8 without 161/s and 16 without 187/s.
 MAX_WORKERS_PER_GPU_MPS = 14
+#: Workers at most by default on a machine without CUDA: each holds its own torch and kernel libraries and
+#: keeps the memory it freed (0.4-0.7 GiB resident per vllm.cpu_attention worker).
+MAX_CPU_WORKERS = 8
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on: the size of its affinity mask (``os.sched_getaffinity``; a container
+    or ``taskset`` may allow fewer than the machine has), or ``os.cpu_count()`` where there is none; at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 def default_workers(gpus: int, cpus: int | None = None, mps: bool = False) -> int:
-    """Workers when --workers is not given: on CUDA, per GPU half the CPU cores it has (at most
-    :data:`MAX_WORKERS_PER_GPU`, at least 1), or under MPS (``mps``) its cores less two (at most
-    :data:`MAX_WORKERS_PER_GPU_MPS`); on CPU, 1 (a second worker competes for the same cores)."""
+    """Workers when --workers is not given: on CUDA, per GPU half the CPU cores it has (``cpus``, default
+    ``os.cpu_count()``; at most :data:`MAX_WORKERS_PER_GPU`, at least 1), or under MPS (``mps``) its cores less
+    two (at most :data:`MAX_WORKERS_PER_GPU_MPS`); on CPU, one per usable core (``cpus``, default
+    :func:`usable_cpus`), at most :data:`MAX_CPU_WORKERS`: a worker runs one torch thread (``--threads``) and its
+    examples are mostly Python, so each core runs a worker (vllm.cpu_attention on 2 cores: 140 examples/s with 1
+    worker, 290 with 2)."""
     if not gpus:
-        return 1
+        return max(1, min(MAX_CPU_WORKERS, cpus or usable_cpus()))
     cpus = cpus or os.cpu_count() or 1
     if mps:
         return gpus * max(1, min(MAX_WORKERS_PER_GPU_MPS, cpus // gpus - 2))
     return gpus * max(1, min(MAX_WORKERS_PER_GPU, cpus // gpus // 2))
 
 
-__all__ = ["MAX_WORKERS_PER_GPU", "MAX_WORKERS_PER_GPU_MPS", "CampaignConfig", "CrashPolicy", "WorkerPool", "config_from_dict",
-           "config_to_dict", "default_workers", "gpu_count"]
+__all__ = ["MAX_CPU_WORKERS", "MAX_WORKERS_PER_GPU", "MAX_WORKERS_PER_GPU_MPS", "CampaignConfig", "CrashPolicy",
+           "WorkerPool", "config_from_dict", "config_to_dict", "default_workers", "gpu_count", "usable_cpus"]

@@ -52,8 +52,9 @@ STOP_GRACE_SECONDS = 20.0
 #: Seconds the supervisor lets pass between two looks at its workers' pipes. A worker says four things per
 #: example (begin, kernel, check, end): woken for each, the supervisor took the workers' cores from them some
 #: thousand times a second. Messages wait in the pipes in order meanwhile (a dead worker's are read before its
-#: death is handled), and the hang clock of an example starts at most this late.
-POLL_SECONDS = 0.02
+#: death is handled), and the hang clock of an example starts at most this late. Longer costs more: a worker
+#: that finished its chunk waits that long for the next (20 ms: 2 CPU workers ran 15% fewer examples).
+POLL_SECONDS = 0.005
 
 
 class Supervisor(WorkerEndings):

@@ -58,9 +58,9 @@ UNLIMITED = 2**62
 @click.option("--workers", default=None, type=click.IntRange(min=1),
               help="Worker processes (on CUDA machines spread over the GPUs with CUDA_VISIBLE_DEVICES). Every "
                    "campaign runs its examples in workers: a kernel that crashes or hangs costs a worker, not the "
-                   "campaign, and the example is saved. Default: 1 on CPU; on CUDA, per GPU half its share of "
-                   "the CPU cores, at most 8 (Triton compiles on the CPU; the GPU has room), or under MPS its "
-                   "share less two, at most 14.")
+                   "campaign, and the example is saved. Default: on CPU one per core this process may use "
+                   "(its affinity), at most 8; on CUDA, per GPU half its share of the CPU cores, at most 8 "
+                   "(Triton compiles on the CPU; the GPU has room), or under MPS its share less two, at most 14.")
 @click.option("--mps", "mps_mode", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
               help="CUDA MPS for the workers sharing a GPU (their kernels then run concurrently instead of "
                    "time-slicing): auto starts a private daemon (nvidia-cuda-mps-control -d) when the targets "
@@ -134,7 +134,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
             raise click.UsageError(f"--big-cache fuzzes attention kernels; leave out {', '.join(writers)}")
 
     # here, not at the top: `kvfuzz --help` loads no Hypothesis (nor torch)
-    from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, default_workers, gpu_count
+    from kvfuzz.fuzz.campaign.config import (CampaignConfig, CrashPolicy, WorkerPool, default_workers, gpu_count,
+                                             usable_cpus)
     from kvfuzz.fuzz.campaign.database import DatabaseError, open_database
     from kvfuzz.fuzz.campaign.journal import OutLock, OutLocked, OutOfSpace
     from kvfuzz.fuzz.campaign.mps import MpsError, start_mps
@@ -177,8 +178,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         if mps.note:
             console.print(escape(mps.note))
         workers = workers or default_workers(gpus, mps=mps.active)
-        if not gpus and workers > (os.cpu_count() or 1):
-            console.print(f"[yellow]--workers {workers} on {os.cpu_count()} CPU cores[/]: workers will share cores "
+        if not gpus and workers > usable_cpus():
+            console.print(f"[yellow]--workers {workers} on {usable_cpus()} CPU cores[/]: workers will share cores "
                           "(one per core is the most that helps on CPU)")
         for t in chosen:
             console.print(f"fuzzing {t.name} ({escape(t.availability().reason)}; {t.capabilities.contract.value} "
