@@ -40,3 +40,17 @@ def available(name):
     if not a.ok:
         pytest.skip(f"{name} unavailable: {a.reason}")
     return t
+
+
+def batch_of(lens, *, block_size=16, **kw):
+    """A Batch with a contiguous block table for ``(query_len, ctx_len)`` pairs (``kw``: any other Batch field);
+    for module-level helpers and strategies, where the conftest's ``make_batch`` fixture cannot reach."""
+    from kvfuzz.contracts.model.batch import Batch
+
+    need = [-(-(q + c) // block_size) for q, c in lens]
+    table, j = [], 0
+    for n in need:
+        table.append(list(range(j, j + n)) + [0] * (max(need) - n))
+        j += n
+    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
+                 num_blocks=sum(need), block_table=table, **kw)

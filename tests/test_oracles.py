@@ -25,6 +25,7 @@ from kvfuzz.contracts.checks.reference import (
     ulp,
 )
 from kvfuzz.strategies.batches import Limits, batches
+from kvfuzz_test_support import batch_of
 
 F32 = torch.float32
 
@@ -100,17 +101,6 @@ def emulate(batch, data, *, dot="fp32", exp="exp", pv="fp32", p_dtype="dtype", o
         o = acc / total.transpose(0, 1)
         res[qsl[i]:qsl[i + 1]] = (o.to(dt) if out == "nearest" else toward_zero(o, dt)).to(torch.float64)
     return res
-
-
-def batch_of(lens, *, block_size=16, **kw) -> Batch:
-    """A batch with a contiguous block table for ``(query_len, ctx_len)`` pairs."""
-    need = [-(-(q + c) // block_size) for q, c in lens]
-    table, j = [], 0
-    for n in need:
-        table.append(list(range(j, j + n)) + [0] * (max(need) - n))
-        j += n
-    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
-                 num_blocks=sum(need), block_table=table, **kw)
 
 
 def judge(batch, data, out, rtol=LOWP_RTOL, drop=None):

@@ -22,6 +22,7 @@ from kvfuzz.contracts.checks.reference import ENVELOPE_TERMS, ulp
 from kvfuzz.contracts.model.batch import VALUE_RANGES, Batch
 from kvfuzz.contracts.model.data import BatchData, make_batch_data
 from kvfuzz.strategies.batches import KV_SCALES, SOFTCAPS
+from kvfuzz_test_support import batch_of
 
 F64 = torch.float64
 
@@ -72,17 +73,6 @@ def per_token(batch: Batch, data: BatchData) -> tuple[torch.Tensor, dict[str, to
             for name in ENVELOPE_TERMS:
                 terms[name][tok] = t[name]
     return ref, terms
-
-
-def batch_of(lens, *, block_size=16, **kw) -> Batch:
-    """A batch with a contiguous block table for ``(query_len, ctx_len)`` pairs."""
-    need = [-(-(q + c) // block_size) for q, c in lens]
-    table, j = [], 0
-    for n in need:
-        table.append(list(range(j, j + n)) + [0] * (max(need) - n))
-        j += n
-    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
-                 num_blocks=sum(need), block_table=table, **kw)
 
 
 @st.composite
