@@ -429,7 +429,7 @@ class _AppendModel(FlashInferAppendPagedKvCache):
     def run(self, call):
         kw = call.kwargs
         lay = call.layout
-        ptr, idx, last = kw["kv_indptr"].long(), kw["kv_indices"].long(), kw["kv_last_page_len"]
+        ptr, idx = kw["kv_indptr"].long(), kw["kv_indices"].long()
         ps = lay.dims(call.key_cache)[1]
         pos, seq = kw["positions"].long(), kw["batch_indices"].long()
         slots = idx[ptr[seq] + pos // ps] * ps + pos % ps

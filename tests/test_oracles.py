@@ -8,7 +8,6 @@ import torch
 from hypothesis import given
 
 import kvfuzz.contracts.checks.reference as reference
-from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import make_batch_data
