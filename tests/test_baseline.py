@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import attrs
 import pytest
 
+from kvfuzz.contracts.model.batch import positions
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.checks.oracles import Oracle
@@ -218,6 +219,23 @@ def test_a_campaign_hands_the_failing_run_to_the_baseline(tmp_path, monkeypatch)
                             baseline=Baseline("b.toml", (tail_entry(target.name, "unwritten"),)))
     stats = fuzz_target(target, config)
     assert stats.examples == len(calls) and any(f.known for f in stats.failures.values()), (stats.examples, len(calls))
+
+
+def test_tail_slots_run_to_the_tail_boundary_and_leave_out_every_written_slot():
+    """Block size 8, tail 16: sequence 0 (seq_len 5) reaches position 15 through its padding column (block 0
+    again, whose slots 0..4 hold its tokens), sequence 1 (seq_len 21) position 23, the end of its row."""
+    import torch
+
+    from kvfuzz.fuzz.campaign.baseline import tail_slots
+
+    b = _batch([1, 1], [4, 20], block_size=8)
+    assert [list(r) for r in b.block_table] == [[0, 0, 0], [1, 2, 3]]
+    written = b.slots(*positions(b.seq_lens))
+    assert tail_slots(b, SimpleNamespace(written_slots=written), 16).tolist() == [5, 6, 7, 29, 30, 31]
+    more = torch.cat([written, torch.tensor([30, 99])])  # a slot written by someone else is not the tail's
+    assert tail_slots(b, SimpleNamespace(written_slots=more), 16).tolist() == [5, 6, 7, 29, 31]
+    assert tail_slots(b, SimpleNamespace(written_slots=written[:0]), 16).tolist() == [*range(8), 29, 30, 31]
+    assert tail_slots(b, SimpleNamespace(written_slots=written), 8).tolist() == [5, 6, 7, 29, 30, 31]
 
 
 def test_the_tail_class_is_the_tail_not_every_unwritten_slot():
