@@ -384,14 +384,33 @@ def test_bench_curve_warm_capped_stops_at_the_cold_runs_examples(tmp_path):
     """--mode warm-capped: the warm run draws exactly as many examples as the cold run (so it visits only what
     the cold run compiled); modes must start cold."""
     doc_path = tmp_path / "curve.json"
-    r = kvfuzz("bench", "curve", "--target", "mutant.base", "--duration", "3s", "--workers", "1", "--interval",
+    # the cold run ends at its example budget (30), never at the (long) duration: no dependence on speed
+    r = kvfuzz("bench", "curve", "--target", "mutant.base", "--duration", "10m", "--workers", "1", "--interval",
                "0.5", "--mode", "warm-capped", "--dir", str(tmp_path / "runs"), "--json", str(doc_path), "--",
-               "--poison", "stale")
+               "--poison", "stale", "--max-examples", "30")
     assert r.returncode == 0, r.stdout + r.stderr
     cold, capped = json.loads(doc_path.read_text())["runs"]
     assert (cold["mode"], capped["mode"]) == ("cold", "warm-capped")
-    assert cold["examples"] > 0 and capped["examples"] == cold["examples"]
+    assert cold["examples"] == 30 and capped["examples"] == cold["examples"]
     from kvfuzz.fuzz.bench.curve import curve
 
     with pytest.raises(ValueError, match="start with 'cold'"):
         curve(["mutant.base"], 1.0, [1], modes=("warm",))
+
+
+def test_bench_curve_hands_warm_capped_the_cold_runs_count(monkeypatch, tmp_path):
+    """The cap itself: the warm-capped run gets ``--max-examples`` = the cold run's examples, the plain warm run
+    no cap, and both after the user's own arguments (click takes the last)."""
+    from kvfuzz.fuzz.bench import curve as curve_mod
+
+    calls = []
+
+    def fake_run(target, duration, workers, cache, out, seed, interval, extra):
+        calls.append(tuple(extra))
+        return {"examples": 1234 if not calls[1:] else 7}
+
+    monkeypatch.setattr(curve_mod, "run_campaign", fake_run)
+    doc = curve_mod.curve(["t"], 5.0, [1], root=tmp_path, extra=("--poison", "stale"),
+                          modes=("cold", "warm", "warm-capped"))
+    assert [r["mode"] for r in doc["runs"]] == ["cold", "warm", "warm-capped"]
+    assert calls == [("--poison", "stale"), ("--poison", "stale"), ("--poison", "stale", "--max-examples", "1234")]
