@@ -118,8 +118,9 @@ def _fuzz(cls, tmp_path, *extra, full=True, only_statvfs=False):
         env["KVFUZZ_PLANTED_FULL"] = str(tmp_path / "disk-is-full")
     if only_statvfs:
         env["KVFUZZ_PLANTED_ONLY_STATVFS"] = "1"
+    workers = () if "--workers" in extra else ("--workers", "1")  # the scenarios count one worker's examples
     return kvfuzz("fuzz", "--target", f"{PLANTED}:{cls}", "--poison", "stale", "--out", str(out), "--max-examples",
-                  "40", "--example-timeout", "20", *extra, env=env)
+                  "40", "--example-timeout", "20", *workers, *extra, env=env)
 
 
 def _assert_stopped_cleanly(r, out: Path):

@@ -24,6 +24,7 @@ import hashlib
 import importlib.metadata
 import json
 import multiprocessing as mp
+import os
 import platform
 import shutil
 import time
@@ -176,8 +177,8 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
         if not existed:
             shutil.rmtree(d, ignore_errors=True)
         else:  # an earlier write of the same example stands, whole
-            (d / ".tensors.safetensors.tmp").unlink(missing_ok=True)
-            (d / ".test_case.py.tmp").unlink(missing_ok=True)
+            (d / f".tensors.safetensors.{os.getpid()}.tmp").unlink(missing_ok=True)
+            (d / f".test_case.py.{os.getpid()}.tmp").unlink(missing_ok=True)
         raise
     return d
 
@@ -189,11 +190,12 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
 
     d.mkdir(parents=True, exist_ok=True)
     if run is not None:
-        tmp = d / ".tensors.safetensors.tmp"
+        # this process's own temporary names: two workers that found the same example write the same directory
+        tmp = d / f".tensors.safetensors.{os.getpid()}.tmp"
         save_file(_tensors(run), str(tmp))
         tmp.replace(d / "tensors.safetensors")
     write_json(d / "case.json", case)
-    tmp = d / ".test_case.py.tmp"
+    tmp = d / f".test_case.py.{os.getpid()}.tmp"
     verdict = (_VERDICT_REJECTED if finding.kind is FailureKind.CONFIG_REJECTED else
                "The test fails while the failure reproduces and passes once it is fixed.")
     tmp.write_text(_TEST_TEMPLATE.format(
