@@ -6,15 +6,18 @@ each N asked (``0``: no ``--workers``, the default), one after another, each fro
 
 Each run is ``kvfuzz fuzz --target T --duration D --baseline kvfuzz-baseline.toml --out TMP [--workers N]``
 (the shipped baseline: README Finding 1 is known, counted, not shrunk). Recorded per run: the workers the
-campaign used, its examples and examples/s (summary.json), and how busy the machine's CPUs were in the two
-seconds before it started (``/proc/stat``; other processes share the cores, so a number taken on a busy machine
-says little). No timing is asserted anywhere; the numbers go in README's "Measured speed".
+campaign used, its examples and examples/s (summary.json), how busy the machine's CPUs were in the two seconds
+before it started (``/proc/stat``; other processes share the cores, so examples/s taken on a busy machine says
+little) and the CPU seconds the campaign's processes used, all of them (supervisor, workers; startup included),
+per example: less sensitive to the others. No timing is asserted anywhere; the numbers go in README's
+"Measured speed".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -47,13 +50,17 @@ def run(target: str, duration: str, workers: int) -> dict:
         args = ["fuzz", "--target", target, "--duration", duration, "--baseline", "kvfuzz-baseline.toml",
                 *(["--workers", str(workers)] if workers else [])]
         cmd = [sys.executable, "-m", "kvfuzz.fuzz.cli", *args, "--out", str(Path(tmp) / "out")]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if r.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
         summary = json.loads((Path(tmp) / "out" / "summary.json").read_text())
     (t,) = summary["targets"]
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"command": " ".join(["kvfuzz", *args]), "workers": summary["workers"],
-            "examples": t["examples"], "examples_per_s": t["examples_per_s"], "cpu_busy_before_pct": busy}
+            "examples": t["examples"], "examples_per_s": t["examples_per_s"], "cpu_busy_before_pct": busy,
+            "cpu_s": round(cpu, 1), "cpu_ms_per_example": round(1000 * cpu / max(1, t["examples"]), 2)}
 
 
 def main() -> None:
