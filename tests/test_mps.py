@@ -104,3 +104,18 @@ def test_mps_on_without_a_gpu_exits_3(tmp_path):
                "--out", str(tmp_path / "out"))
     assert r.returncode == 3, r.stdout + r.stderr
     assert "--mps on: no CUDA device here" in r.stdout + r.stderr
+
+
+def test_the_daemons_folder_is_short_whatever_tmpdir_is(tmp_path, monkeypatch):
+    _stand_in(tmp_path, monkeypatch)
+    long_tmp = tmp_path / ("t" * 100)
+    long_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long_tmp))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    mps = start_mps("auto", gpus=1)
+    try:
+        assert mps.active and len(os.environ[ENV[0]]) < 100, os.environ[ENV[0]]
+    finally:
+        mps.stop()

@@ -7,7 +7,8 @@ H100 (16 cores, vllm.unified_attention, warm Triton cache, benchmarks/gpu_scalin
 under MPS 8 workers ran 210/s and 14 workers 296/s (benchmarks/results/gpu-scaling-mps-h100.txt).
 
 The daemon is the user's own (``nvidia-cuda-mps-control -d``, no root needed), its pipe and log folders in a
-fresh temporary folder (a short path: the pipe is a Unix socket), announced to the workers through
+fresh ``/tmp/kvfuzz-mps-*`` folder (not under ``$TMPDIR``: the pipe is a Unix socket, whose path must be
+short), announced to the workers through
 ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` in this process's environment (spawned workers
 inherit it), and told ``quit`` when the campaign ends. A campaign started under an MPS daemon the user runs
 (``CUDA_MPS_PIPE_DIRECTORY`` already set) uses that one and starts none.
@@ -89,7 +90,8 @@ def start_mps(mode: str, gpus: int) -> Mps:
         if mode == "on":
             raise MpsError(f"--mps on: {why}")
         return Mps(note=f"no MPS ({why}): the workers time-slice the GPU")
-    folder = Path(tempfile.mkdtemp(prefix="kvfuzz-mps-"))
+    # under /tmp, not $TMPDIR: the pipe is a Unix socket, whose path must stay under ~100 bytes
+    folder = Path(tempfile.mkdtemp(prefix="kvfuzz-mps-", dir="/tmp" if os.path.isdir("/tmp") else None))
     env = {ENV[0]: str(folder / "pipe"), ENV[1]: str(folder / "log")}
     for d in env.values():
         Path(d).mkdir()
