@@ -398,6 +398,19 @@ def test_bench_curve_warm_capped_stops_at_the_cold_runs_examples(tmp_path):
         curve(["mutant.base"], 1.0, [1], modes=("warm",))
 
 
+def test_bench_curve_cold_only_runs_one_campaign(tmp_path):
+    """--cold-only: the cold run and nothing after it; with --mode it is a usage error (exit 2)."""
+    doc_path = tmp_path / "curve.json"
+    r = kvfuzz("bench", "curve", "--target", "mutant.base", "--duration", "10m", "--workers", "1", "--interval",
+               "0.5", "--cold-only", "--dir", str(tmp_path / "runs"), "--json", str(doc_path), "--",
+               "--poison", "stale", "--max-examples", "10")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (cold,) = json.loads(doc_path.read_text())["runs"]
+    assert cold["mode"] == "cold" and cold["examples"] == 10
+    r = kvfuzz("bench", "curve", "--target", "mutant.base", "--cold-only", "--mode", "warm")
+    assert r.returncode == 2 and "--cold-only" in r.stderr
+
+
 def test_bench_curve_hands_warm_capped_the_cold_runs_count(monkeypatch, tmp_path):
     """The cap itself: the warm-capped run gets ``--max-examples`` = the cold run's examples, the plain warm run
     no cap, and both after the user's own arguments (click takes the last)."""

@@ -194,8 +194,9 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
               help="Runs after the cold one (repeatable; default: warm). warm: the cache the cold run left; "
                    "warm-capped: the same, capped at the cold run's example count, so it stays within the "
                    "configurations the cold run compiled (the rate of a warm cache without compiles).")
+@click.option("--cold-only", is_flag=True, help="Only the cold run (no --mode): e.g. a long cold campaign.")
 @click.argument("fuzz_args", nargs=-1, type=click.UNPROCESSED)
-def curve(target_names, duration, worker_counts, seed, interval, root, json_path, plot_path, modes,
+def curve(target_names, duration, worker_counts, seed, interval, root, json_path, plot_path, modes, cold_only,
           fuzz_args) -> None:
     """Examples/s minute by minute over real campaigns: per target, a cold Triton cache then a warm one, for
     each worker count. Arguments after -- go to kvfuzz fuzz (e.g. -- --poison stale)."""
@@ -203,6 +204,8 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
     from kvfuzz.fuzz.bench.curve import plot
     from kvfuzz.fuzz.targets import BUILTIN, get_target
 
+    if cold_only and modes:
+        raise click.UsageError("--cold-only runs no --mode: give one or the other")
     names = list(target_names) or [n for n in BUILTIN if get_target(n).device == "cuda"
                                    and get_target(n).capabilities.contract.is_attention]
     if not names:
@@ -229,7 +232,7 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
 
     doc = run_curve(names, parse_duration(duration), counts, seed, interval,
                     Path(root) if root else None, tuple(fuzz_args), on_run=show, on_doc=save,
-                    modes=("cold", *(modes or ("warm",))))
+                    modes=("cold",) if cold_only else ("cold", *(modes or ("warm",))))
     if json_path:
         console.print(f"JSON: {json_path}")
     if plot_path:
