@@ -10,9 +10,15 @@ from kvfuzz.strategies.configs import KernelConfig, config_for
 
 #: Chunk k of a campaign with seed s explores Hypothesis seed ``s * CHUNK_SEED_STRIDE + k``.
 CHUNK_SEED_STRIDE = 100_003
-#: Examples per chunk when each example draws its own configuration, and when a chunk is pinned to one: on a
-#: GPU one compile (~1 s per specialization, a few per configuration) against 200 examples of a few ms each.
-CHUNK_EXAMPLES, PINNED_CHUNK_EXAMPLES = 25, 200
+#: Examples per chunk when each example draws its own configuration, and when a chunk is pinned to one. A pinned
+#: chunk pays its configuration's compiles once (~7 s per worker on an H100: ~10 specializations, ~1 s each, and
+#: a campaign's configurations almost never repeat) against ~12 ms per example (14 workers under MPS), so the
+#: compiles are ~37% of a 1,000-example chunk's time and ~74% of a 200-example one's. Measured cold on an H100
+#: (benchmarks/gpu_chunks.sh, vllm.unified_attention, 120 s): 200 -> 290 examples/s, 1,000 -> 630/s, 3,000 ->
+#: 787/s; every declared value drawn in each. Longer chunks visit fewer configurations a minute (~0.6/s at
+#: 1,000 against ~1.5/s at 200; every declared value still comes up in each round of the rotation), which
+#: ``--chunk-examples`` trades back.
+CHUNK_EXAMPLES, PINNED_CHUNK_EXAMPLES = 25, 1000
 #: Examples of a warm-up chunk (CampaignConfig.warmup): one compiles the configuration, a second catches an
 #: integer specialization of its lengths.
 WARMUP_EXAMPLES = 2

@@ -90,7 +90,8 @@ UNLIMITED = 2**62
                    "every example draws its own. auto: pinned for targets on CUDA, free on CPU.")
 @click.option("--chunk-examples", default=None, type=click.IntRange(min=1),
               help="Examples per chunk (a worker's unit of work; with pinned configs, the examples each "
-                   "configuration gets). Default: 200 pinned, 25 free.")
+                   "configuration gets; fewer compile more often and visit more configurations a minute). "
+                   "Default: 1000 pinned, 25 free.")
 @click.option("--warmup", default=0, show_default=True, type=click.IntRange(min=0),
               help="Pinned targets: first compile the first N configurations the campaign visits, in parallel "
                    "over the workers (2 examples each, counted), into the shared Triton cache.")
