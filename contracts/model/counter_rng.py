@@ -15,8 +15,10 @@ The construction, for element ``j`` of stream ``s`` (``j < 2**28``, ``s < 16``):
   x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16``, logical shifts, products mod ``2**32``). Within one seed no
   two ``(stream, index)`` pairs share a word;
 * four independent uniforms, each spanning ``2**22`` units: of each word (read as a signed int32) its high 22
-  bits ``w >> 10`` (22-bit resolution) and its low 10 bits ``(w & 0x3FF) * 2**12``;
-* ``Z = (sum of the four) - (2**22 - 4097)``: an integer, symmetric about 0 (mean exactly 0), ``|Z| <= 2**23``;
+  bits ``w >> 10`` (22-bit resolution) and its low 10 bits ``(w & 0x3FF) * 2**12``; ``X_r`` the sum of word
+  ``r``'s two;
+* ``Z = X_0 - X_1``: an integer, symmetric about 0 (the difference of two independent copies of one
+  distribution: mean exactly 0), ``|Z| < 2**23``;
 * ``x = float32(Z) * float32(sqrt(3) * 2**-22)``: the conversion is exact (``|Z| <= 2**24``), the product one
   rounding.
 
@@ -31,7 +33,7 @@ normal for attention inputs, with no tails beyond 3.46 standard deviations.
 choices such as the "dominant" position of a sequence.
 
 CPU cost: the work runs in chunks of :data:`CHUNK` elements through small reused buffers (fresh large
-allocations page-fault on every call, which dominated an unchunked version); about 25 torch ops per chunk.
+allocations page-fault on every call, which dominated an unchunked version); about 30 torch calls per chunk.
 """
 
 from __future__ import annotations
@@ -61,9 +63,6 @@ def _int32(v: int) -> int:
 
 
 _M1, _M2 = _int32(0x7FEB352D), _int32(0x846CA68B)
-#: The mean of the sum of the four uniforms of two words (each word: ``(w >> 10)`` has mean -1/2, ``(w & 0x3FF)
-#: << 12`` has mean ``511.5 * 4096``).
-_CENTRE = (1 << 22) - 4097
 #: ``sqrt(3) * 2**-22`` rounded to float32: one uniform of width ``2**22`` has variance ``2**44 / 12``, four have
 #: ``2**44 / 3``.
 SCALE = struct.unpack("<f", struct.pack("<f", math.sqrt(3.0) * 2.0 ** -22))[0]
@@ -160,17 +159,16 @@ def normal(seed: int, counts: Sequence[tuple[int, int]], device: str | torch.dev
     k = keys(seed)
     w = torch.empty((2, size), dtype=torch.int32, device=device)
     tmp = torch.empty_like(w)
-    centre, scale = _c(_CENTRE, torch.float32), _c(SCALE, torch.float32)
+    scale = _c(SCALE, torch.float32)
     for at, m, pieces in _chunks(counts, size):
         wm, tm, o = (w, tmp, out) if m == total else (w[:, :m], tmp[:, :m], out[at:at + m])
         _words(k, pieces, wm, tm)
         torch.bitwise_right_shift(wm, _c(10), out=tm)  # high 22 bits, signed: [-2**21, 2**21)
         wm.bitwise_and_(_c(0x3FF))
         wm.bitwise_left_shift_(_c(12))  # low 10 bits, times 2**12: [0, 2**22)
-        tm.add_(wm)
+        tm.add_(wm)  # X_r, in [-2**21, 3 * 2**21)
         t0, t1 = tm.unbind(0)
-        torch.add(t0, t1, out=o)  # the four uniforms' sum, in [-2**22, 3 * 2**22): exact in int32 and float32
-        o.sub_(centre)  # exact: integers below 2**24
+        torch.sub(t0, t1, out=o)  # Z = X_0 - X_1, computed in int32, stored as float32: exact, |Z| < 2**23
         o.mul_(scale)
     return out
 
