@@ -128,8 +128,8 @@ def test_the_resolution_is_fine_no_coarse_lattice():
 
 def test_streams_and_seeds_differ():
     a = counter_rng.normal(1, [(counter_rng.KEYS, 4096)])
-    for other in (counter_rng.normal(1, [(counter_rng.VALUES, 4096)]), counter_rng.normal(2, [(counter_rng.KEYS, 4096)]),
-                  counter_rng.normal(1 + 2**32, [(counter_rng.KEYS, 4096)])):
+    for seed, stream in ((1, counter_rng.VALUES), (2, counter_rng.KEYS), (1 + 2**32, counter_rng.KEYS)):
+        other = counter_rng.normal(seed, [(stream, 4096)])
         assert (a != other).float().mean() > 0.99
         assert abs(torch.corrcoef(torch.stack([a, other]))[0, 1].item()) < 0.08
     assert torch.equal(a, counter_rng.normal(1, [(counter_rng.KEYS, 4096)]))  # and the same seed repeats

@@ -107,7 +107,7 @@ def _words(k: tuple[int, int], pieces: Sequence[tuple[int, int, int]], w: torch.
     w0, w1 = w.unbind(0)
     at = 0
     for stream, first, count in pieces:
-        base = stream * MAX_STREAM_ELEMENTS + first
+        base = _int32(stream * MAX_STREAM_ELEMENTS + first)  # no run crosses 2**31: the values fit in int32
         torch.arange(base, base + count, dtype=torch.int32, out=w0[at:at + count])
         at += count
     torch.bitwise_xor(w0, _c(k[1]), out=w1)

@@ -301,7 +301,8 @@ def stored_data(example: Example, stored: dict):
     if b.fp8_dtype is None:
         return BatchData(query=q, keys=k, values=v, sinks=sinks)
     kc, vc = quantize_fp8(k, b.fp8_dtype, b.k_scale), quantize_fp8(v, b.fp8_dtype, b.v_scale)
-    if not (torch.equal((kc.float() * b.k_scale).to(k.dtype), k) and torch.equal((vc.float() * b.v_scale).to(v.dtype), v)):
+    if not all(torch.equal((c.float() * scale).to(x.dtype), x)
+               for c, scale, x in ((kc, b.k_scale, k), (vc, b.v_scale, v))):
         return None
     return BatchData(query=q, keys=k, values=v, cache_keys=kc, cache_values=vc, sinks=sinks)
 

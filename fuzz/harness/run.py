@@ -36,7 +36,8 @@ class Run:
     """Everything one example produced: inputs, the call, the output and the reference (for reproducers).
     ``reference`` (fp64, on the CPU) and ``envelope`` (fp64, on the reference device), both
     ``[num_tokens, num_heads, head_size]``, are set by the attention property; a run handed to it with both set
-    is checked against them instead of computing them again. ``fault``: the caller fault
+    is checked against them instead of computing them again. ``data`` is on the reference device
+    (:func:`reference_device`; any device when a caller hands it over). ``fault``: the caller fault
     (:class:`~kvfuzz.fuzz.harness.faults.CallerFault`) it was prepared with, None for none."""
 
     example: Example
