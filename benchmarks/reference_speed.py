@@ -67,13 +67,19 @@ def timed(fn, repeat: int, device: torch.device, wall: bool) -> float:
     return round(statistics.median(times) * 1e3, 3)
 
 
-def main() -> None:
+def arguments(repeat: int) -> argparse.Namespace:
+    """``--device``, ``--repeat`` (default ``repeat``), ``--threads``, ``--wall`` (benchmarks/generate_speed.py
+    takes the same)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=repeat)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--wall", action="store_true", help="wall-clock time on CPU (default: thread CPU time)")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = arguments(20)
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
     rows = []

@@ -360,12 +360,12 @@ def test_the_shipped_baseline_knows_finding_1_and_a_planted_defect_on_the_cpu_op
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("name, entry_id, batch", [
-    # README Findings 3's pinned case (tests/test_vllm_triton.py): 2.55e-3 against a bound of 6.8e-4
+    # README Findings 3's pinned case (tests/test_vllm_triton.py): 5.33e-3 against a bound of 1.59e-3
     ("vllm.decode_attention_fwd", "finding-3", dict(query_lens=[1], ctx_lens=[1], head_size=32, block_size=16,
-                                                     num_blocks=1, block_table=[[0]], seed=17)),
-    # README Findings 9's pinned case (tests/test_sglang_triton.py): 3.25e-3 against 2.03e-3
+                                                     num_blocks=1, block_table=[[0]], seed=230)),
+    # README Findings 9's pinned case (tests/test_sglang_triton.py): 6.66e-3 against 1.43e-3
     ("sglang.decode_attention_fwd", "finding-9", dict(query_lens=[1], ctx_lens=[1], head_size=128, block_size=1,
-                                                       num_blocks=2, block_table=[[0, 1]], seed=30)),
+                                                       num_blocks=2, block_table=[[0, 1]], seed=39)),
 ])
 def test_the_shipped_precision_entries_know_the_pinned_cases_and_not_a_tenfold_worse_bound(name, entry_id, batch):
     available(name)

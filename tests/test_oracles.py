@@ -122,9 +122,11 @@ def case(make_batch, dtype="float16"):
 #: Issue 15's fp16 false alarm (regressions/...-8c5acb6640): one visible key and a sink, P rounded to fp16.
 ONE_KEY_FP16 = dict(lens=[(10, 1)], num_heads=8, num_kv_heads=2, head_size=32, dtype="float16",
                     kv_cache_dtype="fp8_e5m2", sliding_window=1, sinks=True, value_range="equal")
-#: The AVX2 CPU op's bf16 false alarm (regressions/...-35203132d5): one key and a sink, output truncated.
+#: The AVX2 CPU op's bf16 false alarm (regressions/...-35203132d5): one key and a sink, output truncated. Seed 3:
+#: one whose truncated output needs the envelope's output term (seed 1 was, before issue 21's generator drew
+#: other data from each seed; 13 of seeds 0-39 are, as 41 of 200 were and 53 of 200 are).
 ONE_KEY_BF16 = dict(lens=[(1, 0)], num_heads=1, num_kv_heads=1, head_size=32, dtype="bfloat16",
-                    sliding_window=1, sinks=True, value_range="large", seed=1)
+                    sliding_window=1, sinks=True, value_range="large", seed=3)
 #: Issue 15's fp32 false alarm (regressions/...-e16c467b60): head size 512, values x4.
 D512_FP32 = dict(lens=[(2, 0), (18, 0)], num_heads=16, num_kv_heads=1, head_size=512, block_size=64,
                  dtype="float32", sliding_window=63, alibi=True, sinks=True, value_range="large", seed=22,
@@ -271,8 +273,9 @@ PRECISION_DEFECTS = {
                                      dtype="float16", seed=3), dict(pv=torch.float16)),
     "scores rounded to bf16": (dict(lens=[(1, 30), (6, 10)], num_heads=4, num_kv_heads=2, head_size=64,
                                     dtype="float16", seed=3), dict(scores=torch.bfloat16)),
+    # seed 1: one the defect fails (seed 6 was, before issue 21's generator; 44 of seeds 0-199 are, 43 were)
     "q.k summed in fp16 (README Findings 3)": (dict(lens=[(1, 15)], num_heads=1, num_kv_heads=1, head_size=32,
-                                                    dtype="float16", value_range="large", seed=6),
+                                                    dtype="float16", value_range="large", seed=1),
                                                dict(dot=torch.float16)),
     "P rounded to bf16 in an fp16 kernel": (dict(lens=[(1, 40), (5, 12)], num_heads=4, num_kv_heads=2,
                                                  head_size=64, dtype="float16", seed=3),

@@ -219,3 +219,30 @@ def test_an_adapter_importing_a_sibling_module_fuzzes_replays_and_its_test_passe
     assert r.returncode == 0 and "passes now" in r.stdout, r.stdout + r.stderr
     r = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout
+
+
+def test_a_case_written_before_the_generator_changed_replays_on_its_stored_ground_truth(monkeypatch):
+    """regressions/ was written when a seed drew its data with torch.randn; the seed draws other data now (issue
+    21's counter-based generator), so the replay runs on the stored query, keys and values."""
+    import torch
+    from safetensors.torch import load_file
+
+    from kvfuzz.contracts.model.data import make_batch_data
+    from kvfuzz.fuzz.campaign.cases import load_case
+    from kvfuzz.fuzz.campaign.reproducers import replay_here, resolve_target, stored_data
+    from kvfuzz.fuzz.harness import attention
+    from kvfuzz_test_support import ROOT
+
+    (d,) = (ROOT / "regressions").glob("vllm.chunked_prefill_paged_decode-kernel-mismatch-agreement-8c5acb6640")
+    case, stored = load_case(d), load_file(str(d / "tensors.safetensors"))
+    data = stored_data(case.example, stored)
+    assert case.example.batch.fp8_dtype is not None and case.example.batch.sinks  # codes and sinks rebuilt too
+    assert torch.equal(data.query, stored["query"]) and torch.equal(data.values, stored["values_ground_truth"])
+    assert torch.equal(data.cache_keys.float() * case.example.batch.k_scale, stored["keys_ground_truth"].float())
+    assert not torch.equal(make_batch_data(case.example.batch).keys, data.keys)
+    assert stored_data(case.example, {k: v for k, v in stored.items() if k != "sinks"}) is None
+    seen, real = [], attention.prepare
+    monkeypatch.setattr(attention, "prepare", lambda *a, data=None, **k: seen.append(data) or real(*a, data=data, **k))
+    r = replay_here(case, resolve_target(case, None, trust_target=True))
+    assert r.inputs_match is False and r.got is None, r.message
+    assert seen[0] is None and torch.equal(seen[-1].keys, stored["keys_ground_truth"])

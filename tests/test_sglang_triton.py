@@ -325,11 +325,13 @@ def test_decode_mha_rounds_each_q_k_product_to_the_input_dtype(make_batch):
     ``tl.sum((q[None, :] * k).to(tl.float32), 1)``: each product is rounded to fp16/bf16 before the fp32 sum
     (its comment: "Cast the product, not q and k, to avoid a fp32 [BLOCK_N, D] tile"). Found by kvfuzz on CPU
     with large logits (values x4): one decode sequence, ctx_len 1, H = Hkv = 1, D = 128, fp16, seed 30, error
-    3.25e-3 > bound 2.03e-3. An emulation that rounds the products the same way (in fp64 otherwise) is off by
-    2.3e-3 already; the fp16 output rounding adds the rest."""
+    3.25e-3 > bound 2.03e-3; since issue 21's generator draws other data from each seed, seed 39: 6.66e-3 >
+    1.43e-3 (seeds 0-59 of this batch: 4 fail now, 2 did then). An emulation that rounds the products the same
+    way (in fp64 otherwise) is over the bound already (at seed 30: 2.3e-3); the fp16 output rounding adds the
+    rest."""
     t = available(SglangDecodeAttentionFwd)
     b = Batch(query_lens=[1], ctx_lens=[1], num_heads=1, num_kv_heads=1, head_size=128, block_size=1, num_blocks=2,
-              block_table=[[0, 1]], dtype="float16", seed=30, value_range="large")
+              block_table=[[0, 1]], dtype="float16", seed=39, value_range="large")
     with pytest.raises(KernelMismatch) as info:
         run(t, b)
     bound = info.value.details["oracle"]["bound"]

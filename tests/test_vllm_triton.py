@@ -197,15 +197,17 @@ def test_decode_attention_fwd_mha_fp16_precision_finding(make_batch):
     """FINDING (vllm 0.33.0): the MHA stage-1 kernel (``_fwd_kernel_stage1``) computes q.k as
     ``tl.sum(q[None, :] * k, 1)`` on fp16 tensors; Triton's tl.sum keeps fp16, and ``qk *= sm_scale`` runs
     in fp16, so the logits carry fp16 rounding. With "large" values (logits ~16x wider) the output error is
-    2.55e-3 against a bound of 6.8e-4 (3.7x) on a decode of two keys, while unified_attention and
-    context_attention_fwd use 27% of the bound on the same batch; the grouped stage-1 kernel (tl.dot, fp32
-    accumulation) does not have this. Minimal case found by searching single decode sequences (ctx_len 1, 3,
-    7, 15, 31 x 30 seeds, "large" values: 15 of 150 fail). The earlier pinned case (ctx_len 7, seed 41, normal
-    values) exceeded the old per-row bound by 9% and is inside the rounding envelope of a correct
-    FlashAttention-family kernel at every element (docs/tolerance.md)."""
+    5.33e-3 against a bound of 1.59e-3 (3.35x) on a decode of two keys (seed 230), while unified_attention and
+    context_attention_fwd use 47% of the bound on the same batch (with the data seeds drew before issue 21's
+    generator, seed 17: 2.55e-3 against 6.8e-4, 27%; a scan of seeds 0-259 of this batch finds 7 failing now, 14
+    then, and an emulation of the fp16 dot over 1000 seeds fails as often with either generator); the grouped
+    stage-1 kernel (tl.dot, fp32 accumulation) does not have this. Minimal case found by searching single decode
+    sequences (ctx_len 1, 3, 7, 15, 31 x 30 seeds, "large" values: 15 of 150 fail). The earlier pinned case
+    (ctx_len 7, seed 41, normal values) exceeded the old per-row bound by 9% and is inside the rounding envelope
+    of a correct FlashAttention-family kernel at every element (docs/tolerance.md)."""
     t = available(VllmDecodeAttentionFwd)
     b = attrs.evolve(make_batch([(1, 1)], dtype="float16", head_size=32, block_size=16, num_heads=1,
-                                num_kv_heads=1, seed=17), value_range="large")
+                                num_kv_heads=1, seed=230), value_range="large")
     with pytest.raises(KernelMismatch) as info:
         check_example(t, Example(b, Poison.NAN))
     assert info.value.kind.blame == "kernel" and info.value.details["path"] == "normal,splits=4"

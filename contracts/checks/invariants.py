@@ -88,6 +88,7 @@ def check_cache_holds(invariant: Check, batch: Batch, data: BatchData, layout: C
     else:
         rows = data.token_rows(batch, seq, pos)
         exp_k, exp_v = data.cache_keys.index_select(0, rows), data.cache_values.index_select(0, rows)
+    exp_k, exp_v = exp_k.cpu(), exp_v.cpu()  # compared on the CPU, wherever the data was drawn
     kbad = _differing_rows(k, exp_k)
     bad = kbad | _differing_rows(v, exp_v)
     if not bool(bad.any()):
@@ -119,7 +120,7 @@ def check_prefill_invariant(batch: Batch, data: BatchData, layout: CacheLayout, 
     seqs = batch.prefill_seqs if seqs is None else tuple(sorted(set(seqs)))
     lens = {s: batch.ctx_lens[s] for s in seqs}
     out = check_cache_holds(PREFILL, batch, data, layout, key_cache, value_cache, lens)
-    exp_k, exp_v = data.new_kv(batch)
+    exp_k, exp_v = (t.cpu() for t in data.new_kv(batch))
     seq, pos = positions(batch.query_lens, offsets=batch.ctx_lens)
     prefill = torch.tensor([i in seqs for i in range(batch.num_seqs)], dtype=torch.bool)[seq]
     for name, got, exp in (("key", key, exp_k), ("value", value, exp_v)):

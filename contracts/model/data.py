@@ -1,20 +1,25 @@
 """Ground-truth tensors of a :class:`~kvfuzz.contracts.model.batch.Batch`, drawn from its seed.
 
-Everything is generated in float32 from a seeded ``torch.Generator`` and rounded once to the batch dtype, so
-the kernel and the fp64 reference see bit-identical inputs.
+Everything is drawn in float32 by the counter-based generator :mod:`~kvfuzz.contracts.model.counter_rng` and
+rounded once to the batch dtype, so the kernel and the fp64 reference see bit-identical inputs, and a batch
+drawn on a GPU is bitwise the batch drawn on the CPU.
 """
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import torch
 
+from . import counter_rng
 from .batch import Batch, positions
 
 
 @attrs.frozen(eq=False)
 class BatchData:
-    """Tensors of one batch (drawn on CPU, in ``batch.dtype``; :meth:`to` copies them to a device).
+    """Tensors of one batch, in ``batch.dtype``, all on one device (where :func:`make_batch_data` drew them;
+    :meth:`to` copies them to another).
 
     query:  ``[num_tokens, num_heads, head_size]``, in query order (``query_start_loc``).
     keys, values: ``[sum(seq_lens), num_kv_heads, head_size]``: every position ``0 .. seq_len-1`` of every
@@ -39,12 +44,15 @@ class BatchData:
             object.__setattr__(self, "cache_values", self.values)
 
     def token_rows(self, batch: Batch, seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Row indices into ``keys``/``values`` of positions ``pos`` of sequences ``seq`` (int64)."""
-        return torch.tensor(batch.seq_start_loc[:-1], dtype=torch.int64)[seq] + pos
+        """Row indices into ``keys``/``values`` of positions ``pos`` of sequences ``seq`` (int64, on the device
+        of ``keys``, whatever the device of ``seq``/``pos``)."""
+        dev = self.keys.device
+        return torch.tensor(batch.seq_start_loc[:-1], dtype=torch.int64, device=dev)[seq.to(dev)] + pos.to(dev)
 
     def select(self, query_rows: torch.Tensor, kv_rows: torch.Tensor) -> "BatchData":
-        """The data of another batch made of these rows (int64 indices): queries ``query_rows``, keys/values
-        (and their cache codes) ``kv_rows``; sinks are kept."""
+        """The data of another batch made of these rows (int64 indices, on any device): queries ``query_rows``,
+        keys/values (and their cache codes) ``kv_rows``; sinks are kept."""
+        query_rows, kv_rows = query_rows.to(self.query.device), kv_rows.to(self.keys.device)
         return BatchData(query=self.query[query_rows], keys=self.keys[kv_rows], values=self.values[kv_rows],
                          cache_keys=self.cache_keys[kv_rows], cache_values=self.cache_values[kv_rows],
                          sinks=self.sinks)
@@ -66,9 +74,11 @@ class BatchData:
 
 
 def quantize_fp8(x: torch.Tensor, fp8: torch.dtype, scale: float) -> torch.Tensor:
-    """``round_fp8(x / scale)``, saturated to the fp8 range (as vLLM's scaled_fp8_quant does)."""
+    """``round_fp8(x / scale)``, saturated to the fp8 range (as vLLM's scaled_fp8_quant does). The divisor is a
+    float32 tensor on ``x``'s device, not a Python float: CUDA divides by a CPU scalar as a multiply by its
+    reciprocal, which is not the correctly rounded quotient the CPU computes."""
     m = torch.finfo(fp8).max
-    return (x.float() / scale).clamp(-m, m).to(fp8)
+    return (x.float() / torch.tensor(scale, dtype=torch.float32, device=x.device)).clamp(-m, m).to(fp8)
 
 
 def _exactly_dequantized(codes: torch.Tensor, scale: float, dt: torch.dtype) -> torch.Tensor:
@@ -82,51 +92,72 @@ def _exactly_dequantized(codes: torch.Tensor, scale: float, dt: torch.dtype) -> 
     return out
 
 
-def _shape_values(batch: Batch, query: torch.Tensor, keys: torch.Tensor, gen: torch.Generator) -> None:
-    """Apply ``batch.value_range`` in place (see :data:`~kvfuzz.contracts.model.batch.VALUE_RANGES`)."""
+def _shape_values(batch: Batch, query: torch.Tensor, keys: torch.Tensor) -> None:
+    """Apply ``batch.value_range`` in place (see :data:`~kvfuzz.contracts.model.batch.VALUE_RANGES`), on the
+    device of ``keys``."""
     if batch.value_range == "large":
         query.mul_(4.0)
         keys.mul_(4.0)
     elif batch.value_range in ("equal", "dominant"):
-        starts = torch.tensor(batch.seq_start_loc[:-1], dtype=torch.int64)
-        lens = torch.tensor(batch.seq_lens, dtype=torch.int64)
+        starts = torch.tensor(batch.seq_start_loc[:-1], dtype=torch.int64, device=keys.device)
+        lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=keys.device)
         if batch.value_range == "equal":  # every position repeats the sequence's first key
             keys.copy_(keys[torch.repeat_interleave(starts, lens)])
-        else:  # one position per sequence, drawn from the seed, gets a key 16x larger
-            at = starts + (torch.rand(len(lens), generator=gen) * lens).long()
-            keys[at] *= 16.0
+        else:  # one position per sequence, drawn from the seed (its own stream), gets a key 16x larger
+            keys[starts + counter_rng.below(batch.seed, counter_rng.DOMINANT, lens)] *= 16.0
 
 
-def make_batch_data(batch: Batch) -> BatchData:
-    """Draw the queries and the keys/values of every position from ``batch.seed`` (standard normal, shaped by
-    ``batch.value_range``, rounded to ``batch.dtype``). For an fp8 ``kv_cache_dtype`` the keys/values are
+def _split(qkv: torch.Tensor, nq: int, shape_q: tuple[int, ...], shape_kv: tuple[int, ...]):
+    """Query, keys and values: views of the flat ``qkv`` (queries first, then the keys, then as many values)."""
+    nkv = (qkv.numel() - nq) // 2
+    return qkv[:nq].view(shape_q), qkv[nq:nq + nkv].view(shape_kv), qkv[nq + nkv:].view(shape_kv)
+
+
+def make_batch_data(batch: Batch, device: str | torch.device | None = None) -> BatchData:
+    """Draw the queries and the keys/values of every position from ``batch.seed``, on ``device`` (default the
+    CPU), and return them as a :class:`BatchData` on that device: query ``[num_tokens, num_heads, head_size]``,
+    keys/values ``[sum(seq_lens), num_kv_heads, head_size]``, in ``batch.dtype``.
+
+    Each element is drawn by :func:`kvfuzz.contracts.model.counter_rng.normal` (approximately standard normal:
+    the Irwin–Hall sum of 4 uniforms scaled to variance 1, ``|x| <= 3.46``; queries, keys, values and sinks
+    each from their own stream, so e.g. the keys do not depend on the number of queries), shaped by
+    ``batch.value_range`` and rounded to ``batch.dtype``. Every step is exact or one correctly rounded IEEE
+    operation, so the result depends only on the batch: the same bits on the CPU and on a GPU, across runs,
+    machines and torch versions. For an fp8 ``kv_cache_dtype`` the keys/values are
     first quantized with ``k_scale``/``v_scale`` and the logical keys are the exact dequantized values, so
     the fp64 reference models the quantization and a kernel that drops a scale disagrees with it. Positions
     in shared prefix blocks (:meth:`~kvfuzz.contracts.model.batch.Batch.shared_prefix_rows`) get the keys and
     values of the block's first user (drawn as usual, then copied: batches without sharing draw exactly what
-    they drew before sharing existed). Sinks:
-    fp32 ``[num_heads]`` N(0, 1) * 2 when ``batch.sinks``. Deterministic across runs and machines for one
-    torch version.
+    they drew before sharing existed). "dominant" scales one position per sequence, chosen from the seed's
+    own stream. Sinks: fp32 ``[num_heads]`` ``2 * x`` with ``x`` as above when ``batch.sinks``.
 
-    Raises ValueError if a scale does not dequantize exactly in ``batch.dtype``."""
-    gen = torch.Generator().manual_seed(batch.seed)
+    Raises ValueError if a scale does not dequantize exactly in ``batch.dtype``, or if a tensor has more than
+    ``2**28`` elements (the generator's stream length)."""
+    dev = torch.device("cpu" if device is None else device)
     total = sum(batch.seq_lens)
+    shape_q = (batch.num_tokens, batch.num_heads, batch.head_size)
     shape_kv = (total, batch.num_kv_heads, batch.head_size)
-    query = torch.randn((batch.num_tokens, batch.num_heads, batch.head_size), generator=gen)
-    keys = torch.randn(shape_kv, generator=gen)
-    values = torch.randn(shape_kv, generator=gen)
-    sinks = torch.randn(batch.num_heads, generator=gen) * 2.0 if batch.sinks else None
+    nq, nkv = math.prod(shape_q), math.prod(shape_kv)
+    counts = [(counter_rng.QUERY, nq), (counter_rng.KEYS, nkv), (counter_rng.VALUES, nkv)]
+    if batch.sinks:
+        counts.append((counter_rng.SINKS, batch.num_heads))
+    flat = counter_rng.normal(batch.seed, counts, dev)
+    qkv = flat[:nq + 2 * nkv]
+    query, keys, values = _split(qkv, nq, shape_q, shape_kv)
+    sinks = flat[nq + 2 * nkv:] * 2.0 if batch.sinks else None
     shared = batch.shared_prefix_rows()
     if shared is not None:  # shared prefix blocks: later users see the first user's keys and values
-        keys[shared[0]], values[shared[0]] = keys[shared[1]], values[shared[1]]
+        dst, src = shared[0].to(dev), shared[1].to(dev)
+        keys[dst], values[dst] = keys[src], values[src]
     if batch.value_range != "normal":
-        _shape_values(batch, query, keys, gen)
+        _shape_values(batch, query, keys)
         if shared is not None:  # "dominant" scales one position per sequence: keep shared positions equal
-            keys[shared[0]] = keys[shared[1]]
+            keys[dst] = keys[src]
     dt = batch.torch_dtype
     fp8 = batch.fp8_dtype
-    if fp8 is None:
-        return BatchData(query=query.to(dt), keys=keys.to(dt), values=values.to(dt), sinks=sinks)
+    if fp8 is None:  # one rounding of the three: views of one tensor (a copy of ``flat``'s unless float32)
+        query, keys, values = _split(qkv.to(dt), nq, shape_q, shape_kv)
+        return BatchData(query=query, keys=keys, values=values, sinks=sinks)
     kc, vc = quantize_fp8(keys, fp8, batch.k_scale), quantize_fp8(values, fp8, batch.v_scale)
     return BatchData(query=query.to(dt), keys=_exactly_dequantized(kc, batch.k_scale, dt),
                      values=_exactly_dequantized(vc, batch.v_scale, dt), cache_keys=kc, cache_values=vc,

@@ -46,7 +46,7 @@ class WriterInputs:
 def writer_inputs(batch: Batch, data: BatchData) -> WriterInputs:
     """The new tokens and their slots, with ``seed``-derived padding rows (slot -1) inserted (see module
     docstring). Deterministic in the batch; on the CPU."""
-    key, value = data.new_kv(batch)
+    key, value = (t.cpu() for t in data.new_kv(batch))
     slots = batch.slot_mapping()
     t = batch.num_tokens
     gen = torch.Generator().manual_seed(batch.seed ^ 0x5EED)

@@ -39,7 +39,7 @@ from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.fuzz.campaign.cases import CASE_FORMAT, BadReproducer, Case, load_case
 from kvfuzz.fuzz.campaign.endings import classify, finding_for
 from kvfuzz.fuzz.campaign.journal import json_safe
-from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.harness import attention, properties
 from kvfuzz.fuzz.harness.faults import get_fault
 from kvfuzz.fuzz.harness.run import Run
 from kvfuzz.fuzz.targets.base import Target
@@ -208,7 +208,8 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
 @attrs.frozen
 class ReplayResult:
     """expected: the case's recorded (kind, check). got: what the re-run found, None if it passed.
-    inputs_match: whether the regenerated inputs equal the stored tensors bit for bit (None: no tensors).
+    inputs_match: whether the regenerated inputs equal the stored tensors bit for bit (None: no tensors); when
+    they differ, an attention target's case is re-run on the stored ground truth (:func:`stored_data`).
     outcome: for a configuration outside the target's declaration, the answer of
     :func:`~kvfuzz.fuzz.harness.properties.check_undeclared` ("rejected: <error>" or "accepted, correct", both
     not failures: got is None), else None."""
@@ -277,6 +278,35 @@ def unavailable(case: Case, target: Target, load: bool = False) -> str | None:
             "where the target runs")
 
 
+def stored_data(example: Example, stored: dict):
+    """The ground truth a reproducer stored (query, keys/values_ground_truth, sinks) as a CPU
+    :class:`~kvfuzz.contracts.model.data.BatchData` of ``example.batch``, or None when it lacks a tensor or
+    the tensors do not fit the batch (dtype, shape; for an fp8 cache, keys that are not exact fp8 multiples
+    of the scale). A reproducer written before kvfuzz changed how a seed's data is drawn (issue 21's
+    counter-based generator) replays on the data it failed with: its seed now draws other data."""
+    import torch
+
+    from kvfuzz.contracts.model.data import BatchData, make_batch_data, quantize_fp8
+
+    b = example.batch
+    names = ("query", "keys_ground_truth", "values_ground_truth") + (("sinks",) if b.sinks else ())
+    if any(n not in stored for n in names):
+        return None
+    like = make_batch_data(b)
+    q, k, v = stored["query"], stored["keys_ground_truth"], stored["values_ground_truth"]
+    sinks = stored.get("sinks") if b.sinks else None
+    for got, want in ((q, like.query), (k, like.keys), (v, like.values), (sinks, like.sinks)):
+        if got is not None and (got.dtype != want.dtype or got.shape != want.shape):
+            return None
+    if b.fp8_dtype is None:
+        return BatchData(query=q, keys=k, values=v, sinks=sinks)
+    kc, vc = quantize_fp8(k, b.fp8_dtype, b.k_scale), quantize_fp8(v, b.fp8_dtype, b.v_scale)
+    if not all(torch.equal((c.float() * scale).to(x.dtype), x)
+               for c, scale, x in ((kc, b.k_scale, k), (vc, b.v_scale, v))):
+        return None
+    return BatchData(query=q, keys=k, values=v, cache_keys=kc, cache_values=vc, sinks=sinks)
+
+
 def replay_here(case: Case, target: Target, on_phase=None) -> ReplayResult:
     """Re-run ``case`` in this process (a crash takes this process down: prefer :func:`replay`). A batch outside
     the target's declaration is checked as ``kvfuzz fuzz --undeclared`` does (a clear error is the expected
@@ -290,8 +320,12 @@ def replay_here(case: Case, target: Target, on_phase=None) -> ReplayResult:
     tensors = case.directory / "tensors.safetensors"
     if tensors.exists():
         stored = load_file(str(tensors))
-        inputs_match = all(k in stored and torch.equal(stored[k].view(torch.uint8), v.contiguous().view(torch.uint8))
+        inputs_match = all(k in stored and torch.equal(stored[k].view(torch.uint8),
+                                                       v.cpu().contiguous().view(torch.uint8))
                            for k, v in (("query", run.data.query), ("keys_ground_truth", run.data.keys)))
+        data = None if inputs_match else stored_data(case.example, stored)
+        if data is not None and not properties.is_writer(target):  # e.g. written before the seed's data changed
+            run = attention.prepare(target, case.example, fault, data=data.to(run.data.query.device))
     expected = (case.kind, case.check)
     try:
         if not target.capabilities.accepts(case.example.batch):

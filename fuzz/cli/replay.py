@@ -42,8 +42,8 @@ def replay(directory: str, target_spec: str | None, trust_target: bool, timeout:
     except ValueError as e:  # an untrusted or unloadable target
         raise click.UsageError(str(e)) from None
     if r.inputs_match is False:
-        console.print("[yellow]warning[/]: regenerated inputs differ from tensors.safetensors "
-                      "(kvfuzz or torch version changed since this case was written)")
+        console.print("[yellow]warning[/]: the seed's inputs differ from tensors.safetensors (written by a kvfuzz "
+                      "that drew data differently): replayed on the stored ground truth")
     if r.got is None and r.outcome is not None:  # an undeclared configuration: an error is the expected answer
         if r.outcome.startswith("rejected"):
             how = "as recorded" if r.reproduced else f"(recorded: {r.expected[0]}, {r.expected[1]})"

@@ -3,7 +3,6 @@ the kernel, given that, returns finite output that agrees with the fp64 referenc
 
 from __future__ import annotations
 
-import os
 import time
 from functools import partial
 from typing import Any, Callable
@@ -19,23 +18,9 @@ from kvfuzz.contracts.checks.oracles import Oracle, agreement, check_finite
 from kvfuzz.contracts.checks.reference import reference_and_envelope, same_precision_attention
 from kvfuzz.fuzz.harness.caller import call_violations, caller_finding, caller_violations, metadata_violations
 from kvfuzz.fuzz.harness.faults import CallerFault
-from kvfuzz.fuzz.harness.run import Run, Timings, error_name, generate, run_kernel
+from kvfuzz.fuzz.harness.run import (GPU_REFERENCE_MIN_KV, Run, Timings, error_name, generate,  # noqa: F401
+                                     reference_device, run_kernel)
 from kvfuzz.fuzz.targets.base import Target
-
-#: Batches of a CUDA target with at least this many KV elements (``Batch.kv_elements``)
-#: get their fp64 reference on the GPU; smaller ones on the CPU (a small reference is a few hundred tiny kernel
-#: launches, which workers sharing one GPU queue behind each other). Environment: KVFUZZ_GPU_REFERENCE_MIN_KV.
-GPU_REFERENCE_MIN_KV = int(os.environ.get("KVFUZZ_GPU_REFERENCE_MIN_KV", 1 << 16))
-
-
-def reference_device(target: Target, batch) -> str:
-    """Where :func:`check_example` computes ``batch``'s reference: the CPU, or a CUDA target's GPU for a batch
-    of at least :data:`GPU_REFERENCE_MIN_KV` KV elements."""
-    device = target.device
-    if device == "cpu" or batch.kv_elements < GPU_REFERENCE_MIN_KV:
-        return "cpu"
-    return device
-
 
 def prepare(target: Target, example: Example, fault: CallerFault | None = None,
             after_materialize: Callable[[Batch, BatchData, CacheState], None] | None = None,
@@ -43,11 +28,13 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None,
     """Generate the data, materialize the cache the (possibly faulty) caller writes, and build the call.
     ``after_materialize(batch, data, cache)``: changes the cache before the call is built (the baseline's
     re-run with some poisoned slots made finite, kvfuzz.fuzz.campaign.baseline). ``data``: this batch's ground
-    truth, already generated (``make_batch_data(example.batch)``; nothing here changes it), instead of
-    generating it again."""
+    truth, already generated (``make_batch_data(example.batch)``, on any device; nothing here changes it),
+    instead of generating it again. The data is drawn where the reference will be computed
+    (:func:`~kvfuzz.fuzz.harness.run.reference_device`: a large batch of a CUDA target on its GPU), so it is
+    copied to that device once, if at all."""
     batch = example.batch
     if data is None:
-        data, t = generate(example)
+        data, t = generate(example, reference_device(target, batch))
     else:
         t = Timings()
     s = time.perf_counter()
@@ -135,7 +122,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
         finite_fail = check_finite(batch, run.output)
         if finite_fail is None:  # a non-finite output fails agreement too, and its failure always wins
             agree_fail, run.ratio = agreement(batch, run.output, reference,
-                                              partial(same_precision_attention, batch, run.data), envelope)
+                                              partial(_same_precision_on_cpu, batch, run.data), envelope)
     run.reference, run.envelope = reference.cpu(), envelope
     t.check_output = time.perf_counter() - s
     kernel = _kernel_summary(run.output, finite_fail, agree_fail, crash, not_run=bool(unsafe and not run_unsafe))
@@ -150,6 +137,12 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     if agree_fail is not None:
         raise KernelMismatch(Oracle.AGREEMENT.value, agree_fail.message(), {**common, "oracle": agree_fail.to_dict()})
     return run
+
+
+def _same_precision_on_cpu(batch: Batch, data: BatchData) -> torch.Tensor:
+    """:func:`~kvfuzz.contracts.checks.reference.same_precision_attention` on the CPU, wherever ``data`` is:
+    the same on every machine (a GPU's low-precision matmuls are not)."""
+    return same_precision_attention(batch, data.to("cpu"))
 
 
 __all__ = ["GPU_REFERENCE_MIN_KV", "call_violations", "caller_finding", "caller_violations", "check_example",

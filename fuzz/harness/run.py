@@ -4,6 +4,7 @@ drawing the ground truth (:func:`generate`) and running the kernel (:func:`run_k
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import traceback
@@ -35,7 +36,8 @@ class Run:
     """Everything one example produced: inputs, the call, the output and the reference (for reproducers).
     ``reference`` (fp64, on the CPU) and ``envelope`` (fp64, on the reference device), both
     ``[num_tokens, num_heads, head_size]``, are set by the attention property; a run handed to it with both set
-    is checked against them instead of computing them again. ``fault``: the caller fault
+    is checked against them instead of computing them again. ``data`` is on the reference device
+    (:func:`reference_device`; any device when a caller hands it over). ``fault``: the caller fault
     (:class:`~kvfuzz.fuzz.harness.faults.CallerFault`) it was prepared with, None for none."""
 
     example: Example
@@ -51,11 +53,27 @@ class Run:
     fault: Any = None
 
 
-def generate(example: Example) -> tuple[BatchData, Timings]:
-    """The example's ground-truth tensors, and a Timings with the generation time filled in."""
+#: Batches of a CUDA target with at least this many KV elements (``Batch.kv_elements``)
+#: get their fp64 reference on the GPU; smaller ones on the CPU (a small reference is a few hundred tiny kernel
+#: launches, which workers sharing one GPU queue behind each other). Environment: KVFUZZ_GPU_REFERENCE_MIN_KV.
+GPU_REFERENCE_MIN_KV = int(os.environ.get("KVFUZZ_GPU_REFERENCE_MIN_KV", 1 << 16))
+
+
+def reference_device(target: Target, batch) -> str:
+    """Where the attention property draws ``batch``'s data and computes its reference: the CPU, or a CUDA
+    target's GPU for a batch of at least :data:`GPU_REFERENCE_MIN_KV` KV elements."""
+    device = target.device
+    if device == "cpu" or batch.kv_elements < GPU_REFERENCE_MIN_KV:
+        return "cpu"
+    return device
+
+
+def generate(example: Example, device: str | torch.device = "cpu") -> tuple[BatchData, Timings]:
+    """The example's ground-truth tensors, drawn on ``device`` (the same bits on every device:
+    :func:`~kvfuzz.contracts.model.data.make_batch_data`), and a Timings with the generation time filled in."""
     t = Timings()
     s = time.perf_counter()
-    data = make_batch_data(example.batch)
+    data = make_batch_data(example.batch, device)
     t.generate = time.perf_counter() - s
     return data, t
 
