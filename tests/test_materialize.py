@@ -137,6 +137,23 @@ def test_stale_poison_is_large_finite_values_drawn_from_the_seed_repeating_every
     assert torch.equal(t[2 * STALE_PERIOD:], t[:3])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("blocks", [1, 5, 16, 2 * 16, 3 * 16 + 7])
+def test_stale_poison_fills_a_strided_view_like_one_copy_per_period(blocks, dtype):
+    """The fill of every block (whole periods through one broadcast copy, then the remainder) equals copying
+    the pattern period by period, also into a non-contiguous view (one half of a FlashInfer-style
+    ``[num_blocks, 2, ...]`` cache), and leaves the other half alone."""
+    from kvfuzz.contracts.caches.materialize import STALE_PERIOD, fill_poison, stale_pattern
+
+    kv = torch.zeros((blocks, 2, 3, 8), dtype=dtype)
+    fill_poison(kv[:, 0], Poison.STALE, 11)
+    period = min(blocks, STALE_PERIOD)
+    pattern = stale_pattern((period, 3, 8), dtype, 11).view(torch.uint8)
+    want = torch.cat([pattern] * (blocks // period) + [pattern[: blocks % period]])
+    assert torch.equal(kv[:, 0].view(torch.uint8), want)
+    assert not kv[:, 1].view(torch.uint8).any()
+
+
 def test_a_stale_pattern_larger_than_the_pool_wraps_around_it(monkeypatch):
     import importlib
 
