@@ -32,7 +32,8 @@ FP8_DTYPES: dict[str, torch.dtype] = {
 FEATURES = ("sliding_window", "alibi", "sinks", "softcap")
 
 #: How the batch's queries and keys are drawn (:func:`kvfuzz.contracts.model.data.make_batch_data`), simplest
-#: first. "normal": N(0, 1). "large": queries and keys x4 (logits ~16x larger: sharp softmax, exp range).
+#: first. "normal": unit-variance values close to N(0, 1) (kvfuzz.contracts.model.counter_rng: Irwin-Hall of 4
+#: uniforms, |x| <= 3.46). "large": queries and keys x4 (logits ~16x larger: sharp softmax, exp range).
 #: "equal": every position of a sequence has the same key (all logits of a row equal). "dominant": one
 #: position per sequence has a key x16 (one key takes nearly all, or nearly none, of a row's weight).
 VALUE_RANGES = ("normal", "large", "equal", "dominant")
