@@ -241,6 +241,8 @@ def test_a_case_written_before_the_generator_changed_replays_on_its_stored_groun
     assert torch.equal(data.cache_keys.float() * case.example.batch.k_scale, stored["keys_ground_truth"].float())
     assert not torch.equal(make_batch_data(case.example.batch).keys, data.keys)
     assert stored_data(case.example, {k: v for k, v in stored.items() if k != "sinks"}) is None
+    assert stored_data(case.example, {**stored, "query": stored["query"][1:]}) is None  # not this batch's shape
+    assert stored_data(case.example, {**stored, "values_ground_truth": stored["values_ground_truth"].double()}) is None
     seen, real = [], attention.prepare
     monkeypatch.setattr(attention, "prepare", lambda *a, data=None, **k: seen.append(data) or real(*a, data=data, **k))
     r = replay_here(case, resolve_target(case, None, trust_target=True))

@@ -286,18 +286,19 @@ def stored_data(example: Example, stored: dict):
     counter-based generator) replays on the data it failed with: its seed now draws other data."""
     import torch
 
-    from kvfuzz.contracts.model.data import BatchData, make_batch_data, quantize_fp8
+    from kvfuzz.contracts.model.data import BatchData, quantize_fp8
 
     b = example.batch
     names = ("query", "keys_ground_truth", "values_ground_truth") + (("sinks",) if b.sinks else ())
     if any(n not in stored for n in names):
         return None
-    like = make_batch_data(b)
     q, k, v = stored["query"], stored["keys_ground_truth"], stored["values_ground_truth"]
     sinks = stored.get("sinks") if b.sinks else None
-    for got, want in ((q, like.query), (k, like.keys), (v, like.values), (sinks, like.sinks)):
-        if got is not None and (got.dtype != want.dtype or got.shape != want.shape):
-            return None
+    dt, shape_kv = b.torch_dtype, (sum(b.seq_lens), b.num_kv_heads, b.head_size)  # as make_batch_data draws them
+    want = ((q, dt, (b.num_tokens, b.num_heads, b.head_size)), (k, dt, shape_kv), (v, dt, shape_kv),
+            (sinks, torch.float32, (b.num_heads,)))
+    if any(got is not None and (got.dtype != d or tuple(got.shape) != s) for got, d, s in want):
+        return None
     if b.fp8_dtype is None:
         return BatchData(query=q, keys=k, values=v, sinks=sinks)
     kc, vc = quantize_fp8(k, b.fp8_dtype, b.k_scale), quantize_fp8(v, b.fp8_dtype, b.v_scale)
