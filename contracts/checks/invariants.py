@@ -38,15 +38,21 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
+def _bit_views(found: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bits of ``found`` and of ``expected`` converted to ``found.dtype``, as integer tensors."""
+    return _bits(found.contiguous()), _bits(expected.to(found.dtype).contiguous())
+
+
 def _same_bits(found: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Whether ``found`` and ``expected`` (converted to ``found.dtype``) hold the same bits: one pass, the whole
-    of a passing check's work."""
-    return torch.equal(_bits(found.contiguous()), _bits(expected.to(found.dtype).contiguous()))
+    """Whether ``found`` and ``expected`` hold the same bits (:func:`_bit_views`): one pass, the whole of a
+    passing check's work."""
+    return torch.equal(*_bit_views(found, expected))
 
 
 def _differing_rows(found: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     """``[n, Hkv, D]`` x2 -> bool ``[n, Hkv]``: where the bits differ."""
-    return (_bits(found.contiguous()) != _bits(expected.to(found.dtype).contiguous())).any(dim=-1)
+    a, b = _bit_views(found, expected)
+    return (a != b).any(dim=-1)
 
 
 def _first_per_seq(check: Check, what: str, batch: Batch, seq: torch.Tensor, pos: torch.Tensor,
@@ -100,8 +106,6 @@ def check_cache_holds(invariant: Check, batch: Batch, data: BatchData, layout: C
     k, v, exp_k, exp_v = k.cpu(), v.cpu(), exp_k.cpu(), exp_v.cpu()
     kbad = _differing_rows(k, exp_k)
     bad = kbad | _differing_rows(v, exp_v)
-    if not bool(bad.any()):
-        return []
     # report the key's values where the key differs, else the value's
     kbad = kbad.any(dim=1)
     found = torch.where(kbad[:, None, None], k.to(exp_k.dtype), v.to(exp_v.dtype))
