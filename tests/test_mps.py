@@ -89,7 +89,9 @@ def test_off_and_bad_modes(tmp_path, monkeypatch):
 
 
 def test_default_workers_under_mps():
-    assert default_workers(1, cpus=16, mps=True) == MAX_WORKERS_PER_GPU_MPS  # 16 - 2
+    assert default_workers(1, cpus=16, mps=True) == 14  # 16 - 2
+    assert default_workers(1, cpus=32, mps=True) == MAX_WORKERS_PER_GPU_MPS == 28  # 32 - 2, capped
+    assert default_workers(2, cpus=32, mps=True) == 28  # 2 x (16 - 2)
     assert default_workers(1, cpus=16) == MAX_WORKERS_PER_GPU
     assert default_workers(2, cpus=16, mps=True) == 2 * 6
     assert default_workers(4, cpus=8, mps=True) == 4  # one per GPU at least

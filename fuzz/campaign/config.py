@@ -131,9 +131,12 @@ def gpu_count() -> int:
 #: GPU runs the small fuzz batches of several workers with room to spare.
 MAX_WORKERS_PER_GPU = 8
 #: Under CUDA MPS (kvfuzz.fuzz.campaign.mps) the workers' kernels run concurrently, so more of them help: per GPU
-#: its share of the CPU cores less two (the supervisor, Triton's compiles), at most this many. Measured on an
-#: H100 with 16 cores: 14 workers under MPS 296 examples/s against 8 without 161/s and 16 without 187/s.
-MAX_WORKERS_PER_GPU_MPS = 14
+#: its share of the CPU cores less two (the supervisor, Triton's compiles), at most this many. The rate follows
+#: the CPU cores, not the GPUs (the harness is Python; a GPU runs these small batches in microseconds). Measured on
+#: an H100 with 16 cores: 14 workers under MPS 296 examples/s against 8 without 161/s and 16 without 187/s; on
+#: one H200 of a 32-core host, warm: 14 workers 943/s, 28 workers 1,353/s (two H200s with 14 each: 1,127/s;
+#: benchmarks/results/gpu-multi-h200x2.log).
+MAX_WORKERS_PER_GPU_MPS = 28
 #: Workers at most by default on a machine without CUDA: each holds its own torch and kernel libraries and
 #: keeps the memory it freed (0.4-0.7 GiB resident per vllm.cpu_attention worker).
 MAX_CPU_WORKERS = 8
@@ -151,7 +154,8 @@ def usable_cpus() -> int:
 def default_workers(gpus: int, cpus: int | None = None, mps: bool = False) -> int:
     """Workers when --workers is not given: on CUDA, per GPU half the CPU cores it has (``cpus``, default
     ``os.cpu_count()``; at most :data:`MAX_WORKERS_PER_GPU`, at least 1), or under MPS (``mps``) its cores less
-    two (at most :data:`MAX_WORKERS_PER_GPU_MPS`); on CPU, one per usable core (``cpus``, default
+    two (at most :data:`MAX_WORKERS_PER_GPU_MPS`; 14 on a 16-core host with one GPU, 28 on a 32-core host with
+    one or two); on CPU, one per usable core (``cpus``, default
     :func:`usable_cpus`), at most :data:`MAX_CPU_WORKERS`: a worker runs one torch thread (``--threads``) and its
     examples are mostly Python, so each core runs a worker (vllm.cpu_attention on 2 cores: 140 examples/s with 1
     worker, 290 with 2)."""
