@@ -52,6 +52,7 @@ PY
     for spec in $WARM; do
       IFS=: read -r devs workers <<< "$spec"
       name=warm-${devs//,/}-w$workers
+      rm -rf "$W/$name"  # an entry repeated in WARM starts a fresh campaign, not a resumed one
       CUDA_VISIBLE_DEVICES=$devs timeout $((S + 120)) $KV fuzz --target "$T" --seed 0 --triton-cache "$W/tc" \
         --out "$W/$name" --duration "${S}s" --max-examples "$CAP" --workers "$workers" "$@" > "$W/$name.log" 2>&1 &
       pid=$!
