@@ -184,12 +184,15 @@ def test_sigterm_stops_after_the_current_example_and_writes_the_summary(tmp_path
     import time
     available(TRITON)
     p = start_kvfuzz("fuzz", "--target", TRITON, "--max-examples", "1000", "--poison", "stale", "--out", str(tmp_path))
-    for _ in range(1200):  # until the status file counts an example
+    deadline = time.monotonic() + 900  # until the status file counts an example, however long start-up takes
+    while True:
         try:
             if json.loads((tmp_path / "status.json").read_text())["targets"][0]["examples"] > 0:
                 break
         except (OSError, ValueError, KeyError, IndexError):
             pass
+        assert p.poll() is None, "the campaign ended before it counted an example"
+        assert time.monotonic() < deadline, "no example counted in 900 s"
         time.sleep(0.1)
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=120)

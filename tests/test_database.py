@@ -50,11 +50,13 @@ def _redis(tmp_path):
     proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = redis.Redis(host="127.0.0.1", port=port)
-    for _ in range(50):
+    deadline = time.monotonic() + 60  # however long the server takes to start on a loaded machine
+    while True:
         try:
             client.ping()
             break
         except redis.ConnectionError:
+            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
             time.sleep(0.1)
     return proc, client, f"redis://127.0.0.1:{port}/0"
 
@@ -85,9 +87,12 @@ def test_a_redis_outage_mid_campaign_loses_no_failure(tmp_path):
         p = start_kvfuzz("fuzz", "--target", f"{PLANTED}:Slow", "--target", f"{PLANTED}:RaisesRuntimeError",
                          "--max-examples", "10", "--poison", "stale", "--db", url, "--out", str(tmp_path / "out"),
                          env=dict(os.environ, KVFUZZ_PLANTED_LOG=str(log)), stderr=subprocess.STDOUT)
-        for _ in range(600):
-            if log.exists() and log.read_text().split():
-                break
+        # the outage must come after the campaign's start-up check of the server (which would refuse to start,
+        # exit 3): wait for the first kernel call however long start-up takes on this machine
+        deadline = time.monotonic() + 900  # only against a hang
+        while not (log.exists() and log.read_text().split()):
+            assert p.poll() is None, "the campaign ended before its first kernel call:\n" + p.communicate()[0]
+            assert time.monotonic() < deadline, "no kernel call in 900 s"
             time.sleep(0.1)
         proc.send_signal(signal.SIGKILL)  # the server goes away while the campaign runs
         proc.wait(10)
