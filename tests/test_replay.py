@@ -243,6 +243,9 @@ def test_a_case_written_before_the_generator_changed_replays_on_its_stored_groun
     assert stored_data(case.example, {k: v for k, v in stored.items() if k != "sinks"}) is None
     assert stored_data(case.example, {**stored, "query": stored["query"][1:]}) is None  # not this batch's shape
     assert stored_data(case.example, {**stored, "values_ground_truth": stored["values_ground_truth"].double()}) is None
+    off = stored["keys_ground_truth"].clone()
+    off.view(-1)[torch.argmax(off.abs())] *= 1.001  # no longer an fp8 code times k_scale
+    assert stored_data(case.example, {**stored, "keys_ground_truth": off}) is None
     seen, real = [], attention.prepare
     monkeypatch.setattr(attention, "prepare", lambda *a, data=None, **k: seen.append(data) or real(*a, data=data, **k))
     r = replay_here(case, resolve_target(case, None, trust_target=True))

@@ -158,6 +158,17 @@ def make_batch_data(batch: Batch, device: str | torch.device | None = None) -> B
     if fp8 is None:  # one rounding of the three: views of one tensor (a copy of ``flat``'s unless float32)
         query, keys, values = _split(qkv.to(dt), nq, shape_q, shape_kv)
         return BatchData(query=query, keys=keys, values=values, sinks=sinks)
+    return fp8_batch_data(batch, query, keys, values, sinks)
+
+
+def fp8_batch_data(batch: Batch, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   sinks: torch.Tensor | None) -> BatchData:
+    """The :class:`BatchData` of a batch with an fp8 ``kv_cache_dtype``, from its query and keys/values (shapes as
+    in :class:`BatchData`, any float dtype, one device): the keys/values quantized with ``k_scale``/``v_scale``
+    (:func:`quantize_fp8`) are the cache codes, their exact dequantized values the logical keys/values, the
+    query rounded to ``batch.dtype``. Raises ValueError if a scale does not dequantize exactly in
+    ``batch.dtype``."""
+    dt, fp8 = batch.torch_dtype, batch.fp8_dtype
     kc, vc = quantize_fp8(keys, fp8, batch.k_scale), quantize_fp8(values, fp8, batch.v_scale)
     return BatchData(query=query.to(dt), keys=_exactly_dequantized(kc, batch.k_scale, dt),
                      values=_exactly_dequantized(vc, batch.v_scale, dt), cache_keys=kc, cache_values=vc,

@@ -286,7 +286,7 @@ def stored_data(example: Example, stored: dict):
     counter-based generator) replays on the data it failed with: its seed now draws other data."""
     import torch
 
-    from kvfuzz.contracts.model.data import BatchData, quantize_fp8
+    from kvfuzz.contracts.model.data import BatchData, fp8_batch_data
 
     b = example.batch
     names = ("query", "keys_ground_truth", "values_ground_truth") + (("sinks",) if b.sinks else ())
@@ -301,11 +301,11 @@ def stored_data(example: Example, stored: dict):
         return None
     if b.fp8_dtype is None:
         return BatchData(query=q, keys=k, values=v, sinks=sinks)
-    kc, vc = quantize_fp8(k, b.fp8_dtype, b.k_scale), quantize_fp8(v, b.fp8_dtype, b.v_scale)
-    if not all(torch.equal((c.float() * scale).to(x.dtype), x)
-               for c, scale, x in ((kc, b.k_scale, k), (vc, b.v_scale, v))):
+    try:  # the cache codes as make_batch_data derives them; the stored keys must be their exact values
+        data = fp8_batch_data(b, q, k, v, sinks)
+    except ValueError:
         return None
-    return BatchData(query=q, keys=k, values=v, cache_keys=kc, cache_values=vc, sinks=sinks)
+    return data if torch.equal(data.keys, k) and torch.equal(data.values, v) else None
 
 
 def replay_here(case: Case, target: Target, on_phase=None) -> ReplayResult:
@@ -324,8 +324,9 @@ def replay_here(case: Case, target: Target, on_phase=None) -> ReplayResult:
         inputs_match = all(k in stored and torch.equal(stored[k].view(torch.uint8),
                                                        v.cpu().contiguous().view(torch.uint8))
                            for k, v in (("query", run.data.query), ("keys_ground_truth", run.data.keys)))
-        data = None if inputs_match else stored_data(case.example, stored)
-        if data is not None and not properties.is_writer(target):  # e.g. written before the seed's data changed
+        # an attention case written before the seed's data changed: re-run on its stored ground truth
+        data = None if inputs_match or properties.is_writer(target) else stored_data(case.example, stored)
+        if data is not None:
             run = attention.prepare(target, case.example, fault, data=data.to(run.data.query.device))
     expected = (case.kind, case.check)
     try:
