@@ -12,6 +12,7 @@ prints the operator counts only: nothing is launched). ``--big``: examples scale
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import json
 import sys
@@ -75,7 +76,6 @@ def main() -> None:
     wall = collections.Counter()
     for s0, s1, name in spans:
         wall[name] += s1 - s0
-    import bisect
     starts = [s[0] for s in spans]
     for ev in prof.events():
         if ev.name in STAGES or ev.device_type != torch.autograd.DeviceType.CPU:
