@@ -68,7 +68,7 @@ PY
 import json, sys
 xs = [int(x) for x in open(sys.argv[1]).read().split()]
 t = json.load(open(sys.argv[2]))["targets"][0]
-last = max(i for i, x in enumerate(xs) if x == xs[-1])
+last = min(i for i, x in enumerate(xs) if x == xs[-1])  # the first second with the final count
 steady = (xs[last] - xs[10]) / max(1, last - 10) if last > 10 else None
 print(sys.argv[3], "exit", sys.argv[4], "examples", t["examples"], "ex/s", t["examples_per_s"],
       "steady", steady and round(steady, 1), "failures", len(t.get("failures", [])))
