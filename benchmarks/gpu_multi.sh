@@ -6,10 +6,13 @@
 # WARM="DEVICES:WORKERS ..." (e.g. "0:14 0,1:28 0:28") then separates the GPUs from the CPU cores: a cold campaign
 # on all GPUs fills one Triton cache, and each entry runs a warm `kvfuzz fuzz` on it for SECONDS, capped at the
 # cold run's example count (the configurations it compiled), printing examples, examples/s and its steady rate
-# (status.json sampled each second, from the 10th to the last second with examples). SKIP_COLD=1 skips the
-# two cold runs. Files under OUT: gpus-N.json (bench curve's JSON) per cold run, util-N.txt, warm-*.json,
+# (status.json sampled each second, from the 10th second to the first with the final count) and its rate from the
+# first second with a counted example to that one (worker start-up left out). An entry
+# DEVICES:WORKERS:old runs the carried tree of an earlier commit instead (OLD, default .device/old.tgz, made here
+# with `git archive --format=tar.gz -o .device/old.tgz REV`), on the same cache: a before/after on one machine
+# (entries alternate in the order given). SKIP_COLD=1 skips the two cold runs. Files under OUT: gpus-N.json (bench curve's JSON) per cold run, util-N.txt, warm-*.json,
 # log.txt.
-# Usage: OUT=dir [WARM=...] [SKIP_COLD=1] bash benchmarks/gpu_multi.sh [TARGET] [SECONDS] [-- kvfuzz fuzz args]
+# Usage: OUT=dir [WARM=...] [OLD=tgz] [SKIP_COLD=1] bash benchmarks/gpu_multi.sh [TARGET] [SECONDS] [-- kvfuzz fuzz args]
 set -uo pipefail
 T=${1:-vllm.unified_attention}
 S=${2:-120}
@@ -49,11 +52,21 @@ PY
     echo "fill exit $?"
     CAP=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['targets'][0]['examples'])" "$W/fill/summary.json")
     echo "fill: $CAP examples"
+    NEW_PATH=$PYTHONPATH
+    if [[ " $WARM" == *:old* ]]; then  # the earlier tree, installed beside this one
+      rm -rf /tmp/multi-old /tmp/multi-kvold && mkdir -p /tmp/multi-old \
+        && tar xzf "${OLD:-.device/old.tgz}" -C /tmp/multi-old \
+        && (cd /tmp/multi-old && python3 -m pip install -q --no-deps --no-build-isolation --no-index \
+              --target /tmp/multi-kvold .) || { echo "OLD tree: install failed"; exit 1; }
+      echo "old tree: ${OLD:-.device/old.tgz}"
+    fi
+    k=0
     for spec in $WARM; do
-      IFS=: read -r devs workers <<< "$spec"
-      name=warm-${devs//,/}-w$workers
-      rm -rf "$W/$name"  # an entry repeated in WARM starts a fresh campaign, not a resumed one
-      CUDA_VISIBLE_DEVICES=$devs timeout $((S + 120)) $KV fuzz --target "$T" --seed 0 --triton-cache "$W/tc" \
+      IFS=: read -r devs workers tree <<< "$spec"
+      k=$((k + 1))
+      name=warm-${devs//,/}-w$workers${tree:+-$tree}-$k
+      P=$NEW_PATH; [ "$tree" = old ] && P=/tmp/multi-kvold:$NEW_PATH
+      PYTHONPATH=$P CUDA_VISIBLE_DEVICES=$devs timeout $((S + 120)) $KV fuzz --target "$T" --seed 0 --triton-cache "$W/tc" \
         --out "$W/$name" --duration "${S}s" --max-examples "$CAP" --workers "$workers" "$@" > "$W/$name.log" 2>&1 &
       pid=$!
       : > "$W/$name.samples"
@@ -70,8 +83,11 @@ xs = [int(x) for x in open(sys.argv[1]).read().split()]
 t = json.load(open(sys.argv[2]))["targets"][0]
 last = min(i for i, x in enumerate(xs) if x == xs[-1])  # the first second with the final count
 steady = (xs[last] - xs[10]) / max(1, last - 10) if last > 10 else None
+first = next((i for i, x in enumerate(xs) if x > 0), last)  # the first second with an example counted
+run = (xs[last] - xs[first]) / (last - first) if last > first else None
 print(sys.argv[3], "exit", sys.argv[4], "examples", t["examples"], "ex/s", t["examples_per_s"],
-      "steady", steady and round(steady, 1), "failures", len(t.get("failures", [])))
+      "steady", steady and round(steady, 1), "first-to-last", run and round(run, 1),
+      "failures", len(t.get("failures", [])))
 PY
     done
   fi
