@@ -94,5 +94,7 @@ class NHDLayout:
         value_cache[slots // bs, slots % bs] = value.to(value_cache.dtype)
 
     def gather(self, key_cache, value_cache, slots):
+        if key_cache.is_contiguous() and value_cache.is_contiguous():  # slot = block * block_size + offset
+            return key_cache.flatten(0, 1)[slots], value_cache.flatten(0, 1)[slots]
         bs = key_cache.shape[1]
         return key_cache[slots // bs, slots % bs], value_cache[slots // bs, slots % bs]

@@ -9,67 +9,64 @@ vllm/v1/attention/ops/chunked_prefill_paged_decode.py, prefix_prefill.py, triton
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..checks.violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
 from .paged_call import Lens, PagedCall, index_values
 
-def _needed_blocks(lens: Lens, bs: int) -> torch.Tensor:
-    return torch.div(lens.seq_lens.clamp(min=0) + bs - 1, bs, rounding_mode="floor")
-
-
 def check_block_table(call: PagedCall, lens: Lens) -> tuple[list[Violation], torch.Tensor]:
     """Every block the kernel reads (columns ``< ceil(seq_len / block_size)``) exists in the table and lies in
     ``[0, num_blocks)``; no two sequences write their new tokens (positions ``ctx_len .. seq_len-1``) into one
     block. Returns the violations and a bool ``[N]`` mask of sequences whose blocks are all readable (the cache
-    checks use only those).
+    checks use only those). The index arithmetic runs in numpy on the host copy of the table (a few small arrays:
+    a torch operator costs microseconds of dispatch, each example of a campaign pays it).
 
     Source: every kernel reads ``block_table[seq, pos // block_size]`` for ``pos < seq_len`` (docs/contracts.md §1)
     with no bounds check; vllm/v1/core/kv_cache_manager.py never hands one block to two writers.
     """
     k, out = call.kernel, []
     n = len(lens.seq_lens)
-    ok = torch.ones(n, dtype=torch.bool)
     if call.skip_blocks:
-        return out, ok
-    bt = index_values(call.block_table)
-    if bt is None or bt.dim() != 2:
+        return out, torch.ones(n, dtype=torch.bool)
+    bt_t = index_values(call.block_table)
+    if bt_t is None or bt_t.dim() != 2:
         return out, torch.zeros(n, dtype=torch.bool)
-    bt = bt[:n]
+    bt = bt_t[:n].numpy()
+    seq_lens, ctx_lens, query_lens = (x.numpy() for x in (lens.seq_lens, lens.ctx_lens, lens.query_lens))
     bs, nb = call.block_size, call.num_blocks
-    need = _needed_blocks(lens, bs)
+    need = (np.maximum(seq_lens, 0) + bs - 1) // bs
     m = bt.shape[1]
-    narrow = torch.nonzero(need > m).flatten()
+    narrow = np.flatnonzero(need > m)
     for i in narrow[:MAX_RECORDS_PER_CHECK].tolist():
         out.append(violation(Check.BLOCK_TABLE_WIDTH,
-            f"{call.name('block_table')} has {m} columns but sequence {i} (seq_len {int(lens.seq_lens[i])}, "
+            f"{call.name('block_table')} has {m} columns but sequence {i} (seq_len {int(seq_lens[i])}, "
             f"block_size {bs}) needs {int(need[i])}: the kernel reads past the row", kernel=k, seq=i,
-            position=int(lens.seq_lens[i]) - 1, expected=f">= {int(need[i])} columns", found=f"{m} columns"))
+            position=int(seq_lens[i]) - 1, expected=f">= {int(need[i])} columns", found=f"{m} columns"))
     out = capped(out, len(narrow))
-    ok &= need <= m
-    cols = torch.arange(m)
+    cols = np.arange(m)
     read = cols[None, :] < need[:, None]  # [N, M]
     oob = read & ((bt < 0) | (bt >= nb))
-    bad_seqs = torch.nonzero(oob.any(dim=1)).flatten()
+    oob_seq = oob.any(axis=1)
+    bad_seqs = np.flatnonzero(oob_seq)
     recs = []
     for i in bad_seqs[:MAX_RECORDS_PER_CHECK].tolist():
-        c = int(torch.nonzero(oob[i]).flatten()[0])
+        c = int(np.flatnonzero(oob[i])[0])
         blk = int(bt[i, c])
         recs.append(violation(Check.BLOCK_RANGE,
             f"{call.name('block_table')}[{i}, {c}] = {blk} is outside the cache's {nb} blocks; the kernel reads "
-            f"it for positions {c * bs}..{min((c + 1) * bs, int(lens.seq_lens[i])) - 1}", kernel=k, seq=i, position=c * bs,
+            f"it for positions {c * bs}..{min((c + 1) * bs, int(seq_lens[i])) - 1}", kernel=k, seq=i, position=c * bs,
             block=blk, expected=f"0 <= id < {nb}", found=blk, count=int(oob[i].sum())))
     out += capped(recs, len(bad_seqs))
-    ok &= ~oob.any(dim=1)
+    ok = torch.from_numpy((need <= m) & ~oob_seq)
     # write-write sharing: columns holding new tokens
-    first_new = torch.div(lens.ctx_lens.clamp(min=0), bs, rounding_mode="floor")
-    write = read & (cols[None, :] >= first_new[:, None]) & (lens.query_lens > 0)[:, None]
-    seq_idx = torch.arange(n)[:, None].expand(n, m)
-    w_seq, w_blk = seq_idx[write], bt[write]
+    first_new = np.maximum(ctx_lens, 0) // bs
+    write = read & (cols[None, :] >= first_new[:, None]) & (query_lens > 0)[:, None]
+    w_seq, w_blk = np.nonzero(write)[0], bt[write]  # row-major: the same order as the table's cells
     if len(w_blk):
-        pairs = torch.unique(w_blk * n + w_seq)  # distinct (block, seq), sorted by block
-        pblk, pseq = torch.div(pairs, n, rounding_mode="floor"), pairs % n
-        blocks, counts = torch.unique_consecutive(pblk, return_counts=True)
+        pairs = np.unique(w_blk * n + w_seq)  # distinct (block, seq), sorted by block
+        pblk, pseq = pairs // n, pairs % n
+        blocks, counts = np.unique(pblk, return_counts=True)
         shared = blocks[counts > 1]
         recs = []
         writes = call.declaration.writes_cache

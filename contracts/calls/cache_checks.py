@@ -10,6 +10,7 @@ fp8), SGLang's triton_backend.py (the current token written to the pool before d
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..checks.violations import MAX_RECORDS_PER_CHECK, Category, Check, Violation, Severity, capped, violation
@@ -52,31 +53,33 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
         return []
     if call.key.shape[0] != int(lens.qsl[-1]):
         return []  # Check.PREFILL_ROWS reports it; rows cannot be matched to tokens
-    ql = lens.query_lens.clamp(min=0)
-    include = readable & (lens.query_lens >= 0) & (lens.ctx_lens >= 0)
+    # the index arithmetic in numpy on the host (small arrays; a torch operator costs microseconds of dispatch)
+    query_lens, ctx_lens, qsl = (x.numpy() for x in (lens.query_lens, lens.ctx_lens, lens.qsl))
+    ql = np.maximum(query_lens, 0)
+    include = readable.numpy() & (query_lens >= 0) & (ctx_lens >= 0)
     if call.new_tokens_cached is NewTokensCached.DECODE:
-        include &= lens.query_lens == 1
+        include &= query_lens == 1
         check = Check.DECODE
     else:
         check = Check.UNIFIED
-    counts = torch.where(include, ql, torch.zeros_like(ql))
+    counts = np.where(include, ql, 0)
     total = int(counts.sum())
     if total == 0:
         return []
-    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    j = torch.arange(total) - (torch.cumsum(counts, 0) - counts)[seq]
-    pos = lens.ctx_lens[seq] + j
-    rows = lens.qsl[seq] + j
-    bt = index_values(call.block_table)
+    seq = np.repeat(np.arange(len(counts)), counts)
+    j = np.arange(total) - (np.cumsum(counts) - counts)[seq]
+    pos = ctx_lens[seq] + j
+    rows = qsl[seq] + j
+    bt = index_values(call.block_table).numpy()
     bs = call.block_size
     blk = bt[seq, pos // bs]
     slots = blk * bs + pos % bs
     dev = call.key_cache.device
-    kc_rows, vc_rows = call.layout.gather(call.key_cache, call.value_cache, slots.to(dev))
-    if total == call.key.shape[0] and torch.equal(rows, torch.arange(total)):  # every row, in order: no gather
+    kc_rows, vc_rows = call.layout.gather(call.key_cache, call.value_cache, torch.from_numpy(slots).to(dev))
+    if total == call.key.shape[0] and rows[0] == 0 and (np.diff(rows) == 1).all():  # every row, in order
         key_rows, value_rows = call.key, call.value
     else:
-        rows_d = rows.to(call.key.device)
+        rows_d = torch.from_numpy(rows).to(call.key.device)
         key_rows, value_rows = call.key[rows_d], call.value[rows_d]
     exp_k, fp8, desc = as_cache_repr(call, key_rows.to(dev), scale_value(call.k_scale), rocm_arch)
     exp_v, _, _ = as_cache_repr(call, value_rows.to(dev), scale_value(call.v_scale), rocm_arch)
@@ -85,22 +88,23 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
     kbad = _differs(kc_rows, exp_k, fp8)
     # an interleaved value cache (use_interleaved_v_cache) cannot be read through the layout: keys only
     vbad = torch.zeros_like(kbad) if call.skip_value_layout else _differs(vc_rows, exp_v, fp8)
-    kbad, vbad = torch.stack([kbad, vbad]).cpu()  # one device-to-host copy (one sync on a GPU)
+    kbad, vbad = torch.stack([kbad, vbad]).cpu().numpy()  # one device-to-host copy (one sync on a GPU)
     bad = kbad | vbad
-    bad_rows = bad.any(dim=1)
+    bad_rows = bad.any(axis=1)
     if not bad_rows.any():
         return []
-    offenders = torch.unique(seq[bad_rows])
+    offenders = np.unique(seq[bad_rows])
     out = []
     for s in offenders[:MAX_RECORDS_PER_CHECK].tolist():
-        r = int(torch.nonzero(bad_rows & (seq == s)).flatten()[0])
+        in_s = bad_rows & (seq == s)
+        r = int(np.flatnonzero(in_s)[0])
         is_k = bool(kbad[r].any())
-        h = int(torch.nonzero(kbad[r] if is_k else vbad[r]).flatten()[0])
+        h = int(np.flatnonzero(kbad[r] if is_k else vbad[r])[0])
         got, exp = (kc_rows, exp_k) if is_k else (vc_rows, exp_v)
         g = got[r, h].view(fp8) if fp8 is not None else got[r, h]
         e = exp[r, h]
         d = int(torch.nonzero(bits(g) != bits(e)).flatten()[0]) if (bits(g) != bits(e)).any() else 0
-        n_bad = int((bad_rows & (seq == s)).sum())
+        n_bad = int(in_s.sum())
         p = int(pos[r])
         which = "key" if is_k else "value"
         if check == Check.DECODE:
