@@ -1,15 +1,21 @@
 """The public surface: what ``import kvfuzz`` offers (api/__init__.py) is an explicit list, every name of it
-resolves, and no module of kvfuzz imports another module's private (``_name``) names."""
+resolves, a user's Hypothesis test runs a real kernel through it alone (and fails on a broken one), every module
+of the package says what it exports (``__all__``), and no module of kvfuzz imports another module's private
+(``_name``) names."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
+from hypothesis import given
 
 import kvfuzz
 
@@ -27,6 +33,9 @@ PUBLIC = {
     "Limits", "batches", "examples",
     # the Target API and the registry
     "Target", "KernelCall", "Availability", "get_target", "registered",
+    # the property: one example against a target, what it returns and raises, the caller faults it can plant
+    "check_example", "Run", "CallerContractViolation", "KernelCrash", "KernelMismatch", "NonFiniteOutput",
+    "CallerFault", "get_fault",
     # the runtime guard
     "guard", "Guard", "GuardRecord", "CallerContractError", "KvfuzzGuardWarning",
 }
@@ -56,6 +65,141 @@ def test_import_kvfuzz_is_lazy():
     code = "import sys, kvfuzz; print('torch' in sys.modules, any(m.startswith('kvfuzz.fuzz') for m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.stdout.split() == ["False", "False"], r.stdout + r.stderr
+
+
+# ---- a user's property test, through ``import kvfuzz`` alone ------------------------------------------------
+def public_target(name: str) -> kvfuzz.Target:
+    """The built-in target ``name`` (``kvfuzz.get_target``), or skip, naming why it cannot run here."""
+    target = kvfuzz.get_target(name)
+    availability = target.availability()
+    if not availability.ok:
+        pytest.skip(f"{name} unavailable: {availability.reason}")
+    return target
+
+
+class PagedSdpa(kvfuzz.Target):
+    """examples/sdpa_paged_target.py, written here against the public names: torch SDPA over K/V gathered from
+    a paged NHD cache through the block table. ``drops_newest_key``: the planted bug of :class:`DropsNewestKey`."""
+
+    name = "test.paged_sdpa"
+    description = "torch SDPA on K/V gathered from a paged NHD cache"
+    capabilities = kvfuzz.Capabilities(contract=kvfuzz.Contract.UNIFIED, devices=("cpu",), dtypes=("float32",),
+                                       head_sizes=(32,), block_sizes=(16,))
+    drops_newest_key = False
+
+    def availability(self):
+        return kvfuzz.Availability(True, "torch", "cpu")
+
+    def layout(self, batch):
+        return kvfuzz.NHDLayout()
+
+    def build_call(self, batch, data, cache):
+        import torch
+
+        out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype)
+        kwargs = dict(query=data.query.cpu(), key_cache=cache.key_cache, value_cache=cache.value_cache,
+                      block_table=batch.block_table_tensor("cpu"), seq_lens=batch.seq_lens_tensor("cpu"),
+                      query_start_loc=batch.query_start_loc_tensor("cpu"), scale=batch.sm_scale, output=out)
+        return kvfuzz.KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
+
+    def run(self, call):
+        import torch
+        import torch.nn.functional as F
+
+        a = call.kwargs
+        bs = a["key_cache"].shape[1]
+        qsl, seq_lens = a["query_start_loc"].tolist(), a["seq_lens"].tolist()
+        for i, seq_len in enumerate(seq_lens):
+            read = seq_len - 1 if self.drops_newest_key and seq_len > 1 else seq_len
+            pos = torch.arange(read)
+            slots = a["block_table"][i, pos // bs].long() * bs + pos % bs
+            k = a["key_cache"][slots // bs, slots % bs].transpose(0, 1)  # [Hkv, S, D]
+            v = a["value_cache"][slots // bs, slots % bs].transpose(0, 1)
+            q = a["query"][qsl[i]:qsl[i + 1]].transpose(0, 1)  # [H, Q, D]
+            ql = q.shape[1]
+            mask = pos[None, :] <= (seq_len - ql + torch.arange(ql))[:, None]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a["scale"], enable_gqa=True)
+            a["output"][qsl[i]:qsl[i + 1]] = o.transpose(0, 1)
+        return a["output"]
+
+
+class DropsNewestKey(PagedSdpa):
+    """The planted off-by-one: it reads ``seq_len - 1`` keys of a sequence longer than one token, so the newest
+    token (a decode's own key) is never attended to."""
+
+    name = "test.drops_newest_key"
+    drops_newest_key = True
+
+
+@pytest.mark.kernel
+def test_a_users_property_test_passes_with_all_defaults():
+    """The simple case, all defaults: ``@given(kvfuzz.examples(capabilities))`` and ``kvfuzz.check_example``;
+    every example returns a Run holding the output and the fp64 reference, ``[num_tokens, num_heads,
+    head_size]`` each."""
+    target = PagedSdpa()
+    seen = []
+
+    @given(kvfuzz.examples(PagedSdpa.capabilities))
+    def test_paged_sdpa(example):
+        run = kvfuzz.check_example(target, example)
+        assert isinstance(run, kvfuzz.Run)
+        batch = example.batch
+        assert run.output.shape == run.reference.shape == (batch.num_tokens, batch.num_heads, batch.head_size)
+        seen.append(example.poison)
+
+    test_paged_sdpa()
+    assert kvfuzz.Poison.NAN in seen, seen
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("name", ["vllm.cpu_attention", "torch.flex_paged"])
+def test_real_kernels_pass_the_public_property(name, one_torch_thread):
+    """vLLM's CPU paged-attention op and torch's paged flex_attention, found by name and checked through the
+    public names. Both let NaN in unused V slots reach the output (known defects, ``Target.gate_poisons``), so
+    their examples draw the finite poisons the pre-merge gate uses."""
+    target = public_target(name)
+    assert target.gate_poisons and kvfuzz.Poison.NAN not in target.gate_poisons
+    limits = kvfuzz.Limits(max_num_seqs=2, max_ctx_len=40, max_query_len=8)
+
+    @given(kvfuzz.examples(target.capabilities, limits, poisons=target.gate_poisons))
+    def test_real_kernel(example):
+        run = kvfuzz.check_example(target, example)
+        assert run.output.shape == (example.batch.num_tokens, example.batch.num_heads, example.batch.head_size)
+
+    test_real_kernel()
+
+
+@pytest.mark.kernel
+def test_a_broken_kernel_fails_the_public_property():
+    """The same test around a kernel with a planted bug raises a Finding: Hypothesis finds the failing example,
+    shrinks it and re-raises the kernel's mismatch against the reference."""
+    target = DropsNewestKey()
+
+    @given(kvfuzz.examples(DropsNewestKey.capabilities, kvfuzz.Limits(max_num_seqs=2, max_ctx_len=40)))
+    def test_broken(example):
+        kvfuzz.check_example(target, example)
+
+    with pytest.raises(kvfuzz.Finding) as info:
+        test_broken()
+    assert not PagedSdpa.drops_newest_key  # the same test passes on the correct kernel (above)
+    assert info.value.kind is kvfuzz.FailureKind.KERNEL_MISMATCH, info.value
+    assert isinstance(info.value, kvfuzz.KernelMismatch)
+
+
+@pytest.mark.kernel
+def test_a_planted_caller_fault_is_the_callers_finding(one_torch_thread):
+    """``fault=``: a caller that leaves a decode's current token out of the cache (``decode-ctx-only``) is
+    reported as a caller contract violation, on a correct kernel."""
+    target = public_target("vllm.cpu_attention")
+    batch = kvfuzz.Batch(query_lens=[1], ctx_lens=[20], num_heads=4, num_kv_heads=2, head_size=32, block_size=16,
+                         num_blocks=3, block_table=[[0, 1]], dtype="float32", seed=0)
+    example = kvfuzz.Example(batch, kvfuzz.Poison.ZEROS)  # not NaN: the op's known defect (above)
+    kvfuzz.check_example(target, example)  # the correct caller passes
+    with pytest.raises(kvfuzz.CallerContractViolation) as info:
+        kvfuzz.check_example(target, example, fault=kvfuzz.get_fault("decode-ctx-only"))
+    assert info.value.kind.blame == "caller"
+    with pytest.raises(TypeError):
+        kvfuzz.check_example(target, example, kvfuzz.get_fault("decode-ctx-only"))  # fault is keyword-only
 
 
 # ---- no private name imported across modules ---------------------------------------------------------------
