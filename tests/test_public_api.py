@@ -225,6 +225,17 @@ def private_imports(source: str, module: str, is_package: bool) -> list[tuple[st
     """(module, name) of every ``from M import _name`` (absolute or relative) in ``source`` where M is not the
     importing module itself. Dunder names (``__version__``) are public."""
     found = []
+    for source_module, name in from_imports(source, module, is_package):
+        private = name.startswith("_") and not name.startswith("__")
+        if private and source_module != module:
+            found.append((source_module, name))
+    return found
+
+
+def from_imports(source: str, module: str, is_package: bool) -> list[tuple[str, str]]:
+    """(module, name) of every ``from M import name`` in ``source``, relative imports resolved against
+    ``module`` (a package's own ``__init__`` when ``is_package``)."""
+    found = []
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.ImportFrom):
             continue
@@ -234,10 +245,7 @@ def private_imports(source: str, module: str, is_package: bool) -> list[tuple[st
             source_module = ".".join(base + ([node.module] if node.module else []))
         else:
             source_module = node.module
-        for alias in node.names:
-            private = alias.name.startswith("_") and not alias.name.startswith("__")
-            if private and source_module != module:
-                found.append((source_module, alias.name))
+        found += [(source_module, alias.name) for alias in node.names]
     return found
 
 
@@ -271,3 +279,116 @@ def test_no_private_name_is_imported_across_modules():
                      f"own if several modules share it): {new}")
     fixed = sorted(TARGETS_PRIVATE_IMPORTS - found)
     assert not fixed, f"fixed: remove them from TARGETS_PRIVATE_IMPORTS: {fixed}"
+
+
+# ---- every module says what it exports (``__all__``) ---------------------------------------------------------
+def package_files() -> dict[str, Path]:
+    """Every module of the package (``kvfuzz.fuzz.campaign.engine``, packages by their own name) -> its file."""
+    return {module_name(path.relative_to(ROOT))[0]: path for room in ROOMS for path in sorted((ROOT / room).rglob("*.py"))}
+
+
+#: Every module whose ``__all__`` is checked: all of them but ``python -m`` entry points, which run on import.
+MODULES = sorted(m for m in package_files() if not m.endswith(".__main__"))
+
+
+def export_problems(module: types.ModuleType) -> list[str]:
+    """What is wrong with ``module.__all__``: missing, not a list or tuple of strings, a private name, a name
+    listed twice, a name the module does not have, or a class or function of another kvfuzz module (a
+    re-export) that its home module does not list."""
+    where = module.__name__
+    if not hasattr(module, "__all__"):
+        return [f"{where} defines no __all__ (list the names other modules and users import from it)"]
+    names = module.__all__
+    if not isinstance(names, (list, tuple)):
+        return [f"{where}.__all__ is a {type(names).__name__}, not a list"]
+    problems = [f"{where}.__all__ lists {n!r} twice" for n in sorted({n for n in names if names.count(n) > 1})]
+    for name in names:
+        if not isinstance(name, str):
+            problems.append(f"{where}.__all__ holds {name!r}, not a name")
+        elif name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
+            problems.append(f"{where}.__all__ lists the private name {name}")
+        elif not hasattr(module, name):
+            problems.append(f"{where}.__all__ lists {name}, which {where} does not have")
+        else:
+            obj = getattr(module, name)
+            home = getattr(obj, "__module__", None)
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)) or not home or not home.startswith("kvfuzz.") \
+                    or home == where:
+                continue
+            listed = getattr(importlib.import_module(home), "__all__", None)  # None: its own case says so
+            if listed is not None and obj.__name__ not in listed:
+                problems.append(f"{where} exports {name}, which its home {home} does not list in __all__")
+    return problems
+
+
+def unexported_imports(files: dict[str, Path], exports) -> list[str]:
+    """Names one module of ``files`` imports from another (``from M import name``) that M's ``__all__``
+    (``exports(M)``, None where M has none) does not list; a submodule imported by name is not a name of M's.
+    Private names are :func:`test_no_private_name_is_imported_across_modules`'s."""
+    problems = []
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+        for source, name in from_imports(path.read_text(), module, is_package):
+            if source not in files or source == module or name.startswith("_") or f"{source}.{name}" in files:
+                continue
+            listed = exports(source)
+            if listed is not None and name not in listed:  # no __all__ at all: the test above says so
+                problems.append(f"{module} imports {name} from {source}, whose __all__ does not list it")
+    return sorted(set(problems))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_module_declares_its_exports(name):
+    assert export_problems(importlib.import_module(name)) == []
+
+
+def test_every_name_imported_across_modules_is_exported():
+    problems = unexported_imports(package_files(), lambda m: getattr(importlib.import_module(m), "__all__", None))
+    assert not problems, "add these names to their module's __all__:\n" + "\n".join(problems)
+
+
+def test_the_export_checks_find_planted_problems():
+    """Neither check above is vacuous: a module without ``__all__``, one listing a missing, private, repeated
+    or non-string name, one re-exporting a function its home keeps private, and an import of a name its module
+    does not export are each reported; a clean module and an import of a submodule are not."""
+    def planted(**attrs) -> types.ModuleType:
+        module = types.ModuleType("kvfuzz.planted")
+        module.__dict__.update(attrs)
+        return module
+
+    assert export_problems(planted(f=len)) == ["kvfuzz.planted defines no __all__ (list the names other modules "
+                                              "and users import from it)"]
+    assert export_problems(planted(__all__=["f", "g"], f=len, g=1)) == []
+    problems = export_problems(planted(__all__=["f", "f", "_g", "missing", 3], f=len, _g=1))
+    assert problems == ["kvfuzz.planted.__all__ lists 'f' twice", "kvfuzz.planted.__all__ lists the private name _g",
+                        "kvfuzz.planted.__all__ lists missing, which kvfuzz.planted does not have",
+                        "kvfuzz.planted.__all__ holds 3, not a name"]
+    assert export_problems(planted(__all__=("x",), x=None)) == []
+    assert export_problems(planted(__all__="f", f=len)) == ["kvfuzz.planted.__all__ is a str, not a list"]
+    from kvfuzz.fuzz.harness import faults
+
+    private_home = planted(__all__=["ctx_only", "get_fault"], ctx_only=faults._decode_ctx_only,
+                           get_fault=faults.get_fault)
+    assert export_problems(private_home) == [
+        "kvfuzz.planted exports ctx_only, which its home kvfuzz.fuzz.harness.faults does not list in __all__"]
+
+    def files(tmp: dict[str, str]) -> dict[str, Path]:
+        return {m: FakeFile(src, m.endswith("pkg")) for m, src in tmp.items()}
+
+    fake = files({"kvfuzz.a": "from kvfuzz.b import shown, hidden\nfrom kvfuzz.pkg import sub\nfrom os import sep\n"
+                              "from kvfuzz.c import anything\n",
+                  "kvfuzz.b": "", "kvfuzz.c": "", "kvfuzz.pkg": "from .sub import thing\n", "kvfuzz.pkg.sub": ""})
+    exported = {"kvfuzz.b": ["shown"], "kvfuzz.c": None, "kvfuzz.pkg": [], "kvfuzz.pkg.sub": []}
+    assert unexported_imports(fake, exported.get) == [
+        "kvfuzz.a imports hidden from kvfuzz.b, whose __all__ does not list it",
+        "kvfuzz.pkg imports thing from kvfuzz.pkg.sub, whose __all__ does not list it"]
+
+
+class FakeFile:
+    """A stand-in for a module's Path in :func:`unexported_imports`: its source, and whether it is a package."""
+
+    def __init__(self, source: str, is_package: bool):
+        self.source, self.name = source, "__init__.py" if is_package else "module.py"
+
+    def read_text(self) -> str:
+        return self.source
