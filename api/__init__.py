@@ -44,8 +44,9 @@ _EXPORTS = {
             "KernelMismatch", "NonFiniteOutput"),
     # the Hypothesis strategies
     **_from("strategies.limits", "Limits"), **_from("strategies.batches", "batches", "examples"),
-    # the Target API and the registry
+    # the Target API and the registry; the CSR lists an adapter of an SGLang- or FlashInfer-style kernel builds
     **_from("fuzz.targets.base", "Target", "KernelCall", "Availability"),
+    **_from("contracts.model.csr", "token_slot_lists", "page_lists"),
     **_from("fuzz.targets.registry", "get_target", "registered"),
     # the property: one example against a target, and the caller faults it can plant
     **_from("fuzz.harness.properties", "check_example"), **_from("fuzz.harness.run", "Run"),

@@ -31,8 +31,8 @@ PUBLIC = {
     "Check", "Violation", "FailureKind", "Finding",
     # the Hypothesis strategies
     "Limits", "batches", "examples",
-    # the Target API and the registry
-    "Target", "KernelCall", "Availability", "get_target", "registered",
+    # the Target API and the registry; the CSR lists of SGLang- and FlashInfer-style kernels
+    "Target", "KernelCall", "Availability", "get_target", "registered", "token_slot_lists", "page_lists",
     # the property: one example against a target, what it returns and raises, the caller faults it can plant
     "check_example", "Run", "CallerContractViolation", "KernelCrash", "KernelMismatch", "NonFiniteOutput",
     "CallerFault", "get_fault",
