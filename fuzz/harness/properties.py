@@ -99,7 +99,8 @@ def check_example(target: Target, example: Example, *, fault: CallerFault | None
     whose ``availability().ok`` holds here. ``example``: an :class:`~kvfuzz.contracts.model.example.Example`,
     usually drawn from ``kvfuzz.examples(target.capabilities)``; outside the target's declaration the kernel is
     asked anyway. ``fault``: a :class:`~kvfuzz.fuzz.harness.faults.CallerFault` (``kvfuzz.get_fault(name)``)
-    to break the caller's side of the contract on purpose; None for a correct caller.
+    to break the caller's side of the contract on purpose (one that cannot apply to the example, see
+    ``fault.applies``, leaves it alone); None for a correct caller.
 
     Returns the :class:`~kvfuzz.fuzz.harness.run.Run` on a pass: ``run.output`` is the kernel's output and
     ``run.reference`` the fp64 reference (on the CPU), both ``[num_tokens, num_heads, head_size]`` (tokens in
