@@ -23,3 +23,6 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
         return sorted(exports)
 
     return __getattr__, __dir__
+
+
+__all__ = ["lazy_exports"]

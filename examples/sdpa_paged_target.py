@@ -1,6 +1,11 @@
 """A user adapter in one file: torch's scaled_dot_product_attention over a paged NHD cache.
 
 Run it with:  kvfuzz fuzz --target examples/sdpa_paged_target.py:SdpaPaged
+or from a Hypothesis test:
+
+    @given(kvfuzz.examples(SdpaPaged.capabilities))
+    def test_sdpa_paged(example):
+        kvfuzz.check_example(SdpaPaged(), example)
 
 It reads each sequence's keys/values out of the paged cache through its block table (so it has the unified
 contract: every seq_len position must be in the cache) and calls SDPA with a bottom-right causal mask.
@@ -9,22 +14,21 @@ contract: every seq_len position must be in the cache) and calls SDPA with a bot
 import torch
 import torch.nn.functional as F
 
-from kvfuzz.contracts import Capabilities, Contract, NHDLayout
-from kvfuzz.fuzz.targets import Availability, KernelCall, Target
+import kvfuzz
 
 
-class SdpaPaged(Target):
+class SdpaPaged(kvfuzz.Target):
     name = "example.sdpa_paged"
     description = "torch SDPA on K/V gathered from a paged NHD cache (unified contract)"
-    capabilities = Capabilities(contract=Contract.UNIFIED, devices=("cpu", "cuda"),
-                                dtypes=("float32", "float16", "bfloat16"), head_sizes=(32, 64, 128),
-                                block_sizes=(8, 16, 32))
+    capabilities = kvfuzz.Capabilities(contract=kvfuzz.Contract.UNIFIED, devices=("cpu", "cuda"),
+                                       dtypes=("float32", "float16", "bfloat16"), head_sizes=(32, 64, 128),
+                                       block_sizes=(8, 16, 32))
 
     def availability(self):
-        return Availability(True, f"torch {torch.__version__}", "cuda" if torch.cuda.is_available() else "cpu")
+        return kvfuzz.Availability(True, f"torch {torch.__version__}", "cuda" if torch.cuda.is_available() else "cpu")
 
     def layout(self, batch):
-        return NHDLayout()
+        return kvfuzz.NHDLayout()
 
     def build_call(self, batch, data, cache):
         dev = cache.key_cache.device
@@ -35,7 +39,7 @@ class SdpaPaged(Target):
                       # sm_scale, not scale: None when the batch draws the kernel's own default, so
                       # the kernel's default-scale code (1/sqrt(head_size) in SDPA) is what gets tested
                       scale=batch.sm_scale, output=out)
-        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
+        return kvfuzz.KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
     def run(self, call):
         a = call.kwargs

@@ -10,3 +10,5 @@
 
 docs/architecture.md follows one example through them.
 """
+
+__all__: list[str] = []  # exports nothing itself: its modules are imported by name

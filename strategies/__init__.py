@@ -4,8 +4,8 @@ lazily (``kvfuzz.strategies.limits`` imports without torch or Hypothesis)."""
 from kvfuzz.contracts.lazy import lazy_exports
 
 _EXPORTS = {
-    "Limits": "limits",
-    **{n: "batches" for n in ("ARRANGEMENTS", "GQA_RATIOS", "KINDS", "UNIVERSE_BLOCK_SIZES", "UNIVERSE_HEAD_SIZES",
+    "Limits": "limits", "GQA_RATIOS": "configs",
+    **{n: "batches" for n in ("ARRANGEMENTS", "KINDS", "UNIVERSE_BLOCK_SIZES", "UNIVERSE_HEAD_SIZES",
                               "big_cache_examples", "block_tables", "boundary_lengths", "examples",
                               "gqa_heads", "sequence_lengths", "undeclared_examples")},
 }

@@ -380,3 +380,9 @@ def examples(capabilities: Capabilities, limits: Limits = Limits(),
     if not poisons:
         raise InvalidArgument("poisons must name at least one Poison")
     return st.builds(Example, batches(capabilities, limits, pin=pin), st.sampled_from(poisons))
+
+
+__all__ = ["ARRANGEMENTS", "HIGH_IDS", "INT32_OFFSETS", "KINDS", "KV_SCALES", "SOFTCAPS", "UNIVERSE_BLOCK_SIZES",
+           "UNIVERSE_HEAD_SIZES", "attention_params", "batches", "big_cache_examples", "block_tables",
+           "boundary_lengths", "choice", "csr_tails", "examples", "gqa_heads", "relocate_high", "sequence_lengths",
+           "shared_prefixes", "undeclared_examples"]

@@ -45,3 +45,6 @@ class Limits:
                 from hypothesis.errors import InvalidArgument  # here, so the CLI's defaults need no Hypothesis
 
                 raise InvalidArgument(f"Limits.{a.name}={v!r} must be an int >= {lo}")
+
+
+__all__ = ["VALUE_RANGES", "Limits"]

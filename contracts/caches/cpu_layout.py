@@ -204,3 +204,6 @@ class CpuAttnLayout:
         k = ks.unflatten(2, (d, bs))[blk, :, :, off]  # K slab [D, BS] -> [n, Hkv, D]
         v = vs.unflatten(2, (bs, d))[blk, :, off]  # V slab [BS, D] -> [n, Hkv, D]
         return k, v
+
+
+__all__ = ["CPU_ATTN_HEAD_SIZES", "CPU_ATTN_ISAS", "CpuAttnLayout", "cpu_attn_isa"]

@@ -98,3 +98,6 @@ class NHDLayout:
             return key_cache.flatten(0, 1)[slots], value_cache.flatten(0, 1)[slots]
         bs = key_cache.shape[1]
         return key_cache[slots // bs, slots % bs], value_cache[slots // bs, slots % bs]
+
+
+__all__ = ["CacheLayout", "LayoutError", "NHDLayout", "VllmPagedLayout"]

@@ -171,3 +171,7 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
             keys, values = data.cache_keys.index_select(0, rows), data.cache_values.index_select(0, rows)
         layout.write(kc, vc, slots.to(device), keys.to(device), values.to(device))
     return CacheState(layout, kc, vc, tuple(cached_lens), slots, poison)
+
+
+__all__ = ["FULL_POISON_MAX_BYTES", "STALE_MAGNITUDE", "STALE_PERIOD", "STALE_POOL_SEED", "STALE_POOL_SIZE",
+           "CacheState", "fill_poison", "is_big", "materialize", "referenced_blocks", "stale_pattern"]

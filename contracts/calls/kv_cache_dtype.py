@@ -174,3 +174,6 @@ def as_cache_repr(call: PagedCall, rows: torch.Tensor, scale: float | None, rocm
         s = 1.0 if scale is None else scale
         return (rows.float() / s).clamp(-lim, lim).to(dt), dt, f"(key / {s:g}) as {dt}"
     return rows.to(cd), None, f"the passed token as {cd}"
+
+
+__all__ = ["FP8_FAMILIES", "as_cache_repr", "check_kv_cache_dtype", "float8_dtypes", "fp8_dtype", "scale_value"]

@@ -97,3 +97,7 @@ def rocm_custom_path_taken(call, arch: str) -> tuple[bool, str]:
     return rocm_custom_paged_attention_selected(
         arch, q.dtype, int(q.shape[2]), call.block_size, int(q.shape[1]) // hkv if hkv else 0, msl,
         call.sliding_window, kvd, call.has_alibi, call.has_sinks, packed)
+
+
+__all__ = ["ROCM_CDNA_ARCHS", "ROCM_CUSTOM_KV_CACHE_DTYPES", "ROCM_PORTABILITY_ARCHS", "current_rocm_arch",
+           "rocm_custom_paged_attention_selected", "rocm_custom_path_taken"]

@@ -110,3 +110,7 @@ class HarnessError(Finding):
 FINDING_CLASSES: dict[FailureKind, type[Finding]] = {
     c.kind: c for c in (CallerContractViolation, KernelMismatch, NonFiniteOutput, KernelCrash, KernelHang,
                         ConfigurationRejected, SilentlyUnsupported, HarnessError)}
+
+
+__all__ = ["FINDING_CLASSES", "CallerContractViolation", "ConfigurationRejected", "FailureKind", "Finding",
+           "HarnessError", "KernelCrash", "KernelHang", "KernelMismatch", "NonFiniteOutput", "SilentlyUnsupported"]

@@ -181,3 +181,7 @@ def check_contract(contract: Contract, batch: Batch, data: BatchData, layout: Ca
     if contract is Contract.PREFIX:
         return check_prefix_invariant(batch, data, layout, key_cache, value_cache, key, value)
     return check_unified_invariant(batch, data, layout, key_cache, value_cache)
+
+
+__all__ = ["check_cache_holds", "check_contract", "check_decode_invariant", "check_prefill_invariant",
+           "check_prefix_invariant", "check_unified_invariant"]

@@ -229,3 +229,8 @@ def row_floor(batch: Batch, ref: torch.Tensor) -> torch.Tensor:
     if batch.softcap is not None:
         floor = floor + SOFTCAP_ULPS * batch.softcap * torch.finfo(torch.float32).eps * absmax.clamp_min(1.0)
     return floor
+
+
+__all__ = ["FLOOR_MAGNITUDE", "LEGACY_NAMES", "LOWP_RTOL", "MESSAGES", "RTOL", "LowPrecision", "Oracle",
+           "OracleFailure", "agreement", "agreement_bound", "atol_floor", "check_agreement", "check_finite",
+           "check_label", "error_ratio", "row_floor"]

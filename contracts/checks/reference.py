@@ -337,3 +337,7 @@ def same_precision_attention(batch: Batch, data: BatchData) -> torch.Tensor:
     the tolerance rule (:mod:`kvfuzz.contracts.checks.oracles`) allows a kernel a multiple of it, as
     FlashAttention's tests do (tests/test_flash_attn.py, ``out_pt``)."""
     return _attend(batch, data, batch.torch_dtype).to(torch.float64)
+
+
+__all__ = ["DOT_LAMBDA", "ENVELOPE_TERMS", "FP32_UNIT", "LOGIT_ULPS", "SOFTCAP_ULPS", "envelope_terms",
+           "flash_attention_model", "reference_and_envelope", "reference_attention", "same_precision_attention", "ulp"]

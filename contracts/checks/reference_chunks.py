@@ -180,3 +180,7 @@ def layout(batch: Batch, device: torch.device) -> list[Chunk]:
             at += 6 * B + 3 * n
         out.append(Chunk(tuple(g), max(b.rows for b in g), max(b.keys for b in g), len(groups) == 1, **fields))
     return out
+
+
+__all__ = ["CPU", "GPU", "PER_BLOCK", "PER_ROW", "Block", "Budget", "Chunk", "blocks", "chunks", "layout", "size",
+           "to_device"]

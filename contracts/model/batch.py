@@ -401,3 +401,8 @@ class Batch:
             f"H={self.num_heads} Hkv={self.num_kv_heads} D={self.head_size} block_size={self.block_size} "
             f"num_blocks={self.num_blocks} dtype={self.dtype} kv_cache_dtype={self.kv_cache_dtype}{extra}"
         )
+
+
+# DTYPES, FEATURES, KV_CACHE_DTYPES, VALUE_RANGES and positions are defined in .space and re-exported here,
+# where the batch's fields are described
+__all__ = ["Batch", "DTYPES", "FEATURES", "KV_CACHE_DTYPES", "VALUE_RANGES", "positions"]

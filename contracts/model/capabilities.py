@@ -145,3 +145,6 @@ class Capabilities:
             if extra:
                 raise ValueError(f"{k} {sorted(extra)} are not declared by this target ({getattr(self, k)})")
         return attrs.evolve(self, **kw)
+
+
+__all__ = ["METADATA", "Capabilities"]

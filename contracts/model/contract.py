@@ -54,3 +54,6 @@ class Contract(enum.Enum):
         """Whether the kernel computes attention (output ``[T, H, D]`` checked against the fp64 reference);
         a writer's output is the cache itself."""
         return self is not Contract.WRITER
+
+
+__all__ = ["Contract"]

@@ -173,3 +173,6 @@ def fp8_batch_data(batch: Batch, query: torch.Tensor, keys: torch.Tensor, values
     return BatchData(query=query.to(dt), keys=_exactly_dequantized(kc, batch.k_scale, dt),
                      values=_exactly_dequantized(vc, batch.v_scale, dt), cache_keys=kc, cache_values=vc,
                      sinks=sinks)
+
+
+__all__ = ["BatchData", "fp8_batch_data", "make_batch_data", "quantize_fp8"]

@@ -26,3 +26,6 @@ class Example:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Example":
         return cls(Batch.from_dict(d["batch"]), Poison(d["poison"]))
+
+
+__all__ = ["Example"]

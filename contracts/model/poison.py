@@ -17,3 +17,6 @@ class Poison(enum.Enum):
     INF = "inf"
     STALE = "stale"
     ZEROS = "zeros"
+
+
+__all__ = ["Poison"]

@@ -68,3 +68,6 @@ def writer_inputs(batch: Batch, data: BatchData) -> WriterInputs:
     if batch.fp8_dtype is not None:
         ck, cv = quantize_fp8(k, batch.fp8_dtype, batch.k_scale), quantize_fp8(v, batch.fp8_dtype, batch.v_scale)
     return WriterInputs(k, v, slot_mapping, token, ck, cv)
+
+
+__all__ = ["MAX_PADDING", "WriterInputs", "writer_inputs"]

@@ -22,7 +22,8 @@ from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.run import Run, Timings
 from kvfuzz.fuzz.targets.base import Target
-from kvfuzz.strategies.batches import Limits, examples
+from kvfuzz.strategies.batches import examples
+from kvfuzz.strategies.limits import Limits
 
 STAGES = tuple(a.name for a in attrs.fields(Timings))
 
@@ -109,3 +110,6 @@ def scaling(target: Target, token_counts=(64, 256, 1024), block_counts=(64, 1024
     by_tokens = {n: per_example(_single_sequence(target, n, num_seqs=4)) for n in token_counts}
     by_blocks = {n: per_example(_single_sequence(target, 32, num_blocks=n)) for n in block_counts}
     return {"target": target.name, "by_total_tokens": by_tokens, "by_num_blocks": by_blocks}
+
+
+__all__ = ["STAGES", "scaling", "stage_profile"]

@@ -56,3 +56,6 @@ def add(directory, baseline_file, entry_id, reason, reference, slots, tail_token
                       "writable file")
         sys.exit(2)
     console.print(f"added {escape(entry.id)} to {escape(baseline_file)}:\n{escape(entry.to_toml())}")
+
+
+__all__ = ["baseline"]

@@ -237,3 +237,6 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
         console.print(f"JSON: {json_path}")
     if plot_path:
         console.print(f"plot: {plot(doc, Path(plot_path))}")
+
+
+__all__ = ["bench"]

@@ -69,3 +69,6 @@ def check(target_names, max_examples, seed, corpus, junit_xml, out_dir, db_spec,
     for r in bad:
         console.print(f"[red]bad input[/]: {escape(r.failure)}")
     sys.exit(2 if bad else 1 if failed else 0)
+
+
+__all__ = ["check"]

@@ -63,3 +63,6 @@ def available_targets(target_names) -> list:
     if not chosen:
         raise click.UsageError("no target is available here; run `kvfuzz targets` to see why")
     return chosen
+
+
+__all__ = ["UNWRAPPED_WIDTH", "available_targets", "console", "make_console", "parse_duration"]

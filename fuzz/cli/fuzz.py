@@ -344,3 +344,6 @@ def _print_summary(results: list[dict], baseline=None) -> None:
             console.print(f"[bold]{s['target']}[/] [red]{f['kind']}[/] — blame: {f['blame']}\n"
                           f"  {escape(f['message'])}\n  minimal batch: {escape(f['batch'])}\n"
                           f"  reproducer: {escape(str(f['reproducer']))}")
+
+
+__all__ = ["fuzz"]

@@ -60,3 +60,6 @@ def replay(directory: str, target_spec: str | None, trust_target: bool, timeout:
             else f"fails differently (recorded {r.expected[0]} / {check_label(r.expected[1])})")
     console.print(f"[red]{same}[/]: {r.got[0]} ({escape(check_label(r.got[1]))})\n{escape(r.message)}")
     sys.exit(1)
+
+
+__all__ = ["replay"]

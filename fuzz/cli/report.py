@@ -19,3 +19,6 @@ def report(out_dir: str) -> None:
         console.print(f"report: {write_report(Path(out_dir))}")
     except FileNotFoundError as e:
         raise click.UsageError(str(e)) from None
+
+
+__all__ = ["report"]

@@ -64,3 +64,6 @@ def targets(as_json: bool, check: bool) -> None:
                       ",".join(map(str, r["head_sizes"])), ",".join(map(str, r["block_sizes"])),
                       ",".join(r["features"]) or "-", here)
     console.print(table)
+
+
+__all__ = ["targets"]

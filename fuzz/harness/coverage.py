@@ -99,3 +99,7 @@ def declared_space(target: Target, coverage: dict[str, dict[str, int]]) -> dict[
     combos = coverage.get("features", {})
     out["feature"] = {f: sum(n for combo, n in combos.items() if f in combo.split("+")) for f in sorted(caps.features)}
     return out
+
+
+__all__ = ["DECLARED_DIMENSIONS", "ROCM_FAMILIES", "ROCM_ROUTED", "Coverage", "boundary_class", "declared_space",
+           "labels", "rocm_decode_kernel"]

@@ -305,3 +305,6 @@ def get_fault(name: str) -> CallerFault:
         return FAULTS[name]
     except KeyError:
         raise KeyError(f"unknown caller fault {name!r}; known: {', '.join(FAULTS)}") from None
+
+
+__all__ = ["FAULTS", "FAULT_NAMES", "PAGE_LIST_NAMES", "CallerFault", "PageListFault", "get_fault", "page_list_names"]

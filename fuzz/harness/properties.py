@@ -2,7 +2,8 @@
 :func:`check` runs it through the target's property, chosen by the target's contract: the attention property
 (:mod:`kvfuzz.fuzz.harness.attention`) for split, prefix and unified kernels, the writer property
 (:mod:`kvfuzz.fuzz.harness.writer`) for :attr:`~kvfuzz.contracts.model.contract.Contract.WRITER`. And
-:func:`check_undeclared`, the property of configurations a target does not declare."""
+:func:`check_undeclared`, the property of configurations a target does not declare; :func:`check_example`, the
+property as users call it (``kvfuzz.check_example``)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,45 @@ def check_undeclared(target: Target, example: Example, run: Run | None = None) -
                      f"computed it wrongly: {f.message}. Either the kernel should reject it or its "
                      f"declaration is too narrow and it has a bug there.", f.details) from None
     return run, "accepted, correct"
+
+
+def check_example(target: Target, example: Example, *, fault: CallerFault | None = None) -> Run:
+    """Run one example through ``target``'s property, as ``kvfuzz fuzz`` does for each example it draws; the
+    public name is ``kvfuzz.check_example``, meant for a Hypothesis test::
+
+        @given(kvfuzz.examples(MyKernel.capabilities))
+        def test_my_kernel(example):
+            kvfuzz.check_example(MyKernel(), example)
+
+    What it does: draws the example's ground truth (query, keys, values: seeded by ``example.batch.seed``, the
+    same on every device), writes the paged cache the target's layout names (``Target.layout``) with
+    ``example.poison`` in every slot the contract leaves unwritten, has the target build its call
+    (``Target.build_call``), checks the call against the target's contract (the caller's invariants), runs the
+    kernel (``Target.run``) and compares its output with the fp64 reference. A writer target
+    (``Contract.WRITER``) is checked by what it wrote into the cache instead.
+
+    ``target``: a :class:`~kvfuzz.fuzz.targets.base.Target` (an instance, e.g. ``kvfuzz.get_target(name)``)
+    whose ``availability().ok`` holds here. ``example``: an :class:`~kvfuzz.contracts.model.example.Example`,
+    usually drawn from ``kvfuzz.examples(target.capabilities)``; outside the target's declaration the kernel is
+    asked anyway. ``fault``: a :class:`~kvfuzz.fuzz.harness.faults.CallerFault` (``kvfuzz.get_fault(name)``)
+    to break the caller's side of the contract on purpose (one that cannot apply to the example, see
+    ``fault.applies``, leaves it alone); None for a correct caller.
+
+    Returns the :class:`~kvfuzz.fuzz.harness.run.Run` on a pass: ``run.output`` is the kernel's output and
+    ``run.reference`` the fp64 reference (on the CPU), both ``[num_tokens, num_heads, head_size]`` (tokens in
+    the batch's query order, ``sum(query_lens)``) for attention targets; ``run.data`` and ``run.cache`` hold
+    the inputs, ``run.call`` the call.
+
+    Raises a :class:`~kvfuzz.contracts.checks.failures.Finding` (an AssertionError, so Hypothesis shrinks it;
+    ``finding.kind`` says whose fault, ``finding.check`` which invariant or oracle, ``finding.details`` the
+    evidence): CallerContractViolation when the call breaks the contract (the kernel still runs unless the call
+    could make it read or write outside its tensors, and its outcome is in ``details["kernel"]``), KernelCrash
+    when the kernel raises on a correct call, NonFiniteOutput when its output holds NaN/inf, KernelMismatch
+    when it disagrees with the reference beyond the tolerance (docs/tolerance.md). Raises LayoutError when the
+    target's layout cannot hold the batch (a declaration wider than its layout), and whatever the adapter's
+    ``layout``/``build_call`` raise, unchanged (``kvfuzz fuzz`` reports those as harness errors).
+    """
+    return check(target, example, fault)
+
+
+__all__ = ["check", "check_example", "check_undeclared", "is_writer", "prepare", "rejection_text"]

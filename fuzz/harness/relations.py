@@ -339,8 +339,9 @@ RELATIONS: dict[str, Relation] = {
 
 
 def example_key(example: Example) -> str:
+    """The example as canonical JSON (sorted keys): equal examples give equal keys."""
     return json.dumps(example.to_dict(), sort_keys=True)
 
 
 __all__ = ["RELATIONS", "Relation", "RelationViolation", "call_kernel", "compare_bits", "decode_probe",
-           "materialize_with", "relocated", "sequence_permutation"]
+           "example_key", "materialize_with", "relocated", "sequence_permutation"]

@@ -115,3 +115,7 @@ def error_name(crash: str) -> str:
     """The exception type a :func:`run_kernel` error text starts with (``"SystemExit"``, ``"RuntimeError"``)."""
     head = crash.split("\n", 1)[0]
     return head.split(":", 1)[0].split(" ", 1)[0]
+
+
+__all__ = ["GPU_REFERENCE_MIN_KV", "PHASES", "STOP", "Run", "Timings", "error_name", "generate", "reference_device",
+           "run_kernel"]
