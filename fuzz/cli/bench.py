@@ -15,6 +15,14 @@ from kvfuzz.fuzz.cli.common import console, duration_option, parse_duration, wri
 from kvfuzz.strategies.limits import Limits
 
 
+def _worker_counts(ctx, param, values):
+    """Click callback for ``bench curve --workers``: each a positive integer or 'default' (exit 2 otherwise)."""
+    for w in values:
+        if w != "default" and not (w.isdigit() and int(w) > 0):
+            raise click.BadParameter(f"{w!r}: a positive integer or 'default'")
+    return values
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def bench() -> None:
     """Benchmarks of kvfuzz itself."""
@@ -63,11 +71,13 @@ def print_table(doc: dict) -> None:
 @click.option("--seeds", default=5, show_default=True, type=click.IntRange(min=1), help="Seeds 0..N-1 per mutant.")
 @click.option("--max-examples", default=200, show_default=True, type=click.IntRange(min=1),
               help="kvfuzz example budget per mutant and seed.")
-@click.option("--duration", default="20s", show_default=True, callback=duration_option, help="kvfuzz time budget per mutant and seed.")
+@click.option("--duration", default="20s", show_default=True, callback=duration_option,
+              help="kvfuzz time budget per mutant and seed.")
 @click.option("--no-grid", is_flag=True, help="Skip the vLLM test-grid baseline.")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="Processes (each with one torch thread) running (mutant, seed) pairs.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option, help="Write the JSON here.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write the JSON here.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
               help="Write the results table as Markdown here.")
 @click.option("--configs", type=click.Choice(["auto", "pinned", "free"]), default="auto", show_default=True,
@@ -130,7 +140,8 @@ def markdown_table(doc: dict) -> str:
 @click.option("--examples", "n", default=30, show_default=True, type=click.IntRange(min=1),
               help="Generated examples per target for the stage profile.")
 @click.option("--no-scaling", is_flag=True, help="Skip the sweeps over total tokens and num_blocks.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option, help="Write the JSON here.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write the JSON here.")
 def throughput(target_names, n, no_scaling, json_path) -> None:
     """Examples/s per target, split into generation, materialization, caller checks, kernel, reference and
     output checks; harness overhead; materialization GB/s; time per example vs tokens and num_blocks."""
@@ -187,14 +198,17 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
               help="Targets (default: the compiled Triton targets available here).")
 @click.option("--duration", default="10m", show_default=True, callback=duration_option, help="Length of each campaign.")
 @click.option("--workers", "worker_counts", multiple=True, default=("1", "default"), show_default=True,
+              callback=_worker_counts,
               help="Worker counts to run (repeatable; 'default' is kvfuzz fuzz's default).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--interval", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Seconds between samples of status.json and the Triton cache.")
 @click.option("--dir", "root", default=None, type=click.Path(file_okay=False), callback=writable_dir_option,
               help="Keep each campaign's --out and Triton cache here (default: a temporary directory).")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option, help="Write the JSON here.")
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option, help="Write a PNG plot here.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write the JSON here.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write a PNG plot here.")
 @click.option("--mode", "modes", multiple=True, type=click.Choice(["warm", "warm-capped"]),
               help="Runs after the cold one (repeatable; default: warm). warm: the cache the cold run left; "
                    "warm-capped: the same, capped at the cold run's example count, so it stays within the "
@@ -221,11 +235,7 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
     if not names:
         raise click.UsageError("no compiled target is available here (the curve measures GPU campaigns); name "
                                "targets with --target to run it anyway")
-    counts = []
-    for w in worker_counts:
-        if w != "default" and not (w.isdigit() and int(w) > 0):
-            raise click.BadParameter(f"{w!r}: a positive integer or 'default'", param_hint="--workers")
-        counts.append(None if w == "default" else int(w))
+    counts = [None if w == "default" else int(w) for w in worker_counts]  # checked by _worker_counts
 
     def show(r: dict) -> None:
         pm = " ".join(f"{p['examples_per_s']:g}" for p in r["per_minute"])

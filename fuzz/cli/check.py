@@ -19,7 +19,8 @@ from kvfuzz.fuzz.cli.common import available_targets, console, db_option, writab
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--corpus", default="regressions", show_default=True, type=click.Path(file_okay=False),
               help="Directory of committed reproducer directories to replay (skipped if absent).")
-@click.option("--junit-xml", default=None, type=click.Path(dir_okay=False), callback=writable_file_option, help="Write JUnit XML here.")
+@click.option("--junit-xml", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write JUnit XML here.")
 @click.option("--out", "out_dir", default="kvfuzz-check-out", show_default=True, type=click.Path(file_okay=False),
               help="Reproducers of anything the gate finds.")
 @click.option("--db", "db_spec", default=None, callback=db_option,

@@ -107,6 +107,14 @@ def writable_dir_option(ctx, param, value: str | None) -> str | None:
     return value
 
 
+def nonempty_option(ctx, param, value):
+    """Click callback for a text option that must say something (a baseline entry's id, reason, reference):
+    ``value`` unchanged; click.BadParameter (exit 2) when it is empty or only spaces."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("is empty; give some text")
+    return value
+
+
 def writable_file_option(ctx, param, value):
     """Click callback for an output file option (JSON, Markdown, JUnit XML, a plot): ``value`` unchanged once its
     folder exists or can be created and the path is not a folder nor a read-only file, so a run does not end in an
