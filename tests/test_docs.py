@@ -152,6 +152,25 @@ def test_readme_is_a_front_door():
     assert not long, f"README.md lines over 160 characters: {long}"
     for page in re.findall(r"\]\((docs/[^)#]+)", README):
         assert (ROOT / page).is_file(), f"README links {page}, which does not exist"
+    assert history_in_prose(README) == []
+
+
+def history_in_prose(text: str) -> list[str]:
+    """Commit hashes and issue numbers in ``text``'s prose (code blocks, indented or fenced, left out): the
+    README says what is, and the history lives in git."""
+    prose, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and not line.startswith("    "):
+            prose.append(line)
+    return re.findall(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b|\b[Ii]ssues? #?\d+|(?<![\w/])#\d+\b",
+                      "\n".join(prose))
+
+
+def test_history_checker_finds_a_hash_and_an_issue_number():
+    assert history_in_prose("measured at b76db29 (issue 21); a hash in a sample:\n    out-6206480da1\n") == [
+        "b76db29", "issue 21"]
 
 
 # ---- the chunk size ----
@@ -216,3 +235,35 @@ def test_every_benchmark_result_is_in_the_index():
     files = sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir() if p.is_file())
     assert files and unindexed_results(index, files) == []
     assert unindexed_results(index, [*files, "curve-b300.json"]) == ["curve-b300.json"]
+
+
+# ---- defaults stated in the prose of other pages ----
+
+#: (page, regex whose group 1 is the stated default, command, option): every default the docs state outside cli.md.
+PROSE_DEFAULTS = [
+    ("docs/campaigns.md", r"`--max-crashes` times \(default (\d+)\)", "kvfuzz fuzz", "--max-crashes"),
+    ("docs/campaigns.md", r"`--structural-shrink` seconds \(`CampaignConfig.structural_shrink`, default (\d+)",
+     "kvfuzz fuzz", "--structural-shrink"),
+    ("docs/fuzzing.md", r"`--structural-shrink` seconds \((\d+)\)", "kvfuzz fuzz", "--structural-shrink"),
+    ("docs/fuzzing.md", r"`--out` \(default `([^`]+?)/?`\)", "kvfuzz fuzz", "--out"),
+]
+
+
+def prose_default_drift(texts: dict[str, str]) -> list[str]:
+    code = code_options()
+    problems = []
+    for page, pattern, command, option in PROSE_DEFAULTS:
+        m = re.search(pattern, " ".join(texts[page].split()))
+        if m is None:
+            problems.append(f"{page}: the statement of {option}'s default is gone (pattern {pattern!r})")
+        elif not _same(m.group(1), code[command][option]):
+            problems.append(f"{page}: {option} defaults to {m.group(1)!r}, the code's is {code[command][option]!r}")
+    return problems
+
+
+def test_defaults_stated_in_prose_are_the_codes():
+    pages = {p: (ROOT / p).read_text(encoding="utf-8") for p in {page for page, *_ in PROSE_DEFAULTS}}
+    assert prose_default_drift(pages) == []
+    planted = dict(pages, **{"docs/campaigns.md": pages["docs/campaigns.md"].replace("times (default 10)",
+                                                                                      "times (default 5)")})
+    assert prose_default_drift(planted) == ["docs/campaigns.md: --max-crashes defaults to '5', the code's is '10'"]
