@@ -537,6 +537,7 @@ TYPED = list(_typed_bad_values())
 
 
 @pytest.mark.parametrize("command, option, value", TYPED, ids=[f"{c[7:]} {o}={v}" for c, o, v in TYPED])
+@pytest.mark.cli_text
 def test_a_value_of_the_wrong_type_exits_2_naming_the_option(tmp_path, command, option, value):
     from click.testing import CliRunner
 

@@ -29,7 +29,7 @@ def baseline() -> None:
               help='A unique name for the entry, e.g. "finding-1".')
 @click.option("--reason", required=True, callback=nonempty_option, help="Why the finding is accepted.")
 @click.option("--reference", required=True, callback=nonempty_option,
-              help="Where it is documented: an upstream issue, a README section.")
+              help="Where it is documented: an upstream issue, a findings page entry.")
 @click.option("--slots", type=click.Choice(["tail", "unwritten"]), default="tail", show_default=True,
               help="A non-finite output: where the poison it reads sits. tail: from seq_len to the next multiple "
                    "of --tail-tokens and of the block size; unwritten: any slot the contract leaves unwritten.")
