@@ -430,3 +430,133 @@ def test_bench_curve_hands_warm_capped_the_cold_runs_count(monkeypatch, tmp_path
                           modes=("cold", "warm", "warm-capped"))
     assert [r["mode"] for r in doc["runs"]] == ["cold", "warm", "warm-capped"]
     assert calls == [("--poison", "stale"), ("--poison", "stale"), ("--poison", "stale", "--max-examples", "1234")]
+
+
+# ---- every option's bad values: exit 2, the option named, no traceback ----
+# {file} is an existing file (a folder cannot be made under it), {case} a reproducer directory of regressions/.
+BAD_VALUES = [  # (command, option, bad value): options whose values click's types do not check by themselves
+    ("fuzz", "--db", "redis://:notaport/x"),
+    ("fuzz", "--db", "redis://localhost:6379/abc"),
+    ("fuzz", "--db", "redis:///0"),
+    ("fuzz", "--db", ""),
+    ("check", "--db", "redis://:notaport/x"),
+    ("fuzz", "--duration", "soon"),
+    ("fuzz", "--duration", "0"),
+    ("bench detect", "--duration", "soon"),
+    ("bench curve", "--duration", "0s"),
+    ("fuzz", "--target", "nope"),
+    ("check", "--target", "nope"),
+    ("relations", "--target", "nope"),
+    ("bench throughput", "--target", "nope"),
+    ("bench curve", "--target", "nope"),
+    ("replay {case}", "--target", "nope"),
+    ("relations", "--relation", "nope"),
+    ("bench detect", "--mutant", "nope"),
+    ("bench curve", "--workers", "zero"),
+    ("fuzz", "--out", "{file}/sub"),
+    ("check", "--out", "{file}"),
+    ("check", "--corpus", "{file}"),
+    ("fuzz", "--triton-cache", "{file}/sub"),
+    ("fuzz", "--jit-cache", "{file}/sub"),
+    ("bench curve", "--dir", "{file}/sub"),
+    ("fuzz", "--baseline", "{file}.missing"),
+    ("check", "--junit-xml", "{file}/x.xml"),
+    ("relations", "--json", "{file}/x.json"),
+    ("bench detect", "--json", "{file}/x.json"),
+    ("bench detect", "--markdown", "{file}/x.md"),
+    ("bench throughput", "--json", "{file}/x.json"),
+    ("bench curve", "--json", "{file}/x.json"),
+    ("bench curve", "--plot", "{file}/x.png"),
+    ("baseline add {case} --id x --reason r --reference r", "--baseline", "{file}/b.toml"),
+    ("baseline add {case} --reason r --reference r", "--id", " "),
+    ("baseline add {case} --id x --reference r", "--reason", ""),
+    ("baseline add {case} --id x --reason r", "--reference", ""),
+]
+#: What a command needs besides the option under test (its arguments, required options).
+REQUIRED = {"replay": ["{case}"], "report": ["{case}"],
+            "baseline add": ["{case}", "--id", "x", "--reason", "r", "--reference", "r"]}
+
+
+def _fill(words: list[str], tmp_path: Path) -> list[str]:
+    f = tmp_path / "a-file"
+    f.write_text("")
+    case = next((Path(__file__).resolve().parents[1] / "regressions").glob("vllm.*"))
+    return [w.replace("{file}", str(f)).replace("{case}", str(case)) for w in words]
+
+
+def _assert_refused(code: int, out: str, option: str, traceback: bool) -> None:
+    assert code == 2, f"exit {code}, not 2:\n{out}"
+    assert option in out, f"the message does not name {option}:\n{out}"
+    assert not traceback, f"a traceback:\n{out}"
+
+
+@pytest.mark.parametrize("command, option, value", BAD_VALUES,
+                         ids=[f"{c.split(' {')[0]} {o}={v!r}" for c, o, v in BAD_VALUES])
+@pytest.mark.cli_text
+def test_a_bad_value_exits_2_naming_the_option(tmp_path, command, option, value):
+    args = _fill([*command.split(), option, value], tmp_path)
+    r = kvfuzz(*args, cwd=tmp_path, timeout=300)
+    out = r.stdout + r.stderr
+    _assert_refused(r.returncode, out, option, "Traceback" in out)
+
+
+def leaf_commands(group=None, path=("kvfuzz",)) -> dict:
+    """Every runnable command of ``kvfuzz`` (or of ``group``), by its full name ("kvfuzz bench curve")."""
+    import click
+
+    from kvfuzz.fuzz.cli import main
+
+    found = {}
+    for name, cmd in (group or main).commands.items():
+        if isinstance(cmd, click.Group):
+            found |= leaf_commands(cmd, (*path, name))
+        else:
+            found[" ".join((*path, name))] = cmd
+    return found
+
+
+def _typed_bad_values():
+    """(command, option, bad value) for every option whose click type checks its values: a Choice gets a name
+    it does not list, a number range one below its minimum, a number a word."""
+    import click
+
+    for name, cmd in leaf_commands().items():
+        for p in cmd.params:
+            if not isinstance(p, click.Option) or p.is_flag:
+                continue
+            t = p.type
+            if isinstance(t, click.Choice):
+                yield name, p.opts[0], "nope"
+            elif isinstance(t, (click.IntRange, click.FloatRange)) and t.min is not None:
+                yield name, p.opts[0], str(t.min - 1)
+            elif t in (click.INT, click.FLOAT) or isinstance(t, (click.IntRange, click.FloatRange)):
+                yield name, p.opts[0], "many"
+
+
+TYPED = list(_typed_bad_values())
+
+
+@pytest.mark.parametrize("command, option, value", TYPED, ids=[f"{c[7:]} {o}={v}" for c, o, v in TYPED])
+@pytest.mark.cli_text
+def test_a_value_of_the_wrong_type_exits_2_naming_the_option(tmp_path, command, option, value):
+    from click.testing import CliRunner
+
+    from kvfuzz.fuzz.cli import main
+
+    words = command.split()[1:]
+    extra = next((REQUIRED[k] for k in REQUIRED if " ".join(words) == k), [])
+    r = CliRunner().invoke(main, _fill([*words, *extra, option, value], tmp_path))
+    _assert_refused(r.exit_code, r.output, option, not isinstance(r.exception, (SystemExit, type(None))))
+
+
+def test_every_option_is_walked_with_a_bad_value():
+    import click
+
+    walked = {(f"kvfuzz {c.split(' {')[0].split(' --')[0]}", o) for c, o, _ in BAD_VALUES} | {
+        (c, o) for c, o, _ in TYPED}
+    #: Options every value of which is a valid one.
+    anything_goes = {("kvfuzz fuzz", "--seed"), ("kvfuzz check", "--seed"), ("kvfuzz relations", "--seed"),
+                     ("kvfuzz bench curve", "--seed")}
+    missing = [(name, p.opts[0]) for name, cmd in leaf_commands().items() for p in cmd.params
+               if isinstance(p, click.Option) and not p.is_flag and (name, p.opts[0]) not in walked | anything_goes]
+    assert not missing, f"options with no bad value in BAD_VALUES or TYPED: {missing}"

@@ -12,7 +12,7 @@ import sys
 import click
 from rich.markup import escape
 
-from kvfuzz.fuzz.cli.common import console
+from kvfuzz.fuzz.cli.common import console, nonempty_option, writable_file_option
 
 
 @click.group()
@@ -23,10 +23,13 @@ def baseline() -> None:
 @baseline.command("add")
 @click.argument("directory")
 @click.option("--baseline", "baseline_file", default="kvfuzz-baseline.toml", show_default=True,
-              type=click.Path(dir_okay=False), help="The baseline file to append to (created if missing).")
-@click.option("--id", "entry_id", required=True, help='A unique name for the entry, e.g. "finding-1".')
-@click.option("--reason", required=True, help="Why the finding is accepted.")
-@click.option("--reference", required=True, help="Where it is documented: an upstream issue, a README section.")
+              type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="The baseline file to append to (created if missing).")
+@click.option("--id", "entry_id", required=True, callback=nonempty_option,
+              help='A unique name for the entry, e.g. "finding-1".')
+@click.option("--reason", required=True, callback=nonempty_option, help="Why the finding is accepted.")
+@click.option("--reference", required=True, callback=nonempty_option,
+              help="Where it is documented: an upstream issue, a findings page entry.")
 @click.option("--slots", type=click.Choice(["tail", "unwritten"]), default="tail", show_default=True,
               help="A non-finite output: where the poison it reads sits. tail: from seq_len to the next multiple "
                    "of --tail-tokens and of the block size; unwritten: any slot the contract leaves unwritten.")

@@ -11,8 +11,16 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from kvfuzz.fuzz.cli.common import console, parse_duration
+from kvfuzz.fuzz.cli.common import console, duration_option, parse_duration, writable_dir_option, writable_file_option
 from kvfuzz.strategies.limits import Limits
+
+
+def _worker_counts(ctx, param, values):
+    """Click callback for ``bench curve --workers``: each a positive integer or 'default' (exit 2 otherwise)."""
+    for w in values:
+        if w != "default" and not (w.isdigit() and int(w) > 0):
+            raise click.BadParameter(f"{w!r}: a positive integer or 'default'")
+    return values
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,12 +71,14 @@ def print_table(doc: dict) -> None:
 @click.option("--seeds", default=5, show_default=True, type=click.IntRange(min=1), help="Seeds 0..N-1 per mutant.")
 @click.option("--max-examples", default=200, show_default=True, type=click.IntRange(min=1),
               help="kvfuzz example budget per mutant and seed.")
-@click.option("--duration", default="20s", show_default=True, help="kvfuzz time budget per mutant and seed.")
+@click.option("--duration", default="20s", show_default=True, callback=duration_option,
+              help="kvfuzz time budget per mutant and seed.")
 @click.option("--no-grid", is_flag=True, help="Skip the vLLM test-grid baseline.")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="Processes (each with one torch thread) running (mutant, seed) pairs.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the JSON here.")
-@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write the JSON here.")
+@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
               help="Write the results table as Markdown here.")
 @click.option("--configs", type=click.Choice(["auto", "pinned", "free"]), default="auto", show_default=True,
               help="As kvfuzz fuzz --configs: chunks pinned to one kernel configuration (auto: on CUDA).")
@@ -80,7 +90,8 @@ def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, md_
     names = [m if m.startswith("mutant.") else f"mutant.{m}" for m in mutants]
     unknown = [m for m in names if m not in MUTANTS]
     if unknown:
-        raise click.UsageError(f"unknown mutant(s) {unknown}; known: {', '.join(sorted(MUTANTS))}")
+        raise click.BadParameter(f"unknown mutant(s) {unknown}; known: {', '.join(sorted(MUTANTS))}",
+                                 param_hint="--mutant")
 
     def show(r: dict) -> None:
         what = (f"found in {r['seconds_to_first']} s / {r['examples_to_first']} examples" if r["found"]
@@ -129,7 +140,8 @@ def markdown_table(doc: dict) -> str:
 @click.option("--examples", "n", default=30, show_default=True, type=click.IntRange(min=1),
               help="Generated examples per target for the stage profile.")
 @click.option("--no-scaling", is_flag=True, help="Skip the sweeps over total tokens and num_blocks.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the JSON here.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write the JSON here.")
 def throughput(target_names, n, no_scaling, json_path) -> None:
     """Examples/s per target, split into generation, materialization, caller checks, kernel, reference and
     output checks; harness overhead; materialization GB/s; time per example vs tokens and num_blocks."""
@@ -144,11 +156,15 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
     names = list(target_names) or list(BUILTIN)
     targets = []
     for name in names:
-        t = get_target(name)
+        try:
+            t = get_target(name)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--target") from None
         if t.availability().ok:
             targets.append(t)
         elif target_names:
-            raise click.UsageError(f"target {name} is not available here: {t.availability().reason}")
+            raise click.BadParameter(f"target {name} is not available here: {t.availability().reason}",
+                                     param_hint="--target")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.processor() or 'x86_64'})"
     doc = {"device": device, "torch": torch.__version__, "profiles": [], "scaling": []}
     table = Table(title=f"kvfuzz bench throughput on {device}")
@@ -180,16 +196,19 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
 @bench.command()
 @click.option("--target", "target_names", multiple=True,
               help="Targets (default: the compiled Triton targets available here).")
-@click.option("--duration", default="10m", show_default=True, help="Length of each campaign.")
+@click.option("--duration", default="10m", show_default=True, callback=duration_option, help="Length of each campaign.")
 @click.option("--workers", "worker_counts", multiple=True, default=("1", "default"), show_default=True,
+              callback=_worker_counts,
               help="Worker counts to run (repeatable; 'default' is kvfuzz fuzz's default).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--interval", default=5.0, show_default=True, type=click.FloatRange(min=0.5),
               help="Seconds between samples of status.json and the Triton cache.")
-@click.option("--dir", "root", default=None, type=click.Path(file_okay=False),
+@click.option("--dir", "root", default=None, type=click.Path(file_okay=False), callback=writable_dir_option,
               help="Keep each campaign's --out and Triton cache here (default: a temporary directory).")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the JSON here.")
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Write a PNG plot here.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write the JSON here.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write a PNG plot here.")
 @click.option("--mode", "modes", multiple=True, type=click.Choice(["warm", "warm-capped"]),
               help="Runs after the cold one (repeatable; default: warm). warm: the cache the cold run left; "
                    "warm-capped: the same, capped at the cold run's example count, so it stays within the "
@@ -208,14 +227,15 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
         raise click.UsageError("--cold-only runs no --mode: give one or the other")
     names = list(target_names) or [n for n in BUILTIN if get_target(n).device == "cuda"
                                    and get_target(n).capabilities.contract.is_attention]
+    for name in target_names:
+        try:
+            get_target(name)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--target") from None
     if not names:
         raise click.UsageError("no compiled target is available here (the curve measures GPU campaigns); name "
                                "targets with --target to run it anyway")
-    counts = []
-    for w in worker_counts:
-        if w != "default" and not (w.isdigit() and int(w) > 0):
-            raise click.BadParameter(f"{w!r}: a positive integer or 'default'", param_hint="--workers")
-        counts.append(None if w == "default" else int(w))
+    counts = [None if w == "default" else int(w) for w in worker_counts]  # checked by _worker_counts
 
     def show(r: dict) -> None:
         pm = " ".join(f"{p['examples_per_s']:g}" for p in r["per_minute"])

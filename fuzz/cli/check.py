@@ -9,7 +9,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from kvfuzz.fuzz.cli.common import available_targets, console
+from kvfuzz.fuzz.cli.common import available_targets, console, db_option, writable_file_option
 
 
 @click.command()
@@ -19,10 +19,11 @@ from kvfuzz.fuzz.cli.common import available_targets, console
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--corpus", default="regressions", show_default=True, type=click.Path(file_okay=False),
               help="Directory of committed reproducer directories to replay (skipped if absent).")
-@click.option("--junit-xml", default=None, type=click.Path(dir_okay=False), help="Write JUnit XML here.")
+@click.option("--junit-xml", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write JUnit XML here.")
 @click.option("--out", "out_dir", default="kvfuzz-check-out", show_default=True, type=click.Path(file_okay=False),
               help="Reproducers of anything the gate finds.")
-@click.option("--db", "db_spec", default=None,
+@click.option("--db", "db_spec", default=None, callback=db_option,
               help="Also replay the failures of this example database (a directory or redis://host:port/N), "
                    "read-only: the gate never writes to it.")
 @click.option("--trust-targets", is_flag=True,

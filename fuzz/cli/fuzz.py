@@ -24,7 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.cli.common import available_targets, console, parse_duration
+from kvfuzz.fuzz.cli.common import (available_targets, console, db_option, duration_option, parse_duration,
+                                    writable_dir_option)
 from kvfuzz.fuzz.harness.faults import FAULT_NAMES
 from kvfuzz.strategies.limits import Limits
 
@@ -38,7 +39,8 @@ UNLIMITED = 2**62
 @click.option("--target", "target_names", multiple=True,
               help="Target to fuzz (repeatable): a registered name, path/to/file.py:CLASS or module:CLASS. "
                    "Default: every registered target available here.")
-@click.option("--duration", default=None, help="Time budget per target (90, 90s, 5m, 2h). Default: none.")
+@click.option("--duration", default=None, callback=duration_option,
+              help="Time budget per target (90, 90s, 5m, 2h). Default: none.")
 @click.option("--max-examples", default=None, type=click.IntRange(min=1),
               help="Example budget per target, for the whole campaign (shared by the workers). Default: 30, "
                    "or no limit when --duration is given.")
@@ -72,7 +74,7 @@ UNLIMITED = 2**62
               help="Seconds one example may run before its worker is killed and the example reported as hung.")
 @click.option("--max-crashes", default=10, show_default=True, type=click.IntRange(min=1),
               help="A target whose examples crash or hang this many times gets no more work.")
-@click.option("--db", "db_spec", default=None,
+@click.option("--db", "db_spec", default=None, callback=db_option,
               help="Shared example database: a directory or redis://host:port/N (Redis is mirrored into "
                    "OUT/hypothesis-db, so an outage loses nothing). Default: OUT/hypothesis-db.")
 @click.option("--undeclared", is_flag=True,
@@ -97,10 +99,11 @@ UNLIMITED = 2**62
               help="Pinned targets: first compile the first N configurations the campaign visits, in parallel "
                    "over the workers (2 examples each, counted), into the shared Triton cache.")
 @click.option("--triton-cache", "triton_cache", default=None, type=click.Path(file_okay=False),
+              callback=writable_dir_option,
               help="Triton's kernel cache for every worker (TRITON_CACHE_DIR): compiled kernels persist there "
                    "and are shared by the workers and later campaigns. Default: Triton's own (~/.triton/cache "
                    "unless TRITON_CACHE_DIR is set).")
-@click.option("--jit-cache", "jit_cache", default=None, type=click.Path(file_okay=False),
+@click.option("--jit-cache", "jit_cache", default=None, type=click.Path(file_okay=False), callback=writable_dir_option,
               help="FlashInfer's JIT cache for every worker (FLASHINFER_WORKSPACE_BASE, set before flashinfer is "
                    "imported): compiled FlashInfer modules persist there. Default: $FLASHINFER_WORKSPACE_BASE, else "
                    "FlashInfer's own (the home directory).")

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.cli.common import console
+from kvfuzz.fuzz.cli.common import console, writable_file_option
 
 
 def _cell(r) -> str:
@@ -46,11 +46,11 @@ def _cell(r) -> str:
               help="Poison of the unread slots for the relations other than poison-invariance (default: "
                    "stale, under which a read of a wrong slot changes the answer; the poison-invariance "
                    "relations set their own).")
-@click.option("--shrink-time", default=60.0, show_default=True, type=float,
+@click.option("--shrink-time", default=60.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds each violation may spend shrinking.")
 @click.option("--no-design", is_flag=True,
               help="Leave the design properties (batch invariance, determinism) out of the exit status.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), callback=writable_file_option,
               help="Also write the results as JSON.")
 def relations(target_names, relation_names, max_examples, seed, poison_names, shrink_time, no_design, json_path):
     """Check metamorphic relations (bit-exact where the kernel is deterministic) on the targets.
@@ -63,7 +63,8 @@ def relations(target_names, relation_names, max_examples, seed, poison_names, sh
 
     unknown = [r for r in relation_names if r not in RELATIONS]
     if unknown:
-        raise click.UsageError(f"unknown relation(s) {unknown}; relations: {', '.join(RELATIONS)}")
+        raise click.BadParameter(f"unknown relation(s) {unknown}; relations: {', '.join(RELATIONS)}",
+                                 param_hint="--relation")
     rels = [RELATIONS[r] for r in relation_names] if relation_names else list(RELATIONS.values())
     targets = []
     try:
@@ -72,13 +73,13 @@ def relations(target_names, relation_names, max_examples, seed, poison_names, sh
             a = t.availability()
             if not a.ok:
                 if target_names:
-                    raise click.UsageError(f"target {name} cannot run here: {a.reason}")
+                    raise click.BadParameter(f"target {name} cannot run here: {a.reason}", param_hint="--target")
                 continue
             if not t.capabilities.contract.is_attention and not target_names:
                 continue
             targets.append(t)
     except ValueError as e:
-        raise click.UsageError(str(e)) from None
+        raise click.BadParameter(str(e), param_hint="--target") from None
     poisons = tuple(Poison(p) for p in poison_names) or (Poison.STALE,)
     results = []
     for t in targets:

@@ -39,7 +39,9 @@ def replay(directory: str, target_spec: str | None, trust_target: bool, timeout:
     except TargetUnavailable as e:
         console.print(f"[yellow]cannot replay here[/]: {escape(str(e))}")
         sys.exit(3)
-    except ValueError as e:  # an untrusted or unloadable target
+    except ValueError as e:  # an untrusted or unloadable target: --target's when given, else the case's own
+        if target_spec is not None:
+            raise click.BadParameter(str(e), param_hint="--target") from None
         raise click.UsageError(str(e)) from None
     if r.inputs_match is False:
         console.print("[yellow]warning[/]: the seed's inputs differ from tensors.safetensors (written by a kvfuzz "
