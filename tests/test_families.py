@@ -130,3 +130,27 @@ def test_importing_the_families_and_the_guard_table_loads_no_kernel_library():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]", r.stdout
+
+
+def test_a_checked_kernel_given_by_name_resolves_to_its_signature():
+    """An adapter written before the homes (``checked_kernel = "unified_attention"``) still gets the checks."""
+    from kvfuzz.fuzz.harness.caller import checked_signature
+    from kvfuzz.fuzz.targets.vllm_triton import UNIFIED_ATTENTION, VllmUnifiedAttention
+
+    class ByName(VllmUnifiedAttention):
+        name = "tests.unified_by_name"
+        checked_kernel = "unified_attention"
+
+    class Unchecked(VllmUnifiedAttention):
+        name = "tests.unchecked"
+        checked_kernel = None
+
+    class Unknown(VllmUnifiedAttention):
+        name = "tests.unknown_kernel"
+        checked_kernel = "no_such_kernel"
+
+    assert checked_signature(ByName()) is UNIFIED_ATTENTION
+    assert checked_signature(VllmUnifiedAttention()) is UNIFIED_ATTENTION
+    assert checked_signature(Unchecked()) is None
+    with pytest.raises(KeyError, match="unknown kernel 'no_such_kernel'"):
+        checked_signature(Unknown())

@@ -198,8 +198,6 @@ SIGNATURES = (CHUNKED_PREFILL_PAGED_DECODE, CONTEXT_ATTENTION_FWD, UNIFIED_ATTEN
 
 
 # ---- the targets ----------------------------------------------------------------------------------------------
-
-
 class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
     """``chunked_prefill_paged_decode`` (vllm/v1/attention/ops/chunked_prefill_paged_decode.py, vllm 0.33.0).
 
