@@ -5,8 +5,9 @@
     campaign  long runs: the engine, worker supervision, the example database, journals, reproducers, the gate
     harness   one example from cache to verdict: the attention and writer properties, caller faults,
               metamorphic relations, coverage
-    guard     the runtime guard: kernel signatures, interception, the pytest plugin
-    targets   adapters from a batch to a real kernel call, and the registry that finds them
+    guard     the runtime guard: the table of kernel signatures, interception, the pytest plugin
+    targets   the kernel families, one home each: adapters from a batch to a real kernel call and the kernels'
+              call signatures; the registry that finds them
 
 docs/architecture.md follows one example through them.
 """

@@ -92,8 +92,9 @@ def test_the_import_contract_catches_a_room_of_contracts_importing_calls(tmp_pat
     assert r.returncode == 1 and "kvfuzz.contracts.checks.planted -> kvfuzz.contracts.calls.paged_call" in r.stdout
 
 
-#: the size at which a module has grown two concerns (issue 23): split it by what it holds
-MAX_MODULE_LINES = 450
+#: the size past which a module has surely grown two concerns (issue 23; issue 30: a module may be long when it
+#: holds one thing, e.g. a kernel family's home): split it by what it holds, never by line count
+MAX_MODULE_LINES = 700
 
 
 def _oversize_and_unplaced(root: Path, arch: str) -> tuple[list[str], list[str]]:

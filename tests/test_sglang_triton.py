@@ -56,7 +56,7 @@ def test_declarations():
         assert t.capabilities.metadata == "csr" and t.capabilities.shared_prefix_blocks
         assert 1 in t.capabilities.block_sizes and "alibi" not in t.capabilities.features
         assert "bfloat16" not in t.capabilities.dtypes or not t.interpreted
-        assert t.checked_kernel == t.name
+        assert t.checked_kernel.name == t.name
     assert ext.capabilities.kv_cache_dtypes == ("auto",)  # the prefix loop rounds q to fp8 by design
     assert dec.capabilities.fp8_gqa_ratios == (1,) and ext.capabilities.min_sliding_window == 2
     assert all(f.startswith("sglang/") for f in KERNEL_FILES)

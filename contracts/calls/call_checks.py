@@ -23,7 +23,7 @@ decode/unified invariants, vacuity) in :mod:`kvfuzz.contracts.calls.cache_checks
 argument checks and :func:`check_call`, which runs them all.
 
 Every check takes a :class:`~kvfuzz.contracts.calls.paged_call.PagedCall` (a real call normalized by
-:mod:`kvfuzz.fuzz.guard.signatures`); :func:`check_call` runs them all and returns a list of
+a kernel family's signature, ``kvfuzz.fuzz.targets.<family>``); :func:`check_call` runs them all and returns a list of
 :class:`~kvfuzz.contracts.checks.violations.Violation`. Everything here is pure: torch only, no global state, nothing
 is written. The checks are vectorized over tokens (the only Python loops run over *offending* sequences, to
 word their messages) and read the cache only at the slots in question; index tensors are copied to the CPU (a

@@ -6,7 +6,8 @@ vLLM's attention backends declare their capabilities as class data that the sele
 (vllm/v1/attention/backend.py, ``AttentionBackend``: ``supported_dtypes``, ``get_supported_head_sizes``, ...);
 kvfuzz's guard does the same for the caller contract: :mod:`kvfuzz.contracts.calls.call_checks` reads a call's
 :class:`KernelDeclaration` instead of branching on kernel names, and every declaration lives next to the
-kernel's signature (:mod:`kvfuzz.fuzz.guard.signatures`), with the vLLM or SGLang source it was read from.
+kernel's signature (in its family's home, ``kvfuzz.fuzz.targets.<family>``), with the vLLM or SGLang source it
+was read from.
 
 The rule the checks apply (README, "What the guard calls an error"): a violation is an **error** only when the
 call breaks what the kernel needs *on a path it takes here* (:meth:`KernelDeclaration.paths_here`); when only

@@ -1,8 +1,9 @@
 """The runtime guard's checks of FlashInfer's paged calls, whose caller contract is split between a wrapper's
 ``plan()`` (the page lists, heads, head_dim, page_size, dtypes) and its ``run()`` (q and the cache), plus
 ``append_paged_kv_cache`` (the cache writer). Pure functions over tensors (moved to the CPU), each returning
-:class:`~kvfuzz.contracts.checks.violations.Violation` records; :mod:`kvfuzz.fuzz.guard.flashinfer` wires them to
-the wrapper classes.
+:class:`~kvfuzz.contracts.checks.violations.Violation` records; the flashinfer family
+(``kvfuzz.fuzz.targets.flashinfer``) runs them on a call, and ``kvfuzz.fuzz.guard.flashinfer`` wires them to the
+wrapper classes.
 
 Sources (flashinfer-python 0.7.x; read at flashinfer-ai/flashinfer main, 2026-08):
 

@@ -2,7 +2,8 @@
 helpers the call checks share.
 
 A real call arrives with the kernel's own argument names (``b_seq_len``, ``seqused_k``, ``req_to_token``...);
-:mod:`kvfuzz.fuzz.guard.signatures` maps each supported kernel's arguments onto a PagedCall, and
+each kernel's signature (in its family's home, ``kvfuzz.fuzz.targets.<family>``) maps its arguments onto a
+PagedCall, and
 :mod:`kvfuzz.contracts.calls.call_checks` checks PagedCalls only. Index tensors are read as the caller meant them
 (int64 CPU copies, :func:`index_values`), whatever dtype or device they came in.
 """
@@ -87,8 +88,8 @@ class CsrArgs:
 class PagedCall:
     """One paged-attention call, normalized across kernel signatures.
 
-    kernel: the kernel's name (a key of :data:`kvfuzz.fuzz.guard.signatures.SIGNATURES`, which builds
-    PagedCalls from real calls' arguments). contract: :class:`Contract`. layout: the cache layout the kernel
+    kernel: the kernel's name (a key of the guard's table, ``kvfuzz.fuzz.guard.signatures.SIGNATURES``,
+    whose signatures build PagedCalls from real calls' arguments). contract: :class:`Contract`. layout: the cache layout the kernel
     reads. query: ``[T, H, D]``. key_cache/value_cache: as passed. block_table ``[N, M]``,
     query_start_loc ``[N+1]``, seq_lens ``[N]``: as passed (tensors, int32 expected). key/value:
     ``[T, Hkv, D]`` new tokens or None. max_seq_len/max_query_len: the scalars passed, or None when the kernel
@@ -99,8 +100,8 @@ class PagedCall:
     holds pointers, not ids (``is_block_table_ptr``); skip_value_layout: the value cache is interleaved
     (``use_interleaved_v_cache``) and cannot be read through ``layout``.
 
-    Source of each builder's mapping: the kernel's signature in vLLM 0.33.0 (see
-    :mod:`kvfuzz.fuzz.guard.signatures`).
+    Source of each builder's mapping: the kernel's signature in vLLM 0.33.0 (see its family's home,
+    ``kvfuzz.fuzz.targets.<family>``).
     """
 
     kernel: str
@@ -137,7 +138,7 @@ class PagedCall:
     #: from them (a token-level table, block_size 1) and :mod:`kvfuzz.contracts.calls.csr_checks` checks them
     csr: CsrArgs | None = None
     #: what the kernel needs of its caller, per path (:class:`~kvfuzz.contracts.calls.declaration.KernelDeclaration`,
-    #: declared next to its signature in :mod:`kvfuzz.fuzz.guard.signatures`)
+    #: declared next to its signature in its family's home, ``kvfuzz.fuzz.targets.<family>``)
     declaration: KernelDeclaration = GENERIC
     #: the paths this call takes, memoized by :class:`~kvfuzz.contracts.calls.declaration.KernelDeclaration`
     routes: dict = attrs.field(factory=dict, repr=False, eq=False)

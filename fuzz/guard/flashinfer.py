@@ -17,10 +17,14 @@ active :class:`~kvfuzz.fuzz.guard.interception.Guard` (``guard()`` or the pytest
 Each checked call counts in ``guard.calls`` under ``flashinfer.<Class>.plan``/``.run`` or
 ``flashinfer.append_paged_kv_cache``; its violations become one :class:`GuardRecord`.
 
-The same checks run on every example of a FlashInfer campaign: a target names one of :data:`CHECKED_KERNELS`
-as its ``checked_kernel`` and the harness calls :func:`check_call` on the call it builds (kvfuzz.fuzz.harness.
-caller), so a caller fault is reported under the names the hooks use (``kv_last_page_len``, ``kv_indptr``,
-``kv_indices range``, ``plan/run agreement``, ``unified invariant``, ``append positions``).
+What the hooks know of FlashInfer's calls lives in the family's home, :mod:`kvfuzz.fuzz.targets.flashinfer`:
+which calls there are (its ``SIGNATURES``, each a :class:`~kvfuzz.fuzz.targets.signature.PageListSignature`:
+the wrapper classes and functions patched here are read from them, :data:`WRAPPERS`) and their checks
+(``plan_of``, ``run_checks``, ``append_checks``). The same checks run on every example of a FlashInfer campaign:
+a target names its call's signature as ``checked_kernel`` and the harness runs its ``check`` on the call it
+builds (kvfuzz.fuzz.harness.caller), so a caller fault is reported under the names the hooks use
+(``kv_last_page_len``, ``kv_indptr``, ``kv_indices range``, ``plan/run agreement``, ``unified invariant``,
+``append positions``).
 
 Hooking it in: ``with flashinfer_guard(): ...`` (or ``install()`` ... ``uninstall()``) while a guard is
 active; the guard's own ``__enter__`` does not install it. The pytest plugin (``--kvfuzz-guard``) installs it
@@ -38,12 +42,17 @@ import sys
 import threading
 from typing import Any, Callable, Iterator
 
-from kvfuzz.contracts.calls.page_contents import check_append, check_current_tokens
-from kvfuzz.contracts.calls.page_lists import PagePlan, check_plan, check_run, make_plan
-from kvfuzz.contracts.checks.violations import Check, Violation
+from kvfuzz.contracts.calls.page_lists import check_plan
+from kvfuzz.contracts.checks.violations import Violation
 from kvfuzz.fuzz.guard.interception import Guard, active_guard
+from kvfuzz.fuzz.guard.signatures import PAGE_LIST_SIGNATURES
+from kvfuzz.fuzz.targets.flashinfer import append_checks, plan_of, run_checks
 
-WRAPPERS = {"BatchDecodeWithPagedKVCacheWrapper": "decode", "BatchPrefillWithPagedKVCacheWrapper": "prefill"}
+#: FlashInfer's wrapper classes whose plan()/run() are wrapped: class name -> "decode" or "prefill" (read off
+#: the family's signatures).
+WRAPPERS = {s.attr: s.kind for s in PAGE_LIST_SIGNATURES.values() if s.package == "flashinfer" and s.kind != "append"}
+#: FlashInfer's functions taking page lists to append to the cache (flashinfer.page's and the package's attribute).
+APPENDS = tuple(s.attr for s in PAGE_LIST_SIGNATURES.values() if s.package == "flashinfer" and s.kind == "append")
 _PLAN_ATTR = "_kvfuzz_plan"
 _LOCK = threading.RLock()
 _STATE: dict[str, Any] = {"count": 0, "patched": []}
@@ -77,70 +86,6 @@ def _bind(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any] | None:
     out = dict(b.arguments)
     out.update(out.pop("kwargs", {}) or {})
     return out
-
-
-def plan_of(kind: str, a: dict[str, Any], kv_layout: str = "NHD") -> PagePlan:
-    """The :class:`PagePlan` of a plan() call's arguments by name (decode: flashinfer/decode.py
-    ``BatchDecodeWithPagedKVCacheWrapper.plan`` names; prefill: flashinfer/prefill.py
-    ``BatchPrefillWithPagedKVCacheWrapper.plan`` names) for a wrapper of ``kv_layout``. ``data_type`` (decode,
-    deprecated) stands for both dtypes when given. Raises KeyError when a page-list argument is missing."""
-    q_dt = a.get("q_data_type", "float16")
-    kv_dt = a.get("kv_data_type")
-    if a.get("data_type") is not None:
-        q_dt = q_dt or a["data_type"]
-        kv_dt = kv_dt or a["data_type"]
-    if kind == "decode":
-        return make_plan("decode", a["indptr"], a["indices"], a["last_page_len"], a["num_qo_heads"],
-                         a["num_kv_heads"], a["head_dim"], a["page_size"], q_data_type=q_dt, kv_data_type=kv_dt,
-                         kv_layout=kv_layout, window_left=a.get("window_left", -1))
-    return make_plan("prefill", a["paged_kv_indptr"], a["paged_kv_indices"], a["paged_kv_last_page_len"],
-                     a["num_qo_heads"], a["num_kv_heads"], a["head_dim_qk"], a["page_size"],
-                     qo_indptr=a["qo_indptr"], q_data_type=q_dt, kv_data_type=kv_dt, kv_layout=kv_layout,
-                     window_left=a.get("window_left", -1), causal=a.get("causal", False))
-
-
-def run_checks(plan: PagePlan | None, a: dict[str, Any], kernel: str, new_kv: tuple | None = None,
-               tokens: bool = True) -> list[Violation]:
-    """What the run() hook checks: run()'s ``q`` and ``paged_kv_cache`` against ``plan``
-    (:func:`~kvfuzz.contracts.calls.page_lists.check_run`) and, with the call's new tokens ``new_kv = (k, v)``
-    (``[rows, Hkv, D]`` in qo_indptr order) and ``tokens``, the current tokens in the pages
-    (:func:`~kvfuzz.contracts.calls.page_contents.check_current_tokens`, skipped after a memory-unsafe
-    violation: the lists cannot be followed then)."""
-    out = check_run(plan, a.get("q"), a.get("paged_kv_cache"), kernel)
-    if new_kv is not None and tokens and plan is not None and not any(v.check.memory_unsafe for v in out):
-        out += check_current_tokens(plan, a["paged_kv_cache"], new_kv[0], new_kv[1], a.get("k_scale"),
-                                    a.get("v_scale"))
-    return out
-
-
-def append_checks(a: dict[str, Any]) -> list[Violation]:
-    """What the append_paged_kv_cache hook checks (:func:`~kvfuzz.contracts.calls.page_contents.check_append`),
-    on its arguments by name (flashinfer/page.py ``append_paged_kv_cache``)."""
-    return check_append(a["append_key"], a["append_value"], a["batch_indices"], a["positions"], a["paged_kv_cache"],
-                        a["kv_indices"], a["kv_indptr"], a["kv_last_page_len"], a.get("kv_layout", "NHD"))
-
-
-#: FlashInfer calls a target names as its ``checked_kernel`` (kvfuzz.fuzz.targets.base.Target): every example
-#: of its campaigns then goes through the checks these hooks apply (:func:`check_call`), by the same names.
-CHECKED_KERNELS = {"flashinfer.BatchDecodeWithPagedKVCacheWrapper": "decode",
-                   "flashinfer.BatchPrefillWithPagedKVCacheWrapper": "prefill",
-                   "flashinfer.append_paged_kv_cache": "append"}
-
-
-def check_call(kernel: str, args: dict[str, Any], kv_layout: str = "NHD", key: Any = None,
-               value: Any = None) -> list[Violation]:
-    """Everything the hooks check on one call of ``kernel`` (a key of :data:`CHECKED_KERNELS`), from its
-    arguments by name: for a wrapper, plan()'s (:func:`~kvfuzz.contracts.calls.page_lists.check_plan`) then
-    run()'s (:func:`run_checks`, the current tokens when ``key``/``value`` ``[rows, Hkv, D]`` are given and the
-    plan is well formed) for a wrapper of ``kv_layout``; for append_paged_kv_cache, :func:`append_checks`.
-    Raises KeyError for an unknown kernel or a missing argument."""
-    kind = CHECKED_KERNELS[kernel]
-    if kind == "append":
-        return append_checks(args)
-    plan = plan_of(kind, args, kv_layout)
-    out = check_plan(plan)
-    sound = not any(v.check.memory_unsafe or v.check in (Check.KV_INDPTR, Check.INDEX_DTYPE) for v in out)
-    return out + run_checks(plan, args, kernel, None if key is None else (key, value), tokens=sound)
 
 
 def _wrap_plan(cls_name: str, kind: str, original: Callable) -> Callable:
@@ -195,8 +140,8 @@ def _wrap_run(cls_name: str, original: Callable) -> Callable:
     return run
 
 
-def _wrap_append(original: Callable) -> Callable:
-    kernel = "flashinfer.append_paged_kv_cache"
+def _wrap_append(attr: str, original: Callable) -> Callable:
+    kernel = f"flashinfer.{attr}"
 
     @functools.wraps(original)
     def append_paged_kv_cache(*args, **kwargs):
@@ -237,13 +182,14 @@ def install(module: Any = None) -> bool:
                 _set(cls, "plan", _wrap_plan(cls_name, kind, cls.__dict__["plan"]))
             if "run" in cls.__dict__:
                 _set(cls, "run", _wrap_run(cls_name, cls.__dict__["run"]))
-        fn = getattr(module, "append_paged_kv_cache", None)
         page = getattr(module, "page", None) or sys.modules.get(f"{module.__name__}.page")
-        if fn is not None:
-            w = _wrap_append(fn)
-            _set(module, "append_paged_kv_cache", w)
-            if page is not None and getattr(page, "append_paged_kv_cache", None) is fn:
-                _set(page, "append_paged_kv_cache", w)
+        for attr in APPENDS:
+            fn = getattr(module, attr, None)
+            if fn is not None:
+                w = _wrap_append(attr, fn)
+                _set(module, attr, w)
+                if page is not None and getattr(page, attr, None) is fn:
+                    _set(page, attr, w)
         _STATE["count"] = 1
         return True
 
@@ -276,5 +222,4 @@ def flashinfer_guard(module: Any = None) -> Iterator[bool]:
             uninstall()
 
 
-__all__ = ["CHECKED_KERNELS", "WRAPPERS", "append_checks", "check_call", "flashinfer_guard", "install", "installed",
-           "plan_of", "report", "run_checks", "uninstall"]
+__all__ = ["APPENDS", "WRAPPERS", "flashinfer_guard", "install", "installed", "report", "uninstall"]

@@ -247,3 +247,4 @@ def _xdist_active(config: pytest.Config) -> bool:
         return False
 
 
+__all__ = ["PLUGIN_MODES", "kvfuzz_guard", "pytest_addoption", "pytest_configure"]

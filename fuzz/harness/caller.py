@@ -6,9 +6,12 @@ target's contract? Three sources, in this order (a check already reported for a 
 2. the call's metadata against the batch (:func:`metadata_violations`): only the harness knows each
    sequence's lengths, so only it can tell a shifted but well-formed ``query_start_loc``, ``kv_indptr`` or
    ``kv_last_page_len`` from the right one;
-3. the runtime guard's own checks of the call (:func:`call_violations`), for a target naming its kernel
-   (``Target.checked_kernel``): :mod:`kvfuzz.fuzz.guard.signatures` for the kernels the guard intercepts,
-   :mod:`kvfuzz.fuzz.guard.flashinfer` for FlashInfer's plan()/run() and append_paged_kv_cache.
+3. the runtime guard's own checks of the call (:func:`call_violations`), for a target naming its kernel's
+   signature (``Target.checked_kernel``, from the target's family home; a name resolves through the guard's
+   table, :func:`kvfuzz.fuzz.guard.signatures.signature_of`): a
+   :class:`~kvfuzz.fuzz.targets.signature.KernelSignature`'s checks for the kernels the guard intercepts, a
+   :class:`~kvfuzz.fuzz.targets.signature.PageListSignature`'s for FlashInfer's plan()/run() and
+   append_paged_kv_cache.
 
 Every violation is named by the :class:`~kvfuzz.contracts.checks.violations.Check` the guard uses for the same
 argument, so a caller fault reads the same in a campaign and under ``pytest --kvfuzz-guard``.
@@ -25,11 +28,17 @@ from kvfuzz.contracts.checks.failures import CallerContractViolation
 from kvfuzz.contracts.checks.invariants import check_contract
 from kvfuzz.contracts.checks.violations import Check, Violation, violation
 from kvfuzz.contracts.model.csr import indptr, page_lists
-from kvfuzz.fuzz.guard import flashinfer as fi_checks
-from kvfuzz.fuzz.guard.signatures import build_call, check_kernel_call
+from kvfuzz.fuzz.guard.signatures import signature_of
 from kvfuzz.fuzz.harness.faults import page_list_names
 from kvfuzz.fuzz.harness.run import Run
 from kvfuzz.fuzz.targets.base import Target
+from kvfuzz.fuzz.targets.signature import CheckedKernel, PageListSignature
+
+
+def checked_signature(target: Target) -> CheckedKernel | None:
+    """The signature of ``target``'s checked kernel (its ``checked_kernel``, or the one its name resolves to in
+    the guard's table); None when it names none. Raises KeyError for a name the guard does not know."""
+    return None if target.checked_kernel is None else signature_of(target.checked_kernel)
 
 
 def _mismatch(check: Check, got: Any, want: list[int], what: str, kernel: str) -> list[Violation]:
@@ -48,7 +57,7 @@ def _mismatch(check: Check, got: Any, want: list[int], what: str, kernel: str) -
                       kernel=kernel, seq=seq, expected=list(want), found=got_l)]
 
 
-def _page_list_metadata(target: Target, run: Run) -> list[Violation]:
+def _page_list_metadata(kernel: str, run: Run) -> list[Violation]:
     """FlashInfer's page lists against the batch: every call lists all ``seq_len`` positions (the wrappers'
     run() reads the new tokens from the pages, flashinfer/decode.py and prefill.py; append_paged_kv_cache's lists
     "incorporate the appended k/v", flashinfer/page.py), so ``kv_indptr`` ``[N + 1]`` holds ``[0,
@@ -63,12 +72,11 @@ def _page_list_metadata(target: Target, run: Run) -> list[Violation]:
     want = page_lists(batch, batch.seq_lens)
     bs = batch.block_size
     return (_mismatch(Check.QUERY_START_LOC, kw.get("qo_indptr"), list(batch.query_start_loc), "query tokens",
-                      target.checked_kernel)
+                      kernel)
             + _mismatch(Check.KV_INDPTR, kw[names[0]], want.page_indptr.tolist(),
-                        f"pages per sequence (ceil(seq_len / page_size), page_size {bs})", target.checked_kernel)
+                        f"pages per sequence (ceil(seq_len / page_size), page_size {bs})", kernel)
             + _mismatch(Check.LAST_PAGE_LEN, kw[names[2]], want.last_page_len.tolist(),
-                        f"last page lengths ((seq_len - 1) % page_size + 1, page_size {bs})",
-                        target.checked_kernel))
+                        f"last page lengths ((seq_len - 1) % page_size + 1, page_size {bs})", kernel))
 
 
 def metadata_violations(target: Target, run: Run) -> list[Violation]:
@@ -77,38 +85,38 @@ def metadata_violations(target: Target, run: Run) -> list[Violation]:
     kv_last_page_len) describe the batch? (A shifted query_start_loc still starts at 0, rises and ends at T, so
     only the harness, which knows each sequence's query_len, can tell.) Named after the argument, as the
     guard's checks are."""
-    if target.checked_kernel is None:
+    sig = checked_signature(target)
+    if sig is None:
         return []
-    if target.checked_kernel in fi_checks.CHECKED_KERNELS:
-        return _page_list_metadata(target, run) if page_list_names(run.call.kwargs) else []
-    call = build_call(target.checked_kernel, run.call.kwargs)
+    if isinstance(sig, PageListSignature):
+        return _page_list_metadata(sig.name, run) if page_list_names(run.call.kwargs) else []
+    call = sig.build_call(run.call.kwargs)
     batch = run.example.batch
     lengths = (Check.SEQ_LENS, call.seq_lens, batch.seq_lens, "sequence lengths")
     if call.csr is not None:  # CSR: kv_indptr lists what the contract says the kernel reads
         listed = target.capabilities.contract.cached_lens(batch)
         lengths = (Check.KV_INDPTR, call.csr.kv_indptr, tuple(indptr(listed).tolist()),
                    "positions the kernel reads (" + ("ctx_lens" if listed == batch.ctx_lens else "seq_lens") + ")")
-    out = _mismatch(Check.QUERY_START_LOC, call.query_start_loc, batch.query_start_loc, "query tokens",
-                    target.checked_kernel)
-    return out + _mismatch(*lengths, target.checked_kernel)
+    out = _mismatch(Check.QUERY_START_LOC, call.query_start_loc, batch.query_start_loc, "query tokens", sig.name)
+    return out + _mismatch(*lengths, sig.name)
 
 
 def call_violations(target: Target, run: Run) -> list[Violation]:
     """Error-level findings of the runtime guard's argument checks on this call
-    (:mod:`kvfuzz.contracts.calls.call_checks` through :func:`~kvfuzz.fuzz.guard.signatures.check_kernel_call`;
-    FlashInfer's plan/run/append checks through :func:`kvfuzz.fuzz.guard.flashinfer.check_call`); [] when the
-    target declares no ``checked_kernel``. A unified kernel's checks get the new tokens (the current-token
-    checks)."""
-    if target.checked_kernel is None:
+    (:mod:`kvfuzz.contracts.calls.call_checks` through its
+    :meth:`~kvfuzz.fuzz.targets.signature.KernelSignature.check`; FlashInfer's plan/run/append checks through
+    its :meth:`~kvfuzz.fuzz.targets.signature.PageListSignature.check`); [] when the target declares no
+    ``checked_kernel``. A unified kernel's checks get the new tokens (the current-token checks)."""
+    sig = checked_signature(target)
+    if sig is None:
         return []
     key = value = None
     if not target.capabilities.contract.passes_new_kv:  # unified: hand the guard the new tokens, where the call is
         key, value = (t.to(run.call.key_cache.device) for t in run.data.new_kv(run.example.batch))
-    if target.checked_kernel in fi_checks.CHECKED_KERNELS:
-        found = fi_checks.check_call(target.checked_kernel, run.call.kwargs,
-                                     getattr(run.call.layout, "kv_layout", "NHD"), key=key, value=value)
+    if isinstance(sig, PageListSignature):
+        found = sig.check(run.call.kwargs, getattr(run.call.layout, "kv_layout", "NHD"), key=key, value=value)
     else:
-        found = check_kernel_call(target.checked_kernel, run.call.kwargs, key=key, value=value, vacuity=False)
+        found = sig.check(run.call.kwargs, key=key, value=value, vacuity=False)
     return [v for v in found if v.is_error]
 
 
@@ -141,4 +149,4 @@ def caller_finding(violations: list[Violation], kernel: dict[str, Any], details:
                                                             "violations": [v.to_dict() for v in violations]})
 
 
-__all__ = ["call_violations", "caller_finding", "caller_violations", "metadata_violations"]
+__all__ = ["call_violations", "caller_finding", "caller_violations", "checked_signature", "metadata_violations"]

@@ -23,6 +23,8 @@ from kvfuzz.contracts.caches.layouts import CacheLayout
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.poison import Poison
 
+from .signature import CheckedKernel
+
 
 @attrs.frozen
 class Availability:
@@ -63,10 +65,11 @@ class Target(abc.ABC):
     #: One line on what the kernel is and where it lives.
     description: ClassVar[str]
     capabilities: ClassVar[Capabilities]
-    #: The kernel's name in kvfuzz.fuzz.guard.signatures.SIGNATURES (or, for FlashInfer's calls, in
-    #: kvfuzz.fuzz.guard.flashinfer.CHECKED_KERNELS): the property then also runs the runtime guard's argument
-    #: checks (index dtypes, lengths, block ids, max_seq_len, page lists, ...) on every call.
-    checked_kernel: ClassVar[str | None] = None
+    #: The signature of the kernel call this target makes (kvfuzz.fuzz.targets.signature: a KernelSignature,
+    #: or a PageListSignature for FlashInfer's calls), from the target's family home: the property then also
+    #: runs the runtime guard's argument checks (index dtypes, lengths, block ids, max_seq_len, page lists, ...)
+    #: on every call. A name in the guard's table (kvfuzz.fuzz.guard.signatures) works too; None: unchecked.
+    checked_kernel: ClassVar[CheckedKernel | str | None] = None
     #: Fields of a kernel configuration (kvfuzz.strategies.configs.RUNTIME_FIELDS: "heads", "block_size",
     #: "window") the kernel takes as run-time arguments instead of compiling for them: a pinned chunk then stays
     #: in one compiled specialization and still draws these freely (FlashInfer: all three).
@@ -123,3 +126,6 @@ class Target(abc.ABC):
     def path(self, batch: Batch) -> str:
         """Which kernel path ``batch`` takes inside the target (reported as a Hypothesis event)."""
         return "default"
+
+
+__all__ = ["NOT_LOADED", "Availability", "KernelCall", "Target"]

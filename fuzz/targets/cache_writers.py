@@ -12,6 +12,9 @@ into the paged cache at ``slot_mapping`` before attention runs. Checked by :mod:
 
 Both kernels skip rows whose slot is negative (Triton: ``if slot_idx < 0: return``; C++ csrc/cpu/cpu_attn_vec.hpp
 and cpu_attn_amx.hpp: ``if (pos < 0) continue``), so padding rows are part of their contract.
+
+The family's home: its targets; the guard checks none of its kernels' calls (:data:`SIGNATURES` is empty: the
+writer property checks the cache they leave instead).
 """
 
 from __future__ import annotations
@@ -213,4 +216,7 @@ class VllmCpuReshapeAndCache(VllmCpuOp):
         return call.key_cache
 
 
-__all__ = ["VllmCpuReshapeAndCache", "VllmReshapeAndCacheFlash"]
+#: This family's checked kernels: none (kvfuzz.fuzz.targets.registry.FAMILIES lists the family all the same).
+SIGNATURES = ()
+
+__all__ = ["SIGNATURES", "VllmCpuReshapeAndCache", "VllmReshapeAndCacheFlash"]

@@ -26,8 +26,11 @@ FlashInfer's default ``1/sqrt(head_dim)``); fp8 caches are ``torch.float8_e4m3fn
 holding ``k / k_scale``, with ``kv_data_type`` set in plan and ``k_scale``/``v_scale`` floats to run (run
 multiplies ``sm_scale`` by ``k_scale`` and the output by ``v_scale``).
 
-Caller checks: each target names its call as ``checked_kernel`` (a key of kvfuzz.fuzz.guard.flashinfer's
-CHECKED_KERNELS), so every campaign example also goes through the guard's plan()/run() (or append) checks.
+Caller checks (this family's home holds them): each target names its call's
+:class:`~kvfuzz.fuzz.targets.signature.PageListSignature` (:data:`SIGNATURES`) as ``checked_kernel``, so every
+campaign example also goes through the checks the guard's plan()/run() (or append) hooks apply
+(:func:`check_call`: :func:`plan_of`, :func:`run_checks`, :func:`append_checks`). Importing this module does not
+import flashinfer.
 
 Compile keys: FlashInfer JIT-compiles one module per (q dtype, kv dtype, o dtype, index dtype, head_dim,
 pos_encoding_mode, use_sliding_window, use_logits_soft_cap) (flashinfer/jit/attention/modules.py
@@ -43,9 +46,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from typing import Any, Mapping
 
 import attrs
 import torch
+
+from kvfuzz.contracts.calls.page_contents import check_append, check_current_tokens
+from kvfuzz.contracts.calls.page_lists import PagePlan, check_plan, check_run, make_plan
+from kvfuzz.contracts.checks.violations import Check, Violation
 
 from kvfuzz.contracts.caches.flashinfer_layouts import FlashInferLayout
 from kvfuzz.contracts.caches.materialize import CacheState
@@ -57,6 +65,7 @@ from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.writer import WriterInputs, writer_inputs
 
 from .base import NOT_LOADED, Availability, KernelCall, Target
+from .signature import PageListSignature
 
 #: The release kvfuzz reads FlashInfer's API from (benchmarks/flashinfer_bundle.sh carries it).
 FLASHINFER_VERSION = "0.7.2.post1"
@@ -106,6 +115,79 @@ def window_left(batch: Batch) -> int:
     return -1 if batch.sliding_window is None else batch.sliding_window - 1
 
 
+# ---- the calls this family checks: page lists in plan(), q and the cache in run(); the guard's FlashInfer hooks
+# (kvfuzz.fuzz.guard.flashinfer) wrap them where FlashInfer defines them and run these same checks ---------------
+def plan_of(kind: str, a: dict[str, Any], kv_layout: str = "NHD") -> PagePlan:
+    """The :class:`PagePlan` of a plan() call's arguments by name (decode: flashinfer/decode.py
+    ``BatchDecodeWithPagedKVCacheWrapper.plan`` names; prefill: flashinfer/prefill.py
+    ``BatchPrefillWithPagedKVCacheWrapper.plan`` names) for a wrapper of ``kv_layout``. ``data_type`` (decode,
+    deprecated) stands for both dtypes when given. Raises KeyError when a page-list argument is missing."""
+    q_dt = a.get("q_data_type", "float16")
+    kv_dt = a.get("kv_data_type")
+    if a.get("data_type") is not None:
+        q_dt = q_dt or a["data_type"]
+        kv_dt = kv_dt or a["data_type"]
+    if kind == "decode":
+        return make_plan("decode", a["indptr"], a["indices"], a["last_page_len"], a["num_qo_heads"],
+                         a["num_kv_heads"], a["head_dim"], a["page_size"], q_data_type=q_dt, kv_data_type=kv_dt,
+                         kv_layout=kv_layout, window_left=a.get("window_left", -1))
+    return make_plan("prefill", a["paged_kv_indptr"], a["paged_kv_indices"], a["paged_kv_last_page_len"],
+                     a["num_qo_heads"], a["num_kv_heads"], a["head_dim_qk"], a["page_size"],
+                     qo_indptr=a["qo_indptr"], q_data_type=q_dt, kv_data_type=kv_dt, kv_layout=kv_layout,
+                     window_left=a.get("window_left", -1), causal=a.get("causal", False))
+
+
+def run_checks(plan: PagePlan | None, a: dict[str, Any], kernel: str, new_kv: tuple | None = None,
+               tokens: bool = True) -> list[Violation]:
+    """What the run() hook checks: run()'s ``q`` and ``paged_kv_cache`` against ``plan``
+    (:func:`~kvfuzz.contracts.calls.page_lists.check_run`) and, with the call's new tokens ``new_kv = (k, v)``
+    (``[rows, Hkv, D]`` in qo_indptr order) and ``tokens``, the current tokens in the pages
+    (:func:`~kvfuzz.contracts.calls.page_contents.check_current_tokens`, skipped after a memory-unsafe
+    violation: the lists cannot be followed then)."""
+    out = check_run(plan, a.get("q"), a.get("paged_kv_cache"), kernel)
+    if new_kv is not None and tokens and plan is not None and not any(v.check.memory_unsafe for v in out):
+        out += check_current_tokens(plan, a["paged_kv_cache"], new_kv[0], new_kv[1], a.get("k_scale"),
+                                    a.get("v_scale"))
+    return out
+
+
+def append_checks(a: dict[str, Any]) -> list[Violation]:
+    """What the append_paged_kv_cache hook checks (:func:`~kvfuzz.contracts.calls.page_contents.check_append`),
+    on its arguments by name (flashinfer/page.py ``append_paged_kv_cache``)."""
+    return check_append(a["append_key"], a["append_value"], a["batch_indices"], a["positions"], a["paged_kv_cache"],
+                        a["kv_indices"], a["kv_indptr"], a["kv_last_page_len"], a.get("kv_layout", "NHD"))
+
+
+def check_call(kernel: str, args: Mapping[str, Any], kv_layout: str = "NHD", key: Any = None,
+               value: Any = None) -> list[Violation]:
+    """Everything the hooks check on one call of ``kernel`` (a key of :data:`CHECKED_KERNELS`), from its
+    arguments by name: for a wrapper, plan()'s (:func:`~kvfuzz.contracts.calls.page_lists.check_plan`) then
+    run()'s (:func:`run_checks`, the current tokens when ``key``/``value`` ``[rows, Hkv, D]`` are given and the
+    plan is well formed) for a wrapper of ``kv_layout``; for append_paged_kv_cache, :func:`append_checks`.
+    Raises KeyError for an unknown kernel or a missing argument."""
+    kind = CHECKED_KERNELS[kernel]
+    if kind == "append":
+        return append_checks(args)
+    plan = plan_of(kind, args, kv_layout)
+    out = check_plan(plan)
+    sound = not any(v.check.memory_unsafe or v.check in (Check.KV_INDPTR, Check.INDEX_DTYPE) for v in out)
+    return out + run_checks(plan, args, kernel, None if key is None else (key, value), tokens=sound)
+
+
+BATCH_DECODE = PageListSignature("flashinfer.BatchDecodeWithPagedKVCacheWrapper", "decode",
+                                 "BatchDecodeWithPagedKVCacheWrapper", "flashinfer", check_call)
+BATCH_PREFILL = PageListSignature("flashinfer.BatchPrefillWithPagedKVCacheWrapper", "prefill",
+                                  "BatchPrefillWithPagedKVCacheWrapper", "flashinfer", check_call)
+APPEND_PAGED_KV_CACHE = PageListSignature("flashinfer.append_paged_kv_cache", "append", "append_paged_kv_cache",
+                                          "flashinfer", check_call)
+
+#: This family's checked calls (the guard collects them through kvfuzz.fuzz.targets.registry.FAMILIES).
+SIGNATURES = (BATCH_DECODE, BATCH_PREFILL, APPEND_PAGED_KV_CACHE)
+#: Checked call name -> its kind ("decode", "prefill", "append"): what :func:`check_call` dispatches on.
+CHECKED_KERNELS = {s.name: s.kind for s in SIGNATURES}
+
+
+# ---- the targets ----------------------------------------------------------------------------------------------
 class FlashInferTarget(Target):
     """Shared availability (CUDA and an importable flashinfer), layouts and wrapper reuse."""
 
@@ -208,7 +290,7 @@ class FlashInferBatchDecode(FlashInferTarget):
     name = "flashinfer.batch_decode"
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper over page lists (decode only, unified contract)"
     wrapper_class = "BatchDecodeWithPagedKVCacheWrapper"
-    checked_kernel = "flashinfer.BatchDecodeWithPagedKVCacheWrapper"
+    checked_kernel = BATCH_DECODE
     capabilities = Capabilities(
         contract=Contract.UNIFIED, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"), decode_only=True,
@@ -266,7 +348,7 @@ class FlashInferBatchPrefill(FlashInferTarget):
     description = ("FlashInfer BatchPrefillWithPagedKVCacheWrapper, causal, over page lists with the new tokens "
                    "appended (unified contract)")
     wrapper_class = "BatchPrefillWithPagedKVCacheWrapper"
-    checked_kernel = "flashinfer.BatchPrefillWithPagedKVCacheWrapper"
+    checked_kernel = BATCH_PREFILL
     capabilities = Capabilities(
         contract=Contract.UNIFIED, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"),
@@ -311,7 +393,7 @@ class FlashInferAppendPagedKvCache(FlashInferTarget):
 
     name = "flashinfer.append_paged_kv_cache"
     description = "FlashInfer append_paged_kv_cache: new tokens' k/v into the pages via page lists (writer)"
-    checked_kernel = "flashinfer.append_paged_kv_cache"
+    checked_kernel = APPEND_PAGED_KV_CACHE
     capabilities = Capabilities(
         contract=Contract.WRITER, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"), metadata="csr",
@@ -341,5 +423,8 @@ class FlashInferAppendPagedKvCache(FlashInferTarget):
         return call.key_cache
 
 
-__all__ = ["CUDA_ONLY", "DECODE_GQA_RATIOS", "FLASHINFER_VERSION", "FlashInferAppendPagedKvCache",
-           "FlashInferBatchDecode", "FlashInferBatchDecodeTC", "FlashInferBatchPrefill", "TC_DECODE_GQA_RATIOS", "FlashInferTarget", "layout_for", "page_list_tensors", "window_left"]
+__all__ = ["APPEND_PAGED_KV_CACHE", "BATCH_DECODE", "BATCH_PREFILL", "CHECKED_KERNELS", "CUDA_ONLY",
+           "DECODE_GQA_RATIOS", "DECODE_PLAN_ARGS", "FLASHINFER_VERSION", "FlashInferAppendPagedKvCache",
+           "FlashInferBatchDecode", "FlashInferBatchDecodeTC", "FlashInferBatchPrefill", "FlashInferTarget",
+           "PREFILL_PLAN_ARGS", "RUN_ARGS", "SIGNATURES", "TC_DECODE_GQA_RATIOS", "append_checks", "check_call",
+           "layout_for", "page_list_tensors", "plan_of", "run_checks", "window_left"]

@@ -1,4 +1,5 @@
-"""Where targets come from: kvfuzz's built-in adapters, adapters other packages register under the entry-point
+"""Where targets come from, and the kernel families that define them: kvfuzz's built-in adapters (:data:`BUILTIN`,
+each in its family's home, a module of :data:`FAMILIES`), adapters other packages register under the entry-point
 group :data:`ENTRY_POINT_GROUP`, and adapters a user names by file or module (``path/to/file.py:CLASS``,
 ``package.module:CLASS``).
 
@@ -21,7 +22,22 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from types import ModuleType
+
 from .base import Target
+
+#: The kernel families' homes: each module holds a family's targets, their capabilities, its kernels' call
+#: signatures (``SIGNATURES``: :mod:`kvfuzz.fuzz.targets.signature`) and what each kernel needs of its caller.
+#: The guard builds its table of signatures from these (:mod:`kvfuzz.fuzz.guard.signatures`). Importing one
+#: imports no kernel library. A new family: its module here, its targets in :data:`BUILTIN`.
+FAMILIES = (
+    "kvfuzz.fuzz.targets.vllm_triton",
+    "kvfuzz.fuzz.targets.vllm_cpu",
+    "kvfuzz.fuzz.targets.cache_writers",
+    "kvfuzz.fuzz.targets.torch_flex",
+    "kvfuzz.fuzz.targets.sglang_triton",
+    "kvfuzz.fuzz.targets.flashinfer",
+)
 
 #: Built-in targets: name -> "module:class" (imported lazily, so a missing kernel never breaks the CLI).
 BUILTIN = {
@@ -43,6 +59,13 @@ BUILTIN = {
 
 #: The entry-point group other packages register adapters under.
 ENTRY_POINT_GROUP = "kvfuzz.targets"
+
+
+
+def families() -> list[ModuleType]:
+    """The modules of :data:`FAMILIES`, imported (cheap: no kernel library loads)."""
+    return [importlib.import_module(name) for name in FAMILIES]
+
 
 _cache: dict[str, Target] = {}
 #: target name -> the file or module spec it was loaded from (absent for registered targets)
@@ -147,4 +170,5 @@ def get_target(name: str) -> Target:
     return _cache[name]
 
 
-__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "get_target", "is_registered", "load_spec", "registered", "spec_of"]
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "FAMILIES", "families", "get_target", "is_registered", "load_spec",
+           "registered", "spec_of"]

@@ -18,6 +18,10 @@ torch. ``sglang/srt/environ.py`` is real (standard library only).
 On CPU the interpreter computes bf16 wrongly (triton-lang/triton#11584) and rounds fp32/fp16 -> fp8 downcasts
 wrongly (triton-lang/triton#8322: a lost mantissa carry, no saturation): these targets declare fp16/fp32 on
 CPU, fp16/bf16 on CUDA, and fp8 caches only where no kernel downcast to fp8 happens (:class:`SglangDecodeAttentionFwd`).
+
+The family's home: the calls its kernels take (each a :class:`~kvfuzz.fuzz.targets.signature.KernelSignature`,
+named ``sglang.<function>``: vLLM ships its own ``decode_attention_fwd``), listed in :data:`SIGNATURES` for the
+guard, then the targets naming them. Importing this module imports neither sglang nor triton.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import os
 import sys
 import types
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -36,12 +41,15 @@ import torch
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
-from kvfuzz.contracts.model.csr import token_slot_lists
+from kvfuzz.contracts.model.csr import token_slot_lists, token_table
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout
 from kvfuzz.contracts.caches.materialize import CacheState
+from kvfuzz.contracts.calls.declaration import KernelDeclaration, KernelPath
+from kvfuzz.contracts.calls.paged_call import CacheReads, CsrArgs, NewTokensCached, PagedCall, index_values, is_tensor
 
 from .base import NOT_LOADED, Availability, KernelCall
+from .signature import KernelSignature
 from .triton_runtime import (TRITON_TOO_EARLY, VllmTritonTarget, on_cuda, poisoned_scratch, sinks,
                           prepare_triton_runtime, triton_imported_too_early)
 
@@ -65,6 +73,106 @@ _SETUP_HINT = (f"run `make setup` (extracts sglang=={SGLANG_VERSION}'s kernel fi
                f"sglang=={SGLANG_VERSION}")
 
 
+# ---- the calls this family's kernels take: arguments (bound by parameter name) -> PagedCall, where each kernel
+# lives, and what it needs of its caller (read off sglang 0.5.23; tests/test_declarations.py backs the claims) ----
+
+def _csr_call(kernel: str, contract: Contract, q: Any, csr: CsrArgs, qsl: Any, key: Any, value: Any,
+              names: dict[str, str], **fields: Any) -> PagedCall:
+    """A CSR call as a PagedCall: the pools viewed as ``[slots, 1, Hkv, D]`` (NHD, block_size 1), the token
+    table the lists describe as its block table, and seq_lens = listed + new tokens (extend) or listed
+    (decode); raw arguments that are not 1-D integer tensors leave block_table/seq_lens None (the CSR shape
+    checks report them)."""
+    ptr, idx = index_values(csr.kv_indptr), index_values(csr.kv_indices)
+    table = seq_lens = None
+    if ptr is not None and idx is not None and ptr.dim() == 1 and idx.dim() == 1 and len(ptr) >= 1:
+        tt = token_table(ptr, idx)
+        table, seq_lens = tt.table, tt.lens
+        qo = index_values(qsl)
+        if csr.listed == "prefix":  # extend: the new tokens come on top of the listed prefix
+            seq_lens = (seq_lens + (qo[1:] - qo[:-1]).clamp(min=0) if qo is not None and qo.shape == ptr.shape
+                        else None)
+    pools = [p.unsqueeze(1) if is_tensor(p) and p.dim() == 3 else p for p in (csr.key_pool, csr.value_pool)]
+    return PagedCall(kernel=kernel, contract=contract, layout=NHDLayout(), query=q, key_cache=pools[0],
+                     value_cache=pools[1], block_table=table, query_start_loc=qsl, seq_lens=seq_lens, key=key,
+                     value=value, names=names, kv_cache_dtype=None, csr=csr, **fields)
+
+
+def _float_scale(x: Any) -> Any:
+    return 1.0 if x is None else x
+
+
+def sglang_extend_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+    kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale=None,
+    logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1, sinks=None, ..., page_size=1, ...)``
+    (sglang/kernels/ops/attention/extend_attention.py, sglang 0.5.23; older releases under
+    sglang/srt/layers/attention/triton_ops/ take the same names, the scales optional): prefix contract, the
+    cached prefix through ``kv_indptr``/``kv_indices`` (token slots of ``k_buffer [slots, Hkv, D]``), the new
+    tokens as ``k_extend``/``v_extend`` in ``qo_indptr`` order; ``max_len_extend`` plays max_query_len."""
+    csr = CsrArgs(kv_indptr=args["kv_indptr"], kv_indices=args["kv_indices"], qo_indptr=args["qo_indptr"],
+                  page_size=args.get("page_size", 1), key_pool=args["k_buffer"], value_pool=args["v_buffer"],
+                  listed="prefix")
+    sw = args.get("sliding_window_size", -1)
+    return _csr_call(
+        "sglang.extend_attention_fwd", Contract.PREFIX, args["q_extend"], csr, args["qo_indptr"],
+        args.get("k_extend"), args.get("v_extend"),
+        dict(query="q_extend", key="k_extend", value="v_extend", key_cache="k_buffer", value_cache="v_buffer",
+             block_table="kv_indices", query_start_loc="qo_indptr", seq_lens="kv_indptr + qo_indptr lengths",
+             max_query_len="max_len_extend"),
+        max_query_len=args.get("max_len_extend"), k_scale=_float_scale(args.get("k_scale")),
+        v_scale=_float_scale(args.get("v_scale")), new_tokens_cached=NewTokensCached.NONE,
+        cache_reads=CacheReads.CTX, sliding_window=int(sw) + 1 if isinstance(sw, int) and sw > 0 else 0,
+        has_sinks=args.get("sinks") is not None)
+
+
+def sglang_decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse,
+    num_kv_splits, max_kv_splits, sm_scale, k_scale, v_scale, logit_cap=0.0, sinks=None, ..., page_size=1,
+    ...)`` (sglang/kernels/ops/attention/decode_attention.py, sglang 0.5.23; older releases under
+    sglang/srt/layers/attention/triton_ops/, some without attn_lse or the scales): decode only, one query row
+    per sequence (query_start_loc implicit, ``arange(N + 1)``); unified contract: ``kv_indices`` list every
+    position, the current token's included (SGLang's backend writes it into the pool first). The new tokens
+    can be compared with the pool only when handed over (``key``/``value`` ``[N, Hkv, D]``)."""
+    q = args["q"]
+    csr = CsrArgs(kv_indptr=args["kv_indptr"], kv_indices=args["kv_indices"], page_size=args.get("page_size", 1),
+                  key_pool=args["k_buffer"], value_pool=args["v_buffer"], listed="all",
+                  attn_logits=args.get("attn_logits"), attn_lse=args.get("attn_lse"),
+                  num_kv_splits=args.get("num_kv_splits"), max_kv_splits=args.get("max_kv_splits"))
+    n = int(q.shape[0]) if is_tensor(q) and q.dim() >= 1 else 0
+    qsl = torch.arange(n + 1, dtype=torch.int32, device=q.device if is_tensor(q) else "cpu")
+    call = _csr_call(
+        "sglang.decode_attention_fwd", Contract.UNIFIED, q, csr, qsl, key, value,
+        dict(query="q", key_cache="k_buffer", value_cache="v_buffer", block_table="kv_indices",
+             query_start_loc="(implicit: one query row per sequence)", seq_lens="kv_indptr lengths"),
+        k_scale=_float_scale(args.get("k_scale")), v_scale=_float_scale(args.get("v_scale")),
+        new_tokens_cached=NewTokensCached.ALL if key is not None else NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL, has_sinks=args.get("sinks") is not None)
+    if is_tensor(call.seq_lens) and len(call.seq_lens) > n:  # q may cover only the first sequences
+        call.seq_lens, call.block_table = call.seq_lens[:n], call.block_table[:n]
+    return call
+
+
+#: SGLang's Triton kernels: int32 or int64 indices; extend's grid from max_len_extend; Lv may differ from Lk.
+EXTEND_ATTENTION_FWD = KernelSignature(
+    "sglang.extend_attention_fwd", sglang_extend_attention_fwd_call, True, "extend_attention_fwd",
+    (EXTEND_MODULE, "sglang.srt.layers.attention.triton_ops.extend_attention"),
+    declaration=KernelDeclaration(paths=(
+        KernelPath("SGLang's extend_attention_fwd Triton kernel", reads=frozenset({"max_query_len"}),
+                   source="sglang/kernels/ops/attention/extend_attention.py extend_attention_fwd"),
+    ), value_head_size_may_differ=True))
+DECODE_ATTENTION_FWD = KernelSignature(
+    "sglang.decode_attention_fwd", sglang_decode_attention_fwd_call, False, "decode_attention_fwd",
+    (DECODE_MODULE, "sglang.srt.layers.attention.triton_ops.decode_attention"),
+    declaration=KernelDeclaration(paths=(
+        KernelPath("SGLang's decode_attention_fwd Triton kernels",
+                   source="sglang/kernels/ops/attention/decode_attention.py decode_attention_fwd"),
+    ), value_head_size_may_differ=True))
+
+#: This family's checked kernels (the guard collects them through kvfuzz.fuzz.targets.registry.FAMILIES).
+SIGNATURES = (EXTEND_ATTENTION_FWD, DECODE_ATTENTION_FWD)
+
+
+# ---- where the kernels come from ------------------------------------------------------------------------------
 def sglang_tree() -> Path | None:
     """The folder holding :data:`KERNEL_FILES` (``$KVFUZZ_SGLANG_TREE``, else ``<sys.prefix>/share/kvfuzz/
     sglang``), or None when neither has them."""
@@ -226,7 +334,7 @@ class SglangExtendAttentionFwd(SglangTritonTarget):
     """
 
     name = "sglang.extend_attention_fwd"
-    checked_kernel = "sglang.extend_attention_fwd"
+    checked_kernel = EXTEND_ATTENTION_FWD
     description = "SGLang Triton extend (prefill) attention over CSR kv_indices (prefix contract)"
     capabilities = Capabilities(
         contract=Contract.PREFIX,
@@ -287,7 +395,7 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
     """
 
     name = "sglang.decode_attention_fwd"
-    checked_kernel = "sglang.decode_attention_fwd"
+    checked_kernel = DECODE_ATTENTION_FWD
     #: README Findings 9: the MHA path rounds each q.k product to the input dtype, which wide logits ("large",
     #: "dominant") turn into errors past the envelope; the gate draws the other ranges, `kvfuzz fuzz` all
     gate_value_ranges = ("normal", "equal")
@@ -348,3 +456,9 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
 
 __all__ = ["KERNEL_FILES", "SGLANG_VERSION", "TREE_ENV", "SglangDecodeAttentionFwd", "SglangExtendAttentionFwd",
            "kernel_function", "missing_kernels", "prepare_sglang_runtime", "sglang_tree"]
+
+
+__all__ = ["DECODE_ATTENTION_FWD", "DECODE_MODULE", "EXTEND_ATTENTION_FWD", "EXTEND_MODULE", "KERNEL_FILES",
+           "SGLANG_VERSION", "SIGNATURES", "TREE_ENV", "SglangDecodeAttentionFwd", "SglangExtendAttentionFwd",
+           "SglangTritonTarget", "kernel_function", "missing_kernels", "prepare_sglang_runtime",
+           "sglang_decode_attention_fwd_call", "sglang_extend_attention_fwd_call", "sglang_tree"]

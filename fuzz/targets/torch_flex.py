@@ -295,4 +295,7 @@ class TorchFlexPaged(Target):
         return call.output
 
 
-__all__ = ["FlexPagedLayout", "TorchFlexPaged", "paged_attention_for"]
+#: This family's checked kernels: none yet (the guard has no signature for torch's PagedAttention).
+SIGNATURES = ()
+
+__all__ = ["FlexPagedLayout", "SIGNATURES", "TorchFlexPaged", "paged_attention_for"]

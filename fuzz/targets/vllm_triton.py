@@ -5,10 +5,16 @@ triton or vllm is first imported (without the second, vllm.triton_utils swaps re
 when no GPU driver is active), and registers a stub ``vllm.platforms.rocm`` whose
 ``use_rocm_custom_paged_attention`` returns False (the real module needs a GPU to import). Triton's
 interpreter computes bf16 wrongly (triton-lang/triton#11584), so on CPU these targets declare fp16/fp32 only.
+
+The family's home: the calls its kernels take (each a :class:`~kvfuzz.fuzz.targets.signature.KernelSignature`:
+arguments -> PagedCall, the modules defining the kernel, what it needs of its caller), listed in
+:data:`SIGNATURES` for the guard, then its targets, each naming its signature as ``checked_kernel``. Importing
+this module imports neither vllm nor triton.
 """
 
 from __future__ import annotations
 
+from typing import Any, Mapping
 
 import torch
 
@@ -18,12 +24,180 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout, VllmPagedLayout
 from kvfuzz.contracts.caches.materialize import CacheState
+from kvfuzz.contracts.calls.declaration import INT32_ONLY, KernelDeclaration, KernelPath
+from kvfuzz.contracts.calls.paged_call import CacheReads, NewTokensCached, PagedCall, is_tensor
+from kvfuzz.contracts.calls.rocm import ROCM_CUSTOM_KV_CACHE_DTYPES, rocm_custom_path_taken
 
 from .base import KernelCall
+from .signature import KernelSignature
 from .triton_runtime import (VllmTritonTarget, fp8_storage, module_file, on_cuda, poisoned_scratch,  # noqa: F401
                              prepare_triton_runtime, scales, sinks)  # module_file, prepare_triton_runtime: re-exported
 
 
+# ---- the calls this family's kernels take: arguments (bound by parameter name) -> PagedCall, where each kernel
+# lives, and what it needs of its caller (read off vLLM 0.33.0 vllm/v1/attention/ops/; tests/test_declarations.py
+# runs the Triton kernels with int64 indices and MLA head sizes to back the claims that run on CPU) -------------
+
+def chunked_prefill_paged_decode_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_cache, value_cache,
+    block_table, query_start_loc, seq_lens, max_seq_len, max_query_len, k_scale, v_scale, alibi_slopes=None,
+    sliding_window=None, sm_scale=None, output_scale=None, sinks=None, is_block_table_ptr=False,
+    use_interleaved_v_cache=False, causal=True)`` (bound arguments by name) as a split-contract call.
+    ``key=None`` (cross-attention decode) skips the key/value checks."""
+    sw = args.get("sliding_window")
+    return PagedCall(
+        kernel="chunked_prefill_paged_decode", contract=Contract.SPLIT, layout=VllmPagedLayout(),
+        query=args["query"], key_cache=args["key_cache"], value_cache=args["value_cache"],
+        block_table=args["block_table"], query_start_loc=args["query_start_loc"], seq_lens=args["seq_lens"],
+        key=args.get("key"), value=args.get("value"), max_seq_len=args.get("max_seq_len"),
+        max_query_len=args.get("max_query_len"), kv_cache_dtype=args.get("kv_cache_dtype", "auto"),
+        k_scale=args.get("k_scale", 1.0), v_scale=args.get("v_scale", 1.0),
+        new_tokens_cached=NewTokensCached.DECODE, cache_reads=CacheReads.SPLIT,
+        sliding_window=int(sw) if isinstance(sw, (int, float)) and sw > 0 else 0,
+        has_alibi=args.get("alibi_slopes") is not None, has_sinks=args.get("sinks") is not None,
+        skip_blocks=bool(args.get("is_block_table_ptr", False)),
+        skip_value_layout=bool(args.get("use_interleaved_v_cache", False)),
+    )
+
+
+def context_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
+    max_seq_len, max_input_len, k_scale, v_scale, alibi_slopes=None, sliding_window=None, sm_scale=None,
+    skip_decode=False, ...)``: the split contract's prefill half. Context positions come from the cache, new
+    tokens from ``k``/``v``; no sequence's new token must be in the cache. With ``skip_decode=True`` decode
+    sequences are skipped (nothing of them is read); ``k=None`` reads everything from the cache."""
+    skip_decode = bool(args.get("skip_decode", False))
+    kv_from_cache = args.get("k") is None
+    sw = args.get("sliding_window")
+    return PagedCall(
+        kernel="context_attention_fwd", contract=Contract.SPLIT if skip_decode else Contract.PREFIX,
+        layout=VllmPagedLayout(),
+        query=args["q"], key_cache=args["k_cache"], value_cache=args["v_cache"], block_table=args["b_loc"],
+        query_start_loc=args["b_start_loc"], seq_lens=args["b_seq_len"], key=args.get("k"),
+        value=args.get("v"), max_seq_len=args.get("max_seq_len"), max_query_len=args.get("max_input_len"),
+        names=dict(query="q", key="k", value="v", key_cache="k_cache", value_cache="v_cache", block_table="b_loc",
+                   query_start_loc="b_start_loc", seq_lens="b_seq_len", max_query_len="max_input_len"),
+        kv_cache_dtype=args.get("kv_cache_dtype", "auto"), k_scale=args.get("k_scale", 1.0),
+        v_scale=args.get("v_scale", 1.0), new_tokens_cached=NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL if kv_from_cache else (CacheReads.SPLIT_PREFILL if skip_decode else CacheReads.CTX),
+        sliding_window=int(sw) if isinstance(sw, (int, float)) and sw > 0 else 0,
+        has_alibi=args.get("alibi_slopes") is not None, has_sinks=args.get("sinks") is not None,
+        skip_blocks=bool(args.get("is_block_table_ptr", False)),
+        skip_value_layout=bool(args.get("interleaved_v_pack_factor", 0)),
+    )
+
+
+def unified_attention_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale,
+    causal, window_size, block_table, softcap, q_descale, k_descale, v_descale, ...)``: ``k``/``v`` are the
+    caches ``[NB, BS, Hkv, D]``; unified contract. The kernel takes no new-token key/value, so the new tokens
+    can be compared with the cache only when the caller hands them over separately (``key``/``value``)."""
+    return PagedCall(
+        kernel="unified_attention", contract=Contract.UNIFIED, layout=NHDLayout(), query=args["q"],
+        key_cache=args["k"], value_cache=args["v"], block_table=args["block_table"],
+        query_start_loc=args["cu_seqlens_q"], seq_lens=args["seqused_k"], key=key, value=value,
+        max_seq_len=args.get("max_seqlen_k"), max_query_len=args.get("max_seqlen_q"),
+        names=dict(query="q", key_cache="k", value_cache="v", query_start_loc="cu_seqlens_q",
+                   seq_lens="seqused_k", max_seq_len="max_seqlen_k", max_query_len="max_seqlen_q"),
+        kv_cache_dtype=None, k_scale=args.get("k_descale") if args.get("k_descale") is not None else 1.0,
+        v_scale=args.get("v_descale") if args.get("v_descale") is not None else 1.0,
+        new_tokens_cached=NewTokensCached.ALL if key is not None else NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL,
+        has_alibi=args.get("alibi_slopes") is not None, has_sinks=args.get("sinks") is not None,
+        descales_ignored=(is_tensor(args["k"]) and args["k"].dtype.is_floating_point
+                          and args["k"].element_size() == 1
+                          and (args.get("k_descale") is not None or args.get("v_descale") is not None)
+                          and int(args.get("kv_quant_mode", 0) or 0) == 0),
+    )
+
+
+def decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``decode_attention_fwd(q [N, H, D], k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits,
+    num_kv_splits, sm_scale, page_size=1, logit_cap=0.0, k_scale=None, v_scale=None)``
+    (vllm/v1/attention/ops/triton_decode_attention.py): decode-only, one query token per sequence, so
+    query_start_loc is implicit (``arange(N + 1)``); caches ``[num_pages, page_size, Hkv, D]`` (NHD) read
+    through ``req_to_token`` (the block table); unified contract: all seq_len positions in the cache. The
+    new tokens can be compared with the cache only when handed over (``key``/``value``)."""
+    q = args["q"]
+    n = int(q.shape[0]) if isinstance(q, torch.Tensor) else 0
+    kc = args["k_buffer"]
+    if isinstance(kc, torch.Tensor) and kc.dim() == 3:  # flat [slots, Hkv, D]: pages of page_size
+        ps = int(args.get("page_size", 1))
+        kc = kc.view(-1, ps, *kc.shape[1:])
+        vc = args["v_buffer"].view(-1, ps, *args["v_buffer"].shape[1:])
+    else:
+        vc = args["v_buffer"]
+    qsl = torch.arange(n + 1, dtype=torch.int32, device=q.device if isinstance(q, torch.Tensor) else "cpu")
+    table = args["req_to_token"]
+    if is_tensor(table) and table.dim() > 2 and all(int(d) == 1 for d in table.shape[2:]):
+        # [B, pages, 1] (vLLM's test_triton_decode_attention.py): the kernel reads entry j of row b at
+        # req_to_token + b * stride(0) + j, so trailing unit dims change nothing it reads
+        table = table.reshape(table.shape[0], table.shape[1])
+    return PagedCall(
+        kernel="decode_attention_fwd", contract=Contract.UNIFIED, layout=NHDLayout(), query=q, key_cache=kc,
+        value_cache=vc, block_table=table, query_start_loc=qsl, seq_lens=args["b_seq_len"],
+        key=key, value=value,
+        names=dict(query="q", key_cache="k_buffer", value_cache="v_buffer", block_table="req_to_token",
+                   query_start_loc="(implicit: one query token per sequence)", seq_lens="b_seq_len"),
+        kv_cache_dtype=None, k_scale=args.get("k_scale") if args.get("k_scale") is not None else 1.0,
+        v_scale=args.get("v_scale") if args.get("v_scale") is not None else 1.0,
+        new_tokens_cached=NewTokensCached.ALL if key is not None else NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL,
+    )
+
+
+_V1 = "vllm/v1/attention/ops/"
+
+#: chunked_prefill_paged_decode: everywhere, prefill through context_attention_fwd (``if max_query_len > 1``,
+#: its grid sized by max_query_len) and decode through Triton's kernel_paged_attention_2d (block_table
+#: ``.to(torch.int32)``, seq_lens loaded with their own type); on ROCm, decode through the custom HIP kernel
+#: when use_rocm_custom_paged_attention selects it, which sizes its partitions from max_seq_len and reads
+#: block_tables/seq_lens/query_start_loc through ``data_ptr<int>()``.
+CHUNKED_PREFILL_PAGED_DECODE = KernelSignature(
+    "chunked_prefill_paged_decode", chunked_prefill_paged_decode_call, True, "chunked_prefill_paged_decode",
+    ("vllm.v1.attention.ops.chunked_prefill_paged_decode", "vllm.attention.ops.chunked_prefill_paged_decode"),
+    declaration=KernelDeclaration(paths=(
+        KernelPath("the Triton path (context_attention_fwd for prefill, kernel_paged_attention_2d for decode)",
+                   reads=frozenset({"max_query_len"}),
+                   source=_V1 + "chunked_prefill_paged_decode.py chunked_prefill_paged_decode"),
+        KernelPath("the ROCm custom kernel (csrc/rocm/attention.cu paged_attention, which reads index tensors "
+                   "through data_ptr<int>())",
+                   index_dtypes=INT32_ONLY, reads=frozenset({"max_seq_len"}),
+                   kv_cache_dtypes=ROCM_CUSTOM_KV_CACHE_DTYPES, taken_on=rocm_custom_path_taken,
+                   source="vllm/platforms/rocm.py use_rocm_custom_paged_attention; csrc/rocm/attention.cu"),
+    )))
+#: context_attention_fwd: Triton only; b_loc cast to int32 (the ALiBi kernel loads it as passed), b_start_loc and
+#: b_seq_len loaded with their own type; grid ``cdiv(max_input_len, BLOCK_M)``; max_seq_len normalized and unused.
+CONTEXT_ATTENTION_FWD = KernelSignature(
+    "context_attention_fwd", context_attention_fwd_call, True, "context_attention_fwd",
+    ("vllm.v1.attention.ops.prefix_prefill", "vllm.attention.ops.prefix_prefill"),
+    declaration=KernelDeclaration(paths=(
+        KernelPath("context_attention_fwd's Triton kernels", reads=frozenset({"max_query_len"}),
+                   source=_V1 + "prefix_prefill.py context_attention_fwd"),
+    )))
+#: unified_attention: Triton only; max_seqlen_q picks the 2-D or 3-D launch; max_seqlen_k is read only by the
+#: INT4 KV path (unified_attention_int4), which kvfuzz does not model.
+UNIFIED_ATTENTION = KernelSignature(
+    "unified_attention", unified_attention_call, False, "unified_attention",
+    ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention"),
+    declaration=KernelDeclaration(paths=(
+        KernelPath("unified_attention's Triton kernels", reads=frozenset({"max_query_len"}),
+                   source=_V1 + "triton_unified_attention.py unified_attention"),
+    )))
+#: decode_attention_fwd: Triton only, no max_* arguments; the value head size may differ (MLA: Lk 576, Lv 512).
+DECODE_ATTENTION_FWD = KernelSignature(
+    "decode_attention_fwd", decode_attention_fwd_call, False, "decode_attention_fwd",
+    ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention"),
+    declaration=KernelDeclaration(paths=(
+        KernelPath("decode_attention_fwd's Triton kernels",
+                   source=_V1 + "triton_decode_attention.py decode_attention_fwd"),
+    ), value_head_size_may_differ=True))
+
+#: This family's checked kernels (the guard collects them through kvfuzz.fuzz.targets.registry.FAMILIES).
+SIGNATURES = (CHUNKED_PREFILL_PAGED_DECODE, CONTEXT_ATTENTION_FWD, UNIFIED_ATTENTION, DECODE_ATTENTION_FWD)
+
+
+# ---- the targets ----------------------------------------------------------------------------------------------
 class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
     """``chunked_prefill_paged_decode`` (vllm/v1/attention/ops/chunked_prefill_paged_decode.py, vllm 0.33.0).
 
@@ -40,7 +214,7 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
     """
 
     name = "vllm.chunked_prefill_paged_decode"
-    checked_kernel = "chunked_prefill_paged_decode"
+    checked_kernel = CHUNKED_PREFILL_PAGED_DECODE
     description = "vLLM Triton prefix-prefill + paged decode (split contract)"
     capabilities = Capabilities(
         contract=Contract.SPLIT,
@@ -121,7 +295,7 @@ class VllmContextAttentionFwd(VllmTritonTarget):
     """
 
     name = "vllm.context_attention_fwd"
-    checked_kernel = "context_attention_fwd"
+    checked_kernel = CONTEXT_ATTENTION_FWD
     description = "vLLM Triton prefix-prefill kernel for every sequence, decode included (prefix contract)"
     capabilities = Capabilities(
         contract=Contract.PREFIX,
@@ -191,7 +365,7 @@ class VllmUnifiedAttention(VllmTritonTarget):
     """
 
     name = "vllm.unified_attention"
-    checked_kernel = "unified_attention"
+    checked_kernel = UNIFIED_ATTENTION
     description = "vLLM Triton unified attention, 2-D and 3-D split-softmax paths (unified contract)"
     capabilities = Capabilities(
         contract=Contract.UNIFIED,
@@ -288,7 +462,7 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
     """
 
     name = "vllm.decode_attention_fwd"
-    checked_kernel = "decode_attention_fwd"
+    checked_kernel = DECODE_ATTENTION_FWD
     description = "vLLM Triton split-KV decode attention (decode only, unified contract)"
     capabilities = Capabilities(
         contract=Contract.UNIFIED,
@@ -345,3 +519,10 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
     def path(self, batch: Batch) -> str:
         stage1 = "normal" if batch.gqa_ratio == 1 else "grouped"
         return f"{stage1},splits={self.num_kv_splits(batch)}"
+
+
+__all__ = ["CHUNKED_PREFILL_PAGED_DECODE", "CONTEXT_ATTENTION_FWD", "DECODE_ATTENTION_FWD", "NUM_PAR_SOFTMAX_SEGMENTS",
+           "PREFIX_PREFILL_NAMES", "SIGNATURES", "UNIFIED_ATTENTION", "VllmChunkedPrefillPagedDecode",
+           "VllmContextAttentionFwd", "VllmDecodeAttentionFwd", "VllmUnifiedAttention",
+           "chunked_prefill_paged_decode_call", "context_attention_fwd_call", "decode_attention_fwd_call",
+           "module_file", "prepare_triton_runtime", "unified_attention_call"]

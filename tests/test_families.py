@@ -1,0 +1,156 @@
+"""One home per kernel family (issue 30): each family module under fuzz/targets holds its targets and its
+kernels' call signatures (``SIGNATURES``); the registry lists the families (``FAMILIES``) and the guard builds
+its table from them. These tests fail when a family is left out of the registry, when a target's checked kernel
+is not in the guard's table, or when importing a family (or the guard's table) loads a kernel library."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import types
+
+import pytest
+
+from kvfuzz.contracts.calls.declaration import KernelDeclaration, KernelPath
+from kvfuzz.fuzz.guard import flashinfer as fi_hooks
+from kvfuzz.fuzz.guard import patching
+from kvfuzz.fuzz.guard.signatures import PAGE_LIST_SIGNATURES, SIGNATURES, signature_of, table
+from kvfuzz.fuzz.targets.registry import BUILTIN, FAMILIES, families
+from kvfuzz.fuzz.targets.signature import KernelSignature, PageListSignature
+
+
+def homeless(builtin: dict[str, str], homes: list[types.ModuleType]) -> list[str]:
+    """What is wrong with ``builtin`` (target name -> "module:class") against the families ``homes``: a target
+    whose module is not a family, or whose checked kernel is not in the table built from ``homes``."""
+    kernels, page_lists = table(homes)
+    known = {**kernels, **page_lists}
+    names = {h.__name__ for h in homes}
+    out = []
+    for name, spec in builtin.items():
+        module, _, cls_name = spec.partition(":")
+        if module not in names:
+            out.append(f"{name}: {module} is not a registered family")
+            continue
+        checked = getattr(importlib.import_module(module), cls_name).checked_kernel
+        if checked is not None and known.get(checked.name) is not checked:
+            out.append(f"{name}: its checked kernel {checked.name} is not in the guard's table")
+    return out
+
+
+def test_every_family_signature_is_in_the_guard_table():
+    homes = families()
+    assert [h.__name__ for h in homes] == list(FAMILIES)
+    listed = [sig for h in homes for sig in h.SIGNATURES]
+    assert listed and all(isinstance(s, (KernelSignature, PageListSignature)) for s in listed)
+    assert {s.name for s in listed} == set(SIGNATURES) | set(PAGE_LIST_SIGNATURES)
+    for sig in listed:
+        assert (SIGNATURES if isinstance(sig, KernelSignature) else PAGE_LIST_SIGNATURES)[sig.name] is sig
+    # what the guard intercepts comes from the same table: every function/op kernel, FlashInfer's classes
+    assert {e.name for e in patching.KERNELS} == set(SIGNATURES)
+    assert set(fi_hooks.WRAPPERS) == {"BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper"}
+    assert fi_hooks.APPENDS == ("append_paged_kv_cache",)
+
+
+def test_every_builtin_target_lives_in_a_family_and_its_checked_kernel_resolves():
+    assert homeless(BUILTIN, families()) == []
+    checked = {}
+    for name in BUILTIN:
+        module, _, cls_name = BUILTIN[name].partition(":")
+        cls = getattr(importlib.import_module(module), cls_name)
+        if cls.checked_kernel is not None:
+            assert signature_of(cls.checked_kernel) is cls.checked_kernel
+            assert cls.checked_kernel in importlib.import_module(module).SIGNATURES  # declared in its own home
+            checked[name] = cls.checked_kernel.name
+    # the names stored in reports and reproducers stay as they were
+    assert checked == {
+        "vllm.chunked_prefill_paged_decode": "chunked_prefill_paged_decode",
+        "vllm.context_attention_fwd": "context_attention_fwd", "vllm.unified_attention": "unified_attention",
+        "vllm.decode_attention_fwd": "decode_attention_fwd", "vllm.cpu_attention": "cpu_attention_with_kv_cache",
+        "sglang.extend_attention_fwd": "sglang.extend_attention_fwd",
+        "sglang.decode_attention_fwd": "sglang.decode_attention_fwd",
+        "flashinfer.batch_decode": "flashinfer.BatchDecodeWithPagedKVCacheWrapper",
+        "flashinfer.batch_decode_tc": "flashinfer.BatchDecodeWithPagedKVCacheWrapper",
+        "flashinfer.batch_prefill": "flashinfer.BatchPrefillWithPagedKVCacheWrapper",
+        "flashinfer.append_paged_kv_cache": "flashinfer.append_paged_kv_cache",
+    }
+
+
+def test_a_family_left_out_of_the_registry_is_caught():
+    homes = [h for h in families() if not h.__name__.endswith(".vllm_triton")]
+    problems = homeless(BUILTIN, homes)
+    assert sorted(p.split(":")[0] for p in problems) == sorted(n for n in BUILTIN if n.startswith("vllm.")
+                                                               and "cpu" not in n and "reshape" not in n)
+    # a target whose module is not a family, and one naming a kernel no registered family declares
+    cpu_home = importlib.import_module("kvfuzz.fuzz.targets.vllm_cpu")
+    stray = types.ModuleType("stray_family")
+    stray.SIGNATURES = ()
+    stray.Target = type("T", (), {"checked_kernel": importlib.import_module(
+        "kvfuzz.fuzz.targets.vllm_triton").UNIFIED_ATTENTION})
+    assert homeless({"x": "stray_family:Target"}, [cpu_home]) == ["x: stray_family is not a registered family"]
+    sys.modules["stray_family"] = stray
+    try:
+        assert homeless({"x": "stray_family:Target"}, [stray, cpu_home]) == [
+            "x: its checked kernel unified_attention is not in the guard's table"]
+    finally:
+        del sys.modules["stray_family"]
+
+
+def test_a_new_family_reaches_the_table_and_bad_ones_are_refused():
+    def build(args, key=None, value=None):
+        raise AssertionError("not called")
+
+    sig = KernelSignature("mykernels.paged", build, True, "paged", ("mykernels.ops",),
+                          declaration=KernelDeclaration(paths=(KernelPath("mine"),)))
+    home = types.ModuleType("mykernels_family")
+    home.SIGNATURES = (sig,)
+    kernels, page_lists = table([*families(), home])
+    assert kernels["mykernels.paged"] is sig and set(kernels) == set(SIGNATURES) | {"mykernels.paged"}
+    assert page_lists == PAGE_LIST_SIGNATURES
+    with pytest.raises(ValueError, match="mykernels_family has no SIGNATURES tuple"):
+        table([types.ModuleType("mykernels_family")])
+    twice = types.ModuleType("twice")
+    twice.SIGNATURES = (SIGNATURES["unified_attention"],)
+    with pytest.raises(ValueError, match="twice declares kernel 'unified_attention', which another family"):
+        table([*families(), twice])
+    odd = types.ModuleType("odd")
+    odd.SIGNATURES = ("unified_attention",)
+    with pytest.raises(ValueError, match="odd.SIGNATURES holds 'unified_attention', not a KernelSignature"):
+        table([odd])
+    with pytest.raises(KeyError, match="unknown kernel 'nope'; kvfuzz knows chunked_prefill_paged_decode"):
+        signature_of("nope")
+    assert signature_of("flashinfer.append_paged_kv_cache").kind == "append"
+
+
+def test_importing_the_families_and_the_guard_table_loads_no_kernel_library():
+    code = ("import sys, kvfuzz.fuzz.guard.signatures, kvfuzz.fuzz.guard.flashinfer, kvfuzz.fuzz.guard.patching\n"
+            "from kvfuzz.fuzz.targets.registry import families\n"
+            "families()\n"
+            "print(sorted(m for m in ('vllm', 'sglang', 'flashinfer', 'triton') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
+
+
+def test_a_checked_kernel_given_by_name_resolves_to_its_signature():
+    """An adapter written before the homes (``checked_kernel = "unified_attention"``) still gets the checks."""
+    from kvfuzz.fuzz.harness.caller import checked_signature
+    from kvfuzz.fuzz.targets.vllm_triton import UNIFIED_ATTENTION, VllmUnifiedAttention
+
+    class ByName(VllmUnifiedAttention):
+        name = "tests.unified_by_name"
+        checked_kernel = "unified_attention"
+
+    class Unchecked(VllmUnifiedAttention):
+        name = "tests.unchecked"
+        checked_kernel = None
+
+    class Unknown(VllmUnifiedAttention):
+        name = "tests.unknown_kernel"
+        checked_kernel = "no_such_kernel"
+
+    assert checked_signature(ByName()) is UNIFIED_ATTENTION
+    assert checked_signature(VllmUnifiedAttention()) is UNIFIED_ATTENTION
+    assert checked_signature(Unchecked()) is None
+    with pytest.raises(KeyError, match="unknown kernel 'no_such_kernel'"):
+        checked_signature(Unknown())
