@@ -60,7 +60,7 @@ def _target(name):
 
 
 def _poison(target):
-    # vllm.cpu_attention and torch.flex_paged leak NaN from unused slots (README Findings 1, 2): finite poison
+    # vllm.cpu_attention and torch.flex_paged leak NaN from unused slots (docs/findings.md, Finding 1, 2): finite poison
     return target.gate_poisons[0] if target.gate_poisons else Poison.NAN
 
 
@@ -193,7 +193,7 @@ def test_fp8_reference_models_the_scale():
 
 
 def test_unified_attention_alibi_with_sinks_is_position_dependent():
-    """Finding (README Findings 5): unified_attention accepts ALiBi together with sinks, but its linear ALiBi
+    """Finding (docs/findings.md, Finding 5): unified_attention accepts ALiBi together with sinks, but its linear ALiBi
     bias is ``slope * (k_pos - context_len)``, not relative to the query, so for prefill row j the sink's
     weight is off by ``exp(slope * j)``. Declared exclusive; pinned here. Decode rows (j = 0) are right."""
     t = _target("vllm.unified_attention")

@@ -89,7 +89,7 @@ def test_a_big_batch_of_a_cuda_target_is_drawn_checked_and_stored_from_the_gpu(n
     if not t.capabilities.accepts(b):
         pytest.skip(f"{name} does not declare {t.capabilities.outside(b)}")
     assert b.kv_elements >= GPU_REFERENCE_MIN_KV and reference_device(t, b) == t.device
-    # vllm.cpu_attention and torch.flex_paged leak NaN from unused slots (README Findings 1, 2): finite poison
+    # vllm.cpu_attention and torch.flex_paged leak NaN from unused slots (docs/findings.md, Finding 1, 2): finite poison
     example = Example(b, t.gate_poisons[0] if t.gate_poisons else Poison.NAN)
     run = properties.prepare(t, example)
     assert run.data.keys.device.type == "cuda" and run.data.query.device.type == "cuda"

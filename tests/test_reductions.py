@@ -215,7 +215,7 @@ def test_the_structural_shrink_can_be_turned_off():
 
 @pytest.mark.kernel
 def test_a_real_kernels_finding_reduces_to_its_minimal_case():
-    """vLLM's CPU op (README Findings 1: NaN in the unused tail of its last token group reaches the output),
+    """vLLM's CPU op (docs/findings.md, Finding 1: NaN in the unused tail of its last token group reaches the output),
     started from three sequences, four heads and head size 64: the structural shrink alone reaches the README's
     minimal case (one decode sequence, ctx_len 0, one head, the smallest head size, one block)."""
     target = available("vllm.cpu_attention")

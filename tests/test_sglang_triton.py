@@ -321,7 +321,7 @@ def test_guard_wraps_the_real_kernel_wherever_imported(make_batch, cls):
 
 # ---- a real kernel finding, pinned ----------------------------------------------------------------------------------
 def test_decode_mha_rounds_each_q_k_product_to_the_input_dtype(make_batch):
-    """README Findings 9: decode_attention_fwd's MHA stage 1 (``_fwd_kernel_stage1``, H == Hkv) computes
+    """docs/findings.md, Finding 9: decode_attention_fwd's MHA stage 1 (``_fwd_kernel_stage1``, H == Hkv) computes
     ``tl.sum((q[None, :] * k).to(tl.float32), 1)``: each product is rounded to fp16/bf16 before the fp32 sum
     (its comment: "Cast the product, not q and k, to avoid a fp32 [BLOCK_N, D] tile"). Found by kvfuzz on CPU
     with large logits (values x4): one decode sequence, ctx_len 1, H = Hkv = 1, D = 128, fp16, seed 30, error

@@ -65,7 +65,7 @@ def test_undeclared_campaign_on_the_cpu_op_counts_its_rejections_and_finds_nothi
 def test_context_attention_fwd_alibi_window_and_sinks(make_batch):
     """Feature combinations a target declares exclusive are drawn by --undeclared too. prefix_prefill's
     ALiBi kernel asserts ``sinks is None`` (rejected: fine) but has no sliding window at all: with a window
-    it silently attends to the whole context (FINDING, README Findings 6)."""
+    it silently attends to the whole context (FINDING, docs/findings.md, Finding 6)."""
     import attrs
 
     t = available("vllm.context_attention_fwd")

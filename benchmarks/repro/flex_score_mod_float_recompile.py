@@ -1,6 +1,6 @@
 """torch 2.11 (H200): compiled flex_attention whose score_mod closes over a Python float that changes between
 calls fails on the second call with "InductorError: LoweringException: RuntimeError: unbacked_bindings"
-(README Findings 8). Needs a CUDA GPU. Output on an H200: cap 50.0 ok, cap 4.0 FAIL, cap 7.0 FAIL."""
+(docs/findings.md, Finding 8). Needs a CUDA GPU. Output on an H200: cap 50.0 ok, cap 4.0 FAIL, cap 7.0 FAIL."""
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 

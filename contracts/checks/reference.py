@@ -54,7 +54,7 @@ LOGIT_ULPS = 2.0
 #: With a softcap ``c``, kernels compute ``c * tanh(s / c)`` in fp32 as ``c * (1 - 2 / (exp(2s/c) + 1))``
 #: (vLLM's apply_softcap; the CPU op alike), which cancels for small ``s / c``: the logit is off by about
 #: ``c * eps(fp32)``. Measured with c = 50 on fp32 outputs: 6.6e-6 (unified_attention), 4.2e-6
-#: (vllm.cpu_attention) against 4.7e-7 for torch.tanh (README Findings 7). Allowed: ``SOFTCAP_ULPS * c *
+#: (vllm.cpu_attention) against 4.7e-7 for torch.tanh (docs/findings.md, Finding 7). Allowed: ``SOFTCAP_ULPS * c *
 #: eps(fp32)`` on every logit.
 SOFTCAP_ULPS = 4.0
 

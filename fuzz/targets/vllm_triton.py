@@ -345,7 +345,7 @@ class VllmUnifiedAttention(VllmTritonTarget):
     kernel the format the batch names.) ALiBi with sinks is declared exclusive: the linear ALiBi bias is
     ``slope * (k_pos - context_len)`` (``apply_alibi_to_score``), which differs from ``slope * (k_pos - q_pos)``
     by a per-row constant that softmax cancels, except against a sink, whose logit gets no bias: prefill
-    row ``j`` weighs its sink ``exp(slope * j)`` times too little (kvfuzz found it; README Findings). And the
+    row ``j`` weighs its sink ``exp(slope * j)`` times too little (kvfuzz found it; docs/findings.md). And the
     split-softmax
     scratch: ``seq_threshold_3D = 128 // num_kv_heads``, 16 segments, fp32 ``softmax_segm_output
     [T, H, 16, next_pow2(D)]``, ``softmax_segm_max``/``softmax_segm_expsum [T, H, 16]``. vLLM sizes the
@@ -375,7 +375,7 @@ class VllmUnifiedAttention(VllmTritonTarget):
         block_sizes=(16, 32, 48, 64, 544),
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         features=("sliding_window", "alibi", "sinks", "softcap"),
-        # accepted without complaint but position-dependent: see README Findings 5 (tests/test_vllm_triton.py)
+        # accepted without complaint but position-dependent: see docs/findings.md, Finding 5 (tests/test_vllm_triton.py)
         exclusive=(("alibi", "sinks"),),
     )
 
