@@ -169,9 +169,9 @@ BUGS: dict[str, Bug] = {b.name: b for b in (
                    "logits of thousands"),
     Bug("sglang-2479", "https://github.com/sgl-project/sglang/pull/2479",
         DECODE_MODULE, SglangDecodeAttentionFwd, "decode_attention_fwd",
-        trigger="a decode sequence with num_kv_splits >= 2 and seq_len <= 32 * (num_kv_splits - 1) (an empty "
-                "split) and a scratch holding NaN/inf or stale values",
-        smallest=lambda: small_batch([1], [1], head_size=32, block_size=1)),
+        trigger="a decode sequence with an empty split (stage 2 walks all max_kv_splits splits: any seq_len <= 32 "
+                "with max_kv_splits >= 2) and a scratch holding NaN/inf or stale values",
+        smallest=lambda: small_batch([1], [0], head_size=32, block_size=1)),
     Bug("vllm-47671", "https://github.com/vllm-project/vllm/pull/47671",
         "vllm.v1.attention.ops.triton_decode_attention", VllmDecodeAttentionFwd, "decode_attention_fwd",
         trigger="a used page at or past 2**31 elements of the cache (page id * page_size * Hkv * D >= 2**31)",
