@@ -25,8 +25,8 @@ from kvfuzz_test_support import kvfuzz
 ROOT = Path(__file__).resolve().parents[1]
 #: The bugs a default CPU campaign is expected to find (the others: docs/bugs.md, Bug.why_missed).
 FOUND_BY_DEFAULT = sorted(n for n, b in BUGS.items() if b.cpu and b.why_missed is None)
-#: The bugs whose trigger runs on this CPU (vllm-47671 needs a >= 4 GiB cache).
-CPU_REACHABLE = sorted(n for n, b in BUGS.items() if b.cpu)
+#: The bugs whose trigger runs in this process (vllm-47671's crashes it: tested in a child).
+IN_PROCESS = sorted(n for n, b in BUGS.items() if b.cpu and not b.big_cache)
 
 
 def _sha(path: Path) -> str:
@@ -39,7 +39,7 @@ def test_registry_and_entry_point():
         header = bug.patch().header
         assert bug.upstream in header and "The fix:" in header and "Undoing it:" in header, name
         assert get_bug(name).name == name and get_bug(name.removeprefix("bug.")).name == name
-        assert (bug.why_missed is None) == (name in FOUND_BY_DEFAULT)
+        assert (bug.why_missed is None) == (name in FOUND_BY_DEFAULT) and bug.cpu
     with pytest.raises(KeyError, match="known: bug.sglang-2479"):
         get_bug("bug.nope")
     eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["kvfuzz.targets"]
@@ -101,7 +101,7 @@ def _outputs(name: str):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("name", CPU_REACHABLE)
+@pytest.mark.parametrize("name", IN_PROCESS)
 def test_reinjected_kernel_differs_on_the_smallest_trigger(name):
     installed = installed_file(BUGS[name].patched_module)
     before = _sha(installed)
@@ -138,6 +138,34 @@ def test_big_cache_trigger_is_past_int32():
     assert f.read_text().count(").to(tl.int64)  # page_number") == 2 and ").to(tl.int64)  # page_number" not in patched
 
 
+_CHILD = """
+import sys, torch
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.bench.bugs import BUGS, get_bug, smallest_trigger
+from kvfuzz.fuzz.harness import attention
+name = "bug.vllm-47671"
+target = BUGS[name].base() if sys.argv[1] == "upstream" else get_bug(name)
+run = attention.prepare(target, Example(smallest_trigger(name), Poison.NAN))
+out = target.run(run.call)
+print("finite" if bool(torch.isfinite(out).all()) else "non-finite")
+"""
+
+
+@pytest.mark.kernel
+def test_int32_offsets_crash_past_2_31_elements():
+    """vllm-47671 on its smallest trigger (a page 2**31 elements into a 4 GiB fp16 cache whose untouched pages
+    cost no RAM), each kernel in a child: upstream's is finite, the re-injected one's wrapped offset reads
+    unmapped memory and the process dies by SIGSEGV."""
+    import subprocess
+    import sys
+
+    up = subprocess.run([sys.executable, "-c", _CHILD, "upstream"], capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0 and up.stdout.strip().endswith("finite") and "non-finite" not in up.stdout, up.stderr
+    bug = subprocess.run([sys.executable, "-c", _CHILD, "bug"], capture_output=True, text=True, timeout=600)
+    assert bug.returncode == -11, (bug.returncode, bug.stdout, bug.stderr[-2000:])
+
+
 @pytest.mark.kernel
 @pytest.mark.parametrize("name", [n for n in FOUND_BY_DEFAULT if n != "bug.vllm-47305"])
 def test_short_default_campaign_finds_the_bug(name):
@@ -151,6 +179,19 @@ def test_short_default_campaign_finds_the_bug(name):
     assert r["replays"] is True and r["rerun_kinds"] == [r["kind"]] * 3
     smallest = batch_size(smallest_trigger(name))
     assert (r["size"]["seqs"], r["size"]["kv_tokens"]) <= (smallest["seqs"], smallest["kv_tokens"])
+
+
+@pytest.mark.kernel
+def test_big_cache_campaign_finds_the_int32_offset_bug():
+    """vllm-47671 is out of a default campaign's reach (docs/bugs.md); ``--big-cache`` finds it: a kernel crash
+    blamed on the kernel, shrunk to one decode token, whose reproducer replays (in a child)."""
+    from kvfuzz.fuzz.bench.bugs.benchmark import run_bug_supervised
+
+    r = run_bug_supervised("bug.vllm-47671", 0, duration=120, max_examples=50)
+    assert r["found"], f"not found in {r['examples_total']} examples"
+    assert (r["kind"], r["blame"], r["check"]) == ("kernel crash", "kernel", "SIGSEGV")
+    assert r["size"]["seqs"] == 1 and r["size"]["kv_tokens"] == 1
+    assert r["replays"] is True
 
 
 @pytest.mark.kernel

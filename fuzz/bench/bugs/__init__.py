@@ -59,7 +59,9 @@ class Bug:
     from the patched module), ``base`` (the target class whose kernel is swapped), ``trigger`` (when the bug
     changes the output), ``smallest`` (a hand-built smallest triggering batch) and ``scale_query`` (the
     query is multiplied by it for the trigger: values kvfuzz's value ranges do not reach), ``big_cache``
-    (reached only with ``kvfuzz fuzz --big-cache``), ``cpu`` (whether the trigger is reachable on this CPU)."""
+    (reached only with ``kvfuzz fuzz --big-cache``: the benchmark runs it so, under the supervisor, since the bug
+    crashes the process), ``cpu`` (whether the trigger is reachable on a CPU), ``why_missed`` (why a default
+    campaign misses it; None: it finds it)."""
 
     slug: str
     upstream: str
@@ -78,6 +80,11 @@ class Bug:
     @property
     def name(self) -> str:
         return f"bug.{self.slug}"
+
+    @property
+    def spec(self) -> str:
+        """``package.module:CLASS`` of the target (``kvfuzz fuzz --target SPEC`` without the entry point)."""
+        return f"{__name__}:Bug_{self.slug.replace('-', '_')}"
 
     @property
     def patch_path(self) -> Path:
@@ -148,7 +155,9 @@ def _target_class(bug: Bug) -> type[Target]:
               "description": f"{bug.base.description}, with {bug.upstream} undone ({bug.patch_path.name})"}
     if issubclass(bug.base, SglangDecodeAttentionFwd):
         attrs_["_prepare"] = lambda self: prepare_sglang_runtime()
-    return type(f"Bug_{bug.slug.replace('-', '_')}", (_Reinjected, bug.base), attrs_)
+    cls = type(f"Bug_{bug.slug.replace('-', '_')}", (_Reinjected, bug.base), attrs_)
+    cls.__module__ = __name__
+    return cls
 
 
 BUGS: dict[str, Bug] = {b.name: b for b in (
@@ -175,15 +184,21 @@ BUGS: dict[str, Bug] = {b.name: b for b in (
     Bug("vllm-47671", "https://github.com/vllm-project/vllm/pull/47671",
         "vllm.v1.attention.ops.triton_decode_attention", VllmDecodeAttentionFwd, "decode_attention_fwd",
         trigger="a used page at or past 2**31 elements of the cache (page id * page_size * Hkv * D >= 2**31)",
-        smallest=lambda: small_batch([1], [0], head_size=32, block_size=16, table=[[1 << 22]],
-                                     num_blocks=(1 << 22) + 1),
-        big_cache=True, cpu=False,
-        why_missed="needs a page past 2**31 elements (a >= 4 GiB cache per K and V at fp16); the default "
-                   "campaign's caches have < 100 blocks. kvfuzz fuzz --big-cache reaches it; under Triton's "
-                   "interpreter on this 23 GiB, 2-core shared CPU it was not run (GPU: the device bundle)"),
+        # the fewest blocks: the largest declared block size (64) and the smallest head size (32)
+        smallest=lambda: small_batch([1], [0], head_size=32, block_size=64, table=[[1 << 20]],
+                                     num_blocks=(1 << 20) + 1),
+        big_cache=True,
+        why_missed="needs a page past 2**31 elements (a >= 4 GiB cache per K and V at fp16; untouched pages cost no "
+                   "RAM); the default campaign's caches have < 100 blocks. kvfuzz fuzz --big-cache reaches it: the "
+                   "wrapped offset reads unmapped memory, a kernel crash (SIGSEGV) under Triton's interpreter"),
 )}
 
 _TARGETS: dict[str, type[Target]] = {n: _target_class(b) for n, b in BUGS.items()}
+# module-level names, so that a worker process (or ``--target kvfuzz.fuzz.bench.bugs:Bug_vllm_47671``) can load one
+Bug_vllm_47305 = _TARGETS["bug.vllm-47305"]
+Bug_vllm_56579 = _TARGETS["bug.vllm-56579"]
+Bug_sglang_2479 = _TARGETS["bug.sglang-2479"]
+Bug_vllm_47671 = _TARGETS["bug.vllm-47671"]
 
 
 def get_bug(name: str) -> Target:

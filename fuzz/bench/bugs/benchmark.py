@@ -9,14 +9,21 @@ sizes, :func:`~kvfuzz.fuzz.bench.paged_torch.batch_size`, and summary) next to t
 trigger, whether the reproducer the campaign wrote replays (:func:`~kvfuzz.fuzz.campaign.reproducers.replay_here`
 in this process: the same finding again) and the kind of three reruns of the shrunk example.
 
+A bug that needs ``--big-cache`` (its trigger crashes the process) runs as ``kvfuzz fuzz --big-cache`` in a child
+process (the supervisor survives the crash; one worker, stopped at the first crash), read back from its
+summary.json; its reproducer is replayed in a child (:func:`~kvfuzz.fuzz.campaign.reproducers.replay`).
+
 A bug whose trigger this machine cannot reach (``Bug.cpu`` False on a CPU: a multi-GiB cache under Triton's
 interpreter) is listed with ``skipped`` and the reason, unless named explicitly.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +39,7 @@ from kvfuzz.fuzz.bench.paged_torch import batch_size
 from kvfuzz.fuzz.campaign.cases import load_case
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
-from kvfuzz.fuzz.campaign.reproducers import replay_here
+from kvfuzz.fuzz.campaign.reproducers import replay, replay_here
 from kvfuzz.strategies.limits import Limits
 from kvfuzz.strategies.reductions import SIZE_FIELDS, size_key
 
@@ -80,6 +87,45 @@ def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: 
                        rerun_kinds=rerun_kinds(target, example))
             if rec.reproducer:
                 r = replay_here(load_case(rec.reproducer), target)
+                out.update(replays=r.reproduced, replay_message=r.message)
+    return out
+
+
+def run_bug_supervised(name: str, seed: int, duration: float | None = 120.0, max_examples: int = 100_000,
+                       limits: Limits = Limits()) -> dict:
+    """As :func:`run_bug`, through ``kvfuzz fuzz --big-cache`` in a child process (a bug whose trigger crashes
+    the process: the supervisor records the crash and its reproducer)."""
+    bug = BUGS[name]
+    start = time.monotonic()
+    out = {"bug": name, "seed": seed, "found": False, "big_cache": bug.big_cache, "examples_total": 0,
+           "seconds_total": None, "seconds_to_first": None, "examples_to_first": None, "seconds_to_shrunk": None,
+           "kind": None, "blame": None, "check": None, "size": None, "case": None, "poison": None,
+           "replays": None, "replay_message": None, "rerun_kinds": None}
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-bugs-") as d:
+        cmd = [sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", bug.spec, "--seed", str(seed),
+               "--out", d, "--workers", "1", "--max-crashes", "1", "--max-examples", str(max_examples),
+               "--max-num-seqs", str(limits.max_num_seqs), "--max-ctx-len", str(limits.max_ctx_len),
+               "--max-query-len", str(limits.max_query_len)]
+        if duration is not None:
+            cmd += ["--duration", f"{duration}s"]
+        if bug.big_cache:
+            cmd.append("--big-cache")
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        summary = Path(d) / "summary.json"
+        if not summary.exists():
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode} without a summary: {p.stderr[-2000:]}")
+        doc = json.loads(summary.read_text())
+        (t,) = doc["targets"]
+        out.update(examples_total=t["examples"], seconds_total=round(time.monotonic() - start, 3))
+        if t["failures"]:
+            rec = min(t["failures"], key=lambda f: size_key(Example.from_dict(f["example"]).batch))
+            example = Example.from_dict(rec["example"])
+            out.update(found=True, seconds_to_first=t.get("first_failure_s"),
+                       examples_to_first=t.get("first_failure_examples"), seconds_to_shrunk=t["elapsed_s"],
+                       kind=rec["kind"], blame=rec["blame"], check=rec["check"], size=batch_size(example.batch),
+                       case=example.batch.summary(), poison=example.poison.value)
+            if rec.get("reproducer"):
+                r = replay(rec["reproducer"], target_spec=bug.spec)
                 out.update(replays=r.reproduced, replay_message=r.message)
     return out
 
@@ -132,7 +178,8 @@ def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float |
             continue
         runs = []
         for seed in range(seeds):
-            r = run_bug(name, seed, duration, max_examples, limits)
+            run = run_bug_supervised if bug.big_cache else run_bug
+            r = run(name, seed, duration, max_examples, limits)
             on_result(r)
             runs.append(r)
         entry.update(summary=summarize(name, runs), runs=runs)
@@ -155,4 +202,4 @@ def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float |
             "bugs": results}
 
 
-__all__ = ["bench_bugs", "machine", "run_bug", "summarize"]
+__all__ = ["bench_bugs", "machine", "run_bug", "run_bug_supervised", "summarize"]
