@@ -175,7 +175,8 @@ def test_short_default_campaign_finds_the_bug(name):
 
     r = run_bug(name, 0, duration=120, max_examples=300)
     assert r["found"], f"{name}: not found in {r['examples_total']} examples"
-    assert r["kind"] == "non-finite output" and r["blame"] == "kernel"
+    # NaN/inf poison in the scratch or the cache tail gives a non-finite row; stale or zero poison a wrong one
+    assert r["kind"] in ("non-finite output", "kernel mismatch") and r["blame"] == "kernel"
     assert r["replays"] is True and r["rerun_kinds"] == [r["kind"]] * 3
     smallest = batch_size(smallest_trigger(name))
     assert (r["size"]["seqs"], r["size"]["kv_tokens"]) <= (smallest["seqs"], smallest["kv_tokens"])
