@@ -28,7 +28,8 @@ from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.fuzz.bench.bugs.patching import Patch, PatchDoesNotApply, load_patched, load_source
 from kvfuzz.fuzz.bench.paged_torch import small_batch
 from kvfuzz.fuzz.targets.base import Availability, KernelCall, Target
-from kvfuzz.fuzz.targets.sglang_triton import DECODE_MODULE, SglangDecodeAttentionFwd, prepare_sglang_runtime, sglang_tree
+from kvfuzz.fuzz.targets.sglang_triton import (DECODE_MODULE, SglangDecodeAttentionFwd, prepare_sglang_runtime,
+                                               sglang_tree)
 from kvfuzz.fuzz.targets.triton_runtime import module_file, prepare_triton_runtime
 from kvfuzz.fuzz.targets.vllm_triton import (VllmChunkedPrefillPagedDecode, VllmDecodeAttentionFwd,
                                              VllmUnifiedAttention)
@@ -106,12 +107,13 @@ class Bug:
 
     def kernel(self) -> Callable:
         """The re-injected kernel function (after the Triton runtime is prepared)."""
-        patched = load_patched(self.patch(), installed_file(self.patched_module), self.private_name(self.patched_module),
-                               self.patched_module.rpartition(".")[0])
+        patched = load_patched(self.patch(), installed_file(self.patched_module),
+                               self.private_name(self.patched_module), self.patched_module.rpartition(".")[0])
         if self.kernel_module is None:
             return getattr(patched, self.entry)
         f = installed_file(self.kernel_module)
-        module = load_source(f.read_text(), self.private_name(self.kernel_module), self.kernel_module.rpartition(".")[0])
+        module = load_source(f.read_text(), self.private_name(self.kernel_module),
+                             self.kernel_module.rpartition(".")[0])
         for g in self.rewire:  # the private copy calls the patched helper; the installed module keeps upstream's
             setattr(module, g, getattr(patched, g))
         return getattr(module, self.entry)
