@@ -13,8 +13,10 @@ lines must match the installed file (at the hunk's line or anywhere else, the ne
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import re
+import shutil
 import sys
 import tempfile
 import types
@@ -140,6 +142,7 @@ def _private_root() -> Path:
     global _PRIVATE_ROOT
     if _PRIVATE_ROOT is None:
         _PRIVATE_ROOT = Path(tempfile.mkdtemp(prefix="kvfuzz-bugs-"))
+        atexit.register(shutil.rmtree, _PRIVATE_ROOT, True)  # the patched copies live as long as this process
     return _PRIVATE_ROOT
 
 
