@@ -17,4 +17,6 @@ setup(
     packages=["kvfuzz"] + [f"kvfuzz.{p}" for p in find_packages(include=[f"{r}*" for r in ROOTS])
                            if p.split(".")[0] in ROOTS],
     package_dir={"kvfuzz": "api", **{f"kvfuzz.{r}": r for r in ROOTS}},
+    # the re-injected upstream bugs of kvfuzz bench bugs (fuzz/bench/bugs/): unified diffs read at run time
+    package_data={"kvfuzz.fuzz.bench.bugs": ["patches/*.patch"]},
 )

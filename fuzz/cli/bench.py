@@ -1,7 +1,8 @@
 """``kvfuzz bench``: benchmarks of kvfuzz itself. ``kvfuzz bench detect`` runs kvfuzz and vLLM's test grids
 against the mutant zoo (:mod:`kvfuzz.fuzz.bench.detection`); ``kvfuzz bench throughput`` profiles examples/s
 (:mod:`kvfuzz.fuzz.bench.throughput`); ``kvfuzz bench curve`` measures examples/s minute by minute over real
-campaigns, cold and warm Triton cache (:mod:`kvfuzz.fuzz.bench.curve`)."""
+campaigns, cold and warm Triton cache (:mod:`kvfuzz.fuzz.bench.curve`); ``kvfuzz bench bugs`` runs default campaigns
+on real upstream bugs re-injected into the pinned kernels (:mod:`kvfuzz.fuzz.bench.bugs.benchmark`)."""
 
 from __future__ import annotations
 
@@ -257,6 +258,67 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
         console.print(f"JSON: {json_path}")
     if plot_path:
         console.print(f"plot: {plot(doc, Path(plot_path))}")
+
+
+@bench.command()
+@click.option("--bug", "bugs", multiple=True,
+              help="Bugs to run, by name (bug.<slug> or <slug>; default: every one this machine can reach, see "
+                   "kvfuzz.fuzz.bench.bugs).")
+@click.option("--seeds", default=3, show_default=True, type=click.IntRange(min=1), help="Seeds 0..N-1 per bug.")
+@click.option("--duration", default="120s", show_default=True, help="Campaign time budget per bug and seed.")
+@click.option("--max-examples", default=100_000, show_default=True, type=click.IntRange(min=1),
+              help="Campaign example budget per bug and seed.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the JSON here.")
+def bugs(bugs, seeds, duration, max_examples, json_path) -> None:
+    """Real upstream bugs re-injected into the pinned kernels (fuzz/bench/bugs/patches/): time and examples to
+    the first failure of a default campaign, its kind and blame, the shrunk batch against the smallest trigger,
+    and whether the reproducer replays."""
+    from kvfuzz.fuzz.bench.bugs import BUGS, PatchDoesNotApply
+    from kvfuzz.fuzz.bench.bugs.benchmark import bench_bugs
+    from kvfuzz.fuzz.bench.detection import size_str
+
+    names = [b if b.startswith("bug.") else f"bug.{b}" for b in bugs]
+    unknown = [b for b in names if b not in BUGS]
+    if unknown:
+        raise click.BadParameter(f"unknown bug(s) {', '.join(unknown)}; known: {', '.join(sorted(BUGS))}",
+                                 param_hint="--bug")
+    try:
+        seconds = parse_duration(duration)
+    except click.BadParameter as e:
+        raise click.BadParameter(e.message, param_hint="--duration") from None
+    for name in names or list(BUGS):
+        try:
+            BUGS[name].check_applies()
+        except (PatchDoesNotApply, FileNotFoundError) as e:
+            raise click.UsageError(str(e)) from None
+
+    def show(r: dict) -> None:
+        what = (f"found in {r['seconds_to_first']} s / {r['examples_to_first']} examples, {r['kind']} "
+                f"({r['blame']}), shrunk to {size_str(r['size'])}, replays: {r['replays']}" if r["found"]
+                else f"not found ({r['examples_total']} examples, {r['seconds_total']} s)")
+        console.print(f"  {r['bug']} seed {r['seed']}: {what}", highlight=False)
+
+    doc = bench_bugs(names or None, seeds, seconds, max_examples, on_result=show)
+    t = Table(title=f"kvfuzz bench bugs on {doc['settings']['machine']} ({seeds} seeds, <= {duration} each)")
+    for col in ("bug", "found", "s to 1st", "ex to 1st", "kind", "shrunk", "smallest trigger", "replayed"):
+        t.add_column(col, overflow="fold")
+    for e in doc["bugs"]:
+        s = e.get("summary")
+        if s is None:
+            t.add_row(e["bug"], "skipped", "-", "-", "-", "-", size_str(e["smallest_trigger"]), "-")
+            continue
+        t.add_row(e["bug"], f"{s['found']}/{s['runs']}", str(s.get("median_seconds_to_first", "-")),
+                  str(s.get("median_examples_to_first", "-")), "; ".join(s.get("kinds", [])) or "-",
+                  size_str(s["shrunk"][0]) if s.get("shrunk") else "-", size_str(e["smallest_trigger"]),
+                  f"{s['replayed']}/{s['found']}" if s["found"] else "-")
+    console.print(t)
+    for e in doc["bugs"]:
+        if "skipped" in e:
+            console.print(f"{e['bug']} skipped: {e['skipped']}", highlight=False)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(doc, indent=1))
+        console.print(f"JSON: {json_path}")
 
 
 __all__ = ["bench"]

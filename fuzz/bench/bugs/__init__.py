@@ -1,0 +1,222 @@
+"""Real upstream bugs re-injected into the kernels kvfuzz pins (issue 31; docs/bugs.md).
+
+Each bug is a fix that shipped upstream and is present in the pinned release (vllm 0.33.0, sglang 0.5.23);
+undoing that fix, as a reviewable unified diff in ``patches/<slug>.patch`` (its header: the PR, what the fix
+changed, what undoing it does), re-injects the bug. At run time the diff is applied to a copy of the
+installed module's source, loaded as a private module (:mod:`.patching`; the installed package is never
+edited), and the existing target class runs that module's kernel instead of upstream's: ``bug.<slug>`` is
+that target (registered as the entry-point family ``"bug.*"``, so ``kvfuzz fuzz --target bug.vllm-47305``).
+
+A patch that no longer applies (the installed source changed) is refused: :class:`~.patching.PatchDoesNotApply`
+names the patch and the file, and the target's ``availability()`` says so.
+
+``BUGS`` maps ``"bug.<slug>"`` to its :class:`Bug`; :func:`get_bug` returns the target, :func:`smallest_trigger`
+the hand-built smallest batch that triggers the bug (with the data it needs, :meth:`Bug.trigger_data`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import attrs
+import numpy as np
+import torch
+
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.fuzz.bench.bugs.patching import Patch, PatchDoesNotApply, load_patched, load_source
+from kvfuzz.fuzz.bench.paged_torch import small_batch
+from kvfuzz.fuzz.targets.base import Availability, KernelCall, Target
+from kvfuzz.fuzz.targets.sglang_triton import (DECODE_MODULE, SglangDecodeAttentionFwd, prepare_sglang_runtime,
+                                               sglang_tree)
+from kvfuzz.fuzz.targets.triton_runtime import module_file, prepare_triton_runtime
+from kvfuzz.fuzz.targets.vllm_triton import (VllmChunkedPrefillPagedDecode, VllmDecodeAttentionFwd,
+                                             VllmUnifiedAttention)
+
+#: The folder of the re-injection patches.
+PATCHES = Path(__file__).parent / "patches"
+
+_HELPERS = "vllm.v1.attention.ops.triton_attention_helpers"
+
+
+def installed_file(module: str) -> Path | None:
+    """The installed source file of upstream ``module`` (an SGLang kernel from kvfuzz's kernel tree, else the
+    installed package), found without importing it; None when it is not installed."""
+    if module.startswith("sglang."):
+        tree = sglang_tree()
+        if tree is not None:
+            return tree.joinpath(*module.split(".")).with_suffix(".py")
+    return module_file(module)
+
+
+@attrs.frozen
+class Bug:
+    """One re-injected upstream bug.
+
+    ``slug`` (``vllm-47305``), ``upstream`` (the fix's URL), ``patched_module`` (the upstream module the patch
+    edits), ``entry`` (the kernel function the target calls, in ``kernel_module``: the patched module itself,
+    or a verbatim private copy of a module that imports the patched one: ``rewire`` names the globals it takes
+    from the patched module), ``base`` (the target class whose kernel is swapped), ``trigger`` (when the bug
+    changes the output), ``smallest`` (a hand-built smallest triggering batch) and ``scale_query`` (the
+    query is multiplied by it for the trigger: values kvfuzz's value ranges do not reach), ``big_cache``
+    (reached only with ``kvfuzz fuzz --big-cache``: the benchmark runs it so, under the supervisor, since the bug
+    crashes the process), ``cpu`` (whether the trigger is reachable on a CPU), ``why_missed`` (why a default
+    campaign misses it; None: it finds it)."""
+
+    slug: str
+    upstream: str
+    patched_module: str
+    base: type
+    entry: str
+    trigger: str
+    smallest: Callable[[], Batch]
+    kernel_module: str | None = None
+    rewire: tuple[str, ...] = ()
+    scale_query: float = 1.0
+    big_cache: bool = False
+    cpu: bool = True
+    why_missed: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"bug.{self.slug}"
+
+    @property
+    def spec(self) -> str:
+        """``package.module:CLASS`` of the target (``kvfuzz fuzz --target SPEC`` without the entry point)."""
+        return f"{__name__}:Bug_{self.slug.replace('-', '_')}"
+
+    @property
+    def patch_path(self) -> Path:
+        return PATCHES / f"{self.slug}.patch"
+
+    def patch(self) -> Patch:
+        return Patch.read(self.patch_path)
+
+    def check_applies(self) -> None:
+        """Raise :class:`PatchDoesNotApply` (naming the patch and the file) when the patch does not apply to
+        the installed source, FileNotFoundError when the module is not installed; nothing is imported."""
+        f = installed_file(self.patched_module)
+        if f is None:
+            raise FileNotFoundError(f"{self.name}: {self.patched_module} is not installed (run `make setup`)")
+        self.patch().apply(f.read_text(), f)
+
+    def private_name(self, module: str) -> str:
+        return f"kvfuzz_bug_{self.slug.replace('-', '_')}.{module}"
+
+    def kernel(self) -> Callable:
+        """The re-injected kernel function (after the Triton runtime is prepared)."""
+        patched = load_patched(self.patch(), installed_file(self.patched_module),
+                               self.private_name(self.patched_module), self.patched_module.rpartition(".")[0])
+        if self.kernel_module is None:
+            return getattr(patched, self.entry)
+        f = installed_file(self.kernel_module)
+        module = load_source(f.read_text(), self.private_name(self.kernel_module),
+                             self.kernel_module.rpartition(".")[0])
+        for g in self.rewire:  # the private copy calls the patched helper; the installed module keeps upstream's
+            setattr(module, g, getattr(patched, g))
+        return getattr(module, self.entry)
+
+    def trigger_data(self, data: BatchData) -> BatchData:
+        """The trigger's data from a batch's drawn data: the query scaled by ``scale_query``."""
+        if self.scale_query == 1.0:
+            return data
+        return attrs.evolve(data, query=data.query * self.scale_query)
+
+
+class _Reinjected:
+    """Mixin over an existing target class: the same declaration and call, the re-injected kernel run."""
+
+    bug: Bug
+
+    def _prepare(self) -> None:
+        prepare_triton_runtime()
+
+    def availability(self) -> Availability:
+        a = super().availability()
+        if not a.ok:
+            return a
+        try:
+            self.bug.check_applies()
+        except (PatchDoesNotApply, FileNotFoundError) as e:
+            return Availability(False, str(e))
+        return Availability(True, f"{a.reason}; {self.bug.upstream} re-injected ({self.bug.patch_path.name})",
+                            a.device)
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        self._prepare()
+        fn = self.bug.kernel()
+        with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison arithmetic
+            fn(**call.kwargs)
+        return call.output
+
+
+def _target_class(bug: Bug) -> type[Target]:
+    attrs_ = {"name": bug.name, "bug": bug,
+              "description": f"{bug.base.description}, with {bug.upstream} undone ({bug.patch_path.name})"}
+    if issubclass(bug.base, SglangDecodeAttentionFwd):
+        attrs_["_prepare"] = lambda self: prepare_sglang_runtime()
+    cls = type(f"Bug_{bug.slug.replace('-', '_')}", (_Reinjected, bug.base), attrs_)
+    cls.__module__ = __name__
+    return cls
+
+
+BUGS: dict[str, Bug] = {b.name: b for b in (
+    Bug("vllm-47305", "https://github.com/vllm-project/vllm/pull/47305",
+        "vllm.v1.attention.ops.chunked_prefill_paged_decode", VllmChunkedPrefillPagedDecode,
+        "chunked_prefill_paged_decode",
+        trigger="a decode sequence with seq_len % block_size != 0 and NaN/inf in its last block's unused slots",
+        smallest=lambda: small_batch([1], [0], head_size=32, block_size=16)),
+    Bug("vllm-56579", "https://github.com/vllm-project/vllm/pull/56579",
+        _HELPERS, VllmUnifiedAttention, "unified_attention",
+        kernel_module="vllm.v1.attention.ops.triton_unified_attention", rewire=("apply_softcap",),
+        trigger="softcap on and an unmasked score scale * q.k with |score| / softcap > ~88.7 (fp32 exp overflow)",
+        # softcap 4 (kvfuzz's smaller one): a key equal to the query, both scaled so that q.k / sqrt(32) >> 355
+        smallest=lambda: small_batch([1], [0], head_size=32, block_size=16, softcap=4.0, dtype="float32"),
+        scale_query=1e4,
+        why_missed="kvfuzz's value ranges keep |scale * q.k| / softcap far below 88 (queries and keys ~N(0,1), "
+                   "x4 'large', x16 'dominant': scores of tens at most, softcaps 4 and 50); no option draws "
+                   "logits of thousands"),
+    Bug("sglang-2479", "https://github.com/sgl-project/sglang/pull/2479",
+        DECODE_MODULE, SglangDecodeAttentionFwd, "decode_attention_fwd",
+        trigger="a decode sequence with an empty split (stage 2 walks all max_kv_splits splits: any seq_len <= 32 "
+                "with max_kv_splits >= 2) and a scratch holding NaN/inf or stale values",
+        smallest=lambda: small_batch([1], [0], head_size=32, block_size=1)),
+    Bug("vllm-47671", "https://github.com/vllm-project/vllm/pull/47671",
+        "vllm.v1.attention.ops.triton_decode_attention", VllmDecodeAttentionFwd, "decode_attention_fwd",
+        trigger="a used page at or past 2**31 elements of the cache (page id * page_size * Hkv * D >= 2**31)",
+        # the fewest blocks: the largest declared block size (64) and the smallest head size (32)
+        smallest=lambda: small_batch([1], [0], head_size=32, block_size=64, table=[[1 << 20]],
+                                     num_blocks=(1 << 20) + 1),
+        big_cache=True,
+        why_missed="needs a page past 2**31 elements (a >= 4 GiB cache per K and V at fp16; untouched pages cost no "
+                   "RAM); the default campaign's caches have < 100 blocks. kvfuzz fuzz --big-cache reaches it: the "
+                   "wrapped offset reads unmapped memory, a kernel crash (SIGSEGV) under Triton's interpreter"),
+)}
+
+_TARGETS: dict[str, type[Target]] = {n: _target_class(b) for n, b in BUGS.items()}
+# module-level names, so that a worker process (or ``--target kvfuzz.fuzz.bench.bugs:Bug_vllm_47671``) can load one
+Bug_vllm_47305 = _TARGETS["bug.vllm-47305"]
+Bug_vllm_56579 = _TARGETS["bug.vllm-56579"]
+Bug_sglang_2479 = _TARGETS["bug.sglang-2479"]
+Bug_vllm_47671 = _TARGETS["bug.vllm-47671"]
+
+
+def get_bug(name: str) -> Target:
+    """The target of bug ``name`` (``"bug.<slug>"`` or ``"<slug>"``): the upstream target class with the
+    re-injected kernel. Raises KeyError naming the known bugs."""
+    full = name if name.startswith("bug.") else f"bug.{name}"
+    if full not in BUGS:
+        raise KeyError(f"unknown bug {name!r}; known: {', '.join(sorted(BUGS))}")
+    return _TARGETS[full]()
+
+
+def smallest_trigger(name: str) -> Batch:
+    """The smallest batch (fewest sequences, tokens, heads, then head size and blocks, within the target's
+    declaration) that triggers bug ``name`` with kvfuzz's NaN poison (and :meth:`Bug.trigger_data`)."""
+    full = name if name.startswith("bug.") else f"bug.{name}"
+    return BUGS[full].smallest()
+
+
+__all__ = ["BUGS", "Bug", "PATCHES", "PatchDoesNotApply", "get_bug", "installed_file", "smallest_trigger"]

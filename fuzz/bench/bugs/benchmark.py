@@ -1,0 +1,205 @@
+"""``kvfuzz bench bugs``: would a default kvfuzz campaign have caught the re-injected upstream bugs?
+
+For each bug of :data:`~kvfuzz.fuzz.bench.bugs.BUGS` and each seed, one default campaign
+(:func:`~kvfuzz.fuzz.campaign.engine.fuzz_target`, an in-memory example database, default strategy limits, all
+poisons; ``--big-cache`` for a bug that needs it) on the ``bug.<slug>`` target, stopped after its first distinct
+failure is shrunk or at the budget. Recorded per run: found or not, seconds and examples to the first failing
+example (before shrinking) and to the shrunk report, the failure's kind, blame and check, the shrunk batch (its
+sizes, :func:`~kvfuzz.fuzz.bench.paged_torch.batch_size`, and summary) next to the bug's hand-built smallest
+trigger, whether the reproducer the campaign wrote replays (:func:`~kvfuzz.fuzz.campaign.reproducers.replay_here`
+in this process: the same finding again) and the kind of three reruns of the shrunk example.
+
+A bug that needs ``--big-cache`` (its trigger crashes the process) runs as ``kvfuzz fuzz --big-cache`` in a child
+process (the supervisor survives the crash; one worker, stopped at the first crash), read back from its
+summary.json; its reproducer is replayed in a child (:func:`~kvfuzz.fuzz.campaign.reproducers.replay`).
+
+A bug whose trigger this machine cannot reach (``Bug.cpu`` False on a CPU: a multi-GiB cache under Triton's
+interpreter) is listed with ``skipped`` and the reason, unless named explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from hypothesis.database import InMemoryExampleDatabase
+
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.bench.bugs import BUGS, get_bug, smallest_trigger
+from kvfuzz.fuzz.bench.detection import rerun_kinds
+from kvfuzz.fuzz.bench.paged_torch import batch_size
+from kvfuzz.fuzz.campaign.cases import load_case
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.engine import fuzz_target
+from kvfuzz.fuzz.campaign.reproducers import replay, replay_here
+from kvfuzz.strategies.limits import Limits
+from kvfuzz.strategies.reductions import SIZE_FIELDS, size_key
+
+
+def machine() -> str:
+    """The machine in words: the GPU's name, or the CPU's model and core count."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU {model}, {os.cpu_count()} cores"
+
+
+def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: int = 100_000,
+            limits: Limits = Limits()) -> dict:
+    """One default campaign of seed ``seed`` on bug ``name``; returns the run's result dict (module docstring)."""
+    bug = BUGS[name]
+    target = get_bug(name)
+    start = time.monotonic()
+    out = {"bug": name, "seed": seed, "found": False, "big_cache": bug.big_cache, "examples_total": 0,
+           "seconds_total": None, "seconds_to_first": None, "examples_to_first": None, "seconds_to_shrunk": None,
+           "kind": None, "blame": None, "check": None, "size": None, "case": None, "poison": None,
+           "replays": None, "replay_message": None, "rerun_kinds": None}
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-bugs-") as d:
+        config = CampaignConfig(out=Path(d), max_examples=max_examples, duration=duration, seed=seed,
+                                limits=limits, database=InMemoryExampleDatabase(), stop_at_first_failure=True,
+                                big_cache=bug.big_cache)
+        stats = fuzz_target(target, config)
+        elapsed = time.monotonic() - start
+        out.update(examples_total=stats.examples, seconds_total=round(elapsed, 3))
+        if stats.failures:
+            records = list(stats.failures.values())
+            rec = min(records, key=lambda r: size_key(Example.from_dict(r.example).batch))
+            example = Example.from_dict(rec.example)
+            out.update(found=True, seconds_to_first=round(stats.first_failure_s or elapsed, 3),
+                       examples_to_first=stats.first_failure_examples, seconds_to_shrunk=round(elapsed, 3),
+                       kind=rec.kind, blame=rec.blame, check=rec.check, size=batch_size(example.batch),
+                       case=example.batch.summary(), poison=example.poison.value,
+                       rerun_kinds=rerun_kinds(target, example))
+            if rec.reproducer:
+                r = replay_here(load_case(rec.reproducer), target)
+                out.update(replays=r.reproduced, replay_message=r.message)
+    return out
+
+
+def run_bug_supervised(name: str, seed: int, duration: float | None = 120.0, max_examples: int = 100_000,
+                       limits: Limits = Limits()) -> dict:
+    """As :func:`run_bug`, through ``kvfuzz fuzz --big-cache`` in a child process (a bug whose trigger crashes
+    the process: the supervisor records the crash and its reproducer)."""
+    bug = BUGS[name]
+    start = time.monotonic()
+    out = {"bug": name, "seed": seed, "found": False, "big_cache": bug.big_cache, "examples_total": 0,
+           "seconds_total": None, "seconds_to_first": None, "examples_to_first": None, "seconds_to_shrunk": None,
+           "kind": None, "blame": None, "check": None, "size": None, "case": None, "poison": None,
+           "replays": None, "replay_message": None, "rerun_kinds": None}
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-bugs-") as d:
+        cmd = [sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", bug.spec, "--seed", str(seed),
+               "--out", d, "--workers", "1", "--max-crashes", "1", "--max-examples", str(max_examples),
+               "--max-num-seqs", str(limits.max_num_seqs), "--max-ctx-len", str(limits.max_ctx_len),
+               "--max-query-len", str(limits.max_query_len)]
+        if duration is not None:
+            cmd += ["--duration", f"{duration}s"]
+        if bug.big_cache:
+            cmd.append("--big-cache")
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        summary = Path(d) / "summary.json"
+        if not summary.exists():
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode} without a summary: {p.stderr[-2000:]}")
+        doc = json.loads(summary.read_text())
+        (t,) = doc["targets"]
+        out.update(examples_total=t["examples"], seconds_total=round(time.monotonic() - start, 3))
+        if t["failures"]:
+            rec = min(t["failures"], key=lambda f: size_key(Example.from_dict(f["example"]).batch))
+            example = Example.from_dict(rec["example"])
+            out.update(found=True, seconds_to_first=t.get("first_failure_s"),
+                       examples_to_first=t.get("first_failure_examples"), seconds_to_shrunk=t["elapsed_s"],
+                       kind=rec["kind"], blame=rec["blame"], check=rec["check"], size=batch_size(example.batch),
+                       case=example.batch.summary(), poison=example.poison.value)
+            if rec.get("reproducer"):
+                r = replay(rec["reproducer"], target_spec=bug.spec)
+                out.update(replays=r.reproduced, replay_message=r.message)
+    return out
+
+
+def _key(size: dict) -> tuple:
+    return tuple(size[f] for f in SIZE_FIELDS)
+
+
+def summarize(name: str, runs: list[dict]) -> dict:
+    """Found count, median seconds/examples to the first failure over the seeds that found it, the shrunk
+    sizes against the smallest trigger, and how many reproducers replayed."""
+    import statistics
+
+    found = [r for r in runs if r["found"]]
+    out = {"runs": len(runs), "found": len(found)}
+    if found:
+        smallest = _key(batch_size(smallest_trigger(name)))
+        out.update(median_seconds_to_first=round(statistics.median(r["seconds_to_first"] for r in found), 3),
+                   median_examples_to_first=statistics.median(r["examples_to_first"] or 0 for r in found),
+                   shrunk_to_smallest_trigger=sum(_key(r["size"]) <= smallest for r in found),
+                   replayed=sum(bool(r["replays"]) for r in found),
+                   kinds=sorted({f"{r['kind']} ({r['blame']}): {r['check']}" for r in found}),
+                   shrunk=[r["size"] for r in found])
+    return out
+
+
+def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float | None = 120.0,
+               max_examples: int = 100_000, limits: Limits = Limits(),
+               on_result: Callable[[dict], None] = lambda r: None) -> dict:
+    """Run every bug (``names``, default: all, skipping those this machine cannot reach) for seeds
+    ``0..seeds-1``; returns the JSON document. Raises KeyError for an unknown bug name."""
+    explicit = names is not None
+    names = list(names or BUGS)
+    for n in names:
+        if n not in BUGS:
+            raise KeyError(f"unknown bug {n!r}; known: {', '.join(sorted(BUGS))}")
+    started = time.time()
+    on_gpu = torch.cuda.is_available()
+    results = []
+    for name in names:
+        bug = BUGS[name]
+        entry = {"bug": name, "upstream": bug.upstream, "patch": f"fuzz/bench/bugs/patches/{bug.slug}.patch",
+                 "patched_module": bug.patched_module, "base_target": bug.base.name, "trigger": bug.trigger,
+                 "smallest_trigger": batch_size(bug.smallest()), "smallest_trigger_case": bug.smallest().summary(),
+                 "smallest_trigger_query_scale": bug.scale_query, "big_cache": bug.big_cache,
+                 "why_default_misses": bug.why_missed}
+        if not (bug.cpu or on_gpu or explicit):
+            entry.update(skipped=f"not reachable on this machine: {bug.why_missed}", runs=[], summary=None)
+            results.append(entry)
+            continue
+        runs = []
+        for seed in range(seeds):
+            run = run_bug_supervised if bug.big_cache else run_bug
+            r = run(name, seed, duration, max_examples, limits)
+            on_result(r)
+            runs.append(r)
+        entry.update(summary=summarize(name, runs), runs=runs)
+        results.append(entry)
+    import importlib.metadata as md
+
+    def version(p: str) -> str | None:
+        try:
+            return md.version(p)
+        except md.PackageNotFoundError:
+            return None
+
+    return {"settings": {"seeds": list(range(seeds)), "duration_s": duration, "max_examples": max_examples,
+                         "machine": machine(), "device": "cuda" if on_gpu else "cpu",
+                         "torch": torch.__version__, "triton": version("triton"), "vllm": version("vllm"),
+                         "torch_threads": torch.get_num_threads()},
+            "wall_seconds": round(time.time() - started, 1),
+            "missed": [e["bug"] for e in results if e.get("summary") and e["summary"]["found"] == 0],
+            "skipped": [e["bug"] for e in results if "skipped" in e],
+            "bugs": results}
+
+
+__all__ = ["bench_bugs", "machine", "run_bug", "run_bug_supervised", "summarize"]
