@@ -265,10 +265,12 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
               help="Bugs to run, by name (bug.<slug> or <slug>; default: every one this machine can reach, see "
                    "kvfuzz.fuzz.bench.bugs).")
 @click.option("--seeds", default=3, show_default=True, type=click.IntRange(min=1), help="Seeds 0..N-1 per bug.")
-@click.option("--duration", default="120s", show_default=True, help="Campaign time budget per bug and seed.")
+@click.option("--duration", default="120s", show_default=True, callback=duration_option,
+              help="Campaign time budget per bug and seed.")
 @click.option("--max-examples", default=100_000, show_default=True, type=click.IntRange(min=1),
               help="Campaign example budget per bug and seed.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the JSON here.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write the JSON here.")
 def bugs(bugs, seeds, duration, max_examples, json_path) -> None:
     """Real upstream bugs re-injected into the pinned kernels (fuzz/bench/bugs/patches/): time and examples to
     the first failure of a default campaign, its kind and blame, the shrunk batch against the smallest trigger,
@@ -282,10 +284,7 @@ def bugs(bugs, seeds, duration, max_examples, json_path) -> None:
     if unknown:
         raise click.BadParameter(f"unknown bug(s) {', '.join(unknown)}; known: {', '.join(sorted(BUGS))}",
                                  param_hint="--bug")
-    try:
-        seconds = parse_duration(duration)
-    except click.BadParameter as e:
-        raise click.BadParameter(e.message, param_hint="--duration") from None
+    seconds = parse_duration(duration)
     for name in names or list(BUGS):
         try:
             BUGS[name].check_applies()
