@@ -13,7 +13,7 @@ from flashinfer_standin import install_standin
 from kvfuzz_test_support import ROOT, kvfuzz
 
 from kvfuzz.contracts.checks.failures import FailureKind
-from kvfuzz.fuzz.campaign.reproducers import ReplayResult, TargetUnavailable, load_case, replay, replay_here
+from kvfuzz.fuzz.campaign.store.reproducers import ReplayResult, TargetUnavailable, load_case, replay, replay_here
 from kvfuzz.fuzz.targets.flashinfer import FlashInferBatchDecode
 
 (CASE,) = [d for d in (ROOT / "regressions").iterdir() if d.name.startswith(f"{TARGET}-config-rejected-")]
@@ -124,7 +124,7 @@ def test_replayed_where_the_kernel_computes_it_wrongly_it_fails(decode):
 def test_the_replay_command_reports_an_undeclared_answer_and_exits_0(monkeypatch, outcome, words):
     from click.testing import CliRunner
 
-    from kvfuzz.fuzz.campaign import reproducers
+    from kvfuzz.fuzz.campaign.store import reproducers
     from kvfuzz.fuzz.cli.replay import replay as replay_command
 
     result = ReplayResult(CASE, (FailureKind.CONFIG_REJECTED.value, CHECK), None, f"an undeclared configuration "

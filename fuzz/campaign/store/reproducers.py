@@ -36,9 +36,9 @@ import attrs
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import FailureKind, Finding
 from kvfuzz.contracts.checks.oracles import check_label
-from kvfuzz.fuzz.campaign.cases import CASE_FORMAT, BadReproducer, Case, load_case
-from kvfuzz.fuzz.campaign.endings import classify, finding_for
-from kvfuzz.fuzz.campaign.journal import json_safe
+from kvfuzz.fuzz.campaign.store.cases import CASE_FORMAT, BadReproducer, Case, load_case
+from kvfuzz.fuzz.campaign.workers.endings import classify, finding_for
+from kvfuzz.fuzz.campaign.store.journal import json_safe
 from kvfuzz.fuzz.harness import attention, properties
 from kvfuzz.fuzz.harness.faults import get_fault
 from kvfuzz.fuzz.harness.run import Run
@@ -132,7 +132,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfuzz.fuzz.campaign.reproducers import TargetUnavailable, replay
+from kvfuzz.fuzz.campaign.store.reproducers import TargetUnavailable, replay
 
 
 def test_case():
@@ -156,9 +156,9 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
     supervisor) the tensors are rebuilt from the example without running the kernel; when even that fails (the
     adapter cannot build the call), case.json says so and tensors.safetensors is left out.
 
-    Raises :class:`~kvfuzz.fuzz.campaign.journal.OutOfSpace` when the disk (or quota) is full; a directory this
+    Raises :class:`~kvfuzz.fuzz.campaign.store.journal.OutOfSpace` when the disk (or quota) is full; a directory this
     call created is then removed, so no half-written reproducer or temporary file is left."""
-    from kvfuzz.fuzz.campaign.journal import stop_when_full
+    from kvfuzz.fuzz.campaign.store.journal import stop_when_full
 
     case = case_dict(target, example, finding, fault_name)
     digest = hashlib.sha1(json.dumps(case["example"], sort_keys=True).encode()).hexdigest()[:10]
@@ -186,7 +186,7 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
 def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run | None) -> None:
     from safetensors.torch import save_file
 
-    from kvfuzz.fuzz.campaign.journal import write_json
+    from kvfuzz.fuzz.campaign.store.journal import write_json
 
     d.mkdir(parents=True, exist_ok=True)
     if run is not None:

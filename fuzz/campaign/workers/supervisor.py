@@ -4,7 +4,7 @@ every example is accounted for.
 
 Process model (docs/campaigns.md has the full table):
 
-- Workers (:mod:`kvfuzz.fuzz.campaign.worker`) are standard ``multiprocessing`` processes (spawn). Each builds
+- Workers (:mod:`kvfuzz.fuzz.campaign.workers.worker`) are standard ``multiprocessing`` processes (spawn). Each builds
   the campaign's targets and a :class:`~kvfuzz.fuzz.campaign.engine.Campaign` per target, then runs tasks the
   supervisor sends: replay the database for a target, explore a chunk of seeds, re-run one example. It
   reports every example over its pipe as it happens (begin, phase, end, new failures), so the supervisor
@@ -14,8 +14,8 @@ Process model (docs/campaigns.md has the full table):
   the workers; the supervisor hands out chunks (:mod:`kvfuzz.fuzz.campaign.chunks`) until they are spent.
 - A worker dies with its supervisor (``PR_SET_PDEATHSIG`` plus a watchdog on its parent pid), ignores Ctrl-C
   (the supervisor stops it) and stops on SIGTERM after the example in flight.
-- When a worker ends, :mod:`kvfuzz.fuzz.campaign.endings` classifies how and
-  :mod:`kvfuzz.fuzz.campaign.worker_endings` acts on it: a crash or exit inside the kernel is a kernel crash,
+- When a worker ends, :mod:`kvfuzz.fuzz.campaign.workers.endings` classifies how and
+  :mod:`kvfuzz.fuzz.campaign.workers.worker_endings` acts on it: a crash or exit inside the kernel is a kernel crash,
   a timeout inside the kernel a kernel hang, either outside the kernel a harness error (each written as a
   reproducer by the supervisor); a worker killed from outside gets its example retried once by a fresh
   worker, and counts it lost if killed again. A target that crashes or hangs ``max_crashes`` times gets no
@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Callable
 
 from kvfuzz.contracts.checks.oracles import check_label
-from kvfuzz.fuzz.campaign.bookkeeping import Slot, SupervisorResult, TargetState, Task
+from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState, Task
 from kvfuzz.fuzz.campaign.chunks import WARMUP_EXAMPLES, chunk_size, examples_per_chunk, pins_configs
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
-from kvfuzz.fuzz.campaign.journal import CampaignState, OutOfSpace, disk_full, write_json
+from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
 from kvfuzz.fuzz.campaign.records import FailureRecord, Outcome, TargetStats
-from kvfuzz.fuzz.campaign.worker import WorkerSpec, worker_main
-from kvfuzz.fuzz.campaign.worker_endings import WorkerEndings
+from kvfuzz.fuzz.campaign.workers.worker import WorkerSpec, worker_main
+from kvfuzz.fuzz.campaign.workers.worker_endings import WorkerEndings
 
 #: Seconds between status/state snapshots.
 SNAPSHOT_SECONDS = 2.0

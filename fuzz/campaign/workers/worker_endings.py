@@ -1,10 +1,10 @@
-"""What the supervisor (:mod:`kvfuzz.fuzz.campaign.supervisor`) does when a worker ends (docs/campaigns.md,
-"Every way a worker can end"): how it ended (:mod:`kvfuzz.fuzz.campaign.endings`) decides whether the example
+"""What the supervisor (:mod:`kvfuzz.fuzz.campaign.workers.supervisor`) does when a worker ends (docs/campaigns.md,
+"Every way a worker can end"): how it ended (:mod:`kvfuzz.fuzz.campaign.workers.endings`) decides whether the example
 in flight is a finding (a kernel crash or hang, a harness error: a reproducer written here), retried by a
 fresh worker or lost; a worker that cannot start ends the campaign; a full disk stops it, keeping what was in
 flight for a rerun. Also hang detection (an example past its timeout gets its worker killed).
 
-:class:`WorkerEndings` is the part of :class:`~kvfuzz.fuzz.campaign.supervisor.Supervisor` that holds this; it
+:class:`WorkerEndings` is the part of :class:`~kvfuzz.fuzz.campaign.workers.supervisor.Supervisor` that holds this; it
 works on the supervisor's state (slots, targets, config, problems)."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 import attrs
 
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.campaign.bookkeeping import Slot
-from kvfuzz.fuzz.campaign.endings import EndingKind, classify, finding_for
-from kvfuzz.fuzz.campaign.journal import OutOfSpace
+from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot
+from kvfuzz.fuzz.campaign.workers.endings import EndingKind, classify, finding_for
+from kvfuzz.fuzz.campaign.store.journal import OutOfSpace
 from kvfuzz.fuzz.campaign.records import FailureRecord, Outcome
-from kvfuzz.fuzz.campaign.reproducers import write_reproducer
+from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.caller import caller_finding, caller_violations
 

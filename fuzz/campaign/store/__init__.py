@@ -1,0 +1,1 @@
+"""What a campaign keeps on disk and reads back."""

@@ -1,0 +1,1 @@
+"""The processes that run a campaign's examples, and how they end."""
