@@ -16,7 +16,7 @@ from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.paged_torch import small_batch as _batch
 from kvfuzz.fuzz.campaign.store.baseline import (BaselineError, KnownFinding, append_entry, classify, entry_from_case,
                                            load_baseline, match, parse_baseline)
-from kvfuzz.fuzz.campaign.store.reproducers import Case
+from kvfuzz.fuzz.campaign.store.cases import Case
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets import BUILTIN, get_target
 from kvfuzz_test_support import available, kvfuzz

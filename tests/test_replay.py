@@ -229,7 +229,7 @@ def test_a_case_written_before_the_generator_changed_replays_on_its_stored_groun
 
     from kvfuzz.contracts.model.data import make_batch_data
     from kvfuzz.fuzz.campaign.store.cases import load_case
-    from kvfuzz.fuzz.campaign.store.reproducers import replay_here, resolve_target, stored_data
+    from kvfuzz.fuzz.campaign.workers.replay import replay_here, resolve_target, stored_data
     from kvfuzz.fuzz.harness import attention
     from kvfuzz_test_support import ROOT
 

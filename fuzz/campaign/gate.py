@@ -18,7 +18,8 @@ import attrs
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.fuzz.campaign.config import CampaignConfig, WorkerPool
-from kvfuzz.fuzz.campaign.store.reproducers import BadReproducer, TargetUnavailable, replay
+from kvfuzz.fuzz.campaign.store.cases import BadReproducer
+from kvfuzz.fuzz.campaign.workers.replay import TargetUnavailable, replay
 from kvfuzz.fuzz.campaign.workers.supervisor import Supervisor
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.limits import Limits
@@ -69,7 +70,7 @@ def check_targets(targets: list[Target], out: Path, max_examples: int, seed: int
 
 def check_corpus(corpus: Path, trust_targets: bool = False, timeout: float | None = None) -> list[CheckResult]:
     """Replay every reproducer directory under ``corpus``, each isolated in a child process with ``timeout``
-    seconds for its kernel call (None: as :func:`~kvfuzz.fuzz.campaign.store.reproducers.replay`, a hang case's own
+    seconds for its kernel call (None: as :func:`~kvfuzz.fuzz.campaign.workers.replay.replay`, a hang case's own
     recorded example timeout) (a case that crashes or hangs is a failed result, "kernel crash"/"kernel hang",
     and the gate goes on). A
     case that cannot be read or whose target is not trusted is a failed result whose ``bad_input`` is set; one

@@ -41,7 +41,7 @@ def add(directory, baseline_file, entry_id, reason, reference, slots, tail_token
     """Append an entry for the reproducer in DIRECTORY (its case.json: target, kind, check, poison, error) to
     the baseline. Only non-finite output and kernel mismatch reproducers can be accepted."""
     from kvfuzz.fuzz.campaign.store.baseline import BaselineError, append_entry, entry_from_case
-    from kvfuzz.fuzz.campaign.store.reproducers import BadReproducer, load_case
+    from kvfuzz.fuzz.campaign.store.cases import BadReproducer, load_case
 
     try:
         case = load_case(directory)
