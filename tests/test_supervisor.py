@@ -1,4 +1,4 @@
-"""The supervisor (kvfuzz.fuzz.campaign.workers.supervisor, worker_endings, worker): every way a kernel or a worker can end, run through `kvfuzz
+"""The supervisor (kvfuzz.fuzz.campaign.workers.supervisor, endings, worker): every way a kernel or a worker can end, run through `kvfuzz
 fuzz` as a user would (planted adapters in tests/planted_endings.py misbehave on head size 64): each test checks
 the exit status, the reproducer's kind, the counts (examples = kernel calls, every call logged by the planted
 kernel) and that no process is left."""
