@@ -112,3 +112,6 @@ def write_junit(results: list[CheckResult], path: Path) -> None:
                 ET.SubElement(tc, "system-out").text = r.detail
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+__all__ = ["CHECK_LIMITS", "CheckResult", "check_corpus", "check_targets", "write_junit"]
