@@ -16,7 +16,7 @@ from kvfuzz.contracts.checks.failures import ConfigurationRejected
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.campaign.reproducers import write_reproducer
+from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.targets import get_target
 
 TARGET = "flashinfer.batch_decode"

@@ -212,7 +212,8 @@ def test_reproducer_of_a_big_fp8_cache_stores_referenced_blocks_and_replays(tmp_
 
     from kvfuzz.contracts.checks.failures import Finding
     from kvfuzz.fuzz.bench.mutants import get_mutant, smallest_trigger
-    from kvfuzz.fuzz.campaign.reproducers import replay, write_reproducer
+    from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
+    from kvfuzz.fuzz.campaign.workers.replay import replay
     from kvfuzz.fuzz.harness.attention import prepare
     from kvfuzz.strategies.batches import relocate_high
 

@@ -14,9 +14,9 @@ from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.checks.oracles import Oracle
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.paged_torch import small_batch as _batch
-from kvfuzz.fuzz.campaign.baseline import (BaselineError, KnownFinding, append_entry, classify, entry_from_case,
+from kvfuzz.fuzz.campaign.store.baseline import (BaselineError, KnownFinding, append_entry, classify, entry_from_case,
                                            load_baseline, match, parse_baseline)
-from kvfuzz.fuzz.campaign.reproducers import Case
+from kvfuzz.fuzz.campaign.store.cases import Case
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets import BUILTIN, get_target
 from kvfuzz_test_support import available, kvfuzz
@@ -204,7 +204,7 @@ def test_the_re_run_of_a_run_prepared_with_a_caller_fault_checks_the_caller_agai
 def test_a_campaign_hands_the_failing_run_to_the_baseline(tmp_path, monkeypatch):
     """The engine passes each failing example's Run to classify(): every example computes its reference once,
     its baseline re-run none."""
-    from kvfuzz.fuzz.campaign.baseline import Baseline
+    from kvfuzz.fuzz.campaign.store.baseline import Baseline
     from kvfuzz.fuzz.campaign.config import CampaignConfig
     from kvfuzz.fuzz.campaign.engine import fuzz_target
     from kvfuzz.fuzz.harness import attention
@@ -226,7 +226,7 @@ def test_tail_slots_run_to_the_tail_boundary_and_leave_out_every_written_slot():
     again, whose slots 0..4 hold its tokens), sequence 1 (seq_len 21) position 23, the end of its row."""
     import torch
 
-    from kvfuzz.fuzz.campaign.baseline import tail_slots
+    from kvfuzz.fuzz.campaign.store.baseline import tail_slots
 
     b = _batch([1, 1], [4, 20], block_size=8)
     assert [list(r) for r in b.block_table] == [[0, 0, 0], [1, 2, 3]]

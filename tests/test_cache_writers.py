@@ -21,7 +21,7 @@ from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.model.writer import writer_inputs
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
-from kvfuzz.fuzz.campaign.reproducers import write_reproducer
+from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.writer import SLOT_CONTENTS, UNTOUCHED, _storage_elements, slot_element_offsets
 from kvfuzz.fuzz.targets.cache_writers import VllmCpuReshapeAndCache, VllmReshapeAndCacheFlash

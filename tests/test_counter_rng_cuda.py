@@ -77,8 +77,9 @@ def test_a_big_batch_of_a_cuda_target_is_drawn_checked_and_stored_from_the_gpu(n
     from safetensors.torch import load_file
 
     from kvfuzz.contracts.checks.failures import KernelMismatch
-    from kvfuzz.fuzz.campaign.cases import load_case
-    from kvfuzz.fuzz.campaign.reproducers import replay_here, write_reproducer
+    from kvfuzz.fuzz.campaign.store.cases import load_case
+    from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
+    from kvfuzz.fuzz.campaign.workers.replay import replay_here
     from kvfuzz.fuzz.harness import properties
     from kvfuzz.fuzz.harness.run import GPU_REFERENCE_MIN_KV, reference_device
 

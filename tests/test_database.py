@@ -1,4 +1,4 @@
-"""The example database (kvfuzz.fuzz.campaign.database): campaigns sharing one (a directory, a real Redis server
+"""The example database (kvfuzz.fuzz.campaign.store.database): campaigns sharing one (a directory, a real Redis server
 on loopback), a Redis outage in the middle of a campaign (nothing lost: the local mirror keeps every failure), and
 a --db that cannot be used, refused before fuzzing."""
 
@@ -108,7 +108,7 @@ def test_a_redis_outage_mid_campaign_loses_no_failure(tmp_path):
 
 
 def test_tolerant_database_counts_errors_and_the_mirror_keeps_the_values():
-    from kvfuzz.fuzz.campaign.database import Tolerant, remote_errors
+    from kvfuzz.fuzz.campaign.store.database import Tolerant, remote_errors
 
     class Down(InMemoryExampleDatabase):
         def save(self, key, value):
@@ -126,7 +126,7 @@ def test_tolerant_database_counts_errors_and_the_mirror_keeps_the_values():
 
 def test_check_reads_a_corpus_without_writing_it(tmp_path):
     """kvfuzz check --db replays the corpus's failures through a read-only view."""
-    from kvfuzz.fuzz.campaign.database import read_only_view
+    from kvfuzz.fuzz.campaign.store.database import read_only_view
 
     db = tmp_path / "corpus-db"
     DirectoryBasedExampleDatabase(str(db)).save(b"k", b"v")

@@ -14,9 +14,9 @@ from kvfuzz_test_support import kvfuzz
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import KernelMismatch
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.campaign import journal, reproducers
-from kvfuzz.fuzz.campaign.journal import OutLock, OutOfSpace, disk_full, stop_when_full, write_json
-from kvfuzz.fuzz.campaign.reproducers import write_reproducer
+from kvfuzz.fuzz.campaign.store import journal, reproducers
+from kvfuzz.fuzz.campaign.store.journal import OutLock, OutOfSpace, disk_full, stop_when_full, write_json
+from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 
 #: the CI reruns these with a 100-character TMPDIR and COLUMNS=40 (.ci/run)
 pytestmark = pytest.mark.cli_text

@@ -13,7 +13,8 @@ from flashinfer_standin import install_standin
 from kvfuzz_test_support import ROOT, kvfuzz
 
 from kvfuzz.contracts.checks.failures import FailureKind
-from kvfuzz.fuzz.campaign.reproducers import ReplayResult, TargetUnavailable, load_case, replay, replay_here
+from kvfuzz.fuzz.campaign.store.cases import load_case
+from kvfuzz.fuzz.campaign.workers.replay import ReplayResult, TargetUnavailable, replay, replay_here
 from kvfuzz.fuzz.targets.flashinfer import FlashInferBatchDecode
 
 (CASE,) = [d for d in (ROOT / "regressions").iterdir() if d.name.startswith(f"{TARGET}-config-rejected-")]
@@ -124,12 +125,12 @@ def test_replayed_where_the_kernel_computes_it_wrongly_it_fails(decode):
 def test_the_replay_command_reports_an_undeclared_answer_and_exits_0(monkeypatch, outcome, words):
     from click.testing import CliRunner
 
-    from kvfuzz.fuzz.campaign import reproducers
+    from kvfuzz.fuzz.campaign.workers import replay as replay_module
     from kvfuzz.fuzz.cli.replay import replay as replay_command
 
     result = ReplayResult(CASE, (FailureKind.CONFIG_REJECTED.value, CHECK), None, f"an undeclared configuration "
                           f"(GQA group size 7): {outcome}", None, outcome)
-    monkeypatch.setattr(reproducers, "replay", lambda *a, **kw: result)
+    monkeypatch.setattr(replay_module, "replay", lambda *a, **kw: result)
     r = CliRunner().invoke(replay_command, [str(CASE)])
     assert r.exit_code == 0 and words in " ".join(r.output.split()), r.output
 

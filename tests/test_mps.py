@@ -1,4 +1,4 @@
-"""kvfuzz.fuzz.campaign.mps: the private MPS daemon of a campaign, driven through a stand-in
+"""kvfuzz.fuzz.campaign.workers.mps: the private MPS daemon of a campaign, driven through a stand-in
 nvidia-cuda-mps-control on PATH that records how it was called (no GPU needed)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvfuzz.fuzz.campaign.config import MAX_WORKERS_PER_GPU, MAX_WORKERS_PER_GPU_MPS, default_workers
-from kvfuzz.fuzz.campaign.mps import CONTROL, ENV, MpsError, start_mps
+from kvfuzz.fuzz.campaign.workers.mps import CONTROL, ENV, MpsError, start_mps
 
 STAND_IN = """#!/bin/sh
 # records: its arguments, the pipe folder it was given, and what came on stdin

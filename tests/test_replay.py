@@ -228,8 +228,8 @@ def test_a_case_written_before_the_generator_changed_replays_on_its_stored_groun
     from safetensors.torch import load_file
 
     from kvfuzz.contracts.model.data import make_batch_data
-    from kvfuzz.fuzz.campaign.cases import load_case
-    from kvfuzz.fuzz.campaign.reproducers import replay_here, resolve_target, stored_data
+    from kvfuzz.fuzz.campaign.store.cases import load_case
+    from kvfuzz.fuzz.campaign.workers.replay import replay_here, resolve_target, stored_data
     from kvfuzz.fuzz.harness import attention
     from kvfuzz_test_support import ROOT
 
@@ -251,3 +251,37 @@ def test_a_case_written_before_the_generator_changed_replays_on_its_stored_groun
     r = replay_here(case, resolve_target(case, None, trust_target=True))
     assert r.inputs_match is False and r.got is None, r.message
     assert seen[0] is None and torch.equal(seen[-1].keys, stored["keys_ground_truth"])
+
+
+def stored_import_problems(paths: list[Path]) -> list[str]:
+    """What is wrong with the kvfuzz imports of stored test_case.py files: a module or name kvfuzz does not have,
+    or a module inside the campaign room instead of its face (``kvfuzz.fuzz.campaign``), which the room may move."""
+    import ast
+    import importlib
+
+    problems = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvfuzz")):
+                continue
+            if node.module.startswith("kvfuzz.fuzz.campaign."):
+                problems.append(f"{path.name}: {node.module} (import from kvfuzz.fuzz.campaign)")
+                continue
+            module = importlib.import_module(node.module)
+            problems += [f"{path.name}: {node.module}.{a.name}" for a in node.names if not hasattr(module, a.name)]
+    return problems
+
+
+def test_stored_test_cases_import_the_campaign_rooms_face_not_its_modules(tmp_path):
+    """A reproducer's test_case.py is stored data (regressions/, benchmarks/repro/, every campaign's reproducers):
+    it imports replay from kvfuzz.fuzz.campaign, never a module path inside the room, so moving the room's modules
+    leaves stored cases runnable. (tests/test_flashinfer_regression.py checks the template writes the same.)"""
+    root = HERE.parent
+    stored = sorted(root.glob("regressions/*/test_case.py")) + sorted(root.glob("benchmarks/repro/*/test_case.py"))
+    assert len(stored) >= 2 and stored_import_problems(stored) == []
+    old = tmp_path / "test_case.py"  # as written before the room was arranged by purpose
+    old.write_text("from kvfuzz.fuzz.campaign.reproducers import TargetUnavailable, replay\n"
+                   "from kvfuzz.fuzz.campaign import replay, no_such_name\n")
+    assert stored_import_problems([old]) == [
+        "test_case.py: kvfuzz.fuzz.campaign.reproducers (import from kvfuzz.fuzz.campaign)",
+        "test_case.py: kvfuzz.fuzz.campaign.no_such_name"]

@@ -1,4 +1,4 @@
-"""The supervisor (kvfuzz.fuzz.campaign.supervisor, worker_endings, worker): every way a kernel or a worker can end, run through `kvfuzz
+"""The supervisor (kvfuzz.fuzz.campaign.workers.supervisor, endings, worker): every way a kernel or a worker can end, run through `kvfuzz
 fuzz` as a user would (planted adapters in tests/planted_endings.py misbehave on head size 64): each test checks
 the exit status, the reproducer's kind, the counts (examples = kernel calls, every call logged by the planted
 kernel) and that no process is left."""
@@ -245,7 +245,7 @@ def test_the_mixed_adapter_gives_one_reproducer_per_distinct_ending(tmp_path):
 
 MALLOC_PROBE = """
 import ctypes, resource, sys
-from kvfuzz.fuzz.campaign.worker import tune_malloc
+from kvfuzz.fuzz.campaign.workers.worker import tune_malloc
 if sys.argv[1] == "tuned" and not tune_malloc():
     print("not glibc"); sys.exit(0)
 libc = ctypes.CDLL("libc.so.6")
@@ -281,7 +281,7 @@ def test_the_supervisor_reads_its_workers_in_batches_not_once_per_message(tmp_pa
     POLL_SECONDS (0.2 s here, so the count does not depend on this machine's speed) and reads what has
     arrived, so it wakes far fewer times than it gets messages (it took the workers' cores for each one), and
     still counts every example."""
-    from kvfuzz.fuzz.campaign import supervisor as sup
+    from kvfuzz.fuzz.campaign.workers import supervisor as sup
     from kvfuzz.fuzz.campaign.config import CampaignConfig
     from kvfuzz.fuzz.targets import get_target
 

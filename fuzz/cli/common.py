@@ -54,7 +54,7 @@ def duration_option(ctx, param, value: str | None) -> str | None:
 
 
 #: The URL schemes ``--db`` takes as a Redis server (the rest names a directory).
-REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")  # as kvfuzz.fuzz.campaign.database reads them
+REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")  # as kvfuzz.fuzz.campaign.store.database reads them
 
 
 def db_option(ctx, param, value: str | None) -> str | None:

@@ -348,7 +348,7 @@ def classify(baseline: Baseline | None, target, example, finding, run=None) -> s
 # ---- writing entries --------------------------------------------------------------------------------------------
 def entry_from_case(case, entry_id: str, reason: str, reference: str, slots: str = "tail",
                     tail_tokens: int = 32, max_ratio: float | None = None, heads: str = "any") -> KnownFinding:
-    """An entry for a reproducer (a loaded :class:`~kvfuzz.fuzz.campaign.reproducers.Case`): its target, kind
+    """An entry for a reproducer (a loaded :class:`~kvfuzz.fuzz.campaign.store.cases.Case`): its target, kind
     and check; for a non-finite output its poison and ``slots``; for a mismatch ``max_ratio`` (default: 10 times
     the reproducer's own error/bound, so only a tenfold worse error counts as the bug changing). Raises
     :class:`BaselineError` (naming case.json) for a kind a baseline cannot accept or a case without an error

@@ -117,3 +117,6 @@ def write_report(out: Path) -> Path:
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+__all__ = ["PLOTTED", "plot_coverage", "write_report"]

@@ -1,4 +1,4 @@
-"""The worker process of a supervised campaign (:mod:`kvfuzz.fuzz.campaign.supervisor`; docs/campaigns.md).
+"""The worker process of a supervised campaign (:mod:`kvfuzz.fuzz.campaign.workers.supervisor`; docs/campaigns.md).
 
 A worker builds the campaign's targets and a :class:`~kvfuzz.fuzz.campaign.engine.Campaign` per target, then
 runs the tasks the supervisor sends over its pipe (replay the database for a target, explore a chunk of seeds,
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import attrs
 
-from kvfuzz.fuzz.campaign.journal import OutOfSpace, disk_full
+from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 
 # This module is what a spawned worker imports first (it unpickles worker_main): it imports neither torch nor
 # Hypothesis nor kvfuzz's harness, so that the worker sets up (its log, dying with its parent, ignoring Ctrl-C,
@@ -133,7 +133,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
 
         from kvfuzz.contracts.model.example import Example
         from kvfuzz.fuzz.campaign.config import config_from_dict
-        from kvfuzz.fuzz.campaign.database import DatabaseError
+        from kvfuzz.fuzz.campaign.store.database import DatabaseError
         from kvfuzz.fuzz.campaign.engine import Campaign
         from kvfuzz.fuzz.campaign.records import example_key
         from kvfuzz.fuzz.targets import get_target
@@ -201,7 +201,7 @@ def _report_database_errors(conn, config) -> None:
     """Tell the supervisor how many operations of a shared (Redis) database failed in this worker."""
     if config is None or config.database is None:
         return
-    from kvfuzz.fuzz.campaign.database import remote_errors  # loaded by worker_main already
+    from kvfuzz.fuzz.campaign.store.database import remote_errors  # loaded by worker_main already
 
     n, last = remote_errors(config.database)
     if n:

@@ -1,4 +1,4 @@
-"""The supervisor's bookkeeping (:mod:`kvfuzz.fuzz.campaign.supervisor`): the :class:`Task` a worker runs, the
+"""The supervisor's bookkeeping (:mod:`kvfuzz.fuzz.campaign.workers.supervisor`): the :class:`Task` a worker runs, the
 :class:`Slot` a worker fills (replaced when it dies), the :class:`TargetState` of each target, and what a
 campaign comes to (:class:`SupervisorResult`)."""
 

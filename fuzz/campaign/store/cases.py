@@ -1,7 +1,7 @@
 """Reading a reproducer directory back: :func:`load_case` validates every field of ``case.json`` a replay needs
 (and that ``tensors.safetensors``, when present, is a readable safetensors file) and raises
 :class:`BadReproducer` naming the file, the field and the fix, so a broken file is never mistaken for a failure
-that came back. (Writing and replaying them: :mod:`kvfuzz.fuzz.campaign.reproducers`.)"""
+that came back. (Writing and replaying them: :mod:`kvfuzz.fuzz.campaign.store.reproducers`.)"""
 
 from __future__ import annotations
 
