@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import importlinter  # noqa: F401  (a test dependency, installed by `make test`: the layering check never skips)
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +33,6 @@ def _lint(tmp_path: Path, config: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_import_contract_holds(tmp_path):
-    pytest.importorskip("importlinter")
     r = _lint(tmp_path, ROOT / "pyproject.toml")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Contracts: 6 kept, 0 broken." in r.stdout
@@ -51,14 +51,12 @@ def _lint_with(tmp_path: Path, module: str, code: str) -> subprocess.CompletedPr
 
 def test_the_import_contract_catches_an_upward_import(tmp_path):
     """The linter would catch a room importing a room above it (a planted harness -> campaign import)."""
-    pytest.importorskip("importlinter")
     r = _lint_with(tmp_path, "kvfuzz/fuzz/harness/planted.py", "from kvfuzz.fuzz.campaign import engine\n")
     assert r.returncode == 1 and "kvfuzz.fuzz.harness.planted -> kvfuzz.fuzz.campaign.engine" in r.stdout, r.stdout
 
 
 def test_the_import_contract_catches_campaigns_store_importing_its_workers(tmp_path):
     """Inside campaign, store/ is the bottom room: a planted store module importing the supervisor fails."""
-    pytest.importorskip("importlinter")
     r = _lint_with(tmp_path, "kvfuzz/fuzz/campaign/store/planted.py",
                    "from kvfuzz.fuzz.campaign.workers import supervisor\n")
     assert r.returncode == 1, r.stdout
@@ -96,7 +94,6 @@ def test_import_kvfuzz_and_the_help_do_not_import_torch():
 
 def test_the_import_contract_catches_a_room_of_contracts_importing_calls(tmp_path):
     """Nothing in contracts but calls/ itself may import calls/ (the guard's checks of a real call)."""
-    pytest.importorskip("importlinter")
     r = _lint_with(tmp_path, "kvfuzz/contracts/checks/planted.py", "from kvfuzz.contracts.calls import paged_call\n")
     assert r.returncode == 1 and "kvfuzz.contracts.checks.planted -> kvfuzz.contracts.calls.paged_call" in r.stdout
 

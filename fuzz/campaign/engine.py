@@ -27,7 +27,7 @@ Two Hypothesis details the engine relies on: the settings decorator is applied o
 resets the database of the settings it finds to None, so settings applied inside it would lose the database),
 and the database key is set with the private attribute ``_hypothesis_internal_database_key`` so that the key
 is ``kvfuzz:<target>:<fault>`` instead of a digest of this file's source (which would change, and orphan
-every saved failure, with each kvfuzz release). tests/test_database.py checks saved failures replay.
+every saved failure, with each kvfuzz release). tests/fuzz/campaign/test_database.py checks saved failures replay.
 """
 
 from __future__ import annotations
