@@ -118,6 +118,26 @@ class RaisesRuntimeError(_Planted):
         raise RuntimeError("planted: unsupported head size 64")
 
 
+#: Set once BreaksDevice's kernel has failed in this process: CUDA's sticky errors leave the context unusable,
+#: so every later call of the process fails too, as this emulates on the CPU.
+_DEVICE_BROKEN = []
+STICKY = "CUDA error: an illegal memory access was encountered (planted)"
+
+
+class BreaksDevice(_Planted):
+    name = "planted.breaks_device"
+    description = "raises CUDA's sticky illegal-memory-access error on head size 64; every later call fails too"
+
+    def misbehave(self, call) -> None:
+        _DEVICE_BROKEN.append(True)
+        raise RuntimeError(STICKY)
+
+    def build_call(self, batch, data, cache):  # in kvfuzz's prepare: as a dead CUDA context fails every op
+        if _DEVICE_BROKEN:
+            raise RuntimeError(STICKY)
+        return super().build_call(batch, data, cache)
+
+
 class RaisesMemoryError(_Planted):
     name = "planted.raises_memory_error"
     description = "raise MemoryError on head size 64"

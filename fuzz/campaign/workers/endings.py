@@ -11,6 +11,7 @@ flight. :func:`classify` turns that into an :class:`Ending`; :func:`finding_for`
 | stopped | the user stopped the campaign and the parent ended the worker | none (the campaign is interrupted) |
 | hung | the parent killed it: an example ran past its timeout | phase kernel: kernel hang; else harness error |
 | crashed | died by SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGSYS or SIGTRAP | phase kernel: kernel crash (the signal); else harness error |
+| crashed | exited with :data:`~kvfuzz.fuzz.harness.run.DEVICE_ERROR_EXIT` without saying goodbye: the kernel raised one of CUDA's sticky errors and the process ended itself, its device unusable | phase kernel: kernel crash ("CUDA error"); else harness error |
 | exited | exited (any status, 0 included) without saying goodbye: ``os._exit``, ``exit()`` in C | phase kernel: kernel crash ("exit status N"); else harness error |
 | killed | died by SIGKILL, SIGTERM, SIGINT, SIGHUP or another signal it did not raise itself (OOM killer, a user) | none: the example is retried once in a fresh worker; killed again, it is lost |
 
@@ -27,10 +28,15 @@ from typing import Any
 import attrs
 
 from kvfuzz.contracts.checks.failures import Finding, HarnessError, KernelCrash, KernelHang
+from kvfuzz.fuzz.harness.run import DEVICE_ERROR_EXIT
 
 #: Signals a process raises on itself when code inside it breaks (a kernel's out-of-bounds access, abort()).
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT,
                            signal.SIGSYS, signal.SIGTRAP})
+
+
+#: The detail of a process that ended itself because its kernel left the device unusable (harness.run).
+DEVICE_ERROR = "CUDA error"
 
 
 class EndingKind(enum.Enum):
@@ -80,6 +86,8 @@ def classify(exitcode: int | None, *, said_goodbye: bool, killed_for_hang: bool 
         return Ending(EndingKind.KILLED, signal_name(sig), exitcode)
     if stopping and said_goodbye:
         return Ending(EndingKind.STOPPED, f"exit status {exitcode}", exitcode)
+    if exitcode == DEVICE_ERROR_EXIT and not said_goodbye:
+        return Ending(EndingKind.CRASHED, DEVICE_ERROR, exitcode)
     return Ending(EndingKind.EXITED, f"exit status {exitcode}", exitcode)
 
 
@@ -99,7 +107,8 @@ def finding_for(ending: Ending, phase: str | None, details: dict[str, Any] | Non
             return KernelHang("timeout", f"the kernel did not return{after}; its process was killed", details)
         return HarnessError(f"hung in {phase}", f"the process hung outside the kernel call (in {phase}){after}: "
                             "kvfuzz or the target's adapter is stuck, not the kernel", details)
-    how = (f"died by {ending.detail}" if ending.kind is EndingKind.CRASHED
+    how = ("ended itself: a CUDA error left its device unusable (the worker log has the error)"
+           if ending.detail == DEVICE_ERROR else f"died by {ending.detail}" if ending.kind is EndingKind.CRASHED
            else f"exited ({ending.detail}) without finishing")
     if in_kernel:
         return KernelCrash(ending.detail, f"the process {how} while the kernel was running", details)
@@ -107,4 +116,4 @@ def finding_for(ending: Ending, phase: str | None, details: dict[str, Any] | Non
                         "kvfuzz or the target's adapter, not the kernel", details)
 
 
-__all__ = ["CRASH_SIGNALS", "Ending", "EndingKind", "classify", "finding_for", "signal_name"]
+__all__ = ["CRASH_SIGNALS", "DEVICE_ERROR", "Ending", "EndingKind", "classify", "finding_for", "signal_name"]

@@ -25,6 +25,7 @@ from kvfuzz.fuzz.campaign.store.cases import Case, load_case
 from kvfuzz.fuzz.campaign.workers.endings import classify, finding_for
 from kvfuzz.fuzz.harness import attention, properties
 from kvfuzz.fuzz.harness.faults import get_fault
+from kvfuzz.fuzz.harness.run import ISOLATED
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.fuzz.targets.registry import get_target, is_registered, load_spec
 
@@ -173,6 +174,7 @@ def replay_here(case: Case, target: Target, on_phase=None) -> ReplayResult:
 def _child(directory: str, target_spec: str | None, trust_target: bool, conn) -> None:
     """The isolated replay's child: run the case, telling the parent each phase and the result (or that the
     target cannot run here)."""
+    ISOLATED.set()  # a kernel that breaks the device ends this child, as in a campaign's worker
     case = load_case(directory)
     target = resolve_target(case, target_spec, trust_target)
     why = unavailable(case, target, load=True)

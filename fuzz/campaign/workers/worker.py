@@ -121,7 +121,9 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(spec.gpu)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
 
-    from kvfuzz.fuzz.harness.run import STOP  # set up: the heavy imports may come (the comment at the top)
+    from kvfuzz.fuzz.harness.run import ISOLATED, STOP  # set up: the heavy imports may come (the comment at the top)
+
+    ISOLATED.set()  # a kernel that breaks the device ends this process (harness.run.run_kernel)
 
     def term(signum, frame):
         STOP.set()  # checked at every example, in case kernel code swallows the KeyboardInterrupt

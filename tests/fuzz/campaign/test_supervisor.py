@@ -48,6 +48,7 @@ ENDINGS = [
     ("Exits3", "kernel crash", "exit status 3"),
     ("RaisesSystemExit", "kernel crash", "raised SystemExit"),
     ("RaisesRuntimeError", "kernel crash", "raised RuntimeError"),
+    ("BreaksDevice", "kernel crash", "CUDA error"),
     ("RaisesMemoryError", "kernel crash", "raised MemoryError"),
     ("Hangs", "kernel hang", "timeout"),
     ("BuildCallRaises", "harness error", "raised ValueError in prepare"),
@@ -77,7 +78,7 @@ def test_every_ending_is_classified_counted_and_saved(tmp_path, cls, kind, check
         assert t["examples"] == len(calls), (t["examples"], len(calls))
     assert summary["exit_status"] == 1 and summary["lost"] == 0 and summary["problems"] == []
     # a process death costs a worker, which is replaced; an exception does not
-    dies = kind == "kernel hang" or check.startswith(("SIG", "exit status"))
+    dies = kind == "kernel hang" or check.startswith(("SIG", "exit status", "CUDA error"))
     assert (summary["worker_restarts"] > 0) == dies, summary["worker_restarts"]
     assert_no_process_left(calls)
 
