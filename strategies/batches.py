@@ -342,8 +342,10 @@ def undeclared_examples(capabilities: Capabilities, dtypes: tuple[str, ...], lim
     them right (kvfuzz's taxonomy: "configuration rejected" vs "silently accepted but unsupported")."""
     if not dtypes:
         raise InvalidArgument("dtypes must name at least one dtype the environment computes faithfully")
+    dv = capabilities.value_head_size or 0  # a latent target: only head sizes its latent row can have
     universe = attrs.evolve(capabilities, dtypes=dtypes, exclusive=(), fp8_gqa_ratios=None, gqa_ratios=None,
-                            head_sizes=tuple(sorted(set(UNIVERSE_HEAD_SIZES) | set(capabilities.head_sizes))),
+                            head_sizes=tuple(sorted(h for h in set(UNIVERSE_HEAD_SIZES) | set(capabilities.head_sizes)
+                                                    if h > dv)),
                             block_sizes=tuple(sorted(set(UNIVERSE_BLOCK_SIZES) | set(capabilities.block_sizes))))
     return examples(universe, limits, poisons).filter(lambda e: not capabilities.accepts(e.batch))
 

@@ -25,7 +25,9 @@ from kvfuzz.fuzz.targets.registry import get_target, registered
 from kvfuzz.fuzz.targets.vllm_mla import DEEPSEEK_SM_SCALE, VllmTritonMlaDecode
 from kvfuzz.strategies.batches import examples
 from kvfuzz.strategies.limits import Limits
-from kvfuzz_test_support import available, batch_of
+import json
+
+from kvfuzz_test_support import available, batch_of, kvfuzz
 
 NAME = "vllm.triton_mla_decode"
 
@@ -103,6 +105,24 @@ def test_the_guard_reads_the_values_where_the_mla_kernel_does():
     # without is_mla the kernel reads v_buffer, and so does the guard
     plain = build_call("decode_attention_fwd", dict(other, is_mla=False))
     assert plain.value_cache is other["v_buffer"]
+
+
+def test_strategies_draw_latent_mqa_batches_and_undeclared_ones_keep_the_latent_row():
+    from hypothesis import strategies as st
+    from kvfuzz.strategies.batches import undeclared_examples
+
+    caps = VllmTritonMlaDecode.capabilities
+    limits = Limits(max_num_seqs=2, max_ctx_len=20, max_num_heads=16)
+
+    @settings(max_examples=30, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(st.one_of(examples(caps, limits), undeclared_examples(caps, ("float32",), limits)))
+    def prop(example):
+        b = example.batch
+        assert (b.num_kv_heads, b.head_size, b.value_head_size) == (1, 576, 512) and b.v_scale == b.k_scale
+        assert all(q == 1 for q in b.query_lens)
+
+    prop()
 
 
 # ---- the real kernel, interpreted ---------------------------------------------------------------------------
@@ -185,3 +205,17 @@ def test_a_short_property_run_passes():
         check_example(t, example)
 
     prop()
+
+
+@pytest.mark.kernel
+def test_kvfuzz_targets_lists_it_and_a_cli_campaign_passes(tmp_path):
+    rows = {row["name"]: row for row in json.loads(kvfuzz("targets", "--json").stdout)}
+    row = rows[NAME]
+    assert row["head_sizes"] == [576] and "latent: values = keys[:512]" in row["contract"]
+    assert row["reason"]
+    if not row["available"]:
+        pytest.skip(f"{NAME} unavailable: {row['reason']}")
+    r = kvfuzz("fuzz", "--target", NAME, "--max-examples", "4", "--workers", "1", "--seed", "1",
+               "--out", tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{NAME}: 4 examples" in r.stdout and "0 failing examples" in r.stdout

@@ -24,7 +24,8 @@ class BatchData:
     query:  ``[num_tokens, num_heads, head_size]``, in query order (``query_start_loc``).
     keys, values: ``[sum(seq_lens), num_kv_heads, head_size]``: every position ``0 .. seq_len-1`` of every
         sequence, sequence ``i`` starting at ``batch.seq_start_loc[i]``. Positions ``ctx_len ..`` are the
-        new tokens, whose k/v the split contract passes separately.
+        new tokens, whose k/v the split contract passes separately. A latent batch (``batch.value_head_size``
+        = Dv, MLA): values ``[sum(seq_lens), 1, Dv]``, the keys' first Dv dims.
     """
 
     query: torch.Tensor
