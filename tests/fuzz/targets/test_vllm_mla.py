@@ -217,4 +217,5 @@ def test_kvfuzz_targets_lists_it_and_a_cli_campaign_passes(tmp_path):
     r = kvfuzz("fuzz", "--target", NAME, "--max-examples", "4", "--workers", "1", "--seed", "1",
                "--out", tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"{NAME}: 4 examples" in r.stdout and "0 failing examples" in r.stdout
+    (stats,) = json.loads((tmp_path / "summary.json").read_text())["targets"]
+    assert stats["target"] == NAME and stats["examples"] == 4 and stats["failures"] == [], stats
