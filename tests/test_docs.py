@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 import click
-import pytest
 
 from kvfuzz.fuzz.cli import main
 

@@ -3,14 +3,11 @@ kernel regression and on a corpus case that fails again; JUnit XML either way.""
 
 import shutil
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 from support import SUPPORT, kvfuzz
 
 pytestmark = pytest.mark.kernel
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 
 
 def test_green_on_the_real_targets_with_the_committed_corpus(tmp_path):

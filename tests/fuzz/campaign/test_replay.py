@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support import SUPPORT, kvfuzz
+from support import ROOT, SUPPORT, kvfuzz
 
-HERE = Path(__file__).resolve().parent
 PLANTED = SUPPORT / "planted_endings.py"
 
 
@@ -200,7 +199,7 @@ def test_an_adapter_importing_a_sibling_module_fuzzes_replays_and_its_test_passe
     in place (no edit of the reproducer)."""
     folder = tmp_path / "my_kernels"
     folder.mkdir()
-    shutil.copy(HERE.parent / "examples" / "sdpa_paged_target.py", folder / "sdpa_paged_target.py")
+    shutil.copy(ROOT / "examples" / "sdpa_paged_target.py", folder / "sdpa_paged_target.py")
     (folder / "variants.py").write_text(VARIANTS)
     spec = f"{folder / 'variants.py'}:Scaled"
     r = kvfuzz("fuzz", "--target", spec, "--poison", "stale", "--max-examples", "60", "--out", str(tmp_path / "o"))
@@ -231,7 +230,6 @@ def test_a_case_written_before_the_generator_changed_replays_on_its_stored_groun
     from kvfuzz.fuzz.campaign.store.cases import load_case
     from kvfuzz.fuzz.campaign.workers.replay import replay_here, resolve_target, stored_data
     from kvfuzz.fuzz.harness import attention
-    from support import ROOT
 
     (d,) = (ROOT / "regressions").glob("vllm.chunked_prefill_paged_decode-kernel-mismatch-agreement-8c5acb6640")
     case, stored = load_case(d), load_file(str(d / "tensors.safetensors"))
@@ -276,7 +274,7 @@ def test_stored_test_cases_import_the_campaign_rooms_face_not_its_modules(tmp_pa
     """A reproducer's test_case.py is stored data (regressions/, benchmarks/repro/, every campaign's reproducers):
     it imports replay from kvfuzz.fuzz.campaign, never a module path inside the room, so moving the room's modules
     leaves stored cases runnable. (tests/fuzz/guard/test_flashinfer_regression.py checks the template writes the same.)"""
-    root = HERE.parent
+    root = ROOT
     stored = sorted(root.glob("regressions/*/test_case.py")) + sorted(root.glob("benchmarks/repro/*/test_case.py"))
     assert len(stored) >= 2 and stored_import_problems(stored) == []
     old = tmp_path / "test_case.py"  # as written before the room was arranged by purpose

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import types
 import warnings
-from pathlib import Path
 
 import pytest
 import torch

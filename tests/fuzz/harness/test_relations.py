@@ -3,7 +3,6 @@
 ``kvfuzz relations`` command reports a table and exits 1 on a violation."""
 
 import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -16,11 +15,10 @@ from kvfuzz.fuzz.cli.relations import relations
 from kvfuzz.fuzz.harness.relations import RELATIONS, RelationViolation, relocated, sequence_permutation
 from kvfuzz.fuzz.targets import get_target
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "examples"))
-import support.broken_kernels as bk  # noqa: E402
-from support import SUPPORT, available
+import support.broken_kernels as bk
+from support import ROOT, SUPPORT, available
+
+sys.path.insert(0, str(ROOT / "examples"))
 from sdpa_paged_target import SdpaPaged  # noqa: E402
 
 pytestmark = pytest.mark.kernel
@@ -166,7 +164,7 @@ def test_relations_command_table_and_exit_status():
     r = runner.invoke(relations, ["--target", noisy, "--relation", "determinism", "--max-examples", "3",
                                   "--no-design"])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(relations, ["--target", f"{HERE.parent / 'examples' / 'sdpa_paged_target.py'}:SdpaPaged",
+    r = runner.invoke(relations, ["--target", f"{ROOT / 'examples' / 'sdpa_paged_target.py'}:SdpaPaged",
                                   "--relation", "poison-invariance[nan]", "--max-examples", "3"])
     assert r.exit_code == 0 and "holds (3)" in r.output, r.output
     r = runner.invoke(relations, ["--relation", "no-such-relation"])

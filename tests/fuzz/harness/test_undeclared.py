@@ -1,8 +1,6 @@
 """Undeclared configurations: rejected with an error (expected), accepted and right, or silently wrong (a
 failure)."""
 
-import sys
-from pathlib import Path
 
 import pytest
 

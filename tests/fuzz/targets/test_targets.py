@@ -1,6 +1,5 @@
 """Each real target end to end on CPU: correct calls pass, the seeds' caller fault is blamed on the caller."""
 
-from pathlib import Path
 
 import pytest
 from support import ROOT, available, kvfuzz
