@@ -32,6 +32,12 @@ PARAMS = {
     "large": dict(value_range="large"),
     "equal": dict(value_range="equal"),
     "dominant": dict(value_range="dominant"),
+    # scores of thousands (docs/tolerance.md, "Extreme values"): a one-hot softmax, a softcap far below the
+    # scores, fp16 scores past 65,504 before the scale
+    "extreme": dict(value_range="extreme"),
+    "extreme_softcap": dict(value_range="extreme", softcap=4.0),
+    "extreme_fp16": dict(value_range="extreme", dtype="float16"),
+    "extreme_fp16_softcap": dict(value_range="extreme", dtype="float16", softcap=50.0),
 }
 TARGETS = ("vllm.chunked_prefill_paged_decode", "vllm.context_attention_fwd", "vllm.unified_attention",
            "vllm.decode_attention_fwd", "vllm.cpu_attention", "torch.flex_paged", "mutant.base")
