@@ -1,9 +1,10 @@
-"""Project-wide pytest setup: Hypothesis profiles and shared batch builders.
+"""Project-wide pytest setup: Hypothesis profiles and the fixtures every room's tests use (the helpers
+themselves live in tests/support).
 
 Profiles (select with ``pytest --hypothesis-profile NAME``): ``dev`` (default; derandomized, so ``make test``
 is reproducible), ``ci`` (derandomized, no example database; used automatically when CI is set), ``fuzz``
 (random, many examples, for long local runs and HypoFuzz). Their max_examples is the
-budget of the contract properties in tests/test_properties.py (real kernels: keep dev/ci small); tests that
+budget of the contract properties in tests/fuzz/harness/test_properties.py (real kernels: keep dev/ci small); tests that
 need another budget set it explicitly.
 """
 
@@ -22,22 +23,12 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 @pytest.fixture
 def make_batch():
     """Build a Batch with a contiguous block table from per-sequence (query_len, ctx_len) pairs."""
-    from kvfuzz.contracts.model.batch import Batch
+    from support import batch_of
 
     def build(lens, *, num_heads=4, num_kv_heads=2, head_size=32, block_size=16, spare=1, dtype="float32",
               seed=0, reverse=False):
-        needed = [-(-(q + c) // block_size) for q, c in lens]
-        ids = list(range(sum(needed) + spare))
-        if reverse:
-            ids = ids[::-1]
-        width = max(needed) + 1
-        table, k = [], 0
-        for n in needed:
-            table.append(ids[k : k + n] + [0] * (width - n))
-            k += n
-        return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], num_heads=num_heads,
-                     num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size,
-                     num_blocks=sum(needed) + spare, block_table=table, dtype=dtype, seed=seed)
+        return batch_of(lens, block_size=block_size, spare=spare, reverse=reverse, pad_columns=1,
+                        num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype, seed=seed)
 
     return build
 

@@ -46,9 +46,9 @@ tar czf "$OUT/flashinfer-campaign-logs.tgz" -C /tmp/fi-speed --exclude='jit' --e
 if [ "${SCENARIO:-0}" = 1 ]; then
   step "seeds scenario under the guard (the unfixed test must FAIL with the unified invariant, the fixed one PASS)"
   KVFUZZ_SEEDS_SCENARIO=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 120 python3 -m pytest -q -rA -p no:cacheprovider \
-    -p kvfuzz.fuzz.guard.plugin --kvfuzz-guard tests/seeds_scenario/test_flashinfer_like.py 2>&1 | tail -30
+    -p kvfuzz.fuzz.guard.plugin --kvfuzz-guard tests/fuzz/guard/seeds_scenario/test_flashinfer_like.py 2>&1 | tail -30
   step "seeds scenario without the guard (both PASS)"
   KVFUZZ_SEEDS_SCENARIO=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 60 python3 -m pytest -q -rA -p no:cacheprovider \
-    tests/seeds_scenario/test_flashinfer_like.py 2>&1 | tail -5
+    tests/fuzz/guard/seeds_scenario/test_flashinfer_like.py 2>&1 | tail -5
 fi
 step done

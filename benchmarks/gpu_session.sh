@@ -20,7 +20,7 @@ source "$(dirname "$0")/gpu_env.sh"
   done
   [ -n "${SKIP_GUARD_BENCH:-}" ] || timeout 120 python3 benchmarks/guard_overhead.py --repeat 30
   # the plugin is installed (pytest11 entry point): --kvfuzz-guard alone turns it on
-  KVFUZZ_SEEDS_SCENARIO=1 timeout 120 python3 -m pytest -q --kvfuzz-guard -p no:cacheprovider tests/seeds_scenario \
+  KVFUZZ_SEEDS_SCENARIO=1 timeout 120 python3 -m pytest -q --kvfuzz-guard -p no:cacheprovider tests/fuzz/guard/seeds_scenario \
     2>&1 | tail -30
 } > "$OUT/log.txt" 2>&1
 tar czf "$OUT/reproducers.tgz" -C "$OUT" fuzz --exclude=hypothesis-db 2>/dev/null

@@ -25,7 +25,7 @@ KV="python3 -m kvfuzz.fuzz.cli"
   timeout 150 $KV fuzz --undeclared --target sglang.decode_attention_fwd --max-examples 500 --duration 60s \
     --out "$OUT/undeclared" 2>&1 | grep -v "^ *$" | tail -25
   KVFUZZ_SEEDS_SCENARIO=1 timeout 120 python3 -m pytest -q -rA -p no:cacheprovider --kvfuzz-guard \
-    tests/seeds_scenario/test_sglang_like.py 2>&1 | grep -E "PASSED|FAILED|passed|failed|violated|checked" | cut -c1-300
+    tests/fuzz/guard/seeds_scenario/test_sglang_like.py 2>&1 | grep -E "PASSED|FAILED|passed|failed|violated|checked" | cut -c1-300
 } > "$OUT/log.txt" 2>&1
 tar czf "$OUT/reproducers.tgz" -C "$OUT" --exclude=hypothesis-db fuzz undeclared 2>/dev/null
 tail -c 11000 "$OUT/log.txt"

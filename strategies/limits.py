@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 
 #: kvfuzz.contracts.model.batch.VALUE_RANGES, spelled out: that module imports torch, and the CLI reads these defaults
-#: (tests/test_strategies.py keeps the two equal).
+#: (tests/strategies/test_strategies.py keeps the two equal).
 VALUE_RANGES = ("normal", "large", "equal", "dominant", "extreme")
 
 

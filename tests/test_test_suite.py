@@ -1,14 +1,14 @@
 """The test suite's own rules, read off its source (no kernels, no subprocess but one ``kvfuzz --help``): the
-kvfuzz command is run through the one helper in tests/kvfuzz_test_support.py, and no test passes an unavailable
+kvfuzz command is run through the one helper in tests/support/__init__.py, and no test passes an unavailable
 target by skipping its body in silence (it skips, naming why, or asserts that it checked something)."""
 
 import re
 from pathlib import Path
 
-from kvfuzz_test_support import KVFUZZ, kvfuzz
+from support import KVFUZZ, kvfuzz
 
 HERE = Path(__file__).resolve().parent
-MODULES = sorted(p for p in HERE.glob("*.py") if p.name != "kvfuzz_test_support.py")
+MODULES = sorted(p for p in HERE.rglob("*.py") if p.parent.name != "support")
 
 
 def _hits(pattern: str) -> list[str]:
@@ -29,7 +29,7 @@ def test_the_kvfuzz_command_runs_only_through_the_shared_helper():
 
 def test_no_test_runs_its_body_only_when_a_target_is_available():
     """A body guarded by the target's availability being ok passes having checked nothing where the kernel is
-    missing: skip with ``kvfuzz_test_support.available(name)`` (or ``pytest.skip`` naming why) instead."""
+    missing: skip with ``support.available(name)`` (or ``pytest.skip`` naming why) instead."""
     assert _hits(r"\bif\s+(?!not\b)[^#\n]*\bavail(ability\(\))?\.ok\s*:") == []
     assert _hits(r"\bif\s+(?!not\b)[^#\n]*\bAVAIL\.ok\s*:") == []
 

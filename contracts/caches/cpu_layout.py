@@ -10,7 +10,7 @@ ignores the ``[BS, D]`` logical shape of the views: it addresses each slab from 
 (csrc/cpu/cpu_attn_vec.hpp, cpu_attn_vec16.hpp, cpu_attn_amx.hpp, ``AttentionImpl::reshape_and_cache``).
 
 Packing inside one slab (``t`` = offset in block, ``d`` = head dim; verified by writing through the op and
-reading back bitwise, see tests/test_cpu_layout.py):
+reading back bitwise, see tests/contracts/test_cpu_layout.py):
 
 ``"vec"`` / ``"vec16"`` (and ``"amx"`` when ``head_size % 32 != 0``: the dispatch sends 48/80/112 to VEC16):
     K slab = ``[D, BS]`` row-major (K transposed):   ``K[t, d]`` at ``d*BS + t``.

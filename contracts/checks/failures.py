@@ -95,7 +95,7 @@ class ConfigurationRejected(Finding):
     """Not a failure (its kind's ``is_failure`` is False): a configuration outside the target's declaration that
     the kernel refused with a clear error, the expected answer. A campaign only counts these
     (``rejections``); written as a case (``check``: the text the error must contain) it lets a replay confirm
-    the refusal stays clear (kvfuzz.fuzz.campaign.reproducers)."""
+    the refusal stays clear (kvfuzz.fuzz.campaign.store.reproducers)."""
 
     kind = FailureKind.CONFIG_REJECTED
 

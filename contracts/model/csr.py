@@ -97,7 +97,7 @@ def page_lists(batch: Batch, lens: tuple[int, ...]) -> PageLists:
     ``batch.block_size``, page ids = the block table's): the first ``ceil(lens[i] / page_size)`` block ids of
     each row, and the last page's length ``lens[i] - (pages - 1) * page_size``. Token ``p`` of sequence ``i``
     is then at page ``page_indices[page_indptr[i] + p // page_size]``, offset ``p % page_size``: the same
-    slot as :func:`token_slot_lists` (tests/test_csr.py checks it)."""
+    slot as :func:`token_slot_lists` (tests/contracts/test_csr.py checks it)."""
     bs = batch.block_size
     pages = [-(-n // bs) for n in lens]
     ids = [b for i, n in enumerate(pages) for b in batch.block_table[i][:n]]

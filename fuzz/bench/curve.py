@@ -41,7 +41,7 @@ MODES = ("cold", "warm")
 #: compiles them): the rate of a warm cache without compiles.
 ALL_MODES = ("cold", "warm", "warm-capped")
 #: Seconds between the SIGTERM of a campaign past its ``wall`` and the SIGKILL of its process group: the
-#: supervisor gives its workers 20 s (kvfuzz.fuzz.campaign.supervisor.STOP_GRACE_SECONDS), then writes the
+#: supervisor gives its workers 20 s (kvfuzz.fuzz.campaign.workers.supervisor.STOP_GRACE_SECONDS), then writes the
 #: summary.
 KILL_AFTER = 30.0
 

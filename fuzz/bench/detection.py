@@ -179,4 +179,4 @@ def detect(mutants: list[str] | None = None, seeds: int = 5, max_examples: int =
     }
 
 
-__all__ = ["kvfuzz_detect", "detect", "summarize", "size_str"]
+__all__ = ["detect", "kvfuzz_detect", "rerun_kinds", "size_str", "summarize"]

@@ -8,7 +8,7 @@ heads to kv heads, masks, and combines with a softmax. A mutant overrides exactl
 
 ``MUTANTS`` maps ``"mutant.<slug>"`` to the class; each class has a ``trigger`` string (when the defect changes
 the output) and a ``bug`` string (the real bug it models). :func:`smallest_trigger` returns a hand-written
-minimal batch that triggers it (verified by tests/test_mutants.py with NaN poison).
+minimal batch that triggers it (verified by tests/fuzz/bench/test_mutants.py with NaN poison).
 
 Two real defects cannot be reached at real scale on a CPU, so their mutants scale the machine word down and
 say so: ``int32_offset_overflow`` wraps element offsets at ``2**OFFSET_BITS`` (16, not 32) and

@@ -13,8 +13,8 @@ import attrs
 from hypothesis.database import ExampleDatabase
 
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.campaign.baseline import Baseline
-from kvfuzz.fuzz.campaign.database import open_database, read_only_view
+from kvfuzz.fuzz.campaign.store.baseline import Baseline
+from kvfuzz.fuzz.campaign.store.database import open_database, read_only_view
 from kvfuzz.fuzz.harness.faults import CallerFault, get_fault
 from kvfuzz.strategies.limits import Limits
 
@@ -63,7 +63,7 @@ class CampaignConfig:
     #: Seconds the structural shrink (kvfuzz.fuzz.campaign.reduce) may spend on each new distinct failure after
     #: Hypothesis's shrinker (0: off). Not with ``undeclared`` or ``big_cache``.
     structural_shrink: float = 60.0
-    #: Accepted findings (``kvfuzz fuzz --baseline``, kvfuzz.fuzz.campaign.baseline): a failure matching one is
+    #: Accepted findings (``kvfuzz fuzz --baseline``, kvfuzz.fuzz.campaign.store.baseline): a failure matching one is
     #: counted and listed as known, never shrunk; anything else stays new. None: every failure is new.
     baseline: Baseline | None = None
 
@@ -130,7 +130,7 @@ def gpu_count() -> int:
 #: Workers per GPU at most by default: Triton compiles on the CPU, one worker at a time per process, while the
 #: GPU runs the small fuzz batches of several workers with room to spare.
 MAX_WORKERS_PER_GPU = 8
-#: Under CUDA MPS (kvfuzz.fuzz.campaign.mps) the workers' kernels run concurrently, so more of them help: per GPU
+#: Under CUDA MPS (kvfuzz.fuzz.campaign.workers.mps) the workers' kernels run concurrently, so more of them help: per GPU
 #: its share of the CPU cores less two (the supervisor, Triton's compiles), at most this many. The rate follows
 #: the CPU cores, not the GPUs (the harness is Python; a GPU runs these small batches in microseconds). Measured on
 #: an H100 with 16 cores: 14 workers under MPS 296 examples/s against 8 without 161/s and 16 without 187/s; on

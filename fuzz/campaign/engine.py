@@ -19,7 +19,7 @@ signatures of failures already known. A scheduler runs it piece by piece:
 Every example is reported to a :class:`~kvfuzz.fuzz.campaign.records.Listener` as it happens: ``begin`` (the example, before anything runs),
 ``phase`` ("kernel" right before the kernel call, "check" after it), ``end`` (an :class:`Outcome`, what it adds
 to the counts) and ``failure`` (a new distinct failure, a :class:`FailureRecord`). The supervisor
-(:mod:`kvfuzz.fuzz.campaign.supervisor`) gets these over a pipe, so it knows at every moment which example each
+(:mod:`kvfuzz.fuzz.campaign.workers.supervisor`) gets these over a pipe, so it knows at every moment which example each
 worker runs and in which phase; :func:`fuzz_target` runs a whole budget in this process for library use (the
 gate, benchmarks, tests), counting with :class:`TargetStats`.
 
@@ -27,7 +27,7 @@ Two Hypothesis details the engine relies on: the settings decorator is applied o
 resets the database of the settings it finds to None, so settings applied inside it would lose the database),
 and the database key is set with the private attribute ``_hypothesis_internal_database_key`` so that the key
 is ``kvfuzz:<target>:<fault>`` instead of a digest of this file's source (which would change, and orphan
-every saved failure, with each kvfuzz release). tests/test_database.py checks saved failures replay.
+every saved failure, with each kvfuzz release). tests/fuzz/campaign/test_database.py checks saved failures replay.
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.contracts.checks.failures import Finding, HarnessError
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.campaign.baseline import classify
+from kvfuzz.fuzz.campaign.store.baseline import classify
 from kvfuzz.fuzz.campaign.chunks import CHUNK_SEED_STRIDE, chunk_config, chunk_size, examples_per_chunk
 from kvfuzz.fuzz.campaign.config import CampaignConfig
-from kvfuzz.fuzz.campaign.journal import OutOfSpace, disk_full
+from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.records import FailureRecord, Listener, Outcome, Quiet, TargetStats, example_key
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
-from kvfuzz.fuzz.campaign.reproducers import write_reproducer
+from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.coverage import labels
 from kvfuzz.fuzz.harness.run import STOP, Run

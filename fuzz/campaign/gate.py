@@ -18,8 +18,9 @@ import attrs
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.fuzz.campaign.config import CampaignConfig, WorkerPool
-from kvfuzz.fuzz.campaign.reproducers import BadReproducer, TargetUnavailable, replay
-from kvfuzz.fuzz.campaign.supervisor import Supervisor
+from kvfuzz.fuzz.campaign.store.cases import BadReproducer
+from kvfuzz.fuzz.campaign.workers.replay import TargetUnavailable, replay
+from kvfuzz.fuzz.campaign.workers.supervisor import Supervisor
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.limits import Limits
 
@@ -69,7 +70,7 @@ def check_targets(targets: list[Target], out: Path, max_examples: int, seed: int
 
 def check_corpus(corpus: Path, trust_targets: bool = False, timeout: float | None = None) -> list[CheckResult]:
     """Replay every reproducer directory under ``corpus``, each isolated in a child process with ``timeout``
-    seconds for its kernel call (None: as :func:`~kvfuzz.fuzz.campaign.reproducers.replay`, a hang case's own
+    seconds for its kernel call (None: as :func:`~kvfuzz.fuzz.campaign.workers.replay.replay`, a hang case's own
     recorded example timeout) (a case that crashes or hangs is a failed result, "kernel crash"/"kernel hang",
     and the gate goes on). A
     case that cannot be read or whose target is not trusted is a failed result whose ``bad_input`` is set; one
@@ -111,3 +112,6 @@ def write_junit(results: list[CheckResult], path: Path) -> None:
                 ET.SubElement(tc, "system-out").text = r.detail
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+__all__ = ["CHECK_LIMITS", "CheckResult", "check_corpus", "check_targets", "write_junit"]

@@ -36,3 +36,6 @@ def observe_to(directory: Path, prefix: str = ""):
 
     with with_observability_callback(deliver, all_threads=True):
         yield directory
+
+
+__all__ = ["observe_to"]

@@ -1,4 +1,4 @@
-"""``kvfuzz baseline``: the findings baseline ``kvfuzz fuzz --baseline`` reads (kvfuzz.fuzz.campaign.baseline).
+"""``kvfuzz baseline``: the findings baseline ``kvfuzz fuzz --baseline`` reads (kvfuzz.fuzz.campaign.store.baseline).
 
 ``kvfuzz baseline add DIR`` turns a reproducer directory into a ``[[known]]`` entry of the baseline file. Exit 0
 when the entry was written, 2 when the reproducer or the baseline cannot be used, or the entry cannot be written
@@ -43,8 +43,8 @@ def baseline() -> None:
 def add(directory, baseline_file, entry_id, reason, reference, slots, tail_tokens, max_ratio, heads) -> None:
     """Append an entry for the reproducer in DIRECTORY (its case.json: target, kind, check, poison, error) to
     the baseline. Only non-finite output and kernel mismatch reproducers can be accepted."""
-    from kvfuzz.fuzz.campaign.baseline import BaselineError, append_entry, entry_from_case
-    from kvfuzz.fuzz.campaign.reproducers import BadReproducer, load_case
+    from kvfuzz.fuzz.campaign.store.baseline import BaselineError, append_entry, entry_from_case
+    from kvfuzz.fuzz.campaign.store.cases import BadReproducer, load_case
 
     try:
         case = load_case(directory)

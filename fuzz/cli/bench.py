@@ -244,7 +244,7 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
                       f"{r['examples_per_s']} ex/s, {r['compiled']} kernels compiled, exit {r['exit_status']}; "
                       f"per minute: {pm}", highlight=False)
 
-    from kvfuzz.fuzz.campaign.journal import write_json
+    from kvfuzz.fuzz.campaign.store.journal import write_json
 
     def save(doc: dict) -> None:  # after every run: a benchmark cut short keeps what it measured
         if json_path:

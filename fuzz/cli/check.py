@@ -38,7 +38,7 @@ def check(target_names, max_examples, seed, corpus, junit_xml, out_dir, db_spec,
 
     torch.set_num_threads(1)
     chosen = available_targets(target_names)
-    from kvfuzz.fuzz.campaign.database import DatabaseError
+    from kvfuzz.fuzz.campaign.store.database import DatabaseError
 
     try:
         results = check_targets(chosen, Path(out_dir), max_examples, seed, db_spec=db_spec,

@@ -54,7 +54,7 @@ def duration_option(ctx, param, value: str | None) -> str | None:
 
 
 #: The URL schemes ``--db`` takes as a Redis server (the rest names a directory).
-REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")  # as kvfuzz.fuzz.campaign.database reads them
+REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")  # as kvfuzz.fuzz.campaign.store.database reads them
 
 
 def db_option(ctx, param, value: str | None) -> str | None:
@@ -163,4 +163,5 @@ def available_targets(target_names) -> list:
     return chosen
 
 
-__all__ = ["UNWRAPPED_WIDTH", "available_targets", "console", "make_console", "parse_duration"]
+__all__ = ["REDIS_URL_SCHEMES", "UNWRAPPED_WIDTH", "available_targets", "console", "db_option", "duration_option",
+           "make_console", "nonempty_option", "parse_duration", "writable_dir_option", "writable_file_option"]

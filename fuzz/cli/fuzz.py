@@ -141,9 +141,9 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     # here, not at the top: `kvfuzz --help` loads no Hypothesis (nor torch)
     from kvfuzz.fuzz.campaign.config import (CampaignConfig, CrashPolicy, WorkerPool, default_workers, gpu_count,
                                              usable_cpus)
-    from kvfuzz.fuzz.campaign.database import DatabaseError, open_database
-    from kvfuzz.fuzz.campaign.journal import OutLock, OutLocked, OutOfSpace
-    from kvfuzz.fuzz.campaign.mps import MpsError, start_mps
+    from kvfuzz.fuzz.campaign.store.database import DatabaseError, open_database
+    from kvfuzz.fuzz.campaign.store.journal import OutLock, OutLocked, OutOfSpace
+    from kvfuzz.fuzz.campaign.workers.mps import MpsError, start_mps
     from kvfuzz.fuzz.harness.faults import get_fault
 
     config = CampaignConfig(out=out, max_examples=max_examples, duration=budget, seed=seed,
@@ -205,7 +205,7 @@ def _baseline(path: str | None):
     file, the field and the fix otherwise."""
     if path is None:
         return None
-    from kvfuzz.fuzz.campaign.baseline import BaselineError, load_baseline
+    from kvfuzz.fuzz.campaign.store.baseline import BaselineError, load_baseline
 
     try:
         return load_baseline(path)
@@ -230,7 +230,7 @@ def _out_dir(value: str) -> Path:
 
 
 def _supervise(chosen, names, config, pool, policy):
-    from kvfuzz.fuzz.campaign.supervisor import Supervisor
+    from kvfuzz.fuzz.campaign.workers.supervisor import Supervisor
 
     interactive = console.is_terminal
     last = {"log": 0.0}
@@ -258,8 +258,8 @@ def _supervise(chosen, names, config, pool, policy):
 
 def _finish(result, targets, config, out: Path, caller_fault, seed) -> int:
     """Print and write the summary and the report; returns the exit status."""
-    from kvfuzz.fuzz.campaign.journal import disk_full, write_json
-    from kvfuzz.fuzz.campaign.report import write_report
+    from kvfuzz.fuzz.campaign.store.journal import disk_full, write_json
+    from kvfuzz.fuzz.campaign.store.report import write_report
     from kvfuzz.fuzz.harness.coverage import declared_space
 
     by_name = {t.name: t for t in targets}

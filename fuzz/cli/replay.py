@@ -28,8 +28,9 @@ def replay(directory: str, target_spec: str | None, trust_target: bool, timeout:
     right), 2 when the directory or its target cannot be used (the message says which file and field), 3 when
     the target cannot run on this machine (e.g. a CUDA-only kernel on a CPU machine: nothing was replayed)."""
     from kvfuzz.contracts.checks.oracles import check_label
-    from kvfuzz.fuzz.campaign.reproducers import BadReproducer, TargetUnavailable
-    from kvfuzz.fuzz.campaign.reproducers import replay as replay_case
+    from kvfuzz.fuzz.campaign.store.cases import BadReproducer
+    from kvfuzz.fuzz.campaign.workers.replay import TargetUnavailable
+    from kvfuzz.fuzz.campaign.workers.replay import replay as replay_case
 
     try:
         r = replay_case(directory, target_spec=target_spec, trust_target=trust_target, timeout=timeout)

@@ -13,7 +13,7 @@ from kvfuzz.fuzz.cli.common import console
 @click.argument("out_dir", type=click.Path(exists=True, file_okay=False))
 def report(out_dir: str) -> None:
     """Write OUT_DIR/report.md with coverage plots from OUT_DIR/summary.json."""
-    from kvfuzz.fuzz.campaign.report import write_report
+    from kvfuzz.fuzz.campaign.store.report import write_report
 
     try:
         console.print(f"report: {write_report(Path(out_dir))}")

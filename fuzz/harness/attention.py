@@ -27,7 +27,7 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None,
             data: BatchData | None = None) -> Run:
     """Generate the data, materialize the cache the (possibly faulty) caller writes, and build the call.
     ``after_materialize(batch, data, cache)``: changes the cache before the call is built (the baseline's
-    re-run with some poisoned slots made finite, kvfuzz.fuzz.campaign.baseline). ``data``: this batch's ground
+    re-run with some poisoned slots made finite, kvfuzz.fuzz.campaign.store.baseline). ``data``: this batch's ground
     truth, already generated (``make_batch_data(example.batch)``, on any device; nothing here changes it),
     instead of generating it again. The data is drawn where the reference will be computed
     (:func:`~kvfuzz.fuzz.harness.run.reference_device`: a large batch of a CUDA target on its GPU), so it is

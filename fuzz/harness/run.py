@@ -5,6 +5,7 @@ drawing the ground truth (:func:`generate`) and running the kernel (:func:`run_k
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import traceback
@@ -82,6 +83,30 @@ def generate(example: Example, device: str | torch.device = "cpu") -> tuple[Batc
 #: kernel raised". The campaign sets it from its signal handlers and checks it at every example.
 STOP = threading.Event()
 
+#: Set in a process that exists to run examples in isolation (a campaign's worker, an isolated replay's child).
+#: There a kernel error that leaves the device unusable ends the process (:data:`DEVICE_ERROR_EXIT`) instead of
+#: becoming a finding in it: every later CUDA call of the process would fail, and the next example, its shrink
+#: and its replay would be blamed on kvfuzz's prepare instead of on the kernel that broke the device.
+ISOLATED = threading.Event()
+#: The exit status of an isolated process whose kernel left the device unusable (read by
+#: kvfuzz.fuzz.campaign.workers.endings as a kernel crash, "CUDA error").
+DEVICE_ERROR_EXIT = 86
+#: CUDA's sticky errors (cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorAssert,
+#: cudaErrorMisalignedAddress, cudaErrorIllegalInstruction, ...): after one, every call of the process's CUDA
+#: context fails. Matched in the error text torch raises (torch.AcceleratorError, a RuntimeError,
+#: "CUDA error: an illegal memory access was encountered"). Errors that leave the context usable (an invalid
+#: launch configuration, out of memory) stay findings of the example, as before.
+STICKY_DEVICE_ERRORS = ("illegal memory access", "unspecified launch failure", "device-side assert",
+                        "misaligned address", "illegal instruction", "hardware stack error", "uncorrectable ECC")
+
+
+def leaves_device_unusable(error: BaseException) -> bool:
+    """Whether a kernel's exception is one of CUDA's sticky errors (:data:`STICKY_DEVICE_ERRORS`), after which
+    the process's CUDA context is unusable."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(m in text for m in STICKY_DEVICE_ERRORS)
+
+
 #: The phases of an example a campaign's journal records: a process that dies in "kernel" died inside the
 #: kernel call; in "prepare" or "check" it died in kvfuzz or the adapter.
 PHASES = ("prepare", "kernel", "check")
@@ -105,7 +130,13 @@ def run_kernel(target: Target, call: KernelCall,
             raise
         return None, f"{type(e).__name__} raised by the kernel (no stop was requested)\n{traceback.format_exc(limit=-3)}"
     except (Exception, SystemExit) as e:  # the kernel's own error, reported as a finding
-        return None, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+        crash = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+        if ISOLATED.is_set() and leaves_device_unusable(e):
+            # still in phase "kernel" (the finally below does not run): the parent blames the kernel
+            print(f"kvfuzz: the kernel left the device unusable; ending this process\n{crash}", file=sys.stderr,
+                  flush=True)
+            os._exit(DEVICE_ERROR_EXIT)
+        return None, crash
     finally:
         if on_phase is not None:
             on_phase("check")
@@ -117,5 +148,5 @@ def error_name(crash: str) -> str:
     return head.split(":", 1)[0].split(" ", 1)[0]
 
 
-__all__ = ["GPU_REFERENCE_MIN_KV", "PHASES", "STOP", "Run", "Timings", "error_name", "generate", "reference_device",
-           "run_kernel"]
+__all__ = ["DEVICE_ERROR_EXIT", "GPU_REFERENCE_MIN_KV", "ISOLATED", "PHASES", "STICKY_DEVICE_ERRORS", "STOP", "Run",
+           "Timings", "error_name", "generate", "leaves_device_unusable", "reference_device", "run_kernel"]

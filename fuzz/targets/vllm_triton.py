@@ -35,7 +35,7 @@ from .triton_runtime import (VllmTritonTarget, fp8_storage, module_file, on_cuda
 
 
 # ---- the calls this family's kernels take: arguments (bound by parameter name) -> PagedCall, where each kernel
-# lives, and what it needs of its caller (read off vLLM 0.33.0 vllm/v1/attention/ops/; tests/test_declarations.py
+# lives, and what it needs of its caller (read off vLLM 0.33.0 vllm/v1/attention/ops/; tests/fuzz/targets/test_declarations.py
 # runs the Triton kernels with int64 indices and MLA head sizes to back the claims that run on CPU) -------------
 
 def chunked_prefill_paged_decode_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
@@ -375,7 +375,7 @@ class VllmUnifiedAttention(VllmTritonTarget):
         block_sizes=(16, 32, 48, 64, 544),
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         features=("sliding_window", "alibi", "sinks", "softcap"),
-        # accepted without complaint but position-dependent: see docs/findings.md, Finding 5 (tests/test_vllm_triton.py)
+        # accepted without complaint but position-dependent: see docs/findings.md, Finding 5 (tests/fuzz/targets/test_vllm_triton.py)
         exclusive=(("alibi", "sinks"),),
     )
 

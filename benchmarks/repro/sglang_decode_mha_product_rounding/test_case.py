@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfuzz.fuzz.campaign.reproducers import TargetUnavailable, replay
+from kvfuzz.fuzz.campaign import TargetUnavailable, replay
 
 
 def test_case():

@@ -6,12 +6,12 @@ poisons; ``--big-cache`` for a bug that needs it) on the ``bug.<slug>`` target, 
 failure is shrunk or at the budget. Recorded per run: found or not, seconds and examples to the first failing
 example (before shrinking) and to the shrunk report, the failure's kind, blame and check, the shrunk batch (its
 sizes, :func:`~kvfuzz.fuzz.bench.paged_torch.batch_size`, and summary) next to the bug's hand-built smallest
-trigger, whether the reproducer the campaign wrote replays (:func:`~kvfuzz.fuzz.campaign.reproducers.replay_here`
+trigger, whether the reproducer the campaign wrote replays (:func:`~kvfuzz.fuzz.campaign.workers.replay.replay_here`
 in this process: the same finding again) and the kind of three reruns of the shrunk example.
 
 A bug that needs ``--big-cache`` (its trigger crashes the process) runs as ``kvfuzz fuzz --big-cache`` in a child
 process (the supervisor survives the crash; one worker, stopped at the first crash), read back from its
-summary.json; its reproducer is replayed in a child (:func:`~kvfuzz.fuzz.campaign.reproducers.replay`).
+summary.json; its reproducer is replayed in a child (:func:`~kvfuzz.fuzz.campaign.workers.replay.replay`).
 
 A bug whose trigger this machine cannot reach (``Bug.cpu`` False on a CPU: a multi-GiB cache under Triton's
 interpreter) is listed with ``skipped`` and the reason, unless named explicitly.
@@ -36,10 +36,10 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.bench.bugs import BUGS, get_bug, smallest_trigger
 from kvfuzz.fuzz.bench.detection import rerun_kinds
 from kvfuzz.fuzz.bench.paged_torch import batch_size
-from kvfuzz.fuzz.campaign.cases import load_case
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
-from kvfuzz.fuzz.campaign.reproducers import replay, replay_here
+from kvfuzz.fuzz.campaign.store.cases import load_case
+from kvfuzz.fuzz.campaign.workers.replay import replay, replay_here
 from kvfuzz.strategies.limits import Limits
 from kvfuzz.strategies.reductions import SIZE_FIELDS, size_key
 

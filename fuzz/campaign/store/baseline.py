@@ -1,0 +1,394 @@
+"""A findings baseline: failures a team has accepted (upstream kernel properties kvfuzz documents), so that
+``kvfuzz fuzz --baseline FILE`` still finds, counts and lists them but exits 0 unless something new is found.
+
+The file is TOML (read with the standard library's ``tomllib``), one ``[[known]]`` table per accepted finding::
+
+    [[known]]
+    id = "finding-1"                    # unique; summaries and reports name the finding by it
+    target = "vllm.cpu_attention"       # the target's registered name
+    kind = "non-finite output"          # a failure kind: "non-finite output" or "kernel mismatch"
+    check = "finite output"             # the oracle (contracts.oracles.Oracle value)
+    reason = "V rows past seq_len ..."  # why it is accepted
+    reference = "README.md Findings 1"  # where it is documented upstream or here
+    # non-finite output: what decides "the same bug"
+    poisons = ["nan", "inf"]            # the poisons it shows with
+    slots = "tail"                      # where the poison it reads sits: "tail" or "unwritten"
+    tail_tokens = 32                    # slots = "tail": the kernel's token group
+    # kernel mismatch: what decides "the same bug"
+    max_ratio = 10.0                    # the worst element's |out - ref| / bound may be at most this
+    heads = "equal"                     # optional: "equal" (num_heads == num_kv_heads only) or "any"
+
+A failing example matches an entry only when all of these hold (:func:`match`):
+
+- target, failure kind and check are the entry's;
+- ``heads = "equal"``: the batch has as many query heads as kv heads;
+- a non-finite output: the example's poison is one of ``poisons``, and **the same example passes** (no finding
+  at all) when the entry's ``slots`` hold finite values (zeros) and everything else is unchanged: ``"tail"``,
+  the slots the contract leaves unwritten from each sequence's ``seq_len`` up to the next multiple of
+  ``tail_tokens`` and of its block size (inside the sequence's block-table row); ``"unwritten"``, every slot the
+  contract leaves unwritten. So the NaN came from there, as the documented bug says, and from nowhere else;
+- a kernel mismatch: ``error / bound`` at the worst element is at most ``max_ratio``. Above it the finding is
+  new (the known bug changed: it got worse), and its details say which entry it outgrew.
+
+Anything else the same target does stays a new failure: a crash, a caller violation, NaN with finite poison
+or from other slots, a larger error. ``kvfuzz baseline add DIR`` writes an entry from a reproducer
+(:func:`entry_from_case`, :func:`append_entry`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+#: Failure kinds an entry may name (and what decides "the same bug" for each).
+KINDS = ("non-finite output", "kernel mismatch")
+#: Where the poison a known non-finite output reads sits (module docstring).
+SLOT_CLASSES = ("tail", "unwritten")
+HEADS = ("any", "equal")
+POISONS = ("nan", "inf", "stale", "zeros")
+
+
+class BaselineError(ValueError):
+    """A baseline file that cannot be used: ``path``, ``field`` (e.g. ``known[2].max_ratio``, or None for the
+    whole file), what is wrong and how to fix it, all in the message."""
+
+    def __init__(self, path: str | Path, field: str | None, problem: str, fix: str):
+        self.path, self.field, self.problem, self.fix = Path(path), field, problem, fix
+        where = f"{path}" + (f", field {field}" if field else "")
+        super().__init__(f"{where}: {problem}; {fix}")
+
+
+@attrs.frozen
+class KnownFinding:
+    """One accepted finding (a ``[[known]]`` table of the module docstring); every field as there."""
+
+    id: str
+    target: str
+    kind: str
+    check: str
+    reason: str
+    reference: str
+    poisons: tuple[str, ...] = ()
+    slots: str | None = None
+    tail_tokens: int = 32
+    max_ratio: float | None = None
+    heads: str = "any"
+
+    def to_toml(self) -> str:
+        """This entry as a ``[[known]]`` table (strings as TOML basic strings, via JSON's escapes, which TOML's
+        basic strings share)."""
+        s = json.dumps
+        lines = ["[[known]]", f"id = {s(self.id)}", f"target = {s(self.target)}", f"kind = {s(self.kind)}",
+                 f"check = {s(self.check)}", f"reason = {s(self.reason, ensure_ascii=False)}",
+                 f"reference = {s(self.reference, ensure_ascii=False)}"]
+        if self.kind == "non-finite output":
+            lines += [f"poisons = [{', '.join(s(p) for p in self.poisons)}]", f"slots = {s(self.slots)}"]
+            if self.slots == "tail":
+                lines.append(f"tail_tokens = {self.tail_tokens}")
+        else:
+            lines.append(f"max_ratio = {self.max_ratio!r}")
+        if self.heads != "any":
+            lines.append(f"heads = {s(self.heads)}")
+        return "\n".join(lines) + "\n"
+
+
+@attrs.frozen
+class Baseline:
+    """The entries of one baseline file (``path``: where it was read)."""
+
+    path: str
+    entries: tuple[KnownFinding, ...] = ()
+
+    def get(self, entry_id: str) -> KnownFinding | None:
+        return next((e for e in self.entries if e.id == entry_id), None)
+
+    def for_target(self, target: str) -> tuple[KnownFinding, ...]:
+        return tuple(e for e in self.entries if e.target == target)
+
+
+def _field(path, i: int, table: dict, name: str, typ, what: str, required: bool = True, default=None):
+    where = f"known[{i}].{name}"
+    if name not in table:
+        if required:
+            raise BaselineError(path, where, "is missing", f"add {name} = {what}")
+        return default
+    v = table[name]
+    if typ is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if not isinstance(v, typ) or isinstance(v, bool):
+        raise BaselineError(path, where, f"is {type(v).__name__} {v!r}", f"give {what}")
+    return v
+
+
+def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
+    """Parse and validate a baseline (the module docstring's format).
+
+    Raises :class:`BaselineError` naming the file, the field and the fix: TOML syntax, an unknown key, a
+    missing or mistyped field, a kind or slot class kvfuzz does not know, a duplicate id, a non-finite entry
+    without poisons and slots or a mismatch entry without ``max_ratio``. Targets are not resolved here (a
+    baseline may list targets not installed on this machine)."""
+    from kvfuzz.contracts.checks.oracles import LEGACY_NAMES, Oracle
+
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise BaselineError(path, None, f"is not valid TOML ({e})", "fix the syntax (https://toml.io)") from None
+    extra = set(doc) - {"known"}
+    if extra:
+        raise BaselineError(path, sorted(extra)[0], "is not a baseline key",
+                            "a baseline holds only [[known]] tables (kvfuzz baseline add writes them)")
+    tables = doc.get("known", [])
+    if not isinstance(tables, list):
+        raise BaselineError(path, "known", "is not an array of tables", "write each entry as [[known]]")
+    entries: list[KnownFinding] = []
+    keys = {f.name for f in attrs.fields(KnownFinding)}
+    for i, t in enumerate(tables):
+        unknown = sorted(set(t) - keys)
+        if unknown:
+            raise BaselineError(path, f"known[{i}].{unknown[0]}", "is not a field of a baseline entry",
+                                f"use only {', '.join(sorted(keys))}")
+        entry_id = _field(path, i, t, "id", str, 'a unique name, e.g. "finding-1"')
+        if not entry_id.strip() or any(e.id == entry_id for e in entries):
+            raise BaselineError(path, f"known[{i}].id", f"{entry_id!r} is empty or used twice",
+                                "give every entry its own id")
+        target = _field(path, i, t, "target", str, 'the target\'s name, e.g. "vllm.cpu_attention"')
+        kind = _field(path, i, t, "kind", str, f"one of {', '.join(map(repr, KINDS))}")
+        if kind not in KINDS:
+            raise BaselineError(path, f"known[{i}].kind", f"is {kind!r}, which a baseline cannot accept",
+                                f"one of {', '.join(map(repr, KINDS))} (crashes, hangs and caller violations "
+                                "are never baselined)")
+        check = _field(path, i, t, "check", str, f"an oracle: {', '.join(repr(o.value) for o in Oracle)}")
+        check = LEGACY_NAMES.get(check, check)
+        want = Oracle.FINITE.value if kind == "non-finite output" else Oracle.AGREEMENT.value
+        if check != want:
+            raise BaselineError(path, f"known[{i}].check", f"is {check!r}, not the oracle of a {kind}",
+                                f"check = {want!r}")
+        reason = _field(path, i, t, "reason", str, "why the finding is accepted (a string)")
+        reference = _field(path, i, t, "reference", str, "where it is documented (an issue, a README section)")
+        heads = _field(path, i, t, "heads", str, f"one of {HEADS}", required=False, default="any")
+        if heads not in HEADS:
+            raise BaselineError(path, f"known[{i}].heads", f"is {heads!r}", f"one of {', '.join(map(repr, HEADS))}")
+        kw: dict[str, Any] = {}
+        if kind == "non-finite output":
+            poisons = _field(path, i, t, "poisons", list, 'the poisons it shows with, e.g. ["nan", "inf"]')
+            if not poisons or any(p not in POISONS for p in poisons):
+                raise BaselineError(path, f"known[{i}].poisons", f"is {poisons!r}",
+                                    f"a non-empty list of {', '.join(map(repr, POISONS))}")
+            slots = _field(path, i, t, "slots", str, f"one of {', '.join(map(repr, SLOT_CLASSES))}")
+            if slots not in SLOT_CLASSES:
+                raise BaselineError(path, f"known[{i}].slots", f"is {slots!r}",
+                                    f"one of {', '.join(map(repr, SLOT_CLASSES))}")
+            tail = _field(path, i, t, "tail_tokens", int, "a positive token count, e.g. 32", required=False,
+                          default=32)
+            if tail < 1:
+                raise BaselineError(path, f"known[{i}].tail_tokens", f"is {tail}", "a positive token count")
+            kw = dict(poisons=tuple(poisons), slots=slots, tail_tokens=tail)
+        else:
+            ratio = _field(path, i, t, "max_ratio", float, "the largest |out - ref| / bound accepted, e.g. 10.0")
+            if not (math.isfinite(ratio) and ratio >= 1.0):
+                raise BaselineError(path, f"known[{i}].max_ratio", f"is {ratio}",
+                                    "a finite number >= 1 (a failure exceeds its bound: ratio > 1)")
+            kw = dict(max_ratio=ratio)
+        entries.append(KnownFinding(entry_id, target, kind, check, reason, reference, heads=heads, **kw))
+    return Baseline(str(path), tuple(entries))
+
+
+def load_baseline(path: str | Path) -> Baseline:
+    """Read and validate a baseline file (:func:`parse_baseline`). Raises :class:`BaselineError` when it cannot
+    be read or is invalid."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise BaselineError(path, None, f"cannot be read ({getattr(e, 'strerror', None) or e})",
+                            "name an existing UTF-8 TOML file (e.g. kvfuzz-baseline.toml)") from None
+    return parse_baseline(text, path)
+
+
+# ---- matching a failing example -------------------------------------------------------------------------------
+def tail_slots(batch, cache, tail_tokens: int):
+    """int64 slots of the "tail" class (module docstring): for each sequence, positions ``seq_len`` up to the
+    next multiple of ``tail_tokens`` and of ``block_size`` (the larger), in columns of its block-table row, minus
+    every slot the cache holds a token in (``cache.written_slots``)."""
+    import torch
+
+    seqs, poss = [], []
+    for i, s in enumerate(batch.seq_lens):
+        end = max(-(-s // tail_tokens) * tail_tokens, -(-s // batch.block_size) * batch.block_size)
+        end = min(end, len(batch.block_table[i]) * batch.block_size)
+        seqs += [i] * max(0, end - s)
+        poss += list(range(s, end))
+    if not seqs:
+        return torch.empty(0, dtype=torch.int64)
+    slots = batch.slots(torch.tensor(seqs, dtype=torch.int64), torch.tensor(poss, dtype=torch.int64))
+    written = cache.written_slots.to(torch.int64).cpu()
+    held = torch.zeros(max(int(slots.max()), int(written.max()) if len(written) else 0) + 1, dtype=torch.bool)
+    held[written] = True  # a mask over the slots: a third of the time torch.isin took
+    return torch.unique(slots[~held[slots]])
+
+
+def _reusable(target, example, run) -> bool:
+    """Whether ``run`` (the failing run of ``example``, or None) holds what a re-run of the same batch may reuse:
+    the ground truth and the fp64 reference and envelope, which depend on the batch only, not on the poison."""
+    from kvfuzz.fuzz.harness.properties import is_writer
+
+    return (run is not None and not is_writer(target) and run.reference is not None and run.envelope is not None
+            and run.example.batch == example.batch)
+
+
+def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
+    """Whether ``example`` passes every check (no finding, nothing raised) with the entry's slot class holding
+    zeros instead of its poison, in this process. ``run``: the example's failing Run; its data, reference and
+    envelope are reused (:func:`_reusable`) and the cache, the call, the kernel and the output checks are done
+    again. So are the caller checks, unless ``run`` was prepared without a caller fault: then its call passed
+    them (its finding is not a caller violation), the re-run's call is built the same way from the same data,
+    and its cache differs only in slots the contract leaves unwritten, which no caller check reads."""
+    from kvfuzz.contracts.checks.failures import Finding
+    from kvfuzz.contracts.model.poison import Poison
+    from kvfuzz.fuzz.harness import attention, properties
+
+    reuse = _reusable(target, example, run)
+    checked = reuse and run.fault is None
+
+    def again(example_, after_materialize=None):
+        """A fresh run of ``example_``, carrying ``run``'s data, reference and envelope when reusable."""
+        if not reuse:
+            return attention.prepare(target, example_, after_materialize=after_materialize)
+        fresh = attention.prepare(target, example_, after_materialize=after_materialize, data=run.data)
+        fresh.reference, fresh.envelope = run.reference, run.envelope
+        return fresh
+
+    try:
+        if entry.slots == "unwritten":
+            zeros = attrs.evolve(example, poison=Poison.ZEROS)
+            if reuse:
+                attention.check_example(target, zeros, run=again(zeros), caller_checked=checked)
+            else:
+                properties.check(target, zeros)
+            return True
+
+        def finite_tail(batch, data, cache) -> None:
+            slots = tail_slots(batch, cache, entry.tail_tokens)
+            if len(slots):
+                rows = (len(slots), *data.cache_keys.shape[1:])
+                zeros = data.cache_keys.new_zeros(rows)
+                cache.layout.write(cache.key_cache, cache.value_cache, slots.to(cache.key_cache.device),
+                                   zeros.to(cache.key_cache.device), zeros.to(cache.key_cache.device))
+
+        if reuse:
+            attention.check_example(target, example, run=again(example, finite_tail), caller_checked=checked)
+        else:
+            properties.check(target, example, run=again(example, finite_tail))
+        return True
+    except Finding:
+        return False
+    except Exception:  # anything unexpected: not shown to be the known bug, so it stays new
+        return False
+
+
+def match(entry: KnownFinding, target, example, finding, run=None) -> tuple[bool, str]:
+    """Whether ``finding`` (raised by ``example`` on ``target``) is the entry's known bug, and why not.
+
+    Returns ``(True, "")`` or ``(False, reason)``; ``reason`` is "" when target, kind or check differ, else
+    what failed (for a near miss worth saying: a known precision bug that outgrew its ``max_ratio``, a
+    non-finite output not explained by the entry's slots). A non-finite entry re-runs the example once, in
+    this process (module docstring), reusing ``run``'s ground truth, reference and envelope when ``run`` is
+    the failing :class:`~kvfuzz.fuzz.harness.run.Run` of this example (the same answer, computed once)."""
+    if (entry.target, entry.kind, entry.check) != (target.name, finding.kind.value, finding.check):
+        return False, ""
+    b = example.batch
+    if entry.heads == "equal" and b.num_heads != b.num_kv_heads:
+        return False, f"baseline {entry.id} covers num_heads == num_kv_heads only ({b.num_heads} != {b.num_kv_heads})"
+    if entry.kind == "non-finite output":
+        if example.poison.value not in entry.poisons:
+            return False, f"baseline {entry.id} covers poisons {', '.join(entry.poisons)}, not {example.poison.value}"
+        if not _passes_with_finite(entry, target, example, run):
+            return False, (f"baseline {entry.id}: the example still fails with zeros in its {entry.slots} slots, so "
+                           "the non-finite output does not come (only) from there")
+        return True, ""
+    oracle = finding.details.get("oracle") or {}
+    try:
+        ratio = float(oracle["error"]) / float(oracle["bound"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return False, f"baseline {entry.id}: the finding records no error and bound"
+    if not ratio <= entry.max_ratio:
+        return False, (f"baseline {entry.id} accepts |out - ref| up to {entry.max_ratio:g}x the bound; this one is "
+                       f"{ratio:.3g}x: the known bug changed")
+    return True, ""
+
+
+def classify(baseline: Baseline | None, target, example, finding, run=None) -> str | None:
+    """The id of the first entry of ``baseline`` that ``finding`` matches (:func:`match`, handed ``run``, the
+    example's failing Run when the caller has it), or None. Sets
+    ``finding.known`` to it (so its signature differs from a new failure's of the same kind and check) and
+    records in ``finding.details["baseline"]`` the entry, or the near misses that kept it new (which its
+    message then also names)."""
+    if baseline is None:
+        return None
+    misses = []
+    for entry in baseline.for_target(target.name):
+        ok, why = match(entry, target, example, finding, run)
+        if ok:
+            finding.known = entry.id
+            finding.details["baseline"] = {"known": entry.id, "reason": entry.reason, "reference": entry.reference}
+            return entry.id
+        if why:
+            misses.append(why)
+    if misses:
+        finding.details["baseline"] = {"known": None, "near_misses": misses}
+        finding.message += f" (new: {'; '.join(misses)})"
+    return None
+
+
+# ---- writing entries --------------------------------------------------------------------------------------------
+def entry_from_case(case, entry_id: str, reason: str, reference: str, slots: str = "tail",
+                    tail_tokens: int = 32, max_ratio: float | None = None, heads: str = "any") -> KnownFinding:
+    """An entry for a reproducer (a loaded :class:`~kvfuzz.fuzz.campaign.store.cases.Case`): its target, kind
+    and check; for a non-finite output its poison and ``slots``; for a mismatch ``max_ratio`` (default: 10 times
+    the reproducer's own error/bound, so only a tenfold worse error counts as the bug changing). Raises
+    :class:`BaselineError` (naming case.json) for a kind a baseline cannot accept or a case without an error
+    and bound."""
+    path = Path(case.directory) / "case.json"
+    if case.kind not in KINDS:
+        raise BaselineError(path, "kind", f"is {case.kind!r}, which a baseline cannot accept",
+                            f"only {' and '.join(KINDS)} reproducers can be baselined; fix the others")
+    common = dict(id=entry_id, target=case.target, kind=case.kind, check=case.check, reason=reason,
+                  reference=reference, heads=heads)
+    if case.kind == "non-finite output":
+        return KnownFinding(**common, poisons=(case.example.poison.value,), slots=slots, tail_tokens=tail_tokens)
+    if max_ratio is None:
+        oracle = (case.raw.get("details") or {}).get("oracle") or {}
+        try:
+            max_ratio = math.ceil(10 * float(oracle["error"]) / float(oracle["bound"]) * 10) / 10
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            raise BaselineError(path, "details.oracle", "has no error and bound",
+                                "pass --max-ratio to say how far above its bound the finding may go") from None
+    return KnownFinding(**common, max_ratio=float(max_ratio))
+
+
+def append_entry(path: str | Path, entry: KnownFinding) -> None:
+    """Append ``entry`` to the baseline at ``path`` (created if missing), atomically (a temporary file in the
+    same folder, fsynced, renamed over it). Raises :class:`BaselineError` when the existing file is invalid or
+    already has the entry's id, or when the result would not parse (nothing is written then)."""
+    path = Path(path)
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    existing = parse_baseline(old, path)
+    if existing.get(entry.id) is not None:
+        raise BaselineError(path, "id", f"{entry.id!r} is already in the baseline", "choose another --id")
+    text = (old.rstrip("\n") + "\n\n" if old.strip() else "") + entry.to_toml()
+    parse_baseline(text, path)  # what we write must read back
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+__all__ = ["Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "append_entry", "classify",
+           "entry_from_case", "load_baseline", "match", "parse_baseline", "tail_slots"]

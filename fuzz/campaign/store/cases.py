@@ -1,0 +1,115 @@
+"""Reading a reproducer directory back: :func:`load_case` validates every field of ``case.json`` a replay needs
+(and that ``tensors.safetensors``, when present, is a readable safetensors file) and raises
+:class:`BadReproducer` naming the file, the field and the fix, so a broken file is never mistaken for a failure
+that came back. (Writing and replaying them: :mod:`kvfuzz.fuzz.campaign.store.reproducers`.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from kvfuzz.contracts.checks.failures import FailureKind
+from kvfuzz.contracts.checks.oracles import LEGACY_NAMES
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.harness.faults import FAULTS
+
+CASE_FORMAT = 1
+
+
+class BadReproducer(ValueError):
+    """A reproducer directory that cannot be read: ``path`` and ``field`` say where, the message says how to
+    fix it. (kvfuzz replay and kvfuzz check exit 2 on it: the file is broken, the bug is not known to be back.)"""
+
+    def __init__(self, path: Path, field: str | None, problem: str, fix: str = "") -> None:
+        where = f"{path}" + (f", field {field!r}" if field else "")
+        super().__init__(f"{where}: {problem}" + (f"; {fix}" if fix else ""))
+        self.path, self.field = path, field
+
+
+@attrs.frozen
+class Case:
+    """A validated case.json: the fields a replay needs."""
+
+    directory: Path
+    target: str
+    target_spec: str | None
+    kind: str
+    check: str
+    example: Example
+    fault: str | None
+    raw: dict
+
+
+def _need(case: dict, path: Path, field: str, typ: type | tuple, what: str) -> Any:
+    if field not in case:
+        raise BadReproducer(path, field, "is missing", f"a kvfuzz case.json has {what}")
+    v = case[field]
+    if not isinstance(v, typ):
+        raise BadReproducer(path, field, f"is {type(v).__name__} {str(v)[:60]!r}, expected {what}")
+    return v
+
+
+def load_case(directory: str | Path) -> Case:
+    """Read and validate ``directory/case.json`` (and that tensors.safetensors, if present, is a readable
+    safetensors file). Raises :class:`BadReproducer` naming the file, the field and the fix."""
+    d = Path(directory)
+    path = d / "case.json"
+    if not d.is_dir():
+        raise BadReproducer(d, None, "is not a directory", "pass a reproducer directory written by `kvfuzz fuzz`")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadReproducer(path, None, "does not exist", "pass a reproducer directory written by `kvfuzz fuzz` "
+                            "(it holds case.json, tensors.safetensors, test_case.py)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadReproducer(path, None, f"cannot be read ({e})") from None
+    try:
+        case = json.loads(text)
+    except ValueError as e:
+        raise BadReproducer(path, None, f"is not valid JSON ({e})", "restore it from the campaign's output") from None
+    if not isinstance(case, dict):
+        raise BadReproducer(path, None, f"holds a JSON {type(case).__name__}, not an object",
+                            "a kvfuzz case.json is an object with target, kind, check, example")
+    fmt = case.get("format")
+    if fmt != CASE_FORMAT:
+        raise BadReproducer(path, "format", f"is {fmt!r}; this kvfuzz reads format {CASE_FORMAT}",
+                            "rewrite the case with this kvfuzz (replay its example with `kvfuzz fuzz`)")
+    target = _need(case, path, "target", str, "the target's name (a string)")
+    spec = case.get("target_spec")
+    if spec is not None and not isinstance(spec, str):
+        raise BadReproducer(path, "target_spec", f"is {type(spec).__name__}, expected a string or null")
+    kind = _need(case, path, "kind", str, "the failure kind (a string)")
+    if kind not in {k.value for k in FailureKind}:
+        raise BadReproducer(path, "kind", f"is {kind!r}, not a failure kind",
+                            f"one of {', '.join(k.value for k in FailureKind)}")
+    check = _need(case, path, "check", str, "the check that failed (a string)")
+    check = LEGACY_NAMES.get(check, check)  # an oracle by the bare name older reproducers recorded
+    raw_example = _need(case, path, "example", dict, "the example: an object with batch and poison")
+    try:
+        example = Example.from_dict(raw_example)
+    except KeyError as e:
+        raise BadReproducer(path, f"example.{e.args[0]}", "is missing") from None
+    except (TypeError, ValueError) as e:
+        raise BadReproducer(path, "example", f"is not a valid example ({type(e).__name__}: {e})") from None
+    fault = case.get("caller_fault")
+    if fault is not None and fault not in FAULTS:
+        raise BadReproducer(path, "caller_fault", f"is {fault!r}, not a caller fault this kvfuzz knows",
+                            f"one of {', '.join(FAULTS)}, or null")
+    tensors = d / "tensors.safetensors"
+    if tensors.exists():
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(tensors), framework="pt") as f:
+                list(f.keys())
+        except Exception as e:
+            raise BadReproducer(tensors, None, f"is not a readable safetensors file ({type(e).__name__}: {e}); "
+                                "kvfuzz never reads pickles", "restore it, or delete it (the case replays from "
+                                "case.json alone)") from None
+    return Case(d, target, spec, kind, check, example, fault, case)
+
+
+__all__ = ["BadReproducer", "CASE_FORMAT", "Case", "load_case"]

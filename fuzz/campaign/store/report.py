@@ -1,0 +1,122 @@
+"""The human-readable campaign report: ``kvfuzz report OUT`` turns ``OUT/summary.json`` into
+``OUT/report.md`` with coverage plots (PNG, matplotlib's Agg backend) where a picture reads better than a
+table: kernel paths, batch mixes, GQA ratios, lengths against block boundaries and the modeled ROCm routing,
+one bar chart per target. Failures and rejections are tables with links to their reproducers."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from kvfuzz.contracts.checks.oracles import check_label
+
+PLOTTED = ("path", "mix", "gqa", "seq_len", "rocm gfx90a/gfx942/gfx950", "rocm gfx11/gfx12", "undeclared")
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def plot_coverage(target: dict, path: Path) -> Path | None:
+    """One figure, one horizontal bar chart per coverage dimension; None when there is nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dims = [(d, c) for d, c in target.get("coverage", {}).items() if d in PLOTTED and c]
+    if not dims:
+        return None
+    fig, axes = plt.subplots(len(dims), 1, figsize=(8, 1.2 + 0.45 * sum(min(len(c), 12) for _, c in dims)),
+                             squeeze=False)
+    for ax, (dim, counts) in zip(axes[:, 0], dims):
+        items = sorted(counts.items(), key=lambda kv: -kv[1])[:12]
+        labels = [k for k, _ in items][::-1]
+        values = [v for _, v in items][::-1]
+        ax.barh(labels, values, color="#4c72b0")
+        ax.set_title(dim, fontsize=10, loc="left")
+        ax.tick_params(labelsize=8)
+        for y, v in enumerate(values):
+            ax.text(v, y, f" {v}", va="center", fontsize=7)
+    fig.suptitle(f"{target['target']}: {target['examples']} examples", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path) -> Path:
+    """Write ``out/report.md`` (and ``out/coverage-<target>.png``) from ``out/summary.json``.
+
+    Raises FileNotFoundError naming the missing summary (run ``kvfuzz fuzz --out DIR`` first)."""
+    summary_file = out / "summary.json"
+    if not summary_file.exists():
+        raise FileNotFoundError(f"{summary_file} does not exist: run `kvfuzz fuzz --out {out}` first")
+    summary = json.loads(summary_file.read_text())
+    lines = ["# kvfuzz campaign report", ""]
+    flags = [f"seed {summary.get('seed')}", f"workers {summary.get('workers', 1)}"]
+    if summary.get("caller_fault"):
+        flags.append(f"caller fault `{summary['caller_fault']}`")
+    if summary.get("interrupted"):
+        flags.append("**interrupted**")
+    if summary.get("exit_status") is not None:
+        flags.append(f"exit status {summary['exit_status']}")
+    if summary.get("baseline"):
+        flags.append(f"baseline `{summary['baseline']}` ({summary.get('known_failures', 0)} known, "
+                     f"{summary.get('new_failures', 0)} new)")
+    lines += [", ".join(flags), "", "| target | examples | examples/s | kernel share | distinct failures |",
+              "|---|---|---|---|---|"]
+    for t in summary["targets"]:
+        total = t["kernel_s"] + t["harness_s"]
+        share = f"{100 * t['kernel_s'] / total:.0f}%" if total else "-"
+        lines.append(f"| {t['target']} | {t['examples']} | {t['examples_per_s']:.2f} | {share} | "
+                     f"{len(t['failures'])} |")
+    failures = [(t["target"], f) for t in summary["targets"] for f in t["failures"] if not f.get("known")]
+    known = [(t["target"], f) for t in summary["targets"] for f in t["failures"] if f.get("known")]
+    if known:
+        lines += ["", "## Known findings (baseline)", "",
+                  "Accepted in the baseline: found and counted, not failures of this campaign.", "",
+                  "| target | known | kind | check | count | reproducer (first hit) |", "|---|---|---|---|---|---|"]
+        for name, f in known:
+            repro = f.get("reproducer")
+            link = f"[{Path(repro).name}]({Path(repro).name})" if repro else "-"
+            lines.append(f"| {name} | {f['known']} | {f['kind']} | {check_label(f.get('check', ''))} | "
+                         f"{f.get('count', 1)} | {link} |")
+    lines += ["", "## Failures" + (" (new)" if summary.get("baseline") else ""), ""]
+    if failures:
+        lines += ["| target | kind | blame | check | count | minimal batch | reproducer |", "|---|---|---|---|---|---|---|"]
+        for name, f in failures:
+            repro = f.get("reproducer")
+            link = f"[{Path(repro).name}]({Path(repro).name})" if repro else "-"
+            lines.append(f"| {name} | {f['kind']} | {f.get('blame', '')} | {check_label(f.get('check', ''))} | "
+                         f"{f.get('count', 1)} | {f.get('batch', '')} | {link} |")
+        for name, f in failures:
+            lines += ["", f"**{name}: {f['kind']}** — {f.get('message', '')}"]
+    else:
+        lines.append("None.")
+    for p in summary.get("problems", []):
+        lines += ["", f"**Problem**: {p}"]
+    for w in summary.get("warnings", []):
+        lines += ["", f"Warning: {w}"]
+    for t in summary["targets"]:
+        lines += ["", f"## {t['target']}", ""]
+        png = plot_coverage(t, out / f"coverage-{_slug(t['target'])}.png")
+        if png is not None:
+            lines.append(f"![coverage of {t['target']}]({png.name})")
+        if t.get("declared"):
+            lines += ["", "Declared parameter space, examples per value (0: never drawn):", "",
+                      "| dimension | values |", "|---|---|"]
+            for dim, counts in t["declared"].items():
+                cells = ", ".join(f"{v}: {n}" if n else f"**{v}: 0**" for v, n in counts.items())
+                lines.append(f"| {dim} | {cells or '-'} |")
+        if t.get("rejections"):
+            lines += ["", "Undeclared configurations rejected with an error (expected):", "",
+                      "| error | count |", "|---|---|"]
+            lines += [f"| `{m}` | {n} |" for m, n in t["rejections"].items()]
+    report = out / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
+
+
+__all__ = ["PLOTTED", "plot_coverage", "write_report"]

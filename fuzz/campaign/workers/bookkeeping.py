@@ -1,0 +1,82 @@
+"""The supervisor's bookkeeping (:mod:`kvfuzz.fuzz.campaign.workers.supervisor`): the :class:`Task` a worker runs, the
+:class:`Slot` a worker fills (replaced when it dies), the :class:`TargetState` of each target, and what a
+campaign comes to (:class:`SupervisorResult`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+@attrs.define
+class Task:
+    """One unit of work handed to a worker: replay the database, a chunk of ``n`` examples, or a retry."""
+
+    id: int
+    kind: str  # "replay", "chunk", "retry"
+    target: str
+    n: int = 0
+    chunk: int = -1
+    example: dict | None = None
+    counted: int = 0  # examples of this task counted so far
+
+
+@attrs.define
+class Slot:
+    """One worker position; its process is replaced when it dies."""
+
+    index: int
+    proc: Any = None
+    conn: Any = None
+    ready: bool = False
+    goodbye: bool = False
+    task: Task | None = None
+    in_flight: dict | None = None  # {"target", "example", "phase", "since"}
+    killed_for_hang: bool = False
+    starts: int = 0
+    startup_failures: int = 0
+    retired: bool = False
+    #: distinct failures the worker saw and is shrinking (unshrunk reproducers written), by signature
+    pending: dict = attrs.field(factory=dict)
+
+
+@attrs.define
+class TargetState:
+    """The supervisor's view of one target."""
+
+    target: Any
+    stats: Any
+    start: float | None = None
+    replayed: bool = False
+    replay_issued: bool = False
+    retries: list = attrs.Factory(list)  # examples to re-run once (their worker was killed from outside)
+    #: [signature, example] of examples that crashed or hung a worker: workers count them, never re-run them
+    #: (every chunk starts with the simplest example; one that hangs would otherwise hang every chunk)
+    ended: list = attrs.Factory(list)
+    warm: list = attrs.Factory(list)  # configurations still to warm up (CampaignConfig.warmup)
+    crashes: int = 0
+    in_flight: list = attrs.Factory(list)  # tasks
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+
+@attrs.define
+class SupervisorResult:
+    """targets: TargetStats per target. problems: what went wrong besides findings (workers that could not
+    start, examples lost; any of them makes the campaign's exit status 3). interrupted: the user stopped the
+    campaign. warnings: worth knowing, lost nothing (a shared database's outage). disk_full: why the campaign
+    stopped for want of space and what it kept (also the first problem; exit status 3, findings or not)."""
+
+    targets: list
+    problems: list[str]
+    interrupted: bool
+    workers: int
+    restarts: int
+    warnings: list[str] = attrs.Factory(list)
+    disk_full: str | None = None
+
+
+__all__ = ["Slot", "SupervisorResult", "TargetState", "Task"]

@@ -1,0 +1,119 @@
+"""Every way a process running examples can end, and whose fault each is.
+
+A worker (or an isolated replay) runs one example at a time and tells its parent, over a pipe, which example
+and which phase it is in ("prepare", "kernel", "check"). When it ends, its parent knows its exit status, whether
+it said goodbye, whether the parent itself killed it (a hang, or a stop the user asked for) and what was in
+flight. :func:`classify` turns that into an :class:`Ending`; :func:`finding_for` into a finding:
+
+| ending | how it shows | finding for the example in flight |
+|---|---|---|
+| finished | said goodbye, exit status 0 | none |
+| stopped | the user stopped the campaign and the parent ended the worker | none (the campaign is interrupted) |
+| hung | the parent killed it: an example ran past its timeout | phase kernel: kernel hang; else harness error |
+| crashed | died by SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGSYS or SIGTRAP | phase kernel: kernel crash (the signal); else harness error |
+| crashed | exited with :data:`~kvfuzz.fuzz.harness.run.DEVICE_ERROR_EXIT` without saying goodbye: the kernel raised one of CUDA's sticky errors and the process ended itself, its device unusable | phase kernel: kernel crash ("CUDA error"); else harness error |
+| exited | exited (any status, 0 included) without saying goodbye: ``os._exit``, ``exit()`` in C | phase kernel: kernel crash ("exit status N"); else harness error |
+| killed | died by SIGKILL, SIGTERM, SIGINT, SIGHUP or another signal it did not raise itself (OOM killer, a user) | none: the example is retried once in a fresh worker; killed again, it is lost |
+
+A worker that ends without an example in flight (at start-up, between examples) gives no finding; the
+supervisor reports it as a problem of the campaign.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from typing import Any
+
+import attrs
+
+from kvfuzz.contracts.checks.failures import Finding, HarnessError, KernelCrash, KernelHang
+from kvfuzz.fuzz.harness.run import DEVICE_ERROR_EXIT
+
+#: Signals a process raises on itself when code inside it breaks (a kernel's out-of-bounds access, abort()).
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT,
+                           signal.SIGSYS, signal.SIGTRAP})
+
+
+#: The detail of a process that ended itself because its kernel left the device unusable (harness.run).
+DEVICE_ERROR = "CUDA error"
+
+
+class EndingKind(enum.Enum):
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    HUNG = "hung"
+    CRASHED = "crashed"
+    EXITED = "exited"
+    KILLED = "killed"
+
+
+@attrs.frozen
+class Ending:
+    """kind: :class:`EndingKind`. detail: the signal's name ("SIGSEGV") or "exit status N" or "timeout".
+    exitcode: as multiprocessing reports it (negative: killed by that signal)."""
+
+    kind: EndingKind
+    detail: str
+    exitcode: int | None
+
+    @property
+    def loses_the_example(self) -> bool:
+        """Killed from outside: the example in flight did not get an answer (it is retried)."""
+        return self.kind is EndingKind.KILLED
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def classify(exitcode: int | None, *, said_goodbye: bool, killed_for_hang: bool = False,
+             stopping: bool = False) -> Ending:
+    """The ending of a process that exited with ``exitcode`` (multiprocessing's: negative for a signal)."""
+    if killed_for_hang:
+        return Ending(EndingKind.HUNG, "timeout", exitcode)
+    if said_goodbye and exitcode == 0:
+        return Ending(EndingKind.FINISHED, "exit status 0", exitcode)
+    if exitcode is not None and exitcode < 0:
+        sig = -exitcode
+        if sig in CRASH_SIGNALS:
+            return Ending(EndingKind.CRASHED, signal_name(sig), exitcode)
+        if stopping:
+            return Ending(EndingKind.STOPPED, signal_name(sig), exitcode)
+        return Ending(EndingKind.KILLED, signal_name(sig), exitcode)
+    if stopping and said_goodbye:
+        return Ending(EndingKind.STOPPED, f"exit status {exitcode}", exitcode)
+    if exitcode == DEVICE_ERROR_EXIT and not said_goodbye:
+        return Ending(EndingKind.CRASHED, DEVICE_ERROR, exitcode)
+    return Ending(EndingKind.EXITED, f"exit status {exitcode}", exitcode)
+
+
+def finding_for(ending: Ending, phase: str | None, details: dict[str, Any] | None = None,
+                timeout: float | None = None) -> Finding | None:
+    """The finding for the example that was in flight in ``phase`` when the process ended this way, or None
+    (finished, stopped, killed from outside, or nothing in flight). The check names the ending ("SIGSEGV",
+    "exit status 1", "timeout"), so distinct endings are distinct failures."""
+    if phase is None or ending.kind in (EndingKind.FINISHED, EndingKind.STOPPED, EndingKind.KILLED):
+        return None
+    details = {"phase": phase, "exitcode": ending.exitcode, **(details or {})}
+    in_kernel = phase == "kernel"
+    if ending.kind is EndingKind.HUNG:
+        details["timeout_s"] = timeout  # what a replay waits before it calls the same case a hang
+        after = f" after {timeout:g} s" if timeout is not None else ""
+        if in_kernel:
+            return KernelHang("timeout", f"the kernel did not return{after}; its process was killed", details)
+        return HarnessError(f"hung in {phase}", f"the process hung outside the kernel call (in {phase}){after}: "
+                            "kvfuzz or the target's adapter is stuck, not the kernel", details)
+    how = ("ended itself: a CUDA error left its device unusable (the worker log has the error)"
+           if ending.detail == DEVICE_ERROR else f"died by {ending.detail}" if ending.kind is EndingKind.CRASHED
+           else f"exited ({ending.detail}) without finishing")
+    if in_kernel:
+        return KernelCrash(ending.detail, f"the process {how} while the kernel was running", details)
+    return HarnessError(f"{ending.detail} in {phase}", f"the process {how} outside the kernel call (in {phase}): "
+                        "kvfuzz or the target's adapter, not the kernel", details)
+
+
+__all__ = ["CRASH_SIGNALS", "DEVICE_ERROR", "Ending", "EndingKind", "classify", "finding_for", "signal_name"]

@@ -1,0 +1,554 @@
+"""Supervised campaigns: every ``kvfuzz fuzz`` runs its examples in worker processes (one or more) under a
+supervisor, so a kernel that segfaults, aborts, exits or hangs costs one worker, never the campaign, and
+every example is accounted for.
+
+Process model (docs/campaigns.md has the full table):
+
+- Workers (:mod:`kvfuzz.fuzz.campaign.workers.worker`) are standard ``multiprocessing`` processes (spawn). Each builds
+  the campaign's targets and a :class:`~kvfuzz.fuzz.campaign.engine.Campaign` per target, then runs tasks the
+  supervisor sends: replay the database for a target, explore a chunk of seeds, re-run one example. It
+  reports every example over its pipe as it happens (begin, phase, end, new failures), so the supervisor
+  knows at each moment which example each worker runs and in which phase, and counts every example exactly,
+  including those of a worker that dies.
+- The budget is global: ``--max-examples`` and ``--duration`` are per target for the whole campaign, shared by
+  the workers; the supervisor hands out chunks (:mod:`kvfuzz.fuzz.campaign.chunks`) until they are spent.
+- A worker dies with its supervisor (``PR_SET_PDEATHSIG`` plus a watchdog on its parent pid), ignores Ctrl-C
+  (the supervisor stops it) and stops on SIGTERM after the example in flight.
+- When a worker ends, :mod:`kvfuzz.fuzz.campaign.workers.endings` classifies how and the supervisor acts on it
+  (``Supervisor._ended``): a crash or exit inside the kernel is a kernel crash, a timeout inside the kernel a
+  kernel hang, either outside the kernel a harness error (each written as a reproducer by the supervisor); a
+  worker killed from outside gets its example retried once by a fresh worker, and counts it lost if killed
+  again. A target that crashes or hangs ``max_crashes`` times gets no
+  more work (said in the summary). Workers that cannot start, or a database that fails, end the campaign.
+- The supervisor writes ``OUT/status.json`` and ``OUT/state.json`` (chunks started per target, the examples in
+  flight) atomically every couple of seconds, so a campaign killed outright resumes with new seeds and retries
+  what it had in flight.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Callable
+
+import attrs
+
+from kvfuzz.contracts.checks.oracles import check_label
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.campaign.chunks import WARMUP_EXAMPLES, chunk_size, examples_per_chunk, pins_configs
+from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
+from kvfuzz.fuzz.campaign.records import FailureRecord, Outcome, TargetStats
+from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
+from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
+from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState, Task
+from kvfuzz.fuzz.campaign.workers.endings import EndingKind, classify, finding_for
+from kvfuzz.fuzz.campaign.workers.worker import WorkerSpec, worker_main
+from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.harness.caller import caller_finding, caller_violations
+
+#: Seconds between status/state snapshots.
+SNAPSHOT_SECONDS = 2.0
+#: Seconds workers get to finish their example after a stop before they are killed.
+STOP_GRACE_SECONDS = 20.0
+#: Seconds the supervisor lets pass between two looks at its workers' pipes. A worker says four things per
+#: example (begin, kernel, check, end): woken for each, the supervisor took the workers' cores from them some
+#: thousand times a second. Messages wait in the pipes in order meanwhile (a dead worker's are read before its
+#: death is handled), and the hang clock of an example starts at most this late. Longer costs more: a worker
+#: that finished its chunk waits that long for the next (20 ms: 2 CPU workers ran 15% fewer examples).
+POLL_SECONDS = 0.005
+#: A worker that dies without a word while ``--out`` has less free space than this died of the full disk (its
+#: log is on it too): the supervisor ends the campaign as out of space instead of blaming the example.
+FULL_BELOW_BYTES = 1 << 20
+#: Crashing or hanging examples per target the workers are told not to re-run.
+MAX_ENDED_EXAMPLES = 200
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a worker's log (what a worker that could not start said)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class Supervisor:
+    """Runs a campaign of ``pool.workers`` processes over ``targets`` (see the module docstring).
+
+    ``target_names``: how the user named each target (names or file/module specs), so workers load the same
+    code. ``pool``: the workers (how many, threads, GPUs, observability); ``policy``: example timeout and
+    crashes per target. ``on_event``: a line for the console (crashes, restarts, retries). ``on_progress``:
+    called with the list of TargetStats at most every second. ``resume=False``: start at chunk 0 and ignore
+    what an earlier campaign in ``config.out`` left (the deterministic gate)."""
+
+    def __init__(self, targets: list, target_names: list[str], config: CampaignConfig, *,
+                 pool: WorkerPool = WorkerPool(), policy: CrashPolicy = CrashPolicy(), resume: bool = True,
+                 on_event: Callable[[str], None] = lambda m: None,
+                 on_progress: Callable[[list], None] = lambda s: None) -> None:
+        self.config = config
+        self.names = list(target_names)
+        self.pool = pool
+        self.policy = policy
+        self.on_event = on_event
+        self.on_progress = on_progress
+        self.out = Path(config.out)
+        self.targets = [TargetState(t, TargetStats(t.name)) for t in targets]
+        self.by_name = {t.name: t for t in self.targets}
+        self.slots = [Slot(i) for i in range(pool.workers)]
+        self.ctx = mp.get_context("spawn")
+        self.state = (CampaignState.load(self.out, config.seed, warn=on_event) if resume
+                      else CampaignState(self.out / "state.json", config.seed))
+        self.problems: list[str] = []
+        self.warnings: list[str] = []
+        self.stopping = False
+        self.fatal: str | None = None
+        #: what could not be written when the disk filled (None: it did not); the campaign then stops
+        self.disk_full: str | None = None
+        #: examples in flight when the disk filled: state.json keeps them, so a rerun with space retries them
+        self._unfinished: dict[str, dict] = {}
+        self._state_saved = True  # whether the final state.json was written (False: the last snapshot stands)
+        self.restarts = 0
+        self._task_ids = 0
+        self._snapshot_at = 0.0
+        self._progress_at = 0.0
+        (self.out / "workers").mkdir(parents=True, exist_ok=True)
+
+    def run(self) -> SupervisorResult:
+        self._resume()
+        old = {s: signal.signal(s, self._stop_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._snapshot(force=True)
+            for slot in self.slots if self.disk_full is None else ():
+                self._start(slot)
+            self._loop()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            self._reap_all()
+            self._snapshot(final=True)
+        lost = sum(t.stats.lost for t in self.targets)
+        if lost:
+            self.problems.append(f"{lost} example(s) lost: their workers were killed from outside twice")
+        if self.fatal:
+            self.problems.insert(0, self.fatal)
+        full = self._disk_full_report() if self.disk_full else None
+        if full:
+            self.problems.insert(0, full)
+        return SupervisorResult([t.stats for t in self.targets], self.problems,
+                                self.stopping and not self.fatal and not self.disk_full,
+                                self.pool.workers, self.restarts, self.warnings, full)
+
+    def _stop_signal(self, signum, frame) -> None:
+        if not self.stopping:
+            self.on_event(f"stopping ({signal.Signals(signum).name}): workers finish their example in flight")
+        self.stopping = True
+
+    def _resume(self) -> None:
+        """Warm-up for a fresh target (CampaignConfig.warmup); a campaign killed outright left examples in
+        flight: retry them first."""
+        for t in self.targets:
+            if self.config.warmup and not self.state.chunks.get(t.name) and pins_configs(t.target, self.config):
+                t.warm = list(range(self.config.warmup))
+        if not (self.state.running and self.state.in_flight):
+            return
+        n = 0
+        for entry in self.state.in_flight.values():
+            t = self.by_name.get(entry.get("target"))
+            if t is not None and isinstance(entry.get("example"), dict):
+                t.retries.append(entry["example"])
+                n += 1
+        if n:
+            self.on_event(f"the last campaign in {self.out} was killed; retrying the {n} example(s) it had in flight")
+
+    def _start(self, slot: Slot) -> None:
+        parent, child = self.ctx.Pipe()
+        spec = WorkerSpec(tuple(self.names), config_to_dict(self.config), slot.index, os.getpid(),
+                          str(self.out / "workers" / f"w{slot.index}.log"),
+                          gpu=(slot.index % self.pool.gpus) if self.pool.gpus else None, threads=self.pool.threads,
+                          observe_dir=str(self.out / "observed") if self.pool.observe else None)
+        proc = self.ctx.Process(target=worker_main, args=(spec, child), name=f"kvfuzz-worker-{slot.index}")
+        proc.start()
+        child.close()
+        slot.proc, slot.conn = proc, parent
+        slot.ready = slot.goodbye = slot.killed_for_hang = False
+        slot.task = slot.in_flight = None
+        slot.starts += 1
+
+    def _loop(self) -> None:
+        stop_sent_at = None
+        looked_at = -POLL_SECONDS
+        while True:
+            pause = looked_at + POLL_SECONDS - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            if self.stopping and stop_sent_at is None:
+                stop_sent_at = time.monotonic()
+                for s in self.slots:
+                    if s.proc is not None and s.proc.is_alive():
+                        s.proc.terminate()  # SIGTERM: finish the example in flight, say goodbye
+            if stop_sent_at is not None and time.monotonic() - stop_sent_at > STOP_GRACE_SECONDS:
+                for s in self.slots:
+                    if s.proc is not None and s.proc.is_alive():
+                        s.proc.kill()
+            if not self.stopping and self.fatal is None:
+                for s in self.slots:
+                    if s.proc is not None and s.ready and s.task is None and not s.retired:
+                        self._assign(s)
+            live = [s for s in self.slots if s.proc is not None]
+            if not live:
+                return
+            waitables = [s.conn for s in live] + [s.proc.sentinel for s in live]
+            ready = wait(waitables, timeout=0.5)
+            looked_at = time.monotonic()
+            for s in live:
+                if s.conn in ready:
+                    self._drain(s)
+            for s in live:
+                if s.proc is not None and s.proc.sentinel in ready or (s.proc is not None and not s.proc.is_alive()):
+                    s.proc.join()
+                    self._drain(s)
+                    self._ended(s)
+            self._check_hangs()
+            self._snapshot()
+            self._progress()
+
+    def _next_task(self) -> Task | None:
+        now = time.monotonic()
+        for t in self.targets:
+            if t.stats.stopped:
+                continue
+            if not t.replayed and not t.replay_issued:
+                t.replay_issued = True
+                t.start = t.start or now
+                return self._task("replay", t)
+            if t.warm:  # compiles in parallel with the replay: configurations the chunks will visit
+                return self._task("chunk", t, n=WARMUP_EXAMPLES, chunk=-1 - t.warm.pop(0))
+            if not t.replayed:
+                continue  # the others wait for the database replay of this target
+            if t.retries:
+                return self._task("retry", t, example=t.retries.pop(0))
+            elapsed = now - (t.start or now)
+            if self.config.duration is not None and elapsed > self.config.duration:
+                continue
+            if self.config.stop_at_first_failure and t.stats.failures:
+                continue
+            pending = sum(max(0, x.n - x.counted) for x in t.in_flight if x.kind == "chunk")
+            done = t.stats.examples + pending
+            if done >= self.config.max_examples:
+                continue
+            n = min(chunk_size(self.config, t.stats.examples, elapsed, self.pool.workers,
+                               per_chunk=examples_per_chunk(t.target, self.config)),
+                    self.config.max_examples - done)
+            k = self.state.chunks.get(t.name, 0)
+            self.state.chunks[t.name] = k + 1
+            return self._task("chunk", t, n=max(1, n), chunk=k)
+        return None
+
+    def _task(self, kind: str, t: TargetState, **kw) -> Task:
+        self._task_ids += 1
+        task = Task(self._task_ids, kind, t.name, **kw)
+        t.start = t.start or time.monotonic()
+        t.in_flight.append(task)
+        return task
+
+    def _assign(self, s: Slot) -> None:
+        task = self._next_task()
+        if task is None:
+            if not any(t.in_flight or t.retries or (not t.replayed and not t.stats.stopped) for t in self.targets):
+                s.retired = True
+                self._send(s, ("stop",))
+            return
+        t = self.by_name[task.target]
+        known = {"signatures": [list(sig) for sig in t.stats.failures], "ended": t.ended}
+        msg = {"replay": ("replay", task.id, task.target, known),
+               "chunk": ("chunk", task.id, task.target, task.chunk, task.n, known),
+               "retry": ("retry", task.id, task.target, task.example, known)}[task.kind]
+        s.task = task
+        self._send(s, msg)
+
+    def _send(self, s: Slot, msg) -> None:
+        try:
+            s.conn.send(msg)
+        except (BrokenPipeError, OSError):
+            pass  # it died: its sentinel reports it
+
+    def _drain(self, s: Slot) -> None:
+        try:
+            while s.conn.poll():
+                self._message(s, s.conn.recv())
+        except (EOFError, OSError):
+            pass  # the worker is gone; what it sent before is handled
+        except Exception as e:  # a message cut off by the worker's death
+            self.on_event(f"worker {s.index}: unreadable message ({type(e).__name__})")
+
+    def _message(self, s: Slot, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            s.ready = True
+            s.startup_failures = 0
+        elif kind == "begin":
+            s.in_flight = {"target": msg[1], "example": msg[2], "phase": "prepare", "since": time.monotonic()}
+        elif kind == "phase":
+            if s.in_flight is not None:
+                s.in_flight["phase"] = msg[1]
+                if msg[1] == "kernel":
+                    s.in_flight["since"] = time.monotonic()
+        elif kind == "end":
+            t = self.by_name[msg[1]]
+            o = msg[2]
+            t.stats.add(Outcome(o["labels"], o["kernel_s"], o["harness_s"], o["ratio"],
+                                None if o["signature"] is None else tuple(o["signature"]), o["rejection"]),
+                        time.monotonic() - (t.start or time.monotonic()))
+            if s.task is not None:
+                s.task.counted += 1
+            s.in_flight = None
+        elif kind == "seen":
+            record = FailureRecord(**msg[2])
+            s.pending[record.signature] = record
+        elif kind == "failure":
+            record = FailureRecord(**msg[2])
+            s.pending.pop(record.signature, None)
+            self._failure(record)
+        elif kind == "done":
+            self._finish_task(s)
+        elif kind == "fatal":
+            self.fatal = msg[1]
+            self.stopping = True
+        elif kind == "disk_full":
+            self._out_of_space(msg[1])
+        elif kind == "bye":
+            s.goodbye = True
+        elif kind == "warning":
+            if msg[1] not in self.warnings:
+                self.warnings.append(msg[1])
+                self.on_event(msg[1])
+
+    def _finish_task(self, s: Slot) -> None:
+        task, s.task = s.task, None
+        s.pending.clear()  # a task that ends normally has reported each of them shrunk
+        if task is None:
+            return
+        t = self.by_name[task.target]
+        if task in t.in_flight:
+            t.in_flight.remove(task)
+        if task.kind == "replay":
+            t.replayed = True
+
+    def _failure(self, record, how: str = "") -> None:
+        t = self.by_name[record.target]
+        if t.stats.add_failure(record):
+            known = f"known ({record.known}): " if record.known else ""
+            self.on_event(f"{known}{record.kind} ({check_label(record.check)}) in {record.target}{how} -> "
+                          f"{record.reproducer}")
+            return
+        # another worker found it first (its hits are counted from the examples' outcomes): keep one reproducer
+        first = t.stats.failures[record.signature]
+        if record.reproducer and record.reproducer != first.reproducer:
+            shutil.rmtree(record.reproducer, ignore_errors=True)
+
+    # ---- a worker's end (docs/campaigns.md, "Every way a worker can end"): how it ended decides whether the
+    # example in flight is a finding (a kernel crash or hang, a harness error: a reproducer written here), retried
+    # by a fresh worker or lost; a worker that cannot start ends the campaign; a full disk stops it, keeping what
+    # was in flight for a rerun; an example past its timeout gets its worker killed
+    def _out_of_space(self, message: str) -> None:
+        """The disk of ``--out`` is full: stop the campaign, keeping the examples in flight for a rerun."""
+        if self.disk_full is None:
+            self.disk_full = message  # said once, at the end (_disk_full_report), with what was kept
+        self.stopping = True  # each worker's example in flight is kept as it ends (_ended)
+
+    def _keep_unfinished(self, s: Slot, flight: dict | None) -> None:
+        if flight is not None:
+            self._unfinished[str(s.index)] = {"target": flight["target"], "example": flight["example"],
+                                              "phase": flight["phase"]}
+
+    def _out_nearly_full(self) -> bool:
+        try:
+            st = os.statvfs(self.out)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < FULL_BELOW_BYTES
+
+    def _disk_full_report(self) -> str:
+        """The one message of a campaign stopped by a full disk: what failed, what was kept, how to go on."""
+        found = [f.reproducer for t in self.targets for f in t.stats.failures.values() if f.reproducer]
+        kept = [f"{self.state.path.name} as of its last snapshot" + ("" if self._state_saved else
+                                                                     " (not updated at the end: no space)")]
+        if found:
+            kept.append(f"{len(found)} reproducer(s): " + ", ".join(str(p) for p in found))
+        kept.append("the example database (hypothesis-db/)")
+        retry = (f"retries the {len(self._unfinished)} example(s) that were in flight and "
+                 if self._unfinished and self._state_saved else "")
+        return (f"{self.disk_full}; the campaign stopped. Kept in "
+                f"{self.out}: {'; '.join(kept)}. Free some space and run the same command again: it {retry}"
+                f"continues with new seeds")
+
+    def _ended(self, s: Slot) -> None:
+        proc, flight, task = s.proc, s.in_flight, s.task
+        ending = classify(proc.exitcode, said_goodbye=s.goodbye, killed_for_hang=s.killed_for_hang,
+                          stopping=self.stopping)
+        if self.disk_full is not None or (ending.kind is EndingKind.EXITED and not s.goodbye
+                                          and self._out_nearly_full()):
+            # stopped by the full disk, died of it (its log is there too) or with it: nobody's finding; what it
+            # had in flight stays in state.json for a rerun
+            self._out_of_space(self.disk_full or f"no space left on device: less than {FULL_BELOW_BYTES >> 20} MiB "
+                               f"free in {self.out} when worker {s.index} {ending.kind.value} ({ending.detail})")
+            self._keep_unfinished(s, flight)
+            s.proc, s.in_flight = None, None
+            self._keep_unshrunk(s, ending, note=" (not shrunk: the disk filled while shrinking it)")
+            if task is not None:
+                self._finish_task(s)
+            return
+        s.proc = None
+        self._keep_unshrunk(s, ending)
+        if task is not None:
+            self._finish_task(s)
+            if task.kind == "replay" and ending.kind is not EndingKind.FINISHED:
+                self.by_name[task.target].replayed = True  # do not replay again: its example is handled below
+        if not s.ready and ending.kind is not EndingKind.FINISHED and not self.stopping and self.fatal is None:
+            s.startup_failures += 1
+            tail = log_tail(self.out / "workers" / f"w{s.index}.log")
+            if s.startup_failures >= 2:
+                self.fatal = (f"worker {s.index} could not start ({ending.detail}); the end of its log "
+                              f"({self.out / 'workers' / f'w{s.index}.log'}):\n{tail}")
+                self.stopping = True
+                return
+        if flight is not None:
+            self._example_ended(s, flight, ending, retried=task is not None and task.kind == "retry")
+        elif ending.kind in (EndingKind.CRASHED, EndingKind.EXITED) and s.ready and self.fatal is None:
+            self.problems.append(f"worker {s.index} {ending.kind.value} ({ending.detail}) between examples; see "
+                                 f"{self.out / 'workers' / f'w{s.index}.log'}")
+        if ending.kind is EndingKind.FINISHED or self.stopping or self.fatal is not None:
+            return
+        if ending.kind is not EndingKind.KILLED or flight is None:
+            self.on_event(f"worker {s.index}: {ending.kind.value} ({ending.detail}); starting a new one")
+        self.restarts += 1
+        self._start(s)
+
+    def _keep_unshrunk(self, s: Slot, ending, note: str | None = None) -> None:
+        """The failures a dead worker was still shrinking keep their unshrunk reproducers: a shrink that steps
+        into an input that crashes or hangs the kernel must not take the failure it was shrinking with it.
+        ``note``: why it ended, instead of the ending's."""
+        pending, s.pending = s.pending, {}
+        if ending.kind is EndingKind.FINISHED:
+            return
+        for record in pending.values():
+            if note is not None:
+                why = note
+            elif record.stage == "hypothesis":
+                why = f" (shrunk by Hypothesis; the worker {ending.kind.value} during the structural shrink)"
+            else:
+                why = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
+            if record.target in self.by_name:  # known meanwhile: _failure keeps one reproducer
+                self._failure(attrs.evolve(record, message=record.message + why, stage="final"), how=why)
+
+    def _example_ended(self, s: Slot, flight: dict, ending, retried: bool) -> None:
+        t = self.by_name.get(flight["target"])
+        if t is None:
+            return
+        if ending.kind is EndingKind.STOPPED:
+            return  # interrupted by the user: not a finding, not a loss
+        if ending.loses_the_example:
+            if retried:
+                t.stats.lost += 1
+                self.on_event(f"worker {s.index} was killed ({ending.detail}) again while re-running an example of "
+                              f"{t.name}; it is lost")
+            else:
+                t.retries.append(flight["example"])
+                self.on_event(f"worker {s.index} was killed from outside ({ending.detail}) in {flight['phase']}; "
+                              f"its example of {t.name} is retried by a new worker")
+            return
+        finding = finding_for(ending, flight["phase"], {"worker": s.index}, timeout=self.policy.example_timeout)
+        if finding is None:
+            return
+        example = Example.from_dict(flight["example"])
+        t.stats.add(Outcome({"path": t.target.path(example.batch)}, signature=finding.signature),
+                    time.monotonic() - (t.start or time.monotonic()))
+        t.crashes += 1
+        if len(t.ended) < MAX_ENDED_EXAMPLES:
+            t.ended.append([list(finding.signature), flight["example"]])
+        if finding.signature not in t.stats.failures:
+            fault = self.config.fault.name if self.config.fault else None
+            finding = self._blame_caller(t.target, example, finding)
+            try:
+                path = write_reproducer(self.out, t.target, example, finding, None, fault_name=fault)
+            except OutOfSpace as e:  # not recorded: kept in state.json, so a rerun with space finds it again
+                self._out_of_space(str(e))
+                self._keep_unfinished(s, flight)
+                return
+            t.stats.add_failure(FailureRecord.of(t.name, finding, example, fault, path))
+            self.on_event(f"{finding.kind.value} ({finding.check}) in {t.name}, worker {s.index} -> {path}")
+        if t.crashes >= self.policy.max_crashes and not t.stats.stopped:
+            t.stats.stopped = f"stopped after {t.crashes} crashes and hangs (--max-crashes {self.policy.max_crashes})"
+            self.on_event(f"{t.name}: {t.stats.stopped}")
+
+    def _blame_caller(self, target, example, finding):
+        """A call that broke its contract and then killed the kernel is the caller's fault."""
+        if self.config.fault is None:
+            return finding
+        try:
+            violations = caller_violations(target, properties.prepare(target, example, self.config.fault))
+        except Exception:
+            return finding
+        if not violations:
+            return finding
+        outcome = {"outcome": f"{finding.kind.value}: {finding.message}"}
+        return caller_finding(violations, outcome, {"path": target.path(example.batch)})
+
+    def _check_hangs(self) -> None:
+        now = time.monotonic()
+        for s in self.slots:
+            f = s.in_flight
+            if s.proc is not None and f is not None and not s.killed_for_hang \
+                    and now - f["since"] > self.policy.example_timeout:
+                s.killed_for_hang = True
+                s.proc.kill()
+
+    def _reap_all(self) -> None:
+        for s in self.slots:
+            if s.proc is not None and s.proc.is_alive():
+                s.proc.kill()
+            if s.proc is not None:
+                s.proc.join()
+
+    def _snapshot(self, force: bool = False, final: bool = False) -> None:
+        """Write state.json and status.json (atomically), at most every SNAPSHOT_SECONDS unless ``force``.
+        ``final``: the campaign ended; nothing is in flight any more."""
+        now = time.monotonic()
+        if not (force or final) and now - self._snapshot_at < SNAPSHOT_SECONDS:
+            return
+        self._snapshot_at = now
+        # stopped by a full disk: state.json stays "running" with what was in flight, so a rerun retries it
+        self.state.running = not final or self.disk_full is not None
+        self.state.in_flight = dict(self._unfinished) if final else {
+            str(s.index): {"target": s.in_flight["target"], "example": s.in_flight["example"],
+                           "phase": s.in_flight["phase"]}
+            for s in self.slots if s.in_flight is not None}
+        path = self.state.path
+        try:
+            self.state.save()
+            if final:
+                self._state_saved = True
+            path = self.out / "status.json"
+            write_json(path, {"updated": time.time(), "running": not final,
+                              "targets": [t.stats.to_dict() for t in self.targets],
+                              "workers": {str(s.index): (s.in_flight or {}).get("target") for s in self.slots}})
+        except OSError as e:
+            if not disk_full(e):
+                raise
+            if final and path == self.state.path:
+                self._state_saved = False
+            self._out_of_space(str(OutOfSpace(path, e)))
+
+    def _progress(self) -> None:
+        now = time.monotonic()
+        if now - self._progress_at >= 1.0:
+            self._progress_at = now
+            self.on_progress([t.stats for t in self.targets])
+
+
+__all__ = ["FULL_BELOW_BYTES", "MAX_ENDED_EXAMPLES", "POLL_SECONDS", "SNAPSHOT_SECONDS", "STOP_GRACE_SECONDS",
+           "Supervisor", "log_tail"]

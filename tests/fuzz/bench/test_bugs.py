@@ -1,0 +1,214 @@
+"""Real upstream bugs re-injected into the pinned kernels (kvfuzz.fuzz.bench.bugs) and ``kvfuzz bench bugs``.
+
+Each patch applies to the installed source; a patch whose context no longer matches is refused with a message
+naming it and the file; the re-injected kernel differs from upstream's on the bug's hand-built smallest trigger;
+and a short default campaign finds every bug it can reach on a CPU (docs/bugs.md says which it misses and why).
+"""
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.bench import bugs as bugs_mod
+from kvfuzz.fuzz.bench.bugs import BUGS, get_bug, installed_file, smallest_trigger
+from kvfuzz.fuzz.bench.bugs.patching import Patch, PatchDoesNotApply
+from kvfuzz.fuzz.bench.paged_torch import batch_size
+from kvfuzz.fuzz.harness import attention
+from support import ROOT, kvfuzz
+
+#: The bugs a default CPU campaign is expected to find (the others: docs/bugs.md, Bug.why_missed).
+FOUND_BY_DEFAULT = sorted(n for n, b in BUGS.items() if b.cpu and b.why_missed is None)
+#: The bugs whose trigger runs in this process (vllm-47671's crashes it: tested in a child).
+IN_PROCESS = sorted(n for n, b in BUGS.items() if b.cpu and not b.big_cache)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_registry_and_entry_point():
+    assert set(BUGS) == {"bug.vllm-47305", "bug.vllm-56579", "bug.sglang-2479", "bug.vllm-47671"}
+    for name, bug in BUGS.items():
+        header = bug.patch().header
+        assert bug.upstream in header and "The fix:" in header and "Undoing it:" in header, name
+        assert get_bug(name).name == name and get_bug(name.removeprefix("bug.")).name == name
+        assert (bug.why_missed is None) == (name in FOUND_BY_DEFAULT) and bug.cpu
+    with pytest.raises(KeyError, match="known: bug.sglang-2479"):
+        get_bug("bug.nope")
+    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["kvfuzz.targets"]
+    assert eps["bug.*"] == "kvfuzz.fuzz.bench.bugs:get_bug"
+
+
+@pytest.mark.parametrize("name", sorted(BUGS))
+def test_patch_applies_to_the_installed_source(name):
+    bug = BUGS[name]
+    bug.check_applies()
+    f = installed_file(bug.patched_module)
+    patched = bug.patch().apply(f.read_text(), f)
+    assert patched != f.read_text()
+
+
+def test_planted_context_mismatch_is_refused(tmp_path, monkeypatch):
+    bug = BUGS["bug.vllm-56579"]
+    f = installed_file(bug.patched_module)
+    changed = f.read_text().replace("    y = S / x\n", "    y = S / (x + 0.0)\n")
+    assert changed != f.read_text()
+    with pytest.raises(PatchDoesNotApply) as e:
+        bug.patch().apply(changed, f)
+    msg = str(e.value)
+    assert "vllm-56579.patch no longer applies to" in msg and str(f) in msg
+    assert "'    y = S / x'" in msg and "'    y = S / (x + 0.0)'" in msg  # what the patch wants, what the file has
+
+    # a planted patch file: the target says it is unavailable, naming the patch and the file
+    text = bug.patch_path.read_text().replace("-    y = S / x\n", "-    y = S / x  # planted\n")
+    (tmp_path / "vllm-56579.patch").write_text(text)
+    monkeypatch.setattr(bugs_mod, "PATCHES", tmp_path)
+    with pytest.raises(PatchDoesNotApply, match=r"vllm-56579\.patch no longer applies to .*triton_attention_helpers"):
+        bug.check_applies()
+    a = get_bug(bug.name).availability()
+    assert not a.ok and "no longer applies" in a.reason and "triton_attention_helpers.py" in a.reason
+
+
+def test_hunks_apply_at_an_offset():
+    patch = Patch.parse("hdr\n--- a/m.py\n+++ b/m.py\n@@ -2,3 +2,3 @@\n a\n-b\n+B\n c\n", "p.patch")
+    assert patch.header == "hdr" and patch.path == "m.py"
+    assert patch.apply("x\na\nb\nc\n") == "x\na\nB\nc\n"
+    assert patch.apply("x\ny\nz\na\nb\nc\nd\n") == "x\ny\nz\na\nB\nc\nd\n"  # moved down: still found
+    with pytest.raises(PatchDoesNotApply, match="hunk 1 of 1"):
+        patch.apply("x\na\nb2\nc\n")
+    with pytest.raises(ValueError, match="not a unified diff"):
+        Patch.parse("no diff here", "q.patch")
+
+
+def _outputs(name: str):
+    """Upstream's and the re-injected kernel's outputs on the bug's smallest trigger (NaN poison)."""
+    bug = BUGS[name]
+    example = Example(smallest_trigger(name), Poison.NAN)
+    outs = []
+    for target in (bug.base(), get_bug(name)):
+        run = attention.prepare(target, example)
+        if bug.scale_query != 1.0:
+            run = attention.prepare(target, example, data=bug.trigger_data(run.data))
+        outs.append(target.run(run.call).clone())
+    return outs
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("name", IN_PROCESS)
+def test_reinjected_kernel_differs_on_the_smallest_trigger(name):
+    installed = installed_file(BUGS[name].patched_module)
+    before = _sha(installed)
+    upstream, reinjected = _outputs(name)
+    assert torch.isfinite(upstream).all(), f"{name}: upstream's kernel is not finite on the trigger"
+    assert not torch.isfinite(reinjected).all(), f"{name}: the re-injected kernel is finite on the trigger"
+    assert _sha(installed) == before  # the installed file is untouched
+
+
+def test_installed_module_keeps_upstreams_code():
+    """Loading a re-injected kernel leaves the installed modules as they are (the softcap bug rewires a private
+    copy of triton_unified_attention, not the real one)."""
+    from kvfuzz.fuzz.targets.triton_runtime import prepare_triton_runtime
+
+    prepare_triton_runtime()
+    kernel = BUGS["bug.vllm-56579"].kernel()
+    import vllm.v1.attention.ops.triton_attention_helpers as helpers
+    import vllm.v1.attention.ops.triton_unified_attention as tua
+
+    assert kernel is not tua.unified_attention
+    assert tua.apply_softcap is helpers.apply_softcap
+    assert kernel.__globals__["apply_softcap"] is not helpers.apply_softcap
+    assert "tl.exp(2.0 * y)" in Path(helpers.__file__).read_text()
+
+
+def test_big_cache_trigger_is_past_int32():
+    """vllm-47671's smallest trigger sits past 2**31 elements (where the int32 offset wraps); its patch removes
+    both int64 casts."""
+    b = smallest_trigger("bug.vllm-47671")
+    per_block = b.block_size * b.num_kv_heads * b.head_size
+    assert b.block_table[0][0] * per_block >= 2**31 > (b.block_table[0][0] - 1) * per_block
+    f = installed_file(BUGS["bug.vllm-47671"].patched_module)
+    patched = BUGS["bug.vllm-47671"].patch().apply(f.read_text(), f)
+    assert f.read_text().count(").to(tl.int64)  # page_number") == 2 and ").to(tl.int64)  # page_number" not in patched
+
+
+_CHILD = """
+import sys, torch
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.bench.bugs import BUGS, get_bug, smallest_trigger
+from kvfuzz.fuzz.harness import attention
+name = "bug.vllm-47671"
+target = BUGS[name].base() if sys.argv[1] == "upstream" else get_bug(name)
+run = attention.prepare(target, Example(smallest_trigger(name), Poison.NAN))
+out = target.run(run.call)
+print("finite" if bool(torch.isfinite(out).all()) else "non-finite")
+"""
+
+
+@pytest.mark.kernel
+def test_int32_offsets_crash_past_2_31_elements():
+    """vllm-47671 on its smallest trigger (a page 2**31 elements into a 4 GiB fp16 cache whose untouched pages
+    cost no RAM), each kernel in a child: upstream's is finite, the re-injected one's wrapped offset reads
+    unmapped memory and the process dies by SIGSEGV."""
+    import subprocess
+    import sys
+
+    up = subprocess.run([sys.executable, "-c", _CHILD, "upstream"], capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0 and up.stdout.strip().endswith("finite") and "non-finite" not in up.stdout, up.stderr
+    bug = subprocess.run([sys.executable, "-c", _CHILD, "bug"], capture_output=True, text=True, timeout=600)
+    assert bug.returncode == -11, (bug.returncode, bug.stdout, bug.stderr[-2000:])
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("name", [n for n in FOUND_BY_DEFAULT if n != "bug.vllm-47305"])
+def test_short_default_campaign_finds_the_bug(name):
+    """The CI budget: a default campaign (seed 0) finds the bug, shrinks it to the smallest trigger's sizes,
+    and its reproducer replays."""
+    from kvfuzz.fuzz.bench.bugs.benchmark import run_bug
+
+    r = run_bug(name, 0, duration=120, max_examples=300)
+    assert r["found"], f"{name}: not found in {r['examples_total']} examples"
+    # NaN/inf poison in the scratch or the cache tail gives a non-finite row; stale or zero poison a wrong one
+    assert r["kind"] in ("non-finite output", "kernel mismatch") and r["blame"] == "kernel"
+    assert r["replays"] is True and r["rerun_kinds"] == [r["kind"]] * 3
+    smallest = batch_size(smallest_trigger(name))
+    assert (r["size"]["seqs"], r["size"]["kv_tokens"]) <= (smallest["seqs"], smallest["kv_tokens"])
+
+
+@pytest.mark.kernel
+def test_big_cache_campaign_finds_the_int32_offset_bug():
+    """vllm-47671 is out of a default campaign's reach (docs/bugs.md); ``--big-cache`` finds it: a kernel crash
+    blamed on the kernel, shrunk to one decode token, whose reproducer replays (in a child)."""
+    from kvfuzz.fuzz.bench.bugs.benchmark import run_bug_supervised
+
+    r = run_bug_supervised("bug.vllm-47671", 0, duration=120, max_examples=50)
+    assert r["found"], f"not found in {r['examples_total']} examples"
+    assert (r["kind"], r["blame"], r["check"]) == ("kernel crash", "kernel", "SIGSEGV")
+    assert r["size"]["seqs"] == 1 and r["size"]["kv_tokens"] == 1
+    assert r["replays"] is True
+
+
+@pytest.mark.kernel
+@pytest.mark.cli_text
+def test_cli_bench_bugs(tmp_path):
+    """``kvfuzz bench bugs`` end to end on vllm-47305 (the other bug the default campaign finds): the table and
+    the JSON; an unknown bug exits 2 naming the option and the known bugs."""
+    out = tmp_path / "bugs.json"
+    p = kvfuzz("bench", "bugs", "--bug", "vllm-47305", "--seeds", "1", "--duration", "120s", "--max-examples", "300",
+               "--json", out)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    (entry,) = doc["bugs"]
+    assert entry["bug"] == "bug.vllm-47305" and entry["summary"]["found"] == 1 and entry["summary"]["replayed"] == 1
+    run = entry["runs"][0]
+    assert run["kind"] == "non-finite output" and run["size"]["seqs"] == 1 and run["size"]["kv_tokens"] == 1
+    assert doc["settings"]["machine"]
+    bad = kvfuzz("bench", "bugs", "--bug", "nope")
+    assert bad.returncode == 2 and "--bug" in bad.stderr and "bug.vllm-47305" in bad.stderr
+    assert "Traceback" not in bad.stderr

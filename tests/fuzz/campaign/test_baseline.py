@@ -1,0 +1,381 @@
+"""The findings baseline (kvfuzz fuzz --baseline, kvfuzz baseline add): what it accepts, what stays red."""
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import attrs
+import pytest
+
+from kvfuzz.contracts.model.batch import positions
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
+from kvfuzz.contracts.checks.oracles import Oracle
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.bench.paged_torch import small_batch as _batch
+from kvfuzz.fuzz.campaign.store.baseline import (BaselineError, KnownFinding, append_entry, classify, entry_from_case,
+                                           load_baseline, match, parse_baseline)
+from kvfuzz.fuzz.campaign.store.cases import Case
+from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.targets import BUILTIN, get_target
+from support import ROOT, SUPPORT, available, kvfuzz
+
+PLANTED = SUPPORT / "planted_targets.py"
+SHIPPED = ROOT / "kvfuzz-baseline.toml"
+
+
+def tail_entry(target: str, slots: str = "tail", **kw) -> KnownFinding:
+    return KnownFinding(id="nan-tail", target=target, kind="non-finite output", check=Oracle.FINITE.value,
+                        reason="V tail multiplied by p = 0", reference="tests", poisons=("nan", "inf"),
+                        slots=slots, **kw)
+
+
+def failing(target, example):
+    with pytest.raises((NonFiniteOutput, KernelMismatch)) as info:
+        properties.check(target, example)
+    return info.value
+
+
+# ---- the file --------------------------------------------------------------------------------------------------
+GOOD = '''
+[[known]]
+id = "f1"
+target = "t"
+kind = "kernel mismatch"
+check = "agreement with the fp64 reference"
+reason = "r"
+reference = "x"
+max_ratio = 4
+'''
+
+
+@pytest.mark.parametrize("text, field, fix", [
+    ("[[known]\n", None, "fix the syntax"),
+    (GOOD.replace('id = "f1"\n', ""), "known[0].id", "add id"),
+    (GOOD.replace("kernel mismatch", "kernel crash"), "known[0].kind", "never baselined"),
+    (GOOD.replace("agreement with the fp64 reference", "finite output"), "known[0].check", "check = 'agreement"),
+    (GOOD.replace("max_ratio = 4", "max_ratio = 0.5"), "known[0].max_ratio", ">= 1"),
+    (GOOD.replace("max_ratio = 4", ""), "known[0].max_ratio", "add max_ratio"),
+    (GOOD + GOOD, "known[1].id", "its own id"),
+    (GOOD + 'colour = "red"\n', "known[0].colour", "use only"),
+    (GOOD.replace("kernel mismatch", "non-finite output").replace("agreement with the fp64 reference",
+                                                                  "finite output"), "known[0].poisons", "add poisons"),
+    (GOOD.replace("kernel mismatch", "non-finite output").replace("agreement with the fp64 reference",
+     "finite output").replace("max_ratio = 4", 'poisons = ["nan"]\nslots = "somewhere"'), "known[0].slots", "tail"),
+    ("other = 1\n", "other", "only [[known]]"),
+])
+def test_a_bad_baseline_names_the_file_the_field_and_the_fix(text, field, fix):
+    with pytest.raises(BaselineError) as info:
+        parse_baseline(text, "b.toml")
+    e = info.value
+    assert e.field == field and str(e).startswith("b.toml") and fix in str(e), str(e)
+
+
+def test_the_old_bare_oracle_name_reads_as_the_oracle():
+    (e,) = parse_baseline(GOOD.replace("agreement with the fp64 reference", "agreement")).entries
+    assert e.check == Oracle.AGREEMENT.value and e.max_ratio == 4.0
+
+
+def test_append_writes_an_entry_that_reads_back_and_refuses_a_second_with_its_id(tmp_path):
+    path = tmp_path / "b.toml"
+    first = tail_entry("mutant.tail_v_unmasked", tail_tokens=16)
+    second = KnownFinding(id="p", target="t", kind="kernel mismatch", check=Oracle.AGREEMENT.value,
+                          reason='quotes " and \\ and ü', reference="x", max_ratio=2.5, heads="equal")
+    append_entry(path, first)
+    append_entry(path, second)
+    assert load_baseline(path).entries == (first, second)
+    with pytest.raises(BaselineError, match="already in the baseline"):
+        append_entry(path, first)
+    assert load_baseline(path).entries == (first, second)  # unchanged
+    assert [p.name for p in tmp_path.iterdir()] == ["b.toml"]  # no temporary file left
+
+
+def test_the_shipped_baseline_names_builtin_targets_and_readme_findings():
+    b = load_baseline(SHIPPED)
+    readme = (ROOT / "docs" / "findings.md").read_text()  # the findings moved from the README to their page
+    assert {e.target for e in b.entries} <= set(BUILTIN)
+    for e in b.entries:
+        n = int(e.id.removeprefix("finding-"))
+        assert re.search(rf"^{n}\. \*\*", readme, re.M), e.id  # a numbered finding of docs/findings.md
+        assert f"Findings on real kernels, {n}" in e.reference
+
+
+# ---- matching ----------------------------------------------------------------------------------------------------
+def test_a_nan_tail_is_known_only_while_finite_tail_slots_make_it_pass():
+    target = get_target("mutant.tail_v_unmasked")
+    example = Example(_batch([1], [4], heads=(2, 1), head_size=32, block_size=8), Poison.NAN)  # 3 tail slots
+    f = failing(target, example)
+    assert isinstance(f, NonFiniteOutput) and f.check == Oracle.FINITE.value
+    assert match(tail_entry(target.name), target, example, f) == (True, "")
+    assert match(tail_entry(target.name, slots="unwritten"), target, example, f) == (True, "")
+    # the entry's poisons decide too
+    ok, why = match(attrs.evolve(tail_entry(target.name), poisons=("inf",)), target, example, f)
+    assert not ok and "not nan" in why
+    # a planted new defect on the same target: a one-token decode NaN that no finite cache removes
+    planted = get_target(f"{PLANTED}:TailVUnmaskedAndOwnToken")
+    one = Example(_batch([1], [0], head_size=32, block_size=8), Poison.NAN)
+    g = failing(planted, one)
+    assert isinstance(g, NonFiniteOutput)
+    entry = tail_entry(planted.name)
+    ok, why = match(entry, planted, one, g)
+    assert not ok and "still fails with zeros in its tail slots" in why
+    assert classify(SimpleNamespace(for_target=lambda name: (entry,)), planted, one, g) is None
+    assert g.known is None and g.signature == ("non-finite output", Oracle.FINITE.value)
+    assert "new: baseline nan-tail" in g.message
+
+
+def test_a_non_finite_output_is_not_also_compared_with_the_reference(monkeypatch):
+    """NaN fails agreement too and the finite-output failure wins, so the same-precision model (which only an
+    output over the envelope needs) is not computed for it; the run keeps its reference and envelope."""
+    from kvfuzz.fuzz.harness import attention
+
+    def not_needed(*a, **k):
+        raise AssertionError("the same-precision model was computed for a non-finite output")
+
+    monkeypatch.setattr(attention, "same_precision_attention", not_needed)
+    target = get_target("mutant.tail_v_unmasked")
+    example = Example(_batch([1], [4], heads=(2, 1), head_size=32, block_size=8), Poison.NAN)
+    run = properties.prepare(target, example)
+    with pytest.raises(NonFiniteOutput):
+        properties.check(target, example, run=run)
+    assert run.ratio == 0.0 and run.reference is not None and run.envelope is not None
+
+
+def _failing_run(target, example):
+    run = properties.prepare(target, example)
+    with pytest.raises(NonFiniteOutput) as info:
+        properties.check(target, example, run=run)
+    return info.value, run
+
+
+@pytest.mark.parametrize("slots", ["tail", "unwritten"])
+def test_the_re_run_reuses_the_failing_runs_data_and_reference_and_still_decides(monkeypatch, slots):
+    """Handed the failing Run, match() re-runs the example without generating its data, computing its
+    reference (they do not depend on the poison) or checking the caller again (a fault-free call that passed),
+    and answers as without it: known for the mutant's NaN tail, new for a planted defect no finite cache
+    removes."""
+    from kvfuzz.fuzz.harness import attention
+
+    target = get_target("mutant.tail_v_unmasked")
+    example = Example(_batch([1], [4], heads=(2, 1), head_size=32, block_size=8), Poison.NAN)
+    f, run = _failing_run(target, example)
+    planted = get_target(f"{PLANTED}:TailVUnmaskedAndOwnToken")
+    one = Example(_batch([1], [0], head_size=32, block_size=8), Poison.NAN)
+    g, planted_run = _failing_run(planted, one)
+
+    def computed_again(*a, **k):
+        raise AssertionError("computed again")
+
+    with monkeypatch.context() as m:
+        m.setattr(attention, "generate", computed_again)
+        m.setattr(attention, "reference_and_envelope", computed_again)
+        m.setattr(attention, "caller_violations", computed_again)
+        assert match(tail_entry(target.name, slots), target, example, f, run) == (True, "")
+        ok, why = match(tail_entry(planted.name, slots), planted, one, g, planted_run)
+        assert not ok and f"still fails with zeros in its {slots} slots" in why
+    # a run of another batch is not reused: the re-run computes its own (and the answer is the same)
+    calls = []
+    monkeypatch.setattr(attention, "reference_and_envelope",
+                        lambda *a, real=attention.reference_and_envelope: calls.append(1) or real(*a))
+    assert match(tail_entry(target.name, slots), target, example, f, planted_run) == (True, "")
+    assert calls == [1]
+
+
+def test_the_re_run_of_a_run_prepared_with_a_caller_fault_checks_the_caller_again(monkeypatch):
+    """A fault that left no violation (shared-block needs two sequences: one has none) may still have changed
+    the call; the re-run is built without it, so its caller checks run."""
+    from kvfuzz.fuzz.harness import attention
+    from kvfuzz.fuzz.harness.faults import get_fault
+
+    target = get_target("mutant.tail_v_unmasked")
+    example = Example(_batch([1], [4], heads=(2, 1), head_size=32, block_size=8), Poison.NAN)
+    run = properties.prepare(target, example, get_fault("shared-block"))
+    with pytest.raises(NonFiniteOutput) as info:
+        properties.check(target, example, run=run)
+    calls = []
+    monkeypatch.setattr(attention, "caller_violations",
+                        lambda *a, real=attention.caller_violations: calls.append(1) or real(*a))
+    assert run.fault is not None and match(tail_entry(target.name), target, example, info.value, run) == (True, "")
+    assert calls == [1]
+
+
+def test_a_campaign_hands_the_failing_run_to_the_baseline(tmp_path, monkeypatch):
+    """The engine passes each failing example's Run to classify(): every example computes its reference once,
+    its baseline re-run none."""
+    from kvfuzz.fuzz.campaign.store.baseline import Baseline
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.campaign.engine import fuzz_target
+    from kvfuzz.fuzz.harness import attention
+    from kvfuzz.strategies.limits import Limits
+
+    target = get_target("mutant.tail_v_unmasked")
+    calls = []
+    monkeypatch.setattr(attention, "reference_and_envelope",
+                        lambda *a, real=attention.reference_and_envelope: calls.append(1) or real(*a))
+    config = CampaignConfig(out=tmp_path, max_examples=12, seed=1, poisons=(Poison.NAN,), structural_shrink=0,
+                            limits=Limits(max_num_seqs=2, max_ctx_len=20, max_query_len=4),
+                            baseline=Baseline("b.toml", (tail_entry(target.name, "unwritten"),)))
+    stats = fuzz_target(target, config)
+    assert stats.examples == len(calls) and any(f.known for f in stats.failures.values()), (stats.examples, len(calls))
+
+
+def test_tail_slots_run_to_the_tail_boundary_and_leave_out_every_written_slot():
+    """Block size 8, tail 16: sequence 0 (seq_len 5) reaches position 15 through its padding column (block 0
+    again, whose slots 0..4 hold its tokens), sequence 1 (seq_len 21) position 23, the end of its row."""
+    import torch
+
+    from kvfuzz.fuzz.campaign.store.baseline import tail_slots
+
+    b = _batch([1, 1], [4, 20], block_size=8)
+    assert [list(r) for r in b.block_table] == [[0, 0, 0], [1, 2, 3]]
+    written = b.slots(*positions(b.seq_lens))
+    assert tail_slots(b, SimpleNamespace(written_slots=written), 16).tolist() == [5, 6, 7, 29, 30, 31]
+    more = torch.cat([written, torch.tensor([30, 99])])  # a slot written by someone else is not the tail's
+    assert tail_slots(b, SimpleNamespace(written_slots=more), 16).tolist() == [5, 6, 7, 29, 31]
+    assert tail_slots(b, SimpleNamespace(written_slots=written[:0]), 16).tolist() == [*range(8), 29, 30, 31]
+    assert tail_slots(b, SimpleNamespace(written_slots=written), 8).tolist() == [5, 6, 7, 29, 30, 31]
+
+
+def test_the_tail_class_is_the_tail_not_every_unwritten_slot():
+    """A kernel that lets NaN from any slot of the pool through is not the tail bug (Finding 2's class is)."""
+    target = get_target(f"{PLANTED}:PoolVUnmasked")
+    example = Example(_batch([1], [7], head_size=32, block_size=8, num_blocks=3), Poison.NAN)  # no tail; 2 spare
+    f = failing(target, example)
+    assert isinstance(f, NonFiniteOutput)
+    ok, why = match(tail_entry(target.name), target, example, f)
+    assert not ok and "tail slots" in why
+    assert match(tail_entry(target.name, slots="unwritten"), target, example, f) == (True, "")
+    # and finite poison there is no failure at all: nothing to baseline
+    properties.check(target, attrs.evolve(example, poison=Poison.STALE))
+
+
+def test_a_precision_entry_takes_errors_up_to_max_ratio_and_calls_a_larger_one_a_change():
+    target = SimpleNamespace(name="k")
+    entry = KnownFinding(id="prec", target="k", kind="kernel mismatch", check=Oracle.AGREEMENT.value, reason="r",
+                         reference="x", max_ratio=10.0, heads="equal")
+    mha = Example(_batch([1], [3], heads=(2, 2)), Poison.NAN)
+    gqa = Example(_batch([1], [3], heads=(4, 2)), Poison.NAN)
+
+    def mismatch(error, bound):
+        return KernelMismatch(Oracle.AGREEMENT.value, "m", {"oracle": {"error": error, "bound": bound}})
+
+    assert match(entry, target, mha, mismatch(3e-3, 1e-3)) == (True, "")
+    ok, why = match(entry, target, mha, mismatch(1.2e-2, 1e-3))
+    assert not ok and "12x" in why and "the known bug changed" in why
+    ok, why = match(entry, target, gqa, mismatch(3e-3, 1e-3))
+    assert not ok and "num_heads == num_kv_heads" in why
+    assert match(entry, SimpleNamespace(name="other"), mha, mismatch(3e-3, 1e-3)) == (False, "")
+    f = mismatch(3e-3, 1e-3)
+    assert classify(SimpleNamespace(for_target=lambda name: (entry,)), target, mha, f) == "prec"
+    assert f.signature == ("kernel mismatch", Oracle.AGREEMENT.value, "prec")
+
+
+def test_entry_from_a_mismatch_case_takes_ten_times_its_ratio(tmp_path):
+    example = Example(_batch([1], [3], heads=(2, 2)), Poison.STALE)
+    case = Case(tmp_path, "k", None, "kernel mismatch", Oracle.AGREEMENT.value, example, None,
+                {"details": {"oracle": {"error": 3.0e-3, "bound": 1.2e-3}}})
+    e = entry_from_case(case, "p", "r", "x")
+    assert e.max_ratio == 25.0 and e.kind == "kernel mismatch" and e.target == "k"
+    crash = attrs.evolve(case, kind="kernel crash", check="raised RuntimeError")
+    with pytest.raises(BaselineError, match="cannot accept"):
+        entry_from_case(crash, "c", "r", "x")
+
+
+# ---- the command ---------------------------------------------------------------------------------------------------
+def test_a_baseline_turns_a_known_nan_tail_green_and_a_planted_new_defect_red(tmp_path):
+    """The mutant's NaN tail: red without a baseline; `baseline add` of its reproducer makes the same campaign
+    exit 0 with the finding listed as known; the same target with a second, planted defect exits 1."""
+    args = ["fuzz", "--target", "mutant.tail_v_unmasked", "--poison", "nan", "--max-examples", "40", "--seed", "1"]
+    r = kvfuzz(*args, "--out", str(tmp_path / "plain"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    (t,) = json.loads((tmp_path / "plain" / "summary.json").read_text())["targets"]
+    (f,) = [f for f in t["failures"] if f["check"] == Oracle.FINITE.value]
+    assert "oracle: finite output" in r.stdout
+
+    base = tmp_path / "kvfuzz-baseline.toml"
+    r = kvfuzz("baseline", "add", f["reproducer"], "--baseline", str(base), "--id", "tail", "--reason", "zoo",
+               "--reference", "mutants.py")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (entry,) = load_baseline(base).entries
+    assert (entry.target, entry.kind, entry.poisons, entry.slots) == (
+        "mutant.tail_v_unmasked", "non-finite output", ("nan",), "tail")
+
+    r = kvfuzz(*args, "--out", str(tmp_path / "known"), "--baseline", str(base))
+    summary = json.loads((tmp_path / "known" / "summary.json").read_text())
+    assert r.returncode == 0 and summary["exit_status"] == 0, r.stdout + r.stderr
+    assert summary["new_failures"] == 0 and summary["known_failures"] == 1
+    (t,) = summary["targets"]
+    (k,) = t["failures"]
+    assert k["known"] == "tail" and k["count"] >= 1
+    assert "known tail" in r.stdout and "1 known finding(s), 0 new" in r.stdout
+    assert "## Known findings (baseline)" in (tmp_path / "known" / "report.md").read_text()
+
+    planted = base.read_text().replace("mutant.tail_v_unmasked", "planted.tail_v_unmasked_and_own_token")
+    (tmp_path / "planted.toml").write_text(planted)
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:TailVUnmaskedAndOwnToken", *args[3:],
+               "--out", str(tmp_path / "planted"), "--baseline", str(tmp_path / "planted.toml"))
+    summary = json.loads((tmp_path / "planted" / "summary.json").read_text())
+    assert r.returncode == 1 and summary["exit_status"] == 1, r.stdout + r.stderr
+    assert summary["new_failures"] >= 1
+    new = [f for f in summary["targets"][0]["failures"] if not f["known"]]
+    assert new and all(f["known"] in (None, "tail") for f in summary["targets"][0]["failures"])
+
+
+def test_a_bad_baseline_file_exits_2_naming_the_field(tmp_path):
+    (tmp_path / "b.toml").write_text(GOOD.replace("max_ratio = 4", "max_ratio = \"big\""))
+    r = kvfuzz("fuzz", "--target", "mutant.tail_v_unmasked", "--baseline", str(tmp_path / "b.toml"),
+               "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "known[0].max_ratio" in r.stdout + r.stderr, r.stdout + r.stderr
+    r = kvfuzz("fuzz", "--target", "mutant.tail_v_unmasked", "--baseline", str(tmp_path / "missing.toml"),
+               "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "cannot be read" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+# ---- the real kernels and the shipped baseline ---------------------------------------------------------------------
+@pytest.mark.kernel
+def test_the_shipped_baseline_knows_finding_1_and_a_planted_defect_on_the_cpu_op_is_red(tmp_path):
+    """docs/findings.md, Finding 1's minimal case is finding-1; a campaign on the real op with the shipped baseline exits 0,
+    and the same op with a planted new NaN (head size 64, whatever the cache holds) exits 1."""
+    available("vllm.cpu_attention")
+    target = get_target("vllm.cpu_attention")
+    shipped = load_baseline(SHIPPED)
+    example = Example(_batch([1], [0], head_size=32, block_size=16), Poison.NAN)
+    f = failing(target, example)
+    assert classify(shipped, target, example, f) == "finding-1" and f.known == "finding-1"
+
+    args = ["fuzz", "--max-examples", "60", "--seed", "2", "--baseline", str(SHIPPED)]
+    r = kvfuzz(*args, "--target", "vllm.cpu_attention", "--out", str(tmp_path / "real"))
+    summary = json.loads((tmp_path / "real" / "summary.json").read_text())
+    assert r.returncode == 0 and summary["new_failures"] == 0, r.stdout + r.stderr
+    assert [f["known"] for f in summary["targets"][0]["failures"]] == ["finding-1"]
+
+    r = kvfuzz(*args, "--target", f"{PLANTED}:PlantedCpuAttention", "--out", str(tmp_path / "planted"))
+    summary = json.loads((tmp_path / "planted" / "summary.json").read_text())
+    assert r.returncode == 1 and summary["new_failures"] >= 1, r.stdout + r.stderr
+    new = [f for f in summary["targets"][0]["failures"] if not f["known"]]
+    assert all(Example.from_dict(f["example"]).batch.head_size == 64 for f in new), new
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("name, entry_id, batch", [
+    # docs/findings.md, Finding 3's pinned case (tests/fuzz/targets/test_vllm_triton.py): 5.33e-3 against a bound of 1.59e-3
+    ("vllm.decode_attention_fwd", "finding-3", dict(query_lens=[1], ctx_lens=[1], head_size=32, block_size=16,
+                                                     num_blocks=1, block_table=[[0]], seed=230)),
+    # docs/findings.md, Finding 9's pinned case (tests/fuzz/targets/test_sglang_triton.py): 6.66e-3 against 1.43e-3
+    ("sglang.decode_attention_fwd", "finding-9", dict(query_lens=[1], ctx_lens=[1], head_size=128, block_size=1,
+                                                       num_blocks=2, block_table=[[0, 1]], seed=39)),
+])
+def test_the_shipped_precision_entries_know_the_pinned_cases_and_not_a_tenfold_worse_bound(name, entry_id, batch):
+    available(name)
+    from kvfuzz.contracts.model.batch import Batch
+
+    target = get_target(name)
+    example = Example(Batch(num_heads=1, num_kv_heads=1, dtype="float16", value_range="large", **batch), Poison.NAN)
+    f = failing(target, example)
+    shipped = load_baseline(SHIPPED)
+    assert classify(shipped, target, example, f) == entry_id
+    ratio = f.details["oracle"]["error"] / f.details["oracle"]["bound"]
+    tighter = attrs.evolve(shipped.get(entry_id), max_ratio=max(1.0, ratio / 2))
+    ok, why = match(tighter, target, example, f)
+    assert not ok and "the known bug changed" in why

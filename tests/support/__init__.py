@@ -1,0 +1,66 @@
+"""Helpers shared by the test modules: ``from support import ...`` (pyproject.toml puts tests/ on pytest's
+``pythonpath``). The planted and broken adapters beside this file are loaded as users load theirs, by file
+(:data:`SUPPORT` / "planted_endings.py" ``:CLASS``), or imported as ``support.<module>``."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvfuzz.fuzz.targets import get_target
+
+#: The repository root: the working directory of every kvfuzz command a test runs, unless it names another, so
+#: that a test does not depend on where pytest was started (``kvfuzz check`` reads ``regressions/`` from it).
+ROOT = Path(__file__).resolve().parents[2]
+#: This folder: the planted adapters (planted_*.py, broken_kernels.py) and stand-ins live here.
+SUPPORT = Path(__file__).resolve().parent
+#: The kvfuzz command, run as a user would but with this interpreter (the test environment's kvfuzz).
+KVFUZZ = [sys.executable, "-m", "kvfuzz.fuzz.cli"]
+
+
+def kvfuzz(*args, cwd=ROOT, env=None, timeout=600, input=None) -> subprocess.CompletedProcess:
+    """Run ``kvfuzz ARGS`` in a child process and wait for it: stdout and stderr captured as text.
+
+    ``args`` may be paths (passed as ``str``). ``env`` is the child's whole environment (as for
+    :func:`subprocess.run`; ``None`` inherits this one), ``input`` its stdin, ``timeout`` seconds before
+    :class:`subprocess.TimeoutExpired` (generous: a test on a busy machine must not fail on time alone)."""
+    return subprocess.run([*KVFUZZ, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout, input=input)
+
+
+def start_kvfuzz(*args, cwd=ROOT, env=None, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """Start ``kvfuzz ARGS`` in a child process without waiting (to signal or kill it mid-run): stdout piped as
+    text, stderr piped apart or, with ``stderr=subprocess.STDOUT``, into stdout. The caller waits for it."""
+    return subprocess.Popen([*KVFUZZ, *map(str, args)], stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            cwd=cwd, env=env)
+
+
+def available(target, *args):
+    """The target ``target`` (a registered name, or a Target class instantiated with ``args``), or skip the test,
+    naming why it cannot run here."""
+    t = get_target(target) if isinstance(target, str) else target(*args)
+    a = t.availability()
+    if not a.ok:
+        pytest.skip(f"{t.name} unavailable: {a.reason}")
+    return t
+
+
+def batch_of(lens, *, block_size=16, spare=0, reverse=False, pad_columns=0, **kw):
+    """A Batch with a contiguous block table for ``(query_len, ctx_len)`` pairs: sequence after sequence, each
+    its ceil(seq_len / block_size) blocks. ``spare``: unused blocks past them; ``reverse``: block ids handed out
+    from the highest down (the same table, mirrored ids); ``pad_columns``: extra all-zero columns in every row.
+    ``kw``: any other Batch field. The conftest's ``make_batch`` fixture is this with its own defaults."""
+    from kvfuzz.contracts.model.batch import Batch
+
+    need = [-(-(q + c) // block_size) for q, c in lens]
+    ids = list(range(sum(need) + spare))
+    if reverse:
+        ids = ids[::-1]
+    width = max(need) + pad_columns
+    table, j = [], 0
+    for n in need:
+        table.append(ids[j : j + n] + [0] * (width - n))
+        j += n
+    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
+                 num_blocks=sum(need) + spare, block_table=table, **kw)

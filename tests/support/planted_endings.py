@@ -1,0 +1,243 @@
+"""Adapters whose kernel ends badly in every way a kernel can, on one head size out of three (64), loaded as
+user adapters by path: the fault-injection suite of the campaign machinery (tests/fuzz/campaign/test_supervisor.py; also
+test_replay.py, test_database.py and test_cli.py).
+
+Every kernel call appends its pid to the file named by KVFUZZ_PLANTED_LOG (when set), before misbehaving, so a
+test can count kernel calls against the campaign's example count and check every process is gone afterwards.
+Correct (torch SDPA) otherwise."""
+
+import ctypes
+import os
+import sys
+import time
+from pathlib import Path
+
+import attrs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from sdpa_paged_target import SdpaPaged  # noqa: E402
+
+#: The head size on which the planted kernels misbehave.
+BAD_HEAD = 64
+
+
+def _log() -> None:
+    path = os.environ.get("KVFUZZ_PLANTED_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+class _Planted(SdpaPaged):
+    """Base: logs each call, misbehaves on head size 64 (never instantiated itself: it sets no name)."""
+
+    def misbehave(self, call) -> None:
+        raise NotImplementedError
+
+    def run(self, call):
+        _log()
+        if call.kwargs["query"].shape[-1] == BAD_HEAD:
+            self.misbehave(call)
+        return super().run(call)
+
+
+class Correct(_Planted):
+    name = "planted.correct"
+    description = "correct SDPA that logs its calls"
+
+    def misbehave(self, call) -> None:
+        pass
+
+
+class Slow(_Planted):
+    name = "planted.slow"
+    description = "correct SDPA taking 0.3 s per call"
+
+    def misbehave(self, call) -> None:
+        pass
+
+    def run(self, call):
+        _log()  # before the sleep: a test that kills the worker on seeing the call lands inside the kernel
+        time.sleep(0.3)
+        return SdpaPaged.run(self, call)
+
+
+class Segfaults(_Planted):
+    name = "planted.segfaults"
+    description = "dereferences NULL (SIGSEGV) on head size 64"
+
+    def misbehave(self, call) -> None:
+        ctypes.string_at(0)
+
+
+class Aborts(_Planted):
+    name = "planted.aborts"
+    description = "abort() (SIGABRT) on head size 64"
+
+    def misbehave(self, call) -> None:
+        os.abort()
+
+
+class Exits0(_Planted):
+    name = "planted.exits0"
+    description = "os._exit(0) on head size 64"
+
+    def misbehave(self, call) -> None:
+        os._exit(0)
+
+
+class Exits1(_Planted):
+    name = "planted.exits1"
+    description = "os._exit(1) on head size 64"
+
+    def misbehave(self, call) -> None:
+        os._exit(1)
+
+
+class Exits3(_Planted):
+    name = "planted.exits3"
+    description = "os._exit(3) on head size 64"
+
+    def misbehave(self, call) -> None:
+        os._exit(3)
+
+
+class RaisesSystemExit(_Planted):
+    name = "planted.raises_system_exit"
+    description = "raise SystemExit(3) on head size 64"
+
+    def misbehave(self, call) -> None:
+        raise SystemExit(3)
+
+
+class RaisesRuntimeError(_Planted):
+    name = "planted.raises_runtime_error"
+    description = "raise RuntimeError on head size 64"
+
+    def misbehave(self, call) -> None:
+        raise RuntimeError("planted: unsupported head size 64")
+
+
+#: Set once BreaksDevice's kernel has failed in this process: CUDA's sticky errors leave the context unusable,
+#: so every later call of the process fails too, as this emulates on the CPU.
+_DEVICE_BROKEN = []
+STICKY = "CUDA error: an illegal memory access was encountered (planted)"
+
+
+class BreaksDevice(_Planted):
+    name = "planted.breaks_device"
+    description = "raises CUDA's sticky illegal-memory-access error on head size 64; every later call fails too"
+
+    def misbehave(self, call) -> None:
+        _DEVICE_BROKEN.append(True)
+        raise RuntimeError(STICKY)
+
+    def build_call(self, batch, data, cache):  # in kvfuzz's prepare: as a dead CUDA context fails every op
+        if _DEVICE_BROKEN:
+            raise RuntimeError(STICKY)
+        return super().build_call(batch, data, cache)
+
+
+class RaisesMemoryError(_Planted):
+    name = "planted.raises_memory_error"
+    description = "raise MemoryError on head size 64"
+
+    def misbehave(self, call) -> None:
+        raise MemoryError("planted")
+
+
+class Hangs(_Planted):
+    name = "planted.hangs"
+    description = "never returns on head size 64"
+
+    def misbehave(self, call) -> None:
+        while True:
+            time.sleep(0.5)
+
+
+class SwallowsInterrupts(_Planted):
+    """Correct, but its run sleeps 0.5 s and swallows KeyboardInterrupt (as code inside a kernel library can)."""
+
+    name = "planted.swallows_interrupt_ending"
+    description = "SDPA that swallows KeyboardInterrupt"
+
+    def misbehave(self, call) -> None:
+        pass
+
+    def run(self, call):
+        try:
+            time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        return super().run(call)
+
+
+class BuildCallRaises(Correct):
+    """The adapter's build_call raises on head size 64: the adapter's bug, never the kernel's."""
+
+    name = "planted.build_call_raises"
+    description = "an adapter whose build_call raises ValueError on head size 64"
+
+    def build_call(self, batch, data, cache):
+        if batch.head_size == BAD_HEAD:
+            raise ValueError("planted: this adapter cannot build head size 64")
+        return super().build_call(batch, data, cache)
+
+
+class Mixed(_Planted):
+    """Ends differently on different inputs (the issue's 10-minute acceptance campaign): head size 64 with one
+    sequence segfaults, with more aborts; head size 128 with one sequence exits with status 1, with more raises
+    SystemExit; head size 32 with block size 32 hangs. Correct otherwise."""
+
+    name = "planted.mixed"
+    description = "segfaults, aborts, exits 1, raises SystemExit or hangs depending on the input"
+
+    def run(self, call):
+        _log()
+        d = call.kwargs["query"].shape[-1]
+        n = len(call.kwargs["seq_lens"])
+        bs = call.kwargs["key_cache"].shape[1]
+        if d == 64:
+            ctypes.string_at(0) if n == 1 else os.abort()
+        if d == 128:
+            os._exit(1) if n == 1 else (_ for _ in ()).throw(SystemExit(3))
+        if d == 32 and bs == 32:
+            while True:
+                time.sleep(0.5)
+        return SdpaPaged.run(self, call)
+
+
+class CrashesWhenReshaped(_Planted):
+    """Raises SystemExit (a failing example) when a used block sits at or past 2**16 elements with head size 128,
+    and exits the process when one does with a smaller head size: what the structural shrink's "smaller head
+    size, block ids scaled to keep their offsets" candidate is (Hypothesis lowers the head size with the ids
+    kept, which ends the trigger). Block sizes 16 and 32 only, so that the scaled ids stay within the
+    strategies' bounds."""
+
+    name = "planted.crashes_when_reshaped"
+    description = "SystemExit on a far block at head size 128, os._exit on one at a smaller head size"
+    capabilities = attrs.evolve(SdpaPaged.capabilities, block_sizes=(16, 32))
+
+    def run(self, call):
+        _log()
+        nb, bs, hkv, d = call.kwargs["key_cache"].shape
+        table, seq_lens = call.kwargs["block_table"], call.kwargs["seq_lens"].tolist()
+        top = max(int(table[i, : -(-n // bs)].max()) for i, n in enumerate(seq_lens))
+        if top * bs * hkv * d >= 1 << 16:
+            raise SystemExit(3) if d == 128 else os._exit(1)
+        return SdpaPaged.run(self, call)
+
+
+class SkipsLastRow(Correct):
+    """Leaves the output row of the batch's last query token unwritten (as a kernel with an off-by-one grid
+    would): whatever torch.empty held there."""
+
+    name = "planted.skips_last_row"
+    description = "SDPA that never writes its last output row"
+
+    def run(self, call):
+        out = call.kwargs["output"]
+        keep = out[-1].clone()
+        super().run(call)
+        out[-1] = keep
+        return out
