@@ -17,7 +17,7 @@ SGLANG_PIN := sglang==0.5.23
 SGLANG_DIR := $(VENV)/share/kvfuzz/sglang
 STAMP := $(VENV)/.kvfuzz-setup-6
 
-# Default fuzz budget per target (ten targets): `make fuzz` finishes in about five minutes on a 2-core CPU. The
+# Default fuzz budget per target (eleven targets): `make fuzz` finishes in about five minutes on a 2-core CPU. The
 # baseline accepts the upstream findings README documents (Findings 1, 2, 3, 9): only a new failure exits 1.
 FUZZ_ARGS ?= --max-examples 200 --duration 30s --out kvfuzz-out --baseline kvfuzz-baseline.toml
 

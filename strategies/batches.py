@@ -216,6 +216,8 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     if pin is not None and heads is None and capabilities.fp8_gqa_ratios is not None:  # the pinned cache's groups
         ratios = tuple(r for r in (ratios or GQA_RATIOS) if capabilities.fp8_accepts_gqa(pin.kv_cache_dtype, r))
     num_heads, num_kv_heads = draw(_cached(gqa_heads, limits.max_num_heads, ratios=ratios, pin=heads))
+    if capabilities.value_head_size is not None:  # a latent cache: MQA, one kv head for the group drawn
+        num_heads, num_kv_heads = num_heads // num_kv_heads, 1
     head_size = draw(choice(sorted(capabilities.head_sizes), *_pinned(pin, "head_size")))
     cache_dtypes = [k for k in capabilities.kv_cache_dtypes
                     if head_size in capabilities.head_sizes_for(k)
@@ -250,6 +252,10 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     csr = {}
     if capabilities.metadata == "csr":
         csr["csr_tail"] = draw(csr_tails(num_blocks * block_size))
+    if capabilities.value_head_size is not None:
+        csr["value_head_size"] = capabilities.value_head_size
+        if "v_scale" in params:  # one latent row, one scale
+            params["v_scale"] = params["k_scale"]
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
                  head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
                  dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **csr, **params)
@@ -336,8 +342,10 @@ def undeclared_examples(capabilities: Capabilities, dtypes: tuple[str, ...], lim
     them right (kvfuzz's taxonomy: "configuration rejected" vs "silently accepted but unsupported")."""
     if not dtypes:
         raise InvalidArgument("dtypes must name at least one dtype the environment computes faithfully")
+    dv = capabilities.value_head_size or 0  # a latent target: only head sizes its latent row can have
     universe = attrs.evolve(capabilities, dtypes=dtypes, exclusive=(), fp8_gqa_ratios=None, gqa_ratios=None,
-                            head_sizes=tuple(sorted(set(UNIVERSE_HEAD_SIZES) | set(capabilities.head_sizes))),
+                            head_sizes=tuple(sorted(h for h in set(UNIVERSE_HEAD_SIZES) | set(capabilities.head_sizes)
+                                                    if h > dv)),
                             block_sizes=tuple(sorted(set(UNIVERSE_BLOCK_SIZES) | set(capabilities.block_sizes))))
     return examples(universe, limits, poisons).filter(lambda e: not capabilities.accepts(e.batch))
 

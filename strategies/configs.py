@@ -117,7 +117,8 @@ def _round(capabilities: Capabilities, limits: Limits, seed: int, r: int,
     rng = random.Random(f"kvfuzz-configs:{seed}:{r}")
     features = [f for f in FEATURES if f in capabilities.features]
     ratios = tuple(r for r in gqa_ratios(limits) if capabilities.gqa_ratios is None or r in capabilities.gqa_ratios)
-    dims: dict[str, list] = {"dtype": list(capabilities.dtypes), "ratio": list(ratios), "kv": list(NUM_KV_HEADS),
+    kvs = [1] if capabilities.value_head_size is not None else list(NUM_KV_HEADS)  # a latent cache: MQA
+    dims: dict[str, list] = {"dtype": list(capabilities.dtypes), "ratio": list(ratios), "kv": kvs,
                              "head_size": list(capabilities.head_sizes),
                              "kv_cache_dtype": list(capabilities.kv_cache_dtypes),
                              "block_size": list(capabilities.block_sizes), **{f: [False, True] for f in features}}

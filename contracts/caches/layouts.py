@@ -100,4 +100,23 @@ class NHDLayout:
         return key_cache[slots // bs, slots % bs], value_cache[slots // bs, slots % bs]
 
 
-__all__ = ["CacheLayout", "LayoutError", "NHDLayout", "VllmPagedLayout"]
+class LatentLayout(NHDLayout):
+    """MLA's latent cache (vllm/v1/attention/backends/mla/triton_mla.py, ``TritonMLAImpl.forward_mqa``): one
+    buffer ``[num_blocks, block_size, 1, head_size]`` (``kv_c_and_k_pe_cache.unsqueeze(2)``: 512 + 64 = 576 for
+    DeepSeek) is the key cache, and the value cache is a view of its first ``value_head_size`` dims
+    (``kv_c_cache = kv_c_and_k_pe_cache[..., :kv_lora_rank]``), so a written key row is its value too. Reads and
+    writes as :class:`NHDLayout` (writing the value into the view rewrites the same bytes: a latent batch's values
+    are its keys' first dims). Raises LayoutError for a batch that is not latent
+    (``Batch.value_head_size`` None)."""
+
+    name = "latent"
+
+    def allocate(self, batch: Batch, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        if batch.value_head_size is None:
+            raise LayoutError("the latent layout holds latent batches only (Batch.value_head_size is None)")
+        shape = (batch.num_blocks, batch.block_size, batch.num_kv_heads, batch.head_size)
+        cache = torch.empty(shape, dtype=_cache_dtype(batch), device=device)
+        return cache, cache[..., : batch.value_head_size]
+
+
+__all__ = ["CacheLayout", "LatentLayout", "LayoutError", "NHDLayout", "VllmPagedLayout"]

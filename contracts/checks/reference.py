@@ -18,6 +18,10 @@ output element, how far a correct kernel of the FlashAttention family can land f
 softmax and both accumulations in fp32, the probabilities P rounded to the input dtype before P@V, the output
 rounded to the dtype once.
 
+A latent batch (MLA, ``batch.value_head_size`` = Dv) is computed in the form the kernels compute it: the
+query already in the latent space (``[T, H, D]``, D = 576), the keys the cached latent rows, the values their
+first Dv dims (512), the output ``[T, H, Dv]``; nothing else changes (the dot product's bound is over D).
+
 Both are computed for all sequences at once, in a few batched ops per chunk of sequences (the layout:
 :mod:`~kvfuzz.contracts.checks.reference_chunks`), on the device of ``data.query``, without reading a device
 tensor back to the host. The two low-precision models (:func:`same_precision_attention`,
@@ -95,7 +99,7 @@ def _sequence(batch: Batch, data: BatchData, i: int, dtype: torch.dtype):
 def _attend(batch: Batch, data: BatchData, dtype: torch.dtype) -> torch.Tensor:
     """The attention computed naively in ``dtype`` with torch ops (softmax accumulated in fp32 for 16-bit
     dtypes, as torch does): ``[num_tokens, num_heads, head_size]`` in ``dtype``."""
-    out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=dtype, device=data.query.device)
+    out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size_v), dtype=dtype, device=data.query.device)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     qsl = batch.query_start_loc
     for i in range(batch.num_seqs):  # one vectorized block per sequence (not per token)
@@ -154,10 +158,10 @@ class _Padded:
             rows = (c.key_row0[:, None] + torch.minimum(j, c.last_key[:, None])).view(-1)
             k, v = (x.index_select(0, rows) for x in (data.keys, data.values))
         q = q.reshape(B, Qm, hkv, g, D)
-        k, v = (x.reshape(B, Km, hkv, D) for x in (k, v))
+        k, v = k.reshape(B, Km, hkv, D), v.reshape(B, Km, hkv, batch.head_size_v)  # latent: Dv < D
         self.H, self.Qm = H, Qm
         self.q = _f64(q.permute(0, 2, 3, 1, 4)).view(B * hkv, g * Qm, D)
-        self.k, self.v = (_f64(x.permute(0, 2, 1, 3)).view(B * hkv, Km, D) for x in (k, v))
+        self.k, self.v = (_f64(x.permute(0, 2, 1, 3)).view(B * hkv, Km, x.shape[-1]) for x in (k, v))
         s = self.heads(torch.bmm(self.q, self.k.transpose(1, 2))) * batch.scale
         if batch.softcap is not None:
             s = batch.softcap * torch.tanh(s / batch.softcap)
@@ -330,7 +334,7 @@ def flash_attention_model(batch: Batch, data: BatchData) -> torch.Tensor:
     divided by the fp32 row sum and rounded to the dtype once. Returned as fp64 ``[num_tokens, num_heads,
     head_size]``. The second low-precision model of the mean-error rule (:mod:`kvfuzz.contracts.checks.oracles`)."""
     dt = batch.torch_dtype
-    out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=dt, device=data.query.device)
+    out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size_v), dtype=dt, device=data.query.device)
     qsl = batch.query_start_loc
     for i in range(batch.num_seqs):
         _, _, v, s, sink = _sequence(batch, data, i, torch.float32)

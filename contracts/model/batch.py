@@ -97,6 +97,13 @@ class Batch:
         applied after the scale and before ALiBi and masking (unified_attention's order).
     value_range:
         How queries and keys are drawn, one of :data:`VALUE_RANGES`.
+    value_head_size:
+        ``None`` (values have ``head_size`` dims of their own) or ``Dv < head_size``: MLA's latent cache, where
+        a position's cached row is its key (``kv_c`` then ``k_pe``: DeepSeek's 512 + 64 = 576) and its value is
+        the first ``Dv`` dims of that same row (vLLM's ``kv_c_cache = kv_c_and_k_pe_cache[..., :kv_lora_rank]``,
+        vllm/v1/attention/backends/mla/triton_mla.py). The query is already in the latent space (``[*, H,
+        head_size]``), the output ``[*, H, Dv]``; one row per token needs ``num_kv_heads == 1`` and one fp8 scale
+        (``v_scale == k_scale``).
     csr_tail:
         Entries of a CSR ``kv_indices`` past ``kv_indptr[-1]`` (:func:`kvfuzz.contracts.model.csr.token_slot_lists`):
         ids no kernel may read, as a buffer allocated for a larger batch holds them (SGLang's CUDA-graph
@@ -130,6 +137,7 @@ class Batch:
     softcap: float | None = attrs.field(default=None, converter=_optional_float, validator=_positive_float)
     value_range: str = attrs.field(default="normal", validator=attrs.validators.in_(VALUE_RANGES))
     csr_tail: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
+    value_head_size: int | None = attrs.field(default=None, converter=_optional_int)
 
     def __attrs_post_init__(self) -> None:
         if self.kv_cache_dtype == "auto" and (self.k_scale != 1.0 or self.v_scale != 1.0):
@@ -140,6 +148,8 @@ class Batch:
             )
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be None (no window) or >= 1 keys, got {self.sliding_window}")
+        if self.value_head_size is not None:
+            self._check_latent()
         n = len(self.query_lens)
         if n == 0:
             raise ValueError("a batch needs at least one sequence (query_lens is empty)")
@@ -176,6 +186,19 @@ class Batch:
                     self._check_shared(blk, used[blk], (i, col))
                 else:
                     used[blk] = (i, col)
+
+    def _check_latent(self) -> None:
+        """A latent batch (``value_head_size`` set): ``1 <= Dv < head_size``, one kv head, one fp8 scale."""
+        dv = self.value_head_size
+        if not 1 <= dv < self.head_size:
+            raise ValueError(f"value_head_size {dv} must be in [1, head_size={self.head_size}) (the value is the "
+                             "first value_head_size dims of the key row); None for values of their own")
+        if self.num_kv_heads != 1:
+            raise ValueError(f"value_head_size (a latent cache) needs num_kv_heads == 1, got {self.num_kv_heads}: "
+                             "MLA caches one latent row per token, shared by every query head")
+        if self.v_scale != self.k_scale:
+            raise ValueError(f"a latent cache has one fp8 scale: v_scale {self.v_scale} must equal k_scale "
+                             f"{self.k_scale} (vLLM's Triton MLA passes v_scale=layer._k_scale)")
 
     def _check_shared(self, blk: int, first: tuple[int, int], other: tuple[int, int]) -> None:
         """A block used twice is legal only as a shared prefix block (see ``block_table``); raises ValueError."""
@@ -229,6 +252,11 @@ class Batch:
         for s in self.seq_lens:
             out.append(out[-1] + s)
         return tuple(out)
+
+    @property
+    def head_size_v(self) -> int:
+        """The value (and output) head size: ``value_head_size`` for a latent batch, else ``head_size``."""
+        return self.head_size if self.value_head_size is None else self.value_head_size
 
     @property
     def max_query_len(self) -> int:
@@ -367,6 +395,8 @@ class Batch:
         d["ctx_lens"] = list(self.ctx_lens)
         d["block_table"] = [list(r) for r in self.block_table]
         d["csr_tail"] = list(self.csr_tail)
+        if self.value_head_size is None:  # absent unless latent: dicts of other batches stay as they were
+            del d["value_head_size"]
         return d
 
     @classmethod
@@ -396,6 +426,8 @@ class Batch:
             extra += f" shared_prefix_blocks={list(self.shared_prefix_blocks)}"
         if self.csr_tail:
             extra += f" csr_tail={list(self.csr_tail)}"
+        if self.value_head_size is not None:
+            extra += f" latent Dv={self.value_head_size}"
         return (
             f"{self.num_seqs} seqs [{kinds}] query_lens={list(self.query_lens)} ctx_lens={list(self.ctx_lens)} "
             f"H={self.num_heads} Hkv={self.num_kv_heads} D={self.head_size} block_size={self.block_size} "

@@ -43,6 +43,9 @@ class Capabilities:
         (vLLM: a per-sequence block table with seq_lens and query_start_loc) or "csr" (SGLang, FlashInfer:
         ``kv_indptr``/``kv_indices`` page lists, :mod:`kvfuzz.contracts.model.csr`); CSR targets also get
         ``Batch.csr_tail`` drawn.
+    value_head_size: None, or the latent form (MLA): the values are the first ``value_head_size`` dims of each
+        cached key row (:attr:`~kvfuzz.contracts.model.batch.Batch.value_head_size`), one kv head (MQA over the
+        latent cache), every head size in ``head_sizes`` larger than it; strategies draw every batch so.
     shared_prefix_blocks: the target was verified with full context blocks shared by several sequences
         (SGLang's radix cache, vLLM's prefix caching; :class:`~kvfuzz.contracts.model.batch.Batch`); strategies draw
         such batches only for targets that declare it.
@@ -67,8 +70,12 @@ class Capabilities:
     min_sliding_window: int = 1
     metadata: str = "block_table"
     shared_prefix_blocks: bool = False
+    value_head_size: int | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.value_head_size is not None and not 1 <= self.value_head_size < min(self.head_sizes):
+            raise ValueError(f"Capabilities.value_head_size {self.value_head_size} must be in [1, smallest head "
+                             f"size {min(self.head_sizes)}): the value is a prefix of the key row")
         bad = sorted(set(self.features).union(*self.exclusive) - set(FEATURES))
         if bad:
             raise ValueError(f"unknown features {bad}; known: {list(FEATURES)}")
@@ -121,6 +128,9 @@ class Capabilities:
             out.append("shared prefix blocks")
         if self.decode_only and any(q != 1 for q in batch.query_lens):
             out.append("prefill sequences (decode-only kernel)")
+        if batch.value_head_size != self.value_head_size:
+            out.append("values of their own (a latent-cache kernel)" if batch.value_head_size is None else
+                       f"a latent cache with value_head_size {batch.value_head_size}")
         f = set(batch.features)
         out += [f"feature {x}" for x in sorted(f - self.features)]
         out += [" with ".join(sorted(pair)) + " together" for pair in self.exclusive if pair <= f]
@@ -135,6 +145,7 @@ class Capabilities:
                 and (batch.sliding_window is None or batch.sliding_window >= self.min_sliding_window)
                 and (self.shared_prefix_blocks or not any(batch.shared_prefix_blocks))
                 and (not self.decode_only or all(q == 1 for q in batch.query_lens))
+                and batch.value_head_size == self.value_head_size
                 and self.combinable(batch.features))
 
     def restrict(self, **kw) -> "Capabilities":

@@ -25,7 +25,8 @@ class BatchData:
     query:  ``[num_tokens, num_heads, head_size]``, in query order (``query_start_loc``).
     keys, values: ``[sum(seq_lens), num_kv_heads, head_size]``: every position ``0 .. seq_len-1`` of every
         sequence, sequence ``i`` starting at ``batch.seq_start_loc[i]``. Positions ``ctx_len ..`` are the
-        new tokens, whose k/v the split contract passes separately.
+        new tokens, whose k/v the split contract passes separately. A latent batch (``batch.value_head_size``
+        = Dv, MLA): values ``[sum(seq_lens), 1, Dv]``, the keys' first Dv dims.
     """
 
     query: torch.Tensor
@@ -118,7 +119,9 @@ def _split(qkv: torch.Tensor, nq: int, shape_q: tuple[int, ...], shape_kv: tuple
 def make_batch_data(batch: Batch, device: str | torch.device | None = None) -> BatchData:
     """Draw the queries and the keys/values of every position from ``batch.seed``, on ``device`` (default the
     CPU), and return them as a :class:`BatchData` on that device: query ``[num_tokens, num_heads, head_size]``,
-    keys/values ``[sum(seq_lens), num_kv_heads, head_size]``, in ``batch.dtype``.
+    keys/values ``[sum(seq_lens), num_kv_heads, head_size]``, in ``batch.dtype``. A latent batch
+    (``batch.value_head_size`` = Dv) has values ``[sum(seq_lens), 1, Dv]``: views of the keys' first Dv dims (the
+    values' stream is drawn and unused, so the queries and keys are those of the same batch without it).
 
     Each element is drawn by :func:`kvfuzz.contracts.model.counter_rng.normal` (approximately standard normal:
     the Irwin–Hall sum of 4 uniforms scaled to variance 1, ``|x| <= 3.46``; queries, keys, values and sinks
@@ -157,8 +160,13 @@ def make_batch_data(batch: Batch, device: str | torch.device | None = None) -> B
         _shape_values(batch, query, keys)
         if shared is not None:  # "dominant" scales one position per sequence: keep shared positions equal
             keys[dst] = keys[src]
+    if batch.value_head_size is not None:  # latent (MLA): the value is the key row's first Dv dims
+        values = keys[..., : batch.value_head_size]
     dt = batch.torch_dtype
     fp8 = batch.fp8_dtype
+    if fp8 is None and batch.value_head_size is not None:
+        keys = keys.to(dt)
+        return BatchData(query=query.to(dt), keys=keys, values=keys[..., : batch.value_head_size], sinks=sinks)
     if fp8 is None:  # one rounding of the three: views of one tensor (a copy of ``flat``'s unless float32)
         query, keys, values = _split(qkv.to(dt), nq, shape_q, shape_kv)
         return BatchData(query=query, keys=keys, values=values, sinks=sinks)

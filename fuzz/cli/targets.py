@@ -37,6 +37,7 @@ def targets(as_json: bool, check: bool) -> None:
         contract = c.contract.value
         contract += " (decode-only)" if c.decode_only else ""
         contract += " [CSR]" if c.metadata == "csr" else ""
+        contract += f" [latent: values = keys[:{c.value_head_size}]]" if c.value_head_size is not None else ""
         rows.append({"name": name, "contract": contract, "metadata": c.metadata,
                      "shared_prefix_blocks": c.shared_prefix_blocks, "devices": list(c.devices),
                      "dtypes": list(c.dtypes), "head_sizes": list(c.head_sizes), "block_sizes": list(c.block_sizes),

@@ -32,6 +32,7 @@ from .base import Target
 #: imports no kernel library. A new family: its module here, its targets in :data:`BUILTIN`.
 FAMILIES = (
     "kvfuzz.fuzz.targets.vllm_triton",
+    "kvfuzz.fuzz.targets.vllm_mla",
     "kvfuzz.fuzz.targets.vllm_cpu",
     "kvfuzz.fuzz.targets.cache_writers",
     "kvfuzz.fuzz.targets.torch_flex",
@@ -45,6 +46,7 @@ BUILTIN = {
     "vllm.context_attention_fwd": "kvfuzz.fuzz.targets.vllm_triton:VllmContextAttentionFwd",
     "vllm.unified_attention": "kvfuzz.fuzz.targets.vllm_triton:VllmUnifiedAttention",
     "vllm.decode_attention_fwd": "kvfuzz.fuzz.targets.vllm_triton:VllmDecodeAttentionFwd",
+    "vllm.triton_mla_decode": "kvfuzz.fuzz.targets.vllm_mla:VllmTritonMlaDecode",
     "vllm.cpu_attention": "kvfuzz.fuzz.targets.vllm_cpu:VllmCpuAttention",
     "vllm.reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmReshapeAndCacheFlash",
     "vllm.cpu_reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmCpuReshapeAndCache",

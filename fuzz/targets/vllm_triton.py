@@ -117,7 +117,12 @@ def decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: A
     (vllm/v1/attention/ops/triton_decode_attention.py): decode-only, one query token per sequence, so
     query_start_loc is implicit (``arange(N + 1)``); caches ``[num_pages, page_size, Hkv, D]`` (NHD) read
     through ``req_to_token`` (the block table); unified contract: all seq_len positions in the cache. The
-    new tokens can be compared with the cache only when handed over (``key``/``value``)."""
+    new tokens can be compared with the cache only when handed over (``key``/``value``).
+
+    ``is_mla=True`` (vLLM's TRITON_MLA, vllm/v1/attention/backends/mla/triton_mla.py): the grouped kernel reads
+    each value from the key row's first ``Lv`` dims (``v = tl.trans(k)``), not from ``v_buffer``, so the value
+    cache checked is ``k_buffer[..., :Lv]`` (``Lv`` = ``v_buffer``'s last dim), what the kernel reads. Without
+    ``is_mla``, or with one query head per kv head (the MHA kernel, which is not told), ``v_buffer``."""
     q = args["q"]
     n = int(q.shape[0]) if isinstance(q, torch.Tensor) else 0
     kc = args["k_buffer"]
@@ -127,6 +132,10 @@ def decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: A
         vc = args["v_buffer"].view(-1, ps, *args["v_buffer"].shape[1:])
     else:
         vc = args["v_buffer"]
+    v_name = "v_buffer"
+    if args.get("is_mla") and is_tensor(kc) and is_tensor(vc) and is_tensor(q) and kc.dim() == 4 \
+            and vc.dim() == 4 and q.dim() == 3 and int(q.shape[1]) != int(vc.shape[-2]):
+        vc, v_name = kc[..., : vc.shape[-1]], "k_buffer[..., :Lv] (is_mla: the value is the key row's first Lv dims)"
     qsl = torch.arange(n + 1, dtype=torch.int32, device=q.device if isinstance(q, torch.Tensor) else "cpu")
     table = args["req_to_token"]
     if is_tensor(table) and table.dim() > 2 and all(int(d) == 1 for d in table.shape[2:]):
@@ -137,7 +146,7 @@ def decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: A
         kernel="decode_attention_fwd", contract=Contract.UNIFIED, layout=NHDLayout(), query=q, key_cache=kc,
         value_cache=vc, block_table=table, query_start_loc=qsl, seq_lens=args["b_seq_len"],
         key=key, value=value,
-        names=dict(query="q", key_cache="k_buffer", value_cache="v_buffer", block_table="req_to_token",
+        names=dict(query="q", key_cache="k_buffer", value_cache=v_name, block_table="req_to_token",
                    query_start_loc="(implicit: one query token per sequence)", seq_lens="b_seq_len"),
         kv_cache_dtype=None, k_scale=args.get("k_scale") if args.get("k_scale") is not None else 1.0,
         v_scale=args.get("v_scale") if args.get("v_scale") is not None else 1.0,
