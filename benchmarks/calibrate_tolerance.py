@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import platform
 import time
 
@@ -115,7 +116,7 @@ def main() -> None:
             w = worst[g]
             w["n"] = w.get("n", 0) + 1
             for k in STATS:
-                if k in r:
+                if k in r and not math.isnan(r[k]):  # NaN: the naive model overflowed (fp16 "extreme" values)
                     values[g][k].append(r[k])
                     if r[k] > w.get(k, {}).get("value", -1.0):
                         w[k] = {"value": r[k], "batch": b.summary(), "elements": r["elements"]}

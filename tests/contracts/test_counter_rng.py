@@ -204,6 +204,38 @@ def test_value_ranges_shape_the_draw():
     assert torch.equal(dom.keys[changed], 16 * normal.keys[changed])
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_extreme_values_are_the_normal_draw_times_64_finite_with_scores_of_thousands(dtype):
+    """"extreme": queries and keys x64 exactly (a power of two: the same bits on every device), values as drawn;
+    every product q_i k_i within fp16's range, the scaled scores' standard deviation ~4096 and the largest past
+    1e4; the same bits on a second draw."""
+    from kvfuzz.contracts.model.space import EXTREME_FACTOR
+
+    b = shared_batch(dtype=dtype, num_heads=4, num_kv_heads=2)
+    normal, ext = make_batch_data(b), make_batch_data(attrs.evolve(b, value_range="extreme"))
+    assert EXTREME_FACTOR == 64.0
+    assert torch.equal(ext.query, (64 * normal.query.float()).to(b.torch_dtype))
+    assert torch.equal(ext.keys, (64 * normal.keys.float()).to(b.torch_dtype))
+    assert torch.equal(ext.values, normal.values)
+    assert all(bool(torch.isfinite(x).all()) for x in (ext.query, ext.keys, ext.values))
+    assert float(ext.query.abs().max()) * float(ext.keys.abs().max()) <= torch.finfo(torch.float16).max
+    s = torch.einsum("qhd,khd->qhk", ext.query.double()[:3], ext.keys.double()[:43].repeat_interleave(2, 1))
+    s = s * b.scale
+    assert 3000 < float(s.std()) < 5500 and float(s.abs().max()) > 1e4
+    again = make_batch_data(attrs.evolve(b, value_range="extreme"))
+    assert all(torch.equal(getattr(ext, f), getattr(again, f)) for f in ("query", "keys", "values"))
+
+
+def test_extreme_values_saturate_an_fp8_e4m3_cache():
+    """Keys x64 over k_scale 3/64 pass e4m3's largest value 448: the codes saturate there (vLLM's
+    scaled_fp8_quant clamps), and the logical keys are still exactly the dequantized codes."""
+    b = shared_batch(dtype="float16", kv_cache_dtype="fp8_e4m3", k_scale=3 / 64, value_range="extreme")
+    d = make_batch_data(b)
+    codes = d.cache_keys.float()
+    assert bool((codes.abs() == 448).any()) and float(codes.abs().max()) == 448
+    assert torch.equal((codes * b.k_scale).to(torch.float16), d.keys)
+
+
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
 def test_fp8_keys_are_the_exact_dequantized_codes(kv):
     b = shared_batch(dtype="bfloat16", kv_cache_dtype=kv, k_scale=3 / 64, v_scale=0.375, value_range="large")

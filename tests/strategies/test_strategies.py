@@ -132,6 +132,9 @@ def test_value_ranges_are_bounded_by_the_limits():
     from kvfuzz.strategies import limits
 
     assert limits.VALUE_RANGES == VALUE_RANGES  # spelled out in limits.py to keep torch out of the CLI
+    assert Limits().value_ranges == VALUE_RANGES and "extreme" in VALUE_RANGES  # every range, by default
+    extreme = find(examples(CAPS, Limits()), lambda e: e.batch.value_range == "extreme", settings=FIND)
+    assert extreme.batch.value_range == "extreme"
     narrow = Limits(max_num_seqs=2, max_ctx_len=8, max_query_len=4, max_num_heads=2, value_ranges=("equal",))
     assert find(examples(CAPS, narrow), lambda e: True, settings=FIND).batch.value_range == "equal"
     with pytest.raises(InvalidArgument, match="value_ranges"):
