@@ -12,8 +12,11 @@ The file is TOML (read with the standard library's ``tomllib``), one ``[[known]]
     reference = "README.md Findings 1"  # where it is documented upstream or here
     # non-finite output: what decides "the same bug"
     poisons = ["nan", "inf"]            # the poisons it shows with
-    slots = "tail"                      # where the poison it reads sits: "tail" or "unwritten"
+    slots = "tail"                      # where the poison it reads sits: "tail" or "unwritten"; or "none": the
+                                        # NaN comes from the batch's own values (needs values and features)
     tail_tokens = 32                    # slots = "tail": the kernel's token group
+    values = ["extreme"]                # slots = "none": the value ranges it shows with
+    features = ["softcap"]              # slots = "none": the features that cause it (the batch has them)
     # kernel mismatch: what decides "the same bug"
     max_ratio = 10.0                    # the worst element's |out - ref| / bound may be at most this
     heads = "equal"                     # optional: "equal" (num_heads == num_kv_heads only) or "any"
@@ -26,7 +29,10 @@ A failing example matches an entry only when all of these hold (:func:`match`):
   at all) when the entry's ``slots`` hold finite values (zeros) and everything else is unchanged: ``"tail"``,
   the slots the contract leaves unwritten from each sequence's ``seq_len`` up to the next multiple of
   ``tail_tokens`` and of its block size (inside the sequence's block-table row); ``"unwritten"``, every slot the
-  contract leaves unwritten. So the NaN came from there, as the documented bug says, and from nowhere else;
+  contract leaves unwritten. So the NaN came from there, as the documented bug says, and from nowhere else.
+  ``slots = "none"``: the batch's value range is one of ``values``, it has every feature of ``features``, and
+  the same example passes with those features off (e.g. no softcap): the NaN comes from that feature at those
+  magnitudes, as the documented bug says;
 - a kernel mismatch: ``error / bound`` at the worst element is at most ``max_ratio``. Above it the finding is
   new (the known bug changed: it got worse), and its details say which entry it outgrew.
 
@@ -49,7 +55,9 @@ import attrs
 #: Failure kinds an entry may name (and what decides "the same bug" for each).
 KINDS = ("non-finite output", "kernel mismatch")
 #: Where the poison a known non-finite output reads sits (module docstring).
-SLOT_CLASSES = ("tail", "unwritten")
+SLOT_CLASSES = ("tail", "unwritten", "none")
+#: Features a ``slots = "none"`` entry may name, and how a re-run turns each off (a Batch field's value).
+FEATURES_OFF = {"softcap": ("softcap", None)}
 HEADS = ("any", "equal")
 POISONS = ("nan", "inf", "stale", "zeros")
 
@@ -79,6 +87,8 @@ class KnownFinding:
     tail_tokens: int = 32
     max_ratio: float | None = None
     heads: str = "any"
+    values: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
 
     def to_toml(self) -> str:
         """This entry as a ``[[known]]`` table (strings as TOML basic strings, via JSON's escapes, which TOML's
@@ -91,6 +101,9 @@ class KnownFinding:
             lines += [f"poisons = [{', '.join(s(p) for p in self.poisons)}]", f"slots = {s(self.slots)}"]
             if self.slots == "tail":
                 lines.append(f"tail_tokens = {self.tail_tokens}")
+            if self.slots == "none":
+                lines += [f"values = [{', '.join(s(v) for v in self.values)}]",
+                          f"features = [{', '.join(s(f) for f in self.features)}]"]
         else:
             lines.append(f"max_ratio = {self.max_ratio!r}")
         if self.heads != "any":
@@ -189,6 +202,18 @@ def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
             if tail < 1:
                 raise BaselineError(path, f"known[{i}].tail_tokens", f"is {tail}", "a positive token count")
             kw = dict(poisons=tuple(poisons), slots=slots, tail_tokens=tail)
+            if slots == "none":
+                from kvfuzz.contracts.model.space import VALUE_RANGES
+
+                values = _field(path, i, t, "values", list, 'the value ranges it shows with, e.g. ["extreme"]')
+                if not values or any(v not in VALUE_RANGES for v in values):
+                    raise BaselineError(path, f"known[{i}].values", f"is {values!r}",
+                                        f"a non-empty list of {', '.join(map(repr, VALUE_RANGES))}")
+                features = _field(path, i, t, "features", list, 'the features that cause it, e.g. ["softcap"]')
+                if not features or any(f not in FEATURES_OFF for f in features):
+                    raise BaselineError(path, f"known[{i}].features", f"is {features!r}",
+                                        f"a non-empty list of {', '.join(map(repr, FEATURES_OFF))}")
+                kw |= dict(values=tuple(values), features=tuple(features))
         else:
             ratio = _field(path, i, t, "max_ratio", float, "the largest |out - ref| / bound accepted, e.g. 10.0")
             if not (math.isfinite(ratio) and ratio >= 1.0):
@@ -264,6 +289,10 @@ def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
         return fresh
 
     try:
+        if entry.slots == "none":  # the same example with the entry's features off (match checked they are on)
+            off = dict(FEATURES_OFF[f] for f in entry.features)
+            properties.check(target, attrs.evolve(example, batch=attrs.evolve(example.batch, **off)))
+            return True
         if entry.slots == "unwritten":
             zeros = attrs.evolve(example, poison=Poison.ZEROS)
             if reuse:
@@ -307,6 +336,16 @@ def match(entry: KnownFinding, target, example, finding, run=None) -> tuple[bool
     if entry.kind == "non-finite output":
         if example.poison.value not in entry.poisons:
             return False, f"baseline {entry.id} covers poisons {', '.join(entry.poisons)}, not {example.poison.value}"
+        if entry.slots == "none":
+            missing = [f for f in entry.features if getattr(b, FEATURES_OFF[f][0]) is None]
+            if b.value_range not in entry.values or missing:
+                return False, (f"baseline {entry.id} covers values {', '.join(entry.values)} with "
+                               f"{', '.join(entry.features)}, not values {b.value_range}"
+                               + (f" without {', '.join(missing)}" if missing else ""))
+            if not _passes_with_finite(entry, target, example, run):
+                return False, (f"baseline {entry.id}: the example still fails with {', '.join(entry.features)} "
+                               "off, so the non-finite output does not come (only) from there")
+            return True, ""
         if not _passes_with_finite(entry, target, example, run):
             return False, (f"baseline {entry.id}: the example still fails with zeros in its {entry.slots} slots, so "
                            "the non-finite output does not come (only) from there")
@@ -390,5 +429,5 @@ def append_entry(path: str | Path, entry: KnownFinding) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "append_entry", "classify",
+__all__ = ["FEATURES_OFF", "Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "append_entry", "classify",
            "entry_from_case", "load_baseline", "match", "parse_baseline", "tail_slots"]

