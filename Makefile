@@ -21,7 +21,7 @@ STAMP := $(VENV)/.kvfuzz-setup-6
 # baseline accepts the upstream findings README documents (Findings 1, 2, 3, 9): only a new failure exits 1.
 FUZZ_ARGS ?= --max-examples 200 --duration 30s --out kvfuzz-out --baseline kvfuzz-baseline.toml
 
-.PHONY: setup fuzz test device-bundle check-caller-fault clean
+.PHONY: setup fuzz test device-bundle upstream-tests check-caller-fault clean
 
 setup: $(STAMP)
 
@@ -53,6 +53,11 @@ fuzz: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# vLLM 0.33.0's own kernel test files (tests/kernels/attention from its source distribution) in the ignored
+# .upstream/ folder, for `kvfuzz bench upstream` and benchmarks/upstream_suites.sh (carry `.upstream` to a GPU).
+upstream-tests:
+	PY=$(PYTHON) bash benchmarks/upstream_tests.sh
 
 # The offline bundle a GPU machine with no network installs (benchmarks/gpu_env.sh): .device/ with cp312 wheels,
 # vLLM's Python files and the sglang kernel files; carry `.device` in the device call.

@@ -2,11 +2,13 @@
 against the mutant zoo (:mod:`kvfuzz.fuzz.bench.detection`); ``kvfuzz bench throughput`` profiles examples/s
 (:mod:`kvfuzz.fuzz.bench.throughput`); ``kvfuzz bench curve`` measures examples/s minute by minute over real
 campaigns, cold and warm Triton cache (:mod:`kvfuzz.fuzz.bench.curve`); ``kvfuzz bench bugs`` runs default campaigns
-on real upstream bugs re-injected into the pinned kernels (:mod:`kvfuzz.fuzz.bench.bugs.benchmark`)."""
+on real upstream bugs re-injected into the pinned kernels (:mod:`kvfuzz.fuzz.bench.bugs.benchmark`); ``kvfuzz bench
+upstream`` runs the upstream projects' own test files against them (:mod:`kvfuzz.fuzz.bench.bugs.upstream`)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -318,6 +320,64 @@ def bugs(bugs, seeds, duration, max_examples, json_path) -> None:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(doc, indent=1))
         console.print(f"JSON: {json_path}")
+
+
+@bench.command()
+@click.option("--tree", required=True, type=click.Path(exists=True, file_okay=False),
+              help="The upstream source tree holding the test files (`make upstream-tests` unpacks vLLM 0.33.0's "
+                   "into .upstream/vllm-0.33.0).")
+@click.option("--bug", "bugs", multiple=True,
+              help="Bugs to run, by name (bug.<slug> or <slug>; default: every one with an upstream test file).")
+@click.option("--workers", default=8, show_default=True, type=click.IntRange(min=0),
+              help="pytest-xdist workers per run (0: none).")
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds each pytest run may take.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
+              help="Write the JSON here.")
+def upstream(tree, bugs, workers, timeout, json_path) -> None:
+    """The anchor column of `kvfuzz bench bugs`: each bug's upstream test file (its kernel's own tests, from the
+    pinned release) run plainly and with the bug re-injected (the pytest plugin kvfuzz.fuzz.bench.bugs.upstream
+    swaps the kernel before the file imports it). Does the project's own suite fail on the bug? Needs CUDA: the
+    upstream files make their tensors on the GPU. Exit 0 once every run finished (whatever the suites found), 1
+    when a run timed out or a plain run failed (the table would not be about the bug)."""
+    from kvfuzz.fuzz.bench.bugs import BUGS, PatchDoesNotApply
+    from kvfuzz.fuzz.bench.bugs.benchmark import machine
+    from kvfuzz.fuzz.bench.bugs.upstream import UPSTREAM_TESTS, run_upstream
+
+    names = [b if b.startswith("bug.") else f"bug.{b}" for b in bugs] or list(UPSTREAM_TESTS)
+    unknown = [b for b in names if b not in UPSTREAM_TESTS]
+    if unknown:
+        raise click.BadParameter(f"no upstream test for {', '.join(unknown)}; known: "
+                                 f"{', '.join(sorted(UPSTREAM_TESTS))}", param_hint="--bug")
+    for name in names:
+        t = UPSTREAM_TESTS[name]
+        if t.file is not None and not (Path(tree) / t.file).exists():
+            raise click.BadParameter(f"{Path(tree) / t.file} is missing (run `make upstream-tests`, or name the "
+                                     "vLLM 0.33.0 source tree)", param_hint="--tree")
+        try:
+            BUGS[name].check_applies()
+        except (PatchDoesNotApply, FileNotFoundError) as e:
+            raise click.UsageError(str(e)) from None
+    results, trouble = [], False
+    for name in names:
+        r = run_upstream(name, Path(tree), workers, timeout)
+        results.append(r)
+        if r["plain"] is None:
+            console.print(f"{name}: not run: {r['reading']}", highlight=False)
+            continue
+        bad = [k for k in ("plain", "reinjected") if r[k].get("timed_out") or "failed_ids" not in r[k]]
+        trouble |= bool(bad) or r["plain"].get("failed", 0) > 0
+        console.print(f"{name}: {r['file']} -k {r['select']!r}: plain {r['plain'].get('passed')}/"
+                      f"{r['plain'].get('tests')} passed; re-injected {r['reinjected'].get('failed')} failed "
+                      f"(injected: {r['reinjected'].get('injected')}); fails: {r['fails']}, outside the fix's own "
+                      f"tests: {r['fails_without_regression']}", highlight=False)
+    doc = {"settings": {"machine": machine(), "tree": str(tree), "workers": workers, "timeout_s": timeout},
+           "bugs": results}
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(doc, indent=1))
+        console.print(f"JSON: {json_path}")
+    sys.exit(1 if trouble else 0)
 
 
 __all__ = ["bench"]

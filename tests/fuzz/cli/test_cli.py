@@ -473,13 +473,18 @@ BAD_VALUES = [  # (command, option, bad value): options whose values click's typ
     ("bench bugs", "--bug", "nope"),
     ("bench bugs", "--duration", "soon"),
     ("bench bugs", "--json", "{file}/x.json"),
+    ("bench upstream", "--tree", "{file}"),
+    ("bench upstream", "--tree", "{file}.missing"),
+    ("bench upstream --tree {case}", "--bug", "nope"),
+    ("bench upstream --tree {case}", "--bug", "sglang-2479x"),
+    ("bench upstream --tree {case}", "--json", "{file}/x.json"),
     ("baseline add {case} --id x --reason r --reference r", "--baseline", "{file}/b.toml"),
     ("baseline add {case} --reason r --reference r", "--id", " "),
     ("baseline add {case} --id x --reference r", "--reason", ""),
     ("baseline add {case} --id x --reason r", "--reference", ""),
 ]
 #: What a command needs besides the option under test (its arguments, required options).
-REQUIRED = {"replay": ["{case}"], "report": ["{case}"],
+REQUIRED = {"replay": ["{case}"], "report": ["{case}"], "bench upstream": ["--tree", "{case}"],
             "baseline add": ["{case}", "--id", "x", "--reason", "r", "--reference", "r"]}
 
 
