@@ -14,6 +14,7 @@ PLUGIN = "kvfuzz.fuzz.bench.bugs.upstream"
 
 #: A stand-in test file: which functions did its imports bind, upstream's or the private re-injected copies?
 PROBE = '''
+import pytest
 from vllm.v1.attention.ops import triton_unified_attention as attention
 from vllm.v1.attention.ops.triton_attention_helpers import apply_softcap
 from vllm.v1.attention.ops.triton_unified_attention import unified_attention
@@ -27,7 +28,8 @@ def test_softcap_does_not_overflow_on_large_scores():
     assert not _private(apply_softcap)
 
 
-def test_triton_unified_attn_soft_cap():
+@pytest.mark.parametrize("case", ["0-None-32768-50.0-dtype0-None-16-128-num_heads0"])  # an id the -k selects
+def test_triton_unified_attn(case):
     assert {_private(unified_attention), _private(attention.unified_attention)} == {%s}
 '''
 
@@ -47,11 +49,11 @@ def _pytest(tree, *args):
 def test_the_plugin_swaps_kernel_and_helper_before_the_file_imports_them(tmp_path):
     available("vllm.unified_attention")
     tree = _tree(tmp_path, PROBE % "True")
-    r = _pytest(tree, "-p", PLUGIN, "--kvfuzz-bug", "vllm-56579", "-k", "soft_cap")
+    r = _pytest(tree, "-p", PLUGIN, "--kvfuzz-bug", "vllm-56579", "-k", "test_triton_unified_attn")
     assert r.returncode == 0, r.stdout + r.stderr
     assert ("kvfuzz: bug.vllm-56579 re-injected into vllm.v1.attention.ops.triton_attention_helpers, "
             "vllm.v1.attention.ops.triton_unified_attention") in r.stdout
-    plain = _pytest(tree, "-k", "soft_cap")  # without the plugin the same file gets upstream's kernel
+    plain = _pytest(tree, "-k", "test_triton_unified_attn")  # without the plugin the same file gets upstream's kernel
     assert plain.returncode == 1 and "re-injected" not in plain.stdout
 
 
