@@ -18,7 +18,8 @@ The file is TOML (read with the standard library's ``tomllib``), one ``[[known]]
     values = ["extreme"]                # slots = "none": the value ranges it shows with
     features = ["softcap"]              # slots = "none": the features that cause it (the batch has them)
     # kernel mismatch: what decides "the same bug"
-    max_ratio = 10.0                    # the worst element's |out - ref| / bound may be at most this
+    max_ratio = 10.0                    # the worst element's |out - ref| / bound may be at most this; or (and)
+    # values = ["extreme"], features = ["magnitudes"]: the value ranges and features it shows with (as above)
     heads = "equal"                     # optional: "equal" (num_heads == num_kv_heads only) or "any"
 
 A failing example matches an entry only when all of these hold (:func:`match`):
@@ -34,7 +35,12 @@ A failing example matches an entry only when all of these hold (:func:`match`):
   the same example passes with those features off (e.g. no softcap): the NaN comes from that feature at those
   magnitudes, as the documented bug says;
 - a kernel mismatch: ``error / bound`` at the worst element is at most ``max_ratio``. Above it the finding is
-  new (the known bug changed: it got worse), and its details say which entry it outgrew.
+  new (the known bug changed: it got worse), and its details say which entry it outgrew. An entry with ``values``
+  and ``features`` (instead of, or with, ``max_ratio``) matches as ``slots = "none"`` does: the value range is one
+  of ``values`` and the same example passes with the features off (or fails there only with a finding another,
+  unscoped entry accepts: Finding 3 at normal values). The feature ``"magnitudes"`` re-runs the same
+  batch at the ``"normal"`` value range: a precision bug that only large magnitudes expose (an fp16 score that
+  overflows, a rounding error that grows with the score) and that stays inside the bound at normal values.
 
 Anything else the same target does stays a new failure: a crash, a caller violation, NaN with finite poison
 or from other slots, a larger error. ``kvfuzz baseline add DIR`` writes an entry from a reproducer
@@ -57,7 +63,9 @@ KINDS = ("non-finite output", "kernel mismatch")
 #: Where the poison a known non-finite output reads sits (module docstring).
 SLOT_CLASSES = ("tail", "unwritten", "none")
 #: Features a ``slots = "none"`` entry may name, and how a re-run turns each off (a Batch field's value).
-FEATURES_OFF = {"softcap": ("softcap", None)}
+#: "magnitudes": the re-run draws the same batch at the "normal" value range (the failure comes from the batch's
+#: magnitudes alone, as a documented precision bug of an input-dtype score says).
+FEATURES_OFF = {"softcap": ("softcap", None), "magnitudes": ("value_range", "normal")}
 HEADS = ("any", "equal")
 POISONS = ("nan", "inf", "stale", "zeros")
 
@@ -105,7 +113,11 @@ class KnownFinding:
                 lines += [f"values = [{', '.join(s(v) for v in self.values)}]",
                           f"features = [{', '.join(s(f) for f in self.features)}]"]
         else:
-            lines.append(f"max_ratio = {self.max_ratio!r}")
+            if self.max_ratio is not None:
+                lines.append(f"max_ratio = {self.max_ratio!r}")
+            if self.values:
+                lines += [f"values = [{', '.join(s(v) for v in self.values)}]",
+                          f"features = [{', '.join(s(f) for f in self.features)}]"]
         if self.heads != "any":
             lines.append(f"heads = {s(self.heads)}")
         return "\n".join(lines) + "\n"
@@ -203,25 +215,37 @@ def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
                 raise BaselineError(path, f"known[{i}].tail_tokens", f"is {tail}", "a positive token count")
             kw = dict(poisons=tuple(poisons), slots=slots, tail_tokens=tail)
             if slots == "none":
-                from kvfuzz.contracts.model.space import VALUE_RANGES
-
-                values = _field(path, i, t, "values", list, 'the value ranges it shows with, e.g. ["extreme"]')
-                if not values or any(v not in VALUE_RANGES for v in values):
-                    raise BaselineError(path, f"known[{i}].values", f"is {values!r}",
-                                        f"a non-empty list of {', '.join(map(repr, VALUE_RANGES))}")
-                features = _field(path, i, t, "features", list, 'the features that cause it, e.g. ["softcap"]')
-                if not features or any(f not in FEATURES_OFF for f in features):
-                    raise BaselineError(path, f"known[{i}].features", f"is {features!r}",
-                                        f"a non-empty list of {', '.join(map(repr, FEATURES_OFF))}")
-                kw |= dict(values=tuple(values), features=tuple(features))
+                kw |= _values_and_features(path, i, t)
         else:
-            ratio = _field(path, i, t, "max_ratio", float, "the largest |out - ref| / bound accepted, e.g. 10.0")
-            if not (math.isfinite(ratio) and ratio >= 1.0):
-                raise BaselineError(path, f"known[{i}].max_ratio", f"is {ratio}",
-                                    "a finite number >= 1 (a failure exceeds its bound: ratio > 1)")
-            kw = dict(max_ratio=ratio)
+            scoped = "values" in t or "features" in t
+            if scoped:
+                kw = _values_and_features(path, i, t)
+            if "max_ratio" in t or not scoped:
+                ratio = _field(path, i, t, "max_ratio", float,
+                               "the largest |out - ref| / bound accepted, e.g. 10.0 (or values and features)")
+                if not (math.isfinite(ratio) and ratio >= 1.0):
+                    raise BaselineError(path, f"known[{i}].max_ratio", f"is {ratio}",
+                                        "a finite number >= 1 (a failure exceeds its bound: ratio > 1)")
+                kw["max_ratio"] = ratio
         entries.append(KnownFinding(entry_id, target, kind, check, reason, reference, heads=heads, **kw))
     return Baseline(str(path), tuple(entries))
+
+
+def _values_and_features(path, i: int, t: dict) -> dict:
+    from kvfuzz.contracts.model.space import VALUE_RANGES
+
+    values = _field(path, i, t, "values", list, 'the value ranges it shows with, e.g. ["extreme"]')
+    if not values or any(v not in VALUE_RANGES for v in values):
+        raise BaselineError(path, f"known[{i}].values", f"is {values!r}",
+                            f"a non-empty list of {', '.join(map(repr, VALUE_RANGES))}")
+    features = _field(path, i, t, "features", list, 'the features that cause it, e.g. ["softcap"]')
+    if not features or any(f not in FEATURES_OFF for f in features):
+        raise BaselineError(path, f"known[{i}].features", f"is {features!r}",
+                            f"a non-empty list of {', '.join(map(repr, FEATURES_OFF))}")
+    if "magnitudes" in features and "normal" in values:
+        raise BaselineError(path, f"known[{i}].values", "lists 'normal' with the feature 'magnitudes' (whose re-run "
+                            "is at 'normal': the same example)", "list only the larger value ranges")
+    return dict(values=tuple(values), features=tuple(features))
 
 
 def load_baseline(path: str | Path) -> Baseline:
@@ -266,7 +290,7 @@ def _reusable(target, example, run) -> bool:
             and run.example.batch == example.batch)
 
 
-def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
+def _passes_with_finite(entry: KnownFinding, target, example, run=None, others=()) -> bool:
     """Whether ``example`` passes every check (no finding, nothing raised) with the entry's slot class holding
     zeros instead of its poison, in this process. ``run``: the example's failing Run; its data, reference and
     envelope are reused (:func:`_reusable`) and the cache, the call, the kernel and the output checks are done
@@ -289,9 +313,12 @@ def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
         return fresh
 
     try:
-        if entry.slots == "none":  # the same example with the entry's features off (match checked they are on)
-            off = dict(FEATURES_OFF[f] for f in entry.features)
-            properties.check(target, attrs.evolve(example, batch=attrs.evolve(example.batch, **off)))
+        if entry.slots == "none" or entry.values:  # the same example, features off (match checked they are on)
+            off = attrs.evolve(example, batch=attrs.evolve(example.batch, **dict(FEATURES_OFF[f] for f in entry.features)))
+            try:
+                properties.check(target, off)
+            except Finding as f:  # features off, it may still show a known finding of its own (``others``)
+                return any(match(o, target, off, f)[0] for o in others)
             return True
         if entry.slots == "unwritten":
             zeros = attrs.evolve(example, poison=Poison.ZEROS)
@@ -320,14 +347,16 @@ def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
         return False
 
 
-def match(entry: KnownFinding, target, example, finding, run=None) -> tuple[bool, str]:
+def match(entry: KnownFinding, target, example, finding, run=None, others=()) -> tuple[bool, str]:
     """Whether ``finding`` (raised by ``example`` on ``target``) is the entry's known bug, and why not.
 
     Returns ``(True, "")`` or ``(False, reason)``; ``reason`` is "" when target, kind or check differ, else
     what failed (for a near miss worth saying: a known precision bug that outgrew its ``max_ratio``, a
     non-finite output not explained by the entry's slots). A non-finite entry re-runs the example once, in
     this process (module docstring), reusing ``run``'s ground truth, reference and envelope when ``run`` is
-    the failing :class:`~kvfuzz.fuzz.harness.run.Run` of this example (the same answer, computed once)."""
+    the failing :class:`~kvfuzz.fuzz.harness.run.Run` of this example (the same answer, computed once).
+    ``others``: entries without ``values`` whose findings a scoped entry's re-run may still show (:func:`classify`
+    passes the baseline's)."""
     if (entry.target, entry.kind, entry.check) != (target.name, finding.kind.value, finding.check):
         return False, ""
     b = example.batch
@@ -337,27 +366,37 @@ def match(entry: KnownFinding, target, example, finding, run=None) -> tuple[bool
         if example.poison.value not in entry.poisons:
             return False, f"baseline {entry.id} covers poisons {', '.join(entry.poisons)}, not {example.poison.value}"
         if entry.slots == "none":
-            missing = [f for f in entry.features if getattr(b, FEATURES_OFF[f][0]) is None]
-            if b.value_range not in entry.values or missing:
-                return False, (f"baseline {entry.id} covers values {', '.join(entry.values)} with "
-                               f"{', '.join(entry.features)}, not values {b.value_range}"
-                               + (f" without {', '.join(missing)}" if missing else ""))
-            if not _passes_with_finite(entry, target, example, run):
-                return False, (f"baseline {entry.id}: the example still fails with {', '.join(entry.features)} "
-                               "off, so the non-finite output does not come (only) from there")
-            return True, ""
+            return _scoped_match(entry, target, example, run, others)
         if not _passes_with_finite(entry, target, example, run):
             return False, (f"baseline {entry.id}: the example still fails with zeros in its {entry.slots} slots, so "
                            "the non-finite output does not come (only) from there")
         return True, ""
-    oracle = finding.details.get("oracle") or {}
-    try:
-        ratio = float(oracle["error"]) / float(oracle["bound"])
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return False, f"baseline {entry.id}: the finding records no error and bound"
-    if not ratio <= entry.max_ratio:
-        return False, (f"baseline {entry.id} accepts |out - ref| up to {entry.max_ratio:g}x the bound; this one is "
-                       f"{ratio:.3g}x: the known bug changed")
+    if entry.max_ratio is not None:
+        oracle = finding.details.get("oracle") or {}
+        try:
+            ratio = float(oracle["error"]) / float(oracle["bound"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            return False, f"baseline {entry.id}: the finding records no error and bound"
+        if not ratio <= entry.max_ratio:
+            return False, (f"baseline {entry.id} accepts |out - ref| up to {entry.max_ratio:g}x the bound; this one "
+                           f"is {ratio:.3g}x: the known bug changed")
+    return _scoped_match(entry, target, example, run, others) if entry.values else (True, "")
+
+
+def _scoped_match(entry: KnownFinding, target, example, run, others=()) -> tuple[bool, str]:
+    """An entry with ``values`` and ``features``: the batch's value range is one of them, it has the features,
+    and the same example passes with them off, or fails there only with a finding one of ``others`` (the
+    baseline's entries without ``values``) accepts: the precision bug at normal values that the larger values
+    magnify."""
+    b = example.batch
+    missing = [f for f in entry.features if getattr(b, FEATURES_OFF[f][0]) is None]
+    if b.value_range not in entry.values or missing:
+        return False, (f"baseline {entry.id} covers values {', '.join(entry.values)} with "
+                       f"{', '.join(entry.features)}, not values {b.value_range}"
+                       + (f" without {', '.join(missing)}" if missing else ""))
+    if not _passes_with_finite(entry, target, example, run, others):
+        return False, (f"baseline {entry.id}: the example still fails with {', '.join(entry.features)} off, so the "
+                       f"{entry.kind} does not come (only) from there")
     return True, ""
 
 
@@ -370,8 +409,10 @@ def classify(baseline: Baseline | None, target, example, finding, run=None) -> s
     if baseline is None:
         return None
     misses = []
-    for entry in baseline.for_target(target.name):
-        ok, why = match(entry, target, example, finding, run)
+    entries = baseline.for_target(target.name)
+    unscoped = tuple(e for e in entries if not e.values)
+    for entry in entries:
+        ok, why = match(entry, target, example, finding, run, others=unscoped)
         if ok:
             finding.known = entry.id
             finding.details["baseline"] = {"known": entry.id, "reason": entry.reason, "reference": entry.reference}

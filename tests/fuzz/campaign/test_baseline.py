@@ -69,6 +69,9 @@ max_ratio = 4
      "finite output").replace("max_ratio = 4", 'poisons = ["nan"]\nslots = "none"\nvalues = ["extreme"]\n'
                               'features = ["alibi"]'), "known[0].features", "'softcap'"),
     ("other = 1\n", "other", "only [[known]]"),
+    (GOOD.replace("max_ratio = 4", 'values = ["normal", "extreme"]\nfeatures = ["magnitudes"]'), "known[0].values",
+     "only the larger value ranges"),
+    (GOOD.replace("max_ratio = 4", 'values = ["extreme"]'), "known[0].features", "add features"),
 ])
 def test_a_bad_baseline_names_the_file_the_field_and_the_fix(text, field, fix):
     with pytest.raises(BaselineError) as info:
@@ -145,6 +148,41 @@ def test_a_nan_from_the_values_is_known_only_while_turning_its_feature_off_makes
     assert not ok and "still fails with softcap off" in why
     ok, why = match(attrs.evolve(entry, values=("extreme",)), target, capped, g)
     assert not ok and "not values normal" in why
+
+
+def test_a_magnitudes_entry_is_a_mismatch_entry_without_max_ratio_and_round_trips():
+    e, = parse_baseline(GOOD.replace("max_ratio = 4", 'values = ["large", "extreme"]\nfeatures = ["magnitudes"]'),
+                        "b.toml").entries
+    assert e.max_ratio is None and e.values == ("large", "extreme") and e.features == ("magnitudes",)
+    assert parse_baseline(e.to_toml(), "again.toml").entries == (e,)
+
+
+def test_a_magnitudes_entry_does_not_take_a_nan_that_stays_at_normal_values():
+    """The re-run at the 'normal' value range must pass: a NaN from the unmasked V tail is there at any
+    magnitude, so an entry that blames the magnitudes does not take it."""
+    target = get_target("mutant.tail_v_unmasked")
+    example = Example(_batch([1], [4], heads=(2, 2), head_size=32, block_size=8, value_range="extreme"), Poison.NAN)
+    f = failing(target, example)
+    entry = tail_entry(target.name, slots="none", values=("extreme",), features=("magnitudes",), heads="equal")
+    ok, why = match(entry, target, example, f)
+    assert not ok and "still fails with magnitudes off" in why
+    ok, why = match(entry, target, attrs.evolve(example, batch=attrs.evolve(example.batch, value_range="large")), f)
+    assert not ok and "not values large" in why
+
+
+@pytest.mark.kernel
+def test_the_shipped_baseline_knows_finding_3_overflowing_fp16_at_extreme_values():
+    """docs/findings.md, Finding 3 at extreme values (tests/fuzz/targets/test_attention_params.py's pinned case):
+    the MHA path's fp16 q.k overflows to NaN; at 'normal' values the same batch passes, so finding-3-overflow
+    takes it; the GQA path (the same batch with fewer kv heads) has nothing to take."""
+    available("vllm.decode_attention_fwd")
+    target = get_target("vllm.decode_attention_fwd")
+    example = Example(_batch([1, 1], [19, 6], heads=(8, 8), head_size=128, block_size=16, dtype="float16",
+                             value_range="extreme"), Poison.ZEROS)
+    f = failing(target, example)
+    assert isinstance(f, NonFiniteOutput)
+    assert classify(load_baseline(SHIPPED), target, example, f) == "finding-3-overflow"
+    properties.check(target, attrs.evolve(example, batch=attrs.evolve(example.batch, num_kv_heads=4)))
 
 
 def test_the_shipped_baseline_knows_finding_11_at_extreme_values_with_a_softcap():
