@@ -41,10 +41,20 @@ def boundary_class(length: int, block_size: int) -> str:
     return {0: "k*bs", block_size - 1: "k*bs-1", 1: "k*bs+1"}.get(r, "inside")
 
 
+def batch_states(batch: Batch) -> str:
+    """The production states a batch models, "+"-joined ("none" for none): "shared-prefix" when sequences share
+    full prefix blocks (vLLM's prefix caching, SGLang's radix cache; ``Batch.shared_prefix_blocks``)."""
+    out = []
+    if any(batch.shared_prefix_blocks):
+        out.append("shared-prefix")
+    return "+".join(out) or "none"
+
+
 def labels(target: Target, batch: Batch) -> dict[str, str]:
     """Coverage labels of one example (dimension -> value): the kernel path, the batch mix, GQA, lengths against
-    block boundaries, the modeled ROCm routing, and the declared parameter space it exercised (dtype,
-    kv_cache_dtype, head_size, block_size, the combination of features, the value range)."""
+    block boundaries, the modeled ROCm routing, the declared parameter space it exercised (dtype,
+    kv_cache_dtype, head_size, block_size, the combination of features, the value range) and the production
+    states it models (:func:`batch_states`)."""
     kinds = "".join(sorted({"d" if q == 1 else ("p" if c else "p0") for q, c in zip(batch.query_lens, batch.ctx_lens)}))
     out = {
         "path": target.path(batch),
@@ -57,6 +67,7 @@ def labels(target: Target, batch: Batch) -> dict[str, str]:
         "block_size": str(batch.block_size),
         "features": "+".join(batch.features) or "none",
         "values": batch.value_range,
+        "states": batch_states(batch),
     }
     for family, kernel in rocm_decode_kernel(target, batch).items():
         out[f"rocm {family}"] = kernel
@@ -101,5 +112,5 @@ def declared_space(target: Target, coverage: dict[str, dict[str, int]]) -> dict[
     return out
 
 
-__all__ = ["DECLARED_DIMENSIONS", "ROCM_FAMILIES", "ROCM_ROUTED", "Coverage", "boundary_class", "declared_space",
+__all__ = ["DECLARED_DIMENSIONS", "ROCM_FAMILIES", "ROCM_ROUTED", "Coverage", "batch_states", "boundary_class", "declared_space",
            "labels", "rocm_decode_kernel"]

@@ -140,6 +140,7 @@ class TorchFlexPaged(Target):
         head_sizes=(16, 32, 48, 64, 80, 128, 256),
         block_sizes=(16, 32, 8, 64, 128),
         features=("sliding_window", "alibi", "softcap"),  # window in the block mask, the others as score_mod
+        shared_prefix_blocks=True,  # a page table may map one full page into several sequences
     )
     cuda_head_sizes = (16, 32, 64, 128, 256)
     cuda_block_sizes = (16, 32, 64, 128)

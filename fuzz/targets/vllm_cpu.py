@@ -265,6 +265,7 @@ class VllmCpuAttention(VllmCpuOp):
         # from the 16-bit ones CpuAttnLayout models (a write/read-back probe disagreed): not modeled yet
         kv_cache_dtypes=("auto",),
         features=("sliding_window", "alibi", "sinks", "softcap"),
+        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
     )
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:

@@ -91,6 +91,7 @@ class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
         decode_only=True,
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"),
         gqa_ratios=(1, 2, 4, 8, 16, 32, 64, 128),
+        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
     )
 
     def layout(self, batch: Batch) -> CacheLayout:

@@ -234,6 +234,7 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         features=("sliding_window", "alibi", "sinks"),
         exclusive=(("alibi", "sinks"), ("alibi", "sliding_window")),
+        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -316,6 +317,7 @@ class VllmContextAttentionFwd(VllmTritonTarget):
         fp8_head_sizes=(32, 64, 128),  # x = 16 one-byte elements
         features=("sliding_window", "alibi", "sinks"),
         exclusive=(("alibi", "sinks"), ("alibi", "sliding_window")),
+        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -386,6 +388,7 @@ class VllmUnifiedAttention(VllmTritonTarget):
         features=("sliding_window", "alibi", "sinks", "softcap"),
         # accepted without complaint but position-dependent: see docs/findings.md, Finding 5 (tests/fuzz/targets/test_vllm_triton.py)
         exclusive=(("alibi", "sinks"),),
+        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -485,6 +488,7 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         decode_only=True,
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         features=("softcap",),
+        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
     )
 
     #: vllm/v1/attention/backends/mla/triton_mla.py
