@@ -385,7 +385,9 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
     example's poison (the backend allocates them with ``torch.empty``); ``num_kv_splits`` int32 ``[N]`` (see
     :meth:`num_kv_splits`); ``sm_scale`` = the scale in effect (required); ``k_scale``/``v_scale`` Python floats;
     ``logit_cap`` = softcap; ``sinks`` fp32 ``[H]``; ``page_size`` = block size. No window argument (SGLang's
-    backend windows a decode by listing fewer slots).
+    backend windows a decode by listing fewer slots). A batch with CUDA-graph pads (``Batch.num_pad_seqs``) is
+    called as SGLang's ``CudaGraphRunner`` pads it: each pad a decode of seq_len 1 listing token slot 0
+    (:mod:`kvfuzz.contracts.model.padding`), its own q row, scratch rows and one KV split.
 
     Two stage-1 kernels: ``_fwd_kernel_stage1`` for MHA (``H == Hkv``), ``_fwd_grouped_kernel_stage1``
     otherwise; ``_fwd_kernel_stage2`` merges the splits. fp8 caches (the pool holds ``k / k_scale`` as

@@ -345,8 +345,8 @@ class VllmUnifiedAttention(VllmTritonTarget):
 
     Unified contract: every sequence's ``seq_len`` positions are read from the cache
     (:class:`~kvfuzz.contracts.caches.layouts.NHDLayout`, ``[num_blocks, block_size, num_kv_heads, head_size]``).
-    Called as vLLM's TRITON_ATTN backend calls it (vllm/v1/attention/backends/triton_attn.py, eager mode,
-    no CUDA graphs): ``cu_seqlens_q`` = query_start_loc int32, ``seqused_k`` = seq_lens int32,
+    Called as vLLM's TRITON_ATTN backend calls it (vllm/v1/attention/backends/triton_attn.py, eager mode, or
+    a FULL CUDA graph's padded call when the batch has pads, :mod:`kvfuzz.contracts.model.padding`): ``cu_seqlens_q`` = query_start_loc int32, ``seqused_k`` = seq_lens int32,
     ``window_size = (W - 1, 0)`` for a sliding window of W keys (else ``(-1, -1)``), ``softcap`` (0: off),
     ``alibi_slopes`` and ``sinks`` float32 ``[H]``, causal; an fp8 cache as an fp8 view with
     ``kv_quant_mode=FP8_PER_TENSOR`` and ``k_descale``/``v_descale`` = the scale expanded to
