@@ -165,3 +165,11 @@ def test_the_real_kernels_keep_real_rows_and_pad_rows_finite(name):
     for table, poison in (([[1, 2], [3, 4]], Poison.NAN), ([[1, 2], [3, 0]], Poison.INF)):
         run = check_example(t, Example(_decode_batch(pads=3, block_table=table), poison))
         assert run.output.shape[0] == 5 and bool(torch.isfinite(run.output[2:]).all())
+
+
+def test_the_relations_check_a_padded_example_without_its_pads():
+    from kvfuzz.fuzz.harness.relations import RELATIONS
+
+    t = get_target(f"{PLANTED}:PadRowNaN")  # NaN in pad rows: no relation sees them
+    for name in ("batch-order", "block-relocation", "determinism"):
+        RELATIONS[name].check(t, Example(_decode_batch(pads=2), Poison.NAN))
