@@ -5,7 +5,8 @@ of seq_len 0 and query_len 0, the null block, one query row per pad past query_s
 PaddedTorch is correct. PadRowNaN maps output rows to sequences one to one, as a decode kernel's grid does, and
 normalizes by an empty softmax denominator for a pad (0 / 0: NaN in the pad row). LastSeqTakesTrailingRows
 ends the last sequence's query at the query's last row (q.shape[0]) instead of query_start_loc[-1]: right
-without pads, wrong for the last real sequence when pads follow it.
+without pads, wrong for the last real sequence when pads follow it. PadWritesNullBlock writes into the null
+block (slot 0) when a pad is present: a padded call must leave the cache as it was.
 """
 
 import attrs
@@ -58,3 +59,14 @@ class LastSeqTakesTrailingRows(PaddedTorch):
         last = max(i for i in range(len(qsl) - 1) if qsl[i + 1] > qsl[i])  # the last sequence with rows
         qsl[last + 1:] = rows
         return super().run(attrs.evolve(call, kwargs={**a, "query_start_loc": qsl}))
+
+
+class PadWritesNullBlock(PaddedTorch):
+    name = "planted.pad_writes_null_block"
+    description = "stores something in the null block (slot 0) for each seq_len-0 pad"
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        out = super().run(call)
+        if 0 in call.kwargs["seq_lens"].tolist():
+            call.kwargs["value_cache"][0, 0] = 0.5
+        return out

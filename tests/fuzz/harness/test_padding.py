@@ -173,3 +173,10 @@ def test_the_relations_check_a_padded_example_without_its_pads():
     t = get_target(f"{PLANTED}:PadRowNaN")  # NaN in pad rows: no relation sees them
     for name in ("batch-order", "block-relocation", "determinism"):
         RELATIONS[name].check(t, Example(_decode_batch(pads=2), Poison.NAN))
+
+
+def test_a_padded_call_that_writes_the_null_block_is_found():
+    with pytest.raises(KernelMismatch, match="changed the paged cache") as e:
+        check_example(get_target(f"{PLANTED}:PadWritesNullBlock"), Example(_decode_batch(pads=1), Poison.ZEROS))
+    assert e.value.check == Oracle.PAD_WRITES.value and e.value.details["oracle"]["token"] == 0  # block 0
+    check_example(get_target(f"{PLANTED}:PadWritesNullBlock"), Example(_decode_batch(pads=0), Poison.ZEROS))
