@@ -256,6 +256,10 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
         csr["value_head_size"] = capabilities.value_head_size
         if "v_scale" in params:  # one latent row, one scale
             params["v_scale"] = params["k_scale"]
+    if capabilities.cuda_graph_padding is not None:  # drawn last: shrinks to no pads, then away
+        pads = draw(cuda_graph_pads())
+        if all(q == 1 for q in query_lens):  # engines pad decode batches only (kvfuzz.contracts.model.padding)
+            csr["num_pad_seqs"] = pads
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
                  head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
                  dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **csr, **params)
@@ -278,6 +282,17 @@ def shared_prefixes(draw, table: list[list[int]], ctx_lens: list[int], block_siz
             k = min(k, ctx_lens[src] // block_size)
             table[j][:k] = table[src][:k]
     return table
+
+
+#: The most CUDA-graph pad sequences a batch draws (``Batch.num_pad_seqs``): vLLM's capture sizes step by 8
+#: past 8 (1, 2, 4, 8, 16, ...), so a real batch is at most 7 short of its size; a few find what more would.
+MAX_PAD_SEQS = 3
+
+
+def cuda_graph_pads() -> st.SearchStrategy[int]:
+    """How many CUDA-graph pad sequences follow a decode batch (``Batch.num_pad_seqs``, the "CUDA-graph
+    padding" state of :mod:`kvfuzz.contracts.model.padding`): 0 .. :data:`MAX_PAD_SEQS`, shrinking to 0."""
+    return st.integers(0, MAX_PAD_SEQS)
 
 
 def csr_tails(num_slots: int) -> st.SearchStrategy[list[int]]:
@@ -392,5 +407,6 @@ def examples(capabilities: Capabilities, limits: Limits = Limits(),
 
 __all__ = ["ARRANGEMENTS", "HIGH_IDS", "INT32_OFFSETS", "KINDS", "KV_SCALES", "SOFTCAPS", "UNIVERSE_BLOCK_SIZES",
            "UNIVERSE_HEAD_SIZES", "attention_params", "batches", "big_cache_examples", "block_tables",
-           "boundary_lengths", "choice", "csr_tails", "examples", "gqa_heads", "relocate_high", "sequence_lengths",
+           "boundary_lengths", "choice", "csr_tails", "cuda_graph_pads",
+           "examples", "gqa_heads", "relocate_high", "sequence_lengths",
            "shared_prefixes", "undeclared_examples"]

@@ -75,11 +75,16 @@ class KernelDeclaration:
     (and ``value``) may have a head size other than the key's (MLA: 576/512; vLLM's decode_attention_fwd,
     SGLang's kernels). writes_cache: the kernel writes the cache (a writer: sequences sharing a block they both
     write clobber each other; a reader computes what the shared block holds).
+    trailing_query_rows: the query may have rows past ``query_start_loc[-1]`` that no sequence owns, which the
+    kernel leaves alone: vLLM's FULL CUDA-graph padding passes ``query[:num_actual_tokens]`` with
+    ``num_actual_tokens = num_tokens_padded`` and pads of query_len 0 (vllm/v1/worker/gpu_model_runner.py
+    ``_build_attention_metadata``; :mod:`kvfuzz.contracts.model.padding`).
     """
 
     paths: tuple[KernelPath, ...]
     value_head_size_may_differ: bool = False
     writes_cache: bool = False
+    trailing_query_rows: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not any(p.taken_on is None for p in self.paths):

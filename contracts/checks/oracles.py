@@ -42,6 +42,10 @@ class Oracle(enum.Enum):
     FINITE = "finite output"
     #: element-wise agreement with the fp64 reference within the bound of the module docstring (:func:`agreement`)
     AGREEMENT = "agreement with the fp64 reference"
+    #: NaN or inf in a CUDA-graph pad row (:func:`check_pad_rows`; kvfuzz.contracts.model.padding)
+    PAD_FINITE = "finite pad rows"
+    #: a padded call changed the paged cache (:func:`check_cache_unchanged`)
+    PAD_WRITES = "cache unchanged by a padded call"
 
     @property
     def label(self) -> str:
@@ -66,6 +70,13 @@ MESSAGES: dict[Oracle, str] = {
     Oracle.AGREEMENT: "kernel disagrees with the fp64 reference in {bad_rows} (token, head) rows; worst at sequence "
                       "{seq} position {position} (output row {token}), head {head}, dim {dim}: |out - ref| = "
                       "{error:.3g} > bound {bound:.3g}",
+    Oracle.PAD_FINITE: "non-finite pad row: {bad_elements} elements in {bad_rows} (token, head) rows of CUDA-graph pad "
+                       "sequences; first at output row {token}, which is a pad row (pad sequence {seq}, not a real "
+                       "request: the engine drops it, but inside the model it flows on), head {head}, dim {dim}: "
+                       "{error}",
+    Oracle.PAD_WRITES: "a call with CUDA-graph pad sequences changed the paged cache: {bad_elements} elements in "
+                       "{bad_rows} slots, first at block {token} (slot {position} of it), head {head}, dim {dim} "
+                       "(an attention kernel writes nothing; the pads' null block / slot 0 included)",
 }
 
 
@@ -141,6 +152,39 @@ def check_finite(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
     tokens = tuple(int(i) for i in torch.unique(rows[bad_rows, 0]))
     return OracleFailure(Oracle.FINITE, seq, pos, t, h, d, float(out[t, h, d]), float("nan"), int(bad_rows.sum()),
                          int(bad.sum()), tokens)
+
+
+def check_pad_rows(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
+    """NaN or inf in the CUDA-graph pad rows of ``out`` ``[num_tokens + num_pad_seqs, num_heads, head_size]``
+    (rows ``num_tokens ..``: one per pad sequence, :mod:`kvfuzz.contracts.model.padding`): the failure names the
+    first such row and says it is a pad row (``seq``: the pad's index among the call's sequences, real ones
+    first; ``position`` 0). None when there are no pads or every pad row is finite."""
+    t0 = batch.num_tokens
+    pads = out[t0:]
+    if not batch.num_pad_seqs or not pads.numel():
+        return None
+    bad = ~torch.isfinite(pads.cpu())
+    if not bool(bad.any()):
+        return None
+    rows = bad.any(dim=-1)  # [pads, H]
+    r, h = (int(i) for i in torch.nonzero(rows)[0])
+    d = int(torch.nonzero(bad[r, h])[0])
+    tokens = tuple(t0 + int(i) for i in torch.nonzero(rows.any(dim=1)).flatten())
+    return OracleFailure(Oracle.PAD_FINITE, batch.num_seqs + r, 0, t0 + r, h, d, float(pads[r, h, d]),
+                         float("nan"), int(rows.sum()), int(bad.sum()), tokens)
+
+
+def check_cache_unchanged(before: torch.Tensor, after: torch.Tensor) -> OracleFailure | None:
+    """Whether a padded call left a cache bitwise as it was: ``before``/``after`` the raw bits of one cache
+    (any layout; dim 0 blocks, dim 1 ``block_size`` slots for the NHD layouts this is used with, and the rest
+    flattened into (head, dim) as far as the shape allows). None when equal."""
+    diff = (before != after)
+    if not bool(diff.any()):
+        return None
+    idx = [int(i) for i in torch.nonzero(diff)[0]] + [0, 0, 0, 0]
+    per_slot = diff.flatten(2).any(dim=-1) if diff.dim() > 2 else diff
+    return OracleFailure(Oracle.PAD_WRITES, 0, idx[1], idx[0], idx[2], idx[3], float("nan"), float("nan"),
+                         int(per_slot.sum()), int(diff.sum()))
 
 
 def agreement_bound(ref: torch.Tensor, lowp: torch.Tensor, envelope: torch.Tensor,
@@ -235,5 +279,5 @@ def row_floor(batch: Batch, ref: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["FLOOR_MAGNITUDE", "LEGACY_NAMES", "LOWP_RTOL", "MESSAGES", "RTOL", "LowPrecision", "Oracle",
-           "OracleFailure", "agreement", "agreement_bound", "atol_floor", "check_agreement", "check_finite",
-           "check_label", "error_ratio", "row_floor"]
+           "OracleFailure", "agreement", "agreement_bound", "atol_floor", "check_agreement", "check_cache_unchanged",
+           "check_finite", "check_label", "check_pad_rows", "error_ratio", "row_floor"]

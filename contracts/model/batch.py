@@ -109,6 +109,11 @@ class Batch:
         ids no kernel may read, as a buffer allocated for a larger batch holds them (SGLang's CUDA-graph
         ``kv_indices`` buffers): out of range (``-1``, ``num_blocks * block_size``) or slots of other positions
         (poisoned or another sequence's). Only CSR targets see them; empty by default.
+    num_pad_seqs:
+        CUDA-graph pad sequences after the real ones (the "CUDA-graph padding" state,
+        :mod:`kvfuzz.contracts.model.padding`): the call carries them as the engine builds them (the target's
+        ``Capabilities.cuda_graph_padding`` convention), the reference computes only the real sequences, and
+        every other field describes the real sequences alone. 0 by default.
 
     Raises
     ------
@@ -138,8 +143,11 @@ class Batch:
     value_range: str = attrs.field(default="normal", validator=attrs.validators.in_(VALUE_RANGES))
     csr_tail: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
     value_head_size: int | None = attrs.field(default=None, converter=_optional_int)
+    num_pad_seqs: int = attrs.field(default=0, converter=int)
 
     def __attrs_post_init__(self) -> None:
+        if self.num_pad_seqs < 0:
+            raise ValueError(f"num_pad_seqs must be >= 0 (CUDA-graph pad sequences), got {self.num_pad_seqs}")
         if self.kv_cache_dtype == "auto" and (self.k_scale != 1.0 or self.v_scale != 1.0):
             raise ValueError(
                 f"k_scale={self.k_scale} / v_scale={self.v_scale} apply to fp8 caches only; with "
@@ -397,6 +405,8 @@ class Batch:
         d["csr_tail"] = list(self.csr_tail)
         if self.value_head_size is None:  # absent unless latent: dicts of other batches stay as they were
             del d["value_head_size"]
+        if not self.num_pad_seqs:  # absent unless padded, likewise
+            del d["num_pad_seqs"]
         return d
 
     @classmethod
@@ -428,6 +438,8 @@ class Batch:
             extra += f" csr_tail={list(self.csr_tail)}"
         if self.value_head_size is not None:
             extra += f" latent Dv={self.value_head_size}"
+        if self.num_pad_seqs:
+            extra += f" cuda_graph_pads={self.num_pad_seqs}"
         return (
             f"{self.num_seqs} seqs [{kinds}] query_lens={list(self.query_lens)} ctx_lens={list(self.ctx_lens)} "
             f"H={self.num_heads} Hkv={self.num_kv_heads} D={self.head_size} block_size={self.block_size} "

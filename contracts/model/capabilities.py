@@ -8,6 +8,7 @@ import attrs
 
 from .batch import DTYPES, FEATURES, KV_CACHE_DTYPES
 from .contract import Contract
+from .padding import CONVENTIONS
 
 #: How a kernel's caller describes where each sequence's tokens are (``Capabilities.metadata``).
 METADATA = ("block_table", "csr")
@@ -49,6 +50,11 @@ class Capabilities:
     shared_prefix_blocks: the target was verified with full context blocks shared by several sequences
         (SGLang's radix cache, vLLM's prefix caching; :class:`~kvfuzz.contracts.model.batch.Batch`); strategies draw
         such batches only for targets that declare it.
+    cuda_graph_padding: None, or how the target's engine pads a batch up to a captured CUDA-graph size, one of
+        :data:`~kvfuzz.contracts.model.padding.CONVENTIONS` ("vllm": seq_len 0, the null block, query rows no
+        sequence owns; "sglang": seq_len 1 reading token slot 0): the "CUDA-graph padding" state
+        (:mod:`kvfuzz.contracts.model.padding`). Strategies draw ``Batch.num_pad_seqs`` only for targets that
+        declare one, and the target builds its call through :class:`~kvfuzz.contracts.model.padding.Padding`.
     """
 
     contract: Contract
@@ -71,8 +77,12 @@ class Capabilities:
     metadata: str = "block_table"
     shared_prefix_blocks: bool = False
     value_head_size: int | None = None
+    cuda_graph_padding: str | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.cuda_graph_padding is not None and self.cuda_graph_padding not in CONVENTIONS:
+            raise ValueError(f"unknown cuda_graph_padding {self.cuda_graph_padding!r}; known: {list(CONVENTIONS)} "
+                             "(or None)")
         if self.value_head_size is not None and not 1 <= self.value_head_size < min(self.head_sizes):
             raise ValueError(f"Capabilities.value_head_size {self.value_head_size} must be in [1, smallest head "
                              f"size {min(self.head_sizes)}): the value is a prefix of the key row")
@@ -126,6 +136,8 @@ class Capabilities:
             out.append(f"sliding_window {batch.sliding_window} (< {self.min_sliding_window})")
         if any(batch.shared_prefix_blocks) and not self.shared_prefix_blocks:
             out.append("shared prefix blocks")
+        if batch.num_pad_seqs and self.cuda_graph_padding is None:
+            out.append("CUDA-graph pad sequences")
         if self.decode_only and any(q != 1 for q in batch.query_lens):
             out.append("prefill sequences (decode-only kernel)")
         if batch.value_head_size != self.value_head_size:
@@ -144,9 +156,19 @@ class Capabilities:
                 and self.fp8_accepts_gqa(batch.kv_cache_dtype, batch.gqa_ratio)
                 and (batch.sliding_window is None or batch.sliding_window >= self.min_sliding_window)
                 and (self.shared_prefix_blocks or not any(batch.shared_prefix_blocks))
+                and (self.cuda_graph_padding is not None or not batch.num_pad_seqs)
                 and (not self.decode_only or all(q == 1 for q in batch.query_lens))
                 and batch.value_head_size == self.value_head_size
                 and self.combinable(batch.features))
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        """The production states this declaration draws, by name (``kvfuzz targets``): ``"shared prefix"``
+        (``shared_prefix_blocks``), ``"cuda-graph padding (vllm)"`` (``cuda_graph_padding``); ``()`` for none."""
+        out = ["shared prefix"] if self.shared_prefix_blocks else []
+        if self.cuda_graph_padding is not None:
+            out.append(f"cuda-graph padding ({self.cuda_graph_padding})")
+        return tuple(out)
 
     def restrict(self, **kw) -> "Capabilities":
         """A narrower declaration (e.g. ``dtypes=("float32",)``); raises ValueError if a value is not in

@@ -15,6 +15,7 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.caches.materialize import CacheState, materialize
 from kvfuzz.contracts.checks.oracles import Oracle, agreement, check_finite
+from kvfuzz.fuzz.harness.padding import PadSnapshot, fill_pad_slot
 from kvfuzz.contracts.checks.reference import reference_and_envelope, same_precision_attention
 from kvfuzz.fuzz.harness.caller import call_violations, caller_finding, caller_violations, metadata_violations
 from kvfuzz.fuzz.harness.faults import CallerFault
@@ -44,6 +45,7 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None,
     cache = materialize(batch, data, target.layout(batch), lens, example.poison, device=target.device)
     if after_materialize is not None:
         after_materialize(batch, data, cache)
+    fill_pad_slot(target, batch, data, cache)
     call = target.build_call(batch, data, cache)
     if fault is not None and fault.applies(batch, call.kwargs):
         fault.mutate(batch, data, cache, call)
@@ -101,6 +103,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
                  "tensors; `kvfuzz fuzz` runs such calls in its isolated worker processes")
     else:
         poison_output(run.call.output)
+        pads = PadSnapshot.before(batch, run.call)
         run.output, crash = run_kernel(target, run.call, on_phase)
     t.kernel = time.perf_counter() - s
 
@@ -117,12 +120,15 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     t.reference = time.perf_counter() - s
 
     s = time.perf_counter()
-    finite_fail = agree_fail = None
+    finite_fail = agree_fail = pad_fail = None
     if run.output is not None:
-        finite_fail = check_finite(batch, run.output)
+        real = run.output[:batch.num_tokens] if batch.num_pad_seqs else run.output  # pad rows: pads.after
+        finite_fail = check_finite(batch, real)
         if finite_fail is None:  # a non-finite output fails agreement too, and its failure always wins
-            agree_fail, run.ratio = agreement(batch, run.output, reference,
+            agree_fail, run.ratio = agreement(batch, real, reference,
                                               partial(_same_precision_on_cpu, batch, run.data), envelope)
+        if finite_fail is None and agree_fail is None:  # real rows first: a pad's failure is named only alone
+            pad_fail = pads.after(batch, run.output, run.call)
     run.reference, run.envelope = reference.cpu(), envelope
     t.check_output = time.perf_counter() - s
     kernel = _kernel_summary(run.output, finite_fail, agree_fail, crash, not_run=bool(unsafe and not run_unsafe))
@@ -136,6 +142,9 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
         raise NonFiniteOutput(Oracle.FINITE.value, finite_fail.message(), {**common, "oracle": finite_fail.to_dict()})
     if agree_fail is not None:
         raise KernelMismatch(Oracle.AGREEMENT.value, agree_fail.message(), {**common, "oracle": agree_fail.to_dict()})
+    if pad_fail is not None:
+        kind = NonFiniteOutput if pad_fail.oracle is Oracle.PAD_FINITE else KernelMismatch
+        raise kind(pad_fail.oracle.value, pad_fail.message(), {**common, "oracle": pad_fail.to_dict()})
     return run
 
 

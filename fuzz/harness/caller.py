@@ -28,6 +28,7 @@ from kvfuzz.contracts.checks.failures import CallerContractViolation
 from kvfuzz.contracts.checks.invariants import check_contract
 from kvfuzz.contracts.checks.violations import Check, Violation, violation
 from kvfuzz.contracts.model.csr import indptr, page_lists
+from kvfuzz.contracts.model.padding import padding
 from kvfuzz.fuzz.guard.signatures import signature_of
 from kvfuzz.fuzz.harness.faults import page_list_names
 from kvfuzz.fuzz.harness.run import Run
@@ -92,12 +93,15 @@ def metadata_violations(target: Target, run: Run) -> list[Violation]:
         return _page_list_metadata(sig.name, run) if page_list_names(run.call.kwargs) else []
     call = sig.build_call(run.call.kwargs)
     batch = run.example.batch
-    lengths = (Check.SEQ_LENS, call.seq_lens, batch.seq_lens, "sequence lengths")
+    pad = padding(batch, target.capabilities.cuda_graph_padding) if batch.num_pad_seqs else None
+    pads = () if pad is None else (pad.pad_seq_len,) * pad.num_pads  # CUDA-graph pads, as the engine pads
+    lengths = (Check.SEQ_LENS, call.seq_lens, batch.seq_lens + pads, "sequence lengths")
     if call.csr is not None:  # CSR: kv_indptr lists what the contract says the kernel reads
         listed = target.capabilities.contract.cached_lens(batch)
-        lengths = (Check.KV_INDPTR, call.csr.kv_indptr, tuple(indptr(listed).tolist()),
+        lengths = (Check.KV_INDPTR, call.csr.kv_indptr, tuple(indptr(tuple(listed) + pads).tolist()),
                    "positions the kernel reads (" + ("ctx_lens" if listed == batch.ctx_lens else "seq_lens") + ")")
-    out = _mismatch(Check.QUERY_START_LOC, call.query_start_loc, batch.query_start_loc, "query tokens", sig.name)
+    qsl = batch.query_start_loc if pad is None else pad.query_start_loc()
+    out = _mismatch(Check.QUERY_START_LOC, call.query_start_loc, qsl, "query tokens", sig.name)
     return out + _mismatch(*lengths, sig.name)
 
 

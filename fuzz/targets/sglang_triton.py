@@ -43,6 +43,7 @@ from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.csr import token_slot_lists, token_table
 from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.model.padding import padding
 from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.calls.declaration import KernelDeclaration, KernelPath
@@ -384,7 +385,9 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
     example's poison (the backend allocates them with ``torch.empty``); ``num_kv_splits`` int32 ``[N]`` (see
     :meth:`num_kv_splits`); ``sm_scale`` = the scale in effect (required); ``k_scale``/``v_scale`` Python floats;
     ``logit_cap`` = softcap; ``sinks`` fp32 ``[H]``; ``page_size`` = block size. No window argument (SGLang's
-    backend windows a decode by listing fewer slots).
+    backend windows a decode by listing fewer slots). A batch with CUDA-graph pads (``Batch.num_pad_seqs``) is
+    called as SGLang's ``CudaGraphRunner`` pads it: each pad a decode of seq_len 1 listing token slot 0
+    (:mod:`kvfuzz.contracts.model.padding`), its own q row, scratch rows and one KV split.
 
     Two stage-1 kernels: ``_fwd_kernel_stage1`` for MHA (``H == Hkv``), ``_fwd_grouped_kernel_stage1``
     otherwise; ``_fwd_kernel_stage2`` merges the splits. fp8 caches (the pool holds ``k / k_scale`` as
@@ -412,6 +415,8 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
         features=("sinks", "softcap"),
         metadata="csr",
         shared_prefix_blocks=True,
+        # SGLang's CudaGraphRunner pads decode batches (seq_len_fill_value 1 for the Triton backend)
+        cuda_graph_padding="sglang",
     )
     kernel = (DECODE_MODULE, "decode_attention_fwd")
 
@@ -435,15 +440,18 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
             raise ValueError(f"{self.name} takes decode sequences only (query_len == 1); sequences "
                              f"{list(batch.prefill_seqs)} have query_len > 1")
         dev = cache.key_cache.device
-        n, h, d, s = batch.num_seqs, batch.num_heads, batch.head_size, self.max_kv_splits
-        kv_indptr, kv_indices = token_slot_lists(batch, batch.seq_lens).tensors(dev)
+        pad = padding(batch, self.capabilities.cuda_graph_padding)  # CUDA-graph pads, as SGLang's runner pads
+        n, h, d, s = pad.num_seqs, batch.num_heads, batch.head_size, self.max_kv_splits
+        kv_indptr, kv_indices = pad.token_slots(*token_slot_lists(batch, batch.seq_lens).tensors(dev))
         out = torch.empty((n, h, d), dtype=batch.torch_dtype, device=dev)
         kwargs = dict(
-            q=data.query.to(dev), k_buffer=_pool(cache.key_cache), v_buffer=_pool(cache.value_cache), o=out,
+            q=pad.query(data.query.to(dev)), k_buffer=_pool(cache.key_cache), v_buffer=_pool(cache.value_cache),
+            o=out,
             kv_indptr=kv_indptr, kv_indices=kv_indices,
             attn_logits=poisoned_scratch((n, h, s, d), cache, batch.seed + 3),
             attn_lse=poisoned_scratch((n, h, s), cache, batch.seed + 4),
-            num_kv_splits=torch.tensor(self.num_kv_splits(batch), dtype=torch.int32, device=dev),
+            num_kv_splits=torch.tensor(self.num_kv_splits(batch) + [1] * pad.num_pads, dtype=torch.int32,
+                                       device=dev),
             max_kv_splits=s, sm_scale=batch.scale, k_scale=batch.k_scale, v_scale=batch.v_scale,
             logit_cap=batch.softcap or 0.0, sinks=sinks(data, dev), page_size=batch.block_size,
         )

@@ -22,6 +22,7 @@ from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.model.padding import padding
 from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout, VllmPagedLayout
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.calls.declaration import INT32_ONLY, KernelDeclaration, KernelPath
@@ -192,7 +193,7 @@ UNIFIED_ATTENTION = KernelSignature(
     declaration=KernelDeclaration(paths=(
         KernelPath("unified_attention's Triton kernels", reads=frozenset({"max_query_len"}),
                    source=_V1 + "triton_unified_attention.py unified_attention"),
-    )))
+    ), trailing_query_rows=True))
 #: decode_attention_fwd: Triton only, no max_* arguments; the value head size may differ (MLA: Lk 576, Lv 512).
 DECODE_ATTENTION_FWD = KernelSignature(
     "decode_attention_fwd", decode_attention_fwd_call, False, "decode_attention_fwd",
@@ -346,8 +347,8 @@ class VllmUnifiedAttention(VllmTritonTarget):
 
     Unified contract: every sequence's ``seq_len`` positions are read from the cache
     (:class:`~kvfuzz.contracts.caches.layouts.NHDLayout`, ``[num_blocks, block_size, num_kv_heads, head_size]``).
-    Called as vLLM's TRITON_ATTN backend calls it (vllm/v1/attention/backends/triton_attn.py, eager mode,
-    no CUDA graphs): ``cu_seqlens_q`` = query_start_loc int32, ``seqused_k`` = seq_lens int32,
+    Called as vLLM's TRITON_ATTN backend calls it (vllm/v1/attention/backends/triton_attn.py, eager mode, or
+    a FULL CUDA graph's padded call when the batch has pads, :mod:`kvfuzz.contracts.model.padding`): ``cu_seqlens_q`` = query_start_loc int32, ``seqused_k`` = seq_lens int32,
     ``window_size = (W - 1, 0)`` for a sliding window of W keys (else ``(-1, -1)``), ``softcap`` (0: off),
     ``alibi_slopes`` and ``sinks`` float32 ``[H]``, causal; an fp8 cache as an fp8 view with
     ``kv_quant_mode=FP8_PER_TENSOR`` and ``k_descale``/``v_descale`` = the scale expanded to
@@ -389,6 +390,8 @@ class VllmUnifiedAttention(VllmTritonTarget):
         # accepted without complaint but position-dependent: see docs/findings.md, Finding 5 (tests/fuzz/targets/test_vllm_triton.py)
         exclusive=(("alibi", "sinks"),),
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
+        # vLLM's TRITON_ATTN (AttentionCGSupport.ALWAYS) runs decode batches in FULL CUDA graphs, padded
+        cuda_graph_padding="vllm",
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -400,7 +403,8 @@ class VllmUnifiedAttention(VllmTritonTarget):
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         dev = cache.key_cache.device
-        t, h, d = batch.num_tokens, batch.num_heads, batch.head_size
+        pad = padding(batch, self.capabilities.cuda_graph_padding)  # CUDA-graph pads, as vLLM's FULL graphs
+        t, h, d = pad.num_rows, batch.num_heads, batch.head_size
         dpad = 1 << (d - 1).bit_length()
         out = torch.empty((t, h, d), dtype=batch.torch_dtype, device=dev)
         segs = NUM_PAR_SOFTMAX_SEGMENTS
@@ -410,14 +414,14 @@ class VllmUnifiedAttention(VllmTritonTarget):
             from vllm.v1.kv_cache_interface import KVQuantMode
 
             quant = dict(kv_quant_mode=KVQuantMode.FP8_PER_TENSOR)
-            descale = [s.expand((batch.num_seqs, batch.num_kv_heads)) for s in scales(batch, dev)]
+            descale = [s.expand((pad.num_seqs, batch.num_kv_heads)) for s in scales(batch, dev)]
         w = batch.sliding_window
         kwargs = dict(
-            q=data.query.to(dev), k=cache.key_cache, v=cache.value_cache, out=out,
-            cu_seqlens_q=batch.query_start_loc_tensor(dev), max_seqlen_q=batch.max_query_len,
-            seqused_k=batch.seq_lens_tensor(dev), max_seqlen_k=batch.max_seq_len, softmax_scale=batch.scale,
+            q=pad.query(data.query.to(dev)), k=cache.key_cache, v=cache.value_cache, out=out,
+            cu_seqlens_q=pad.query_start_loc_tensor(dev), max_seqlen_q=batch.max_query_len,
+            seqused_k=pad.seq_lens_tensor(dev), max_seqlen_k=batch.max_seq_len, softmax_scale=batch.scale,
             causal=True, window_size=(-1, -1) if w is None else (w - 1, 0),
-            block_table=batch.block_table_tensor(dev), softcap=batch.softcap or 0,
+            block_table=pad.block_table_tensor(dev), softcap=batch.softcap or 0,
             q_descale=None, k_descale=descale[0], v_descale=descale[1],
             alibi_slopes=batch.alibi_slopes_tensor(dev), sinks=sinks(data, dev), **quant,
             seq_threshold_3D=self.seq_threshold_3d(batch), num_par_softmax_segments=segs,

@@ -88,6 +88,19 @@ def test_targets_lists_the_sglang_targets_with_csr_metadata():
     assert rows[TRITON]["metadata"] == "block_table" and not rows[TRITON]["shared_prefix_blocks"]
 
 
+def test_targets_lists_the_states_each_target_declares():
+    """The CUDA-graph padding state, by convention, on the targets whose engine pads them, and nowhere else (vLLM's
+    CPU backend runs no CUDA graphs)."""
+    rows = {row["name"]: row for row in json.loads(kvfuzz("targets", "--json").stdout)}
+    assert rows["vllm.unified_attention"]["states"] == ["cuda-graph padding (vllm)"]
+    assert rows["sglang.decode_attention_fwd"]["states"] == ["cuda-graph padding (sglang)"]
+    assert rows["vllm.cpu_attention"]["states"] == [] and rows[TRITON]["states"] == []
+    piped = kvfuzz("targets").stdout.splitlines()
+    header = piped[0].split("\t")
+    line = next(row.split("\t") for row in piped if row.startswith("vllm.unified_attention\t"))
+    assert line[header.index("states")] == "cuda-graph padding (vllm)"
+
+
 def test_the_seeds_fault_on_sglang_decode_is_the_callers(tmp_path):
     available("sglang.decode_attention_fwd")
     r = kvfuzz("fuzz", "--target", "sglang.decode_attention_fwd", "--caller-fault", "decode-ctx-only",
