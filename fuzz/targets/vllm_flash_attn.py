@@ -54,7 +54,6 @@ import torch
 from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.calls.declaration import INT32_ONLY, KernelDeclaration, KernelPath
-from kvfuzz.contracts.calls.kv_cache_dtype import scale_value
 from kvfuzz.contracts.calls.paged_call import CacheReads, NewTokensCached, PagedCall, index_values, is_tensor
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities

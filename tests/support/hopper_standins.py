@@ -22,9 +22,13 @@ import importlib.util
 import sys
 import types
 
+import attrs
 import torch
 
+from kvfuzz.fuzz.targets.base import Availability
 from kvfuzz.fuzz.targets.triton_runtime import module_file, prepare_triton_runtime
+from kvfuzz.fuzz.targets.vllm_flash_attn import VllmFlashAttnVarlen
+from kvfuzz.fuzz.targets.vllm_mla import VllmFlashMlaDecode
 
 #: What the stand-ins saw: the last call's arguments by name, and every scheduler_metadata they handed out.
 SEEN: dict = {"fwd": [], "sched": {}, "mla": []}
@@ -193,5 +197,26 @@ def install_flashmla(monkeypatch) -> types.ModuleType:
     return iface
 
 
-__all__ = ["SEEN", "fa3_fwd", "fa3_get_scheduler_metadata", "flashmla_dense_decode_fwd", "install_fa3",
+class StandInFA3(VllmFlashAttnVarlen):
+    """``vllm.flash_attn_varlen`` on a CPU: vLLM's real wrapper over the stand-in ops (after :func:`install_fa3`)."""
+
+    name = "test.fa3_standin"
+    capabilities = attrs.evolve(VllmFlashAttnVarlen.capabilities, devices=("cpu",))
+
+    def availability(self):
+        return Availability(True, "vLLM's flash_attn_interface over torch stand-ins", "cpu")
+
+
+class StandInFlashMla(VllmFlashMlaDecode):
+    """``vllm.flashmla_decode`` on a CPU: vLLM's real FlashMLA interface over the stand-in op (after
+    :func:`install_flashmla`)."""
+
+    name = "test.flashmla_standin"
+    capabilities = attrs.evolve(VllmFlashMlaDecode.capabilities, devices=("cpu",))
+
+    def availability(self):
+        return Availability(True, "vLLM's flash_mla_interface over a torch stand-in", "cpu")
+
+
+__all__ = ["StandInFA3", "StandInFlashMla", "SEEN", "fa3_fwd", "fa3_get_scheduler_metadata", "flashmla_dense_decode_fwd", "install_fa3",
            "install_flashmla"]

@@ -31,19 +31,10 @@ from kvfuzz.fuzz.targets.registry import FAMILIES, get_target, registered
 from kvfuzz.fuzz.targets.vllm_flash_attn import (CUDA_GRAPH_MAX_SPLITS, FLASH_ATTN_VARLEN_FUNC, HOPPER_ONLY,
                                                  SPLIT_CHOICES, VllmFlashAttnVarlen)
 from support import batch_of, hopper_standins, kvfuzz
+from support.hopper_standins import StandInFA3
 
 NAME = "vllm.flash_attn_varlen"
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-ins replace the compiled ops on a CPU only")
-
-
-class StandInFA3(VllmFlashAttnVarlen):
-    """The target on a CPU: vLLM's real wrapper over the stand-in ops (installed by the ``fa3`` fixture)."""
-
-    name = "test.fa3_standin"
-    capabilities = attrs.evolve(VllmFlashAttnVarlen.capabilities, devices=("cpu",))
-
-    def availability(self):
-        return Availability(True, "vLLM's flash_attn_interface over torch stand-ins", "cpu")
 
 
 @pytest.fixture

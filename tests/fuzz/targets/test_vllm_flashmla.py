@@ -9,7 +9,6 @@ arguments it receives, against kvfuzz's fp64 reference. The real kernel runs in 
 import sys
 import types
 
-import attrs
 import pytest
 import torch
 
@@ -27,21 +26,12 @@ from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.targets.base import Availability
 from kvfuzz.fuzz.targets.registry import get_target, registered
 from kvfuzz.fuzz.targets.vllm_mla import (DEEPSEEK_SM_SCALE, FLASH_MLA_WITH_KVCACHE, FLASH_MLA_WITH_KVCACHE_FP8,
-                                          FLASHMLA_HOPPER_ONLY, VllmFlashMlaDecode)
+                                          FLASHMLA_HOPPER_ONLY)
 from support import batch_of, hopper_standins
+from support.hopper_standins import StandInFA3, StandInFlashMla
 
 NAME = "vllm.flashmla_decode"
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in replaces the compiled op on a CPU only")
-
-
-class StandInFlashMla(VllmFlashMlaDecode):
-    """The target on a CPU: vLLM's real FlashMLA interface over the stand-in op (the ``mla`` fixture)."""
-
-    name = "test.flashmla_standin"
-    capabilities = attrs.evolve(VllmFlashMlaDecode.capabilities, devices=("cpu",))
-
-    def availability(self):
-        return Availability(True, "vLLM's flash_mla_interface over a torch stand-in", "cpu")
 
 
 @pytest.fixture
@@ -193,3 +183,25 @@ def test_the_guard_wraps_flash_mla_with_kvcache_where_vllms_tests_import_it(mla,
             else:
                 out, _ = upstream.flash_mla_with_kvcache(**kw)
                 assert g.records == [] and g.calls == {"flash_mla_with_kvcache": 1} and out.isfinite().all()
+
+
+@no_cuda
+def test_the_gpu_smoke_script_passes_its_cases_through_the_stand_ins(mla, monkeypatch, capsys, tmp_path):
+    """benchmarks/hopper_smoke.py (what benchmarks/gpu_hopper.sh runs first on an H100), its targets swapped for
+    the stand-in ones: every fixed case is a valid example that passes."""
+    import importlib.util
+    import json
+
+    from support import ROOT
+
+    hopper_standins.install_fa3(monkeypatch)
+    spec = importlib.util.spec_from_file_location("kvfuzz_hopper_smoke", ROOT / "benchmarks" / "hopper_smoke.py")
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    stand_ins = {"vllm.flash_attn_varlen": StandInFA3(), "vllm.flashmla_decode": StandInFlashMla()}
+    monkeypatch.setattr(smoke, "get_target", stand_ins.__getitem__)
+    monkeypatch.setattr(sys, "argv", ["hopper_smoke.py", str(tmp_path / "smoke.json")])
+    smoke.main()
+    rows = json.loads((tmp_path / "smoke.json").read_text())
+    assert len(rows) == sum(map(len, smoke.CASES.values())) and {r["verdict"] for r in rows} == {"pass"}, rows
+    assert capsys.readouterr().out.count("available") == 2
