@@ -129,7 +129,9 @@ _FLASHMLA_SOURCE = "vllm/third_party/flashmla/flash_mla_interface.py flash_mla_w
 #: int32 (csrc/api/dense_decode.cpp); it takes no max_* scalars.
 FLASH_MLA_WITH_KVCACHE = KernelSignature(
     "flash_mla_with_kvcache", flash_mla_with_kvcache_call, False, "flash_mla_with_kvcache",
-    ("vllm.third_party.flashmla.flash_mla_interface", "vllm.v1.attention.ops.flashmla"),
+    # the defining module only: vllm/v1/attention/ops/flashmla.py re-exports it (the guard wraps every module-level
+    # name bound to it), and binds it to a stub raising "FlashMLA is not available" where the extension is missing
+    ("vllm.third_party.flashmla.flash_mla_interface",),
     declaration=KernelDeclaration(paths=(
         KernelPath("FlashMLA's dense decode (_flashmla_C dense_decode_fwd, int32 block_table and seqlens_k)",
                    index_dtypes=INT32_ONLY, source=_FLASHMLA_SOURCE),
