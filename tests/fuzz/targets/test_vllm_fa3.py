@@ -245,3 +245,20 @@ def test_the_guard_wraps_flash_attn_varlen_func_where_vllms_tests_import_it(fa3,
                 upstream.flash_attn_varlen_func(**kw)
                 assert g.records == [] and g.calls == {"flash_attn_varlen_func": 1} and kw["out"].isfinite().all()
     assert upstream.flash_attn_varlen_func is sys.modules["vllm.vllm_flash_attn"].flash_attn_varlen_func  # undone
+
+
+def test_an_fp8_call_reads_one_descale_as_the_cache_scale_and_skips_per_head_ones():
+    """FA3's fp8 calls (test_flash_attn.py's fp8 queries): an fp8 cache with ``k/v_descale [N, Hkv]``; one value
+    throughout is the cache's scale (the new tokens are compared after quantizing with it), per-head values are
+    not compared (no error either)."""
+    b = batch([(5, 3), (1, 20)], seed=4)
+    d, kw = backend_kwargs(b, b.seq_lens)
+    key, value = d.new_kv(b)
+    fp8 = dict(kw, q=kw["q"].to(torch.float8_e4m3fn), k=kw["k"].to(torch.float8_e4m3fn),
+               v=kw["v"].to(torch.float8_e4m3fn))
+    assert check_kernel_call("flash_attn_varlen_func", fp8, key=key, value=value) == []
+    per_head = torch.tensor([[1.0, 0.5], [1.0, 0.5]])
+    call = build_call("flash_attn_varlen_func", dict(fp8, k_descale=per_head, v_descale=per_head), key, value)
+    assert call.k_scale is per_head
+    assert check_kernel_call("flash_attn_varlen_func", dict(fp8, k_descale=per_head, v_descale=per_head),
+                             key=key, value=value) == []
