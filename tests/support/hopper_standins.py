@@ -167,17 +167,21 @@ def install_fa3(monkeypatch) -> types.ModuleType:
     ``vllm.vllm_flash_attn.flash_attn_interface``; returns the interface module."""
     SEEN["fwd"].clear()
     SEEN["sched"].clear()
+    prepare_triton_runtime()  # in case anything below imports vllm (which imports triton)
     ns = torch.ops._vllm_fa3_C
     monkeypatch.setattr(ns, "fwd", fa3_fwd, raising=False)
     monkeypatch.setattr(ns, "get_scheduler_metadata", fa3_get_scheduler_metadata, raising=False)
-    iface = _load("vllm.vllm_flash_attn.flash_attn_interface", "vllm.vllm_flash_attn.flash_attn_interface",
-                  monkeypatch)
+    # the package first: the interface's `from . import _vllm_fa2_C` (ImportError, caught there) then finds it
+    # instead of importing vllm and the real package, whose __init__ refuses to import without an extension
     pkg = types.ModuleType("vllm.vllm_flash_attn")
     pkg.__path__ = []
+    monkeypatch.setitem(sys.modules, "vllm.vllm_flash_attn", pkg)
+    iface = _load("vllm.vllm_flash_attn.flash_attn_interface", "vllm.vllm_flash_attn.flash_attn_interface",
+                  monkeypatch)
+    assert not (iface.FA2_AVAILABLE or iface.FA3_AVAILABLE)  # the compiled ops are the stand-ins
     for attr in ("flash_attn_varlen_func", "get_scheduler_metadata", "is_fa_version_supported",
                  "fa_version_unsupported_reason"):
         setattr(pkg, attr, getattr(iface, attr))
-    monkeypatch.setitem(sys.modules, "vllm.vllm_flash_attn", pkg)
     return iface
 
 
