@@ -65,6 +65,7 @@ device-bundle:
 	test -d $(SGLANG_DIR)/sglang || $(MAKE) setup
 	PY=$(BIN)/python SGLANG_TREE=$(SGLANG_DIR) bash benchmarks/device_bundle.sh
 	if [ "$(FLASHINFER)" = 1 ]; then PY=$(BIN)/python bash benchmarks/flashinfer_bundle.sh; fi
+	if [ "$(FA3)" = 1 ]; then PY=$(BIN)/python bash benchmarks/hopper_bundle.sh; fi
 
 clean:
 	rm -rf $(VENV) kvfuzz-out .hypothesis .pytest_cache

@@ -5,7 +5,8 @@
 # vllm/_C_stable_libtorch.py, so vllm.platforms detects CUDA (vLLM's own tests need current_platform.device_type);
 # .device/sglang/: the four files of the sglang 0.5.23 wheel its Triton attention kernels need (as `make setup`
 # extracts them into .venv/share/kvfuzz/sglang/); optionally .device/flashinfer.tgz and .device/flashinfer-whl/
-# (benchmarks/flashinfer_bundle.sh). Defines KV (the kvfuzz CLI).
+# (benchmarks/flashinfer_bundle.sh); optionally .device/hopper/ (benchmarks/hopper_bundle.sh: FA3's and FlashMLA's
+# extensions, xz-packed, and FlashMLA's Python interface), unpacked into the vllm tree. Defines KV (the kvfuzz CLI).
 export PYTHONUNBUFFERED=1
 [ -f .device/vllm-py.tgz ] && ls .device/whl/*.whl >/dev/null 2>&1 || {
   echo "gpu_env.sh: no .device/ bundle here: run 'make device-bundle' where pip works and carry .device" >&2
@@ -16,6 +17,36 @@ rm -rf /tmp/vllm && mkdir -p /tmp/vllm && tar xzf .device/vllm-py.tgz -C /tmp/vl
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target /tmp/kv . || exit 1
 export PYTHONPATH=/tmp/kv:/tmp/site:/tmp/vllm${PYTHONPATH:+:$PYTHONPATH}
 [ -d .device/sglang ] && export KVFUZZ_SGLANG_TREE=$PWD/.device/sglang
+# FA3 and FlashMLA (benchmarks/hopper_bundle.sh, opt-in): .device/hopper/vllm/ mirrors the vllm tree; *.xz files are
+# unpacked with Python's lzma (the xz command if this Python lacks it), the rest copied
+if [ -d .device/hopper/vllm ]; then
+  python3 - .device/hopper /tmp/vllm <<'EOF' || exit 1
+import os, shutil, subprocess, sys
+src, dst = sys.argv[1], sys.argv[2]
+try:
+    import lzma
+except ImportError:
+    lzma = None
+for root, _, files in os.walk(src):
+    for f in files:
+        if f.endswith(".from") or f.endswith(".part"):
+            continue
+        s = os.path.join(root, f)
+        d = os.path.join(dst, os.path.relpath(s, src))
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        if f.endswith(".xz"):
+            d = d[:-3]
+            if lzma is not None:
+                with lzma.open(s) as i, open(d, "wb") as o:
+                    shutil.copyfileobj(i, o, 1 << 20)
+            else:
+                with open(d, "wb") as o:
+                    subprocess.run(["xz", "-dc", s], stdout=o, check=True)
+            os.chmod(d, 0o755)
+        else:
+            shutil.copyfile(s, d)
+EOF
+fi
 # FlashInfer (benchmarks/flashinfer_bundle.sh, opt-in): the trimmed flashinfer package and apache-tvm-ffi, and its JIT
 # settings: cache under /tmp/fi-ws, 16 nvcc jobs, sm90 only
 if [ -f .device/flashinfer.tgz ]; then

@@ -33,6 +33,7 @@ from .base import Target
 FAMILIES = (
     "kvfuzz.fuzz.targets.vllm_triton",
     "kvfuzz.fuzz.targets.vllm_mla",
+    "kvfuzz.fuzz.targets.vllm_flash_attn",
     "kvfuzz.fuzz.targets.vllm_cpu",
     "kvfuzz.fuzz.targets.cache_writers",
     "kvfuzz.fuzz.targets.torch_flex",
@@ -47,6 +48,8 @@ BUILTIN = {
     "vllm.unified_attention": "kvfuzz.fuzz.targets.vllm_triton:VllmUnifiedAttention",
     "vllm.decode_attention_fwd": "kvfuzz.fuzz.targets.vllm_triton:VllmDecodeAttentionFwd",
     "vllm.triton_mla_decode": "kvfuzz.fuzz.targets.vllm_mla:VllmTritonMlaDecode",
+    "vllm.flash_attn_varlen": "kvfuzz.fuzz.targets.vllm_flash_attn:VllmFlashAttnVarlen",
+    "vllm.flashmla_decode": "kvfuzz.fuzz.targets.vllm_mla:VllmFlashMlaDecode",
     "vllm.cpu_attention": "kvfuzz.fuzz.targets.vllm_cpu:VllmCpuAttention",
     "vllm.reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmReshapeAndCacheFlash",
     "vllm.cpu_reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmCpuReshapeAndCache",

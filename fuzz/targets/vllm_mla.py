@@ -22,25 +22,51 @@ value as the transposed key tile (``v = tl.trans(k)``): the value is read from `
 never from ``v_buffer`` (whose last dim only sets ``Lv``). With one query head per kv head (``H == 1``)
 ``decode_attention_fwd`` takes the MHA kernel instead, which reads ``v_buffer`` (``is_mla`` is not passed to it).
 
-The family's home: its kernel is ``decode_attention_fwd``, whose signature the vLLM Triton family declares
+FlashMLA (vllm/v1/attention/backends/mla/flashmla.py, ``FlashMLAImpl.forward_mqa``; Hopper only, the compiled
+``vllm._flashmla_C`` and ``vllm._flashmla_extension_C`` with the Python interface in vllm/third_party/flashmla/):
+
+- ``q`` ``[B, H, 576]`` (a tuple is concatenated) reshaped by ``reshape_query_for_spec_decode(q, num_decodes)``
+  to ``[B, q_len, H, 576]``: the decode pathway takes a uniform query length (``query_len_support = UNIFORM``;
+  ``reorder_batch_threshold = 128``: spec-decode drafts and small prefills go through it too);
+- ``flash_mla_with_kvcache(q, k_cache=kv_c_and_k_pe_cache.unsqueeze(-2) [NB, 64, 1, 576], block_table,
+  cache_seqlens=seq_lens, head_dim_v=kv_lora_rank (512), tile_scheduler_metadata=get_mla_metadata(seq_lens,
+  q_len * H, 1, is_fp8_kvcache=False)[0] (an empty FlashMLASchedMeta, filled by the first call),
+  softmax_scale=self.scale, causal=True, is_fp8_kvcache=False)``, returning ``(out [B, q_len, H, 512], lse)``,
+  flattened back by ``reshape_attn_output_for_spec_decode``;
+- an fp8 cache goes to ``flash_mla_with_kvcache_fp8`` (vllm/v1/attention/ops/flashmla.py) with the query in fp8
+  too (``descale_q=layer._q_scale``, ``descale_k=layer._k_scale``) and ``get_mla_metadata_dense_fp8``'s tile
+  metadata and splits;
+- block size 64 only (``get_supported_kernel_block_sizes``), dtypes fp16/bf16, kv_cache_dtypes auto, fp8,
+  fp8_e4m3; no ALiBi, sliding window or softcap (``FlashMLAImpl.__init__`` raises NotImplementedError).
+
+The family's home: ``decode_attention_fwd``'s signature is the vLLM Triton family's
 (:data:`kvfuzz.fuzz.targets.vllm_triton.DECODE_ATTENTION_FWD`; its builder reads the latent form, ``is_mla``
-included): this module reuses it and declares no signature of its own (:data:`SIGNATURES` is empty; the guard's
-table refuses a kernel name twice). Importing this module imports neither vllm nor triton.
+included; the guard's table refuses a kernel name twice); this module declares FlashMLA's two calls
+(:data:`FLASH_MLA_WITH_KVCACHE`, :data:`FLASH_MLA_WITH_KVCACHE_FP8`, in :data:`SIGNATURES`). Importing this
+module imports neither vllm, triton nor FlashMLA.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
 import torch
 
-from kvfuzz.contracts.caches.layouts import CacheLayout, LatentLayout
+from kvfuzz.contracts.caches.layouts import CacheLayout, LatentLayout, NHDLayout
 from kvfuzz.contracts.caches.materialize import CacheState
+from kvfuzz.contracts.calls.declaration import INT32_ONLY, KernelDeclaration, KernelPath
+from kvfuzz.contracts.calls.paged_call import CacheReads, NewTokensCached, PagedCall, is_tensor
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 
-from .base import KernelCall
-from .triton_runtime import poisoned_scratch, scales
+from .base import NOT_LOADED, Availability, KernelCall, Target
+from .signature import KernelSignature
+from .triton_runtime import poisoned_scratch, quiet_vllm, scales
 from .vllm_triton import DECODE_ATTENTION_FWD, VllmDecodeAttentionFwd
 
 #: DeepSeek-V2/V3's latent cache: ``kv_lora_rank`` (the value and the output) and the rope dims after it.
@@ -49,8 +75,79 @@ QK_ROPE_HEAD_DIM = 64
 #: DeepSeek's softmax scale, ``1 / sqrt(qk_nope_head_dim 128 + qk_rope_head_dim 64)`` (what the backend passes).
 DEEPSEEK_SM_SCALE = 1.0 / (128 + 64) ** 0.5
 
-#: This family's own checked kernels: none; its target checks vllm_triton's DECODE_ATTENTION_FWD.
-SIGNATURES = ()
+
+
+def _flash_mla_call(args: Mapping[str, Any], key: Any, value: Any, kernel: str, k_scale: Any) -> PagedCall:
+    q = args["q"]
+    if args.get("indices") is not None or args.get("block_table") is None:
+        raise ValueError(f"{kernel}: a sparse call (indices, no block_table) is not checked")
+    b = s_q = 0
+    if is_tensor(q) and q.dim() == 4:
+        b, s_q = int(q.shape[0]), int(q.shape[1])
+        query = q.reshape(b * s_q, *q.shape[2:])
+    else:
+        query = q
+    kc = args["k_cache"]
+    dv = int(args.get("head_dim_v") or 0)
+    vc = kc[..., :dv] if is_tensor(kc) and dv > 0 else kc
+    dev = q.device if is_tensor(q) else "cpu"
+    qsl = torch.arange(b + 1, dtype=torch.int32, device=dev) * s_q
+    return PagedCall(
+        kernel=kernel, contract=Contract.UNIFIED, layout=NHDLayout(), query=query, key_cache=kc, value_cache=vc,
+        block_table=args["block_table"], query_start_loc=qsl, seq_lens=args["cache_seqlens"], key=key, value=value,
+        names=dict(query="q (flattened [B * s_q, H, D])", key_cache="k_cache",
+                   value_cache="k_cache[..., :head_dim_v] (the value is the key row's first head_dim_v dims)",
+                   query_start_loc="(implicit: s_q query tokens per sequence)", seq_lens="cache_seqlens"),
+        kv_cache_dtype=None, k_scale=1.0 if k_scale is None else k_scale,
+        v_scale=1.0 if k_scale is None else k_scale,
+        new_tokens_cached=NewTokensCached.ALL if key is not None else NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL,
+    )
+
+
+def flash_mla_with_kvcache_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``flash_mla_with_kvcache(q [B, s_q, H, D], k_cache [NB, page_block_size, Hk, D], block_table [B, M] int32,
+    cache_seqlens [B] int32, head_dim_v, tile_scheduler_metadata, num_splits=None, softmax_scale=None,
+    causal=False, is_fp8_kvcache=False, indices=None, ...)`` (vllm/third_party/flashmla/flash_mla_interface.py)
+    as a unified-contract call: ``s_q`` query tokens per sequence (``query_start_loc`` implicit, ``B * s_q``
+    query rows), the last ``s_q`` of its ``cache_seqlens`` positions, all read from ``k_cache``; the value is the
+    key row's first ``head_dim_v`` dims. A sparse call (``indices``) raises ValueError (not checked). The new
+    tokens can be compared with the cache only when handed over (``key``/``value`` ``[B * s_q, Hk, D]``)."""
+    return _flash_mla_call(args, key, value, "flash_mla_with_kvcache", None)
+
+
+def flash_mla_with_kvcache_fp8_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``flash_mla_with_kvcache_fp8(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+    num_splits, softmax_scale=None, causal=False, descale_q=None, descale_k=None)``
+    (vllm/v1/attention/ops/flashmla.py): as :func:`flash_mla_with_kvcache_call`, with an fp8 ``k_cache`` whose
+    scale is ``descale_k`` (one value)."""
+    return _flash_mla_call(args, key, value, "flash_mla_with_kvcache_fp8", args.get("descale_k"))
+
+
+_FLASHMLA_SOURCE = "vllm/third_party/flashmla/flash_mla_interface.py flash_mla_with_kvcache; FlashMLA csrc/api/dense_decode.cpp"
+#: flash_mla_with_kvcache: the dense decode (``dense_decode_fwd``) checks ``block_table`` and ``seqlens_k`` are
+#: int32 (csrc/api/dense_decode.cpp); it takes no max_* scalars.
+FLASH_MLA_WITH_KVCACHE = KernelSignature(
+    "flash_mla_with_kvcache", flash_mla_with_kvcache_call, False, "flash_mla_with_kvcache",
+    # the defining module only: vllm/v1/attention/ops/flashmla.py re-exports it (the guard wraps every module-level
+    # name bound to it), and binds it to a stub raising "FlashMLA is not available" where the extension is missing
+    ("vllm.third_party.flashmla.flash_mla_interface",),
+    declaration=KernelDeclaration(paths=(
+        KernelPath("FlashMLA's dense decode (_flashmla_C dense_decode_fwd, int32 block_table and seqlens_k)",
+                   index_dtypes=INT32_ONLY, source=_FLASHMLA_SOURCE),
+    ), value_head_size_may_differ=True))
+#: flash_mla_with_kvcache_fp8: ``_flashmla_extension_C.fwd_kvcache_mla_fp8``, FlashMLA's fp8 dense decode.
+FLASH_MLA_WITH_KVCACHE_FP8 = KernelSignature(
+    "flash_mla_with_kvcache_fp8", flash_mla_with_kvcache_fp8_call, False, "flash_mla_with_kvcache_fp8",
+    ("vllm.v1.attention.ops.flashmla",),
+    declaration=KernelDeclaration(paths=(
+        KernelPath("FlashMLA's fp8 dense decode (_flashmla_extension_C fwd_kvcache_mla_fp8)",
+                   index_dtypes=INT32_ONLY, source="vllm/v1/attention/ops/flashmla.py flash_mla_with_kvcache_fp8"),
+    ), value_head_size_may_differ=True))
+
+#: This family's own checked kernels: FlashMLA's two calls (its Triton target checks vllm_triton's
+#: DECODE_ATTENTION_FWD).
+SIGNATURES = (FLASH_MLA_WITH_KVCACHE, FLASH_MLA_WITH_KVCACHE_FP8)
 
 
 class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
@@ -128,4 +225,128 @@ class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
         return f"{stage1},splits={self.num_kv_splits(batch)}"
 
 
-__all__ = ["DEEPSEEK_SM_SCALE", "KV_LORA_RANK", "QK_ROPE_HEAD_DIM", "SIGNATURES", "VllmTritonMlaDecode"]
+#: FlashMLA's compiled files inside the vllm package (vLLM 0.33.0's CUDA wheel) and its Python interface.
+FLASHMLA_FILES = ("_flashmla_C.abi3.so", "_flashmla_extension_C.abi3.so", "third_party/flashmla/flash_mla_interface.py")
+#: Why FlashMLA cannot run without a Hopper GPU (``kvfuzz targets`` prints it).
+FLASHMLA_HOPPER_ONLY = ("FlashMLA's dense decode runs on a Hopper GPU (SM 9.x) only; this machine has no CUDA device "
+                        "(on an H100: vLLM 0.33.0 with vllm/_flashmla_C.abi3.so, vllm/_flashmla_extension_C.abi3.so "
+                        "and vllm/third_party/flashmla/, e.g. `make device-bundle FA3=1`)")
+
+
+def flashmla_missing_files() -> list[str]:
+    """Which of :data:`FLASHMLA_FILES` the installed vllm lacks (all of them without vllm), found without
+    importing vllm."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        spec = None
+    roots = [Path(r) for r in (spec.submodule_search_locations or ())] if spec else []
+    return [f for f in FLASHMLA_FILES if not any((r / f).is_file() for r in roots)]
+
+
+class VllmFlashMlaDecode(Target):
+    """FlashMLA's dense decode, ``flash_mla_with_kvcache``, called as vLLM 0.33.0's FLASHMLA backend calls it
+    (``FlashMLAImpl.forward_mqa``, module docstring) over the latent cache.
+
+    Contract: unified, decode only (``query_len == 1``: ``q`` ``[N, 1, H, 576]``; the backend also sends uniform
+    query lengths up to 128 through this pathway, which kvfuzz's model does not draw), MQA over the latent
+    cache (:class:`~kvfuzz.contracts.caches.layouts.LatentLayout` ``[NB, 64, 1, 576]``, values the first 512
+    dims of each row). ``tile_scheduler_metadata``: a fresh ``get_mla_metadata(...)[0]`` per call (FlashMLA
+    fills it on the first call and checks later calls against it). The kernel returns ``(out [N, 1, H, 512],
+    lse)``; :meth:`run` returns ``out`` as ``[N, H, 512]``.
+
+    Declared, from the backend's code: dtypes fp16/bf16, block size 64, kv_cache_dtype auto (the fp8 variant
+    takes the query in fp8 too, which kvfuzz's reference does not model), group sizes 1 to 128 (vLLM's MLA
+    heads split by tensor parallelism: DeepSeek-V3 has 128, V2-Lite 16), no features. ``sm_scale`` the
+    batch's. Needs a Hopper GPU and FlashMLA's files (:data:`FLASHMLA_HOPPER_ONLY`).
+
+    ``kernels()`` returns ``(flash_mla_with_kvcache, get_mla_metadata)``; a subclass may hand others (tests run a
+    torch stand-in on CPU).
+    """
+
+    name = "vllm.flashmla_decode"
+    checked_kernel = FLASH_MLA_WITH_KVCACHE
+    description = "FlashMLA dense decode over the 576/512 latent cache as vLLM's FLASHMLA backend calls it (Hopper)"
+    capabilities = Capabilities(
+        contract=Contract.UNIFIED,
+        devices=("cuda",),
+        dtypes=("float16", "bfloat16"),
+        head_sizes=(KV_LORA_RANK + QK_ROPE_HEAD_DIM,),
+        value_head_size=KV_LORA_RANK,
+        block_sizes=(64,),
+        decode_only=True,
+        kv_cache_dtypes=("auto",),
+        gqa_ratios=(1, 2, 4, 8, 16, 32, 64, 128),
+    )
+
+    def installed(self) -> Availability:
+        if not torch.cuda.is_available():
+            return Availability(False, FLASHMLA_HOPPER_ONLY)
+        missing = flashmla_missing_files()
+        if missing:
+            return Availability(False, f"the installed vllm lacks {', '.join(missing)} (vLLM 0.33.0's CUDA wheel "
+                                       "ships them; `make device-bundle FA3=1` carries them)")
+        if torch.cuda.get_device_capability()[0] != 9:
+            return Availability(False, "FlashMLA's dense decode needs a Hopper GPU (SM 9.x); this one is SM "
+                                       + "%d.%d" % torch.cuda.get_device_capability())
+        return Availability(True, f"CUDA (SM 9.x); vllm._flashmla_C: {NOT_LOADED}", "cuda")
+
+    def availability(self) -> Availability:
+        pre = self.installed()
+        if not pre.ok:
+            return pre
+        try:
+            quiet_vllm()
+            ops = importlib.import_module("vllm.v1.attention.ops.flashmla")
+            ok, reason = ops.is_flashmla_dense_supported()
+        except Exception as e:  # the extension fails to load: a wrong torch ABI, a missing CUDA library
+            return Availability(False, f"importing vllm.v1.attention.ops.flashmla failed: {type(e).__name__}: {e}")
+        if not ok:
+            return Availability(False, f"FlashMLA dense unsupported here: {reason}")
+        return Availability(True, "CUDA (SM 9.x); vllm._flashmla_C", "cuda")
+
+    def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """``(flash_mla_with_kvcache, get_mla_metadata)`` from vllm/v1/attention/ops/flashmla.py."""
+        ops = importlib.import_module("vllm.v1.attention.ops.flashmla")
+        return ops.flash_mla_with_kvcache, ops.get_mla_metadata
+
+    def layout(self, batch: Batch) -> CacheLayout:
+        return LatentLayout()
+
+    def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
+        """``flash_mla_with_kvcache`` kwargs as forward_mqa builds them (module docstring). Raises ValueError for
+        a prefill sequence or a batch that is not latent."""
+        if batch.prefill_seqs:
+            raise ValueError(f"{self.name} takes decode sequences only (query_len == 1); sequences "
+                             f"{list(batch.prefill_seqs)} have query_len > 1")
+        if batch.value_head_size is None:
+            raise ValueError(f"{self.name} reads a latent cache: the batch needs value_head_size "
+                             f"({KV_LORA_RANK}), got None")
+        dev = cache.key_cache.device
+        n, h, dv = batch.num_seqs, batch.num_heads, batch.head_size_v
+        _, get_mla_metadata = self.kernels()
+        seq_lens = batch.seq_lens_tensor(dev)
+        sched, _ = get_mla_metadata(seq_lens, 1 * h, 1, is_fp8_kvcache=False)
+        q = data.query.to(dev)
+        kwargs = dict(
+            q=q.view(n, -1, h, q.shape[-1]), k_cache=cache.key_cache, block_table=batch.block_table_tensor(dev),
+            cache_seqlens=seq_lens, head_dim_v=dv, tile_scheduler_metadata=sched, softmax_scale=batch.scale,
+            causal=True, is_fp8_kvcache=False,
+        )
+        # the kernel allocates its output; this buffer only stands for its shape [N, H, 512]
+        out = torch.empty((n, h, dv), dtype=batch.torch_dtype, device=dev)
+        return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        fn, _ = self.kernels()
+        o, _lse = fn(**call.kwargs)
+        return o.reshape(call.output.shape)
+
+    def path(self, batch: Batch) -> str:
+        return f"dense,heads={batch.num_heads}"
+
+
+__all__ = ["DEEPSEEK_SM_SCALE", "FLASHMLA_FILES", "FLASHMLA_HOPPER_ONLY", "FLASH_MLA_WITH_KVCACHE",
+           "FLASH_MLA_WITH_KVCACHE_FP8", "KV_LORA_RANK", "QK_ROPE_HEAD_DIM", "SIGNATURES", "VllmFlashMlaDecode",
+           "VllmTritonMlaDecode", "flash_mla_with_kvcache_call", "flash_mla_with_kvcache_fp8_call",
+           "flashmla_missing_files"]

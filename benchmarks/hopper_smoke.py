@@ -1,0 +1,84 @@
+"""A few fixed examples of the Hopper-only targets (vllm.flash_attn_varlen: FlashAttention 3; vllm.flashmla_decode:
+FlashMLA) through kvfuzz's property, one line each: the target's availability, then per example its batch, path and
+verdict (passed with its error ratio to the tolerance, or the finding). Run by benchmarks/gpu_hopper.sh on a lent
+H100/H200 after ``source benchmarks/gpu_env.sh`` (vLLM's Python files and the Hopper bundle on PYTHONPATH).
+
+Usage: python3 benchmarks/hopper_smoke.py [OUT.json]   (exit 0 always: the lines are the result)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from kvfuzz.contracts.checks.failures import Finding
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.harness.attention import check_example
+from kvfuzz.fuzz.targets.registry import get_target
+
+
+def batch(lens, *, block_size, **kw) -> Batch:
+    """A batch with a contiguous block table for ``(query_len, ctx_len)`` pairs (blocks handed out in reverse)."""
+    need = [-(-(q + c) // block_size) for q, c in lens]
+    ids = list(range(sum(need)))[::-1]
+    table, j = [], 0
+    for n in need:
+        table.append(ids[j : j + n] + [0] * (max(need) - n))
+        j += n
+    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
+                 num_blocks=sum(need), block_table=table, **kw)
+
+
+MIXED = [(1, 33), (1, 100), (7, 57), (20, 0)]
+LATENT = dict(num_kv_heads=1, head_size=576, value_head_size=512, sm_scale=1 / 192 ** 0.5, block_size=64)
+CASES = {
+    "vllm.flash_attn_varlen": [
+        *(batch(MIXED, num_heads=8, num_kv_heads=2, head_size=128, block_size=16, dtype="bfloat16", seed=s)
+          for s in (0, 1, 2, 3, 12)),  # every split choice; seed 12: no ahead-of-time schedule
+        batch(MIXED, num_heads=8, num_kv_heads=1, head_size=64, block_size=32, dtype="float16", seed=5,
+              sliding_window=32, softcap=30.0),
+        batch([(1, 600), (3, 40)], num_heads=4, num_kv_heads=4, head_size=256, block_size=544, dtype="bfloat16",
+              seed=6),
+        batch([(1, 70), (9, 9)], num_heads=16, num_kv_heads=4, head_size=40, block_size=48, dtype="float16", seed=7),
+    ],
+    "vllm.flashmla_decode": [
+        batch([(1, 0), (1, 64), (1, 300)], num_heads=16, dtype="bfloat16", seed=1, **LATENT),
+        batch([(1, 700), (1, 65)], num_heads=128, dtype="float16", seed=2, **LATENT),
+        batch([(1, 129)], num_heads=1, dtype="bfloat16", seed=3, **LATENT),
+    ],
+}
+
+
+def main() -> None:
+    results = []
+    for name, batches in CASES.items():
+        t = get_target(name)
+        a = t.availability()
+        print(f"{name}: {'available' if a.ok else 'UNAVAILABLE'}: {a.reason}", flush=True)
+        if not a.ok:
+            results.append(dict(target=name, available=False, reason=a.reason))
+            continue
+        for b in batches:
+            t0 = time.perf_counter()
+            row = dict(target=name, batch=b.summary(), path=t.path(b))
+            try:
+                run = check_example(t, Example(b, Poison.NAN))
+                row.update(verdict="pass", ratio=round(float(run.ratio), 4))
+            except Finding as f:
+                row.update(verdict=f"FINDING {f.kind.value}", message=str(f)[:400])
+            except Exception as e:  # a harness or kernel error: printed, the next case runs
+                row.update(verdict=f"ERROR {type(e).__name__}", message=str(e)[:400])
+            row["seconds"] = round(time.perf_counter() - t0, 2)
+            results.append(row)
+            print(f"  {row['verdict']:<28} {row['path']:<40} {row.get('ratio', '')!s:<8} {row['seconds']}s "
+                  f"{row['batch'][:110]}" + (f"\n    {row['message']}" if "message" in row else ""), flush=True)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

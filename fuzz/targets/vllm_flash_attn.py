@@ -1,0 +1,336 @@
+"""FlashAttention 3's paged forward as vLLM 0.33.0 ships it (``vllm.vllm_flash_attn``, the compiled
+``_vllm_fa3_C`` extension; Hopper, SM 9.x, only): the kernel of vLLM's FLASH_ATTN backend on an H100/H200.
+
+How vLLM 0.33.0 calls it (vllm/v1/attention/backends/flash_attn.py, ``FlashAttentionImpl.forward``, decoder
+self-attention, no DCP, no mm-prefix/R-SWA mask mods, which are FA4 only):
+
+- the cache is one buffer ``kv_cache [num_blocks, num_kv_heads, block_size, 2 * head_size]``, viewed as
+  ``key_cache, value_cache = kv_cache.transpose(1, 2).split(head_size, dim=-1)``: two strided
+  ``[num_blocks, block_size, num_kv_heads, head_size]`` views (token stride ``2 * head_size``, head stride
+  ``block_size * 2 * head_size``), through ``canonicalize_singleton_dim_strides`` (TMA needs 16-byte strides on
+  size-1 dims); an fp8 cache is viewed as ``current_platform.fp8_dtype()``;
+- new tokens are written first (``do_kv_cache_update``: ``reshape_and_cache_flash`` at ``slot_mapping``;
+  ``forward_includes_kv_cache_update = False``), then the kernel reads every ``seq_len`` position from the
+  cache: the **unified contract**;
+- ``flash_attn_varlen_func(q=query[:T], k=key_cache, v=value_cache, out=output[:T], cu_seqlens_q=
+  query_start_loc, max_seqlen_q=max_query_len, seqused_k=seq_lens, max_seqlen_k=max_seq_len,
+  softmax_scale=scale, causal=True, alibi_slopes=None, window_size=[W - 1, 0] (else [-1, -1]),
+  block_table=block_table, softcap=logits_soft_cap (0: off), scheduler_metadata=..., fa_version=3,
+  q_descale/k_descale/v_descale=layer scales .expand((num_seqs, num_kv_heads)), num_splits=max_num_splits,
+  s_aux=sinks)`` (through ``FA4DenseAttentionKernel.__call__``, which passes the kwargs on unchanged);
+- the metadata builder (``FlashAttentionMetadataBuilder.build``) computes ``scheduler_metadata =
+  get_scheduler_metadata(batch_size=num_reqs, max_seqlen_q=max_query_len, max_seqlen_k=max_seq_len,
+  num_heads_q, num_heads_kv, headdim, cache_seqlens=seq_lens, qkv_dtype, cu_seqlens_q=query_start_loc,
+  page_size=block_size, causal=True, window_size=the model's one window, num_splits=max_num_splits)`` when it
+  schedules ahead of time (FA3: ``aot_schedule``; not for the spec-decode proposer's ``fast_build``, where it is
+  None), without ``has_softcap``; ``max_num_splits`` is 0 (FA3's heuristic) in eager mode and
+  ``attention_config.flash_attn_max_num_splits_for_cuda_graph`` (32) for batches captured in full CUDA graphs.
+
+What FA3 accepts (read off the backend): dtypes fp16/bf16 (``supported_dtypes``); ``head_size % 8 == 0`` and
+``<= 256`` (``supports_head_size``); block sizes multiples of 16 (``get_supported_kernel_block_sizes``); sliding
+window and softcap; sinks (``flash_attn_supports_sinks``: FA3 and 4) in bf16 only (the extension checks "We only
+support bf16 dtype for S aux."; gpt-oss's sinks are a parameter in the model dtype); no ALiBi (``get_flash_attn_version``
+drops to FA2 with ALiBi; ``flash_attn_varlen_func`` asserts ``alibi_slopes is None`` for FA3); int32 index
+tensors (FA3's flash_api.cpp checks them). kv_cache_dtype fp8/fp8_e4m3 (not e5m2) is supported by the backend,
+but FA3's fp8 forward takes the *query* in fp8 too (vLLM's attention layer quantizes it with ``_q_scale``), and
+kvfuzz's reference has no fp8 query: the target does not declare fp8 (its guard signature checks fp8 calls).
+Nor sinks: kvfuzz draws fp32 sink logits, which a bf16 ``s_aux`` rounds by up to 2^-9 relative, more than the
+reference's tolerance allows for a dominant sink; an undeclared sink batch is called with ``s_aux`` in bf16.
+
+The family's home: the signature of ``flash_attn_varlen_func`` for the guard (:data:`FLASH_ATTN_VARLEN_FUNC`,
+listed in :data:`SIGNATURES`), and the target :class:`VllmFlashAttnVarlen`. Importing this module imports
+neither vllm nor the extension.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout
+from kvfuzz.contracts.caches.materialize import CacheState
+from kvfuzz.contracts.calls.declaration import INT32_ONLY, KernelDeclaration, KernelPath
+from kvfuzz.contracts.calls.paged_call import CacheReads, NewTokensCached, PagedCall, index_values, is_tensor
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import BatchData
+
+from .base import NOT_LOADED, Availability, KernelCall, Target
+from .signature import KernelSignature
+from .triton_runtime import quiet_vllm
+
+#: The extension's file inside the vllm package (vLLM 0.33.0's wheel; 172 MB).
+FA3_EXTENSION = "vllm_flash_attn/_vllm_fa3_C.abi3.so"
+#: vllm/config/attention.py ``flash_attn_max_num_splits_for_cuda_graph``: the split count of a full-CUDA-graph batch.
+CUDA_GRAPH_MAX_SPLITS = 32
+#: The split counts the target draws from a batch's seed (``batch.seed % 4``): FA3's heuristic (0, eager mode), the
+#: CUDA-graph value, and two forced counts (1: no split; 3: splits that do not divide the blocks evenly).
+SPLIT_CHOICES = (0, CUDA_GRAPH_MAX_SPLITS, 1, 3)
+
+#: Why the target cannot run without a Hopper GPU (``kvfuzz targets`` prints it).
+HOPPER_ONLY = ("FlashAttention 3 runs on a Hopper GPU (SM 9.x) only; this machine has no CUDA device (on an H100: "
+               "vLLM 0.33.0 with vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so, e.g. `make device-bundle FA3=1`)")
+
+
+def _window(args: Mapping[str, Any]) -> int:
+    """``window_size = (left, right)`` as kvfuzz's window: ``left + 1`` keys for a causal ``(left, 0)``, 0: none."""
+    w = args.get("window_size")
+    try:
+        left = int(w[0]) if w is not None else -1
+    except (TypeError, IndexError, ValueError):
+        return 0
+    return left + 1 if left >= 0 else 0
+
+
+def _per_tensor(x: Any) -> Any:
+    """A descale as one scale when every element is the same (vLLM's ``layer._k_scale.expand((N, Hkv))``), else
+    as passed (several values: the fp8 content checks are skipped)."""
+    if is_tensor(x) and x.numel() > 1:
+        flat = x.detach().reshape(-1)
+        if bool((flat == flat[0]).all()):
+            return flat[:1].clone()
+    return 1.0 if x is None else x
+
+
+def _unpaged_view(args: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """A non-paged varlen call (``k``/``v`` ``[total_k, Hkv, D]`` with ``cu_seqlens_k``, no block_table: the
+    encoder, DCP and cascade paths) as a paged one of one-token blocks: ``k.unsqueeze(1)``, a block table of
+    token indices ``cu_seqlens_k[i] ..`` per sequence, and ``seq_lens`` = the differences of ``cu_seqlens_k``."""
+    k, v, cu = args["k"], args["v"], index_values(args.get("cu_seqlens_k"))
+    if cu is None or cu.dim() != 1 or len(cu) < 1:
+        raise ValueError("flash_attn_varlen_func without block_table needs cu_seqlens_k [N + 1]")
+    lens = cu[1:] - cu[:-1]
+    width = max(int(lens.max()) if len(lens) else 0, 1)
+    table = cu[:-1, None] + torch.arange(width)[None, :]
+    table = torch.where(torch.arange(width)[None, :] < lens[:, None], table, torch.zeros_like(table))
+    return k.unsqueeze(1), v.unsqueeze(1), table.to(torch.int32), lens.to(torch.int32)
+
+
+def flash_attn_varlen_func_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
+    """``flash_attn_varlen_func(q [T, H, D], k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None,
+    seqused_k=None, ..., window_size=None, softcap=0.0, alibi_slopes=None, ..., block_table=None, ...,
+    q_descale=None, k_descale=None, v_descale=None, num_splits=0, fa_version=2, s_aux=None, ...)``
+    (vllm/vllm_flash_attn/flash_attn_interface.py, bound by name) as a unified-contract call: ``k``/``v`` the
+    paged caches ``[num_blocks, block_size, Hkv, D]`` read through ``block_table`` for ``seqused_k`` positions
+    per sequence. The kernel takes no new-token key/value, so the new tokens can be compared with the cache only
+    when the caller hands them over (``key``/``value``). Without ``block_table`` (``k``/``v`` ``[total_k, Hkv,
+    D]`` and ``cu_seqlens_k``), the call is read as one-token blocks (:func:`_unpaged_view`). An fp8 cache is
+    recognized by its dtype; ``k_descale``/``v_descale`` ``[N, Hkv]`` that hold one value are its scales."""
+    paged = args.get("block_table") is not None
+    if paged:
+        kc, vc, table, seq_lens = args["k"], args["v"], args["block_table"], args["seqused_k"]
+        names = dict(query="q", key_cache="k", value_cache="v", query_start_loc="cu_seqlens_q",
+                     seq_lens="seqused_k", max_seq_len="max_seqlen_k", max_query_len="max_seqlen_q")
+    else:
+        kc, vc, table, seq_lens = _unpaged_view(args)
+        names = dict(query="q", key_cache="k (unpaged: one-token blocks)", value_cache="v (unpaged)",
+                     block_table="(derived from cu_seqlens_k)", query_start_loc="cu_seqlens_q",
+                     seq_lens="(derived from cu_seqlens_k)", max_seq_len="max_seqlen_k",
+                     max_query_len="max_seqlen_q")
+    return PagedCall(
+        kernel="flash_attn_varlen_func", contract=Contract.UNIFIED, layout=NHDLayout(), query=args["q"],
+        key_cache=kc, value_cache=vc, block_table=table, query_start_loc=args["cu_seqlens_q"], seq_lens=seq_lens,
+        key=key if paged else None, value=value if paged else None,
+        max_seq_len=args.get("max_seqlen_k"), max_query_len=args.get("max_seqlen_q"), names=names,
+        kv_cache_dtype=None, k_scale=_per_tensor(args.get("k_descale")), v_scale=_per_tensor(args.get("v_descale")),
+        new_tokens_cached=NewTokensCached.ALL if (paged and key is not None) else NewTokensCached.NONE,
+        cache_reads=CacheReads.ALL, sliding_window=_window(args),
+        has_alibi=args.get("alibi_slopes") is not None, has_sinks=args.get("s_aux") is not None,
+    )
+
+
+#: flash_attn_varlen_func: FA3's fwd (hopper/flash_api.cpp in vllm-flash-attention) checks cu_seqlens_q,
+#: seqused_k and the page table are int32; max_seqlen_q sizes its grid and max_seqlen_k its split heuristic and
+#: scheduler (the backend passes both exact).
+FLASH_ATTN_VARLEN_FUNC = KernelSignature(
+    "flash_attn_varlen_func", flash_attn_varlen_func_call, False, "flash_attn_varlen_func",
+    ("vllm.vllm_flash_attn.flash_attn_interface", "vllm.vllm_flash_attn"),
+    declaration=KernelDeclaration(paths=(
+        KernelPath("FlashAttention's compiled varlen forward (_vllm_fa3_C / _vllm_fa2_C), which checks its index "
+                   "tensors are int32", index_dtypes=INT32_ONLY, reads=frozenset({"max_query_len", "max_seq_len"}),
+                   source="vllm/vllm_flash_attn/flash_attn_interface.py flash_attn_varlen_func"),
+    )))
+
+#: This family's checked kernels (the guard collects them through kvfuzz.fuzz.targets.registry.FAMILIES).
+SIGNATURES = (FLASH_ATTN_VARLEN_FUNC,)
+
+
+def fa3_extension_file() -> Path | None:
+    """Where the installed vllm keeps ``_vllm_fa3_C.abi3.so``, found without importing vllm; None when absent."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    for root in (spec.submodule_search_locations or ()) if spec else ():
+        f = Path(root) / FA3_EXTENSION
+        if f.is_file():
+            return f
+    return None
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+class VllmFlashAttnVarlen(Target):
+    """FlashAttention 3's paged varlen forward, ``flash_attn_varlen_func(..., fa_version=3)``, called as vLLM
+    0.33.0's FLASH_ATTN backend calls it (module docstring): the strided views of one ``[NB, Hkv, BS, 2D]``
+    cache, ``scheduler_metadata`` from ``get_scheduler_metadata`` as the metadata builder computes it, and
+    ``num_splits`` the same value given to both.
+
+    Contract: unified (every ``seq_len`` position read from the cache; mixed prefill and decode in one call),
+    :class:`~kvfuzz.contracts.caches.layouts.NHDLayout` views. Output ``[T, H, D]`` (``out``).
+
+    Paths drawn from the batch's seed (:meth:`num_splits`, :meth:`aot_schedule`): ``num_splits`` one of
+    :data:`SPLIT_CHOICES` (0: FA3's heuristic, vLLM's eager mode; 32: a full-CUDA-graph batch; 1 and 3 forced),
+    and the ahead-of-time ``scheduler_metadata`` (three seeds in four) or None (the spec-decode proposer's
+    ``fast_build``). :meth:`path` reports both, with the GQA group size.
+
+    Declared (module docstring): fp16/bf16; head sizes 32-256 in multiples of 8 (40, 72, 80 and 96 are padded to
+    FA3's compiled sizes); block sizes 16, 32, 48, 64 and 544 (multiples of 16); sliding window (``[W - 1, 0]``)
+    and softcap; kv_cache_dtype auto. Not declared: fp8 (the query would be fp8 too) and sinks (``s_aux`` is bf16
+    only); an undeclared sink batch gets ``s_aux`` as bf16 ``[H]``. Needs a Hopper GPU and the extension
+    (:data:`HOPPER_ONLY`).
+
+    ``kernels()`` returns ``(flash_attn_varlen_func, get_scheduler_metadata)``; a subclass may hand others
+    (tests run a torch stand-in on CPU with the exact arguments).
+    """
+
+    name = "vllm.flash_attn_varlen"
+    checked_kernel = FLASH_ATTN_VARLEN_FUNC
+    description = "FlashAttention 3 paged varlen forward as vLLM's FLASH_ATTN backend calls it (Hopper; unified contract)"
+    capabilities = Capabilities(
+        contract=Contract.UNIFIED,
+        devices=("cuda",),
+        dtypes=("float16", "bfloat16"),
+        head_sizes=(32, 40, 64, 72, 80, 96, 128, 192, 256),
+        block_sizes=(16, 32, 48, 64, 544),
+        kv_cache_dtypes=("auto",),
+        features=("sliding_window", "softcap"),
+    )
+
+    def installed(self) -> Availability:
+        if not torch.cuda.is_available():
+            return Availability(False, HOPPER_ONLY)
+        if fa3_extension_file() is None:
+            return Availability(False, f"the installed vllm has no {FA3_EXTENSION} (vLLM 0.33.0's CUDA wheel ships "
+                                       "it; `make device-bundle FA3=1` carries it)")
+        if not _hopper():
+            return Availability(False, "FlashAttention 3 needs a Hopper GPU (SM 9.x); this one is SM "
+                                       + "%d.%d" % torch.cuda.get_device_capability())
+        return Availability(True, f"CUDA (SM 9.x); vllm.vllm_flash_attn FA3: {NOT_LOADED}", "cuda")
+
+    def availability(self) -> Availability:
+        pre = self.installed()
+        if not pre.ok:
+            return pre
+        try:
+            quiet_vllm()
+            fa = importlib.import_module("vllm.vllm_flash_attn")
+        except Exception as e:  # the extension fails to load: a wrong torch ABI, a missing CUDA library
+            return Availability(False, f"importing vllm.vllm_flash_attn failed: {type(e).__name__}: {e}")
+        if not fa.is_fa_version_supported(3):
+            return Availability(False, f"FA3 unsupported here: {fa.fa_version_unsupported_reason(3)}")
+        return Availability(True, "CUDA (SM 9.x); vllm.vllm_flash_attn FA3", "cuda")
+
+    def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """``(flash_attn_varlen_func, get_scheduler_metadata)`` from ``vllm.vllm_flash_attn``."""
+        fa = importlib.import_module("vllm.vllm_flash_attn")
+        return fa.flash_attn_varlen_func, fa.get_scheduler_metadata
+
+    def layout(self, batch: Batch) -> CacheLayout:
+        return NHDLayout()
+
+    @staticmethod
+    def num_splits(batch: Batch) -> int:
+        """The ``num_splits`` (= the builder's ``max_num_splits``) this batch is called with: one of
+        :data:`SPLIT_CHOICES` by ``batch.seed % 4``."""
+        return SPLIT_CHOICES[batch.seed % len(SPLIT_CHOICES)]
+
+    @staticmethod
+    def aot_schedule(batch: Batch) -> bool:
+        """Whether the call gets ahead-of-time ``scheduler_metadata`` (``(batch.seed // 4) % 4 != 3``)."""
+        return (batch.seed // 4) % 4 != 3
+
+    @staticmethod
+    def window_size(batch: Batch) -> list[int]:
+        """The backend's ``window_size``: ``[W - 1, 0]`` for a window of W keys, ``[-1, -1]`` for none."""
+        w = batch.sliding_window
+        return [-1, -1] if w is None else [w - 1, 0]
+
+    @staticmethod
+    def backend_views(batch: Batch, cache: CacheState) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value caches as the backend hands them over: the materialized caches copied into one
+        ``[NB, Hkv, BS, 2D]`` buffer, ``kv_cache.transpose(1, 2).split(D, dim=-1)``, size-1 strides canonical."""
+        kc, vc = cache.key_cache, cache.value_cache
+        nb, bs, hkv, d = kc.shape
+        kv = torch.empty((nb, hkv, bs, 2 * d), dtype=kc.dtype, device=kc.device)
+        k_view, v_view = kv.transpose(1, 2).split(d, dim=-1)
+        k_view.copy_(kc)
+        v_view.copy_(vc)
+        return _canonical_singleton_strides(k_view), _canonical_singleton_strides(v_view)
+
+    def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
+        """``flash_attn_varlen_func`` kwargs as ``FlashAttentionImpl.forward`` builds them (module docstring),
+        with ``scheduler_metadata`` computed here as the metadata builder does (None when
+        :meth:`aot_schedule` says the batch has none). Raises ValueError for an ALiBi batch (FA3 has none)."""
+        if batch.alibi:
+            raise ValueError(f"{self.name}: FA3 takes no ALiBi (vLLM falls back to FA2 for ALiBi models)")
+        dev = cache.key_cache.device
+        k_cache, v_cache = self.backend_views(batch, cache)
+        n, t, h, d = batch.num_seqs, batch.num_tokens, batch.num_heads, batch.head_size
+        qsl, seq_lens = batch.query_start_loc_tensor(dev), batch.seq_lens_tensor(dev)
+        splits, window = self.num_splits(batch), self.window_size(batch)
+        scheduler_metadata = None
+        if self.aot_schedule(batch):
+            _, get_scheduler_metadata = self.kernels()
+            scheduler_metadata = get_scheduler_metadata(
+                batch_size=n, max_seqlen_q=batch.max_query_len, max_seqlen_k=batch.max_seq_len, num_heads_q=h,
+                num_heads_kv=batch.num_kv_heads, headdim=d, cache_seqlens=seq_lens, qkv_dtype=batch.torch_dtype,
+                cu_seqlens_q=qsl, page_size=batch.block_size, causal=True, window_size=tuple(window),
+                num_splits=splits)
+        ones = torch.ones((), dtype=torch.float32, device=dev).expand((n, batch.num_kv_heads))
+        out = torch.empty((t, h, d), dtype=batch.torch_dtype, device=dev)
+        kwargs = dict(
+            q=data.query.to(dev), k=k_cache, v=v_cache, out=out, cu_seqlens_q=qsl,
+            max_seqlen_q=batch.max_query_len, seqused_k=seq_lens, max_seqlen_k=batch.max_seq_len,
+            softmax_scale=batch.scale, causal=True, alibi_slopes=None, window_size=window,
+            block_table=batch.block_table_tensor(dev), softcap=batch.softcap or 0,
+            scheduler_metadata=scheduler_metadata, fa_version=3,
+            q_descale=ones, k_descale=ones, v_descale=ones, num_splits=splits,
+            s_aux=None if data.sinks is None else data.sinks.to(device=dev, dtype=torch.bfloat16),
+        )
+        return KernelCall(kwargs, cache.layout, k_cache, v_cache, out)
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        varlen, _ = self.kernels()
+        varlen(**call.kwargs)
+        return call.output
+
+    def path(self, batch: Batch) -> str:
+        splits = self.num_splits(batch)
+        return (f"splits={'heuristic' if splits == 0 else splits},"
+                f"sched={'aot' if self.aot_schedule(batch) else 'none'},gqa={batch.gqa_ratio}")
+
+
+def _canonical_singleton_strides(t: torch.Tensor) -> torch.Tensor:
+    """vllm/utils/torch_utils.py ``canonicalize_singleton_dim_strides`` (copied: importing it imports vLLM's
+    config stack): a size-1 dim's stride set to the product of the later dims, as the backend hands FA3 its
+    caches (TMA needs 16-byte strides)."""
+    if 1 not in t.shape:
+        return t
+    strides, prev, changed = list(t.stride()), 1, False
+    for i in range(t.dim() - 1, -1, -1):
+        if t.shape[i] == 1 and strides[i] != prev:
+            strides[i], changed = prev, True
+        prev = strides[i] * t.shape[i]
+    return t.as_strided(t.shape, strides) if changed else t
+
+
+__all__ = ["CUDA_GRAPH_MAX_SPLITS", "FA3_EXTENSION", "FLASH_ATTN_VARLEN_FUNC", "HOPPER_ONLY", "SIGNATURES",
+           "SPLIT_CHOICES", "VllmFlashAttnVarlen", "fa3_extension_file", "flash_attn_varlen_func_call"]
