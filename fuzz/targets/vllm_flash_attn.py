@@ -212,6 +212,7 @@ class VllmFlashAttnVarlen(Target):
         block_sizes=(16, 32, 48, 64, 544),
         kv_cache_dtypes=("auto",),
         features=("sliding_window", "softcap"),
+        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
     )
 
     def installed(self) -> Availability:

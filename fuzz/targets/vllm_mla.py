@@ -277,6 +277,7 @@ class VllmFlashMlaDecode(Target):
         decode_only=True,
         kv_cache_dtypes=("auto",),
         gqa_ratios=(1, 2, 4, 8, 16, 32, 64, 128),
+        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
     )
 
     def installed(self) -> Availability:
