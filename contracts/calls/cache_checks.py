@@ -165,7 +165,8 @@ def check_vacuity(call: PagedCall, lens: Lens, readable: torch.Tensor) -> list[V
         vconst = vc and not call.skip_value_layout  # interleaved values: keys only
         return kc, vconst, kr.reshape(-1)[0], vr.reshape(-1)[0]
 
-    sample = torch.unique(torch.linspace(0, total - 1, min(total, VACUITY_SAMPLE_ROWS)).round().long())
+    sample = torch.unique(torch.linspace(0, total - 1, min(total, VACUITY_SAMPLE_ROWS), dtype=torch.float64,
+                                         device=n.device).round().long())
     kconst, vconst, k0, v0 = constant(sample)
     if (kconst or vconst) and len(sample) < total:
         # confirm on the whole region, in chunks

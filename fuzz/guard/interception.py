@@ -209,7 +209,7 @@ class Guard:
         error, warn in "raise"/"warn". A check that itself fails is counted in ``unchecked`` with a warning,
         never breaking the caller's program. ``stacklevel``: the warnings' (the caller of the kernel)."""
         try:
-            violations = check()
+            violations = _with_torch_defaults(check)
         except Exception as e:  # a bug or an unforeseen argument: never break the caller's program
             self.unchecked[kernel] += 1
             warnings.warn(f"kvfuzz guard could not check a {kernel} call from {caller}: {type(e).__name__}: {e}",
@@ -234,6 +234,22 @@ class Guard:
         their violations per check (:func:`summary_lines`)."""
         return "\n".join(summary_lines(dict(self.calls), [r.to_dict() for r in self.records], dict(self.unchecked),
                                         self.stopped))
+
+
+def _with_torch_defaults(fn: Callable[[], list[Violation]]) -> list[Violation]:
+    """``fn()`` with torch's default device and dtype as the checks assume them (CPU, float32), whatever the
+    caller set: vLLM's test_flashmla.py runs under ``torch.set_default_device("cuda")`` and
+    ``set_default_dtype(torch.bfloat16)``, which would put the checks' index tensors on the GPU and their
+    sample positions in bf16 (rounded past the end). The caller's defaults are restored afterwards."""
+    import torch
+
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with torch.device("cpu"):
+            return fn()
+    finally:
+        torch.set_default_dtype(dtype)
 
 
 def summary_lines(calls: dict[str, int], records: list[dict], unchecked: dict[str, int] | None = None,

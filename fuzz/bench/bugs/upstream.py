@@ -185,6 +185,7 @@ def run_upstream(name: str, tree: Path, workers: int = 8, timeout: float = 600.0
     file gets ``plain``/``reinjected`` None. Raises FileNotFoundError when the file is not in ``tree`` (run
     ``make upstream-tests``)."""
     test = UPSTREAM_TESTS[name if name.startswith("bug.") else f"bug.{name}"]
+    tree = Path(tree).resolve()  # pytest runs in it: a relative --rootdir would be read from there again
     out = {"bug": test.bug, "file": test.file, "select": test.select, "reading": test.reading,
            "regression_tests": list(test.regression), "plain": None, "reinjected": None, "fails": None,
            "fails_without_regression": None}

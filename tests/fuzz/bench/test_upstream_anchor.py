@@ -75,11 +75,14 @@ def test_run_upstream_separates_the_fixs_own_regression_test_from_older_tests(tm
     assert r["fails"] is True and r["fails_without_regression"] is False
 
 
-def test_run_upstream_tells_an_older_test_that_fails(tmp_path):
+def test_run_upstream_tells_an_older_test_that_fails(tmp_path, monkeypatch):
+    """... from a tree named relative to the working directory, as `--tree .upstream/vllm-0.33.0` names it."""
     available("vllm.unified_attention")
     from kvfuzz.fuzz.bench.bugs.upstream import run_upstream
 
-    r = run_upstream("vllm-56579", _tree(tmp_path, PROBE % "False"), workers=0)
+    _tree(tmp_path / "up", PROBE % "False")
+    monkeypatch.chdir(tmp_path)
+    r = run_upstream("vllm-56579", "up", workers=0)
     assert r["plain"]["failed"] == 0 and r["reinjected"]["failed"] == 2
     assert r["fails"] is True and r["fails_without_regression"] is True
 

@@ -186,6 +186,29 @@ def test_the_guard_wraps_flash_mla_with_kvcache_where_vllms_tests_import_it(mla,
 
 
 @no_cuda
+def test_the_guard_checks_calls_made_under_the_callers_torch_defaults(mla):
+    """test_flashmla.py sets torch's default device to the GPU and its default dtype to bf16 before its calls; the
+    guard's checks then ran with bf16 sample positions (rounded past the end) and could not check a call (765
+    on an H100). The checks keep CPU and float32; the caller's defaults are back afterwards. (The meta device
+    stands in for the GPU here: a check tensor made there could not be read.)"""
+    b = latent([(1, 70), (1, 3)], num_heads=8)
+    d, kw = mla_kwargs(b, b.ctx_lens)
+    kw["tile_scheduler_metadata"] = mla.get_mla_metadata()[0]
+    key, value = d.new_kv(b)
+    dtype = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.bfloat16)
+        with torch.device("meta"), guard("record") as g:
+            g.report("flash_mla_with_kvcache", lambda: check_kernel_call(
+                "flash_mla_with_kvcache", kw, key=key, value=value), "test")
+            assert torch.get_default_dtype() == torch.bfloat16 and torch.empty(1).device.type == "meta"
+    finally:
+        torch.set_default_dtype(dtype)
+    assert not g.unchecked and g.calls == {"flash_mla_with_kvcache": 1}
+    assert {v.check for r in g.records for v in r.violations} == {Check.UNIFIED}
+
+
+@no_cuda
 def test_the_gpu_smoke_script_passes_its_cases_through_the_stand_ins(mla, monkeypatch, capsys, tmp_path):
     """benchmarks/hopper_smoke.py (what benchmarks/gpu_hopper.sh runs first on an H100), its targets swapped for
     the stand-in ones: every fixed case is a valid example that passes."""
