@@ -9,6 +9,11 @@ import attrs
 from .batch import DTYPES, FEATURES, KV_CACHE_DTYPES
 from .contract import Contract
 
+#: Production cache states a target may declare (each a bool field of :class:`Capabilities` and of
+#: :class:`~kvfuzz.contracts.model.batch.Batch`); strategies draw a state only for targets declaring it, and
+#: ``kvfuzz targets`` lists them (:attr:`Capabilities.states`).
+STATES = ("shared_prefix_blocks", "freed_window_blocks")
+
 #: How a kernel's caller describes where each sequence's tokens are (``Capabilities.metadata``).
 METADATA = ("block_table", "csr")
 
@@ -49,6 +54,12 @@ class Capabilities:
     shared_prefix_blocks: the target was verified with full context blocks shared by several sequences
         (SGLang's radix cache, vLLM's prefix caching; :class:`~kvfuzz.contracts.model.batch.Batch`); strategies draw
         such batches only for targets that declare it.
+    freed_window_blocks: the target runs behind a sliding-window KV manager that gives back the blocks wholly
+        before the window and points their columns at the null block
+        (:attr:`~kvfuzz.contracts.model.batch.Batch.freed_window_blocks`; vLLM's ``SlidingWindowManager``,
+        vllm/v1/core/single_type_kv_cache_manager.py ``remove_skipped_blocks``), and its kernel must never read
+        them; strategies draw such batches (about half the windowed ones) only for targets that declare it.
+        Needs ``"sliding_window"`` in ``features``.
     """
 
     contract: Contract
@@ -71,8 +82,12 @@ class Capabilities:
     metadata: str = "block_table"
     shared_prefix_blocks: bool = False
     value_head_size: int | None = None
+    freed_window_blocks: bool = False
 
     def __attrs_post_init__(self) -> None:
+        if self.freed_window_blocks and "sliding_window" not in self.features:
+            raise ValueError("Capabilities.freed_window_blocks needs the feature 'sliding_window' (blocks are freed "
+                             "only behind a window)")
         if self.value_head_size is not None and not 1 <= self.value_head_size < min(self.head_sizes):
             raise ValueError(f"Capabilities.value_head_size {self.value_head_size} must be in [1, smallest head "
                              f"size {min(self.head_sizes)}): the value is a prefix of the key row")
@@ -87,6 +102,11 @@ class Capabilities:
             raise ValueError(f"unknown kv_cache_dtypes {bad}; known: {list(KV_CACHE_DTYPES)}")
         if self.metadata not in METADATA:
             raise ValueError(f"unknown metadata {self.metadata!r}; known: {list(METADATA)}")
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        """The production cache states (:data:`STATES`) this target declares, in that order."""
+        return tuple(name for name in STATES if getattr(self, name))
 
     def fp8_accepts_gqa(self, kv_cache_dtype: str, gqa_ratio: int) -> bool:
         """Whether the GQA group size ``gqa_ratio`` is accepted with ``kv_cache_dtype`` (``gqa_ratios`` and,
@@ -126,6 +146,8 @@ class Capabilities:
             out.append(f"sliding_window {batch.sliding_window} (< {self.min_sliding_window})")
         if any(batch.shared_prefix_blocks) and not self.shared_prefix_blocks:
             out.append("shared prefix blocks")
+        if batch.freed_window_blocks and not self.freed_window_blocks:
+            out.append("freed window blocks")
         if self.decode_only and any(q != 1 for q in batch.query_lens):
             out.append("prefill sequences (decode-only kernel)")
         if batch.value_head_size != self.value_head_size:
@@ -144,6 +166,7 @@ class Capabilities:
                 and self.fp8_accepts_gqa(batch.kv_cache_dtype, batch.gqa_ratio)
                 and (batch.sliding_window is None or batch.sliding_window >= self.min_sliding_window)
                 and (self.shared_prefix_blocks or not any(batch.shared_prefix_blocks))
+                and (self.freed_window_blocks or not batch.freed_window_blocks)
                 and (not self.decode_only or all(q == 1 for q in batch.query_lens))
                 and batch.value_head_size == self.value_head_size
                 and self.combinable(batch.features))
@@ -158,4 +181,4 @@ class Capabilities:
         return attrs.evolve(self, **kw)
 
 
-__all__ = ["METADATA", "Capabilities"]
+__all__ = ["METADATA", "STATES", "Capabilities"]
