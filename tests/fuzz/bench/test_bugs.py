@@ -33,7 +33,7 @@ def _sha(path: Path) -> str:
 
 
 def test_registry_and_entry_point():
-    assert set(BUGS) == {"bug.vllm-47305", "bug.vllm-56579", "bug.sglang-2479", "bug.vllm-47671"}
+    assert set(BUGS) == {"bug.vllm-47305", "bug.vllm-56579", "bug.sglang-2479", "bug.vllm-47671", "bug.vllm-30887"}
     for name, bug in BUGS.items():
         header = bug.patch().header
         assert bug.upstream in header and "The fix:" in header and "Undoing it:" in header, name
