@@ -78,6 +78,12 @@ def test_targets_lists_both_with_availability():
     assert all(isinstance(row["available"], bool) and row["reason"] for row in rows.values())
     assert "fp8_e5m2" in rows[TRITON]["kv_cache_dtypes"] and ["alibi", "sinks"] in rows[TRITON]["exclusive"]
     assert set(rows["vllm.unified_attention"]["features"]) == {"alibi", "sinks", "sliding_window", "softcap"}
+    assert "freed_window_blocks" in rows["vllm.unified_attention"]["states"] and rows[TRITON]["states"] == []
+    assert "shared_prefix_blocks" in rows["sglang.decode_attention_fwd"]["states"]
+    piped = kvfuzz("targets").stdout.splitlines()
+    assert piped[0].split("\t")[7] == "states"
+    (unified,) = [line.split("\t") for line in piped if line.startswith("vllm.unified_attention\t")]
+    assert "freed_window_blocks" in unified[7].split(",")
 
 
 def test_targets_lists_the_sglang_targets_with_csr_metadata():
