@@ -169,10 +169,12 @@ def test_int32_offsets_crash_past_2_31_elements():
 @pytest.mark.parametrize("name", [n for n in FOUND_BY_DEFAULT if n not in ("bug.vllm-47305", "bug.vllm-30887")])
 def test_short_default_campaign_finds_the_bug(name):
     """The CI budget: a default campaign (seed 0) finds the bug, shrinks it to the smallest trigger's sizes,
-    and its reproducer replays."""
+    and its reproducer replays. Bounded by examples only, so the result does not depend on the machine's speed
+    (vllm-56579 is found at the 59th example of seed 0 since vllm.unified_attention also draws the freed-window
+    state; 39 examples was all a loaded 2-core machine ran in the former 120 s)."""
     from kvfuzz.fuzz.bench.bugs.benchmark import run_bug
 
-    r = run_bug(name, 0, duration=120, max_examples=300)
+    r = run_bug(name, 0, duration=None, max_examples=300)
     assert r["found"], f"{name}: not found in {r['examples_total']} examples"
     # NaN/inf poison in the scratch or the cache tail gives a non-finite row; stale or zero poison a wrong one
     assert r["kind"] in ("non-finite output", "kernel mismatch") and r["blame"] == "kernel"
