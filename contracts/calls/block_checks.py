@@ -119,9 +119,9 @@ def check_null_block(call: PagedCall, lens: Lens) -> list[Violation]:
         recs.append(violation(Check.NULL_BLOCK,
             f"{call.name('block_table')}[{i}, {c}] = {call.null_block} is the null block (what freed window columns "
             f"point at), but sequence {i}'s queries see positions {c * bs}..{(c + 1) * bs - 1} of it (window {w}, "
-            f"first visible key {max(int(ctx_lens[i]) - w + 1, 0)}): the kernel reads garbage there", kernel=call.kernel,
-            seq=i, position=c * bs, block=call.null_block, expected="a live block", found=f"null block {call.null_block}",
-            count=int(bad[i].sum())))
+            f"first visible key {max(int(ctx_lens[i]) - w + 1, 0)}): the kernel reads garbage there",
+            kernel=call.kernel, seq=i, position=c * bs, block=call.null_block, expected="a live block",
+            found=f"null block {call.null_block}", count=int(bad[i].sum())))
     return capped(recs, len(bad_seqs))
 
 

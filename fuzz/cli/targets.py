@@ -42,7 +42,8 @@ def targets(as_json: bool, check: bool) -> None:
                      "shared_prefix_blocks": c.shared_prefix_blocks, "devices": list(c.devices),
                      "dtypes": list(c.dtypes), "head_sizes": list(c.head_sizes), "block_sizes": list(c.block_sizes),
                      "kv_cache_dtypes": list(c.kv_cache_dtypes), "features": sorted(c.features),
-                     "exclusive": [sorted(p) for p in c.exclusive], "states": list(c.states), "available": a.ok, "loaded": loaded,
+                     "exclusive": [sorted(p) for p in c.exclusive], "states": list(c.states), "available": a.ok,
+                     "loaded": loaded,
                      "device": a.device, "reason": a.reason, "description": t.description})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
