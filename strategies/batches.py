@@ -249,6 +249,13 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     num_blocks, table, _ = draw(_cached(block_tables, tuple(needed), limits.max_spare_blocks))
     if capabilities.shared_prefix_blocks:
         table = draw(shared_prefixes(table, ctx_lens, block_size))
+    freed = {}
+    if capabilities.freed_window_blocks:  # drawn whether a window is on or not (no shifts while shrinking)
+        free = draw(_sampled((False, True)))
+        if free and params.get("sliding_window") is not None:
+            num_blocks, table = freed_window_table(table, query_lens, ctx_lens, block_size, num_blocks,
+                                                   params["sliding_window"])
+            freed["freed_window_blocks"] = True
     csr = {}
     if capabilities.metadata == "csr":
         csr["csr_tail"] = draw(csr_tails(num_blocks * block_size))
@@ -262,7 +269,8 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
             csr["num_pad_seqs"] = pads
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
                  head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
-                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **csr, **params)
+                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **csr, **params,
+                 **freed)
 
 
 _SEEDS = st.integers(0, 2**31 - 1)
@@ -293,6 +301,22 @@ def cuda_graph_pads() -> st.SearchStrategy[int]:
     """How many CUDA-graph pad sequences follow a decode batch (``Batch.num_pad_seqs``, the "CUDA-graph
     padding" state of :mod:`kvfuzz.contracts.model.padding`): 0 .. :data:`MAX_PAD_SEQS`, shrinking to 0."""
     return st.integers(0, MAX_PAD_SEQS)
+
+
+def freed_window_table(table: list[list[int]], query_lens: list[int], ctx_lens: list[int], block_size: int,
+                       num_blocks: int, window: int) -> tuple[int, list[list[int]]]:
+    """``(num_blocks, table)`` in the state of a sliding-window KV manager that frees what no query sees
+    (:attr:`~kvfuzz.contracts.model.batch.Batch.freed_window_blocks`): every used block id moved up by one so
+    that no live position uses the null block (:data:`~kvfuzz.contracts.model.batch.NULL_BLOCK`, id 0, as vLLM's
+    ``BlockPool`` reserves it), then the ``max(0, ctx_len - window + 1) // block_size`` leading columns of each
+    sequence pointed at the null block (vLLM's ``SlidingWindowManager.remove_skipped_blocks``,
+    vllm/v1/core/single_type_kv_cache_manager.py). Padding columns keep 0."""
+    out = []
+    for row, q, c in zip(table, query_lens, ctx_lens):
+        need = -(-(q + c) // block_size)
+        freed = max(0, c - window + 1) // block_size
+        out.append([0 if k < freed else b + 1 if k < need else b for k, b in enumerate(row)])
+    return num_blocks + 1, out
 
 
 def csr_tails(num_slots: int) -> st.SearchStrategy[list[int]]:
@@ -376,7 +400,7 @@ def relocate_high(batch: Batch, min_element_offset: int = INT32_OFFSETS) -> Batc
     match. Unused table columns keep pointing at block 0."""
     per_block = batch.block_size * batch.num_kv_heads * batch.head_size
     shift = -(-min_element_offset // per_block)
-    table = [[b + shift if c < batch.blocks_needed(i) else b for c, b in enumerate(row)]
+    table = [[b + shift if batch.freed_blocks(i) <= c < batch.blocks_needed(i) else b for c, b in enumerate(row)]
              for i, row in enumerate(batch.block_table)]
     return attrs.evolve(batch, block_table=table, num_blocks=batch.num_blocks + shift)
 
@@ -407,6 +431,5 @@ def examples(capabilities: Capabilities, limits: Limits = Limits(),
 
 __all__ = ["ARRANGEMENTS", "HIGH_IDS", "INT32_OFFSETS", "KINDS", "KV_SCALES", "SOFTCAPS", "UNIVERSE_BLOCK_SIZES",
            "UNIVERSE_HEAD_SIZES", "attention_params", "batches", "big_cache_examples", "block_tables",
-           "boundary_lengths", "choice", "csr_tails", "cuda_graph_pads",
-           "examples", "gqa_heads", "relocate_high", "sequence_lengths",
-           "shared_prefixes", "undeclared_examples"]
+           "boundary_lengths", "choice", "csr_tails", "cuda_graph_pads", "examples", "freed_window_table", "gqa_heads",
+           "relocate_high", "sequence_lengths", "shared_prefixes", "undeclared_examples"]

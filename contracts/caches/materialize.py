@@ -8,7 +8,7 @@ import random
 import attrs
 import torch
 
-from ..model.batch import Batch, positions
+from ..model.batch import Batch
 from ..model.data import BatchData
 from .layouts import CacheLayout
 from ..model.poison import Poison
@@ -138,7 +138,9 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
                 poison: Poison, device: str | torch.device = "cpu",
                 poison_seeds: tuple[int, int] | None = None) -> CacheState:
     """Build a cache in ``layout`` that holds positions ``0 .. cached_lens[i]-1`` of every sequence ``i``
-    at the slots its block table names, and ``poison`` in every other slot.
+    at the slots its block table names, and ``poison`` in every other slot. With ``batch.freed_window_blocks``
+    the positions of freed columns are not written (:meth:`~kvfuzz.contracts.model.batch.Batch.held_positions`):
+    the null block they point at keeps its poison, as vLLM's null block holds whatever was last there.
 
     ``cached_lens`` usually comes from :meth:`~kvfuzz.contracts.model.contract.Contract.cached_lens`; a caller
     fault passes something else. ``poison_seeds``: seeds of the key and value caches' STALE poison (default
@@ -161,7 +163,7 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
     else:
         fill_poison(kc, poison, ks)
         fill_poison(vc, poison, vs)
-    seq, pos = positions(cached_lens)
+    seq, pos = batch.held_positions(cached_lens)  # less the freed columns' positions (Batch.freed_window_blocks)
     slots = batch.slots(seq, pos)
     if len(slots):
         if tuple(cached_lens) == batch.seq_lens and len(data.cache_keys) == len(seq):

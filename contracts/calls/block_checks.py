@@ -86,4 +86,43 @@ def check_block_table(call: PagedCall, lens: Lens) -> tuple[list[Violation], tor
     return out, ok
 
 
-__all__ = ["check_block_table"]
+def check_null_block(call: PagedCall, lens: Lens) -> list[Violation]:
+    """With a sliding window and a known null block (``call.null_block``, ``call.sliding_window`` W): no column a
+    query of the call can see points at the null block. Sequence ``i``'s first query sits at ``ctx_len`` and sees
+    keys from ``max(0, ctx_len - W + 1)`` on, so columns from ``max(0, ctx_len - W + 1) // block_size`` to
+    ``ceil(seq_len / block_size) - 1`` must hold live blocks; the columns before may point at the null block
+    (they are what vLLM frees). One error per offending sequence, at its first such column; [] when the null
+    block or the window is not known.
+
+    Source: vllm/v1/core/single_type_kv_cache_manager.py, ``SlidingWindowManager.get_num_skipped_tokens``
+    (``num_computed_tokens - sliding_window + 1``) and ``SingleTypeKVCacheManager.remove_skipped_blocks`` (the
+    ``num_skipped_tokens // block_size`` leading blocks become ``null_block``); vllm/v1/core/block_pool.py (the null
+    block is block 0, never allocated: whatever it holds is garbage to a reader).
+    """
+    if call.null_block is None or call.sliding_window <= 0 or call.skip_blocks:
+        return []
+    bt_t = index_values(call.block_table)
+    if bt_t is None or bt_t.dim() != 2:
+        return []
+    n = len(lens.seq_lens)
+    bt = bt_t[:n].numpy()
+    seq_lens, ctx_lens = lens.seq_lens.numpy(), lens.ctx_lens.numpy()
+    bs, w, m = call.block_size, call.sliding_window, bt.shape[1]
+    need = np.minimum((np.maximum(seq_lens, 0) + bs - 1) // bs, m)
+    first = np.maximum(ctx_lens - w + 1, 0) // bs
+    cols = np.arange(m)
+    bad = (cols[None, :] >= first[:, None]) & (cols[None, :] < need[:, None]) & (bt == call.null_block)
+    bad_seqs = np.flatnonzero(bad.any(axis=1))
+    recs = []
+    for i in bad_seqs[:MAX_RECORDS_PER_CHECK].tolist():
+        c = int(np.flatnonzero(bad[i])[0])
+        recs.append(violation(Check.NULL_BLOCK,
+            f"{call.name('block_table')}[{i}, {c}] = {call.null_block} is the null block (what freed window columns "
+            f"point at), but sequence {i}'s queries see positions {c * bs}..{(c + 1) * bs - 1} of it (window {w}, "
+            f"first visible key {max(int(ctx_lens[i]) - w + 1, 0)}): the kernel reads garbage there",
+            kernel=call.kernel, seq=i, position=c * bs, block=call.null_block, expected="a live block",
+            found=f"null block {call.null_block}", count=int(bad[i].sum())))
+    return capped(recs, len(bad_seqs))
+
+
+__all__ = ["check_block_table", "check_null_block"]

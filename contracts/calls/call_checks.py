@@ -45,7 +45,7 @@ import torch
 from ..caches.layouts import NHDLayout, VllmPagedLayout
 from ..checks.violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
 from ..model.contract import Contract
-from .block_checks import check_block_table
+from .block_checks import check_block_table, check_null_block
 from .cache_checks import VACUITY_SAMPLE_ROWS, check_new_tokens_cached, check_vacuity
 from .csr_checks import check_csr, check_csr_index_tensors, check_csr_shapes, check_decode_scratch
 from .kv_cache_dtype import check_kv_cache_dtype
@@ -304,15 +304,19 @@ def with_host_indices(call: PagedCall) -> PagedCall:
 
 
 def check_call(call: PagedCall, *, rocm_arch: str | None = None,
-               portability_archs: tuple[str, ...] = ROCM_PORTABILITY_ARCHS, vacuity: bool = True
-               ) -> list[Violation]:
+               portability_archs: tuple[str, ...] = ROCM_PORTABILITY_ARCHS, vacuity: bool = True,
+               null_block: int | None = None) -> list[Violation]:
     """Every check of this module on one call; ``[]`` when the caller kept the contract.
 
     ``rocm_arch``: the ROCm architecture the call runs on (:func:`kvfuzz.contracts.calls.rocm.current_rocm_arch`), or None off ROCm (then
     ROCm-only problems are warnings for ``portability_archs``). ``vacuity``: also run :func:`check_vacuity`.
     Never raises on odd arguments: a malformed call yields :data:`Check.SHAPES` violations instead. Index arithmetic
-    runs on the CPU whatever ``torch.set_default_device`` says (vLLM's tests set "cuda").
+    runs on the CPU whatever ``torch.set_default_device`` says (vLLM's tests set "cuda"). ``null_block``: the
+    block freed sliding-window columns point at (``PagedCall.null_block``; the harness passes vLLM's 0 for a batch
+    with ``freed_window_blocks``), checked by :func:`~kvfuzz.contracts.calls.block_checks.check_null_block`.
     """
+    if null_block is not None:
+        call = attrs.evolve(call, null_block=null_block)
     if torch.get_default_device().type == "cpu":  # a device context costs a Python call per torch op
         return _check_call(call, rocm_arch=rocm_arch, portability_archs=portability_archs, vacuity=vacuity)
     with torch.device("cpu"):
@@ -339,6 +343,8 @@ def _check_call(call: PagedCall, *, rocm_arch: str | None, portability_archs: tu
     out += check_prefill_rows(call, lens)
     blocks, readable = check_csr(call, lens) if call.csr is not None else check_block_table(call, lens)
     out += blocks
+    if call.csr is None:
+        out += check_null_block(call, lens)
     if call.csr is not None:
         out += check_decode_scratch(call)
     readable &= (lens.query_lens >= 0) & (lens.ctx_lens >= 0)

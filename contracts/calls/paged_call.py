@@ -137,6 +137,10 @@ class PagedCall:
     #: a CSR call (SGLang): its own index arguments (:class:`CsrArgs`); block_table/seq_lens are then derived
     #: from them (a token-level table, block_size 1) and :mod:`kvfuzz.contracts.calls.csr_checks` checks them
     csr: CsrArgs | None = None
+    #: the block freed columns alias (vLLM's ``BlockPool.null_block``, id 0) when the caller frees blocks wholly
+    #: before a sliding window (``Batch.freed_window_blocks``); None: not known, not checked. With it and a
+    #: ``sliding_window``, :func:`~kvfuzz.contracts.calls.block_checks.check_null_block` flags a visible column on it.
+    null_block: int | None = None
     #: what the kernel needs of its caller, per path (:class:`~kvfuzz.contracts.calls.declaration.KernelDeclaration`,
     #: declared next to its signature in its family's home, ``kvfuzz.fuzz.targets.<family>``)
     declaration: KernelDeclaration = GENERIC

@@ -86,12 +86,13 @@ def _first_per_seq(check: Check, what: str, batch: Batch, seq: torch.Tensor, pos
 def check_cache_holds(invariant: Check, batch: Batch, data: BatchData, layout: CacheLayout,
                       key_cache: torch.Tensor, value_cache: torch.Tensor, lens: dict[int, int]) -> list[Violation]:
     """Check that the cache holds positions ``0 .. lens[seq]-1`` of each listed sequence, bitwise, for keys
-    and for values. Vectorized over all (sequence, position) pairs."""
+    and for values, less the positions of freed window columns (``Batch.freed_window_blocks``: they point at the
+    null block). Vectorized over all (sequence, position) pairs."""
     seqs = sorted(lens)
     per_seq = [lens[s] if s in lens else 0 for s in range(batch.num_seqs)]
     if not seqs or sum(per_seq) == 0:
         return []
-    seq, pos = positions(per_seq)
+    seq, pos = batch.held_positions(per_seq)  # a freed window column's positions are owed to no one
     slots = batch.slots(seq, pos)
     k, v = layout.gather(key_cache, value_cache, slots.to(key_cache.device))
     if per_seq == list(batch.seq_lens) and len(data.cache_keys) == len(seq):  # all of them: the rows in order

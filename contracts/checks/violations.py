@@ -37,6 +37,8 @@ class Check(enum.Enum):
     BLOCK_TABLE_WIDTH = "block table width"
     BLOCK_RANGE = "block id range"
     BLOCK_SHARING = "block sharing"
+    #: a column a query can see (in its sliding window) points at the null block that freed columns alias
+    NULL_BLOCK = "null block in window"
     MAX_SEQ_LEN = "max_seq_len"
     MAX_QUERY_LEN = "max_query_len"
     KV_CACHE_DTYPE = "kv_cache_dtype"
@@ -102,6 +104,9 @@ FIX: dict[Check, str] = {
                        "must index the cache: 0 <= id < num_blocks",
     Check.BLOCK_SHARING: "give every sequence its own blocks for its new tokens (vLLM shares only full prefix "
                          "blocks, which nobody writes)",
+    Check.NULL_BLOCK: "point only columns wholly before a sequence's window at the null block (vLLM's "
+                      "SlidingWindowManager.remove_skipped_blocks frees the first (ctx_len - W + 1) // block_size); "
+                      "every column holding a position some query can see needs a live block",
     Check.MAX_SEQ_LEN: "pass max_seq_len >= max(seq_lens), the longest sequence including its new tokens (e.g. "
                        "int(seq_lens.max())), not the longest context",
     Check.MAX_QUERY_LEN: "pass max_query_len >= max(query_len) (e.g. int(query_start_loc.diff().max()))",

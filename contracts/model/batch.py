@@ -114,6 +114,17 @@ class Batch:
         :mod:`kvfuzz.contracts.model.padding`): the call carries them as the engine builds them (the target's
         ``Capabilities.cuda_graph_padding`` convention), the reference computes only the real sequences, and
         every other field describes the real sequences alone. 0 by default.
+    freed_window_blocks:
+        The production state of a sliding-window KV manager (needs ``sliding_window``): every block wholly before
+        sequence ``i``'s first visible key ``max(0, ctx_len - W + 1)`` is given back to the pool and its column
+        points at the **null block** (:data:`NULL_BLOCK`, block 0), as vLLM's ``SlidingWindowManager`` does
+        (vllm/v1/core/single_type_kv_cache_manager.py: ``get_num_skipped_tokens(num_computed_tokens) =
+        num_computed_tokens - sliding_window + 1``, ``remove_skipped_blocks`` frees the
+        ``num_skipped_tokens // block_size`` leading blocks and puts ``null_block`` in their place; vLLM's
+        ``BlockPool`` pops block 0 as ``null_block`` and never hands it to a request, vllm/v1/core/block_pool.py).
+        Those positions are not in the cache (:meth:`held_positions`): the null block holds poison. The first
+        :meth:`freed_blocks` columns of every sequence must then be :data:`NULL_BLOCK` and no other column a
+        sequence uses may be. False by default.
 
     Raises
     ------
@@ -144,6 +155,7 @@ class Batch:
     csr_tail: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
     value_head_size: int | None = attrs.field(default=None, converter=_optional_int)
     num_pad_seqs: int = attrs.field(default=0, converter=int)
+    freed_window_blocks: bool = attrs.field(default=False, converter=bool)
 
     def __attrs_post_init__(self) -> None:
         if self.num_pad_seqs < 0:
@@ -158,6 +170,9 @@ class Batch:
             raise ValueError(f"sliding_window must be None (no window) or >= 1 keys, got {self.sliding_window}")
         if self.value_head_size is not None:
             self._check_latent()
+        if self.freed_window_blocks and self.sliding_window is None:
+            raise ValueError("freed_window_blocks models a sliding-window KV manager: it needs sliding_window set "
+                             "(or set freed_window_blocks=False)")
         n = len(self.query_lens)
         if n == 0:
             raise ValueError("a batch needs at least one sequence (query_lens is empty)")
@@ -185,15 +200,36 @@ class Batch:
                     f"block_table row {i} has {len(row)} columns but seq_len {self.seq_lens[i]} needs "
                     f"{need} blocks of block_size {self.block_size}"
                 )
+            freed = self.freed_blocks(i)
             for col, blk in enumerate(row[:need]):
                 if not 0 <= blk < self.num_blocks:
                     raise ValueError(
                         f"block_table[{i}][{col}] = {blk} is outside [0, num_blocks={self.num_blocks})"
                     )
+                if self.freed_window_blocks:
+                    self._check_freed(i, col, blk, freed)
+                    if col < freed:
+                        continue  # the null block, aliased by every freed column
                 if blk in used:
                     self._check_shared(blk, used[blk], (i, col))
                 else:
                     used[blk] = (i, col)
+
+    def _check_freed(self, seq: int, col: int, blk: int, freed: int) -> None:
+        """With ``freed_window_blocks``: column ``col`` of ``seq`` is :data:`NULL_BLOCK` iff it is one of the
+        ``freed`` leading columns wholly before the window; raises ValueError naming the column otherwise."""
+        if col < freed and blk != NULL_BLOCK:
+            raise ValueError(
+                f"block_table[{seq}][{col}] = {blk}, but with freed_window_blocks every column wholly before the "
+                f"window (the first {freed} of sequence {seq}: positions < {freed * self.block_size}) points at the "
+                f"null block {NULL_BLOCK}")
+        if col >= freed and blk == NULL_BLOCK:
+            first = max(0, self.ctx_lens[seq] - self.sliding_window + 1)
+            raise ValueError(
+                f"block_table[{seq}][{col}] = {NULL_BLOCK} is the null block, but column {col} holds positions "
+                f"{col * self.block_size}..{(col + 1) * self.block_size - 1} that sequence {seq}'s queries can see "
+                f"(first visible key {first}): only columns wholly before the window may point at the null block; "
+                "give it a block of its own")
 
     def _check_latent(self) -> None:
         """A latent batch (``value_head_size`` set): ``1 <= Dv < head_size``, one kv head, one fp8 scale."""
@@ -218,7 +254,8 @@ class Batch:
         elif full > self.ctx_lens[a] or full > self.ctx_lens[b]:
             why = (f"but it is not full context of both (positions {ca * self.block_size}..{full - 1}, ctx_lens "
                    f"{self.ctx_lens[a]} and {self.ctx_lens[b]}): a shared block must never be written")
-        elif self.block_table[a][:ca] != self.block_table[b][:cb]:
+        elif self.block_table[a][(lo := max(self.freed_blocks(a), self.freed_blocks(b))):ca] \
+                != self.block_table[b][lo:cb]:  # freed columns (the null block) are no one's
             why = f"but their columns before {ca} differ (only a whole shared prefix can be shared)"
         if why is not None:
             raise ValueError(f"block {blk} is used by sequences {a} and {b} {why}; each sequence needs its own "
@@ -332,19 +369,44 @@ class Batch:
     def blocks_needed(self, seq: int) -> int:
         return -(-self.seq_lens[seq] // self.block_size)
 
-    def _shared_prefixes(self) -> list[list[int]]:
-        """Per sequence, the first user (an earlier sequence) of each of its leading shared blocks."""
+    def freed_blocks(self, seq: int) -> int:
+        """How many leading columns of ``seq`` are freed to the null block: ``max(0, ctx_len - W + 1) //
+        block_size`` with ``freed_window_blocks``, else 0 (vLLM's ``SlidingWindowManager.remove_skipped_blocks``
+        with ``num_computed_tokens = ctx_len``: ``get_num_skipped_tokens(ctx_len) = ctx_len - W + 1`` tokens no
+        query of this step sees, the blocks wholly among them freed)."""
+        if not self.freed_window_blocks:
+            return 0
+        return max(0, self.ctx_lens[seq] - self.sliding_window + 1) // self.block_size
+
+    def held_positions(self, lens) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(seq, pos)`` int64 of positions ``0 .. lens[i]-1`` of every sequence ``i`` that the cache holds:
+        all of them, less the positions of freed columns (:meth:`freed_blocks`), which sit on the null block."""
+        seq, pos = positions(lens)
+        if self.freed_window_blocks:
+            first = torch.tensor([self.freed_blocks(i) * self.block_size for i in range(self.num_seqs)],
+                                 dtype=torch.int64)
+            keep = pos >= first[seq]
+            seq, pos = seq[keep], pos[keep]
+        return seq, pos
+
+    def _shared_prefixes(self) -> list[list[int | None]]:
+        """Per sequence, the first user (an earlier sequence) of each of its leading shared blocks (None for a
+        freed column, which points at the null block and shares nothing)."""
         owner: dict[int, int] = {}
         out = []
         for j in range(self.num_seqs):
+            freed = self.freed_blocks(j)
             row = self.block_table[j][: self.blocks_needed(j)]
-            shared = []
-            for blk in row:
+            shared: list[int | None] = []
+            for c, blk in enumerate(row):
+                if c < freed:
+                    shared.append(None)
+                    continue
                 if blk not in owner:
                     break
                 shared.append(owner[blk])
-            out.append(shared)
-            for blk in row:
+            out.append(shared if any(o is not None for o in shared) else [])
+            for blk in row[freed:]:
                 owner.setdefault(blk, j)
         return out
 
@@ -363,6 +425,8 @@ class Batch:
         starts, bs = self.seq_start_loc, self.block_size
         for j, owners in enumerate(self._shared_prefixes()):
             for c, i in enumerate(owners):
+                if i is None:  # a freed column
+                    continue
                 dst += range(starts[j] + c * bs, starts[j] + (c + 1) * bs)
                 src += range(starts[i] + c * bs, starts[i] + (c + 1) * bs)
         if not dst:
@@ -407,6 +471,8 @@ class Batch:
             del d["value_head_size"]
         if not self.num_pad_seqs:  # absent unless padded, likewise
             del d["num_pad_seqs"]
+        if not self.freed_window_blocks:  # absent unless set, likewise
+            del d["freed_window_blocks"]
         return d
 
     @classmethod
@@ -440,6 +506,8 @@ class Batch:
             extra += f" latent Dv={self.value_head_size}"
         if self.num_pad_seqs:
             extra += f" cuda_graph_pads={self.num_pad_seqs}"
+        if self.freed_window_blocks:
+            extra += f" freed_window_blocks={[self.freed_blocks(i) for i in range(self.num_seqs)]}"
         return (
             f"{self.num_seqs} seqs [{kinds}] query_lens={list(self.query_lens)} ctx_lens={list(self.ctx_lens)} "
             f"H={self.num_heads} Hkv={self.num_kv_heads} D={self.head_size} block_size={self.block_size} "
@@ -447,6 +515,11 @@ class Batch:
         )
 
 
+#: The block a freed column points at (``freed_window_blocks``): vLLM's ``BlockPool.null_block``, the first block
+#: of the free queue (id 0), popped at start-up and never allocated (vllm/v1/core/block_pool.py, BlockPool.__init__).
+NULL_BLOCK = 0
+
+
 # DTYPES, FEATURES, KV_CACHE_DTYPES, VALUE_RANGES and positions are defined in .space and re-exported here,
 # where the batch's fields are described
-__all__ = ["Batch", "DTYPES", "FEATURES", "KV_CACHE_DTYPES", "VALUE_RANGES", "positions"]
+__all__ = ["Batch", "DTYPES", "FEATURES", "KV_CACHE_DTYPES", "NULL_BLOCK", "VALUE_RANGES", "positions"]

@@ -10,6 +10,11 @@ from .batch import DTYPES, FEATURES, KV_CACHE_DTYPES
 from .contract import Contract
 from .padding import CONVENTIONS
 
+#: Production states a target may declare (``Capabilities`` fields) and their names in :attr:`Capabilities.states`
+#: (``kvfuzz targets``); strategies draw a state only for targets declaring it.
+STATES = {"shared_prefix_blocks": "shared prefix", "freed_window_blocks": "freed window blocks",
+          "cuda_graph_padding": "cuda-graph padding"}
+
 #: How a kernel's caller describes where each sequence's tokens are (``Capabilities.metadata``).
 METADATA = ("block_table", "csr")
 
@@ -55,6 +60,12 @@ class Capabilities:
         sequence owns; "sglang": seq_len 1 reading token slot 0): the "CUDA-graph padding" state
         (:mod:`kvfuzz.contracts.model.padding`). Strategies draw ``Batch.num_pad_seqs`` only for targets that
         declare one, and the target builds its call through :class:`~kvfuzz.contracts.model.padding.Padding`.
+    freed_window_blocks: the target runs behind a sliding-window KV manager that gives back the blocks wholly
+        before the window and points their columns at the null block
+        (:attr:`~kvfuzz.contracts.model.batch.Batch.freed_window_blocks`; vLLM's ``SlidingWindowManager``,
+        vllm/v1/core/single_type_kv_cache_manager.py ``remove_skipped_blocks``), and its kernel must never read
+        them; strategies draw such batches (about half the windowed ones) only for targets that declare it.
+        Needs ``"sliding_window"`` in ``features``.
     """
 
     contract: Contract
@@ -78,11 +89,15 @@ class Capabilities:
     shared_prefix_blocks: bool = False
     value_head_size: int | None = None
     cuda_graph_padding: str | None = None
+    freed_window_blocks: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.cuda_graph_padding is not None and self.cuda_graph_padding not in CONVENTIONS:
             raise ValueError(f"unknown cuda_graph_padding {self.cuda_graph_padding!r}; known: {list(CONVENTIONS)} "
                              "(or None)")
+        if self.freed_window_blocks and "sliding_window" not in self.features:
+            raise ValueError("Capabilities.freed_window_blocks needs the feature 'sliding_window' (blocks are freed "
+                             "only behind a window)")
         if self.value_head_size is not None and not 1 <= self.value_head_size < min(self.head_sizes):
             raise ValueError(f"Capabilities.value_head_size {self.value_head_size} must be in [1, smallest head "
                              f"size {min(self.head_sizes)}): the value is a prefix of the key row")
@@ -138,6 +153,8 @@ class Capabilities:
             out.append("shared prefix blocks")
         if batch.num_pad_seqs and self.cuda_graph_padding is None:
             out.append("CUDA-graph pad sequences")
+        if batch.freed_window_blocks and not self.freed_window_blocks:
+            out.append("freed window blocks")
         if self.decode_only and any(q != 1 for q in batch.query_lens):
             out.append("prefill sequences (decode-only kernel)")
         if batch.value_head_size != self.value_head_size:
@@ -157,17 +174,21 @@ class Capabilities:
                 and (batch.sliding_window is None or batch.sliding_window >= self.min_sliding_window)
                 and (self.shared_prefix_blocks or not any(batch.shared_prefix_blocks))
                 and (self.cuda_graph_padding is not None or not batch.num_pad_seqs)
+                and (self.freed_window_blocks or not batch.freed_window_blocks)
                 and (not self.decode_only or all(q == 1 for q in batch.query_lens))
                 and batch.value_head_size == self.value_head_size
                 and self.combinable(batch.features))
 
     @property
     def states(self) -> tuple[str, ...]:
-        """The production states this declaration draws, by name (``kvfuzz targets``): ``"shared prefix"``
-        (``shared_prefix_blocks``), ``"cuda-graph padding (vllm)"`` (``cuda_graph_padding``); ``()`` for none."""
-        out = ["shared prefix"] if self.shared_prefix_blocks else []
-        if self.cuda_graph_padding is not None:
-            out.append(f"cuda-graph padding ({self.cuda_graph_padding})")
+        """The production states this declaration draws, by name (:data:`STATES`; ``kvfuzz targets``), the padding
+        with its convention: e.g. ``("shared prefix", "freed window blocks", "cuda-graph padding (vllm)")``;
+        ``()`` for none."""
+        out = []
+        for field, name in STATES.items():
+            value = getattr(self, field)
+            if value:
+                out.append(name if value is True else f"{name} ({value})")
         return tuple(out)
 
     def restrict(self, **kw) -> "Capabilities":
@@ -180,4 +201,4 @@ class Capabilities:
         return attrs.evolve(self, **kw)
 
 
-__all__ = ["METADATA", "Capabilities"]
+__all__ = ["METADATA", "STATES", "Capabilities"]

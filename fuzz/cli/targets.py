@@ -22,8 +22,8 @@ from kvfuzz.fuzz.cli.common import console
               help="Load each kernel to say whether it runs here (slow: imports every kernel library). Without "
                    "it, whether a target runs is told from what is installed, and says it was not loaded.")
 def targets(as_json: bool, check: bool) -> None:
-    """List the targets, their contracts and declarations, and whether they run here. Piped, one
-    tab-separated line per target."""
+    """List the targets, their contracts and declarations (the production cache states each declares, e.g.
+    freed_window_blocks, under "states"), and whether they run here. Piped, one tab-separated line per target."""
     from kvfuzz.fuzz.targets import get_target, registered
 
     rows = []

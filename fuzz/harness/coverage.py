@@ -44,10 +44,13 @@ def boundary_class(length: int, block_size: int) -> str:
 def batch_states(batch: Batch) -> str:
     """The production states a batch models, "+"-joined ("none" for none): "shared-prefix" when sequences share
     full prefix blocks (vLLM's prefix caching, SGLang's radix cache; ``Batch.shared_prefix_blocks``),
+    "freed-window" when blocks before the window are on the null block (``Batch.freed_window_blocks``),
     "cuda-graph-padding" when the call carries pad sequences (``Batch.num_pad_seqs``)."""
     out = []
     if any(batch.shared_prefix_blocks):
         out.append("shared-prefix")
+    if batch.freed_window_blocks:
+        out.append("freed-window")
     if batch.num_pad_seqs:
         out.append("cuda-graph-padding")
     return "+".join(out) or "none"

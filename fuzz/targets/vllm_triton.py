@@ -88,6 +88,16 @@ def context_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: 
     )
 
 
+def _window_of(window_size: Any) -> int:
+    """The window W (keys) of unified_attention's ``window_size = (W - 1, 0)`` (vllm/v1/attention/backends/
+    triton_attn.py), 0 for none (``(-1, -1)``) or anything else."""
+    try:
+        left = int(window_size[0])
+    except (TypeError, ValueError, IndexError):
+        return 0
+    return left + 1 if left >= 0 else 0
+
+
 def unified_attention_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
     """``unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale,
     causal, window_size, block_table, softcap, q_descale, k_descale, v_descale, ...)``: ``k``/``v`` are the
@@ -103,7 +113,7 @@ def unified_attention_call(args: Mapping[str, Any], key: Any = None, value: Any 
         kv_cache_dtype=None, k_scale=args.get("k_descale") if args.get("k_descale") is not None else 1.0,
         v_scale=args.get("v_descale") if args.get("v_descale") is not None else 1.0,
         new_tokens_cached=NewTokensCached.ALL if key is not None else NewTokensCached.NONE,
-        cache_reads=CacheReads.ALL,
+        cache_reads=CacheReads.ALL, sliding_window=_window_of(args.get("window_size")),
         has_alibi=args.get("alibi_slopes") is not None, has_sinks=args.get("sinks") is not None,
         descales_ignored=(is_tensor(args["k"]) and args["k"].dtype.is_floating_point
                           and args["k"].element_size() == 1
@@ -392,6 +402,10 @@ class VllmUnifiedAttention(VllmTritonTarget):
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
         # vLLM's TRITON_ATTN (AttentionCGSupport.ALWAYS) runs decode batches in FULL CUDA graphs, padded
         cuda_graph_padding="vllm",
+        # vLLM's SlidingWindowManager frees the blocks before the window (null block in their columns); the
+        # kernel skips tiles wholly before the window (triton_attention_helpers.py compute_tile_loop_bounds) and
+        # zeroes V outside it (the V mask of vLLM PR #30887)
+        freed_window_blocks=True,
     )
 
     def layout(self, batch: Batch) -> CacheLayout:

@@ -190,6 +190,16 @@ BUGS: dict[str, Bug] = {b.name: b for b in (
         why_missed="needs a page past 2**31 elements (a >= 4 GiB cache per K and V at fp16; untouched pages cost no "
                    "RAM); the default campaign's caches have < 100 blocks. kvfuzz fuzz --big-cache reaches it: the "
                    "wrapped offset reads unmapped memory, a kernel crash (SIGSEGV) under Triton's interpreter"),
+    Bug("vllm-30887", "https://github.com/vllm-project/vllm/pull/30887",
+        "vllm.v1.attention.ops.triton_unified_attention", VllmUnifiedAttention, "unified_attention",
+        trigger="a sliding window and a freed block (its column on the null block, NaN/inf there) in the same tile "
+                "as a visible key: the 2-D path (a prefill of > 8 query tokens) tiles 32 keys, so at block size 16 "
+                "or 48 a tile holds a freed block and the window's first; P = 0 times its NaN V is NaN",
+        # a prefill of 9 tokens (MAX_3D_QUERY_LEN = 8: the 2-D kernel, TILE_SIZE_PREFILL 32; the 3-D path's decode
+        # tile is 16 for 16-bit queries, one block, and wholly freed tiles are skipped) after 16 cached ones,
+        # W = 1: block 0 (positions 0..15) is freed to the null block, tile 0 holds it and key 16
+        smallest=lambda: small_batch([9], [16], head_size=32, block_size=16, table=[[0, 1]], num_blocks=2,
+                                     sliding_window=1, freed_window_blocks=True)),
 )}
 
 _TARGETS: dict[str, type[Target]] = {n: _target_class(b) for n, b in BUGS.items()}
@@ -198,6 +208,7 @@ Bug_vllm_47305 = _TARGETS["bug.vllm-47305"]
 Bug_vllm_56579 = _TARGETS["bug.vllm-56579"]
 Bug_sglang_2479 = _TARGETS["bug.sglang-2479"]
 Bug_vllm_47671 = _TARGETS["bug.vllm-47671"]
+Bug_vllm_30887 = _TARGETS["bug.vllm-30887"]
 
 
 def get_bug(name: str) -> Target:

@@ -78,6 +78,13 @@ def test_targets_lists_both_with_availability():
     assert all(isinstance(row["available"], bool) and row["reason"] for row in rows.values())
     assert "fp8_e5m2" in rows[TRITON]["kv_cache_dtypes"] and ["alibi", "sinks"] in rows[TRITON]["exclusive"]
     assert set(rows["vllm.unified_attention"]["features"]) == {"alibi", "sinks", "sliding_window", "softcap"}
+    assert "freed window blocks" in rows["vllm.unified_attention"]["states"]
+    assert "freed window blocks" not in rows[TRITON]["states"]
+    assert "shared prefix" in rows["sglang.decode_attention_fwd"]["states"]
+    piped = kvfuzz("targets").stdout.splitlines()
+    assert piped[0].split("\t")[7] == "states"
+    (unified,) = [line.split("\t") for line in piped if line.startswith("vllm.unified_attention\t")]
+    assert "freed_window_blocks" in unified[7].split(",")
 
 
 def test_targets_lists_the_sglang_targets_with_csr_metadata():
@@ -92,13 +99,14 @@ def test_targets_lists_the_states_each_target_declares():
     """The CUDA-graph padding state, by convention, on the targets whose engine pads them, and nowhere else (vLLM's
     CPU backend runs no CUDA graphs); shared prefix pages on the vLLM and SGLang targets."""
     rows = {row["name"]: row for row in json.loads(kvfuzz("targets", "--json").stdout)}
-    assert rows["vllm.unified_attention"]["states"] == ["shared prefix", "cuda-graph padding (vllm)"]
+    assert rows["vllm.unified_attention"]["states"] == ["shared prefix", "freed window blocks",
+                                                        "cuda-graph padding (vllm)"]
     assert rows["sglang.decode_attention_fwd"]["states"] == ["shared prefix", "cuda-graph padding (sglang)"]
     assert rows["vllm.cpu_attention"]["states"] == ["shared prefix"] == rows[TRITON]["states"]
     piped = kvfuzz("targets").stdout.splitlines()
     header = piped[0].split("\t")
     line = next(row.split("\t") for row in piped if row.startswith("vllm.unified_attention\t"))
-    assert line[header.index("states")] == "shared prefix,cuda-graph padding (vllm)"
+    assert line[header.index("states")] == "shared prefix,freed window blocks,cuda-graph padding (vllm)"
 
 
 def test_the_seeds_fault_on_sglang_decode_is_the_callers(tmp_path):

@@ -1,0 +1,37 @@
+"""Two torch paged-attention kernels behind a sliding-window KV manager that frees the blocks before the window
+(``Capabilities.freed_window_blocks``): one reads them, one does not. The test of the freed-window state
+(tests/fuzz/harness/test_freed_window_blocks.py).
+
+Both are :class:`~kvfuzz.fuzz.bench.paged_torch.PagedTorch` (reads all ``seq_len`` positions through the block
+table, masks the scores by causality and window) declaring the state:
+
+- :class:`ReadsFreedBlocks` multiplies P by V over every key it loaded, so a key before the window contributes
+  ``0 * V``: NaN/inf when its block was freed to the null block (the defect of vLLM PR #30887 before its fix,
+  unified_attention's missing V mask);
+- :class:`SkipsFreedBlocks` zeroes V outside every query row's window first (#30887's fix,
+  ``V = tl.where(sw_mask_v, V, 0.0)``), so it never uses what the null block holds.
+"""
+
+import attrs
+import torch
+
+from kvfuzz.fuzz.bench.paged_torch import PagedTorch
+
+_CAPS = attrs.evolve(PagedTorch.capabilities, freed_window_blocks=True)
+
+
+class ReadsFreedBlocks(PagedTorch):
+    name = "planted.window_reads_freed"
+    description = "torch paged attention that multiplies P by V over out-of-window keys (reads freed blocks)"
+    capabilities = _CAPS
+
+
+class SkipsFreedBlocks(PagedTorch):
+    name = "planted.window_skips_freed"
+    description = "torch paged attention that zeroes V outside the window (never uses freed blocks)"
+    capabilities = _CAPS
+
+    def combine(self, scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor, decode: bool,
+                num_seqs: int) -> torch.Tensor:
+        p = torch.softmax(scores.masked_fill(~allowed[None], float("-inf")), dim=-1)
+        return torch.einsum("hqs,shd->qhd", p, v.masked_fill(~allowed.any(dim=0)[:, None, None], 0.0))
