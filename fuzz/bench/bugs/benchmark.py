@@ -60,10 +60,12 @@ def machine() -> str:
 
 
 def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: int = 100_000,
-            limits: Limits = Limits()) -> dict:
-    """One default campaign of seed ``seed`` on bug ``name``; returns the run's result dict (module docstring)."""
+            limits: Limits = Limits(), target=None) -> dict:
+    """One default campaign of seed ``seed`` on bug ``name``; returns the run's result dict (module docstring).
+    ``target``: the bug's target to use (default :func:`~kvfuzz.fuzz.bench.bugs.get_bug`'s; e.g. one whose
+    declaration is narrowed to the configuration the bug lives in)."""
     bug = BUGS[name]
-    target = get_bug(name)
+    target = target if target is not None else get_bug(name)
     start = time.monotonic()
     out = {"bug": name, "seed": seed, "found": False, "big_cache": bug.big_cache, "examples_total": 0,
            "seconds_total": None, "seconds_to_first": None, "examples_to_first": None, "seconds_to_shrunk": None,

@@ -68,6 +68,11 @@ UPSTREAM_TESTS: dict[str, UpstreamTest] = {t.bug: t for t in (
                  "576",  # the 42 cases of its largest head size (576: the largest offsets); the full file is 117
                  "its caches hold 16384 tokens x 32 heads x 576 dims ~ 3e8 elements < 2**31: the int32 page offset "
                  "never wraps"),
+    UpstreamTest("bug.vllm-30887", "tests/kernels/attention/test_triton_unified_attention.py",
+                 # the 12 cases of the grid with window 64, no softcap, bf16, 32768 blocks
+                 "test_triton_unified_attn[ and -None-32768-None-dtype0-64-16-128-",
+                 "its key and value caches are randn in every block: the keys outside the window hold finite values, "
+                 "and 0 x a finite V hides the missing V mask (the PR added no test)"),
     UpstreamTest("bug.sglang-2479", None, None,
                  "not runnable: SGLang 0.5.23 ships no source distribution with tests, and its "
                  "test/srt/test_triton_attention_kernels.py imports the SGLang runtime (sglang.srt.utils, "

@@ -84,7 +84,7 @@ def test_targets_lists_both_with_availability():
     piped = kvfuzz("targets").stdout.splitlines()
     assert piped[0].split("\t")[7] == "states"
     (unified,) = [line.split("\t") for line in piped if line.startswith("vllm.unified_attention\t")]
-    assert "freed_window_blocks" in unified[7].split(",")
+    assert "freed window blocks" in unified[7].split(",")
 
 
 def test_targets_lists_the_sglang_targets_with_csr_metadata():
