@@ -150,6 +150,16 @@ FLASH_MLA_WITH_KVCACHE_FP8 = KernelSignature(
 SIGNATURES = (FLASH_MLA_WITH_KVCACHE, FLASH_MLA_WITH_KVCACHE_FP8)
 
 
+def latent_decode_only(name: str, batch: Batch) -> None:
+    """Raise ValueError naming target ``name`` unless ``batch`` is all decode sequences over a latent cache (what
+    both MLA decode calls take)."""
+    if batch.prefill_seqs:
+        raise ValueError(f"{name} takes decode sequences only (query_len == 1); sequences "
+                         f"{list(batch.prefill_seqs)} have query_len > 1")
+    if batch.value_head_size is None:
+        raise ValueError(f"{name} reads a latent cache: the batch needs value_head_size ({KV_LORA_RANK}), got None")
+
+
 class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
     """vLLM's TRITON_MLA decode: ``decode_attention_fwd(..., is_mla=True)`` on the latent cache, called as
     vllm/v1/attention/backends/mla/triton_mla.py ``TritonMLAImpl.forward_mqa`` calls it (module docstring).
@@ -199,12 +209,7 @@ class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
         ``[NB, BS, 1, 576]``, ``v_buffer`` its first 512 dims (a view), ``o`` ``[N, H, 512]``, ``attn_logits``
         ``[N, H, splits, 513]`` (poisoned), ``v_scale`` = ``k_scale``, ``is_mla=True``. Raises ValueError for a
         prefill sequence or a batch that is not latent."""
-        if batch.prefill_seqs:
-            raise ValueError(f"{self.name} takes decode sequences only (query_len == 1); sequences "
-                             f"{list(batch.prefill_seqs)} have query_len > 1")
-        if batch.value_head_size is None:
-            raise ValueError(f"{self.name} reads a latent cache: the batch needs value_head_size "
-                             f"({KV_LORA_RANK}), got None")
+        latent_decode_only(self.name, batch)
         dev = cache.key_cache.device
         n, h, dv = batch.num_seqs, batch.num_heads, batch.head_size_v
         splits = self.num_kv_splits(batch)
@@ -317,12 +322,7 @@ class VllmFlashMlaDecode(Target):
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         """``flash_mla_with_kvcache`` kwargs as forward_mqa builds them (module docstring). Raises ValueError for
         a prefill sequence or a batch that is not latent."""
-        if batch.prefill_seqs:
-            raise ValueError(f"{self.name} takes decode sequences only (query_len == 1); sequences "
-                             f"{list(batch.prefill_seqs)} have query_len > 1")
-        if batch.value_head_size is None:
-            raise ValueError(f"{self.name} reads a latent cache: the batch needs value_head_size "
-                             f"({KV_LORA_RANK}), got None")
+        latent_decode_only(self.name, batch)
         dev = cache.key_cache.device
         n, h, dv = batch.num_seqs, batch.num_heads, batch.head_size_v
         _, get_mla_metadata = self.kernels()
@@ -350,4 +350,4 @@ class VllmFlashMlaDecode(Target):
 __all__ = ["DEEPSEEK_SM_SCALE", "FLASHMLA_FILES", "FLASHMLA_HOPPER_ONLY", "FLASH_MLA_WITH_KVCACHE",
            "FLASH_MLA_WITH_KVCACHE_FP8", "KV_LORA_RANK", "QK_ROPE_HEAD_DIM", "SIGNATURES", "VllmFlashMlaDecode",
            "VllmTritonMlaDecode", "flash_mla_with_kvcache_call", "flash_mla_with_kvcache_fp8_call",
-           "flashmla_missing_files"]
+           "flashmla_missing_files", "latent_decode_only"]
