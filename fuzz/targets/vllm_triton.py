@@ -493,9 +493,10 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
 
     name = "vllm.decode_attention_fwd"
     checked_kernel = DECODE_ATTENTION_FWD
-    #: docs/findings.md, Finding 3: the MHA path sums q.k in fp16, which "extreme" values overflow (NaN output);
-    #: the gate draws the other ranges, `kvfuzz fuzz` all
-    gate_value_ranges = ("normal", "large", "equal", "dominant")
+    #: docs/findings.md, Finding 3: the MHA path sums q.k in the input dtype, which "extreme" values overflow (NaN
+    #: output) and "large"/"dominant" ones round past the envelope (the shipped baseline's finding-3-magnitudes);
+    #: the gate draws normal and equal values, `kvfuzz fuzz` all
+    gate_value_ranges = ("normal", "equal")
     description = "vLLM Triton split-KV decode attention (decode only, unified contract)"
     capabilities = Capabilities(
         contract=Contract.UNIFIED,
