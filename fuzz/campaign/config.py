@@ -47,6 +47,10 @@ class CampaignConfig:
     gate: bool = False
     #: Run calls whose arguments could make a kernel read out of bounds (isolated worker processes only).
     run_unsafe: bool = False
+    #: The database was checked when the campaign started (a worker's config, :func:`config_from_dict`): a Redis
+    #: server that stopped answering since then is tolerated (kvfuzz.fuzz.campaign.store.database.Tolerant)
+    #: instead of ending the worker.
+    db_checked: bool = False
     #: Draw configurations the target does not declare (kvfuzz.fuzz.harness.properties.check_undeclared).
     undeclared: bool = False
     #: Place every batch's blocks past 2**31 elements of a multi-GiB cache (big_cache_examples).
@@ -71,7 +75,7 @@ class CampaignConfig:
         """The example database (opened once). Raises DatabaseError when it cannot be used."""
         if self.database is None:
             self.database = (read_only_view(self.db_spec) if self.gate
-                             else open_database(self.db_spec, self.out))
+                             else open_database(self.db_spec, self.out, ping=not self.db_checked))
         return self.database
 
 
@@ -93,6 +97,7 @@ def config_from_dict(d: dict) -> CampaignConfig:
     d["limits"] = Limits(**d["limits"])
     d["out"] = Path(d["out"])
     d["run_unsafe"] = True  # a worker is isolated: calls that may read out of bounds run (and may crash it)
+    d["db_checked"] = True  # the supervisor checked the database at start: a Redis outage since then is tolerated
     return CampaignConfig(**d)
 
 

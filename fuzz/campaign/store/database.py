@@ -81,7 +81,7 @@ class Tolerant(ExampleDatabase):
         return f"Tolerant({self.inner!r})"
 
 
-def _redis(spec: str) -> ExampleDatabase:
+def _redis(spec: str, ping: bool = True) -> ExampleDatabase:
     try:
         import redis
         from hypothesis.extra.redis import RedisExampleDatabase
@@ -89,6 +89,8 @@ def _redis(spec: str) -> ExampleDatabase:
         raise DatabaseError(f"--db {spec}: a Redis database needs the redis package "
                             "(pip install 'kvfuzz[redis]')") from None
     client = redis.Redis.from_url(spec, socket_connect_timeout=5, socket_timeout=10)
+    if not ping:
+        return RedisExampleDatabase(client)
     try:
         client.ping()
     except Exception as e:
@@ -109,12 +111,15 @@ def _directory(path: Path, spec: str) -> DirectoryBasedExampleDatabase:
     return DirectoryBasedExampleDatabase(str(path))
 
 
-def open_database(spec: str | None, out: Path) -> ExampleDatabase:
-    """The database of a campaign writing to ``out`` (see the module docstring). Raises DatabaseError."""
+def open_database(spec: str | None, out: Path, ping: bool = True) -> ExampleDatabase:
+    """The database of a campaign writing to ``out`` (see the module docstring). ``ping``: check that a Redis
+    server answers (the supervisor, at start); a worker opens it unchecked, so a server lost after the start
+    costs it only the shared corpus (the Tolerant part counts the errors), never the campaign. Raises
+    DatabaseError."""
     if spec is None:
         return _directory(Path(out) / "hypothesis-db", str(Path(out) / "hypothesis-db"))
     if spec.startswith(REDIS_SCHEMES):
-        return MultiplexedDatabase(_directory(Path(out) / "hypothesis-db", spec), Tolerant(_redis(spec)))
+        return MultiplexedDatabase(_directory(Path(out) / "hypothesis-db", spec), Tolerant(_redis(spec, ping)))
     if not spec.strip():
         raise DatabaseError("--db '': name a directory or a redis:// URL, or leave --db out")
     return _directory(Path(spec), spec)

@@ -420,7 +420,9 @@ def test_the_shipped_baseline_knows_finding_1_and_a_planted_defect_on_the_cpu_op
     r = kvfuzz(*args, "--target", "vllm.cpu_attention", "--out", str(tmp_path / "real"))
     summary = json.loads((tmp_path / "real" / "summary.json").read_text())
     assert r.returncode == 0 and summary["new_failures"] == 0, r.stdout + r.stderr
-    assert [f["known"] for f in summary["targets"][0]["failures"]] == ["finding-1"]
+    known = [f["known"] for f in summary["targets"][0]["failures"]]
+    # finding-1 among the known, each the shipped baseline's entry for this op (finding-11 comes with "extreme" values)
+    assert "finding-1" in known and set(known) <= {e.id for e in shipped.entries if e.target == target.name}, known
 
     r = kvfuzz(*args, "--target", f"{PLANTED}:PlantedCpuAttention", "--out", str(tmp_path / "planted"))
     summary = json.loads((tmp_path / "planted" / "summary.json").read_text())

@@ -107,6 +107,26 @@ def test_a_redis_outage_mid_campaign_loses_no_failure(tmp_path):
     assert list(local.fetch(b"kvfuzz:planted.raises_runtime_error:None")), "the failure is kept locally"
 
 
+def test_a_worker_opens_a_redis_database_that_stopped_answering_after_the_start(tmp_path):
+    """The supervisor checks the server at start (exit 3 when it does not answer); a worker started later (a second
+    target's, a replacement) must not end the campaign because the server went away since: its config is marked
+    checked, its Redis part is Tolerant and the local mirror keeps the values."""
+    pytest.importorskip("redis")
+    from kvfuzz.fuzz.campaign.config import CampaignConfig, config_from_dict, config_to_dict
+    from kvfuzz.fuzz.campaign.store.database import DatabaseError, remote_errors
+
+    config = CampaignConfig(out=tmp_path, db_spec="redis://127.0.0.1:1/0")  # nothing listens on port 1
+    with pytest.raises(DatabaseError, match="does not answer"):
+        config.db()
+    worker = config_from_dict(config_to_dict(config))
+    assert worker.db_checked and not config.db_checked
+    db = worker.db()
+    db.save(b"k", b"v")
+    assert list(db.fetch(b"k")) == [b"v"]  # from the local mirror
+    errors, last = remote_errors(db)
+    assert errors >= 1 and "ConnectionError" in last
+
+
 def test_tolerant_database_counts_errors_and_the_mirror_keeps_the_values():
     from kvfuzz.fuzz.campaign.store.database import Tolerant, remote_errors
 
