@@ -49,7 +49,8 @@ def tier_limits(tier: str, base: Limits = Limits()) -> Limits:
 def tier_of_chunk(tiers: tuple[str, ...], chunk: int) -> str:
     """The tier campaign chunk ``chunk`` draws from (a warm-up chunk ``-1 - i`` as chunk ``i``): with one tier,
     it; with ``small`` among several, ``small`` on 4 chunks of every :data:`SMALL_EVERY` (80%, so a mix keeps
-    >= 80% of a small-only campaign's small examples) and the others in turn on the fifth; without ``small``,
+    >= 80% of a small-only campaign's small examples) and the others in turn on the second of each five (a short
+    campaign reaches a large tier by its second chunk); without ``small``,
     the tiers in turn. Raises ValueError for no tiers."""
     if not tiers:
         raise ValueError("tiers must name at least one tier")
@@ -60,7 +61,7 @@ def tier_of_chunk(tiers: tuple[str, ...], chunk: int) -> str:
     if len(others) == len(tiers):
         return others[k % len(others)]
     k %= SMALL_EVERY * len(others)
-    return others[k // SMALL_EVERY] if k % SMALL_EVERY == SMALL_EVERY - 1 else "small"
+    return others[k // SMALL_EVERY] if k % SMALL_EVERY == 1 else "small"
 
 
 __all__ = ["LONG_CTX_LEN", "LONG_NUM_SEQS", "SMALL_EVERY", "TIERS", "WIDE_NUM_SEQS", "tier_limits", "tier_of_chunk"]

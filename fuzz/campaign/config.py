@@ -53,8 +53,8 @@ class CampaignConfig:
     big_cache: bool = False
     #: Size tiers the chunks rotate through (kvfuzz.strategies.tiers: "small", "long", "wide", "big-cache"; a chunk
     #: draws from one, :func:`~kvfuzz.strategies.tiers.tier_of_chunk`), each kept to those the target declares
-    #: (``Target.size_tiers``); "auto": every declared tier for a target on CUDA, "small" on CPU (``kvfuzz fuzz``'s
-    #: default). None: "small" (library use: the gate, benchmarks). ``big_cache`` stands for ("big-cache",).
+    #: (``Target.size_tiers``); "auto": every declared tier for a target on CUDA, "small" on CPU. None: "small"
+    #: (the default: the mix is not yet measured on a GPU). ``big_cache`` stands for ("big-cache",).
     tiers: tuple[str, ...] | None = None
     #: Each chunk stays inside one kernel configuration (compile-aware generation; kvfuzz.fuzz.campaign.engine).
     #: False: every example draws its own (each one a new compile on a GPU). None: pinned for targets that

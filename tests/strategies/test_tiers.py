@@ -3,8 +3,10 @@ rotates them by chunk."""
 
 import collections
 
+import attrs
 import pytest
 from hypothesis import Phase, find, given, settings
+from hypothesis.errors import NoSuchExample
 
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
@@ -59,6 +61,22 @@ def test_tier_of_chunk_keeps_small_at_80_percent():
     assert counts["small"] / sum(counts.values()) == 0.8
     assert counts["long"] == counts["wide"] == counts["big-cache"] == 10
     assert [tier_of_chunk(("long", "wide"), k) for k in range(4)] == ["long", "wide", "long", "wide"]
+    assert [tier_of_chunk(("small", "long", "wide"), k) for k in range(7)] == [
+        "small", "long", "small", "small", "small", "small", "wide"]  # the second chunk already a large tier
     assert tier_of_chunk(TIERS, -1) == tier_of_chunk(TIERS, 0)  # a warm-up chunk as its configuration's index
     with pytest.raises(ValueError, match="at least one tier"):
         tier_of_chunk((), 0)
+
+
+def test_a_long_batch_of_many_wide_heads_stays_within_the_generators_stream():
+    """The data generator draws at most MAX_STREAM_ELEMENTS keys (contracts/model/counter_rng.py): batches cut
+    each context to its share, and the long tier still comes near it."""
+    from kvfuzz.contracts.model.counter_rng import MAX_STREAM_ELEMENTS
+
+    caps = Capabilities(contract=Contract.UNIFIED, devices=("cpu",), dtypes=("float16",), head_sizes=(512,),
+                        block_sizes=(16,))
+    limits = attrs.evolve(tier_limits("long", Limits()), max_num_heads=32)
+    keys = lambda b: sum(b.seq_lens) * b.num_kv_heads * b.head_size  # noqa: E731
+    with pytest.raises(NoSuchExample):
+        find(batches(caps, limits), lambda b: keys(b) > MAX_STREAM_ELEMENTS, settings=FIND)
+    assert keys(find(batches(caps, limits), lambda b: keys(b) > MAX_STREAM_ELEMENTS // 2, settings=FIND)) > 0
