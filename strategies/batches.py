@@ -25,6 +25,7 @@ from hypothesis.errors import InvalidArgument
 
 from kvfuzz.contracts.model.batch import FEATURES, VALUE_RANGES, Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.counter_rng import MAX_STREAM_ELEMENTS
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 
@@ -231,6 +232,10 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     slot = _sequence_slot(tuple(capabilities.block_sizes), limits, allowed)
     drawn = [draw(slot) for _ in range(limits.max_num_seqs)]
     lens = [sizes for on, sizes in drawn if on] or [drawn[-1][1]]
+    # the data generator draws at most MAX_STREAM_ELEMENTS keys (contracts/model/counter_rng.py): each sequence's
+    # context is cut to its share of that (only the long tier's 128k contexts with many heads come near it)
+    share = MAX_STREAM_ELEMENTS // (num_kv_heads * head_size) // len(lens)
+    lens = [(q, min(c, max(0, share - q))) for q, c in lens]
     # after the lengths, largest first: a case shrinks to its fewest tokens, then to the fewest blocks that
     # still show the bug with them
     block_size = draw(choice(sorted(capabilities.block_sizes, reverse=True), *_pinned(pin, "block_size")))

@@ -24,6 +24,27 @@ CHUNK_EXAMPLES, PINNED_CHUNK_EXAMPLES = 25, 1000
 WARMUP_EXAMPLES = 2
 
 
+def campaign_tiers(target: Target, config: CampaignConfig) -> tuple[str, ...]:
+    """The size tiers ``target``'s chunks rotate through (:data:`kvfuzz.strategies.tiers.TIERS` order):
+    ("big-cache",) with ``config.big_cache`` (``--big-cache``: any attention target, declared or not); ("small",) when ``config.tiers`` is None or with ``undeclared``;
+    "auto": every tier the target declares (``Target.size_tiers``) when it runs on CUDA, ("small",) on CPU;
+    otherwise those of ``config.tiers`` it declares. Raises ValueError when none is left (the message names the
+    target's tiers)."""
+    if config.big_cache:  # as before tiers: any attention target (strategy_for refuses a cache writer)
+        return ("big-cache",)
+    if config.tiers is None or config.undeclared:
+        return ("small",)
+    if "auto" in config.tiers:
+        return target.size_tiers() if target.device == "cuda" else ("small",)
+    wanted = config.tiers
+    declared = target.size_tiers()
+    tiers = tuple(t for t in declared if t in wanted)
+    if not tiers:
+        raise ValueError(f"{target.name} declares the size tiers {', '.join(declared)}, not "
+                         f"{', '.join(wanted)}")
+    return tiers
+
+
 def pins_configs(target: Target, config: CampaignConfig) -> bool:
     """Whether ``target``'s chunks each stay in one kernel configuration (``config.pin_configs``; auto: on
     CUDA). Never with ``undeclared`` (it draws outside the declaration)."""
@@ -61,5 +82,5 @@ def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int =
     return max(1, n)
 
 
-__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "WARMUP_EXAMPLES", "chunk_config",
+__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "WARMUP_EXAMPLES", "campaign_tiers", "chunk_config",
            "chunk_size", "examples_per_chunk", "pins_configs"]

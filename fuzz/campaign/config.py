@@ -55,6 +55,11 @@ class CampaignConfig:
     undeclared: bool = False
     #: Place every batch's blocks past 2**31 elements of a multi-GiB cache (big_cache_examples).
     big_cache: bool = False
+    #: Size tiers the chunks rotate through (kvfuzz.strategies.tiers: "small", "long", "wide", "big-cache"; a chunk
+    #: draws from one, :func:`~kvfuzz.strategies.tiers.tier_of_chunk`), each kept to those the target declares
+    #: (``Target.size_tiers``); "auto": every declared tier for a target on CUDA, "small" on CPU. None: "small"
+    #: (the default: the mix is not yet measured on a GPU). ``big_cache`` stands for ("big-cache",).
+    tiers: tuple[str, ...] | None = None
     #: Each chunk stays inside one kernel configuration (compile-aware generation; kvfuzz.fuzz.campaign.engine).
     #: False: every example draws its own (each one a new compile on a GPU). None: pinned for targets that
     #: run on CUDA (compiled kernels), free on CPU (nothing to amortize, and a free draw varies the
@@ -96,6 +101,8 @@ def config_from_dict(d: dict) -> CampaignConfig:
     d["poisons"] = tuple(Poison(p) for p in d["poisons"])
     d["limits"] = Limits(**d["limits"])
     d["out"] = Path(d["out"])
+    if d.get("tiers") is not None:
+        d["tiers"] = tuple(d["tiers"])
     d["run_unsafe"] = True  # a worker is isolated: calls that may read out of bounds run (and may crash it)
     d["db_checked"] = True  # the supervisor checked the database at start: a Redis outage since then is tolerated
     return CampaignConfig(**d)

@@ -48,7 +48,8 @@ from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.contracts.checks.failures import Finding, HarnessError
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.store.baseline import classify
-from kvfuzz.fuzz.campaign.chunks import CHUNK_SEED_STRIDE, chunk_config, chunk_size, examples_per_chunk
+from kvfuzz.fuzz.campaign.chunks import (CHUNK_SEED_STRIDE, campaign_tiers, chunk_config, chunk_size,
+                                         examples_per_chunk)
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.records import FailureRecord, Listener, Outcome, Quiet, TargetStats, example_key
@@ -60,6 +61,7 @@ from kvfuzz.fuzz.harness.run import STOP, Run
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
 from kvfuzz.strategies.configs import KernelConfig
+from kvfuzz.strategies.tiers import tier_limits, tier_of_chunk
 
 
 def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | None = None):
@@ -80,6 +82,15 @@ def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | Non
     return examples(target.capabilities, config.limits, config.poisons, pin=pin)
 
 
+def _tier_config(config: CampaignConfig, tier: str) -> CampaignConfig:
+    """``config`` for the chunks of size tier ``tier``: itself where nothing changes (the small tier of a
+    campaign without ``big_cache``), else with the tier's limits and ``big_cache`` set for "big-cache"."""
+    limits, big = tier_limits(tier, config.limits), tier == "big-cache"
+    if limits is config.limits and big == config.big_cache:
+        return config
+    return attrs.evolve(config, limits=limits, big_cache=big)
+
+
 class Campaign:
     """One target's campaign in this process (see the module docstring). ``known``: signatures of failures
     already reported elsewhere (another worker): they are counted, not shrunk and written again."""
@@ -93,14 +104,34 @@ class Campaign:
         #: example_key -> signature of examples that ended a worker (a crash, a hang): counted, not re-run
         self.ended: dict[str, tuple[str, str]] = {}
         self.fault_name = config.fault.name if config.fault else None
-        self.strategy = strategy_for(target, config)
         self.db = config.db()
-        self.key = f"kvfuzz:{target.name}:{self.fault_name}".encode()
+        #: the size tiers the chunks rotate through (campaign_tiers), each with its own config: the small tier's is
+        #: ``config`` itself, big-cache's sets ``big_cache``, long's and wide's have their limits (tier_limits)
+        self.tiers = campaign_tiers(target, config)
+        self._configs = {t: _tier_config(config, t) for t in self.tiers}
+        self._strategies: dict = {}
+        self._base_key = f"kvfuzz:{target.name}:{self.fault_name}".encode()
+        self._use(self.tiers[0])
         self._latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
         #: the unshrunk reproducer of each distinct failure seen here and not yet recorded shrunk (_seen)
         self._early: dict[tuple[str, str], Path] = {}
         self._new: list[FailureRecord] = []
         self._run: Run | None = None
+
+    def _use(self, tier: str) -> None:
+        """Draw from ``tier`` from now on: its config, its strategy, and its database key (long and wide, whose
+        limits change what the same choices draw, keep theirs apart: ``kvfuzz:<target>:<fault>:<tier>``; a
+        big-cache example's choices are a small one's, relocated)."""
+        self.tier = tier
+        self.config = self._configs[tier]
+        if tier not in self._strategies:
+            self._strategies[tier] = strategy_for(self.target, self.config)
+        self.strategy = self._strategies[tier]
+        self.key = self._base_key + (f":{tier}".encode() if tier in ("long", "wide") else b"")
+
+    def _labels(self, example: Example) -> dict[str, str]:
+        """Coverage labels of ``example`` (:func:`labels`) and the size tier it was drawn from."""
+        return {**labels(self.target, example.batch), "tier": self.tier}
 
     # ---- one example ----------------------------------------------------------------------------------------
     def _run_example(self, example: Example) -> str | None:
@@ -147,7 +178,7 @@ class Campaign:
         if STOP.is_set():
             raise KeyboardInterrupt
         target = self.target
-        lab = labels(target, example.batch)
+        lab = self._labels(example)
         for k, v in lab.items():
             event(f"{k}: {v}")
         if self.ended and example_key(example) in self.ended:  # it crashed or hung a worker: already counted
@@ -172,7 +203,7 @@ class Campaign:
         shrink's candidates alike. KeyboardInterrupt (a stop) propagates and the example is not counted."""
         if STOP.is_set():
             raise KeyboardInterrupt
-        lab = labels(self.target, example.batch) if lab is None else lab
+        lab = self._labels(example) if lab is None else lab
         self.listener.begin(self.target.name, example)  # the example is being prepared
         started = time.perf_counter()
         self._run = None
@@ -304,15 +335,21 @@ class Campaign:
         return example, finding, run
 
     def replay_database(self) -> list[FailureRecord]:
-        """Replay (and re-shrink) what the database holds for this target; returns the new failures."""
-        if next(iter(self.db.fetch(self.key)), None) is None:
-            return []
-        return self._execute(self._test([Phase.reuse, Phase.shrink], self.config.seed, 1))
+        """Replay (and re-shrink) what the database holds for this target, tier by tier (each tier's key);
+        returns the new failures."""
+        new: list[FailureRecord] = []
+        for tier in self.tiers:
+            self._use(tier)
+            if next(iter(self.db.fetch(self.key)), None) is not None:
+                new += self._execute(self._test([Phase.reuse, Phase.shrink], self.config.seed, 1))
+        self._use(self.tiers[0])
+        return new
 
     def run_chunk(self, chunk: int, n: int) -> list[FailureRecord]:
         """Explore ``n`` examples from chunk ``chunk``'s seed (generate, shrink) inside the chunk's kernel
         configuration (:func:`chunk_config`), widening each new failure across configurations; returns the new
-        failures found."""
+        failures found. The chunk draws from its size tier (:func:`~kvfuzz.strategies.tiers.tier_of_chunk`)."""
+        self._use(tier_of_chunk(self.tiers, chunk))
         chunk_seed = self.config.seed * CHUNK_SEED_STRIDE + chunk
         pin = chunk_config(self.target, self.config, chunk)
         if pin is None:

@@ -28,6 +28,7 @@ from kvfuzz.fuzz.cli.common import (available_targets, console, db_option, durat
                                     writable_dir_option)
 from kvfuzz.fuzz.harness.faults import FAULT_NAMES
 from kvfuzz.strategies.limits import Limits
+from kvfuzz.strategies.tiers import TIERS
 
 #: Exit statuses of kvfuzz fuzz (module docstring).
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
@@ -83,6 +84,13 @@ UNLIMITED = 2**62
 @click.option("--big-cache", is_flag=True,
               help="Place every batch's blocks past 2**31 elements of the cache (int32 offset overflow): caches "
                    "of 4+ GiB each, allocated but poisoned only where referenced. For GPUs; attention targets.")
+@click.option("--tier", "tiers", multiple=True, type=click.Choice(["auto", *TIERS]),
+              help="Size tier to draw batches from (repeatable; each chunk draws from one): small (--max-* limits), "
+                   "long (contexts up to 128k tokens, 2 sequences), wide (up to 256 sequences), big-cache (as "
+                   "--big-cache). Several: small gets 4 chunks of 5, the others take turns on the second of each "
+                   "five. Each target "
+                   "runs those it declares (`kvfuzz targets`); auto: every declared tier for a target on CUDA, small "
+                   "on CPU. Default: small (the mix is not yet measured on a GPU: docs/fuzzing.md).")
 @click.option("--observability", is_flag=True,
               help="Write Hypothesis observability JSON lines (for Tyche) to OUT/observed/.")
 @click.option("--configs", "configs", type=click.Choice(["auto", "pinned", "free"]), default="auto",
@@ -118,7 +126,7 @@ UNLIMITED = 2**62
                    "known one that changed) exits 1.")
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
          max_query_len, poisons, threads, workers, mps_mode, example_timeout, max_crashes, db_spec, undeclared, big_cache,
-         observability, configs, chunk_examples, warmup, triton_cache, jit_cache, structural_shrink, baseline_file) -> None:
+         tiers, observability, configs, chunk_examples, warmup, triton_cache, jit_cache, structural_shrink, baseline_file) -> None:
     """Fuzz real kernels in supervised workers; shrink each failure and write a reproducer directory under
     --out. Exit 0 nothing failed (or only --baseline's known findings), 1 a new failure found, 2 bad usage,
     3 the campaign could not run as asked."""
@@ -137,6 +145,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         writers = [t.name for t in chosen if not t.capabilities.contract.is_attention]
         if writers:
             raise click.UsageError(f"--big-cache fuzzes attention kernels; leave out {', '.join(writers)}")
+        if set(tiers) - {"big-cache"}:
+            raise click.UsageError("--big-cache is --tier big-cache; leave out the other --tier values or --big-cache")
 
     # here, not at the top: `kvfuzz --help` loads no Hypothesis (nor torch)
     from kvfuzz.fuzz.campaign.config import (CampaignConfig, CrashPolicy, WorkerPool, default_workers, gpu_count,
@@ -151,10 +161,18 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                             limits=Limits(max_num_seqs=max_num_seqs, max_ctx_len=max_ctx_len,
                                           max_query_len=max_query_len),
                             poisons=tuple(Poison(p) for p in poisons) or tuple(Poison), db_spec=db_spec,
-                            undeclared=undeclared, big_cache=big_cache,
+                            undeclared=undeclared, big_cache=big_cache, tiers=tuple(tiers) or None,
                             pin_configs={"auto": None, "pinned": True, "free": False}[configs],
                             chunk_examples=chunk_examples, warmup=warmup, structural_shrink=structural_shrink,
                             baseline=baseline)
+    from kvfuzz.fuzz.campaign.chunks import campaign_tiers
+
+    sizes = {}
+    for t in chosen:
+        try:
+            sizes[t.name] = campaign_tiers(t, config)
+        except ValueError as e:
+            raise click.BadParameter(f"{e}; choose among those (or leave the target out)", param_hint="--tier")
     if triton_cache:
         Path(triton_cache).mkdir(parents=True, exist_ok=True)
         os.environ["TRITON_CACHE_DIR"] = str(Path(triton_cache).resolve())  # the workers inherit it
@@ -188,7 +206,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                           "(one per core is the most that helps on CPU)")
         for t in chosen:
             console.print(f"fuzzing {t.name} ({escape(t.availability().reason)}; {t.capabilities.contract.value} "
-                          f"contract{'; caller fault ' + caller_fault if caller_fault else ''})")
+                          f"contract{'; caller fault ' + caller_fault if caller_fault else ''}"
+                          f"{'; size tiers ' + ', '.join(sizes[t.name]) if sizes[t.name] != ('small',) else ''})")
         console.print(f"{workers} worker(s){f' on {gpus} GPU(s)' if gpus else ''}; logs in {out / 'workers'}")
         pool = WorkerPool(workers=workers, threads=threads, gpus=gpus, observe=observability)
         policy = CrashPolicy(example_timeout=example_timeout, max_crashes=max_crashes)

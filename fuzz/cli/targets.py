@@ -23,7 +23,7 @@ from kvfuzz.fuzz.cli.common import console
                    "it, whether a target runs is told from what is installed, and says it was not loaded.")
 def targets(as_json: bool, check: bool) -> None:
     """List the targets, their contracts and declarations (the production cache states each declares, e.g.
-    freed_window_blocks, under "states"), and whether they run here. Piped, one tab-separated line per target."""
+    freed_window_blocks, under "states"; the size tiers it runs, under "tiers"), and whether they run here. Piped, one tab-separated line per target."""
     from kvfuzz.fuzz.targets import get_target, registered
 
     rows = []
@@ -43,28 +43,30 @@ def targets(as_json: bool, check: bool) -> None:
                      "dtypes": list(c.dtypes), "head_sizes": list(c.head_sizes), "block_sizes": list(c.block_sizes),
                      "kv_cache_dtypes": list(c.kv_cache_dtypes), "features": sorted(c.features),
                      "exclusive": [sorted(p) for p in c.exclusive], "states": list(c.states),
-                     "available": a.ok, "loaded": loaded,
+                     "tiers": list(t.size_tiers()), "available": a.ok, "loaded": loaded,
                      "device": a.device, "reason": a.reason, "description": t.description})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     if not console.is_terminal:  # piped (grep, a log): one whole line per target, tab-separated, nothing cut
         click.echo("\t".join(("target", "contract", "dtypes", "kv_cache_dtypes", "head_sizes", "block_sizes",
-                              "features", "states", "here")))
+                              "features", "states", "tiers", "here")))
         for r in rows:
             click.echo("\t".join((r["name"], r["contract"], ",".join(r["dtypes"]), ",".join(r["kv_cache_dtypes"]),
                                   ",".join(map(str, r["head_sizes"])), ",".join(map(str, r["block_sizes"])),
                                   ",".join(r["features"]) or "-", ",".join(r["states"]) or "-",
-                                  ("yes: " if r["available"] else "no: ") + r["reason"])))
+                                  ",".join(r["tiers"]), ("yes: " if r["available"] else "no: ") + r["reason"])))
         return
     table = Table(title="kvfuzz targets")
-    for col in ("target", "contract", "dtypes", "kv cache", "head sizes", "block sizes", "features", "states", "here"):
+    for col in ("target", "contract", "dtypes", "kv cache", "head sizes", "block sizes", "features", "states", "tiers",
+                "here"):
         table.add_column(col, overflow="fold")
     for r in rows:
         here = f"[green]yes[/]: {escape(r['reason'])}" if r["available"] else f"[red]no[/]: {escape(r['reason'])}"
         table.add_row(r["name"], r["contract"], ",".join(r["dtypes"]), ",".join(r["kv_cache_dtypes"]),
                       ",".join(map(str, r["head_sizes"])), ",".join(map(str, r["block_sizes"])),
-                      ",".join(r["features"]) or "-", ",".join(r["states"]) or "-", here)
+                      ",".join(r["features"]) or "-", ",".join(r["states"]) or "-",
+                      ",".join(r["tiers"]), here)
     console.print(table)
 
 

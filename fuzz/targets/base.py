@@ -22,6 +22,7 @@ from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.caches.layouts import CacheLayout
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.strategies.tiers import TIERS
 
 from .signature import CheckedKernel
 
@@ -80,6 +81,9 @@ class Target(abc.ABC):
     #: Value ranges the pre-merge gate draws (kvfuzz.contracts.model.batch.VALUE_RANGES); None: all. Restricted, as
     #: ``gate_poisons``, only for a documented, known kernel limitation that ``kvfuzz fuzz`` keeps reporting.
     gate_value_ranges: ClassVar[tuple[str, ...] | None] = None
+    #: Size tiers (kvfuzz.strategies.tiers.TIERS) this target runs: None declares the default,
+    #: :meth:`size_tiers`. ``kvfuzz fuzz`` mixes them on CUDA (``--tier``; docs/fuzzing.md).
+    tiers: ClassVar[tuple[str, ...] | None] = None
 
     def __new__(cls, *args, **kwargs):
         # A subclass that does not set its own name would share its parent's reproducer directories, database
@@ -105,6 +109,16 @@ class Target(abc.ABC):
     @abc.abstractmethod
     def layout(self, batch: Batch) -> CacheLayout:
         """The physical cache layout the kernel reads."""
+
+    def size_tiers(self) -> tuple[str, ...]:
+        """The size tiers this target declares (:data:`kvfuzz.strategies.tiers.TIERS`, in that order): its
+        ``tiers``, or by default every tier for an attention kernel that declares CUDA, every tier but
+        ``big-cache`` for a CUDA cache writer (its property compares whole caches), ``small`` for the rest."""
+        if self.tiers is not None:
+            return tuple(t for t in TIERS if t in self.tiers)
+        if "cuda" not in self.capabilities.devices:
+            return ("small",)
+        return TIERS if self.capabilities.contract.is_attention else tuple(t for t in TIERS if t != "big-cache")
 
     @property
     def device(self) -> str:

