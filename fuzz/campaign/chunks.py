@@ -26,7 +26,8 @@ WARMUP_EXAMPLES = 2
 
 def campaign_tiers(target: Target, config: CampaignConfig) -> tuple[str, ...]:
     """The size tiers ``target``'s chunks rotate through (:data:`kvfuzz.strategies.tiers.TIERS` order):
-    ("big-cache",) with ``config.big_cache`` (``--big-cache``: any attention target, declared or not); ("small",) when ``config.tiers`` is None or with ``undeclared``;
+    ("big-cache",) with ``config.big_cache`` (``--big-cache``: any attention target, declared or not);
+    ("small",) when ``config.tiers`` is None or with ``undeclared``;
     "auto": every tier the target declares (``Target.size_tiers``) when it runs on CUDA, ("small",) on CPU;
     otherwise those of ``config.tiers`` it declares. Raises ValueError when none is left (the message names the
     target's tiers)."""
@@ -82,5 +83,5 @@ def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int =
     return max(1, n)
 
 
-__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "WARMUP_EXAMPLES", "campaign_tiers", "chunk_config",
-           "chunk_size", "examples_per_chunk", "pins_configs"]
+__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "WARMUP_EXAMPLES", "campaign_tiers",
+           "chunk_config", "chunk_size", "examples_per_chunk", "pins_configs"]

@@ -177,7 +177,6 @@ class Campaign:
     def _body(self, example: Example) -> None:
         if STOP.is_set():
             raise KeyboardInterrupt
-        target = self.target
         lab = self._labels(example)
         for k, v in lab.items():
             event(f"{k}: {v}")

@@ -125,8 +125,9 @@ UNLIMITED = 2**62
                    "failures it accepts are still found, counted and listed as known, but only a new failure (or a "
                    "known one that changed) exits 1.")
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
-         max_query_len, poisons, threads, workers, mps_mode, example_timeout, max_crashes, db_spec, undeclared, big_cache,
-         tiers, observability, configs, chunk_examples, warmup, triton_cache, jit_cache, structural_shrink, baseline_file) -> None:
+         max_query_len, poisons, threads, workers, mps_mode, example_timeout, max_crashes, db_spec, undeclared,
+         big_cache, tiers, observability, configs, chunk_examples, warmup, triton_cache, jit_cache, structural_shrink,
+         baseline_file) -> None:
     """Fuzz real kernels in supervised workers; shrink each failure and write a reproducer directory under
     --out. Exit 0 nothing failed (or only --baseline's known findings), 1 a new failure found, 2 bad usage,
     3 the campaign could not run as asked."""
