@@ -97,6 +97,34 @@ def module_file(dotted: str) -> Path | None:
     return None
 
 
+def vllm_files_missing(files: tuple[str, ...]) -> list[str]:
+    """Which of ``files`` (paths inside the installed vllm package, e.g. ``"_flashmla_C.abi3.so"``) the installed
+    vllm lacks, found without importing vllm; all of them without vllm."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        spec = None
+    roots = [Path(r) for r in (spec.submodule_search_locations or ())] if spec else []
+    return [f for f in files if not any((r / f).is_file() for r in roots)]
+
+
+def hopper_installed(files: tuple[str, ...], no_cuda: str, kernel: str, loaded_from: str) -> Availability:
+    """The ``installed()`` check of a vLLM kernel compiled for Hopper only (FA3, FlashMLA): ``no_cuda`` (the
+    target's one-line reason) without a CUDA device, the ``files`` of vLLM 0.33.0's CUDA wheel it needs
+    (:func:`vllm_files_missing`), then an SM 9.x device; found without importing vllm. ``kernel`` names it in
+    the SM message, ``loaded_from`` in the available one."""
+    if not torch.cuda.is_available():
+        return Availability(False, no_cuda)
+    missing = vllm_files_missing(files)
+    if missing:
+        return Availability(False, f"the installed vllm lacks {', '.join(missing)} (vLLM 0.33.0's CUDA wheel ships "
+                                   "them; `make device-bundle FA3=1` carries them)")
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        return Availability(False, f"{kernel} needs a Hopper GPU (SM 9.x); this one is SM {major}.{minor}")
+    return Availability(True, f"CUDA (SM 9.x); {loaded_from}: {NOT_LOADED}", "cuda")
+
+
 class VllmTritonTarget(Target):
     """Shared availability logic for vLLM's Triton kernels.
 
@@ -194,5 +222,6 @@ def poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int
 
 
 
-__all__ = ["TRITON_TOO_EARLY", "VllmTritonTarget", "fp8_storage", "missing_module", "module_file", "on_cuda",
-           "poisoned_scratch", "prepare_triton_runtime", "quiet_vllm", "scales", "sinks", "triton_imported_too_early"]
+__all__ = ["TRITON_TOO_EARLY", "VllmTritonTarget", "fp8_storage", "hopper_installed", "missing_module", "module_file",
+           "on_cuda", "poisoned_scratch", "prepare_triton_runtime", "quiet_vllm", "scales", "sinks",
+           "triton_imported_too_early", "vllm_files_missing"]

@@ -45,8 +45,6 @@ neither vllm nor the extension.
 from __future__ import annotations
 
 import importlib
-import importlib.util
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -60,9 +58,9 @@ from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 
-from .base import NOT_LOADED, Availability, KernelCall, Target
+from .base import Availability, KernelCall, Target
 from .signature import KernelSignature
-from .triton_runtime import quiet_vllm
+from .triton_runtime import hopper_installed, quiet_vllm
 
 #: The extension's file inside the vllm package (vLLM 0.33.0's wheel; 172 MB).
 FA3_EXTENSION = "vllm_flash_attn/_vllm_fa3_C.abi3.so"
@@ -160,23 +158,6 @@ FLASH_ATTN_VARLEN_FUNC = KernelSignature(
 SIGNATURES = (FLASH_ATTN_VARLEN_FUNC,)
 
 
-def fa3_extension_file() -> Path | None:
-    """Where the installed vllm keeps ``_vllm_fa3_C.abi3.so``, found without importing vllm; None when absent."""
-    try:
-        spec = importlib.util.find_spec("vllm")
-    except (ImportError, ValueError):
-        return None
-    for root in (spec.submodule_search_locations or ()) if spec else ():
-        f = Path(root) / FA3_EXTENSION
-        if f.is_file():
-            return f
-    return None
-
-
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
 class VllmFlashAttnVarlen(Target):
     """FlashAttention 3's paged varlen forward, ``flash_attn_varlen_func(..., fa_version=3)``, called as vLLM
     0.33.0's FLASH_ATTN backend calls it (module docstring): the strided views of one ``[NB, Hkv, BS, 2D]``
@@ -216,15 +197,7 @@ class VllmFlashAttnVarlen(Target):
     )
 
     def installed(self) -> Availability:
-        if not torch.cuda.is_available():
-            return Availability(False, HOPPER_ONLY)
-        if fa3_extension_file() is None:
-            return Availability(False, f"the installed vllm has no {FA3_EXTENSION} (vLLM 0.33.0's CUDA wheel ships "
-                                       "it; `make device-bundle FA3=1` carries it)")
-        if not _hopper():
-            return Availability(False, "FlashAttention 3 needs a Hopper GPU (SM 9.x); this one is SM "
-                                       + "%d.%d" % torch.cuda.get_device_capability())
-        return Availability(True, f"CUDA (SM 9.x); vllm.vllm_flash_attn FA3: {NOT_LOADED}", "cuda")
+        return hopper_installed((FA3_EXTENSION,), HOPPER_ONLY, "FlashAttention 3", "vllm.vllm_flash_attn FA3")
 
     def availability(self) -> Availability:
         pre = self.installed()
@@ -334,4 +307,4 @@ def _canonical_singleton_strides(t: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["CUDA_GRAPH_MAX_SPLITS", "FA3_EXTENSION", "FLASH_ATTN_VARLEN_FUNC", "HOPPER_ONLY", "SIGNATURES",
-           "SPLIT_CHOICES", "VllmFlashAttnVarlen", "fa3_extension_file", "flash_attn_varlen_func_call"]
+           "SPLIT_CHOICES", "VllmFlashAttnVarlen", "flash_attn_varlen_func_call"]

@@ -49,8 +49,6 @@ module imports neither vllm, triton nor FlashMLA.
 from __future__ import annotations
 
 import importlib
-import importlib.util
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -64,9 +62,9 @@ from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 
-from .base import NOT_LOADED, Availability, KernelCall, Target
+from .base import Availability, KernelCall, Target
 from .signature import KernelSignature
-from .triton_runtime import poisoned_scratch, quiet_vllm, scales
+from .triton_runtime import hopper_installed, poisoned_scratch, quiet_vllm, scales
 from .vllm_triton import DECODE_ATTENTION_FWD, VllmDecodeAttentionFwd
 
 #: DeepSeek-V2/V3's latent cache: ``kv_lora_rank`` (the value and the output) and the rope dims after it.
@@ -239,17 +237,6 @@ FLASHMLA_HOPPER_ONLY = ("FlashMLA's dense decode runs on a Hopper GPU (SM 9.x) o
                         "and vllm/third_party/flashmla/, e.g. `make device-bundle FA3=1`)")
 
 
-def flashmla_missing_files() -> list[str]:
-    """Which of :data:`FLASHMLA_FILES` the installed vllm lacks (all of them without vllm), found without
-    importing vllm."""
-    try:
-        spec = importlib.util.find_spec("vllm")
-    except (ImportError, ValueError):
-        spec = None
-    roots = [Path(r) for r in (spec.submodule_search_locations or ())] if spec else []
-    return [f for f in FLASHMLA_FILES if not any((r / f).is_file() for r in roots)]
-
-
 class VllmFlashMlaDecode(Target):
     """FlashMLA's dense decode, ``flash_mla_with_kvcache``, called as vLLM 0.33.0's FLASHMLA backend calls it
     (``FlashMLAImpl.forward_mqa``, module docstring) over the latent cache.
@@ -287,16 +274,7 @@ class VllmFlashMlaDecode(Target):
     )
 
     def installed(self) -> Availability:
-        if not torch.cuda.is_available():
-            return Availability(False, FLASHMLA_HOPPER_ONLY)
-        missing = flashmla_missing_files()
-        if missing:
-            return Availability(False, f"the installed vllm lacks {', '.join(missing)} (vLLM 0.33.0's CUDA wheel "
-                                       "ships them; `make device-bundle FA3=1` carries them)")
-        if torch.cuda.get_device_capability()[0] != 9:
-            return Availability(False, "FlashMLA's dense decode needs a Hopper GPU (SM 9.x); this one is SM "
-                                       + "%d.%d" % torch.cuda.get_device_capability())
-        return Availability(True, f"CUDA (SM 9.x); vllm._flashmla_C: {NOT_LOADED}", "cuda")
+        return hopper_installed(FLASHMLA_FILES, FLASHMLA_HOPPER_ONLY, "FlashMLA's dense decode", "vllm._flashmla_C")
 
     def availability(self) -> Availability:
         pre = self.installed()
@@ -351,4 +329,4 @@ class VllmFlashMlaDecode(Target):
 __all__ = ["DEEPSEEK_SM_SCALE", "FLASHMLA_FILES", "FLASHMLA_HOPPER_ONLY", "FLASH_MLA_WITH_KVCACHE",
            "FLASH_MLA_WITH_KVCACHE_FP8", "KV_LORA_RANK", "QK_ROPE_HEAD_DIM", "SIGNATURES", "VllmFlashMlaDecode",
            "VllmTritonMlaDecode", "flash_mla_with_kvcache_call", "flash_mla_with_kvcache_fp8_call",
-           "flashmla_missing_files", "latent_decode_only"]
+           "latent_decode_only"]

@@ -67,6 +67,33 @@ def test_without_cuda_it_says_why():
     assert get_target(NAME).installed() == Availability(False, FLASHMLA_HOPPER_ONLY)
 
 
+def test_hopper_installed_names_the_missing_files_then_the_device(tmp_path, monkeypatch):
+    """The installed() check FA3 and FlashMLA share (triton_runtime.hopper_installed), its branches past "no CUDA"
+    with a pretend device: the vllm files it lacks, then a GPU that is not SM 9.x, then ready (not loaded)."""
+    import importlib.util
+    import types
+
+    from kvfuzz.fuzz.targets import triton_runtime
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    fake = types.SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: fake if name == "vllm" else None)
+    files = ("_flashmla_C.abi3.so", "third_party/flashmla/flash_mla_interface.py")
+    a = triton_runtime.hopper_installed(files, "no cuda", "FlashMLA", "vllm._flashmla_C")
+    assert not a.ok and a.reason.startswith(f"the installed vllm lacks {', '.join(files)} ")
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_bytes(b"")
+    a = triton_runtime.hopper_installed(files, "no cuda", "FlashMLA", "vllm._flashmla_C")
+    assert a == Availability(False, "FlashMLA needs a Hopper GPU (SM 9.x); this one is SM 8.0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    a = triton_runtime.hopper_installed(files, "no cuda", "FlashMLA", "vllm._flashmla_C")
+    assert a.ok and a.device == "cuda" and a.reason.startswith("CUDA (SM 9.x); vllm._flashmla_C: ")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert triton_runtime.hopper_installed(files, "no cuda", "FlashMLA", "x") == Availability(False, "no cuda")
+
+
 @no_cuda
 def test_the_call_is_built_as_forward_mqa_builds_it(mla):
     b = latent([(1, 70), (1, 3)], num_heads=8)
