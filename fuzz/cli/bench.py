@@ -7,7 +7,6 @@ upstream`` runs the upstream projects' own test files against them (:mod:`kvfuzz
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -105,9 +104,7 @@ def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, md_
                      jobs, on_result=show, pin_configs={"auto": None, "pinned": True, "free": False}[configs])
     print_table(doc)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(doc, indent=1))
-        console.print(f"JSON: {json_path}")
+        _save_json(json_path, doc)
     if md_path:
         Path(md_path).write_text(markdown_table(doc))
         console.print(f"Markdown: {md_path}")
@@ -191,9 +188,7 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
                       + "; by num_blocks: " + ", ".join(f"{k}: {v['seconds']} (materialize {v['materialize_s']})"
                                                         for k, v in s["by_num_blocks"].items()))
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(doc, indent=1))
-        console.print(f"JSON: {json_path}")
+        _save_json(json_path, doc)
 
 
 @bench.command()
@@ -246,12 +241,9 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
                       f"{r['examples_per_s']} ex/s, {r['compiled']} kernels compiled, exit {r['exit_status']}; "
                       f"per minute: {pm}", highlight=False)
 
-    from kvfuzz.fuzz.campaign.store.journal import write_json
-
     def save(doc: dict) -> None:  # after every run: a benchmark cut short keeps what it measured
         if json_path:
-            Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-            write_json(Path(json_path), doc)
+            _save_json(json_path, doc, quiet=True)
 
     doc = run_curve(names, parse_duration(duration), counts, seed, interval,
                     Path(root) if root else None, tuple(fuzz_args), on_run=show, on_doc=save,
@@ -260,6 +252,39 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
         console.print(f"JSON: {json_path}")
     if plot_path:
         console.print(f"plot: {plot(doc, Path(plot_path))}")
+
+
+def _save_json(json_path: str, doc: dict, quiet: bool = False) -> None:
+    """Write a benchmark's JSON document to ``json_path`` atomically (kvfuzz.fuzz.campaign.store.journal.write_json;
+    the folder created), and say where unless ``quiet``."""
+    from kvfuzz.fuzz.campaign.store.journal import write_json
+
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    write_json(Path(json_path), doc)
+    if not quiet:
+        console.print(f"JSON: {json_path}")
+
+
+def _bug_names(given: tuple[str, ...], known, unknown_says: str) -> list[str]:
+    """``--bug`` values as registered names (``bug.<slug>``; a bare slug gets the prefix). Raises BadParameter
+    naming ``--bug`` for a name not in ``known``: "``unknown_says`` NAMES; known: ..."."""
+    names = [b if b.startswith("bug.") else f"bug.{b}" for b in given]
+    unknown = [b for b in names if b not in known]
+    if unknown:
+        raise click.BadParameter(f"{unknown_says} {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+                                 param_hint="--bug")
+    return names
+
+
+def _check_patches(names) -> None:
+    """Refuse (UsageError, exit 2) when a bug's re-injection no longer applies to the installed source."""
+    from kvfuzz.fuzz.bench.bugs import BUGS, PatchDoesNotApply
+
+    for name in names:
+        try:
+            BUGS[name].check_applies()
+        except (PatchDoesNotApply, FileNotFoundError) as e:
+            raise click.UsageError(str(e)) from None
 
 
 @bench.command()
@@ -277,21 +302,13 @@ def bugs(bugs, seeds, duration, max_examples, json_path) -> None:
     """Real upstream bugs re-injected into the pinned kernels (fuzz/bench/bugs/patches/): time and examples to
     the first failure of a default campaign, its kind and blame, the shrunk batch against the smallest trigger,
     and whether the reproducer replays."""
-    from kvfuzz.fuzz.bench.bugs import BUGS, PatchDoesNotApply
+    from kvfuzz.fuzz.bench.bugs import BUGS
     from kvfuzz.fuzz.bench.bugs.benchmark import bench_bugs
     from kvfuzz.fuzz.bench.detection import size_str
 
-    names = [b if b.startswith("bug.") else f"bug.{b}" for b in bugs]
-    unknown = [b for b in names if b not in BUGS]
-    if unknown:
-        raise click.BadParameter(f"unknown bug(s) {', '.join(unknown)}; known: {', '.join(sorted(BUGS))}",
-                                 param_hint="--bug")
+    names = _bug_names(bugs, BUGS, "unknown bug(s)")
     seconds = parse_duration(duration)
-    for name in names or list(BUGS):
-        try:
-            BUGS[name].check_applies()
-        except (PatchDoesNotApply, FileNotFoundError) as e:
-            raise click.UsageError(str(e)) from None
+    _check_patches(names or list(BUGS))
 
     def show(r: dict) -> None:
         what = (f"found in {r['seconds_to_first']} s / {r['examples_to_first']} examples, {r['kind']} "
@@ -317,9 +334,7 @@ def bugs(bugs, seeds, duration, max_examples, json_path) -> None:
         if "skipped" in e:
             console.print(f"{e['bug']} skipped: {e['skipped']}", highlight=False)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(doc, indent=1))
-        console.print(f"JSON: {json_path}")
+        _save_json(json_path, doc)
 
 
 @bench.command()
@@ -340,24 +355,16 @@ def upstream(tree, bugs, workers, timeout, json_path) -> None:
     swaps the kernel before the file imports it). Does the project's own suite fail on the bug? Needs CUDA: the
     upstream files make their tensors on the GPU. Exit 0 once every run finished (whatever the suites found), 1
     when a run timed out or a plain run failed (the table would not be about the bug)."""
-    from kvfuzz.fuzz.bench.bugs import BUGS, PatchDoesNotApply
     from kvfuzz.fuzz.bench.bugs.benchmark import machine
     from kvfuzz.fuzz.bench.bugs.upstream import UPSTREAM_TESTS, run_upstream
 
-    names = [b if b.startswith("bug.") else f"bug.{b}" for b in bugs] or list(UPSTREAM_TESTS)
-    unknown = [b for b in names if b not in UPSTREAM_TESTS]
-    if unknown:
-        raise click.BadParameter(f"no upstream test for {', '.join(unknown)}; known: "
-                                 f"{', '.join(sorted(UPSTREAM_TESTS))}", param_hint="--bug")
+    names = _bug_names(bugs, UPSTREAM_TESTS, "no upstream test for") or list(UPSTREAM_TESTS)
     for name in names:
         t = UPSTREAM_TESTS[name]
         if t.file is not None and not (Path(tree) / t.file).exists():
             raise click.BadParameter(f"{Path(tree) / t.file} is missing (run `make upstream-tests`, or name the "
                                      "vLLM 0.33.0 source tree)", param_hint="--tree")
-        try:
-            BUGS[name].check_applies()
-        except (PatchDoesNotApply, FileNotFoundError) as e:
-            raise click.UsageError(str(e)) from None
+    _check_patches(names)
     results, trouble = [], False
     for name in names:
         r = run_upstream(name, Path(tree), workers, timeout)
@@ -374,9 +381,7 @@ def upstream(tree, bugs, workers, timeout, json_path) -> None:
     doc = {"settings": {"machine": machine(), "tree": str(tree), "workers": workers, "timeout_s": timeout},
            "bugs": results}
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(doc, indent=1))
-        console.print(f"JSON: {json_path}")
+        _save_json(json_path, doc)
     sys.exit(1 if trouble else 0)
 
 
