@@ -390,22 +390,22 @@ class Batch:
         return seq, pos
 
     def _shared_prefixes(self) -> list[list[int | None]]:
-        """Per sequence, the first user (an earlier sequence) of each of its leading shared blocks (None for a
-        freed column, which points at the null block and shares nothing)."""
+        """Per sequence, the first user (an earlier sequence) of each of its leading columns up to its last
+        shared block: None for a freed column (it points at the null block and shares nothing) and, with freed
+        window blocks, for a column this sequence still holds alone that an earlier user already freed (the
+        prefix was shared, the earlier user's window moved past it: vLLM frees per request, so a later column
+        stays shared; ``_check_shared`` compares the columns both still hold)."""
         owner: dict[int, int] = {}
         out = []
         for j in range(self.num_seqs):
             freed = self.freed_blocks(j)
             row = self.block_table[j][: self.blocks_needed(j)]
-            shared: list[int | None] = []
-            for c, blk in enumerate(row):
-                if c < freed:
-                    shared.append(None)
-                    continue
-                if blk not in owner:
-                    break
-                shared.append(owner[blk])
-            out.append(shared if any(o is not None for o in shared) else [])
+            shared: list[int | None] = [None] * min(freed, len(row))
+            for blk in row[freed:]:
+                shared.append(owner.get(blk))
+            while shared and shared[-1] is None:
+                shared.pop()
+            out.append(shared)
             for blk in row[freed:]:
                 owner.setdefault(blk, j)
         return out

@@ -84,6 +84,23 @@ def test_shared_prefix_blocks_of_a_sequence_that_freed_more():
         attrs.evolve(b, freed_window_blocks=False)
 
 
+def test_a_shared_block_past_a_column_only_the_earlier_user_freed():
+    """Found on an H100 (2026-11-25, a `--tier auto` campaign of vllm.unified_attention): the earlier user freed
+    columns 0 and 1, the later one only column 0 and still holds its own column 1 (block 3), and both share
+    block 1 at column 2. _check_shared accepts it (the columns both hold agree); the data generator used to stop
+    at column 1, so the later user wrote other keys into the shared block: a unified-invariant failure blamed on
+    the caller, kvfuzz itself."""
+    b = Batch(query_lens=[1, 1], ctx_lens=[49, 48], num_heads=1, num_kv_heads=1, head_size=32, block_size=16,
+              num_blocks=5, block_table=[[0, 0, 1, 2], [0, 3, 1, 4]], dtype="float16", sliding_window=18,
+              freed_window_blocks=True)
+    assert [b.freed_blocks(i) for i in range(2)] == [2, 1] and b.shared_prefix_blocks == (0, 3)
+    dst, src = b.shared_prefix_rows()
+    assert dst.tolist() == list(range(50 + 32, 50 + 48)) and src.tolist() == list(range(32, 48))
+    data = make_batch_data(b)
+    cache = materialize(b, data, NHDLayout(), b.seq_lens, Poison.NAN)
+    assert check_unified_invariant(b, data, NHDLayout(), cache.key_cache, cache.value_cache) == []
+
+
 def test_materializer_and_invariant_leave_freed_positions_poisoned():
     b = _batch()
     data = make_batch_data(b)
