@@ -78,6 +78,10 @@ MESSAGES: dict[Oracle, str] = {
                        "{bad_rows} slots, first at block {token} (slot {position} of it), head {head}, dim {dim} "
                        "(an attention kernel writes nothing; the pads' null block / slot 0 included)",
 }
+#: :attr:`Oracle.PAD_WRITES` for a cache too big to copy, compared by block digests (:func:`check_cache_digests`).
+DIGEST_MESSAGE = ("a call with CUDA-graph pad sequences changed the paged cache: {bad_rows} blocks, first block "
+                  "{token} (a big cache is compared block by block through digests, so which elements is not known; "
+                  "an attention kernel writes nothing, the pads' null block / slot 0 included)")
 
 
 def check_label(check: str) -> str:
@@ -115,8 +119,11 @@ class OracleFailure:
         return self.error / self.bound if self.bound else float("inf")
 
     def message(self) -> str:
-        """The oracle's message (:data:`MESSAGES`) filled in with this failure's fields."""
-        return MESSAGES[self.oracle].format(**attrs.asdict(self, recurse=False))
+        """The oracle's message (:data:`MESSAGES`) filled in with this failure's fields (a cache compared by
+        block digests, ``bad_elements`` -1: :data:`DIGEST_MESSAGE`)."""
+        template = DIGEST_MESSAGE if self.oracle is Oracle.PAD_WRITES and self.bad_elements < 0 else \
+            MESSAGES[self.oracle]
+        return template.format(**attrs.asdict(self, recurse=False))
 
     def to_dict(self) -> dict:
         """JSON-ready: the oracle by its value, plus ``message``."""
@@ -185,6 +192,41 @@ def check_cache_unchanged(before: torch.Tensor, after: torch.Tensor) -> OracleFa
     per_slot = diff.flatten(2).any(dim=-1) if diff.dim() > 2 else diff
     return OracleFailure(Oracle.PAD_WRITES, 0, idx[1], idx[0], idx[2], idx[3], float("nan"), float("nan"),
                          int(per_slot.sum()), int(diff.sum()))
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: Elements per slice when digesting a cache (:func:`block_digests`): the int64 temporaries stay at 256 MiB.
+DIGEST_SLICE_ELEMENTS = 1 << 24
+
+
+def block_digests(cache: torch.Tensor) -> torch.Tensor:
+    """int64 ``[num_blocks]``: one digest of each block's raw bits (dim 0 of ``cache``, any layout), a
+    position-weighted sum, so any change to one element, or two elements swapped, changes its block's digest.
+    For caches too big to copy (a padded big-cache call's "cache unchanged" oracle,
+    kvfuzz.fuzz.harness.padding): computed slice by slice along dim 0 (:data:`DIGEST_SLICE_ELEMENTS`), on the
+    cache's device, without a copy of the whole cache. The weights cycle through 1..251, so no sum overflows
+    int64 (blocks of up to 2**22 elements of 32 bits)."""
+    per_block = max(1, cache[:1].numel())
+    step = max(1, DIGEST_SLICE_ELEMENTS // per_block)
+    weights = torch.arange(per_block, dtype=torch.int64, device=cache.device) % 251 + 1
+    out = torch.empty(cache.shape[0], dtype=torch.int64, device=cache.device)
+    for i in range(0, cache.shape[0], step):
+        part = cache[i:i + step].contiguous()
+        part = part.view(_BITS[part.element_size()]).reshape(-1, per_block).to(torch.int64)
+        out[i:i + step] = (part * weights).sum(dim=1)
+    return out
+
+
+def check_cache_digests(before: torch.Tensor, after: torch.Tensor) -> OracleFailure | None:
+    """:func:`check_cache_unchanged` for a cache known only by its :func:`block_digests` before the call:
+    ``before`` those digests, ``after`` the cache now. None when every block's digest is unchanged; else the
+    failure names the first changed block and how many changed (which elements is not known:
+    ``bad_elements`` is -1)."""
+    changed = torch.nonzero(block_digests(after) != before).flatten()
+    if not len(changed):
+        return None
+    return OracleFailure(Oracle.PAD_WRITES, 0, 0, int(changed[0]), 0, 0, float("nan"), float("nan"),
+                         len(changed), -1)
 
 
 def agreement_bound(ref: torch.Tensor, lowp: torch.Tensor, envelope: torch.Tensor,
@@ -278,6 +320,7 @@ def row_floor(batch: Batch, ref: torch.Tensor) -> torch.Tensor:
     return floor
 
 
-__all__ = ["FLOOR_MAGNITUDE", "LEGACY_NAMES", "LOWP_RTOL", "MESSAGES", "RTOL", "LowPrecision", "Oracle",
-           "OracleFailure", "agreement", "agreement_bound", "atol_floor", "check_agreement", "check_cache_unchanged",
-           "check_finite", "check_label", "check_pad_rows", "error_ratio", "row_floor"]
+__all__ = ["DIGEST_MESSAGE", "DIGEST_SLICE_ELEMENTS", "FLOOR_MAGNITUDE", "LEGACY_NAMES", "LOWP_RTOL", "MESSAGES",
+           "RTOL", "LowPrecision", "Oracle", "OracleFailure", "agreement", "agreement_bound", "atol_floor",
+           "block_digests", "check_agreement", "check_cache_digests", "check_cache_unchanged", "check_finite",
+           "check_label", "check_pad_rows", "error_ratio", "row_floor"]

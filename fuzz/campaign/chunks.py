@@ -83,5 +83,42 @@ def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int =
     return max(1, n)
 
 
-__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "WARMUP_EXAMPLES", "campaign_tiers",
-           "chunk_config", "chunk_size", "examples_per_chunk", "pins_configs"]
+#: Examples of a large-tier chunk (long, wide, big-cache) of a mix before that tier's speed is measured: a long
+#: example can take a thousand small ones' time, so the first chunks of a large tier are probes.
+TIER_PROBE_EXAMPLES = 8
+
+
+def tier_chunk_size(tier: str, tiers: tuple[str, ...], per_chunk: int, times: dict[str, list[float]],
+                    time_left: float | None) -> int | None:
+    """Examples in the next chunk of a large tier (``tier`` not "small") of a mix that includes "small", or None
+    where :func:`chunk_size` decides (the small tier, or a campaign without it). ``times`` holds what finished
+    chunks took per tier: ``{tier: [chunks, examples, worker seconds]}`` (the supervisor's
+    ``TargetState.tier_times``). A large chunk gets the examples that take as long as an average small chunk
+    did, at the tier's own seconds per example (compiles included), so the chunk rotation's 4 small chunks in
+    every 5 (:func:`~kvfuzz.strategies.tiers.tier_of_chunk`) are also >= 80% of the workers' time;
+    :data:`TIER_PROBE_EXAMPLES` until both are measured. Never more than ``per_chunk``, nor than ``time_left``
+    (seconds, with a time budget) allows at the tier's rate; at least 1."""
+    if tier == "small" or "small" not in tiers:
+        return None
+    small, large = times.get("small"), times.get(tier)
+    if not small or not large or not small[0] or not large[1] or large[2] <= 0:
+        return max(1, min(per_chunk, TIER_PROBE_EXAMPLES))
+    per_example = large[2] / large[1]
+    n = min(per_chunk, int(small[2] / small[0] / per_example))
+    if time_left is not None:
+        n = min(n, int(time_left / per_example))
+    return max(1, n)
+
+
+def record_tier_time(times: dict[str, list[float]], tier: str, examples: int, seconds: float) -> None:
+    """Add a finished chunk of ``tier`` (``examples`` counted in ``seconds`` of its worker's time) to ``times``
+    (:func:`tier_chunk_size`'s ``{tier: [chunks, examples, seconds]}``); a chunk that counted nothing (its worker
+    died first) is left out."""
+    if examples > 0:
+        entry = times.setdefault(tier, [0, 0, 0.0])
+        entry[0], entry[1], entry[2] = entry[0] + 1, entry[1] + examples, entry[2] + seconds
+
+
+__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "TIER_PROBE_EXAMPLES", "WARMUP_EXAMPLES",
+           "campaign_tiers", "chunk_config", "chunk_size", "examples_per_chunk", "pins_configs", "record_tier_time",
+           "tier_chunk_size"]

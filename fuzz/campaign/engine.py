@@ -32,6 +32,7 @@ every saved failure, with each kvfuzz release). tests/fuzz/campaign/test_databas
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import time
@@ -49,13 +50,13 @@ from kvfuzz.contracts.checks.failures import Finding, HarnessError
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.store.baseline import classify
 from kvfuzz.fuzz.campaign.chunks import (CHUNK_SEED_STRIDE, campaign_tiers, chunk_config, chunk_size,
-                                         examples_per_chunk)
+                                         examples_per_chunk, record_tier_time, tier_chunk_size)
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.records import FailureRecord, Listener, Outcome, Quiet, TargetStats, example_key
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
-from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.harness import memory, properties
 from kvfuzz.fuzz.harness.coverage import labels
 from kvfuzz.fuzz.harness.run import STOP, Run
 from kvfuzz.fuzz.targets.base import Target
@@ -91,6 +92,11 @@ def _tier_config(config: CampaignConfig, tier: str) -> CampaignConfig:
     return attrs.evolve(config, limits=limits, big_cache=big)
 
 
+class _OutOfMemory(Exception):
+    """The device ran out of memory outside the kernel call of an example that did not hold the device-memory
+    lock: :meth:`Campaign._attempt` runs it again holding it."""
+
+
 class Campaign:
     """One target's campaign in this process (see the module docstring). ``known``: signatures of failures
     already reported elsewhere (another worker): they are counted, not shrunk and written again."""
@@ -117,6 +123,7 @@ class Campaign:
         self._early: dict[tuple[str, str], Path] = {}
         self._new: list[FailureRecord] = []
         self._run: Run | None = None
+        self._locked = False  # the current example holds the device-memory lock (fuzz/harness/memory.py)
 
     def _use(self, tier: str) -> None:
         """Draw from ``tier`` from now on: its config, its strategy, and its database key (long and wide, whose
@@ -167,6 +174,8 @@ class Campaign:
         except BaseException as e:  # the adapter or kvfuzz: name it, shrink it, never blame the kernel
             if type(e).__module__.startswith("hypothesis"):
                 raise
+            if memory.is_out_of_memory(e) and not self._locked:
+                raise _OutOfMemory() from e
             if disk_full(e):  # a full disk ends the campaign (exit 3); it is nobody's finding
                 raise OutOfSpace(getattr(e, "filename", None) or f"a file ({stage})",
                                  e if isinstance(e, OSError) else None) from e
@@ -205,15 +214,36 @@ class Campaign:
         lab = self._labels(example) if lab is None else lab
         self.listener.begin(self.target.name, example)  # the example is being prepared
         started = time.perf_counter()
+        big = memory.is_big(example.batch)
+        try:
+            finding, undeclared = self._locked_attempt(example, lab, started, big)
+        except _OutOfMemory:  # other workers' memory (fuzz/harness/memory.py): once more, alone on the device
+            self._run = None
+            memory.release_device_memory(collect=True)
+            finding, undeclared = self._locked_attempt(example, lab, started, True)
+        return finding
+
+    def _locked_attempt(self, example: Example, lab: dict, started: float,
+                        locked: bool) -> tuple[Finding | None, str | None]:
+        """:meth:`_attempt`'s run of the example, holding the campaign's device-memory lock when ``locked``
+        (fuzz/harness/memory.py), the memory of a passing one given back then. Raises _OutOfMemory when the
+        device ran out of memory outside the kernel call without the lock (nothing counted yet)."""
         self._run = None
         finding = undeclared = None
-        try:
-            undeclared = self._run_example(example)
-        except Finding as f:
-            finding = f
-            classify(self.config.baseline, self.target, example, finding, self._run)
-        self._end(example, lab, started, None if finding is None else finding.signature, undeclared)
-        return finding
+        with memory.device_memory_lock(self.config.out) if locked else contextlib.nullcontext():
+            self._locked = locked
+            try:
+                undeclared = self._run_example(example)
+            except Finding as f:
+                finding = f
+                classify(self.config.baseline, self.target, example, finding, self._run)
+            finally:
+                self._locked = False
+            self._end(example, lab, started, None if finding is None else finding.signature, undeclared)
+            if locked and finding is None:
+                self._run = None
+                memory.release_device_memory()
+        return finding, undeclared
 
     def _end(self, example: Example, lab: dict, started: float, signature, undeclared: str | None) -> None:
         """Report one answered example to the listener (its Outcome)."""
@@ -421,7 +451,7 @@ def fuzz_target(target: Target, config: CampaignConfig,
     start = time.monotonic()
     campaign = Campaign(target, config, _Counting(stats, start, on_example))
     campaign.replay_database()
-    chunk = 0
+    chunk, tier_times = 0, {}
     while stats.examples < config.max_examples:
         if STOP.is_set():
             raise KeyboardInterrupt
@@ -429,8 +459,14 @@ def fuzz_target(target: Target, config: CampaignConfig,
         if config.duration is not None and elapsed > config.duration:
             break
         before = stats.examples
-        n = chunk_size(config, stats.examples, elapsed, per_chunk=examples_per_chunk(target, config))
+        tier, per_chunk = tier_of_chunk(campaign.tiers, chunk), examples_per_chunk(target, config)
+        n = tier_chunk_size(tier, campaign.tiers, per_chunk, tier_times,
+                            None if config.duration is None else config.duration - elapsed)
+        if n is None:
+            n = chunk_size(config, stats.examples, elapsed, per_chunk=per_chunk)
+        n = min(n, config.max_examples - stats.examples)
         campaign.run_chunk(chunk, n)
+        record_tier_time(tier_times, tier, stats.examples - before, time.monotonic() - start - elapsed)
         chunk += 1
         if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
             break

@@ -99,6 +99,8 @@ class TargetStats:
     lost: int = 0
     #: Why the campaign stopped giving this target work early ("" if it did not).
     stopped: str = ""
+    #: Per size tier (the "tier" label): [examples, kernel seconds, harness seconds].
+    tier_seconds: dict = attrs.Factory(dict)
 
     @property
     def examples_per_second(self) -> float:
@@ -110,6 +112,8 @@ class TargetStats:
         self.elapsed = max(self.elapsed, elapsed)
         self.kernel_seconds += outcome.kernel_s
         self.harness_seconds += outcome.harness_s
+        tier = self.tier_seconds.setdefault(outcome.labels.get("tier", "small"), [0, 0.0, 0.0])
+        tier[0], tier[1], tier[2] = tier[0] + 1, tier[1] + outcome.kernel_s, tier[2] + outcome.harness_s
         self.paths[outcome.labels.get("path", "default")] += 1
         self.coverage.add(outcome.labels)
         self.max_error_ratio = max(self.max_error_ratio, outcome.ratio)
@@ -138,6 +142,8 @@ class TargetStats:
             "examples_per_s": round(self.examples_per_second, 3),
             "kernel_s": round(self.kernel_seconds, 3),
             "harness_s": round(self.harness_seconds, 3),
+            "tiers": {t: {"examples": n, "kernel_s": round(k, 3), "harness_s": round(h, 3)}
+                      for t, (n, k, h) in self.tier_seconds.items()},
             "paths": dict(self.paths),
             "coverage": self.coverage.to_dict(),
             "rejections": dict(self.rejections.most_common(20)),

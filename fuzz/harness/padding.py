@@ -15,9 +15,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvfuzz.contracts.caches.materialize import CacheState
+from kvfuzz.contracts.caches.materialize import CacheState, is_big
 from kvfuzz.contracts.calls.paged_call import bits
-from kvfuzz.contracts.checks.oracles import OracleFailure, check_cache_unchanged, check_pad_rows
+from kvfuzz.contracts.checks.oracles import (OracleFailure, block_digests, check_cache_digests, check_cache_unchanged,
+                                             check_pad_rows)
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import PAD_SLOT
@@ -41,9 +42,13 @@ def fill_pad_slot(target: Target, batch: Batch, data: BatchData, cache: CacheSta
 
 @attrs.define
 class PadSnapshot:
-    """What a padded call must leave as it was: the caches' bits before the kernel ran (None without pads)."""
+    """What a padded call must leave as it was: the caches' bits before the kernel ran (None without pads), or
+    for caches over :data:`~kvfuzz.contracts.caches.materialize.FULL_POISON_MAX_BYTES` together (a big-cache
+    example: a copy would double several GiB on a device that workers share) their
+    :func:`~kvfuzz.contracts.checks.oracles.block_digests` (``digests`` True)."""
 
     caches: tuple[torch.Tensor, torch.Tensor] | None = None
+    digests: bool = False
 
     @classmethod
     def before(cls, batch: Batch, call: KernelCall) -> "PadSnapshot":
@@ -54,6 +59,8 @@ class PadSnapshot:
         out = call.output
         if isinstance(out, torch.Tensor) and out.dtype.is_floating_point and out.shape[0] > batch.num_tokens:
             out[batch.num_tokens:].zero_()
+        if is_big(call.key_cache, call.value_cache):
+            return cls((block_digests(call.key_cache), block_digests(call.value_cache)), digests=True)
         return cls((bits(call.key_cache).clone(), bits(call.value_cache).clone()))
 
     def after(self, batch: Batch, output: torch.Tensor, call: KernelCall) -> OracleFailure | None:
@@ -65,7 +72,7 @@ class PadSnapshot:
         if fail is not None:
             return fail
         for before, now in zip(self.caches, (call.key_cache, call.value_cache)):
-            fail = check_cache_unchanged(before, bits(now))
+            fail = check_cache_digests(before, now) if self.digests else check_cache_unchanged(before, bits(now))
             if fail is not None:
                 return fail
         return None

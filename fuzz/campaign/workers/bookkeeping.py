@@ -20,6 +20,8 @@ class Task:
     chunk: int = -1
     example: dict | None = None
     counted: int = 0  # examples of this task counted so far
+    tier: str = "small"  # a chunk's size tier (kvfuzz.strategies.tiers.tier_of_chunk)
+    sent: float = 0.0  # time.monotonic() when it was handed to a worker
 
 
 @attrs.define
@@ -57,6 +59,9 @@ class TargetState:
     warm: list = attrs.Factory(list)  # configurations still to warm up (CampaignConfig.warmup)
     crashes: int = 0
     in_flight: list = attrs.Factory(list)  # tasks
+    tiers: tuple = ("small",)  # the size tiers its chunks rotate through (chunks.campaign_tiers)
+    #: {tier: [chunks, examples, worker seconds]} of its finished chunks (chunks.tier_chunk_size)
+    tier_times: dict = attrs.Factory(dict)
 
     @property
     def name(self) -> str:

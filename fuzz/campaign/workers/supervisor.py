@@ -40,7 +40,8 @@ import attrs
 
 from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.campaign.chunks import WARMUP_EXAMPLES, chunk_size, examples_per_chunk, pins_configs
+from kvfuzz.fuzz.campaign.chunks import (WARMUP_EXAMPLES, campaign_tiers, chunk_size, examples_per_chunk,
+                                         pins_configs, record_tier_time, tier_chunk_size)
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
 from kvfuzz.fuzz.campaign.records import FailureRecord, Outcome, TargetStats
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
@@ -50,6 +51,7 @@ from kvfuzz.fuzz.campaign.workers.endings import EndingKind, classify, finding_f
 from kvfuzz.fuzz.campaign.workers.worker import WorkerSpec, worker_main
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.caller import caller_finding, caller_violations
+from kvfuzz.strategies.tiers import tier_of_chunk
 
 #: Seconds between status/state snapshots.
 SNAPSHOT_SECONDS = 2.0
@@ -96,7 +98,7 @@ class Supervisor:
         self.on_event = on_event
         self.on_progress = on_progress
         self.out = Path(config.out)
-        self.targets = [TargetState(t, TargetStats(t.name)) for t in targets]
+        self.targets = [TargetState(t, TargetStats(t.name), tiers=campaign_tiers(t, config)) for t in targets]
         self.by_name = {t.name: t for t in self.targets}
         self.slots = [Slot(i) for i in range(pool.workers)]
         self.ctx = mp.get_context("spawn")
@@ -240,17 +242,21 @@ class Supervisor:
             done = t.stats.examples + pending
             if done >= self.config.max_examples:
                 continue
-            n = min(chunk_size(self.config, t.stats.examples, elapsed, self.pool.workers,
-                               per_chunk=examples_per_chunk(t.target, self.config)),
-                    self.config.max_examples - done)
             k = self.state.chunks.get(t.name, 0)
+            tier = tier_of_chunk(t.tiers, k)
+            per_chunk = examples_per_chunk(t.target, self.config)
+            time_left = None if self.config.duration is None else self.config.duration - elapsed
+            n = tier_chunk_size(tier, t.tiers, per_chunk, t.tier_times, time_left)
+            if n is None:
+                n = chunk_size(self.config, t.stats.examples, elapsed, self.pool.workers, per_chunk=per_chunk)
+            n = min(n, self.config.max_examples - done)
             self.state.chunks[t.name] = k + 1
-            return self._task("chunk", t, n=max(1, n), chunk=k)
+            return self._task("chunk", t, n=max(1, n), chunk=k, tier=tier)
         return None
 
     def _task(self, kind: str, t: TargetState, **kw) -> Task:
         self._task_ids += 1
-        task = Task(self._task_ids, kind, t.name, **kw)
+        task = Task(self._task_ids, kind, t.name, sent=time.monotonic(), **kw)
         t.start = t.start or time.monotonic()
         t.in_flight.append(task)
         return task
@@ -337,6 +343,8 @@ class Supervisor:
             t.in_flight.remove(task)
         if task.kind == "replay":
             t.replayed = True
+        elif task.kind == "chunk" and task.chunk >= 0:
+            record_tier_time(t.tier_times, task.tier, task.counted, time.monotonic() - task.sent)
 
     def _failure(self, record, how: str = "") -> None:
         t = self.by_name[record.target]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvfuzz.fuzz.campaign.chunks import campaign_tiers
+from kvfuzz.fuzz.campaign.chunks import TIER_PROBE_EXAMPLES, campaign_tiers, record_tier_time, tier_chunk_size
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.targets import get_target
@@ -61,3 +61,36 @@ def test_kvfuzz_fuzz_tier_option(tmp_path):
     summary = json.loads((tmp_path / "d" / "summary.json").read_text())
     (t,) = summary["targets"]
     assert t["coverage"]["tier"] == {"wide": t["examples"]}
+
+
+def test_a_large_tier_chunk_takes_a_small_chunks_time():
+    small_only = ("small",)
+    mix = ("small", "long", "wide")
+    assert tier_chunk_size("small", mix, 1000, {}, None) is None  # chunk_size decides the small tier
+    assert tier_chunk_size("long", ("long", "wide"), 1000, {}, None) is None  # no small tier: nothing to balance
+    assert tier_chunk_size("small", small_only, 1000, {}, None) is None
+    # before the small tier and the long tier have each finished a chunk: a probe
+    assert tier_chunk_size("long", mix, 1000, {}, None) == TIER_PROBE_EXAMPLES
+    assert tier_chunk_size("long", mix, 1000, {"small": [2, 2000, 40.0]}, None) == TIER_PROBE_EXAMPLES
+    assert tier_chunk_size("long", mix, 5, {}, None) == 5  # never more than a chunk
+    # small chunks took 20 s on average, a long example 0.5 s: 40 long examples take a small chunk's time
+    times = {"small": [2, 2000, 40.0], "long": [1, 8, 4.0], "wide": [1, 8, 0.08]}
+    assert tier_chunk_size("long", mix, 1000, times, None) == 40
+    assert tier_chunk_size("long", mix, 1000, times, 5.0) == 10  # 10 fit in the 5 s left
+    assert tier_chunk_size("long", mix, 1000, times, 0.1) == 1  # at least one
+    assert tier_chunk_size("wide", mix, 1000, times, None) == 1000  # a fast tier: capped at a chunk
+    record_tier_time(times, "long", 0, 30.0)  # a chunk whose worker died before counting: left out
+    assert times["long"] == [1, 8, 4.0]
+    record_tier_time(times, "long", 32, 12.0)
+    assert times["long"] == [2, 40, 16.0] and tier_chunk_size("long", mix, 1000, times, None) == 50
+
+
+def test_a_mixed_campaign_probes_a_large_tier_before_sizing_it(tmp_path):
+    # one worker, chunks of 25: small 0, long 1 (a probe: nothing measured yet), small 2 (the rest)
+    r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--tier", "small", "--tier", "long", "--max-examples", "40",
+               "--chunk-examples", "25", "--workers", "1", "--poison", "zeros", "--baseline", "kvfuzz-baseline.toml",
+               "--out", str(tmp_path))
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    (t,) = json.loads((tmp_path / "summary.json").read_text())["targets"]
+    assert t["examples"] == 40 and t["coverage"]["tier"] == {"small": 40 - TIER_PROBE_EXAMPLES,
+                                                             "long": TIER_PROBE_EXAMPLES}

@@ -180,3 +180,32 @@ def test_a_padded_call_that_writes_the_null_block_is_found():
         check_example(get_target(f"{PLANTED}:PadWritesNullBlock"), Example(_decode_batch(pads=1), Poison.ZEROS))
     assert e.value.check == Oracle.PAD_WRITES.value and e.value.details["oracle"]["token"] == 0  # block 0
     check_example(get_target(f"{PLANTED}:PadWritesNullBlock"), Example(_decode_batch(pads=0), Poison.ZEROS))
+
+
+def test_a_changed_big_cache_is_found_by_its_block_digests(monkeypatch):
+    import kvfuzz.contracts.checks.oracles as oracles
+
+    monkeypatch.setattr(oracles, "DIGEST_SLICE_ELEMENTS", 3 * 16 * 2 * 8)  # three blocks a slice: several slices
+    kv = torch.randn(7, 2, 16, 2, 8).to(torch.float16)  # [blocks, k/v, slots, heads, dim]: v is not contiguous
+    for cache in (kv[:, 0], kv[:, 1], kv[:, 1].to(torch.float8_e4m3fn), kv[:, 0].float()):
+        before = oracles.block_digests(cache)
+        assert before.shape == (7,) and oracles.check_cache_digests(before, cache) is None
+        after = cache.clone()
+        after[5, 3, 1, 2] = 1.5
+        fail = oracles.check_cache_digests(before, after)
+        assert (fail.oracle, fail.token, fail.bad_rows, fail.bad_elements) == (Oracle.PAD_WRITES, 5, 1, -1)
+        assert "1 blocks, first block 5" in fail.message() and "digests" in fail.message()
+        swapped = cache.clone()  # two elements of one block exchanged: the weights tell them apart
+        swapped[4, 0, 0, 0], swapped[4, 0, 0, 1] = cache[4, 0, 0, 1], cache[4, 0, 0, 0]
+        if not torch.equal(swapped.view(torch.uint8), cache.view(torch.uint8)):
+            assert oracles.check_cache_digests(before, swapped).token == 4
+
+
+def test_a_padded_big_cache_call_that_writes_the_null_block_is_found_without_a_copy(monkeypatch):
+    import kvfuzz.fuzz.harness.padding as padding_harness
+
+    monkeypatch.setattr(padding_harness, "is_big", lambda k, v: True)  # the snapshot of a big-cache example
+    with pytest.raises(KernelMismatch, match="changed the paged cache: 1 blocks, first block 0") as e:
+        check_example(get_target(f"{PLANTED}:PadWritesNullBlock"), Example(_decode_batch(pads=1), Poison.ZEROS))
+    assert e.value.check == Oracle.PAD_WRITES.value
+    check_example(get_target(f"{PLANTED}:PaddedTorch"), Example(_decode_batch(pads=2), Poison.NAN))

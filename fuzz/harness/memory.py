@@ -1,0 +1,76 @@
+"""Device memory around big examples: a campaign's workers share one GPU, and a big-cache example's caches are
+several GiB each (at fp16 at least 4 GiB per cache, :func:`kvfuzz.strategies.batches.big_cache_examples`).
+
+Measured on an H100 (2026-11-25, benchmarks/results/tiers-h100.json's first run): a 160 s ``--tier auto``
+campaign of vllm.unified_attention with 14 workers raised ``torch.OutOfMemoryError`` in kvfuzz's own checks of
+two big-cache examples. Three things put it there: several workers in a big-cache chunk at once, PyTorch's caching
+allocator keeping each worker's freed caches reserved for that process, and the CUDA-graph padding snapshot's full
+copy of both caches. So an example whose caches exceed :data:`BIG_EXAMPLE_BYTES` runs holding the campaign's
+device-memory lock (:func:`device_memory_lock`: one such example at a time per ``--out``) and gives its memory
+back to the device after it passes (:func:`release_device_memory`); the padding snapshot digests a big cache
+instead of copying it (:mod:`kvfuzz.fuzz.harness.padding`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from kvfuzz.contracts.caches.materialize import FULL_POISON_MAX_BYTES
+from kvfuzz.contracts.model.batch import Batch
+
+#: Caches (keys and values together) above this many bytes make an example big: the size above which
+#: materialization poisons only the referenced blocks (1 GiB).
+BIG_EXAMPLE_BYTES = FULL_POISON_MAX_BYTES
+#: The lock file, in the campaign's ``--out``.
+LOCK_NAME = "device-memory.lock"
+
+
+def cache_bytes(batch: Batch) -> int:
+    """Bytes of ``batch``'s key and value caches together, as the paged layouts allocate them:
+    ``2 * num_blocks * block_size * num_kv_heads * head_size`` elements of the cache dtype (1 byte for an fp8
+    ``kv_cache_dtype``). An estimate for the latent (MLA) layout, which holds one cache: twice its size."""
+    elements = batch.num_blocks * batch.block_size * batch.num_kv_heads * batch.head_size
+    return 2 * elements * torch.empty((), dtype=batch.cache_dtype).element_size()
+
+
+def is_big(batch: Batch) -> bool:
+    """Whether ``batch``'s caches exceed :data:`BIG_EXAMPLE_BYTES`."""
+    return cache_bytes(batch) > BIG_EXAMPLE_BYTES
+
+
+@contextlib.contextmanager
+def device_memory_lock(directory: Path) -> Iterator[None]:
+    """Hold the exclusive lock ``directory/device-memory.lock`` (``fcntl.flock``: released by the kernel when
+    the holder dies, so a worker killed while holding it blocks nobody). Waits for it; OSError if the file cannot
+    be opened."""
+    with open(Path(directory) / LOCK_NAME, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def release_device_memory(collect: bool = False) -> None:
+    """Give this process's unused cached device memory back to the device (``torch.cuda.empty_cache``; with
+    ``collect``, after a garbage collection, for tensors only a reference cycle still holds); nothing where CUDA
+    was never initialized."""
+    if collect:
+        gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is the device running out of memory (``torch.OutOfMemoryError``)."""
+    return isinstance(error, torch.OutOfMemoryError)
+
+
+__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "cache_bytes", "device_memory_lock", "is_big", "is_out_of_memory",
+           "release_device_memory"]

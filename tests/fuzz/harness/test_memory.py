@@ -1,0 +1,80 @@
+"""Device memory around big examples (kvfuzz.fuzz.harness.memory, kvfuzz.fuzz.campaign.engine): the size that
+makes an example big, the campaign's device-memory lock, and an example that ran out of device memory outside
+the kernel: run again alone on the device, a harness error only if it runs out again."""
+
+import fcntl
+
+import attrs
+import pytest
+import torch
+
+from kvfuzz import Batch, Poison
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.engine import fuzz_target
+from kvfuzz.fuzz.harness import memory
+from support.planted_targets import SdpaPaged
+
+
+def _batch(**kw) -> Batch:
+    return Batch(query_lens=(1,), ctx_lens=(3,), num_heads=2, num_kv_heads=1, head_size=32, block_size=16,
+                 num_blocks=2, block_table=((1,),), **kw)
+
+
+def test_cache_bytes_and_is_big():
+    assert memory.cache_bytes(_batch(dtype="float32")) == 2 * 2 * 16 * 1 * 32 * 4
+    assert memory.cache_bytes(_batch(dtype="float16")) == 2 * 2 * 16 * 32 * 2
+    assert memory.cache_bytes(_batch(dtype="float16", kv_cache_dtype="fp8_e4m3")) == 2 * 2 * 16 * 32
+    assert not memory.is_big(_batch(dtype="float32"))
+    n = memory.BIG_EXAMPLE_BYTES // (2 * 16 * 32 * 4) + 1  # one block past 1 GiB
+    assert memory.is_big(attrs.evolve(_batch(dtype="float32"), num_blocks=n))
+
+
+def test_the_device_memory_lock_admits_one_holder_at_a_time(tmp_path):
+    def try_lock():
+        with open(tmp_path / memory.LOCK_NAME, "a+b") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+
+    with memory.device_memory_lock(tmp_path):
+        assert not try_lock()  # another open file (another worker): must wait
+    assert try_lock()
+
+
+class _OutOfMemoryUnlessAlone(SdpaPaged):
+    """Runs out of device memory building its call unless it holds the campaign's device-memory lock (as when
+    other workers' big caches fill the GPU), or always (``always``)."""
+
+    name = "planted.oom_unless_alone"
+    out = None
+    always = False
+    attempts = 0
+
+    def build_call(self, batch, data, cache):
+        type(self).attempts += 1
+        with open(self.out / memory.LOCK_NAME, "a+b") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(f, fcntl.LOCK_UN)
+                alone = False
+            except BlockingIOError:
+                alone = True  # the example holds the lock
+        if self.always or not alone:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB (planted)")
+        return super().build_call(batch, data, cache)
+
+
+@pytest.mark.parametrize("always", [False, True])
+def test_an_example_out_of_device_memory_runs_again_alone(tmp_path, always):
+    target = _OutOfMemoryUnlessAlone()
+    type(target).out, type(target).always, type(target).attempts = tmp_path, always, 0
+    stats = fuzz_target(target, CampaignConfig(out=tmp_path, max_examples=5, poisons=(Poison.ZEROS,), seed=1,
+                                               stop_at_first_failure=True))
+    if not always:  # each example: once without the lock (out of memory), once with it (passes)
+        assert stats.examples == 5 and not stats.failures and target.attempts == 10
+        return
+    (failure,) = stats.failures.values()  # out of memory alone on the device too: kvfuzz's, never the kernel's
+    assert failure.blame == "harness" and "OutOfMemoryError" in failure.message
