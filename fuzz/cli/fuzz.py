@@ -88,9 +88,9 @@ UNLIMITED = 2**62
               help="Size tier to draw batches from (repeatable; each chunk draws from one): small (--max-* limits), "
                    "long (contexts up to 128k tokens, 2 sequences), wide (up to 256 sequences), big-cache (as "
                    "--big-cache). Several: small gets 4 chunks of 5, the others take turns on the second of each "
-                   "five. Each target "
+                   "five, each sized to a small chunk's time. Each target "
                    "runs those it declares (`kvfuzz targets`); auto: every declared tier for a target on CUDA, small "
-                   "on CPU. Default: small (the mix is not yet measured on a GPU: docs/fuzzing.md).")
+                   "on CPU. Default: auto.")
 @click.option("--observability", is_flag=True,
               help="Write Hypothesis observability JSON lines (for Tyche) to OUT/observed/.")
 @click.option("--configs", "configs", type=click.Choice(["auto", "pinned", "free"]), default="auto",
@@ -162,7 +162,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                             limits=Limits(max_num_seqs=max_num_seqs, max_ctx_len=max_ctx_len,
                                           max_query_len=max_query_len),
                             poisons=tuple(Poison(p) for p in poisons) or tuple(Poison), db_spec=db_spec,
-                            undeclared=undeclared, big_cache=big_cache, tiers=tuple(tiers) or None,
+                            undeclared=undeclared, big_cache=big_cache, tiers=tuple(tiers) or ("auto",),
                             pin_configs={"auto": None, "pinned": True, "free": False}[configs],
                             chunk_examples=chunk_examples, warmup=warmup, structural_shrink=structural_shrink,
                             baseline=baseline)
