@@ -58,7 +58,7 @@ from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import memory, properties
 from kvfuzz.fuzz.harness.coverage import labels
-from kvfuzz.fuzz.harness.run import STOP, Run
+from kvfuzz.fuzz.harness.run import STOP, Run, exit_if_device_unusable
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
 from kvfuzz.strategies.configs import KernelConfig
@@ -174,6 +174,7 @@ class Campaign:
         except BaseException as e:  # the adapter or kvfuzz: name it, shrink it, never blame the kernel
             if type(e).__module__.startswith("hypothesis"):
                 raise
+            exit_if_device_unusable(e, f"kvfuzz's {stage}")  # a campaign's worker: the supervisor decides
             if memory.is_out_of_memory(e) and not self._locked:
                 raise _OutOfMemory() from e
             if disk_full(e):  # a full disk ends the campaign (exit 3); it is nobody's finding

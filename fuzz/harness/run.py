@@ -107,6 +107,37 @@ def leaves_device_unusable(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(m in text for m in STICKY_DEVICE_ERRORS)
 
 
+#: The exit status of an isolated process that could not reach its GPU because the CUDA MPS server was not
+#: accepting clients (:data:`MPS_NOT_READY`): after one client's fault, the server refuses new clients until every
+#: client it ended has exited. Nobody's fault: the parent runs the example again in a new process.
+MPS_BUSY_EXIT = 87
+#: CUDA error 807 (cudaErrorMpsServerNotReady), as torch words it.
+MPS_NOT_READY = "MPS server is not ready"
+
+
+def exit_if_mps_busy(error: BaseException) -> None:
+    """In an isolated process (:data:`ISOLATED`), end it with :data:`MPS_BUSY_EXIT` when ``error`` says the MPS
+    server is not accepting clients (:data:`MPS_NOT_READY`); returns otherwise."""
+    if ISOLATED.is_set() and MPS_NOT_READY in str(error):
+        print(f"kvfuzz: the CUDA MPS server is not accepting clients yet; ending this process\n{error}",
+              file=sys.stderr, flush=True)
+        os._exit(MPS_BUSY_EXIT)
+
+
+def exit_if_device_unusable(error: BaseException, where: str, text: str | None = None) -> None:
+    """In an isolated process (:data:`ISOLATED`), end it with :data:`DEVICE_ERROR_EXIT` when ``error`` left the
+    device unusable (:func:`leaves_device_unusable`), after printing ``text`` (default: the error) to stderr;
+    ``where`` names who raised it ("the kernel", "kvfuzz's prepare"). The parent classifies the ending by the
+    example's phase (kvfuzz.fuzz.campaign.workers.endings). Under CUDA MPS one client's fault ends every client of
+    the GPU, so an error in kvfuzz's own phases can be another worker's kernel fault: the supervisor re-runs such an
+    example before it blames anyone. Returns otherwise."""
+    exit_if_mps_busy(error)
+    if ISOLATED.is_set() and leaves_device_unusable(error):
+        print(f"kvfuzz: {where} left the device unusable; ending this process\n{text or error}", file=sys.stderr,
+              flush=True)
+        os._exit(DEVICE_ERROR_EXIT)
+
+
 #: The phases of an example a campaign's journal records: a process that dies in "kernel" died inside the
 #: kernel call; in "prepare" or "check" it died in kvfuzz or the adapter.
 PHASES = ("prepare", "kernel", "check")
@@ -131,11 +162,8 @@ def run_kernel(target: Target, call: KernelCall,
         return None, f"{type(e).__name__} raised by the kernel (no stop was requested)\n{traceback.format_exc(limit=-3)}"
     except (Exception, SystemExit) as e:  # the kernel's own error, reported as a finding
         crash = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
-        if ISOLATED.is_set() and leaves_device_unusable(e):
-            # still in phase "kernel" (the finally below does not run): the parent blames the kernel
-            print(f"kvfuzz: the kernel left the device unusable; ending this process\n{crash}", file=sys.stderr,
-                  flush=True)
-            os._exit(DEVICE_ERROR_EXIT)
+        # still in phase "kernel" (the finally below does not run): the parent decides whose fault it is
+        exit_if_device_unusable(e, "the kernel", crash)
         return None, crash
     finally:
         if on_phase is not None:
@@ -148,5 +176,6 @@ def error_name(crash: str) -> str:
     return head.split(":", 1)[0].split(" ", 1)[0]
 
 
-__all__ = ["DEVICE_ERROR_EXIT", "GPU_REFERENCE_MIN_KV", "ISOLATED", "PHASES", "STICKY_DEVICE_ERRORS", "STOP", "Run",
-           "Timings", "error_name", "generate", "leaves_device_unusable", "reference_device", "run_kernel"]
+__all__ = ["DEVICE_ERROR_EXIT", "GPU_REFERENCE_MIN_KV", "ISOLATED", "MPS_BUSY_EXIT", "MPS_NOT_READY", "PHASES",
+           "STICKY_DEVICE_ERRORS", "STOP", "Run", "Timings", "error_name", "exit_if_device_unusable",
+           "exit_if_mps_busy", "generate", "leaves_device_unusable", "reference_device", "run_kernel"]

@@ -138,6 +138,30 @@ class BreaksDevice(_Planted):
         return super().build_call(batch, data, cache)
 
 
+class FaultsOnce(_Planted):
+    name = "planted.faults_once"
+    description = ("raises CUDA's sticky illegal-memory-access error on the first kernel call of the campaign (the "
+                   "file $KVFUZZ_PLANTED_MARK does not exist yet), as each MPS client of a GPU does when another "
+                   "client's kernel faults; correct otherwise")
+
+    error = STICKY
+
+    def run(self, call):
+        mark = Path(os.environ["KVFUZZ_PLANTED_MARK"])
+        if not mark.exists():
+            mark.touch()
+            raise RuntimeError(self.error)
+        return SdpaPaged.run(self, call)
+
+
+class MpsBusyOnce(FaultsOnce):
+    name = "planted.mps_busy_once"
+    description = ("fails its first kernel call of the campaign with CUDA error 807, as a new MPS client does "
+                   "while the server waits for the clients another's fault ended to exit; correct otherwise")
+    error = ("CUDA error: MPS server is not ready to accept new MPS client requests (planted); Error 807: MPS "
+             "server is not ready to accept new MPS client requests")
+
+
 class RaisesMemoryError(_Planted):
     name = "planted.raises_memory_error"
     description = "raise MemoryError on head size 64"

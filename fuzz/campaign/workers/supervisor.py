@@ -47,10 +47,11 @@ from kvfuzz.fuzz.campaign.records import FailureRecord, Outcome, TargetStats
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState, Task
-from kvfuzz.fuzz.campaign.workers.endings import EndingKind, classify, finding_for
+from kvfuzz.fuzz.campaign.workers.endings import DEVICE_ERROR, MPS_BUSY, EndingKind, classify, finding_for
 from kvfuzz.fuzz.campaign.workers.worker import WorkerSpec, worker_main
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.caller import caller_finding, caller_violations
+from kvfuzz.fuzz.harness.run import MPS_NOT_READY
 from kvfuzz.strategies.tiers import tier_of_chunk
 
 #: Seconds between status/state snapshots.
@@ -68,6 +69,9 @@ POLL_SECONDS = 0.005
 FULL_BELOW_BYTES = 1 << 20
 #: Crashing or hanging examples per target the workers are told not to re-run.
 MAX_ENDED_EXAMPLES = 200
+#: A worker that found the CUDA MPS server not accepting clients (after another client's fault) is started again
+#: after this many seconds, up to this many times in a campaign, before the campaign ends (exit 3).
+MPS_WAIT_SECONDS, MAX_MPS_WAITS = 0.5, 240
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -114,6 +118,7 @@ class Supervisor:
         self._unfinished: dict[str, dict] = {}
         self._state_saved = True  # whether the final state.json was written (False: the last snapshot stands)
         self.restarts = 0
+        self.mps_waits = 0
         self._task_ids = 0
         self._snapshot_at = 0.0
         self._progress_at = 0.0
@@ -250,6 +255,10 @@ class Supervisor:
             if n is None:
                 n = chunk_size(self.config, t.stats.examples, elapsed, self.pool.workers, per_chunk=per_chunk)
             n = min(n, self.config.max_examples - done)
+            if t.ended and n == self.config.max_examples - done:
+                # a chunk's first example is its simplest, and one that ended a worker is skipped uncounted:
+                # without one more, a last chunk of 1 would count nothing, again and again
+                n += 1
             self.state.chunks[t.name] = k + 1
             return self._task("chunk", t, n=max(1, n), chunk=k, tier=tier)
         return None
@@ -416,7 +425,16 @@ class Supervisor:
             self._finish_task(s)
             if task.kind == "replay" and ending.kind is not EndingKind.FINISHED:
                 self.by_name[task.target].replayed = True  # do not replay again: its example is handled below
-        if not s.ready and ending.kind is not EndingKind.FINISHED and not self.stopping and self.fatal is None:
+        if ending.detail == MPS_BUSY and not self.stopping and self.fatal is None:
+            # the MPS server refuses clients until every client another's fault ended has exited: wait a moment
+            self.mps_waits += 1
+            if self.mps_waits > MAX_MPS_WAITS:
+                self.fatal = (f"the CUDA MPS server refused new workers {MAX_MPS_WAITS} times (error 807, "
+                              f"'{MPS_NOT_READY}'); see {self.out / 'workers' / f'w{s.index}.log'}")
+                self.stopping = True
+                return
+            time.sleep(MPS_WAIT_SECONDS)
+        elif not s.ready and ending.kind is not EndingKind.FINISHED and not self.stopping and self.fatal is None:
             s.startup_failures += 1
             tail = log_tail(self.out / "workers" / f"w{s.index}.log")
             if s.startup_failures >= 2:
@@ -459,6 +477,11 @@ class Supervisor:
             return
         if ending.kind is EndingKind.STOPPED:
             return  # interrupted by the user: not a finding, not a loss
+        if ending.detail == MPS_BUSY:  # it never reached the GPU: nobody's fault, not a loss
+            t.retries.append(flight["example"])
+            self.on_event(f"worker {s.index}: {MPS_BUSY} (CUDA error 807, after another client's fault) in "
+                          f"{flight['phase']}; its example of {t.name} runs again in a new worker")
+            return
         if ending.loses_the_example:
             if retried:
                 t.stats.lost += 1
@@ -468,6 +491,13 @@ class Supervisor:
                 t.retries.append(flight["example"])
                 self.on_event(f"worker {s.index} was killed from outside ({ending.detail}) in {flight['phase']}; "
                               f"its example of {t.name} is retried by a new worker")
+            return
+        if ending.detail == DEVICE_ERROR and not retried and self.pool.workers > max(1, self.pool.gpus):
+            # under CUDA MPS one client's fault ends every client of its GPU: this example may be a bystander of
+            # another worker's crash. Re-run it in a new worker; a crash there too is its finding.
+            t.retries.append(flight["example"])
+            self.on_event(f"worker {s.index}: a CUDA error ended it in {flight['phase']}; other workers share its "
+                          f"GPU, so its example of {t.name} is re-run by a new worker before anyone is blamed")
             return
         finding = finding_for(ending, flight["phase"], {"worker": s.index}, timeout=self.policy.example_timeout)
         if finding is None:

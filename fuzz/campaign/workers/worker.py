@@ -121,7 +121,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(spec.gpu)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
 
-    from kvfuzz.fuzz.harness.run import ISOLATED, STOP  # set up: the heavy imports may come (the comment at the top)
+    # set up: the heavy imports may come (the comment at the top)
+    from kvfuzz.fuzz.harness.run import ISOLATED, STOP, exit_if_mps_busy
 
     ISOLATED.set()  # a kernel that breaks the device ends this process (harness.run.run_kernel)
 
@@ -179,6 +180,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
             _quiet_streams()
             conn.send(("bye",))
             return
+        exit_if_mps_busy(e)  # the MPS server is not taking clients yet: the supervisor starts another worker
         conn.send(("fatal", f"worker {spec.index}: {type(e).__name__}: {e} (traceback in {spec.log})"))
         try:
             traceback.print_exc()

@@ -73,3 +73,61 @@ def test_a_campaign_blames_the_kernel_and_nothing_after_it(tmp_path, workers):
     assert case["example"]["batch"]["head_size"] == 64
     rep = kvfuzz("replay", repro, "--target", f"{PLANTED}:BreaksDevice")
     assert rep.returncode == 1 and "reproduced" in rep.stdout and "kernel crash (CUDA error)" in rep.stdout, rep.stdout
+
+
+def test_a_bystander_of_another_workers_device_fault_is_re_run_not_blamed(tmp_path):
+    """Found on an H100 (2026-11-25): a re-injected int32-offset bug faulted one worker's big-cache example, and
+    under CUDA MPS the fault ended three other workers too; the first of them to be reported, a one-block batch
+    that cannot overflow anything, was listed as the kernel crash. Now an example whose worker a CUDA error ended,
+    while other workers share the GPU, is re-run by a new worker first: here the fault does not come back, so
+    there is no finding and nothing is lost."""
+    import os
+
+    env = {**os.environ, "KVFUZZ_PLANTED_MARK": str(tmp_path / "faulted")}
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:FaultsOnce", "--poison", "zeros", "--max-examples", "20",
+               "--example-timeout", "20", "--workers", "2", "--out", str(tmp_path / "out"), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "faulted").exists() and "re-run by a new worker before anyone is blamed" in r.stdout + r.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (t,) = summary["targets"]
+    assert t["failures"] == [] and summary["lost"] == 0 and summary["worker_restarts"] >= 1
+    assert t["examples"] >= 20
+
+
+def test_a_campaign_whose_simplest_example_crashed_still_ends(tmp_path):
+    """The crash is the first kernel call (the simplest example of the first chunk), so every later chunk skips it
+    uncounted; the last example of the budget used to be handed out as a chunk of 1 that counted nothing, forever."""
+    import os
+
+    env = {**os.environ, "KVFUZZ_PLANTED_MARK": str(tmp_path / "faulted")}
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:FaultsOnce", "--poison", "zeros", "--max-examples", "20",
+               "--example-timeout", "20", "--workers", "1", "--out", str(tmp_path / "out"), env=env, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    (t,) = json.loads((tmp_path / "out" / "summary.json").read_text())["targets"]
+    assert t["examples"] == 20 and [f["check"] for f in t["failures"]] == ["CUDA error"]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_example_that_found_the_mps_server_not_ready_runs_again(tmp_path, workers):
+    """After one MPS client's fault the server refuses new clients for a while (CUDA error 807; seen on an H100,
+    where it ended the campaign as a worker's fatal error). A worker that meets it ends itself (exit status 87);
+    its example is run again by a new worker: no finding, nothing lost, exit 0."""
+    import os
+
+    env = {**os.environ, "KVFUZZ_PLANTED_MARK": str(tmp_path / "busy")}
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:MpsBusyOnce", "--poison", "zeros", "--max-examples", "12",
+               "--example-timeout", "20", "--workers", workers, "--out", str(tmp_path / "out"), env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "busy").exists() and "MPS server not ready" in r.stdout + r.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (t,) = summary["targets"]
+    assert t["failures"] == [] and summary["lost"] == 0 and t["examples"] >= 12
+
+
+def test_the_mps_busy_exit_is_killed_in_effect():
+    from kvfuzz.fuzz.campaign.workers.endings import MPS_BUSY
+    from kvfuzz.fuzz.harness.run import MPS_BUSY_EXIT
+
+    ending = classify(MPS_BUSY_EXIT, said_goodbye=False)
+    assert (ending.kind, ending.detail) == (EndingKind.KILLED, MPS_BUSY) and finding_for(ending, "kernel") is None
+    assert classify(MPS_BUSY_EXIT, said_goodbye=True).kind is EndingKind.EXITED
