@@ -10,8 +10,8 @@ family module (``fuzz/targets/<family>.py``) lists in its ``SIGNATURES`` tuple n
   own check function.
 
 A target names one of them as its ``checked_kernel`` (:class:`~kvfuzz.fuzz.targets.base.Target`); the guard
-builds its table from every registered family (:func:`kvfuzz.fuzz.targets.registry.family_signatures`,
-read by :mod:`kvfuzz.fuzz.guard.signatures`). Nothing here imports a kernel library.
+builds its table from every registered family (:func:`kvfuzz.fuzz.targets.registry.families`, read by
+:func:`kvfuzz.fuzz.guard.signatures.table`). Nothing here imports a kernel library.
 """
 
 from __future__ import annotations

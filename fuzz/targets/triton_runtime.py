@@ -207,7 +207,6 @@ def sinks(data: BatchData, dev) -> torch.Tensor | None:
     return None if data.sinks is None else data.sinks.to(device=dev, dtype=torch.float32)
 
 
-#: context_attention_fwd's names for the arguments chunked_prefill_paged_decode takes under these names.
 def poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int) -> torch.Tensor:
     """An fp32 scratch buffer filled with the example's poison.
 
@@ -218,8 +217,6 @@ def poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int
     t = torch.empty(shape, dtype=torch.float32, device=cache.key_cache.device)
     fill_poison(t, cache.poison, seed_offset)
     return t
-
-
 
 
 __all__ = ["TRITON_TOO_EARLY", "VllmTritonTarget", "fp8_storage", "hopper_installed", "missing_module", "module_file",
