@@ -39,10 +39,10 @@ class KernelSignature:
 
     name: str
     build: Callable[..., PagedCall]
-    takes_new_kv: bool
     attr: str
     modules: tuple[str, ...] = ()
     op_namespace: str | None = None
+    takes_new_kv: bool = attrs.field(kw_only=True)
     declaration: KernelDeclaration = attrs.field(kw_only=True)
 
     def build_call(self, args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
