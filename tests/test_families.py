@@ -111,8 +111,8 @@ def test_a_new_family_reaches_the_table_and_bad_ones_are_refused():
     def build(args, key=None, value=None):
         raise AssertionError("not called")
 
-    sig = KernelSignature("mykernels.paged", build, True, "paged", ("mykernels.ops",),
-                          declaration=KernelDeclaration(paths=(KernelPath("mine"),)))
+    sig = KernelSignature("mykernels.paged", build, "paged", ("mykernels.ops",),
+                          takes_new_kv=True, declaration=KernelDeclaration(paths=(KernelPath("mine"),)))
     home = types.ModuleType("mykernels_family")
     home.SIGNATURES = (sig,)
     kernels, page_lists = table([*families(), home])
@@ -165,3 +165,55 @@ def test_a_checked_kernel_given_by_name_resolves_to_its_signature():
     assert checked_signature(Unchecked()) is None
     with pytest.raises(KeyError, match="unknown kernel 'no_such_kernel'"):
         checked_signature(Unknown())
+
+
+def unlisted_targets(home: types.ModuleType) -> list[str]:
+    """Target classes a family module defines with a name of their own that its ``TARGETS`` leaves out (so
+    ``kvfuzz fuzz`` would never see them)."""
+    from kvfuzz.fuzz.targets.base import Target
+
+    return [c.__name__ for c in vars(home).values() if isinstance(c, type) and issubclass(c, Target)
+            and c.__module__ == home.__name__ and "name" in vars(c) and c not in home.TARGETS]
+
+
+def test_builtin_is_every_familys_targets_and_a_new_target_goes_in_one_list(monkeypatch):
+    from kvfuzz.fuzz.targets import registry
+
+    homes = families()
+    assert all(unlisted_targets(h) == [] for h in homes)
+    assert list(BUILTIN) == [c.name for h in homes for c in h.TARGETS]
+    assert all(BUILTIN[c.name] == f"{h.__name__}:{c.__name__}" for h in homes for c in h.TARGETS)
+    # planted: a target left out of its family's TARGETS is named; two targets of one name are refused
+    home = types.ModuleType("mykernels_family")
+
+    class Mine(homes[0].VllmUnifiedAttention):
+        name = "mykernels.mine"
+
+    Mine.__module__ = home.__name__
+    home.Mine, home.TARGETS, home.SIGNATURES = Mine, (), ()
+    assert unlisted_targets(home) == ["Mine"]
+    home.TARGETS = (Mine, Mine)
+    monkeypatch.setattr(registry, "families", lambda: [*homes, home])
+    with pytest.raises(ValueError, match="share the name 'mykernels.mine'"):
+        list(registry._Builtin())
+    home.TARGETS = (Mine,)
+    assert list(registry._Builtin())[-1] == "mykernels.mine"
+
+
+def test_a_triton_targets_class_and_instance_declare_the_same_dtypes_and_its_kernel_is_its_signatures(monkeypatch):
+    """The dtypes a Triton target declares depend on where Triton runs; the class and its instances agree
+    there (the instance used to rewrite them, leaving the class attribute wrong on CUDA)."""
+    from kvfuzz.fuzz.targets import triton_runtime
+    from kvfuzz.fuzz.targets.vllm_triton import UNIFIED_ATTENTION, VllmUnifiedAttention
+
+    for cuda in (False, True):
+        monkeypatch.setattr(triton_runtime, "on_cuda", lambda: cuda)
+        want = VllmUnifiedAttention.cuda_dtypes if cuda else VllmUnifiedAttention.cpu_dtypes
+        assert VllmUnifiedAttention.capabilities.dtypes == VllmUnifiedAttention().capabilities.dtypes == want
+    assert VllmUnifiedAttention().kernel == (UNIFIED_ATTENTION.modules[0], "unified_attention")
+
+    class ByName(VllmUnifiedAttention):
+        name = "tests.unified_by_name_kernel"
+        checked_kernel = "unified_attention"
+
+    assert ByName().kernel == VllmUnifiedAttention().kernel

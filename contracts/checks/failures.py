@@ -112,5 +112,14 @@ FINDING_CLASSES: dict[FailureKind, type[Finding]] = {
                         ConfigurationRejected, SilentlyUnsupported, HarnessError)}
 
 
+def hide_frame_for_finding(excinfo) -> bool:
+    """pytest's ``__tracebackhide__`` for the frames of kvfuzz's property (``__tracebackhide__ =
+    hide_frame_for_finding`` in a function's body): a :class:`Finding` raised through them shows the user's test,
+    the finding and the shrunk example only, not kvfuzz's code; any other exception (a bug in an adapter or in
+    kvfuzz) keeps every frame. ``excinfo``: pytest's ExceptionInfo, or None (then the frame is shown)."""
+    return excinfo is not None and excinfo.errisinstance(Finding)
+
+
 __all__ = ["FINDING_CLASSES", "CallerContractViolation", "ConfigurationRejected", "FailureKind", "Finding",
-           "HarnessError", "KernelCrash", "KernelHang", "KernelMismatch", "NonFiniteOutput", "SilentlyUnsupported"]
+           "HarnessError", "KernelCrash", "KernelHang", "KernelMismatch", "NonFiniteOutput", "SilentlyUnsupported",
+           "hide_frame_for_finding"]

@@ -1,4 +1,4 @@
-"""``kvfuzz bench detect``: how fast kvfuzz finds each mutant of :mod:`kvfuzz.fuzz.mutants`, next to a
+"""``kvfuzz bench detect``: how fast kvfuzz finds each mutant of :mod:`kvfuzz.fuzz.bench.mutants`, next to a
 baseline that runs the parametrized grids of vLLM's own kernel tests against the same mutant targets.
 
 kvfuzz side: :func:`~kvfuzz.fuzz.campaign.fuzz_target` with a :class:`~kvfuzz.fuzz.campaign.CampaignConfig`
@@ -6,7 +6,7 @@ kvfuzz side: :func:`~kvfuzz.fuzz.campaign.fuzz_target` with a :class:`~kvfuzz.fu
 first distinct failure is shrunk (or at the example/time budget). Reported: whether it found the mutant, the
 wall time and the number of examples to the first failing example (before shrinking), the time to the shrunk
 report, the size of the shrunk case (:func:`kvfuzz.strategies.reductions.size_key`) next to
-:func:`~kvfuzz.fuzz.mutants.smallest_trigger`, and the failure kind of :data:`RERUNS` reruns of it.
+:func:`~kvfuzz.fuzz.bench.mutants.smallest_trigger`, and the failure kind of :data:`RERUNS` reruns of it.
 
 Grid side: :mod:`kvfuzz.fuzz.bench.grid`.
 """

@@ -58,7 +58,8 @@ from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import memory, properties
 from kvfuzz.fuzz.harness.coverage import labels
-from kvfuzz.fuzz.harness.run import STOP, Run, exit_if_device_unusable
+from kvfuzz.fuzz.harness.isolation import STOP, exit_if_device_unusable
+from kvfuzz.fuzz.harness.run import Run
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
 from kvfuzz.strategies.configs import KernelConfig

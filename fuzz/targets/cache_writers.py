@@ -219,4 +219,8 @@ class VllmCpuReshapeAndCache(VllmCpuOp):
 #: This family's checked kernels: none (kvfuzz.fuzz.targets.registry.FAMILIES lists the family all the same).
 SIGNATURES = ()
 
+
+#: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).
+TARGETS = (VllmReshapeAndCacheFlash, VllmCpuReshapeAndCache)
+
 __all__ = ["SIGNATURES", "VllmCpuReshapeAndCache", "VllmReshapeAndCacheFlash"]

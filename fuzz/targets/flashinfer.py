@@ -423,6 +423,9 @@ class FlashInferAppendPagedKvCache(FlashInferTarget):
         return call.key_cache
 
 
+#: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).
+TARGETS = (FlashInferBatchDecode, FlashInferBatchDecodeTC, FlashInferBatchPrefill, FlashInferAppendPagedKvCache)
+
 __all__ = ["APPEND_PAGED_KV_CACHE", "BATCH_DECODE", "BATCH_PREFILL", "CHECKED_KERNELS", "CUDA_ONLY",
            "DECODE_GQA_RATIOS", "DECODE_PLAN_ARGS", "FLASHINFER_VERSION", "FlashInferAppendPagedKvCache",
            "FlashInferBatchDecode", "FlashInferBatchDecodeTC", "FlashInferBatchPrefill", "FlashInferTarget",

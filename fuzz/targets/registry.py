@@ -20,16 +20,17 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-
 from types import ModuleType
 
 from .base import Target
 
-#: The kernel families' homes: each module holds a family's targets, their capabilities, its kernels' call
-#: signatures (``SIGNATURES``: :mod:`kvfuzz.fuzz.targets.signature`) and what each kernel needs of its caller.
-#: The guard builds its table of signatures from these (:mod:`kvfuzz.fuzz.guard.signatures`). Importing one
-#: imports no kernel library. A new family: its module here, its targets in :data:`BUILTIN`.
+#: The kernel families' homes: each module holds a family's targets (``TARGETS``, the classes), their
+#: capabilities, its kernels' call signatures (``SIGNATURES``: :mod:`kvfuzz.fuzz.targets.signature`) and what each
+#: kernel needs of its caller. The guard builds its table of signatures from these
+#: (:mod:`kvfuzz.fuzz.guard.signatures`) and :data:`BUILTIN` the target list. Importing one imports no kernel
+#: library. A new family: its module here; a new target: its class in its family's ``TARGETS``.
 FAMILIES = (
     "kvfuzz.fuzz.targets.vllm_triton",
     "kvfuzz.fuzz.targets.vllm_mla",
@@ -41,30 +42,43 @@ FAMILIES = (
     "kvfuzz.fuzz.targets.flashinfer",
 )
 
-#: Built-in targets: name -> "module:class" (imported lazily, so a missing kernel never breaks the CLI).
-BUILTIN = {
-    "vllm.chunked_prefill_paged_decode": "kvfuzz.fuzz.targets.vllm_triton:VllmChunkedPrefillPagedDecode",
-    "vllm.context_attention_fwd": "kvfuzz.fuzz.targets.vllm_triton:VllmContextAttentionFwd",
-    "vllm.unified_attention": "kvfuzz.fuzz.targets.vllm_triton:VllmUnifiedAttention",
-    "vllm.decode_attention_fwd": "kvfuzz.fuzz.targets.vllm_triton:VllmDecodeAttentionFwd",
-    "vllm.triton_mla_decode": "kvfuzz.fuzz.targets.vllm_mla:VllmTritonMlaDecode",
-    "vllm.flash_attn_varlen": "kvfuzz.fuzz.targets.vllm_flash_attn:VllmFlashAttnVarlen",
-    "vllm.flashmla_decode": "kvfuzz.fuzz.targets.vllm_mla:VllmFlashMlaDecode",
-    "vllm.cpu_attention": "kvfuzz.fuzz.targets.vllm_cpu:VllmCpuAttention",
-    "vllm.reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmReshapeAndCacheFlash",
-    "vllm.cpu_reshape_and_cache": "kvfuzz.fuzz.targets.cache_writers:VllmCpuReshapeAndCache",
-    "torch.flex_paged": "kvfuzz.fuzz.targets.torch_flex:TorchFlexPaged",
-    "sglang.extend_attention_fwd": "kvfuzz.fuzz.targets.sglang_triton:SglangExtendAttentionFwd",
-    "sglang.decode_attention_fwd": "kvfuzz.fuzz.targets.sglang_triton:SglangDecodeAttentionFwd",
-    "flashinfer.batch_decode": "kvfuzz.fuzz.targets.flashinfer:FlashInferBatchDecode",
-    "flashinfer.batch_decode_tc": "kvfuzz.fuzz.targets.flashinfer:FlashInferBatchDecodeTC",
-    "flashinfer.batch_prefill": "kvfuzz.fuzz.targets.flashinfer:FlashInferBatchPrefill",
-    "flashinfer.append_paged_kv_cache": "kvfuzz.fuzz.targets.flashinfer:FlashInferAppendPagedKvCache",
-}
+
+class _Builtin(Mapping):
+    """:data:`BUILTIN`: target name -> ``"module:class"``, from every family's ``TARGETS`` in :data:`FAMILIES`
+    order, read on first use (importing the family modules, which load no kernel library; a command that names
+    no target never pays for it). Raises ValueError naming both classes when two targets share a name."""
+
+    def __init__(self) -> None:
+        self._table: dict[str, str] | None = None
+
+    def _read(self) -> dict[str, str]:
+        if self._table is None:
+            table: dict[str, str] = {}
+            for home in families():
+                for cls in home.TARGETS:
+                    spec = f"{home.__name__}:{cls.__name__}"
+                    if cls.name in table:
+                        raise ValueError(f"targets {table[cls.name]} and {spec} share the name {cls.name!r}")
+                    table[cls.name] = spec
+            self._table = table
+        return self._table
+
+    def __getitem__(self, name: str) -> str:
+        return self._read()[name]
+
+    def __iter__(self):
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+
+#: Built-in targets: name -> "module:class" (each target's class imported lazily by get_target; its family's
+#: TARGETS lists it).
+BUILTIN: Mapping[str, str] = _Builtin()
 
 #: The entry-point group other packages register adapters under.
 ENTRY_POINT_GROUP = "kvfuzz.targets"
-
 
 
 def families() -> list[ModuleType]:

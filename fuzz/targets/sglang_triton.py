@@ -155,16 +155,16 @@ def sglang_decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, v
 
 #: SGLang's Triton kernels: int32 or int64 indices; extend's grid from max_len_extend; Lv may differ from Lk.
 EXTEND_ATTENTION_FWD = KernelSignature(
-    "sglang.extend_attention_fwd", sglang_extend_attention_fwd_call, True, "extend_attention_fwd",
+    "sglang.extend_attention_fwd", sglang_extend_attention_fwd_call, "extend_attention_fwd",
     (EXTEND_MODULE, "sglang.srt.layers.attention.triton_ops.extend_attention"),
-    declaration=KernelDeclaration(paths=(
+    takes_new_kv=True, declaration=KernelDeclaration(paths=(
         KernelPath("SGLang's extend_attention_fwd Triton kernel", reads=frozenset({"max_query_len"}),
                    source="sglang/kernels/ops/attention/extend_attention.py extend_attention_fwd"),
     ), value_head_size_may_differ=True))
 DECODE_ATTENTION_FWD = KernelSignature(
-    "sglang.decode_attention_fwd", sglang_decode_attention_fwd_call, False, "decode_attention_fwd",
+    "sglang.decode_attention_fwd", sglang_decode_attention_fwd_call, "decode_attention_fwd",
     (DECODE_MODULE, "sglang.srt.layers.attention.triton_ops.decode_attention"),
-    declaration=KernelDeclaration(paths=(
+    takes_new_kv=False, declaration=KernelDeclaration(paths=(
         KernelPath("SGLang's decode_attention_fwd Triton kernels",
                    source="sglang/kernels/ops/attention/decode_attention.py decode_attention_fwd"),
     ), value_head_size_may_differ=True))
@@ -348,7 +348,6 @@ class SglangExtendAttentionFwd(SglangTritonTarget):
         metadata="csr",
         shared_prefix_blocks=True,
     )
-    kernel = (EXTEND_MODULE, "extend_attention_fwd")
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         dev = cache.key_cache.device
@@ -418,7 +417,6 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
         # SGLang's CudaGraphRunner pads decode batches (seq_len_fill_value 1 for the Triton backend)
         cuda_graph_padding="sglang",
     )
-    kernel = (DECODE_MODULE, "decode_attention_fwd")
 
     def __init__(self, max_kv_splits: int | None = None) -> None:
         super().__init__()
@@ -461,6 +459,9 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
         stage1 = "normal" if batch.gqa_ratio == 1 else "grouped"
         return f"{stage1},{super().path(batch)},max_kv_splits={self.max_kv_splits}"
 
+
+#: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).
+TARGETS = (SglangExtendAttentionFwd, SglangDecodeAttentionFwd)
 
 __all__ = ["KERNEL_FILES", "SGLANG_VERSION", "TREE_ENV", "SglangDecodeAttentionFwd", "SglangExtendAttentionFwd",
            "kernel_function", "missing_kernels", "prepare_sglang_runtime", "sglang_tree"]

@@ -10,8 +10,8 @@ family module (``fuzz/targets/<family>.py``) lists in its ``SIGNATURES`` tuple n
   own check function.
 
 A target names one of them as its ``checked_kernel`` (:class:`~kvfuzz.fuzz.targets.base.Target`); the guard
-builds its table from every registered family (:func:`kvfuzz.fuzz.targets.registry.family_signatures`,
-read by :mod:`kvfuzz.fuzz.guard.signatures`). Nothing here imports a kernel library.
+builds its table from every registered family (:func:`kvfuzz.fuzz.targets.registry.families`, read by
+:func:`kvfuzz.fuzz.guard.signatures.table`). Nothing here imports a kernel library.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ class KernelSignature:
 
     name: str
     build: Callable[..., PagedCall]
-    takes_new_kv: bool
     attr: str
     modules: tuple[str, ...] = ()
     op_namespace: str | None = None
+    takes_new_kv: bool = attrs.field(kw_only=True)
     declaration: KernelDeclaration = attrs.field(kw_only=True)
 
     def build_call(self, args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:

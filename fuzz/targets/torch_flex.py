@@ -299,4 +299,8 @@ class TorchFlexPaged(Target):
 #: This family's checked kernels: none yet (the guard has no signature for torch's PagedAttention).
 SIGNATURES = ()
 
+
+#: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).
+TARGETS = (TorchFlexPaged,)
+
 __all__ = ["FlexPagedLayout", "SIGNATURES", "TorchFlexPaged", "paged_attention_for"]

@@ -21,10 +21,12 @@ import numpy as np
 import torch
 
 from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.caches.materialize import CacheState, fill_poison
 
 from .base import NOT_LOADED, Availability, KernelCall, Target
+from .signature import KernelSignature
 
 
 def on_cuda() -> bool:
@@ -125,6 +127,24 @@ def hopper_installed(files: tuple[str, ...], no_cuda: str, kernel: str, loaded_f
     return Availability(True, f"CUDA (SM 9.x); {loaded_from}: {NOT_LOADED}", "cuda")
 
 
+class _DeviceDtypes:
+    """A Triton target's ``capabilities``, read from the class or an instance alike: the declared
+    :class:`~kvfuzz.contracts.model.capabilities.Capabilities` with ``dtypes`` set to the class's
+    ``cuda_dtypes`` on CUDA and ``cpu_dtypes`` otherwise (:func:`on_cuda`, asked at each read). An instance may
+    still set its own ``capabilities`` (a non-data descriptor)."""
+
+    def __init__(self, declared: Capabilities) -> None:
+        self.declared = declared
+        self._made: dict[tuple[type, tuple[str, ...]], Capabilities] = {}
+
+    def __get__(self, obj: object, cls: type) -> Capabilities:
+        dtypes = cls.cuda_dtypes if on_cuda() else cls.cpu_dtypes
+        key = (cls, tuple(dtypes))
+        if key not in self._made:
+            self._made[key] = attrs.evolve(self.declared, dtypes=tuple(dtypes))
+        return self._made[key]
+
+
 class VllmTritonTarget(Target):
     """Shared availability logic for vLLM's Triton kernels.
 
@@ -137,9 +157,13 @@ class VllmTritonTarget(Target):
     cpu_dtypes: tuple[str, ...] = ("float16", "float32")
     cuda_dtypes: tuple[str, ...] = ("float16", "bfloat16")
 
-    def __init__(self) -> None:
-        dtypes = self.cuda_dtypes if on_cuda() else self.cpu_dtypes
-        self.capabilities = attrs.evolve(type(self).capabilities, dtypes=dtypes)
+    def __init_subclass__(cls, **kw) -> None:
+        """A class body's ``capabilities`` becomes :class:`_DeviceDtypes`: the class and its instances read the
+        same declaration, with the dtypes of where Triton runs here."""
+        super().__init_subclass__(**kw)
+        declared = vars(cls).get("capabilities")
+        if isinstance(declared, Capabilities):
+            cls.capabilities = _DeviceDtypes(declared)
 
     def installed(self) -> Availability:
         """From what is installed: triton and vllm, the kernel's module file, and (on CPU) triton not yet
@@ -180,8 +204,15 @@ class VllmTritonTarget(Target):
     def interpreted(self) -> bool:
         return not on_cuda()
 
-    #: ``(module, function)`` of the vLLM kernel entry point :meth:`run` calls with the call's kwargs.
-    kernel: tuple[str, str]
+    @property
+    def kernel(self) -> tuple[str, str]:
+        """``(module, function)`` of the kernel entry point :meth:`run` calls with the call's kwargs: the
+        ``checked_kernel``'s first defining module and its function (described once, in its signature)."""
+        for cls in type(self).__mro__:  # a subclass may name its kernel by name, or not at all (checked_kernel)
+            sig = vars(cls).get("checked_kernel")
+            if isinstance(sig, KernelSignature):
+                return sig.modules[0], sig.attr
+        raise AttributeError(f"{type(self).__name__} has no KernelSignature as checked_kernel to name its kernel")
 
     def run(self, call: KernelCall) -> torch.Tensor:
         prepare_triton_runtime()
@@ -207,7 +238,6 @@ def sinks(data: BatchData, dev) -> torch.Tensor | None:
     return None if data.sinks is None else data.sinks.to(device=dev, dtype=torch.float32)
 
 
-#: context_attention_fwd's names for the arguments chunked_prefill_paged_decode takes under these names.
 def poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int) -> torch.Tensor:
     """An fp32 scratch buffer filled with the example's poison.
 
@@ -218,8 +248,6 @@ def poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int
     t = torch.empty(shape, dtype=torch.float32, device=cache.key_cache.device)
     fill_poison(t, cache.poison, seed_offset)
     return t
-
-
 
 
 __all__ = ["TRITON_TOO_EARLY", "VllmTritonTarget", "fp8_storage", "hopper_installed", "missing_module", "module_file",

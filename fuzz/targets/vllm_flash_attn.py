@@ -146,9 +146,9 @@ def flash_attn_varlen_func_call(args: Mapping[str, Any], key: Any = None, value:
 #: seqused_k and the page table are int32; max_seqlen_q sizes its grid and max_seqlen_k its split heuristic and
 #: scheduler (the backend passes both exact).
 FLASH_ATTN_VARLEN_FUNC = KernelSignature(
-    "flash_attn_varlen_func", flash_attn_varlen_func_call, False, "flash_attn_varlen_func",
+    "flash_attn_varlen_func", flash_attn_varlen_func_call, "flash_attn_varlen_func",
     ("vllm.vllm_flash_attn.flash_attn_interface", "vllm.vllm_flash_attn"),
-    declaration=KernelDeclaration(paths=(
+    takes_new_kv=False, declaration=KernelDeclaration(paths=(
         KernelPath("FlashAttention's compiled varlen forward (_vllm_fa3_C / _vllm_fa2_C), which checks its index "
                    "tensors are int32", index_dtypes=INT32_ONLY, reads=frozenset({"max_query_len", "max_seq_len"}),
                    source="vllm/vllm_flash_attn/flash_attn_interface.py flash_attn_varlen_func"),
@@ -305,6 +305,9 @@ def _canonical_singleton_strides(t: torch.Tensor) -> torch.Tensor:
         prev = strides[i] * t.shape[i]
     return t.as_strided(t.shape, strides) if changed else t
 
+
+#: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).
+TARGETS = (VllmFlashAttnVarlen,)
 
 __all__ = ["CUDA_GRAPH_MAX_SPLITS", "FA3_EXTENSION", "FLASH_ATTN_VARLEN_FUNC", "HOPPER_ONLY", "SIGNATURES",
            "SPLIT_CHOICES", "VllmFlashAttnVarlen", "flash_attn_varlen_func_call"]

@@ -126,19 +126,19 @@ _FLASHMLA_SOURCE = "vllm/third_party/flashmla/flash_mla_interface.py flash_mla_w
 #: flash_mla_with_kvcache: the dense decode (``dense_decode_fwd``) checks ``block_table`` and ``seqlens_k`` are
 #: int32 (csrc/api/dense_decode.cpp); it takes no max_* scalars.
 FLASH_MLA_WITH_KVCACHE = KernelSignature(
-    "flash_mla_with_kvcache", flash_mla_with_kvcache_call, False, "flash_mla_with_kvcache",
+    "flash_mla_with_kvcache", flash_mla_with_kvcache_call, "flash_mla_with_kvcache",
     # the defining module only: vllm/v1/attention/ops/flashmla.py re-exports it (the guard wraps every module-level
     # name bound to it), and binds it to a stub raising "FlashMLA is not available" where the extension is missing
     ("vllm.third_party.flashmla.flash_mla_interface",),
-    declaration=KernelDeclaration(paths=(
+    takes_new_kv=False, declaration=KernelDeclaration(paths=(
         KernelPath("FlashMLA's dense decode (_flashmla_C dense_decode_fwd, int32 block_table and seqlens_k)",
                    index_dtypes=INT32_ONLY, source=_FLASHMLA_SOURCE),
     ), value_head_size_may_differ=True))
 #: flash_mla_with_kvcache_fp8: ``_flashmla_extension_C.fwd_kvcache_mla_fp8``, FlashMLA's fp8 dense decode.
 FLASH_MLA_WITH_KVCACHE_FP8 = KernelSignature(
-    "flash_mla_with_kvcache_fp8", flash_mla_with_kvcache_fp8_call, False, "flash_mla_with_kvcache_fp8",
+    "flash_mla_with_kvcache_fp8", flash_mla_with_kvcache_fp8_call, "flash_mla_with_kvcache_fp8",
     ("vllm.v1.attention.ops.flashmla",),
-    declaration=KernelDeclaration(paths=(
+    takes_new_kv=False, declaration=KernelDeclaration(paths=(
         KernelPath("FlashMLA's fp8 dense decode (_flashmla_extension_C fwd_kvcache_mla_fp8)",
                    index_dtypes=INT32_ONLY, source="vllm/v1/attention/ops/flashmla.py flash_mla_with_kvcache_fp8"),
     ), value_head_size_may_differ=True))
@@ -325,6 +325,9 @@ class VllmFlashMlaDecode(Target):
     def path(self, batch: Batch) -> str:
         return f"dense,heads={batch.num_heads}"
 
+
+#: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).
+TARGETS = (VllmTritonMlaDecode, VllmFlashMlaDecode)
 
 __all__ = ["DEEPSEEK_SM_SCALE", "FLASHMLA_FILES", "FLASHMLA_HOPPER_ONLY", "FLASH_MLA_WITH_KVCACHE",
            "FLASH_MLA_WITH_KVCACHE_FP8", "KV_LORA_RANK", "QK_ROPE_HEAD_DIM", "SIGNATURES", "VllmFlashMlaDecode",

@@ -61,6 +61,13 @@ def chunked_prefill_paged_decode_call(args: Mapping[str, Any], key: Any = None, 
     )
 
 
+#: context_attention_fwd's argument names for what chunked_prefill_paged_decode (and PagedCall) name query,
+#: key, ...: its calls are built (_split_family_call) and its arguments named in messages with them.
+PREFIX_PREFILL_NAMES = dict(query="q", key="k", value="v", output="o", key_cache="k_cache", value_cache="v_cache",
+                            block_table="b_loc", query_start_loc="b_start_loc", seq_lens="b_seq_len",
+                            max_query_len="max_input_len")
+
+
 def context_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
     """``context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
     max_seq_len, max_input_len, k_scale, v_scale, alibi_slopes=None, sliding_window=None, sm_scale=None,
@@ -76,8 +83,7 @@ def context_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: 
         query=args["q"], key_cache=args["k_cache"], value_cache=args["v_cache"], block_table=args["b_loc"],
         query_start_loc=args["b_start_loc"], seq_lens=args["b_seq_len"], key=args.get("k"),
         value=args.get("v"), max_seq_len=args.get("max_seq_len"), max_query_len=args.get("max_input_len"),
-        names=dict(query="q", key="k", value="v", key_cache="k_cache", value_cache="v_cache", block_table="b_loc",
-                   query_start_loc="b_start_loc", seq_lens="b_seq_len", max_query_len="max_input_len"),
+        names=PREFIX_PREFILL_NAMES,
         kv_cache_dtype=args.get("kv_cache_dtype", "auto"), k_scale=args.get("k_scale", 1.0),
         v_scale=args.get("v_scale", 1.0), new_tokens_cached=NewTokensCached.NONE,
         cache_reads=CacheReads.ALL if kv_from_cache else (CacheReads.SPLIT_PREFILL if skip_decode else CacheReads.CTX),
@@ -174,9 +180,9 @@ _V1 = "vllm/v1/attention/ops/"
 #: when use_rocm_custom_paged_attention selects it, which sizes its partitions from max_seq_len and reads
 #: block_tables/seq_lens/query_start_loc through ``data_ptr<int>()``.
 CHUNKED_PREFILL_PAGED_DECODE = KernelSignature(
-    "chunked_prefill_paged_decode", chunked_prefill_paged_decode_call, True, "chunked_prefill_paged_decode",
+    "chunked_prefill_paged_decode", chunked_prefill_paged_decode_call, "chunked_prefill_paged_decode",
     ("vllm.v1.attention.ops.chunked_prefill_paged_decode", "vllm.attention.ops.chunked_prefill_paged_decode"),
-    declaration=KernelDeclaration(paths=(
+    takes_new_kv=True, declaration=KernelDeclaration(paths=(
         KernelPath("the Triton path (context_attention_fwd for prefill, kernel_paged_attention_2d for decode)",
                    reads=frozenset({"max_query_len"}),
                    source=_V1 + "chunked_prefill_paged_decode.py chunked_prefill_paged_decode"),
@@ -189,26 +195,26 @@ CHUNKED_PREFILL_PAGED_DECODE = KernelSignature(
 #: context_attention_fwd: Triton only; b_loc cast to int32 (the ALiBi kernel loads it as passed), b_start_loc and
 #: b_seq_len loaded with their own type; grid ``cdiv(max_input_len, BLOCK_M)``; max_seq_len normalized and unused.
 CONTEXT_ATTENTION_FWD = KernelSignature(
-    "context_attention_fwd", context_attention_fwd_call, True, "context_attention_fwd",
+    "context_attention_fwd", context_attention_fwd_call, "context_attention_fwd",
     ("vllm.v1.attention.ops.prefix_prefill", "vllm.attention.ops.prefix_prefill"),
-    declaration=KernelDeclaration(paths=(
+    takes_new_kv=True, declaration=KernelDeclaration(paths=(
         KernelPath("context_attention_fwd's Triton kernels", reads=frozenset({"max_query_len"}),
                    source=_V1 + "prefix_prefill.py context_attention_fwd"),
     )))
 #: unified_attention: Triton only; max_seqlen_q picks the 2-D or 3-D launch; max_seqlen_k is read only by the
 #: INT4 KV path (unified_attention_int4), which kvfuzz does not model.
 UNIFIED_ATTENTION = KernelSignature(
-    "unified_attention", unified_attention_call, False, "unified_attention",
+    "unified_attention", unified_attention_call, "unified_attention",
     ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention"),
-    declaration=KernelDeclaration(paths=(
+    takes_new_kv=False, declaration=KernelDeclaration(paths=(
         KernelPath("unified_attention's Triton kernels", reads=frozenset({"max_query_len"}),
                    source=_V1 + "triton_unified_attention.py unified_attention"),
     ), trailing_query_rows=True))
 #: decode_attention_fwd: Triton only, no max_* arguments; the value head size may differ (MLA: Lk 576, Lv 512).
 DECODE_ATTENTION_FWD = KernelSignature(
-    "decode_attention_fwd", decode_attention_fwd_call, False, "decode_attention_fwd",
+    "decode_attention_fwd", decode_attention_fwd_call, "decode_attention_fwd",
     ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention"),
-    declaration=KernelDeclaration(paths=(
+    takes_new_kv=False, declaration=KernelDeclaration(paths=(
         KernelPath("decode_attention_fwd's Triton kernels",
                    source=_V1 + "triton_decode_attention.py decode_attention_fwd"),
     ), value_head_size_may_differ=True))
@@ -254,8 +260,6 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         return _split_family_call(batch, data, cache, sm_scale=batch.sm_scale)
 
-    kernel = ("vllm.v1.attention.ops.chunked_prefill_paged_decode", "chunked_prefill_paged_decode")
-
     def path(self, batch: Batch) -> str:
         parts = []
         if batch.prefill_seqs:
@@ -263,11 +267,6 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         if batch.decode_seqs:
             parts.append("kernel_paged_attention_2d")
         return "+".join(parts)
-
-
-PREFIX_PREFILL_NAMES = dict(query="q", key="k", value="v", output="o", key_cache="k_cache", value_cache="v_cache",
-                            block_table="b_loc", query_start_loc="b_start_loc", seq_lens="b_seq_len",
-                            max_query_len="max_input_len")
 
 
 def _split_family_call(batch: Batch, data: BatchData, cache: CacheState, names: dict[str, str] | None = None,
@@ -337,8 +336,6 @@ class VllmContextAttentionFwd(VllmTritonTarget):
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         return _split_family_call(batch, data, cache, names=PREFIX_PREFILL_NAMES, sm_scale=batch.scale,
                                   skip_decode=False)
-
-    kernel = ("vllm.v1.attention.ops.prefix_prefill", "context_attention_fwd")
 
     def path(self, batch: Batch) -> str:
         kinds = [k for k, seqs in (("prefill", batch.prefill_seqs), ("decode", batch.decode_seqs)) if seqs]
@@ -445,8 +442,6 @@ class VllmUnifiedAttention(VllmTritonTarget):
         )
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
-    kernel = ("vllm.v1.attention.ops.triton_unified_attention", "unified_attention")
-
     def path(self, batch: Batch) -> str:
         """The kernel path, "3d" or "2d", by ``unified_attention``'s own selection rule for the arguments
         :meth:`build_call` passes (scratch always given, causal, no mm-prefix; ``MAX_3D_QUERY_LEN``,
@@ -549,12 +544,13 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         )
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
-    kernel = ("vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd")
-
     def path(self, batch: Batch) -> str:
         stage1 = "normal" if batch.gqa_ratio == 1 else "grouped"
         return f"{stage1},splits={self.num_kv_splits(batch)}"
 
+
+#: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).
+TARGETS = (VllmChunkedPrefillPagedDecode, VllmContextAttentionFwd, VllmUnifiedAttention, VllmDecodeAttentionFwd)
 
 __all__ = ["CHUNKED_PREFILL_PAGED_DECODE", "CONTEXT_ATTENTION_FWD", "DECODE_ATTENTION_FWD", "NUM_PAR_SOFTMAX_SEGMENTS",
            "PREFIX_PREFILL_NAMES", "SIGNATURES", "UNIFIED_ATTENTION", "VllmChunkedPrefillPagedDecode",

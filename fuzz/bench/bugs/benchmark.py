@@ -59,6 +59,25 @@ def machine() -> str:
     return f"CPU {model}, {os.cpu_count()} cores"
 
 
+def _result(name: str, seed: int) -> dict:
+    """One run's result record, as it stands before the campaign finds anything (module docstring: the fields)."""
+    return {"bug": name, "seed": seed, "found": False, "big_cache": BUGS[name].big_cache, "examples_total": 0,
+            "seconds_total": None, "seconds_to_first": None, "examples_to_first": None, "seconds_to_shrunk": None,
+            "kind": None, "blame": None, "check": None, "size": None, "case": None, "poison": None,
+            "replays": None, "replay_message": None, "rerun_kinds": None}
+
+
+def _found(out: dict, example: dict, kind: str, blame: str, check: str, seconds_to_first: float | None,
+           examples_to_first: int | None, seconds_to_shrunk: float) -> Example:
+    """Record in ``out`` the run's finding (the smallest failing example, as a dict, and its verdict) and its
+    times; returns the example."""
+    ex = Example.from_dict(example)
+    out.update(found=True, seconds_to_first=seconds_to_first, examples_to_first=examples_to_first,
+               seconds_to_shrunk=seconds_to_shrunk, kind=kind, blame=blame, check=check,
+               size=batch_size(ex.batch), case=ex.batch.summary(), poison=ex.poison.value)
+    return ex
+
+
 def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: int = 100_000,
             limits: Limits = Limits(), target=None) -> dict:
     """One default campaign of seed ``seed`` on bug ``name``; returns the run's result dict (module docstring).
@@ -67,10 +86,7 @@ def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: 
     bug = BUGS[name]
     target = target if target is not None else get_bug(name)
     start = time.monotonic()
-    out = {"bug": name, "seed": seed, "found": False, "big_cache": bug.big_cache, "examples_total": 0,
-           "seconds_total": None, "seconds_to_first": None, "examples_to_first": None, "seconds_to_shrunk": None,
-           "kind": None, "blame": None, "check": None, "size": None, "case": None, "poison": None,
-           "replays": None, "replay_message": None, "rerun_kinds": None}
+    out = _result(name, seed)
     with tempfile.TemporaryDirectory(prefix="kvfuzz-bugs-") as d:
         config = CampaignConfig(out=Path(d), max_examples=max_examples, duration=duration, seed=seed,
                                 limits=limits, database=InMemoryExampleDatabase(), stop_at_first_failure=True,
@@ -79,14 +95,11 @@ def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: 
         elapsed = time.monotonic() - start
         out.update(examples_total=stats.examples, seconds_total=round(elapsed, 3))
         if stats.failures:
-            records = list(stats.failures.values())
-            rec = min(records, key=lambda r: size_key(Example.from_dict(r.example).batch))
-            example = Example.from_dict(rec.example)
-            out.update(found=True, seconds_to_first=round(stats.first_failure_s or elapsed, 3),
-                       examples_to_first=stats.first_failure_examples, seconds_to_shrunk=round(elapsed, 3),
-                       kind=rec.kind, blame=rec.blame, check=rec.check, size=batch_size(example.batch),
-                       case=example.batch.summary(), poison=example.poison.value,
-                       rerun_kinds=rerun_kinds(target, example))
+            rec = min(stats.failures.values(), key=lambda r: size_key(Example.from_dict(r.example).batch))
+            example = _found(out, rec.example, rec.kind, rec.blame, rec.check,
+                             round(stats.first_failure_s or elapsed, 3), stats.first_failure_examples,
+                             round(elapsed, 3))
+            out.update(rerun_kinds=rerun_kinds(target, example))
             if rec.reproducer:
                 r = replay_here(load_case(rec.reproducer), target)
                 out.update(replays=r.reproduced, replay_message=r.message)
@@ -99,10 +112,7 @@ def run_bug_supervised(name: str, seed: int, duration: float | None = 120.0, max
     the process: the supervisor records the crash and its reproducer)."""
     bug = BUGS[name]
     start = time.monotonic()
-    out = {"bug": name, "seed": seed, "found": False, "big_cache": bug.big_cache, "examples_total": 0,
-           "seconds_total": None, "seconds_to_first": None, "examples_to_first": None, "seconds_to_shrunk": None,
-           "kind": None, "blame": None, "check": None, "size": None, "case": None, "poison": None,
-           "replays": None, "replay_message": None, "rerun_kinds": None}
+    out = _result(name, seed)
     with tempfile.TemporaryDirectory(prefix="kvfuzz-bugs-") as d:
         cmd = [sys.executable, "-m", "kvfuzz.fuzz.cli", "fuzz", "--target", bug.spec, "--seed", str(seed),
                "--out", d, "--workers", "1", "--max-crashes", "1", "--max-examples", str(max_examples),
@@ -121,11 +131,8 @@ def run_bug_supervised(name: str, seed: int, duration: float | None = 120.0, max
         out.update(examples_total=t["examples"], seconds_total=round(time.monotonic() - start, 3))
         if t["failures"]:
             rec = min(t["failures"], key=lambda f: size_key(Example.from_dict(f["example"]).batch))
-            example = Example.from_dict(rec["example"])
-            out.update(found=True, seconds_to_first=t.get("first_failure_s"),
-                       examples_to_first=t.get("first_failure_examples"), seconds_to_shrunk=t["elapsed_s"],
-                       kind=rec["kind"], blame=rec["blame"], check=rec["check"], size=batch_size(example.batch),
-                       case=example.batch.summary(), poison=example.poison.value)
+            _found(out, rec["example"], rec["kind"], rec["blame"], rec["check"], t.get("first_failure_s"),
+                   t.get("first_failure_examples"), t["elapsed_s"])
             if rec.get("reproducer"):
                 r = replay(rec["reproducer"], target_spec=bug.spec)
                 out.update(replays=r.reproduced, replay_message=r.message)

@@ -11,10 +11,10 @@ flight. :func:`classify` turns that into an :class:`Ending`; :func:`finding_for`
 | stopped | the user stopped the campaign and the parent ended the worker | none (the campaign is interrupted) |
 | hung | the parent killed it: an example ran past its timeout | phase kernel: kernel hang; else harness error |
 | crashed | died by SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGSYS or SIGTRAP | phase kernel: kernel crash (the signal); else harness error |
-| crashed | exited with :data:`~kvfuzz.fuzz.harness.run.DEVICE_ERROR_EXIT` without saying goodbye: the kernel (or, in prepare or check, a CUDA call of kvfuzz's) raised one of CUDA's sticky errors and the process ended itself, its device unusable | phase kernel: kernel crash ("CUDA error"); else harness error. Where other workers share its GPU (under CUDA MPS one client's fault ends them all), only after the example crashed a second worker too: the first time it is re-run by a new worker |
+| crashed | exited with :data:`~kvfuzz.fuzz.harness.isolation.DEVICE_ERROR_EXIT` without saying goodbye: the kernel (or, in prepare or check, a CUDA call of kvfuzz's) raised one of CUDA's sticky errors and the process ended itself, its device unusable | phase kernel: kernel crash ("CUDA error"); else harness error. Where other workers share its GPU (under CUDA MPS one client's fault ends them all), only after the example crashed a second worker too: the first time it is re-run by a new worker |
 | exited | exited (any status, 0 included) without saying goodbye: ``os._exit``, ``exit()`` in C | phase kernel: kernel crash ("exit status N"); else harness error |
 | killed | died by SIGKILL, SIGTERM, SIGINT, SIGHUP or another signal it did not raise itself (OOM killer, a user) | none: the example is retried once in a fresh worker; killed again, it is lost |
-| killed | exited with :data:`~kvfuzz.fuzz.harness.run.MPS_BUSY_EXIT`: the CUDA MPS server was not accepting clients (after another client's fault, until every client it ended has exited) | none: the example runs again in a fresh worker, started a moment later, as often as it takes (bounded by the campaign) |
+| killed | exited with :data:`~kvfuzz.fuzz.harness.isolation.MPS_BUSY_EXIT`: the CUDA MPS server was not accepting clients (after another client's fault, until every client it ended has exited) | none: the example runs again in a fresh worker, started a moment later, as often as it takes (bounded by the campaign) |
 
 A worker that ends without an example in flight (at start-up, between examples) gives no finding; the
 supervisor reports it as a problem of the campaign.
@@ -29,17 +29,17 @@ from typing import Any
 import attrs
 
 from kvfuzz.contracts.checks.failures import Finding, HarnessError, KernelCrash, KernelHang
-from kvfuzz.fuzz.harness.run import DEVICE_ERROR_EXIT, MPS_BUSY_EXIT
+from kvfuzz.fuzz.harness.isolation import DEVICE_ERROR_EXIT, MPS_BUSY_EXIT
 
 #: Signals a process raises on itself when code inside it breaks (a kernel's out-of-bounds access, abort()).
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT,
                            signal.SIGSYS, signal.SIGTRAP})
 
 
-#: The detail of a process that ended itself because its kernel left the device unusable (harness.run).
+#: The detail of a process that ended itself because its kernel left the device unusable (harness.isolation).
 DEVICE_ERROR = "CUDA error"
 #: The detail of a process that found the CUDA MPS server not accepting clients (exit status
-#: :data:`~kvfuzz.fuzz.harness.run.MPS_BUSY_EXIT`): killed from outside, in effect; its example is run again.
+#: :data:`~kvfuzz.fuzz.harness.isolation.MPS_BUSY_EXIT`): killed from outside, in effect; its example is run again.
 MPS_BUSY = "MPS server not ready"
 
 

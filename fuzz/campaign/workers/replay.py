@@ -25,7 +25,7 @@ from kvfuzz.fuzz.campaign.store.cases import Case, load_case
 from kvfuzz.fuzz.campaign.workers.endings import classify, finding_for
 from kvfuzz.fuzz.harness import attention, properties
 from kvfuzz.fuzz.harness.faults import get_fault
-from kvfuzz.fuzz.harness.run import ISOLATED
+from kvfuzz.fuzz.harness.isolation import ISOLATED
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.fuzz.targets.registry import get_target, is_registered, load_spec
 

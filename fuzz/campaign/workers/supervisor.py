@@ -51,7 +51,7 @@ from kvfuzz.fuzz.campaign.workers.endings import DEVICE_ERROR, MPS_BUSY, EndingK
 from kvfuzz.fuzz.campaign.workers.worker import WorkerSpec, worker_main
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.caller import caller_finding, caller_violations
-from kvfuzz.fuzz.harness.run import MPS_NOT_READY
+from kvfuzz.fuzz.harness.isolation import MPS_NOT_READY
 from kvfuzz.strategies.tiers import tier_of_chunk
 
 #: Seconds between status/state snapshots.

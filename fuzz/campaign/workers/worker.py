@@ -122,9 +122,9 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
 
     # set up: the heavy imports may come (the comment at the top)
-    from kvfuzz.fuzz.harness.run import ISOLATED, STOP, exit_if_mps_busy
+    from kvfuzz.fuzz.harness.isolation import ISOLATED, STOP, exit_if_mps_busy
 
-    ISOLATED.set()  # a kernel that breaks the device ends this process (harness.run.run_kernel)
+    ISOLATED.set()  # a kernel that breaks the device ends this process (harness.isolation)
 
     def term(signum, frame):
         STOP.set()  # checked at every example, in case kernel code swallows the KeyboardInterrupt

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from kvfuzz.fuzz.campaign.workers.endings import DEVICE_ERROR, EndingKind, classify, finding_for
-from kvfuzz.fuzz.harness import run as harness_run
-from kvfuzz.fuzz.harness.run import DEVICE_ERROR_EXIT, leaves_device_unusable, run_kernel
+from kvfuzz.fuzz.harness import isolation
+from kvfuzz.fuzz.harness.isolation import DEVICE_ERROR_EXIT, leaves_device_unusable
+from kvfuzz.fuzz.harness.run import run_kernel
 
 from support import SUPPORT, kvfuzz
 
@@ -51,7 +52,7 @@ class _Sticky:
 def test_outside_an_isolated_process_the_error_is_returned_not_fatal():
     """In a user's own process (kvfuzz.check_example, a pytest run) nothing ends the process: the kernel's
     error comes back as the example's crash, as every other kernel error does."""
-    assert not harness_run.ISOLATED.is_set()
+    assert not isolation.ISOLATED.is_set()
     call = type("Call", (), {"key_cache": torch.zeros(1)})()
     out, crash = run_kernel(_Sticky(), call)
     assert out is None and crash.startswith("RuntimeError: CUDA error: an illegal memory access")
@@ -126,7 +127,7 @@ def test_an_example_that_found_the_mps_server_not_ready_runs_again(tmp_path, wor
 
 def test_the_mps_busy_exit_is_killed_in_effect():
     from kvfuzz.fuzz.campaign.workers.endings import MPS_BUSY
-    from kvfuzz.fuzz.harness.run import MPS_BUSY_EXIT
+    from kvfuzz.fuzz.harness.isolation import MPS_BUSY_EXIT
 
     ending = classify(MPS_BUSY_EXIT, said_goodbye=False)
     assert (ending.kind, ending.detail) == (EndingKind.KILLED, MPS_BUSY) and finding_for(ending, "kernel") is None

@@ -371,7 +371,7 @@ def test_installed_names_what_is_missing_without_loading(monkeypatch, tmp_path):
     a = SglangDecodeAttentionFwd().installed()
     assert not a.ok and f"{sglang_triton.TREE_ENV}={tmp_path} lacks" in a.reason
     t = VllmUnifiedAttention()
-    monkeypatch.setattr(t, "kernel", ("vllm.v1.attention.ops.no_such_kernel", "f"))
+    monkeypatch.setattr(t, "kernel_module", lambda: "vllm.v1.attention.ops.no_such_kernel")
     if importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("triton") is not None:
         a = t.installed()
         assert not a.ok and "has no vllm.v1.attention.ops.no_such_kernel" in a.reason
