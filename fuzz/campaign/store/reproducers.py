@@ -49,13 +49,22 @@ def versions() -> dict[str, str | None]:
     import torch
 
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for dist in ("kvfuzz", "torch", "triton", "vllm", "hypothesis"):
+    for dist in ("kvfuzz", "torch", "triton", "vllm", "hypothesis", "sglang", "flashinfer-python"):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             out[dist] = None
     out["torch_cuda"] = torch.version.cuda
     out["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    if torch.cuda.is_available():  # the driver, for an upstream issue (kvfuzz report --issue)
+        try:
+            import subprocess
+
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            out["driver"] = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            out["driver"] = None
     return out
 
 

