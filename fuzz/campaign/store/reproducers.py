@@ -36,7 +36,7 @@ from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.store.cases import CASE_FORMAT
 from kvfuzz.fuzz.campaign.store.journal import json_safe
-from kvfuzz.fuzz.campaign.store.standalone import family, record_call, standalone_script
+from kvfuzz.fuzz.campaign.store.standalone import family, patched_sources, record_call, standalone_script
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.faults import get_fault
 from kvfuzz.fuzz.harness.run import Run
@@ -215,6 +215,8 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
         kind=case["kind"], check=check_label(case["check"]), target=target.name, message=finding.message[:2000].replace('"""', "'''"),
         dirname=d.name, verdict=verdict))
     tmp.replace(d / "test_case.py")
+    if spec is not None:
+        _write_patched(d, target, spec)
     if family(target) is None:
         why_not = f"kvfuzz writes no standalone call for {target.name}'s family yet"
     tmp = d / f".standalone.py.{os.getpid()}.tmp"
@@ -230,6 +232,16 @@ def _recorded_call(target: Target, run: Run) -> tuple[dict, dict | None]:
         return {}, None
     fresh = run if run.output is None else properties.prepare(target, run.example, run.fault)
     return record_call(fresh.call)
+
+
+def _write_patched(d: Path, target: Target, spec: dict) -> None:
+    """A re-injected bug's patched kernel sources beside standalone.py (:func:`patched_sources`)."""
+    patched = patched_sources(target)
+    if patched is None:
+        return
+    files, spec["patched"] = patched
+    for name, text in files.items():
+        (d / name).write_text(text)
 
 
 __all__ = ["case_dict", "versions", "write_reproducer"]

@@ -46,6 +46,10 @@ def family(target: Target) -> str | None:
     """The calling snippet for ``target``: "triton" (vLLM's Triton entry points), "sglang", "cpu_op", or None
     (no standalone call: the script reports the recorded finding only)."""
     name = target.name
+    bug = getattr(target, "bug", None)  # a re-injected upstream bug (kvfuzz.fuzz.bench.bugs): its base target's
+    if bug is not None:
+        name = getattr(getattr(bug, "base", None), "name", "")
+        return "triton" if name in _TRITON_TARGETS else None
     if name.startswith("vllm.") and name in _TRITON_TARGETS:
         return "triton"
     if name in ("sglang.extend_attention_fwd", "sglang.decode_attention_fwd"):
@@ -55,8 +59,34 @@ def family(target: Target) -> str | None:
     return None
 
 
+def _kernel_of(target: Target) -> tuple[str, str]:
+    bug = getattr(target, "bug", None)
+    return tuple(getattr(bug.base if bug is not None else target, "kernel", ("", "")))
+
+
 _TRITON_TARGETS = ("vllm.chunked_prefill_paged_decode", "vllm.context_attention_fwd", "vllm.unified_attention",
                    "vllm.decode_attention_fwd", "vllm.triton_mla_decode")
+
+
+def patched_sources(target: Target) -> tuple[dict[str, str], dict[str, Any]] | None:
+    """For a re-injected bug's target (``bug.<slug>``, :mod:`kvfuzz.fuzz.bench.bugs`): the private module
+    sources its kernel runs (``{file name: source}``: the patched module, and the kernel module when the bug
+    rewires a helper into it) and how the script loads them (``spec["patched"]``); None for other targets.
+    The script then runs the patched copy beside it, as ``kvfuzz replay`` does; ``--upstream`` runs the
+    installed (fixed) kernel instead."""
+    from kvfuzz.fuzz.targets.triton_runtime import module_file
+
+    bug = getattr(target, "bug", None)
+    if bug is None:
+        return None
+    f = module_file(bug.patched_module)
+    files = {"patched_kernel.py": bug.patch().apply(f.read_text(), f)}
+    info = {"upstream": bug.upstream, "patched": [bug.patched_module, "patched_kernel.py"], "kernel": None,
+            "rewire": list(bug.rewire), "entry": bug.entry}
+    if bug.kernel_module is not None:
+        files["patched_caller.py"] = module_file(bug.kernel_module).read_text()
+        info["kernel"] = [bug.kernel_module, "patched_caller.py"]
+    return files, info
 
 
 def record_call(call, output: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -112,7 +142,7 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
     meta = {
         "target": case["target"], "family": fam, "kind": case["kind"], "check": case["check"],
         "message": case["message"][:4000], "details": case.get("details"), "why_not": why_not,
-        "kernel": list(getattr(target, "kernel", ("", ""))) if fam in ("triton", "sglang") else None,
+        "kernel": list(_kernel_of(target)) if fam in ("triton", "sglang") else None,
         "dtype": b["dtype"], "num_heads": b["num_heads"], "num_kv_heads": b["num_kv_heads"],
         "head_size": b["head_size"], "block_size": b["block_size"], "query_lens": list(b["query_lens"]),
         "seq_lens": d["seq_lens"], "scale": d["scale"], "softcap": b.get("softcap"),
@@ -202,6 +232,33 @@ def kwargs_of(stored, device):
     return out
 
 
+def patched_kernel():
+    """The kernel with an upstream fix undone (kvfuzz's re-injected bug): the patched copies beside this script,
+    loaded as private modules of the upstream package (their relative imports resolve as upstream's do)."""
+    import importlib.util
+
+    p = SPEC["patched"]
+
+    def load(module, file):
+        name = "reinjected_" + module.replace(".", "_")
+        spec = importlib.util.spec_from_file_location(name, HERE / file)
+        m = importlib.util.module_from_spec(spec)
+        m.__package__ = module.rpartition(".")[0]
+        sys.modules[name] = m
+        spec.loader.exec_module(m)
+        return m
+
+    print(f"running the kernel with {p['upstream']} undone ({p['patched'][1]} beside this script; "
+          "--upstream runs the installed kernel)")
+    patched = load(*p["patched"])
+    if p["kernel"] is None:
+        return getattr(patched, p["entry"])
+    caller = load(*p["kernel"])
+    for g in p["rewire"]:
+        setattr(caller, g, getattr(patched, g))
+    return getattr(caller, p["entry"])
+
+
 def call_kernel(kw):
     """The kernel call exactly as kvfuzz's adapter made it (its ``run``)."""
     fam = META["family"]
@@ -212,6 +269,8 @@ def call_kernel(kw):
 
         module, name = META["kernel"]
         fn = getattr(importlib.import_module(module), name)
+        if SPEC.get("patched") and "--upstream" not in sys.argv:
+            fn = patched_kernel()
         with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison
             ret = fn(**kw)
     elif fam == "cpu_op":

@@ -118,3 +118,20 @@ def test_report_issue_writes_an_issue_in_the_kernels_terms_and_refuses_bad_input
     (d / "case.json").write_text('{"format": 1, "target": "vllm.cpu_attention"}')
     r = kvfuzz("report", "--issue", d)
     assert r.returncode == 2 and "field 'kind': is missing" in r.stdout
+
+
+def test_a_reinjected_bug_runs_its_patched_copy_and_upstream_with_the_flag(tmp_path):
+    """bug.vllm-47305 (docs/bugs.md) runs a patched private copy of chunked_prefill_paged_decode: the
+    reproducer keeps that copy beside standalone.py, which runs it (exit 1, as replay: reproduced) and, with
+    --upstream, the installed kernel, where the fix shipped (exit 0)."""
+    from kvfuzz.fuzz.bench.bugs import get_bug, smallest_trigger
+
+    t = get_bug("vllm-47305")
+    if not t.availability().ok:
+        pytest.skip(t.availability().reason)
+    d = _reproducer(tmp_path, t, Example(smallest_trigger("vllm-47305"), Poison.NAN))
+    assert (d / "patched_kernel.py").exists() and replay(d, trust_target=True).reproduced
+    r = _without_kvfuzz(d, tmp_path)
+    assert r.returncode == 1 and "pull/47305 undone" in r.stdout and "REPRODUCED" in r.stdout, r.stdout + r.stderr
+    r = _without_kvfuzz(d, tmp_path / "again", "--upstream")
+    assert r.returncode == 0 and "wrong elements: 0 of" in r.stdout, r.stdout + r.stderr
