@@ -147,6 +147,7 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
         "head_size": b["head_size"], "block_size": b["block_size"], "query_lens": list(b["query_lens"]),
         "seq_lens": d["seq_lens"], "scale": d["scale"], "softcap": b.get("softcap"),
         "sliding_window": b.get("sliding_window"), "kv_cache_dtype": b.get("kv_cache_dtype", "auto"),
+        "alibi": bool(b.get("alibi")), "sinks": bool(b.get("sinks")), "value_range": b.get("value_range"),
         "poison": case["example"]["poison"], "versions": case.get("versions"),
     }
     return _SCRIPT.replace("@META@", repr(json.dumps(meta, default=str))).replace(
@@ -198,7 +199,8 @@ def show_batch():
           f"num_kv_heads={m['num_kv_heads']} head_size={m['head_size']} block_size={m['block_size']}")
     ctx = [s - q for s, q in zip(m["seq_lens"], m["query_lens"])]
     print(f"  query_lens={m['query_lens']} ctx_lens={ctx} seq_lens={m['seq_lens']} scale={m['scale']:.6g} "
-          f"softcap={m['softcap']} sliding_window={m['sliding_window']} unused cache slots hold {m['poison']}")
+          f"softcap={m['softcap']} sliding_window={m['sliding_window']} alibi={m['alibi']} sinks={m['sinks']}")
+    print(f"  values drawn from the {m['value_range']!r} range; unused cache slots hold {m['poison']}")
 
 
 def rebuild(stored, v, device):
