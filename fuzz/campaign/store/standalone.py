@@ -19,9 +19,10 @@ wrong. The script exits 1 while the bug reproduces, 0 once fixed, 2 when it cann
 Families covered: vLLM's Triton kernels (``kernel = (module, function)``: the four vllm.* Triton targets and
 vllm.triton_mla_decode; on CPU the interpreter, ``CUDA_VISIBLE_DEVICES=""`` and the ``vllm.platforms.rocm``
 stub of :func:`~kvfuzz.fuzz.targets.triton_runtime.prepare_triton_runtime`, inlined), SGLang's Triton kernels
-(imported from an installed sglang), and vLLM's CPU op (``torch.ops._C.cpu_attention_with_kv_cache``, library
-path from ``VLLM_CPU_LIB`` or the first argument). Other targets (cache writers, torch flex, FA3, FlashMLA,
-FlashInfer, out-of-tree adapters) and caller-contract violations get a script that prints what the case
+(imported from an installed sglang), FA3's ``flash_attn_varlen_func`` and FlashMLA's ``flash_mla_with_kvcache``
+(GPU only: benchmarks/gpu_standalone.sh), and vLLM's CPU op (``torch.ops._C.cpu_attention_with_kv_cache``, library
+path from ``VLLM_CPU_LIB`` or the first argument). Other targets (cache writers, torch flex, FlashInfer,
+out-of-tree adapters) and caller-contract violations get a script that prints what the case
 recorded (the violated invariant, the message) and says how to replay it with kvfuzz: :func:`family` is None.
 """
 
@@ -45,7 +46,7 @@ class Unrecordable(ValueError):
 def family(target: Target) -> str | None:
     """The calling snippet for ``target``: "triton" (vLLM's Triton entry points), "sglang", "cpu_op", or None
     (no standalone call: the script reports the recorded finding only)."""
-    name = target.name
+    name = _builtin_name(target)
     bug = getattr(target, "bug", None)  # a re-injected upstream bug (kvfuzz.fuzz.bench.bugs): its base target's
     if bug is not None:
         name = getattr(getattr(bug, "base", None), "name", "")
@@ -56,11 +57,34 @@ def family(target: Target) -> str | None:
         return "sglang"
     if name == "vllm.cpu_attention":
         return "cpu_op"
+    if name in _MODULE_KERNELS:
+        return "module"
     return None
+
+
+#: GPU-only targets whose adapter calls one Python function of the kernel's package with the call's kwargs
+#: (their ``run``): FA3 (vllm_flash_attn.py ``kernels``: its ``scheduler_metadata`` is plain int32 data) and
+#: FlashMLA (vllm_mla.py ``kernels``: returns ``(out, lse)``; ``tile_scheduler_metadata`` likewise data).
+_MODULE_KERNELS = {"vllm.flash_attn_varlen": ("vllm.vllm_flash_attn", "flash_attn_varlen_func"),
+                   "vllm.flashmla_decode": ("vllm.v1.attention.ops.flashmla", "flash_mla_with_kvcache")}
+
+
+def _builtin_name(target: Target) -> str:
+    """The target's name, or for a subclass of a built-in target that keeps its ``run`` (it changes only the
+    call, e.g. a planted fault in ``build_call``), the built-in's: the recorded call then runs the same way."""
+    for cls in type(target).__mro__:
+        name = vars(cls).get("name")
+        if isinstance(name, str) and (name in _TRITON_TARGETS or name in _MODULE_KERNELS
+                                      or name in ("vllm.cpu_attention", "sglang.extend_attention_fwd",
+                                                  "sglang.decode_attention_fwd")):
+            return name if getattr(cls, "run", None) is getattr(type(target), "run", None) else target.name
+    return target.name
 
 
 def _kernel_of(target: Target) -> tuple[str, str]:
     bug = getattr(target, "bug", None)
+    if _builtin_name(target) in _MODULE_KERNELS:
+        return _MODULE_KERNELS[_builtin_name(target)]
     return tuple(getattr(bug.base if bug is not None else target, "kernel", ("", "")))
 
 
@@ -142,7 +166,7 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
     meta = {
         "target": case["target"], "family": fam, "kind": case["kind"], "check": case["check"],
         "message": case["message"][:4000], "details": case.get("details"), "why_not": why_not,
-        "kernel": list(_kernel_of(target)) if fam in ("triton", "sglang") else None,
+        "kernel": list(_kernel_of(target)) if fam in ("triton", "sglang", "module") else None,
         "dtype": b["dtype"], "num_heads": b["num_heads"], "num_kv_heads": b["num_kv_heads"],
         "head_size": b["head_size"], "block_size": b["block_size"], "query_lens": list(b["query_lens"]),
         "seq_lens": d["seq_lens"], "scale": d["scale"], "softcap": b.get("softcap"),
@@ -264,7 +288,7 @@ def patched_kernel():
 def call_kernel(kw):
     """The kernel call exactly as kvfuzz's adapter made it (its ``run``)."""
     fam = META["family"]
-    if fam in ("triton", "sglang"):
+    if fam in ("triton", "sglang", "module"):
         import importlib
 
         import numpy as np
