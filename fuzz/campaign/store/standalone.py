@@ -216,7 +216,8 @@ if META["family"] in ("triton", "sglang", "writer_triton"):
     if not CUDA:  # no GPU: Triton's interpreter (set before triton is imported), vLLM's Triton path on CPU
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        if META["family"] in ("triton", "writer_triton"):  # vllm.platforms.rocm needs a GPU to import; on CPU no ROCm path is taken
+        # vllm.platforms.rocm needs a GPU to import; on CPU no ROCm path is taken
+        if META["family"] in ("triton", "writer_triton"):
             stub = types.ModuleType("vllm.platforms.rocm")
             stub.use_rocm_custom_paged_attention = lambda *a, **k: False
             sys.modules["vllm.platforms.rocm"] = stub
