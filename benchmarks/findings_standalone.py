@@ -45,6 +45,9 @@ FINDINGS = {
     "6-vllm-context-attention-alibi-ignores-window": ("vllm.context_attention_fwd", Example(batch(
         [(1, 9), (4, 6)], dtype="float32", head_size=32, num_heads=4, num_kv_heads=2, alibi=True,
         sliding_window=2), Poison.NAN), True),
+    "9-sglang-decode-mha-product-rounding": ("sglang.decode_attention_fwd", Example(Batch(
+        query_lens=[1], ctx_lens=[1], num_heads=1, num_kv_heads=1, head_size=128, block_size=1, num_blocks=2,
+        block_table=[[0, 1]], dtype="float16", seed=39, value_range="large"), Poison.NAN), False),
     "11-vllm-cpu-softcap-overflow": ("vllm.cpu_attention", Example(batch(
         [(1, 0)], dtype="float32", head_size=32, num_heads=1, num_kv_heads=1, seed=3, value_range="extreme",
         softcap=4.0), Poison.ZEROS), False),
@@ -74,6 +77,10 @@ def standalone_status(d: Path, lib: str | None) -> int:
     env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin"}
     if lib:
         env["VLLM_CPU_LIB"] = lib
+    from kvfuzz.fuzz.targets.sglang_triton import sglang_tree
+
+    if sglang_tree() is not None:
+        env["SGLANG_KERNEL_TREE"] = str(sglang_tree())
     return subprocess.run([sys.executable, "-S", str(d.resolve() / "standalone.py")], env=env, cwd=d,
                           capture_output=True, text=True).returncode
 

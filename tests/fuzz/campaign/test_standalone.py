@@ -23,13 +23,13 @@ from kvfuzz.fuzz.harness.faults import get_fault
 pytestmark = pytest.mark.kernel
 
 
-def _without_kvfuzz(d, tmp_path, *args):
+def _without_kvfuzz(d, tmp_path, *args, env=None):
     """Run ``d/standalone.py`` from a copy outside the project in ``python -S`` with only site-packages on the
     path (no .pth files: the editable install's finder is not loaded), after checking kvfuzz is not importable
     there. Returns the CompletedProcess."""
     copy = tmp_path / "elsewhere" / d.name
     shutil.copytree(d, copy)
-    env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin", **(env or {})}
     probe = subprocess.run([sys.executable, "-S", "-c", "import kvfuzz"], cwd=copy, env=env, capture_output=True,
                            text=True)
     assert probe.returncode == 1 and "No module named 'kvfuzz'" in probe.stderr
@@ -162,3 +162,21 @@ def test_cache_writers_compare_the_cache_after_the_call_with_the_expected_cache(
     d = _reproducer(tmp_path, NoFp8Flag(), Example(fp8, Poison.NAN))
     r = _without_kvfuzz(d, tmp_path)
     assert r.returncode == 1 and "REPRODUCED: the cache after the call" in r.stdout, r.stdout + r.stderr
+
+
+def test_sglang_decode_product_rounding_reproduces_from_the_kernel_files(tmp_path):
+    """docs/findings.md 9 (SGLang decode_attention_fwd's MHA path rounds each q*k product to fp16), the case
+    tests/fuzz/targets/test_sglang_triton.py pins, run from the wheel's kernel files (SGLANG_KERNEL_TREE)."""
+    from kvfuzz.contracts.model.batch import Batch
+    from kvfuzz.fuzz.targets.sglang_triton import sglang_tree
+
+    t = available("sglang.decode_attention_fwd")
+    b = Batch(query_lens=[1], ctx_lens=[1], num_heads=1, num_kv_heads=1, head_size=128, block_size=1, num_blocks=2,
+              block_table=[[0, 1]], dtype="float16", seed=39, value_range="large")
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    tree = sglang_tree()
+    if tree is None:
+        pytest.skip("no sglang kernel tree here (an installed sglang only)")
+    r = _without_kvfuzz(d, tmp_path, env={"SGLANG_KERNEL_TREE": str(tree)})
+    assert r.returncode == 1 and "REPRODUCED" in r.stdout, r.stdout + r.stderr
+    assert replay(d).reproduced
