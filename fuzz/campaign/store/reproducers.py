@@ -36,7 +36,8 @@ from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.store.cases import CASE_FORMAT
 from kvfuzz.fuzz.campaign.store.journal import json_safe
-from kvfuzz.fuzz.campaign.store.standalone import family, patched_sources, record_call, standalone_script
+from kvfuzz.fuzz.campaign.store.standalone import (MAX_RECORD_BYTES, Unrecordable, family, patched_sources,
+                                                   record_call, standalone_script)
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.faults import get_fault
 from kvfuzz.fuzz.harness.run import Run
@@ -230,6 +231,9 @@ def _recorded_call(target: Target, run: Run) -> tuple[dict, dict | None]:
     a target without a standalone family."""
     if family(target) is None:
         return {}, None
+    for c in (run.call.key_cache, run.call.value_cache):  # a --big-cache call: not a second copy of its cache
+        if c.untyped_storage().nbytes() > MAX_RECORD_BYTES:
+            raise Unrecordable(f"a {c.untyped_storage().nbytes()}-byte cache (over {MAX_RECORD_BYTES})")
     fresh = run if run.output is None else properties.prepare(target, run.example, run.fault)
     return record_call(fresh.call)
 
