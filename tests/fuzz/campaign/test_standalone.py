@@ -10,6 +10,7 @@ import sysconfig
 
 import attrs
 import pytest
+from safetensors.torch import load_file
 from support import available, batch_of, kvfuzz
 
 from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
@@ -180,3 +181,17 @@ def test_sglang_decode_product_rounding_reproduces_from_the_kernel_files(tmp_pat
     r = _without_kvfuzz(d, tmp_path, env={"SGLANG_KERNEL_TREE": str(tree)})
     assert r.returncode == 1 and "REPRODUCED" in r.stdout, r.stdout + r.stderr
     assert replay(d).reproduced
+
+
+def test_a_call_too_big_to_record_gets_a_report_only_script(tmp_path, monkeypatch):
+    """A cache over MAX_RECORD_BYTES (--big-cache) is not prepared again to be recorded: the script says why and
+    how to replay it with kvfuzz, and exits 1."""
+    import kvfuzz.fuzz.campaign.store.reproducers as reproducers
+
+    monkeypatch.setattr(reproducers, "MAX_RECORD_BYTES", 1024)
+    t = available("vllm.cpu_attention")
+    b = batch_of([(1, 0)], dtype="float32", head_size=32, block_size=16, num_heads=1, num_kv_heads=1, seed=1)
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    r = _without_kvfuzz(d, tmp_path)
+    assert r.returncode == 1 and "could not be recorded" in r.stdout and "over 1024" in r.stdout
+    assert "kvfuzz replay" in r.stdout and "call.storage0" not in load_file(str(d / "tensors.safetensors"))
