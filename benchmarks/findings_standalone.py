@@ -13,7 +13,6 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import attrs
 
 from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.contracts.model.batch import Batch
