@@ -509,4 +509,4 @@ if __name__ == "__main__":
     sys.exit(main())
 '''
 
-__all__ = ["MAX_RECORD_BYTES", "Unrecordable", "family", "record_call", "standalone_script"]
+__all__ = ["MAX_RECORD_BYTES", "Unrecordable", "family", "patched_sources", "record_call", "standalone_script"]
