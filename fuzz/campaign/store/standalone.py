@@ -90,7 +90,10 @@ def _kernel_of(target: Target) -> tuple[str, str]:
     bug = getattr(target, "bug", None)
     if _builtin_name(target) in _MODULE_KERNELS:
         return _MODULE_KERNELS[_builtin_name(target)]
-    return tuple(getattr(bug.base if bug is not None else target, "kernel", ("", "")))
+    kernel = getattr(bug.base, "kernel", ("", "")) if bug is not None else getattr(target, "kernel", ("", ""))
+    if isinstance(kernel, property):  # a Triton family's kernel, named by its checked_kernel (read on the target)
+        kernel = kernel.fget(target)
+    return tuple(kernel)
 
 
 _TRITON_TARGETS = ("vllm.chunked_prefill_paged_decode", "vllm.context_attention_fwd", "vllm.unified_attention",
