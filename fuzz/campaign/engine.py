@@ -92,6 +92,23 @@ def _tier_config(config: CampaignConfig, tier: str) -> CampaignConfig:
     return attrs.evolve(config, limits=limits, big_cache=big)
 
 
+#: ``--duration``'s allowance: a campaign ends within the larger of this share of it and
+#: :data:`DURATION_SLACK_SECONDS` past it (what a shrink stopped at the deadline, or an example in flight, may take).
+DURATION_SLACK_SHARE, DURATION_SLACK_SECONDS = 0.10, 15.0
+
+
+def duration_allowance(duration: float) -> float:
+    """Seconds a campaign of ``--duration`` ``duration`` seconds may run past it: max(10%, 15 s)."""
+    return max(DURATION_SLACK_SHARE * duration, DURATION_SLACK_SECONDS)
+
+
+class PastDeadline(BaseException):
+    """The campaign's ``--duration`` ran out (:attr:`Campaign.deadline`): raised from the property body, it ends
+    the Hypothesis run in progress at once, in generation or in shrinking (Hypothesis lets a BaseException that
+    is not Exception, SystemExit or GeneratorExit through: ``hypothesis.core.failure_exceptions_to_catch``);
+    :meth:`Campaign._execute` records each failure found so far as it stands (shrunk as far as it got)."""
+
+
 class _OutOfMemory(Exception):
     """The device ran out of memory outside the kernel call of an example that did not hold the device-memory
     lock: :meth:`Campaign._attempt` runs it again holding it."""
@@ -124,6 +141,12 @@ class Campaign:
         self._new: list[FailureRecord] = []
         self._run: Run | None = None
         self._locked = False  # the current example holds the device-memory lock (fuzz/harness/memory.py)
+        #: ``time.monotonic()`` past which no example starts (the target's start plus ``--duration``; None: no time
+        #: budget). The supervisor sends it with every task (CLOCK_MONOTONIC is the same in every process of a
+        #: host); a chunk, a shrink and the structural shrink stop there (:class:`PastDeadline`).
+        self.deadline: float | None = None
+        #: what the deadline cut short in this process ("shrinking <kind> (<check>)", "generating"), for the summary
+        self.cut_short: list[str] = []
 
     def _use(self, tier: str) -> None:
         """Draw from ``tier`` from now on: its config, its strategy, and its database key (long and wide, whose
@@ -184,9 +207,15 @@ class Campaign:
                                f"{type(e).__name__} outside the kernel call ({stage}: {'the target built the call' if stage == 'prepare' else 'checking the output'}): {e}",
                                {"stage": stage, "traceback": traceback.format_exc(limit=-6)}) from None
 
+    def past_deadline(self) -> bool:
+        """Whether the campaign's ``--duration`` has run out (:attr:`deadline`)."""
+        return self.deadline is not None and time.monotonic() > self.deadline
+
     def _body(self, example: Example) -> None:
         if STOP.is_set():
             raise KeyboardInterrupt
+        if self.past_deadline():
+            raise PastDeadline()
         lab = self._labels(example)
         for k, v in lab.items():
             event(f"{k}: {v}")
@@ -285,6 +314,16 @@ class Campaign:
         self._new, self._found = [], []
         try:
             test()
+        except PastDeadline:
+            # --duration ran out mid-run: each failure seen and not yet recorded is recorded as it stands
+            pending = [sig for sig in self._latest if sig not in self.known and sig not in self._found]
+            self.cut_short.append("shrinking " + ", ".join(f"{k} ({c})" for k, c in pending) if pending
+                                  else "generating")
+            for sig in pending:
+                self._latest[sig][1].details["shrink_stopped"] = "the campaign's --duration ran out"
+                self._found.append(sig)
+                if record:
+                    self._record(sig)
         except (Finding, BaseExceptionGroup) as exc:
             errors = exc.exceptions if isinstance(exc, BaseExceptionGroup) else [exc]
             for e in errors:
@@ -338,7 +377,7 @@ class Campaign:
         """Whether new failures get the structural shrink (not outside the declaration, nor on big caches,
         whose block ids are placed on purpose)."""
         c = self.config
-        return c.structural_shrink > 0 and not c.undeclared and not c.big_cache
+        return c.structural_shrink > 0 and not c.undeclared and not c.big_cache and not self.past_deadline()
 
     def _reduce(self, signature: tuple[str, str], example: Example, finding: Finding, run: Run | None):
         """The structural shrink (:mod:`kvfuzz.fuzz.campaign.reduce`) of a Hypothesis-shrunk failure; before its
@@ -355,8 +394,11 @@ class Campaign:
                 kept[:] = [self._run]  # every candidate failing so is taken: the last one is the result
             return found
 
+        budget = self.config.structural_shrink
+        if self.deadline is not None:  # never past --duration (the deadline, then the campaign's allowance)
+            budget = max(0.0, min(budget, self.deadline - time.monotonic()))
         reduced = reduce_failure(example, signature, attempt, self.target.capabilities, self.config.limits,
-                                 self.config.structural_shrink,
+                                 budget,
                                  skip=lambda e: bool(self.ended) and example_key(e) in self.ended,
                                  before=lambda: self._seen(signature, start, stage="hypothesis"))
         if reduced.finding is not None:
@@ -451,6 +493,7 @@ def fuzz_target(target: Target, config: CampaignConfig,
     config.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     campaign = Campaign(target, config, _Counting(stats, start, on_example))
+    campaign.deadline = None if config.duration is None else start + config.duration
     campaign.replay_database()
     chunk, tier_times = 0, {}
     while stats.examples < config.max_examples:
@@ -477,4 +520,5 @@ def fuzz_target(target: Target, config: CampaignConfig,
     return stats
 
 
-__all__ = ["Campaign", "fuzz_target", "strategy_for"]
+__all__ = ["DURATION_SLACK_SECONDS", "DURATION_SLACK_SHARE", "Campaign", "PastDeadline", "duration_allowance",
+           "fuzz_target", "strategy_for"]

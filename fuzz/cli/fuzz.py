@@ -41,7 +41,8 @@ UNLIMITED = 2**62
               help="Target to fuzz (repeatable): a registered name, path/to/file.py:CLASS or module:CLASS. "
                    "Default: every registered target available here.")
 @click.option("--duration", default=None, callback=duration_option,
-              help="Time budget per target (90, 90s, 5m, 2h). Default: none.")
+              help="Time budget per target (90, 90s, 5m, 2h), shrinking included: a campaign ends within "
+                   "max(10%, 15 s) past it, or its summary says what overran. Default: none.")
 @click.option("--max-examples", default=None, type=click.IntRange(min=1),
               help="Example budget per target, for the whole campaign (shared by the workers). Default: 30, "
                    "or no limit when --duration is given.")

@@ -265,3 +265,18 @@ class SkipsLastRow(Correct):
         super().run(call)
         out[-1] = keep
         return out
+
+
+class SlowWrong(_Planted):
+    """0.4 s per call, and wrong (the output plus one) on head size 64 with two sequences or more: a failure that
+    Hypothesis finds in a few examples and whose shrinks (Hypothesis's, then the structural one) take minutes,
+    to hold a campaign to --duration (tests/fuzz/campaign/test_duration.py)."""
+
+    name = "planted.slow_wrong"
+    description = "0.4 s per call; adds 1 to the output on head size 64 with 2+ sequences"
+
+    def run(self, call):
+        _log()
+        time.sleep(0.4)
+        out = SdpaPaged.run(self, call)
+        return out + 1 if call.kwargs["query"].shape[-1] == BAD_HEAD and len(call.kwargs["seq_lens"]) > 1 else out

@@ -43,6 +43,7 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.chunks import (WARMUP_EXAMPLES, campaign_tiers, chunk_size, examples_per_chunk,
                                          pins_configs, record_tier_time, tier_chunk_size)
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
+from kvfuzz.fuzz.campaign.engine import duration_allowance
 from kvfuzz.fuzz.campaign.records import FailureRecord, Outcome, TargetStats
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
@@ -137,6 +138,7 @@ class Supervisor:
                 signal.signal(s, h)
             self._reap_all()
             self._snapshot(final=True)
+        self._overruns()
         lost = sum(t.stats.lost for t in self.targets)
         if lost:
             self.problems.append(f"{lost} example(s) lost: their workers were killed from outside twice")
@@ -148,6 +150,21 @@ class Supervisor:
         return SupervisorResult([t.stats for t in self.targets], self.problems,
                                 self.stopping and not self.fatal and not self.disk_full,
                                 self.pool.workers, self.restarts, self.warnings, full)
+
+    def _overruns(self) -> None:
+        """A target whose examples ran on past ``--duration`` by more than its allowance (max(10%, 15 s)) gets a
+        warning saying so and why (the workers' reports of what the deadline cut short, or the examples that
+        were in flight then)."""
+        if self.config.duration is None:
+            return
+        allowance = duration_allowance(self.config.duration)
+        for t in self.targets:
+            over = t.stats.elapsed - self.config.duration
+            if over > allowance:
+                why = "; ".join(w for w in self.warnings if w.startswith(f"{t.name}: --duration ran out")) or \
+                    "examples already running at the deadline took that long"
+                self.warnings.append(f"{t.name} ran {over:.0f} s past --duration {self.config.duration:g} s (more "
+                                     f"than the {allowance:.0f} s allowed): {why}")
 
     def _stop_signal(self, signum, frame) -> None:
         if not self.stopping:
@@ -278,7 +295,9 @@ class Supervisor:
                 self._send(s, ("stop",))
             return
         t = self.by_name[task.target]
-        known = {"signatures": [list(sig) for sig in t.stats.failures], "ended": t.ended}
+        known = {"signatures": [list(sig) for sig in t.stats.failures], "ended": t.ended,
+                 # CLOCK_MONOTONIC is one clock for every process of the host: the worker stops there (engine.py)
+                 "deadline": None if self.config.duration is None else t.start + self.config.duration}
         msg = {"replay": ("replay", task.id, task.target, known),
                "chunk": ("chunk", task.id, task.target, task.chunk, task.n, known),
                "retry": ("retry", task.id, task.target, task.example, known)}[task.kind]

@@ -162,12 +162,17 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                 c = campaigns.get(name) or campaigns.setdefault(name, Campaign(targets[name], config, listener))
                 c.known |= {tuple(s) for s in args[-1]["signatures"]}
                 c.ended.update((example_key(e), tuple(sig)) for sig, e in args[-1]["ended"])
+                c.deadline = args[-1].get("deadline")
+                cut = len(c.cut_short)
                 if kind == "replay":
                     c.replay_database()
                 elif kind == "chunk":
                     c.run_chunk(args[0], args[1])
                 elif kind == "retry":
                     c.check_one(Example.from_dict(args[0]))
+                for what in dict.fromkeys(c.cut_short[cut:]):
+                    conn.send(("warning", f"{name}: --duration ran out while {what}; what it found is recorded "
+                                          "as shrunk so far"))
                 conn.send(("done", tid))
     except KeyboardInterrupt:
         pass  # stopped: say goodbye below
