@@ -33,6 +33,7 @@ every saved failure, with each kvfuzz release). tests/fuzz/campaign/test_databas
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import time
@@ -53,7 +54,8 @@ from kvfuzz.fuzz.campaign.chunks import (CHUNK_SEED_STRIDE, campaign_tiers, chun
                                          examples_per_chunk, record_tier_time, tier_chunk_size)
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
-from kvfuzz.fuzz.campaign.records import FailureRecord, Listener, Outcome, Quiet, TargetStats, example_key
+from kvfuzz.fuzz.campaign.records import (SKIPPED_FOR_MEMORY, FailureRecord, Listener, Outcome, Quiet, TargetStats,
+                                          example_key)
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import memory, properties
@@ -110,8 +112,15 @@ class PastDeadline(BaseException):
 
 
 class _OutOfMemory(Exception):
-    """The device ran out of memory outside the kernel call of an example that did not hold the device-memory
-    lock: :meth:`Campaign._attempt` runs it again holding it."""
+    """The device ran out of memory outside the kernel call (kvfuzz's prepare or check, whatever the adapter
+    overrides): :meth:`Campaign._attempt` runs it again holding the device-memory lock, after each of
+    :data:`OUT_OF_MEMORY_PAUSES`, and counts it as skipped (:data:`SKIPPED_FOR_MEMORY`) if it never fits."""
+
+
+#: Seconds :meth:`Campaign._attempt` waits, holding the device-memory lock, before each re-run of an example that
+#: ran out of device memory in kvfuzz's own phases (other workers' examples end and free theirs meanwhile).
+#: Environment: KVFUZZ_OOM_PAUSES (comma-separated seconds; the tests' planted out-of-memory wait 0).
+OUT_OF_MEMORY_PAUSES = tuple(float(x) for x in os.environ.get("KVFUZZ_OOM_PAUSES", "0,1,3").split(","))
 
 
 class Campaign:
@@ -198,7 +207,7 @@ class Campaign:
             if type(e).__module__.startswith("hypothesis"):
                 raise
             exit_if_device_unusable(e, f"kvfuzz's {stage}")  # a campaign's worker: the supervisor decides
-            if memory.is_out_of_memory(e) and not self._locked:
+            if memory.is_out_of_memory(e):  # kvfuzz's own memory, whatever the adapter: never a finding
                 raise _OutOfMemory() from e
             if disk_full(e):  # a full disk ends the campaign (exit 3); it is nobody's finding
                 raise OutOfSpace(getattr(e, "filename", None) or f"a file ({stage})",
@@ -247,10 +256,23 @@ class Campaign:
         big = memory.is_big(example.batch)
         try:
             finding, undeclared = self._locked_attempt(example, lab, started, big)
-        except _OutOfMemory:  # other workers' memory (fuzz/harness/memory.py): once more, alone on the device
-            self._run = None
-            memory.release_device_memory(collect=True)
-            finding, undeclared = self._locked_attempt(example, lab, started, True)
+        except _OutOfMemory:  # other workers' memory (fuzz/harness/memory.py): again, alone on the device
+            for pause in OUT_OF_MEMORY_PAUSES:
+                self._run = None
+                memory.release_device_memory(collect=True)
+                time.sleep(pause)  # the other workers' examples end meanwhile (a big one waits for the lock)
+                try:
+                    finding, undeclared = self._locked_attempt(example, lab, started, True)
+                    break
+                except _OutOfMemory:
+                    continue
+            else:  # kvfuzz cannot fit it: counted as skipped, never the kernel's finding nor a harness error
+                self._run = None
+                memory.release_device_memory(collect=True)
+                event("skipped: out of device memory")
+                self.listener.end(self.target.name, Outcome(lab, 0.0, time.perf_counter() - started,
+                                                            skipped=SKIPPED_FOR_MEMORY))
+                return None
         return finding
 
     def _locked_attempt(self, example: Example, lab: dict, started: float,
@@ -270,8 +292,9 @@ class Campaign:
             finally:
                 self._locked = False
             self._end(example, lab, started, None if finding is None else finding.signature, undeclared)
-            if locked and finding is None:
-                self._run = None
+            if locked:  # give back what the example left (a failing one's Run is kept: _forget_run drops it)
+                if finding is None:
+                    self._run = None
                 memory.release_device_memory()
         return finding, undeclared
 
@@ -360,9 +383,24 @@ class Campaign:
             example, finding, run = self._reduce(signature, example, finding, run)
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
         self._drop_early(signature, keep=path)
+        self._forget_run(signature)
         record = FailureRecord.of(self.target.name, finding, example, self.fault_name, path)
         self._new.append(record)
         self.listener.failure(record)
+
+    def _forget_run(self, signature: tuple[str, str]) -> None:
+        """Drop the Run a recorded failure kept (its reproducer is written): a big-cache example's Run holds
+        caches of several GiB, which every worker that found a failure on one kept on the device for the rest of
+        the campaign (an adapter with a big-cache finding filled an H100: other workers' prepare ran out of
+        memory). Gives the memory back to the device."""
+        latest = self._latest.get(signature)
+        if latest is not None and latest[2] is not None:
+            big = memory.is_big(latest[0].batch)
+            self._latest[signature] = (latest[0], latest[1], None)
+            if self._run is latest[2]:
+                self._run = None
+            if big:
+                memory.release_device_memory(collect=True)
 
     def _record_known(self, example: Example, finding: Finding) -> None:
         """The first hit of a baseline entry here: its reproducer (as found, not shrunk: the baseline already

@@ -23,7 +23,8 @@ class Outcome:
     labels: coverage labels (:func:`kvfuzz.fuzz.harness.coverage.labels`). kernel_s, harness_s: seconds in the
     kernel and outside it. ratio: how close a passing kernel came to the tolerance bound. signature: the
     finding's (kind, check) when the example failed. rejection: ``--undeclared``: the error a kernel rejected
-    an undeclared configuration with."""
+    an undeclared configuration with. skipped: why the example was not checked (``SKIPPED_FOR_MEMORY``): it is
+    counted apart, not as an example."""
 
     labels: dict[str, str]
     kernel_s: float = 0.0
@@ -31,6 +32,13 @@ class Outcome:
     ratio: float = 0.0
     signature: tuple[str, str] | None = None
     rejection: str | None = None
+    skipped: str | None = None
+
+
+#: :attr:`Outcome.skipped` of an example that ran out of device memory in kvfuzz's own phases (prepare, check)
+#: even holding the campaign's device-memory lock, after the retries (kvfuzz.fuzz.campaign.engine): kvfuzz could
+#: not fit it, so it is neither a finding nor a harness error; the campaign counts it and exits 3.
+SKIPPED_FOR_MEMORY = "out of device memory in kvfuzz's own phases"
 
 
 @attrs.define
@@ -101,6 +109,8 @@ class TargetStats:
     stopped: str = ""
     #: Per size tier (the "tier" label): [examples, kernel seconds, harness seconds].
     tier_seconds: dict = attrs.Factory(dict)
+    #: Examples skipped because kvfuzz could not fit them in device memory (:data:`SKIPPED_FOR_MEMORY`).
+    skipped_memory: int = 0
 
     @property
     def examples_per_second(self) -> float:
@@ -108,6 +118,10 @@ class TargetStats:
 
     def add(self, outcome: Outcome, elapsed: float) -> None:
         """Count one example, ``elapsed`` seconds after the target's start."""
+        if outcome.skipped is not None:  # not checked: counted apart
+            self.skipped_memory += 1
+            self.elapsed = max(self.elapsed, elapsed)
+            return
         self.examples += 1
         self.elapsed = max(self.elapsed, elapsed)
         self.kernel_seconds += outcome.kernel_s
@@ -151,6 +165,7 @@ class TargetStats:
             "first_failure_s": self.first_failure_s,
             "first_failure_examples": self.first_failure_examples,
             "lost": self.lost,
+            "skipped_for_memory": self.skipped_memory,
             "stopped": self.stopped,
             "failures": [f.to_dict() for f in self.failures.values()],
         }

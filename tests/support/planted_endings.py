@@ -280,3 +280,18 @@ class SlowWrong(_Planted):
         time.sleep(0.4)
         out = SdpaPaged.run(self, call)
         return out + 1 if call.kwargs["query"].shape[-1] == BAD_HEAD and len(call.kwargs["seq_lens"]) > 1 else out
+
+
+class OutOfMemoryInPrepare(Correct):
+    """kvfuzz's prepare runs out of device memory on head size 64, every time (the adapter's build_call raises
+    ``torch.OutOfMemoryError``, as a GPU that other workers filled): kvfuzz's, never a finding."""
+
+    name = "planted.out_of_memory_in_prepare"
+    description = "build_call raises torch.OutOfMemoryError on head size 64"
+
+    def build_call(self, batch, data, cache):
+        if batch.head_size == BAD_HEAD:
+            import torch
+
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB (planted)")
+        return super().build_call(batch, data, cache)

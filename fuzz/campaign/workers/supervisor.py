@@ -44,7 +44,7 @@ from kvfuzz.fuzz.campaign.chunks import (WARMUP_EXAMPLES, campaign_tiers, chunk_
                                          pins_configs, record_tier_time, tier_chunk_size)
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
 from kvfuzz.fuzz.campaign.engine import duration_allowance
-from kvfuzz.fuzz.campaign.records import FailureRecord, Outcome, TargetStats
+from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState, Task
@@ -142,6 +142,11 @@ class Supervisor:
         lost = sum(t.stats.lost for t in self.targets)
         if lost:
             self.problems.append(f"{lost} example(s) lost: their workers were killed from outside twice")
+        skipped = sum(t.stats.skipped_memory for t in self.targets)
+        if skipped:
+            self.problems.append(f"{skipped} example(s) skipped: {SKIPPED_FOR_MEMORY} even alone on the device "
+                                 "(holding the device-memory lock, after retries); neither findings nor harness "
+                                 "errors, but not checked (fewer workers, or a GPU with more memory, fits them)")
         if self.fatal:
             self.problems.insert(0, self.fatal)
         full = self._disk_full_report() if self.disk_full else None
@@ -335,7 +340,8 @@ class Supervisor:
             t = self.by_name[msg[1]]
             o = msg[2]
             t.stats.add(Outcome(o["labels"], o["kernel_s"], o["harness_s"], o["ratio"],
-                                None if o["signature"] is None else tuple(o["signature"]), o["rejection"]),
+                                None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
+                                o.get("skipped")),
                         time.monotonic() - (t.start or time.monotonic()))
             if s.task is not None:
                 s.task.counted += 1
