@@ -295,3 +295,21 @@ class OutOfMemoryInPrepare(Correct):
 
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB (planted)")
         return super().build_call(batch, data, cache)
+
+
+class PrepareFaultsTwice(Correct):
+    """kvfuzz's prepare meets CUDA's sticky error twice on the same example, its first (as a bystander does, under
+    CUDA MPS, each time another client's kernel faults: a shrink of that kernel faults again and again); written
+    to the file $KVFUZZ_PLANTED_MARK, one line (the batch) per time. Correct otherwise."""
+
+    name = "planted.prepare_faults_twice"
+    description = "build_call raises CUDA's sticky error twice on the campaign's first example"
+
+    def build_call(self, batch, data, cache):
+        mark = Path(os.environ["KVFUZZ_PLANTED_MARK"])
+        seen = mark.read_text().splitlines() if mark.exists() else []
+        if not seen or (len(seen) < 2 and seen[0] == repr(batch)):
+            with open(mark, "a") as f:
+                f.write(repr(batch) + "\n")
+            raise RuntimeError(STICKY)
+        return super().build_call(batch, data, cache)

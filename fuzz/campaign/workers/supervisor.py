@@ -44,7 +44,7 @@ from kvfuzz.fuzz.campaign.chunks import (WARMUP_EXAMPLES, campaign_tiers, chunk_
                                          pins_configs, record_tier_time, tier_chunk_size)
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
 from kvfuzz.fuzz.campaign.engine import duration_allowance
-from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats
+from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats, example_key
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState, Task
@@ -73,6 +73,9 @@ MAX_ENDED_EXAMPLES = 200
 #: A worker that found the CUDA MPS server not accepting clients (after another client's fault) is started again
 #: after this many seconds, up to this many times in a campaign, before the campaign ends (exit 3).
 MPS_WAIT_SECONDS, MAX_MPS_WAITS = 0.5, 240
+#: Times one example is re-run after a CUDA error ended its worker in kvfuzz's own phases (prepare, check) while
+#: other workers share the GPU (another MPS client's fault, each time), before it is counted lost (exit 3).
+MAX_BYSTANDER_RERUNS = 5
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -120,6 +123,7 @@ class Supervisor:
         self._state_saved = True  # whether the final state.json was written (False: the last snapshot stands)
         self.restarts = 0
         self.mps_waits = 0
+        self._bystander_reruns: dict[str, int] = {}  # example_key -> re-runs after a CUDA error in prepare/check
         self._task_ids = 0
         self._snapshot_at = 0.0
         self._progress_at = 0.0
@@ -141,7 +145,8 @@ class Supervisor:
         self._overruns()
         lost = sum(t.stats.lost for t in self.targets)
         if lost:
-            self.problems.append(f"{lost} example(s) lost: their workers were killed from outside twice")
+            self.problems.append(f"{lost} example(s) lost: their workers were killed from outside twice, or a CUDA "
+                                 f"error ended them in kvfuzz's own phases {MAX_BYSTANDER_RERUNS + 1} times")
         skipped = sum(t.stats.skipped_memory for t in self.targets)
         if skipped:
             self.problems.append(f"{skipped} example(s) skipped: {SKIPPED_FOR_MEMORY} even alone on the device "
@@ -517,6 +522,22 @@ class Supervisor:
                 self.on_event(f"worker {s.index} was killed from outside ({ending.detail}) in {flight['phase']}; "
                               f"its example of {t.name} is retried by a new worker")
             return
+        if ending.detail == DEVICE_ERROR and flight["phase"] != "kernel" and self.pool.workers > max(1, self.pool.gpus):
+            # in kvfuzz's own phases (prepare, check) while other workers share the GPU: under CUDA MPS another
+            # client's fault ends this one, as often as that kernel faults (a shrink of it faults again and again),
+            # so the example is re-run by a new worker each time, never reported; lost after MAX_BYSTANDER_RERUNS
+            key = example_key(Example.from_dict(flight["example"]))
+            self._bystander_reruns[key] = n = self._bystander_reruns.get(key, 0) + 1
+            if n > MAX_BYSTANDER_RERUNS:
+                t.stats.lost += 1
+                self.on_event(f"worker {s.index}: a CUDA error ended it in {flight['phase']} for the "
+                              f"{MAX_BYSTANDER_RERUNS + 1}th time on the same example of {t.name}; it is lost")
+                return
+            t.retries.append(flight["example"])
+            self.on_event(f"worker {s.index}: a CUDA error ended it in {flight['phase']} (kvfuzz's own phase) while "
+                          f"other workers share its GPU; its example of {t.name} is re-run by a new worker, not "
+                          "reported")
+            return
         if ending.detail == DEVICE_ERROR and not retried and self.pool.workers > max(1, self.pool.gpus):
             # under CUDA MPS one client's fault ends every client of its GPU: this example may be a bystander of
             # another worker's crash. Re-run it in a new worker; a crash there too is its finding.
@@ -613,5 +634,5 @@ class Supervisor:
             self.on_progress([t.stats for t in self.targets])
 
 
-__all__ = ["FULL_BELOW_BYTES", "MAX_ENDED_EXAMPLES", "POLL_SECONDS", "SNAPSHOT_SECONDS", "STOP_GRACE_SECONDS",
+__all__ = ["FULL_BELOW_BYTES", "MAX_BYSTANDER_RERUNS", "MAX_ENDED_EXAMPLES", "POLL_SECONDS", "SNAPSHOT_SECONDS", "STOP_GRACE_SECONDS",
            "Supervisor", "log_tail"]
