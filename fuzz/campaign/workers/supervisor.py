@@ -45,6 +45,7 @@ from kvfuzz.fuzz.campaign.chunks import (WARMUP_EXAMPLES, campaign_tiers, chunk_
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
 from kvfuzz.fuzz.campaign.engine import duration_allowance
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats, example_key
+from kvfuzz.fuzz.campaign.store import ledger
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState, Task
@@ -385,9 +386,25 @@ class Supervisor:
         elif task.kind == "chunk" and task.chunk >= 0:
             record_tier_time(t.tier_times, task.tier, task.counted, time.monotonic() - task.sent)
 
+    def _add_failure(self, t: TargetState, record: FailureRecord) -> bool:
+        """Keep a new distinct failure (False: already kept); with a shared ``--db``, one another campaign (another
+        host) claimed first is listed as its known duplicate (kvfuzz.fuzz.campaign.store.ledger)."""
+        if not t.stats.add_failure(record):
+            return False
+        if record.known is None and self.config.db_spec is not None and not self.config.gate:
+            try:
+                other = ledger.claim(self.config.db(), self.out, t.name, record.kind, record.check, record.reproducer)
+            except Exception as e:  # the database: never the campaign's end (its findings are in --out)
+                other = None
+                if "the shared findings ledger" not in " ".join(self.warnings):
+                    self.warnings.append(f"the shared findings ledger in --db could not be used: {e}")
+            if other is not None:
+                record.known = ledger.duplicate_note(other)
+        return True
+
     def _failure(self, record, how: str = "") -> None:
         t = self.by_name[record.target]
-        if t.stats.add_failure(record):
+        if self._add_failure(t, record):
             known = f"known ({record.known}): " if record.known else ""
             self.on_event(f"{known}{record.kind} ({check_label(record.check)}) in {record.target}{how} -> "
                           f"{record.reproducer}")
@@ -563,7 +580,7 @@ class Supervisor:
                 self._out_of_space(str(e))
                 self._keep_unfinished(s, flight)
                 return
-            t.stats.add_failure(FailureRecord.of(t.name, finding, example, fault, path))
+            self._add_failure(t, FailureRecord.of(t.name, finding, example, fault, path))
             self.on_event(f"{finding.kind.value} ({finding.check}) in {t.name}, worker {s.index} -> {path}")
         if t.crashes >= self.policy.max_crashes and not t.stats.stopped:
             t.stats.stopped = f"stopped after {t.crashes} crashes and hangs (--max-crashes {self.policy.max_crashes})"
