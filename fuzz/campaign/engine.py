@@ -308,8 +308,10 @@ class Campaign:
             lab["undeclared"] = "silently wrong"
         rejection = undeclared.removeprefix("rejected: ") if undeclared and undeclared.startswith("rejected") \
             else None
+        batch = example.batch
         self.listener.end(self.target.name, Outcome(lab, kernel_s, max(0.0, total - kernel_s),
-                                                    run.ratio if run is not None else 0.0, signature, rejection))
+                                                    run.ratio if run is not None else 0.0, signature, rejection,
+                                                    kv_tokens=sum(batch.ctx_lens) + sum(batch.query_lens)))
 
     # ---- pieces -------------------------------------------------------------------------------------------
     def _test(self, phases: list[Phase], chunk_seed: int, max_examples: int, explicit: Example | None = None,

@@ -33,6 +33,9 @@ class Outcome:
     signature: tuple[str, str] | None = None
     rejection: str | None = None
     skipped: str | None = None
+    #: KV tokens the example's kernel call attended over: its cached context plus its new tokens
+    #: (``sum(ctx_lens) + sum(query_lens)``), for KV tokens checked per second.
+    kv_tokens: int = 0
 
 
 #: :attr:`Outcome.skipped` of an example that ran out of device memory in kvfuzz's own phases (prepare, check)
@@ -111,6 +114,8 @@ class TargetStats:
     tier_seconds: dict = attrs.Factory(dict)
     #: Examples skipped because kvfuzz could not fit them in device memory (:data:`SKIPPED_FOR_MEMORY`).
     skipped_memory: int = 0
+    #: KV tokens of the examples checked (:attr:`Outcome.kv_tokens`).
+    kv_tokens: int = 0
 
     @property
     def examples_per_second(self) -> float:
@@ -123,6 +128,7 @@ class TargetStats:
             self.elapsed = max(self.elapsed, elapsed)
             return
         self.examples += 1
+        self.kv_tokens += outcome.kv_tokens
         self.elapsed = max(self.elapsed, elapsed)
         self.kernel_seconds += outcome.kernel_s
         self.harness_seconds += outcome.harness_s
@@ -154,6 +160,8 @@ class TargetStats:
             "examples": self.examples,
             "elapsed_s": round(self.elapsed, 3),
             "examples_per_s": round(self.examples_per_second, 3),
+            "kv_tokens": self.kv_tokens,
+            "kv_tokens_per_s": round(self.kv_tokens / self.elapsed, 1) if self.elapsed else 0.0,
             "kernel_s": round(self.kernel_seconds, 3),
             "harness_s": round(self.harness_seconds, 3),
             "tiers": {t: {"examples": n, "kernel_s": round(k, 3), "harness_s": round(h, 3)}

@@ -64,7 +64,8 @@ UNLIMITED = 2**62
                    "campaign runs its examples in workers: a kernel that crashes or hangs costs a worker, not the "
                    "campaign, and the example is saved. Default: on CPU one per core this process may use "
                    "(its affinity), at most 8; on CUDA, per GPU half its share of the CPU cores, at most 8 "
-                   "(Triton compiles on the CPU; the GPU has room), or under MPS its share less two, at most 28 "
+                   "(Triton compiles on the CPU; the GPU has room), or under MPS its share of the cores less two "
+                   "for the host, at most 28 "
                    "(14 on a 16-core host with one GPU). Capped, with a warning, at the campaign's example budget "
                    "(--max-examples times the targets), 4 per CPU core and 56 per GPU: more cannot help.")
 @click.option("--mps", "mps_mode", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,

@@ -347,7 +347,7 @@ class Supervisor:
             o = msg[2]
             t.stats.add(Outcome(o["labels"], o["kernel_s"], o["harness_s"], o["ratio"],
                                 None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
-                                o.get("skipped")),
+                                o.get("skipped"), o.get("kv_tokens", 0)),
                         time.monotonic() - (t.start or time.monotonic()))
             if s.task is not None:
                 s.task.counted += 1
