@@ -112,12 +112,16 @@ def gpu_environment(gpu: int, env) -> None:
     """Put a worker on the campaign's GPU ``gpu`` in ``env`` (os.environ): ``CUDA_VISIBLE_DEVICES`` that GPU's
     device (the ``gpu``-th of the campaign's own ``CUDA_VISIBLE_DEVICES`` when it has one: a campaign on devices
     2,3 puts GPU 0 on "2"; it had put it on "0"), and under per-GPU MPS daemons (kvfuzz.fuzz.campaign.workers.mps,
-    ``KVFUZZ_MPS_PIPES``) that GPU's daemon's pipe as ``CUDA_MPS_PIPE_DIRECTORY``."""
-    mine = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    env["CUDA_VISIBLE_DEVICES"] = mine[gpu] if gpu < len(mine) else str(gpu)
+    ``KVFUZZ_MPS_PIPES``) that GPU's daemon's pipe as ``CUDA_MPS_PIPE_DIRECTORY`` and no ``CUDA_VISIBLE_DEVICES``:
+    the daemon was started seeing only its GPU, and its clients see the server's devices (NVIDIA's MPS guide,
+    "Starting MPS client application": CUDA_VISIBLE_DEVICES should not be set in the client's environment)."""
     pipes = [p for p in env.get("KVFUZZ_MPS_PIPES", "").split(",") if p]
     if gpu < len(pipes):
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipes[gpu]
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        return
+    mine = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    env["CUDA_VISIBLE_DEVICES"] = mine[gpu] if gpu < len(mine) else str(gpu)
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:

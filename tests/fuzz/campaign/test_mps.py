@@ -125,7 +125,7 @@ def test_the_daemons_folder_is_short_whatever_tmpdir_is(tmp_path, monkeypatch):
 
 def test_several_gpus_get_a_daemon_each_and_workers_their_gpus_pipe(tmp_path, monkeypatch):
     """Issue 40: two GPUs under one daemon ran 1.55x one GPU. Each GPU now gets its own daemon (its pipe folder,
-    CUDA_VISIBLE_DEVICES its device), and a worker on GPU i talks to daemon i on the campaign's i-th device."""
+    CUDA_VISIBLE_DEVICES its device: the campaign's i-th), and a worker on GPU i talks to daemon i."""
     from kvfuzz.fuzz.campaign.workers.mps import PIPES_ENV
     from kvfuzz.fuzz.campaign.workers.worker import gpu_environment
 
@@ -138,10 +138,14 @@ def test_several_gpus_get_a_daemon_each_and_workers_their_gpus_pipe(tmp_path, mo
         assert started == [f"args=-d pipe={p}" for p in mps.pipes]
         env = dict(os.environ)
         gpu_environment(1, env)
-        assert env["CUDA_VISIBLE_DEVICES"] == "3" and env[ENV[0]] == mps.pipes[1]
+        # the daemon sees only its GPU; its client sets no CUDA_VISIBLE_DEVICES (NVIDIA's MPS guide)
+        assert "CUDA_VISIBLE_DEVICES" not in env and env[ENV[0]] == mps.pipes[1]
     finally:
         mps.stop()
     assert log.read_text().count("quit") == 2 and PIPES_ENV not in os.environ and ENV[0] not in os.environ
     env = {}
     gpu_environment(1, env)  # no mask, no per-GPU daemons: the index itself
     assert env == {"CUDA_VISIBLE_DEVICES": "1"}
+    env = {"CUDA_VISIBLE_DEVICES": "2,3"}
+    gpu_environment(1, env)  # the campaign's own mask: its second device
+    assert env == {"CUDA_VISIBLE_DEVICES": "3"}
