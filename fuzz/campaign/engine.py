@@ -472,6 +472,11 @@ class Campaign:
                       record=False)
         if not self._found:
             return []
+        if self.past_deadline():  # --duration ran out: each failure is recorded in its configuration, unwidened
+            for sig in self._found:
+                if sig not in self.known:
+                    self._record(sig)
+            return self._new
         return self._widen(pinned, list(self._found))
 
     def _widen(self, pinned: InMemoryExampleDatabase, found: list[tuple[str, str]]) -> list[FailureRecord]:
@@ -505,7 +510,11 @@ class Campaign:
     def check_one(self, example: Example) -> list[FailureRecord]:
         """Run one given example (Hypothesis's explicit phase: no generation, no shrinking); returns its failure
         if it is new."""
-        return self._execute(self._test([Phase.explicit], self.config.seed, 1, explicit=example))
+        deadline, self.deadline = self.deadline, None  # a re-run (a killed worker's example) is owed an answer
+        try:
+            return self._execute(self._test([Phase.explicit], self.config.seed, 1, explicit=example))
+        finally:
+            self.deadline = deadline
 
 
 # ---- the whole budget in this process (library use: the gate, benchmarks, tests) ----------------------------

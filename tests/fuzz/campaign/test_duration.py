@@ -5,10 +5,14 @@ campaign ends within its allowance (max(10%, 15 s)) past --duration. Measured ag
 speed."""
 
 import json
+import time
 
 from support import SUPPORT, kvfuzz
+from support.planted_targets import SdpaPaged
 
-from kvfuzz.fuzz.campaign.engine import duration_allowance
+from kvfuzz import Poison
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.engine import Campaign, duration_allowance
 
 PLANTED = SUPPORT / "planted_endings.py"
 
@@ -25,3 +29,34 @@ def test_duration_holds_through_a_slow_shrink(tmp_path):
     # without the deadline inside the worker this ran the whole Hypothesis shrink and 60 s of structural shrink
     assert target["elapsed_s"] <= duration + duration_allowance(duration), target
     assert not [w for w in summary["warnings"] if "past --duration" in w]
+
+
+class _Wrong(SdpaPaged):
+    name = "planted.wrong_by_one"
+
+    def run(self, call):
+        return super().run(call) + 1
+
+
+def test_a_pinned_chunk_past_its_deadline_records_its_failure_unwidened(tmp_path):
+    """In one process (no timing margin needed: the deadline has passed when the first failure shrinks): the shrink
+    stops, and the failure is recorded in its configuration instead of widened across configurations."""
+    c = Campaign(_Wrong(), CampaignConfig(out=tmp_path, poisons=(Poison.ZEROS,), seed=1, pin_configs=True))
+    c.deadline = time.monotonic()  # already past
+    assert c.run_chunk(0, 50) == []  # nothing starts past the deadline
+    assert c.cut_short == ["generating"]
+    c.deadline = None
+    c._body = _then_deadline(c, c._body)
+    (record,) = c.run_chunk(1, 50)
+    assert record.reproducer and c.cut_short[-1].startswith("shrinking kernel mismatch")
+
+
+def _then_deadline(c, body):
+    """The campaign's body, with its deadline passing right after the first example that fails."""
+    def wrapped(example):
+        try:
+            body(example)
+        except BaseException:
+            c.deadline = time.monotonic() - 1
+            raise
+    return wrapped
