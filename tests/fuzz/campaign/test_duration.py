@@ -11,6 +11,7 @@ from support import SUPPORT, kvfuzz
 from support.planted_targets import SdpaPaged
 
 from kvfuzz import Poison
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import Campaign, duration_allowance
 
@@ -49,6 +50,11 @@ def test_a_pinned_chunk_past_its_deadline_records_its_failure_unwidened(tmp_path
     c._body = _then_deadline(c, c._body)
     (record,) = c.run_chunk(1, 50)
     assert record.reproducer and c.cut_short[-1].startswith("shrinking kernel mismatch")
+    # a re-run of a killed worker's example is owed its answer, deadline or not
+    again = Campaign(_Wrong(), CampaignConfig(out=tmp_path / "again", poisons=(Poison.ZEROS,), seed=1))
+    again.deadline = time.monotonic() - 1
+    (rerun,) = again.check_one(Example.from_dict(record.example))
+    assert (rerun.kind, rerun.check) == (record.kind, record.check)
 
 
 def _then_deadline(c, body):
