@@ -284,6 +284,8 @@ class Campaign:
         finding = undeclared = None
         with memory.device_memory_lock(self.config.out) if locked else contextlib.nullcontext():
             self._locked = locked
+            if locked:
+                memory.HOLDING_LOCK.set()
             try:
                 undeclared = self._run_example(example)
             except Finding as f:
@@ -291,6 +293,7 @@ class Campaign:
                 classify(self.config.baseline, self.target, example, finding, self._run)
             finally:
                 self._locked = False
+                memory.HOLDING_LOCK.clear()
             self._end(example, lab, started, None if finding is None else finding.signature, undeclared)
             if locked:  # give back what the example left (a failing one's Run is kept: _forget_run drops it)
                 if finding is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gc
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -57,6 +58,12 @@ def device_memory_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+#: Set while this process runs an example holding the device-memory lock (kvfuzz.fuzz.campaign.engine): a kernel
+#: that runs out of device memory without it is re-run holding it (other workers' memory filled the device), and
+#: only an out-of-memory error alone on the device is the kernel's finding (kvfuzz.fuzz.harness.run.run_kernel).
+HOLDING_LOCK = threading.Event()
+
+
 def release_device_memory(collect: bool = False) -> None:
     """Give this process's unused cached device memory back to the device (``torch.cuda.empty_cache``; with
     ``collect``, after a garbage collection, for tensors only a reference cycle still holds); nothing where CUDA
@@ -72,5 +79,5 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError)
 
 
-__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "cache_bytes", "device_memory_lock", "is_big", "is_out_of_memory",
+__all__ = ["BIG_EXAMPLE_BYTES", "HOLDING_LOCK", "LOCK_NAME", "cache_bytes", "device_memory_lock", "is_big", "is_out_of_memory",
            "release_device_memory"]

@@ -102,3 +102,39 @@ def test_a_recorded_failure_lets_go_of_its_run(tmp_path):
     assert record.reproducer and (tmp_path / record.reproducer).exists() or Path(record.reproducer).exists()
     assert c._latest and all(run is None for _, _, run in c._latest.values())
     assert c._run is None
+
+
+class _KernelOutOfMemoryUnlessAlone(SdpaPaged):
+    """The kernel call itself runs out of device memory unless the example holds the device-memory lock (a user
+    adapter's run() that allocates, on a GPU other workers filled), or always (``always``)."""
+
+    name = "planted.kernel_oom_unless_alone"
+    always = False
+
+    def run(self, call):
+        if self.always or not memory.HOLDING_LOCK.is_set():
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (planted, in the kernel)")
+        return super().run(call)
+
+
+@pytest.mark.parametrize("always", [False, True])
+def test_a_kernel_out_of_memory_in_a_worker_runs_again_alone(tmp_path, always, monkeypatch):
+    """In a campaign's worker (ISOLATED) a kernel that ran out of device memory without the lock is re-run holding
+    it: no finding (and no Hypothesis FlakyFailure from a first call that hit a full GPU). Out of memory alone on
+    the device too, it is the kernel's finding."""
+    from kvfuzz.fuzz.harness import run as harness_run
+
+    monkeypatch.setattr(engine, "OUT_OF_MEMORY_PAUSES", (0.0,))
+    monkeypatch.setattr(_KernelOutOfMemoryUnlessAlone, "always", always)
+    harness_run.ISOLATED.set()
+    try:
+        stats = fuzz_target(_KernelOutOfMemoryUnlessAlone(), CampaignConfig(
+            out=tmp_path, max_examples=4, poisons=(Poison.ZEROS,), seed=1, stop_at_first_failure=True,
+            structural_shrink=0))
+    finally:
+        harness_run.ISOLATED.clear()
+    if not always:
+        assert stats.examples == 4 and not stats.failures and not stats.skipped_memory
+        return
+    (failure,) = stats.failures.values()
+    assert failure.blame == "kernel" and "OutOfMemoryError" in failure.check
