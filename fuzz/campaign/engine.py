@@ -257,12 +257,13 @@ class Campaign:
         try:
             finding, undeclared = self._locked_attempt(example, lab, started, big)
         except _OutOfMemory:  # other workers' memory (fuzz/harness/memory.py): again, alone on the device
-            for pause in OUT_OF_MEMORY_PAUSES:
+            for i, pause in enumerate(OUT_OF_MEMORY_PAUSES):
                 self._run = None
                 memory.release_device_memory(collect=True)
                 time.sleep(pause)  # the other workers' examples end meanwhile (a big one waits for the lock)
                 try:
-                    finding, undeclared = self._locked_attempt(example, lab, started, True)
+                    finding, undeclared = self._locked_attempt(example, lab, started, True,
+                                                               last=i == len(OUT_OF_MEMORY_PAUSES) - 1)
                     break
                 except _OutOfMemory:
                     continue
@@ -275,17 +276,18 @@ class Campaign:
                 return None
         return finding
 
-    def _locked_attempt(self, example: Example, lab: dict, started: float,
-                        locked: bool) -> tuple[Finding | None, str | None]:
+    def _locked_attempt(self, example: Example, lab: dict, started: float, locked: bool,
+                        last: bool = False) -> tuple[Finding | None, str | None]:
         """:meth:`_attempt`'s run of the example, holding the campaign's device-memory lock when ``locked``
-        (fuzz/harness/memory.py), the memory of a passing one given back then. Raises _OutOfMemory when the
-        device ran out of memory outside the kernel call without the lock (nothing counted yet)."""
+        (fuzz/harness/memory.py), the memory it left given back then. Raises _OutOfMemory when the device ran out
+        of memory outside the kernel call, or in it unless ``last`` (the last re-run: then it is the kernel's
+        finding); nothing is counted then."""
         self._run = None
         finding = undeclared = None
         with memory.device_memory_lock(self.config.out) if locked else contextlib.nullcontext():
             self._locked = locked
-            if locked:
-                memory.HOLDING_LOCK.set()
+            if not last:  # a kernel's out-of-memory error comes here, to be re-run (the last try: the kernel's)
+                memory.RETRIES_OUT_OF_MEMORY.set()
             try:
                 undeclared = self._run_example(example)
             except Finding as f:
@@ -293,7 +295,7 @@ class Campaign:
                 classify(self.config.baseline, self.target, example, finding, self._run)
             finally:
                 self._locked = False
-                memory.HOLDING_LOCK.clear()
+                memory.RETRIES_OUT_OF_MEMORY.clear()
             self._end(example, lab, started, None if finding is None else finding.signature, undeclared)
             if locked:  # give back what the example left (a failing one's Run is kept: _forget_run drops it)
                 if finding is None:

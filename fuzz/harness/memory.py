@@ -58,10 +58,11 @@ def device_memory_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-#: Set while this process runs an example holding the device-memory lock (kvfuzz.fuzz.campaign.engine): a kernel
-#: that runs out of device memory without it is re-run holding it (other workers' memory filled the device), and
-#: only an out-of-memory error alone on the device is the kernel's finding (kvfuzz.fuzz.harness.run.run_kernel).
-HOLDING_LOCK = threading.Event()
+#: Set while a campaign (kvfuzz.fuzz.campaign.engine) runs an example without the device-memory lock, which it
+#: re-runs holding the lock if the device runs out of memory: a kernel's ``torch.OutOfMemoryError`` then goes to
+#: the campaign instead of becoming a finding (kvfuzz.fuzz.harness.run.run_kernel); alone on the device (the
+#: lock held, this clear) it is the kernel's finding. Clear everywhere else (a replay, a user's own check).
+RETRIES_OUT_OF_MEMORY = threading.Event()
 
 
 def release_device_memory(collect: bool = False) -> None:
@@ -79,5 +80,5 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError)
 
 
-__all__ = ["BIG_EXAMPLE_BYTES", "HOLDING_LOCK", "LOCK_NAME", "cache_bytes", "device_memory_lock", "is_big", "is_out_of_memory",
+__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes", "device_memory_lock", "is_big", "is_out_of_memory",
            "release_device_memory"]

@@ -112,27 +112,22 @@ class _KernelOutOfMemoryUnlessAlone(SdpaPaged):
     always = False
 
     def run(self, call):
-        if self.always or not memory.HOLDING_LOCK.is_set():
+        if self.always or memory.RETRIES_OUT_OF_MEMORY.is_set():
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (planted, in the kernel)")
         return super().run(call)
 
 
 @pytest.mark.parametrize("always", [False, True])
-def test_a_kernel_out_of_memory_in_a_worker_runs_again_alone(tmp_path, always, monkeypatch):
-    """In a campaign's worker (ISOLATED) a kernel that ran out of device memory without the lock is re-run holding
-    it: no finding (and no Hypothesis FlakyFailure from a first call that hit a full GPU). Out of memory alone on
-    the device too, it is the kernel's finding."""
-    from kvfuzz.fuzz.harness import run as harness_run
-
+def test_a_kernel_out_of_memory_runs_again_alone(tmp_path, always, monkeypatch):
+    """A kernel that ran out of device memory without the lock is re-run holding it: no finding (and no Hypothesis
+    FlakyFailure from a first call that hit a full GPU). Out of memory alone on the device too, it is the
+    kernel's finding."""
     monkeypatch.setattr(engine, "OUT_OF_MEMORY_PAUSES", (0.0,))
     monkeypatch.setattr(_KernelOutOfMemoryUnlessAlone, "always", always)
-    harness_run.ISOLATED.set()
-    try:
-        stats = fuzz_target(_KernelOutOfMemoryUnlessAlone(), CampaignConfig(
-            out=tmp_path, max_examples=4, poisons=(Poison.ZEROS,), seed=1, stop_at_first_failure=True,
-            structural_shrink=0))
-    finally:
-        harness_run.ISOLATED.clear()
+    stats = fuzz_target(_KernelOutOfMemoryUnlessAlone(), CampaignConfig(
+        out=tmp_path, max_examples=4, poisons=(Poison.ZEROS,), seed=1, stop_at_first_failure=True,
+        structural_shrink=0))
+    assert not memory.RETRIES_OUT_OF_MEMORY.is_set()
     if not always:
         assert stats.examples == 4 and not stats.failures and not stats.skipped_memory
         return
