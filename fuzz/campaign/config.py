@@ -154,6 +154,32 @@ MAX_WORKERS_PER_GPU_MPS = 28
 MAX_CPU_WORKERS = 8
 
 
+#: Workers per usable CPU core at most, whatever ``--workers`` asks: each worker is a process with its own torch,
+#: Python harness and (on CUDA) context; past a few per core they only take turns, and hundreds never got their
+#: imports done (``--workers 500`` on 2 cores: 0 examples in 120 s).
+MAX_WORKERS_PER_CORE = 4
+#: Workers per GPU at most, whatever ``--workers`` asks: twice the MPS default's ceiling.
+MAX_WORKERS_PER_GPU_CAP = 2 * MAX_WORKERS_PER_GPU_MPS
+
+
+def cap_workers(requested: int, budget: int | None, cpus: int, gpus: int = 0) -> tuple[int, list[str]]:
+    """``requested`` workers capped where more cannot help: at most ``budget`` (the campaign's examples in all,
+    ``--max-examples`` times the targets; None: no example budget), :data:`MAX_WORKERS_PER_CORE` per CPU core
+    (``cpus``) and, on CUDA, :data:`MAX_WORKERS_PER_GPU_CAP` per GPU (``gpus``). Returns the count (at least 1)
+    and, for each cap that applied, why (a sentence for the console)."""
+    n, why = requested, []
+    if budget is not None and n > budget:
+        n = max(1, budget)
+        why.append(f"the campaign has {budget} example(s) in all (--max-examples times the targets)")
+    if n > MAX_WORKERS_PER_CORE * cpus:
+        n = MAX_WORKERS_PER_CORE * cpus
+        why.append(f"{cpus} CPU core(s) run at most {MAX_WORKERS_PER_CORE} workers each usefully")
+    if gpus and n > MAX_WORKERS_PER_GPU_CAP * gpus:
+        n = MAX_WORKERS_PER_GPU_CAP * gpus
+        why.append(f"{gpus} GPU(s) take at most {MAX_WORKERS_PER_GPU_CAP} workers each")
+    return max(1, n), why
+
+
 def usable_cpus() -> int:
     """CPU cores this process may run on: the size of its affinity mask (``os.sched_getaffinity``; a container
     or ``taskset`` may allow fewer than the machine has), or ``os.cpu_count()`` where there is none; at least 1."""
@@ -165,19 +191,20 @@ def usable_cpus() -> int:
 
 def default_workers(gpus: int, cpus: int | None = None, mps: bool = False) -> int:
     """Workers when --workers is not given: on CUDA, per GPU half the CPU cores it has (``cpus``, default
-    ``os.cpu_count()``; at most :data:`MAX_WORKERS_PER_GPU`, at least 1), or under MPS (``mps``) its cores less
-    two (at most :data:`MAX_WORKERS_PER_GPU_MPS`; 14 on a 16-core host with one GPU, 28 on a 32-core host with
-    one or two); on CPU, one per usable core (``cpus``, default
+    ``os.cpu_count()``; at most :data:`MAX_WORKERS_PER_GPU`, at least 1), or under MPS (``mps``) its share of
+    the cores less two for the host (at most :data:`MAX_WORKERS_PER_GPU_MPS`; 14 on a 16-core host with one
+    GPU, 28 on a 32-core host with one, 30 with two: the two cores were taken per GPU, 28); on CPU, one per usable core (``cpus``, default
     :func:`usable_cpus`), at most :data:`MAX_CPU_WORKERS`: a worker runs one torch thread (``--threads``) and its
     examples are mostly Python, so each core runs a worker (vllm.cpu_attention on 2 cores: 140 examples/s with 1
     worker, 290 with 2)."""
     if not gpus:
         return max(1, min(MAX_CPU_WORKERS, cpus or usable_cpus()))
     cpus = cpus or os.cpu_count() or 1
-    if mps:
-        return gpus * max(1, min(MAX_WORKERS_PER_GPU_MPS, cpus // gpus - 2))
+    if mps:  # the two cores of the supervisor and Triton's compiles are the host's, not each GPU's
+        return gpus * max(1, min(MAX_WORKERS_PER_GPU_MPS, (cpus - 2) // gpus))
     return gpus * max(1, min(MAX_WORKERS_PER_GPU, cpus // gpus // 2))
 
 
-__all__ = ["MAX_CPU_WORKERS", "MAX_WORKERS_PER_GPU", "MAX_WORKERS_PER_GPU_MPS", "CampaignConfig", "CrashPolicy",
-           "WorkerPool", "config_from_dict", "config_to_dict", "default_workers", "gpu_count", "usable_cpus"]
+__all__ = ["MAX_CPU_WORKERS", "MAX_WORKERS_PER_CORE", "MAX_WORKERS_PER_GPU", "MAX_WORKERS_PER_GPU_CAP",
+           "MAX_WORKERS_PER_GPU_MPS", "CampaignConfig", "CrashPolicy", "WorkerPool", "cap_workers", "config_from_dict",
+           "config_to_dict", "default_workers", "gpu_count", "usable_cpus"]

@@ -33,6 +33,7 @@ every saved failure, with each kvfuzz release). tests/fuzz/campaign/test_databas
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import time
@@ -53,7 +54,8 @@ from kvfuzz.fuzz.campaign.chunks import (CHUNK_SEED_STRIDE, campaign_tiers, chun
                                          examples_per_chunk, record_tier_time, tier_chunk_size)
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
-from kvfuzz.fuzz.campaign.records import FailureRecord, Listener, Outcome, Quiet, TargetStats, example_key
+from kvfuzz.fuzz.campaign.records import (SKIPPED_FOR_MEMORY, FailureRecord, Listener, Outcome, Quiet, TargetStats,
+                                          example_key)
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import memory, properties
@@ -93,9 +95,33 @@ def _tier_config(config: CampaignConfig, tier: str) -> CampaignConfig:
     return attrs.evolve(config, limits=limits, big_cache=big)
 
 
+#: ``--duration``'s allowance: a campaign ends within the larger of this share of it and
+#: :data:`DURATION_SLACK_SECONDS` past it (what a shrink stopped at the deadline, or an example in flight, may take).
+DURATION_SLACK_SHARE, DURATION_SLACK_SECONDS = 0.10, 15.0
+
+
+def duration_allowance(duration: float) -> float:
+    """Seconds a campaign of ``--duration`` ``duration`` seconds may run past it: max(10%, 15 s)."""
+    return max(DURATION_SLACK_SHARE * duration, DURATION_SLACK_SECONDS)
+
+
+class PastDeadline(BaseException):
+    """The campaign's ``--duration`` ran out (:attr:`Campaign.deadline`): raised from the property body, it ends
+    the Hypothesis run in progress at once, in generation or in shrinking (Hypothesis lets a BaseException that
+    is not Exception, SystemExit or GeneratorExit through: ``hypothesis.core.failure_exceptions_to_catch``);
+    :meth:`Campaign._execute` records each failure found so far as it stands (shrunk as far as it got)."""
+
+
 class _OutOfMemory(Exception):
-    """The device ran out of memory outside the kernel call of an example that did not hold the device-memory
-    lock: :meth:`Campaign._attempt` runs it again holding it."""
+    """The device ran out of memory outside the kernel call (kvfuzz's prepare or check, whatever the adapter
+    overrides): :meth:`Campaign._attempt` runs it again holding the device-memory lock, after each of
+    :data:`OUT_OF_MEMORY_PAUSES`, and counts it as skipped (:data:`SKIPPED_FOR_MEMORY`) if it never fits."""
+
+
+#: Seconds :meth:`Campaign._attempt` waits, holding the device-memory lock, before each re-run of an example that
+#: ran out of device memory in kvfuzz's own phases (other workers' examples end and free theirs meanwhile).
+#: Environment: KVFUZZ_OOM_PAUSES (comma-separated seconds; the tests' planted out-of-memory wait 0).
+OUT_OF_MEMORY_PAUSES = tuple(float(x) for x in os.environ.get("KVFUZZ_OOM_PAUSES", "0,1,3").split(","))
 
 
 class Campaign:
@@ -125,6 +151,12 @@ class Campaign:
         self._new: list[FailureRecord] = []
         self._run: Run | None = None
         self._locked = False  # the current example holds the device-memory lock (fuzz/harness/memory.py)
+        #: ``time.monotonic()`` past which no example starts (the target's start plus ``--duration``; None: no time
+        #: budget). The supervisor sends it with every task (CLOCK_MONOTONIC is the same in every process of a
+        #: host); a chunk, a shrink and the structural shrink stop there (:class:`PastDeadline`).
+        self.deadline: float | None = None
+        #: what the deadline cut short in this process ("shrinking <kind> (<check>)", "generating"), for the summary
+        self.cut_short: list[str] = []
 
     def _use(self, tier: str) -> None:
         """Draw from ``tier`` from now on: its config, its strategy, and its database key (long and wide, whose
@@ -176,7 +208,7 @@ class Campaign:
             if type(e).__module__.startswith("hypothesis"):
                 raise
             exit_if_device_unusable(e, f"kvfuzz's {stage}")  # a campaign's worker: the supervisor decides
-            if memory.is_out_of_memory(e) and not self._locked:
+            if memory.is_out_of_memory(e):  # kvfuzz's own memory, whatever the adapter: never a finding
                 raise _OutOfMemory() from e
             if disk_full(e):  # a full disk ends the campaign (exit 3); it is nobody's finding
                 raise OutOfSpace(getattr(e, "filename", None) or f"a file ({stage})",
@@ -185,9 +217,15 @@ class Campaign:
                                f"{type(e).__name__} outside the kernel call ({stage}: {'the target built the call' if stage == 'prepare' else 'checking the output'}): {e}",
                                {"stage": stage, "traceback": traceback.format_exc(limit=-6)}) from None
 
+    def past_deadline(self) -> bool:
+        """Whether the campaign's ``--duration`` has run out (:attr:`deadline`)."""
+        return self.deadline is not None and time.monotonic() > self.deadline
+
     def _body(self, example: Example) -> None:
         if STOP.is_set():
             raise KeyboardInterrupt
+        if self.past_deadline():
+            raise PastDeadline()
         lab = self._labels(example)
         for k, v in lab.items():
             event(f"{k}: {v}")
@@ -219,21 +257,38 @@ class Campaign:
         big = memory.is_big(example.batch)
         try:
             finding, undeclared = self._locked_attempt(example, lab, started, big)
-        except _OutOfMemory:  # other workers' memory (fuzz/harness/memory.py): once more, alone on the device
-            self._run = None
-            memory.release_device_memory(collect=True)
-            finding, undeclared = self._locked_attempt(example, lab, started, True)
+        except _OutOfMemory:  # other workers' memory (fuzz/harness/memory.py): again, alone on the device
+            for i, pause in enumerate(OUT_OF_MEMORY_PAUSES):
+                self._run = None
+                memory.release_device_memory(collect=True)
+                time.sleep(pause)  # the other workers' examples end meanwhile (a big one waits for the lock)
+                try:
+                    finding, undeclared = self._locked_attempt(example, lab, started, True,
+                                                               last=i == len(OUT_OF_MEMORY_PAUSES) - 1)
+                    break
+                except _OutOfMemory:
+                    continue
+            else:  # kvfuzz cannot fit it: counted as skipped, never the kernel's finding nor a harness error
+                self._run = None
+                memory.release_device_memory(collect=True)
+                event("skipped: out of device memory")
+                self.listener.end(self.target.name, Outcome(lab, 0.0, time.perf_counter() - started,
+                                                            skipped=SKIPPED_FOR_MEMORY))
+                return None
         return finding
 
-    def _locked_attempt(self, example: Example, lab: dict, started: float,
-                        locked: bool) -> tuple[Finding | None, str | None]:
+    def _locked_attempt(self, example: Example, lab: dict, started: float, locked: bool,
+                        last: bool = False) -> tuple[Finding | None, str | None]:
         """:meth:`_attempt`'s run of the example, holding the campaign's device-memory lock when ``locked``
-        (fuzz/harness/memory.py), the memory of a passing one given back then. Raises _OutOfMemory when the
-        device ran out of memory outside the kernel call without the lock (nothing counted yet)."""
+        (fuzz/harness/memory.py), the memory it left given back then. Raises _OutOfMemory when the device ran out
+        of memory outside the kernel call, or in it unless ``last`` (the last re-run: then it is the kernel's
+        finding); nothing is counted then."""
         self._run = None
         finding = undeclared = None
         with memory.device_memory_lock(self.config.out) if locked else contextlib.nullcontext():
             self._locked = locked
+            if not last:  # a kernel's out-of-memory error comes here, to be re-run (the last try: the kernel's)
+                memory.RETRIES_OUT_OF_MEMORY.set()
             try:
                 undeclared = self._run_example(example)
             except Finding as f:
@@ -241,9 +296,11 @@ class Campaign:
                 classify(self.config.baseline, self.target, example, finding, self._run)
             finally:
                 self._locked = False
+                memory.RETRIES_OUT_OF_MEMORY.clear()
             self._end(example, lab, started, None if finding is None else finding.signature, undeclared)
-            if locked and finding is None:
-                self._run = None
+            if locked:  # give back what the example left (a failing one's Run is kept: _forget_run drops it)
+                if finding is None:
+                    self._run = None
                 memory.release_device_memory()
         return finding, undeclared
 
@@ -257,8 +314,10 @@ class Campaign:
             lab["undeclared"] = "silently wrong"
         rejection = undeclared.removeprefix("rejected: ") if undeclared and undeclared.startswith("rejected") \
             else None
+        batch = example.batch
         self.listener.end(self.target.name, Outcome(lab, kernel_s, max(0.0, total - kernel_s),
-                                                    run.ratio if run is not None else 0.0, signature, rejection))
+                                                    run.ratio if run is not None else 0.0, signature, rejection,
+                                                    kv_tokens=sum(batch.ctx_lens) + sum(batch.query_lens)))
 
     # ---- pieces -------------------------------------------------------------------------------------------
     def _test(self, phases: list[Phase], chunk_seed: int, max_examples: int, explicit: Example | None = None,
@@ -286,6 +345,16 @@ class Campaign:
         self._new, self._found = [], []
         try:
             test()
+        except PastDeadline:
+            # --duration ran out mid-run: each failure seen and not yet recorded is recorded as it stands
+            pending = [sig for sig in self._latest if sig not in self.known and sig not in self._found]
+            self.cut_short.append("shrinking " + ", ".join(f"{k} ({c})" for k, c in pending) if pending
+                                  else "generating")
+            for sig in pending:
+                self._latest[sig][1].details["shrink_stopped"] = "the campaign's --duration ran out"
+                self._found.append(sig)
+                if record:
+                    self._record(sig)
         except (Finding, BaseExceptionGroup) as exc:
             errors = exc.exceptions if isinstance(exc, BaseExceptionGroup) else [exc]
             for e in errors:
@@ -322,9 +391,24 @@ class Campaign:
             example, finding, run = self._reduce(signature, example, finding, run)
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
         self._drop_early(signature, keep=path)
+        self._forget_run(signature)
         record = FailureRecord.of(self.target.name, finding, example, self.fault_name, path)
         self._new.append(record)
         self.listener.failure(record)
+
+    def _forget_run(self, signature: tuple[str, str]) -> None:
+        """Drop the Run a recorded failure kept (its reproducer is written): a big-cache example's Run holds
+        caches of several GiB, which every worker that found a failure on one kept on the device for the rest of
+        the campaign (an adapter with a big-cache finding filled an H100: other workers' prepare ran out of
+        memory). Gives the memory back to the device."""
+        latest = self._latest.get(signature)
+        if latest is not None and latest[2] is not None:
+            big = memory.is_big(latest[0].batch)
+            self._latest[signature] = (latest[0], latest[1], None)
+            if self._run is latest[2]:
+                self._run = None
+            if big:
+                memory.release_device_memory(collect=True)
 
     def _record_known(self, example: Example, finding: Finding) -> None:
         """The first hit of a baseline entry here: its reproducer (as found, not shrunk: the baseline already
@@ -339,7 +423,7 @@ class Campaign:
         """Whether new failures get the structural shrink (not outside the declaration, nor on big caches,
         whose block ids are placed on purpose)."""
         c = self.config
-        return c.structural_shrink > 0 and not c.undeclared and not c.big_cache
+        return c.structural_shrink > 0 and not c.undeclared and not c.big_cache and not self.past_deadline()
 
     def _reduce(self, signature: tuple[str, str], example: Example, finding: Finding, run: Run | None):
         """The structural shrink (:mod:`kvfuzz.fuzz.campaign.reduce`) of a Hypothesis-shrunk failure; before its
@@ -356,8 +440,11 @@ class Campaign:
                 kept[:] = [self._run]  # every candidate failing so is taken: the last one is the result
             return found
 
+        budget = self.config.structural_shrink
+        if self.deadline is not None:  # never past --duration (the deadline, then the campaign's allowance)
+            budget = max(0.0, min(budget, self.deadline - time.monotonic()))
         reduced = reduce_failure(example, signature, attempt, self.target.capabilities, self.config.limits,
-                                 self.config.structural_shrink,
+                                 budget,
                                  skip=lambda e: bool(self.ended) and example_key(e) in self.ended,
                                  before=lambda: self._seen(signature, start, stage="hypothesis"))
         if reduced.finding is not None:
@@ -391,6 +478,11 @@ class Campaign:
                       record=False)
         if not self._found:
             return []
+        if self.past_deadline():  # --duration ran out: each failure is recorded in its configuration, unwidened
+            for sig in self._found:
+                if sig not in self.known:
+                    self._record(sig)
+            return self._new
         return self._widen(pinned, list(self._found))
 
     def _widen(self, pinned: InMemoryExampleDatabase, found: list[tuple[str, str]]) -> list[FailureRecord]:
@@ -424,7 +516,11 @@ class Campaign:
     def check_one(self, example: Example) -> list[FailureRecord]:
         """Run one given example (Hypothesis's explicit phase: no generation, no shrinking); returns its failure
         if it is new."""
-        return self._execute(self._test([Phase.explicit], self.config.seed, 1, explicit=example))
+        deadline, self.deadline = self.deadline, None  # a re-run (a killed worker's example) is owed an answer
+        try:
+            return self._execute(self._test([Phase.explicit], self.config.seed, 1, explicit=example))
+        finally:
+            self.deadline = deadline
 
 
 # ---- the whole budget in this process (library use: the gate, benchmarks, tests) ----------------------------
@@ -452,6 +548,7 @@ def fuzz_target(target: Target, config: CampaignConfig,
     config.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     campaign = Campaign(target, config, _Counting(stats, start, on_example))
+    campaign.deadline = None if config.duration is None else start + config.duration
     campaign.replay_database()
     chunk, tier_times = 0, {}
     while stats.examples < config.max_examples:
@@ -478,4 +575,5 @@ def fuzz_target(target: Target, config: CampaignConfig,
     return stats
 
 
-__all__ = ["Campaign", "fuzz_target", "strategy_for"]
+__all__ = ["DURATION_SLACK_SECONDS", "DURATION_SLACK_SHARE", "Campaign", "PastDeadline", "duration_allowance",
+           "fuzz_target", "strategy_for"]

@@ -23,7 +23,8 @@ class Outcome:
     labels: coverage labels (:func:`kvfuzz.fuzz.harness.coverage.labels`). kernel_s, harness_s: seconds in the
     kernel and outside it. ratio: how close a passing kernel came to the tolerance bound. signature: the
     finding's (kind, check) when the example failed. rejection: ``--undeclared``: the error a kernel rejected
-    an undeclared configuration with."""
+    an undeclared configuration with. skipped: why the example was not checked (``SKIPPED_FOR_MEMORY``): it is
+    counted apart, not as an example."""
 
     labels: dict[str, str]
     kernel_s: float = 0.0
@@ -31,6 +32,16 @@ class Outcome:
     ratio: float = 0.0
     signature: tuple[str, str] | None = None
     rejection: str | None = None
+    skipped: str | None = None
+    #: KV tokens the example's kernel call attended over: its cached context plus its new tokens
+    #: (``sum(ctx_lens) + sum(query_lens)``), for KV tokens checked per second.
+    kv_tokens: int = 0
+
+
+#: :attr:`Outcome.skipped` of an example that ran out of device memory in kvfuzz's own phases (prepare, check)
+#: even holding the campaign's device-memory lock, after the retries (kvfuzz.fuzz.campaign.engine): kvfuzz could
+#: not fit it, so it is neither a finding nor a harness error; the campaign counts it and exits 3.
+SKIPPED_FOR_MEMORY = "out of device memory in kvfuzz's own phases"
 
 
 @attrs.define
@@ -101,6 +112,10 @@ class TargetStats:
     stopped: str = ""
     #: Per size tier (the "tier" label): [examples, kernel seconds, harness seconds].
     tier_seconds: dict = attrs.Factory(dict)
+    #: Examples skipped because kvfuzz could not fit them in device memory (:data:`SKIPPED_FOR_MEMORY`).
+    skipped_memory: int = 0
+    #: KV tokens of the examples checked (:attr:`Outcome.kv_tokens`).
+    kv_tokens: int = 0
 
     @property
     def examples_per_second(self) -> float:
@@ -108,7 +123,12 @@ class TargetStats:
 
     def add(self, outcome: Outcome, elapsed: float) -> None:
         """Count one example, ``elapsed`` seconds after the target's start."""
+        if outcome.skipped is not None:  # not checked: counted apart
+            self.skipped_memory += 1
+            self.elapsed = max(self.elapsed, elapsed)
+            return
         self.examples += 1
+        self.kv_tokens += outcome.kv_tokens
         self.elapsed = max(self.elapsed, elapsed)
         self.kernel_seconds += outcome.kernel_s
         self.harness_seconds += outcome.harness_s
@@ -140,6 +160,8 @@ class TargetStats:
             "examples": self.examples,
             "elapsed_s": round(self.elapsed, 3),
             "examples_per_s": round(self.examples_per_second, 3),
+            "kv_tokens": self.kv_tokens,
+            "kv_tokens_per_s": round(self.kv_tokens / self.elapsed, 1) if self.elapsed else 0.0,
             "kernel_s": round(self.kernel_seconds, 3),
             "harness_s": round(self.harness_seconds, 3),
             "tiers": {t: {"examples": n, "kernel_s": round(k, 3), "harness_s": round(h, 3)}
@@ -151,6 +173,7 @@ class TargetStats:
             "first_failure_s": self.first_failure_s,
             "first_failure_examples": self.first_failure_examples,
             "lost": self.lost,
+            "skipped_for_memory": self.skipped_memory,
             "stopped": self.stopped,
             "failures": [f.to_dict() for f in self.failures.values()],
         }

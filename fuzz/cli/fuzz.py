@@ -41,7 +41,8 @@ UNLIMITED = 2**62
               help="Target to fuzz (repeatable): a registered name, path/to/file.py:CLASS or module:CLASS. "
                    "Default: every registered target available here.")
 @click.option("--duration", default=None, callback=duration_option,
-              help="Time budget per target (90, 90s, 5m, 2h). Default: none.")
+              help="Time budget per target (90, 90s, 5m, 2h), shrinking included: a campaign ends within "
+                   "max(10%, 15 s) past it, or its summary says what overran. Default: none.")
 @click.option("--max-examples", default=None, type=click.IntRange(min=1),
               help="Example budget per target, for the whole campaign (shared by the workers). Default: 30, "
                    "or no limit when --duration is given.")
@@ -63,8 +64,10 @@ UNLIMITED = 2**62
                    "campaign runs its examples in workers: a kernel that crashes or hangs costs a worker, not the "
                    "campaign, and the example is saved. Default: on CPU one per core this process may use "
                    "(its affinity), at most 8; on CUDA, per GPU half its share of the CPU cores, at most 8 "
-                   "(Triton compiles on the CPU; the GPU has room), or under MPS its share less two, at most 28 "
-                   "(14 on a 16-core host with one GPU).")
+                   "(Triton compiles on the CPU; the GPU has room), or under MPS its share of the cores less two "
+                   "for the host, at most 28 "
+                   "(14 on a 16-core host with one GPU). Capped, with a warning, at the campaign's example budget "
+                   "(--max-examples times the targets), 4 per CPU core and 56 per GPU: more cannot help.")
 @click.option("--mps", "mps_mode", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
               help="CUDA MPS for the workers sharing a GPU (their kernels then run concurrently instead of "
                    "time-slicing): auto starts a private daemon (nvidia-cuda-mps-control -d) when the targets "
@@ -150,8 +153,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
             raise click.UsageError("--big-cache is --tier big-cache; leave out the other --tier values or --big-cache")
 
     # here, not at the top: `kvfuzz --help` loads no Hypothesis (nor torch)
-    from kvfuzz.fuzz.campaign.config import (CampaignConfig, CrashPolicy, WorkerPool, default_workers, gpu_count,
-                                             usable_cpus)
+    from kvfuzz.fuzz.campaign.config import (CampaignConfig, CrashPolicy, WorkerPool, cap_workers, default_workers,
+                                             gpu_count, usable_cpus)
     from kvfuzz.fuzz.campaign.store.database import DatabaseError, open_database
     from kvfuzz.fuzz.campaign.store.journal import OutLock, OutLocked, OutOfSpace
     from kvfuzz.fuzz.campaign.workers.mps import MpsError, start_mps
@@ -201,7 +204,12 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         stack.callback(mps.stop)
         if mps.note:
             console.print(escape(mps.note))
-        workers = workers or default_workers(gpus, mps=mps.active)
+        asked = workers
+        budget = None if max_examples >= UNLIMITED else max_examples * len(chosen)
+        workers, capped = cap_workers(workers or default_workers(gpus, mps=mps.active), budget,
+                                      (os.cpu_count() or 1) if gpus else usable_cpus(), gpus)
+        if capped and asked:
+            console.print(f"[yellow]--workers {asked} capped at {workers}[/]: " + escape("; ".join(capped)))
         if not gpus and workers > usable_cpus():
             console.print(f"[yellow]--workers {workers} on {usable_cpus()} CPU cores[/]: workers will share cores "
                           "(one per core is the most that helps on CPU)")

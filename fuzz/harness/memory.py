@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gc
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -57,6 +58,13 @@ def device_memory_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+#: Set while a campaign (kvfuzz.fuzz.campaign.engine) runs an example without the device-memory lock, which it
+#: re-runs holding the lock if the device runs out of memory: a kernel's ``torch.OutOfMemoryError`` then goes to
+#: the campaign instead of becoming a finding (kvfuzz.fuzz.harness.run.run_kernel); alone on the device (the
+#: lock held, this clear) it is the kernel's finding. Clear everywhere else (a replay, a user's own check).
+RETRIES_OUT_OF_MEMORY = threading.Event()
+
+
 def release_device_memory(collect: bool = False) -> None:
     """Give this process's unused cached device memory back to the device (``torch.cuda.empty_cache``; with
     ``collect``, after a garbage collection, for tensors only a reference cycle still holds); nothing where CUDA
@@ -72,5 +80,5 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError)
 
 
-__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "cache_bytes", "device_memory_lock", "is_big", "is_out_of_memory",
+__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes", "device_memory_lock", "is_big", "is_out_of_memory",
            "release_device_memory"]

@@ -17,6 +17,7 @@ from kvfuzz.contracts.model.data import BatchData, make_batch_data
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.fuzz.harness.isolation import STOP, exit_if_device_unusable
+from kvfuzz.fuzz.harness.memory import RETRIES_OUT_OF_MEMORY
 from kvfuzz.fuzz.targets.base import KernelCall, Target
 
 
@@ -89,6 +90,10 @@ def run_kernel(target: Target, call: KernelCall,
     """Run the kernel (synchronizing CUDA so its errors surface here); returns ``(output, None)``, or
     ``(None, "<ExceptionType>: <message>\n<last frames>")`` when it raised anything: an Exception, SystemExit
     (a kernel must not end the process), MemoryError, or a KeyboardInterrupt that no stop request explains.
+    A ``torch.OutOfMemoryError`` while a campaign runs the example without the device-memory lock
+    (:data:`kvfuzz.fuzz.harness.memory.RETRIES_OUT_OF_MEMORY`) propagates instead: other workers' memory may have
+    filled the device, and the campaign re-runs the example holding the lock; alone on the device, it is the
+    kernel's.
     ``on_phase`` is told "kernel" right before the call and "check" right after it."""
     if on_phase is not None:
         on_phase("kernel")
@@ -102,6 +107,8 @@ def run_kernel(target: Target, call: KernelCall,
             raise
         return None, f"{type(e).__name__} raised by the kernel (no stop was requested)\n{traceback.format_exc(limit=-3)}"
     except (Exception, SystemExit) as e:  # the kernel's own error, reported as a finding
+        if isinstance(e, torch.OutOfMemoryError) and RETRIES_OUT_OF_MEMORY.is_set():
+            raise  # without the device-memory lock: the campaign re-runs it alone on the device (campaign.engine)
         crash = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
         # still in phase "kernel" (the finally below does not run): the parent decides whose fault it is
         exit_if_device_unusable(e, "the kernel", crash)

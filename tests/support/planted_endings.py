@@ -265,3 +265,51 @@ class SkipsLastRow(Correct):
         super().run(call)
         out[-1] = keep
         return out
+
+
+class SlowWrong(_Planted):
+    """0.4 s per call, and wrong (the output plus one) on head size 64 with two sequences or more: a failure that
+    Hypothesis finds in a few examples and whose shrinks (Hypothesis's, then the structural one) take minutes,
+    to hold a campaign to --duration (tests/fuzz/campaign/test_duration.py)."""
+
+    name = "planted.slow_wrong"
+    description = "0.4 s per call; adds 1 to the output on head size 64 with 2+ sequences"
+
+    def run(self, call):
+        _log()
+        time.sleep(0.4)
+        out = SdpaPaged.run(self, call)
+        return out + 1 if call.kwargs["query"].shape[-1] == BAD_HEAD and len(call.kwargs["seq_lens"]) > 1 else out
+
+
+class OutOfMemoryInPrepare(Correct):
+    """kvfuzz's prepare runs out of device memory on head size 64, every time (the adapter's build_call raises
+    ``torch.OutOfMemoryError``, as a GPU that other workers filled): kvfuzz's, never a finding."""
+
+    name = "planted.out_of_memory_in_prepare"
+    description = "build_call raises torch.OutOfMemoryError on head size 64"
+
+    def build_call(self, batch, data, cache):
+        if batch.head_size == BAD_HEAD:
+            import torch
+
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB (planted)")
+        return super().build_call(batch, data, cache)
+
+
+class PrepareFaultsTwice(Correct):
+    """kvfuzz's prepare meets CUDA's sticky error twice on the same example, its first (as a bystander does, under
+    CUDA MPS, each time another client's kernel faults: a shrink of that kernel faults again and again); written
+    to the file $KVFUZZ_PLANTED_MARK, one line (the batch) per time. Correct otherwise."""
+
+    name = "planted.prepare_faults_twice"
+    description = "build_call raises CUDA's sticky error twice on the campaign's first example"
+
+    def build_call(self, batch, data, cache):
+        mark = Path(os.environ["KVFUZZ_PLANTED_MARK"])
+        seen = mark.read_text().splitlines() if mark.exists() else []
+        if not seen or (len(seen) < 2 and seen[0] == repr(batch)):
+            with open(mark, "a") as f:
+                f.write(repr(batch) + "\n")
+            raise RuntimeError(STICKY)
+        return super().build_call(batch, data, cache)

@@ -29,6 +29,20 @@ CONTROL = "nvidia-cuda-mps-control"
 #: --mps values: auto (on CUDA when CONTROL is on PATH), on (fail when it cannot start), off.
 MODES = ("auto", "on", "off")
 ENV = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
+#: The pipe folders of per-GPU daemons (comma-separated, one per GPU index of the campaign): a worker on GPU ``i``
+#: sets ``CUDA_MPS_PIPE_DIRECTORY`` to the ``i``-th (kvfuzz.fuzz.campaign.workers.worker).
+PIPES_ENV = "KVFUZZ_MPS_PIPES"
+#: Environment: ``KVFUZZ_MPS_PER_GPU=0`` starts one daemon for all GPUs instead of one per GPU (a before/after for
+#: benchmarks/gpu_multi_scaling.sh).
+PER_GPU_ENV = "KVFUZZ_MPS_PER_GPU"
+
+
+def visible_devices(gpus: int) -> list[str]:
+    """The CUDA device of each GPU index ``0 .. gpus - 1`` of the campaign, as ``CUDA_VISIBLE_DEVICES`` names it:
+    the entries of this process's own ``CUDA_VISIBLE_DEVICES`` when it is set (a campaign on GPUs 2,3 puts its
+    GPU 0 on device "2"), else the indices themselves."""
+    mine = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return [mine[i] if i < len(mine) else str(i) for i in range(gpus)]
 
 
 class MpsError(RuntimeError):
@@ -46,6 +60,8 @@ class Mps:
     note: str = ""
     folder: Path | None = None
     _saved_env: dict = attrs.Factory(dict)
+    #: pipe folders of the per-GPU daemons kvfuzz started (empty: one daemon, ``folder/pipe``)
+    pipes: list = attrs.Factory(list)
 
     def stop(self) -> None:
         """Tell a daemon kvfuzz started to quit, restore the environment and remove its folder (idempotent; errors
@@ -53,11 +69,14 @@ class Mps:
         if not self.started:
             return
         self.started = self.active = False
-        try:
-            subprocess.run([CONTROL], input=b"quit\n", env=os.environ.copy(), timeout=30,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        except (OSError, subprocess.SubprocessError):
-            pass
+        for pipe in self.pipes or [None]:
+            env = os.environ.copy() if pipe is None else {**os.environ, ENV[0]: str(pipe)}
+            try:
+                subprocess.run([CONTROL], input=b"quit\n", env=env, timeout=30,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            except (OSError, subprocess.SubprocessError):
+                pass
+        os.environ.pop(PIPES_ENV, None)
         for name in ENV:
             if self._saved_env.get(name) is None:
                 os.environ.pop(name, None)
@@ -93,24 +112,43 @@ def start_mps(mode: str, gpus: int) -> Mps:
     # under /tmp, not $TMPDIR: the pipe is a Unix socket, whose path must stay under ~100 bytes
     folder = Path(tempfile.mkdtemp(prefix="kvfuzz-mps-", dir="/tmp" if os.path.isdir("/tmp") else None))
     env = {ENV[0]: str(folder / "pipe"), ENV[1]: str(folder / "log")}
-    for d in env.values():
-        Path(d).mkdir()
-    try:
-        done = subprocess.run([control, "-d"], env={**os.environ, **env}, timeout=30, capture_output=True)
-        failed = done.returncode != 0 and (done.stderr or done.stdout).decode(errors="replace").strip() \
-            or (done.returncode != 0 and f"exit status {done.returncode}")
-    except (OSError, subprocess.SubprocessError) as e:
-        failed = f"{type(e).__name__}: {e}"
+    # several GPUs: one daemon per GPU (its own pipe, CUDA_VISIBLE_DEVICES its GPU), so each GPU's clients have an
+    # MPS server of their own (issue 40: two H200s under one daemon ran 1.55x one H200, not 2x)
+    per_gpu = gpus > 1 and os.environ.get(PER_GPU_ENV, "1") != "0"
+    daemons = [({ENV[0]: str(folder / f"pipe{i}"), ENV[1]: str(folder / f"log{i}"), "CUDA_VISIBLE_DEVICES": dev})
+                for i, dev in enumerate(visible_devices(gpus))] if per_gpu else [env]
+    started: list[dict] = []
+    failed = None
+    for d_env in daemons:
+        for name in ENV:
+            Path(d_env[name]).mkdir()
+        try:
+            done = subprocess.run([control, "-d"], env={**os.environ, **d_env}, timeout=30, capture_output=True)
+            failed = done.returncode != 0 and (done.stderr or done.stdout).decode(errors="replace").strip() \
+                or (done.returncode != 0 and f"exit status {done.returncode}")
+        except (OSError, subprocess.SubprocessError) as e:
+            failed = f"{type(e).__name__}: {e}"
+        if failed:
+            break
+        started.append(d_env)
     if failed:
+        if per_gpu and started:  # quit the daemons of the GPUs before the one that failed
+            Mps(started=True, pipes=[d[ENV[0]] for d in started]).stop()
         shutil.rmtree(folder, ignore_errors=True)
         why = f"{CONTROL} -d failed: {str(failed).splitlines()[0][:200]}"
         if mode == "on":
             raise MpsError(f"--mps on: {why}")
         return Mps(note=f"no MPS ({why}): the workers time-slice the GPU")
-    mps = Mps(active=True, started=True, note=f"MPS daemon started for the workers ({folder})", folder=folder,
-              saved_env={name: os.environ.get(name) for name in ENV})
-    os.environ.update(env)
+    note = (f"MPS daemons started for the workers, one per GPU ({folder})" if per_gpu
+            else f"MPS daemon started for the workers ({folder})")
+    mps = Mps(active=True, started=True, note=note, folder=folder,
+              saved_env={name: os.environ.get(name) for name in ENV},
+              pipes=[d[ENV[0]] for d in daemons] if per_gpu else [])
+    # this process (and a worker without a GPU index) sees GPU 0's daemon; a worker on GPU i picks pipe i
+    os.environ.update({ENV[0]: daemons[0][ENV[0]], ENV[1]: daemons[0][ENV[1]]})
+    if per_gpu:
+        os.environ[PIPES_ENV] = ",".join(mps.pipes)
     return mps
 
 
-__all__ = ["CONTROL", "MODES", "Mps", "MpsError", "start_mps"]
+__all__ = ["CONTROL", "MODES", "PER_GPU_ENV", "PIPES_ENV", "Mps", "MpsError", "start_mps", "visible_devices"]

@@ -43,7 +43,9 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.chunks import (WARMUP_EXAMPLES, campaign_tiers, chunk_size, examples_per_chunk,
                                          pins_configs, record_tier_time, tier_chunk_size)
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
-from kvfuzz.fuzz.campaign.records import FailureRecord, Outcome, TargetStats
+from kvfuzz.fuzz.campaign.engine import duration_allowance
+from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats, example_key
+from kvfuzz.fuzz.campaign.store import ledger
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState, Task
@@ -72,6 +74,9 @@ MAX_ENDED_EXAMPLES = 200
 #: A worker that found the CUDA MPS server not accepting clients (after another client's fault) is started again
 #: after this many seconds, up to this many times in a campaign, before the campaign ends (exit 3).
 MPS_WAIT_SECONDS, MAX_MPS_WAITS = 0.5, 240
+#: Times one example is re-run after a CUDA error ended its worker in kvfuzz's own phases (prepare, check) while
+#: other workers share the GPU (another MPS client's fault, each time), before it is counted lost (exit 3).
+MAX_BYSTANDER_RERUNS = 5
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -119,6 +124,7 @@ class Supervisor:
         self._state_saved = True  # whether the final state.json was written (False: the last snapshot stands)
         self.restarts = 0
         self.mps_waits = 0
+        self._bystander_reruns: dict[str, int] = {}  # example_key -> re-runs after a CUDA error in prepare/check
         self._task_ids = 0
         self._snapshot_at = 0.0
         self._progress_at = 0.0
@@ -137,9 +143,16 @@ class Supervisor:
                 signal.signal(s, h)
             self._reap_all()
             self._snapshot(final=True)
+        self._overruns()
         lost = sum(t.stats.lost for t in self.targets)
         if lost:
-            self.problems.append(f"{lost} example(s) lost: their workers were killed from outside twice")
+            self.problems.append(f"{lost} example(s) lost: their workers were killed from outside twice, or a CUDA "
+                                 f"error ended them in kvfuzz's own phases {MAX_BYSTANDER_RERUNS + 1} times")
+        skipped = sum(t.stats.skipped_memory for t in self.targets)
+        if skipped:
+            self.problems.append(f"{skipped} example(s) skipped: {SKIPPED_FOR_MEMORY} even alone on the device "
+                                 "(holding the device-memory lock, after retries); neither findings nor harness "
+                                 "errors, but not checked (fewer workers, or a GPU with more memory, fits them)")
         if self.fatal:
             self.problems.insert(0, self.fatal)
         full = self._disk_full_report() if self.disk_full else None
@@ -148,6 +161,21 @@ class Supervisor:
         return SupervisorResult([t.stats for t in self.targets], self.problems,
                                 self.stopping and not self.fatal and not self.disk_full,
                                 self.pool.workers, self.restarts, self.warnings, full)
+
+    def _overruns(self) -> None:
+        """A target whose examples ran on past ``--duration`` by more than its allowance (max(10%, 15 s)) gets a
+        warning saying so and why (the workers' reports of what the deadline cut short, or the examples that
+        were in flight then)."""
+        if self.config.duration is None:
+            return
+        allowance = duration_allowance(self.config.duration)
+        for t in self.targets:
+            over = t.stats.elapsed - self.config.duration
+            if over > allowance:
+                why = "; ".join(w for w in self.warnings if w.startswith(f"{t.name}: --duration ran out")) or \
+                    "examples already running at the deadline took that long"
+                self.warnings.append(f"{t.name} ran {over:.0f} s past --duration {self.config.duration:g} s (more "
+                                     f"than the {allowance:.0f} s allowed): {why}")
 
     def _stop_signal(self, signum, frame) -> None:
         if not self.stopping:
@@ -278,7 +306,9 @@ class Supervisor:
                 self._send(s, ("stop",))
             return
         t = self.by_name[task.target]
-        known = {"signatures": [list(sig) for sig in t.stats.failures], "ended": t.ended}
+        known = {"signatures": [list(sig) for sig in t.stats.failures], "ended": t.ended,
+                 # CLOCK_MONOTONIC is one clock for every process of the host: the worker stops there (engine.py)
+                 "deadline": None if self.config.duration is None else t.start + self.config.duration}
         msg = {"replay": ("replay", task.id, task.target, known),
                "chunk": ("chunk", task.id, task.target, task.chunk, task.n, known),
                "retry": ("retry", task.id, task.target, task.example, known)}[task.kind]
@@ -316,7 +346,8 @@ class Supervisor:
             t = self.by_name[msg[1]]
             o = msg[2]
             t.stats.add(Outcome(o["labels"], o["kernel_s"], o["harness_s"], o["ratio"],
-                                None if o["signature"] is None else tuple(o["signature"]), o["rejection"]),
+                                None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
+                                o.get("skipped"), o.get("kv_tokens", 0)),
                         time.monotonic() - (t.start or time.monotonic()))
             if s.task is not None:
                 s.task.counted += 1
@@ -355,9 +386,25 @@ class Supervisor:
         elif task.kind == "chunk" and task.chunk >= 0:
             record_tier_time(t.tier_times, task.tier, task.counted, time.monotonic() - task.sent)
 
+    def _add_failure(self, t: TargetState, record: FailureRecord) -> bool:
+        """Keep a new distinct failure (False: already kept); with a shared ``--db``, one another campaign (another
+        host) claimed first is listed as its known duplicate (kvfuzz.fuzz.campaign.store.ledger)."""
+        if not t.stats.add_failure(record):
+            return False
+        if record.known is None and self.config.db_spec is not None and not self.config.gate:
+            try:
+                other = ledger.claim(self.config.db(), self.out, t.name, record.kind, record.check, record.reproducer)
+            except Exception as e:  # the database: never the campaign's end (its findings are in --out)
+                other = None
+                if "the shared findings ledger" not in " ".join(self.warnings):
+                    self.warnings.append(f"the shared findings ledger in --db could not be used: {e}")
+            if other is not None:
+                record.known = ledger.duplicate_note(other)
+        return True
+
     def _failure(self, record, how: str = "") -> None:
         t = self.by_name[record.target]
-        if t.stats.add_failure(record):
+        if self._add_failure(t, record):
             known = f"known ({record.known}): " if record.known else ""
             self.on_event(f"{known}{record.kind} ({check_label(record.check)}) in {record.target}{how} -> "
                           f"{record.reproducer}")
@@ -492,6 +539,22 @@ class Supervisor:
                 self.on_event(f"worker {s.index} was killed from outside ({ending.detail}) in {flight['phase']}; "
                               f"its example of {t.name} is retried by a new worker")
             return
+        if ending.detail == DEVICE_ERROR and flight["phase"] != "kernel" and self.pool.workers > max(1, self.pool.gpus):
+            # in kvfuzz's own phases (prepare, check) while other workers share the GPU: under CUDA MPS another
+            # client's fault ends this one, as often as that kernel faults (a shrink of it faults again and again),
+            # so the example is re-run by a new worker each time, never reported; lost after MAX_BYSTANDER_RERUNS
+            key = example_key(Example.from_dict(flight["example"]))
+            self._bystander_reruns[key] = n = self._bystander_reruns.get(key, 0) + 1
+            if n > MAX_BYSTANDER_RERUNS:
+                t.stats.lost += 1
+                self.on_event(f"worker {s.index}: a CUDA error ended it in {flight['phase']} for the "
+                              f"{MAX_BYSTANDER_RERUNS + 1}th time on the same example of {t.name}; it is lost")
+                return
+            t.retries.append(flight["example"])
+            self.on_event(f"worker {s.index}: a CUDA error ended it in {flight['phase']} (kvfuzz's own phase) while "
+                          f"other workers share its GPU; its example of {t.name} is re-run by a new worker, not "
+                          "reported")
+            return
         if ending.detail == DEVICE_ERROR and not retried and self.pool.workers > max(1, self.pool.gpus):
             # under CUDA MPS one client's fault ends every client of its GPU: this example may be a bystander of
             # another worker's crash. Re-run it in a new worker; a crash there too is its finding.
@@ -517,7 +580,7 @@ class Supervisor:
                 self._out_of_space(str(e))
                 self._keep_unfinished(s, flight)
                 return
-            t.stats.add_failure(FailureRecord.of(t.name, finding, example, fault, path))
+            self._add_failure(t, FailureRecord.of(t.name, finding, example, fault, path))
             self.on_event(f"{finding.kind.value} ({finding.check}) in {t.name}, worker {s.index} -> {path}")
         if t.crashes >= self.policy.max_crashes and not t.stats.stopped:
             t.stats.stopped = f"stopped after {t.crashes} crashes and hangs (--max-crashes {self.policy.max_crashes})"
@@ -588,5 +651,5 @@ class Supervisor:
             self.on_progress([t.stats for t in self.targets])
 
 
-__all__ = ["FULL_BELOW_BYTES", "MAX_ENDED_EXAMPLES", "POLL_SECONDS", "SNAPSHOT_SECONDS", "STOP_GRACE_SECONDS",
+__all__ = ["FULL_BELOW_BYTES", "MAX_BYSTANDER_RERUNS", "MAX_ENDED_EXAMPLES", "POLL_SECONDS", "SNAPSHOT_SECONDS", "STOP_GRACE_SECONDS",
            "Supervisor", "log_tail"]

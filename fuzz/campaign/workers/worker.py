@@ -108,6 +108,22 @@ class PipeListener:
         self.conn.send(("seen", record.target, attrs.asdict(record)))
 
 
+def gpu_environment(gpu: int, env) -> None:
+    """Put a worker on the campaign's GPU ``gpu`` in ``env`` (os.environ): ``CUDA_VISIBLE_DEVICES`` that GPU's
+    device (the ``gpu``-th of the campaign's own ``CUDA_VISIBLE_DEVICES`` when it has one: a campaign on devices
+    2,3 puts GPU 0 on "2"; it had put it on "0"), and under per-GPU MPS daemons (kvfuzz.fuzz.campaign.workers.mps,
+    ``KVFUZZ_MPS_PIPES``) that GPU's daemon's pipe as ``CUDA_MPS_PIPE_DIRECTORY`` and no ``CUDA_VISIBLE_DEVICES``:
+    the daemon was started seeing only its GPU, and its clients see the server's devices (NVIDIA's MPS guide,
+    "Starting MPS client application": CUDA_VISIBLE_DEVICES should not be set in the client's environment)."""
+    pipes = [p for p in env.get("KVFUZZ_MPS_PIPES", "").split(",") if p]
+    if gpu < len(pipes):
+        env["CUDA_MPS_PIPE_DIRECTORY"] = pipes[gpu]
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        return
+    mine = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    env["CUDA_VISIBLE_DEVICES"] = mine[gpu] if gpu < len(mine) else str(gpu)
+
+
 def worker_main(spec: WorkerSpec, conn) -> None:
     """A worker's life: set up, say ready, run tasks until told to stop, say goodbye."""
     _die_with_parent(spec.parent_pid)
@@ -118,7 +134,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     if spec.gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(spec.gpu)
+        gpu_environment(spec.gpu, os.environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
 
     # set up: the heavy imports may come (the comment at the top)
@@ -162,12 +178,17 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                 c = campaigns.get(name) or campaigns.setdefault(name, Campaign(targets[name], config, listener))
                 c.known |= {tuple(s) for s in args[-1]["signatures"]}
                 c.ended.update((example_key(e), tuple(sig)) for sig, e in args[-1]["ended"])
+                c.deadline = args[-1].get("deadline")
+                cut = len(c.cut_short)
                 if kind == "replay":
                     c.replay_database()
                 elif kind == "chunk":
                     c.run_chunk(args[0], args[1])
                 elif kind == "retry":
                     c.check_one(Example.from_dict(args[0]))
+                for what in dict.fromkeys(c.cut_short[cut:]):
+                    conn.send(("warning", f"{name}: --duration ran out while {what}; what it found is recorded "
+                                          "as shrunk so far"))
                 conn.send(("done", tid))
     except KeyboardInterrupt:
         pass  # stopped: say goodbye below
@@ -224,4 +245,4 @@ def _observing(spec: WorkerSpec):
     return observe_to(Path(spec.observe_dir), prefix=f"w{spec.index}_")
 
 
-__all__ = ["PipeListener", "WorkerSpec", "worker_main"]
+__all__ = ["PipeListener", "WorkerSpec", "gpu_environment", "worker_main"]

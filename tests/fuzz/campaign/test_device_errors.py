@@ -95,6 +95,24 @@ def test_a_bystander_of_another_workers_device_fault_is_re_run_not_blamed(tmp_pa
     assert t["examples"] >= 20
 
 
+def test_a_bystander_ended_in_prepare_again_and_again_is_never_blamed(tmp_path):
+    """Found on an H100 (issue 40): under MPS, another worker's kernel fault (shrunk, so faulting again and again)
+    ended a worker in kvfuzz's prepare twice on the same example, and its re-run was reported as a harness error
+    ("a CUDA error left its device unusable ... in prepare"). A CUDA error in kvfuzz's own phases while other
+    workers share the GPU is re-run by a new worker every time (up to MAX_BYSTANDER_RERUNS), never reported."""
+    import os
+
+    env = {**os.environ, "KVFUZZ_PLANTED_MARK": str(tmp_path / "faulted")}
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:PrepareFaultsTwice", "--poison", "zeros", "--max-examples", "6",
+               "--example-timeout", "20", "--workers", "2", "--out", str(tmp_path / "out"), env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len((tmp_path / "faulted").read_text().splitlines()) == 2  # the same example, twice
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (t,) = summary["targets"]
+    assert t["failures"] == [] and summary["lost"] == 0 and summary["worker_restarts"] >= 2
+    assert t["examples"] >= 6
+
+
 def test_a_campaign_whose_simplest_example_crashed_still_ends(tmp_path):
     """The crash is the first kernel call (the simplest example of the first chunk), so every later chunk skips it
     uncounted; the last example of the budget used to be handed out as a chunk of 1 that counted nothing, forever."""

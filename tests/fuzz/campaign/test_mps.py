@@ -91,9 +91,9 @@ def test_off_and_bad_modes(tmp_path, monkeypatch):
 def test_default_workers_under_mps():
     assert default_workers(1, cpus=16, mps=True) == 14  # 16 - 2
     assert default_workers(1, cpus=32, mps=True) == MAX_WORKERS_PER_GPU_MPS == 28  # 32 - 2, capped
-    assert default_workers(2, cpus=32, mps=True) == 28  # 2 x (16 - 2)
+    assert default_workers(2, cpus=32, mps=True) == 30  # 2 x (32 - 2) / 2: two cores for the host, not per GPU
     assert default_workers(1, cpus=16) == MAX_WORKERS_PER_GPU
-    assert default_workers(2, cpus=16, mps=True) == 2 * 6
+    assert default_workers(2, cpus=16, mps=True) == 2 * 7
     assert default_workers(4, cpus=8, mps=True) == 4  # one per GPU at least
     assert default_workers(0, cpus=16, mps=True) == default_workers(0, cpus=16)  # no GPU: MPS changes nothing
 
@@ -121,3 +121,31 @@ def test_the_daemons_folder_is_short_whatever_tmpdir_is(tmp_path, monkeypatch):
         assert mps.active and len(os.environ[ENV[0]]) < 100, os.environ[ENV[0]]
     finally:
         mps.stop()
+
+
+def test_several_gpus_get_a_daemon_each_and_workers_their_gpus_pipe(tmp_path, monkeypatch):
+    """Issue 40: two GPUs under one daemon ran 1.55x one GPU. Each GPU now gets its own daemon (its pipe folder,
+    CUDA_VISIBLE_DEVICES its device: the campaign's i-th), and a worker on GPU i talks to daemon i."""
+    from kvfuzz.fuzz.campaign.workers.mps import PIPES_ENV
+    from kvfuzz.fuzz.campaign.workers.worker import gpu_environment
+
+    log = _stand_in(tmp_path, monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    mps = start_mps("auto", gpus=2)
+    try:
+        assert mps.active and len(mps.pipes) == 2 and "one per GPU" in mps.note
+        started = [line for line in log.read_text().splitlines() if line.startswith("args=-d")]
+        assert started == [f"args=-d pipe={p}" for p in mps.pipes]
+        env = dict(os.environ)
+        gpu_environment(1, env)
+        # the daemon sees only its GPU; its client sets no CUDA_VISIBLE_DEVICES (NVIDIA's MPS guide)
+        assert "CUDA_VISIBLE_DEVICES" not in env and env[ENV[0]] == mps.pipes[1]
+    finally:
+        mps.stop()
+    assert log.read_text().count("quit") == 2 and PIPES_ENV not in os.environ and ENV[0] not in os.environ
+    env = {}
+    gpu_environment(1, env)  # no mask, no per-GPU daemons: the index itself
+    assert env == {"CUDA_VISIBLE_DEVICES": "1"}
+    env = {"CUDA_VISIBLE_DEVICES": "2,3"}
+    gpu_environment(1, env)  # the campaign's own mask: its second device
+    assert env == {"CUDA_VISIBLE_DEVICES": "3"}

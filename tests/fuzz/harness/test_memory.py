@@ -3,6 +3,7 @@ makes an example big, the campaign's device-memory lock, and an example that ran
 the kernel: run again alone on the device, a harness error only if it runs out again."""
 
 import fcntl
+from pathlib import Path
 
 import attrs
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from kvfuzz import Batch, Poison
 from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign import engine
 from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness import memory
 from support.planted_targets import SdpaPaged
@@ -68,7 +70,8 @@ class _OutOfMemoryUnlessAlone(SdpaPaged):
 
 
 @pytest.mark.parametrize("always", [False, True])
-def test_an_example_out_of_device_memory_runs_again_alone(tmp_path, always):
+def test_an_example_out_of_device_memory_runs_again_alone(tmp_path, always, monkeypatch):
+    monkeypatch.setattr(engine, "OUT_OF_MEMORY_PAUSES", (0.0, 0.0, 0.0))  # the waits, not their length
     target = _OutOfMemoryUnlessAlone()
     type(target).out, type(target).always, type(target).attempts = tmp_path, always, 0
     stats = fuzz_target(target, CampaignConfig(out=tmp_path, max_examples=5, poisons=(Poison.ZEROS,), seed=1,
@@ -76,5 +79,57 @@ def test_an_example_out_of_device_memory_runs_again_alone(tmp_path, always):
     if not always:  # each example: once without the lock (out of memory), once with it (passes)
         assert stats.examples == 5 and not stats.failures and target.attempts == 10
         return
-    (failure,) = stats.failures.values()  # out of memory alone on the device too: kvfuzz's, never the kernel's
-    assert failure.blame == "harness" and "OutOfMemoryError" in failure.message
+    # out of memory alone on the device too, every retry: kvfuzz's, so never a finding nor a harness error; each
+    # example is counted as skipped (the campaign exits 3 on it: tests/fuzz/campaign/test_memory_campaign.py)
+    assert not stats.failures and stats.examples == 0
+    assert stats.skipped_memory > 0 and target.attempts == stats.skipped_memory * (1 + len(engine.OUT_OF_MEMORY_PAUSES))
+    assert stats.to_dict()["skipped_for_memory"] == stats.skipped_memory
+
+
+class _WrongEverywhere(SdpaPaged):
+    name = "planted.wrong_everywhere"
+
+    def run(self, call):
+        return super().run(call) + 1
+
+
+def test_a_recorded_failure_lets_go_of_its_run(tmp_path):
+    """A failure's Run (its caches: several GiB for a big-cache example) is dropped once its reproducer is written:
+    kept, each worker that found one held its caches on the device for the rest of the campaign."""
+    c = engine.Campaign(_WrongEverywhere(), CampaignConfig(out=tmp_path, poisons=(Poison.ZEROS,), seed=1,
+                                                           structural_shrink=0))
+    (record,) = c.run_chunk(0, 3)
+    assert record.reproducer and (tmp_path / record.reproducer).exists() or Path(record.reproducer).exists()
+    assert c._latest and all(run is None for _, _, run in c._latest.values())
+    assert c._run is None
+
+
+class _KernelOutOfMemoryUnlessAlone(SdpaPaged):
+    """The kernel call itself runs out of device memory unless the example holds the device-memory lock (a user
+    adapter's run() that allocates, on a GPU other workers filled), or always (``always``)."""
+
+    name = "planted.kernel_oom_unless_alone"
+    always = False
+
+    def run(self, call):
+        if self.always or memory.RETRIES_OUT_OF_MEMORY.is_set():
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (planted, in the kernel)")
+        return super().run(call)
+
+
+@pytest.mark.parametrize("always", [False, True])
+def test_a_kernel_out_of_memory_runs_again_alone(tmp_path, always, monkeypatch):
+    """A kernel that ran out of device memory without the lock is re-run holding it: no finding (and no Hypothesis
+    FlakyFailure from a first call that hit a full GPU). Out of memory alone on the device too, it is the
+    kernel's finding."""
+    monkeypatch.setattr(engine, "OUT_OF_MEMORY_PAUSES", (0.0,))
+    monkeypatch.setattr(_KernelOutOfMemoryUnlessAlone, "always", always)
+    stats = fuzz_target(_KernelOutOfMemoryUnlessAlone(), CampaignConfig(
+        out=tmp_path, max_examples=4, poisons=(Poison.ZEROS,), seed=1, stop_at_first_failure=True,
+        structural_shrink=0))
+    assert not memory.RETRIES_OUT_OF_MEMORY.is_set()
+    if not always:
+        assert stats.examples == 4 and not stats.failures and not stats.skipped_memory
+        return
+    (failure,) = stats.failures.values()
+    assert failure.blame == "kernel" and "OutOfMemoryError" in failure.check

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Issue 40's two-GPU goal: does one host's second GPU (and third, fourth) add its share? Same seed, the target's
+# default size-tier mix and kvfuzz fuzz's defaults (workers, placement, MPS: one daemon per GPU now), on one GPU
+# (CUDA_VISIBLE_DEVICES=first) and then on all of them, RUN_SECONDS each (default 90), after a warm-up campaign on all
+# GPUs (WARMUP seconds, default 30) that fills the shared Triton cache, so neither timed run pays for compiles the
+# other does not. AB=1 (default) adds a third run on all GPUs with KVFUZZ_MPS_PER_GPU=0 (one MPS daemon for all
+# GPUs, as before issue 40): the before/after of the per-GPU daemons on the same machine.
+# Per run: examples, examples/s, KV tokens, KV tokens/s (summary.json, counted from the target's first task),
+# workers, nvidia-smi utilization.gpu per GPU (mean of 1 s samples), the supervisor's CPU seconds (ps) and the
+# host's CPU busy (from /proc/stat), exit status, failures. The goal: all GPUs >= 1.9x one GPU in examples/s and KV
+# tokens/s, each GPU >= 50% busy, the same findings. Files under OUT: run-*.json (summary.json), util-*.txt,
+# scaling.json (the table), log.txt. Needs the .device/ bundle (benchmarks/gpu_env.sh); no network.
+# Start-up and shutdown cost ~25 s per run, the install ~40 s: WARMUP + 3 x RUN_SECONDS + ~2.5 min (~7.5 min with
+# the defaults; AB=0 saves a run), within one 10-minute device call.
+# Usage: OUT=dir [RUN_SECONDS=90] [WARMUP=30] [AB=1] bash benchmarks/gpu_multi_scaling.sh [TARGET] [-- kvfuzz fuzz args]
+set -uo pipefail
+T=${1:-vllm.unified_attention}
+shift 1 2>/dev/null; [ "${1:-}" = "--" ] && shift
+S=${RUN_SECONDS:-90}  # not $SECONDS: bash counts its own seconds there
+R=${OUT:?set OUT}
+mkdir -p "$R"
+source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
+W=$(mktemp -d)
+ALL=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+FIRST=${ALL%%,*}
+
+cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$6+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
+
+run() {  # name devices seconds [env...]
+  local name=$1 devs=$2 secs=$3; shift 3
+  nvidia-smi --query-gpu=index,utilization.gpu --format=csv,noheader,nounits -l 1 > "$R/util-$name.txt" 2>/dev/null &
+  local smi=$!
+  read -r b0 t0 <<< "$(cpu_ticks)"
+  env "$@" CUDA_VISIBLE_DEVICES=$devs timeout $((secs + 150)) $KV fuzz --target "$T" --seed 0 \
+    --triton-cache "$W/tc" --out "$W/$name" --duration "${secs}s" "${EXTRA[@]}" > "$W/$name.log" 2>&1 &
+  local pid=$! sup_cpu=0
+  while kill -0 $pid 2>/dev/null; do  # the supervisor: the python child of timeout
+    local sp; sp=$(pgrep -P $pid | head -1)
+    [ -n "$sp" ] && sup_cpu=$(ps -o times= -p "$sp" 2>/dev/null | tr -d ' ' || echo "$sup_cpu")
+    sleep 1
+  done
+  wait $pid; local rc=$?
+  read -r b1 t1 <<< "$(cpu_ticks)"
+  kill $smi 2>/dev/null
+  cp "$W/$name/summary.json" "$R/run-$name.json" 2>/dev/null
+  tail -5 "$W/$name.log"
+  python3 - "$R" "$name" "$devs" "$rc" "${sup_cpu:-0}" "$((b1 - b0))" "$((t1 - t0))" <<'PY'
+import collections, json, os, sys
+r, name, devs, rc, sup, busy, total = sys.argv[1:8]
+u = collections.defaultdict(list)
+for line in open(os.path.join(r, f"util-{name}.txt")):
+    try:
+        i, v = (x.strip() for x in line.split(","))
+        u[i].append(float(v))
+    except ValueError:
+        pass
+try:
+    d = json.load(open(os.path.join(r, f"run-{name}.json")))
+    t = d["targets"][0]
+except (OSError, ValueError, KeyError, IndexError):
+    d, t = {}, {}
+row = {"run": name, "devices": devs, "exit": int(rc), "workers": d.get("workers"),
+       "examples": t.get("examples"), "examples_per_s": t.get("examples_per_s"),
+       "kv_tokens": t.get("kv_tokens"), "kv_tokens_per_s": t.get("kv_tokens_per_s"), "elapsed_s": t.get("elapsed_s"),
+       "gpu_busy_pct": {i: round(sum(v) / len(v), 1) for i, v in sorted(u.items()) if i in devs.split(",")},
+       "supervisor_cpu_s": sup, "host_cpu_busy_pct": round(100 * int(busy) / max(1, int(total)), 1),
+       "failures": sorted(f"{f['kind']}: {f['check']}" + (" (known)" if f.get("known") else "")
+                          for f in t.get("failures", []))}
+print(json.dumps(row))
+with open(os.path.join(r, "rows.jsonl"), "a") as f:
+    f.write(json.dumps(row) + "\n")
+PY
+}
+
+EXTRA=("$@")
+{
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+  echo "cpus $(nproc); $(lscpu | grep -E '^(Model name|Socket)' | tr -s ' ' | paste -sd';' -); target $T; ${S}s per run"
+  : > "$R/rows.jsonl"
+  echo "== warm-up on $ALL for ${WARMUP:-30}s (fills the shared Triton cache)"
+  run warmup "$ALL" "${WARMUP:-30}"
+  echo "== one GPU ($FIRST)"
+  run one "$FIRST" "$S"
+  echo "== all GPUs ($ALL), one MPS daemon per GPU"
+  run all "$ALL" "$S"
+  if [ "${AB:-1}" = 1 ]; then
+    echo "== all GPUs ($ALL), one MPS daemon for all (KVFUZZ_MPS_PER_GPU=0, as before)"
+    run all-one-daemon "$ALL" "$S" KVFUZZ_MPS_PER_GPU=0
+  fi
+  python3 - "$R" <<'PY'
+import json, os, sys
+r = sys.argv[1]
+rows = {x["run"]: x for x in map(json.loads, open(os.path.join(r, "rows.jsonl")))}
+one = rows.get("one", {})
+out = {"rows": rows}
+for k in ("all", "all-one-daemon"):
+    if k in rows and one.get("examples_per_s") and one.get("kv_tokens_per_s"):
+        out[f"{k}_vs_one"] = {"examples_per_s": round(rows[k]["examples_per_s"] / one["examples_per_s"], 2),
+                              "kv_tokens_per_s": round(rows[k]["kv_tokens_per_s"] / one["kv_tokens_per_s"], 2),
+                              "same_findings": rows[k]["failures"] == one["failures"]}
+json.dump(out, open(os.path.join(r, "scaling.json"), "w"), indent=2)
+print(json.dumps({k: v for k, v in out.items() if k != "rows"}))
+PY
+} > "$R/log.txt" 2>&1
+rm -rf "$W"
+tail -c 9000 "$R/log.txt"

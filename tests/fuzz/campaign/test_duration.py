@@ -1,0 +1,68 @@
+"""--duration holds whatever the findings (issue 40): a failure found early, whose shrinks (Hypothesis's, then the
+structural one) would take minutes at 0.4 s per call, is recorded as shrunk so far when the time runs out, and the
+campaign ends within its allowance (max(10%, 15 s)) past --duration. Measured against the campaign's own clock
+(summary.json's elapsed_s, from the target's first task), with the allowance as margin: not against the machine's
+speed."""
+
+import json
+import time
+
+from support import SUPPORT, kvfuzz
+from support.planted_targets import SdpaPaged
+
+from kvfuzz import Poison
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.engine import Campaign, duration_allowance
+
+PLANTED = SUPPORT / "planted_endings.py"
+
+
+def test_duration_holds_through_a_slow_shrink(tmp_path):
+    duration = 4.0
+    out = tmp_path / "out"
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:SlowWrong", "--poison", "stale", "--out", out, "--workers", "1",
+               "--duration", f"{duration:g}s", timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr  # the failure is found and reported
+    summary = json.loads((out / "summary.json").read_text())
+    (target,) = summary["targets"]
+    assert target["failures"] and all(f["reproducer"] for f in target["failures"])
+    # without the deadline inside the worker this ran the whole Hypothesis shrink and 60 s of structural shrink
+    assert target["elapsed_s"] <= duration + duration_allowance(duration), target
+    assert not [w for w in summary["warnings"] if "past --duration" in w]
+
+
+class _Wrong(SdpaPaged):
+    name = "planted.wrong_by_one"
+
+    def run(self, call):
+        return super().run(call) + 1
+
+
+def test_a_pinned_chunk_past_its_deadline_records_its_failure_unwidened(tmp_path):
+    """In one process (no timing margin needed: the deadline has passed when the first failure shrinks): the shrink
+    stops, and the failure is recorded in its configuration instead of widened across configurations."""
+    c = Campaign(_Wrong(), CampaignConfig(out=tmp_path, poisons=(Poison.ZEROS,), seed=1, pin_configs=True))
+    c.deadline = time.monotonic()  # already past
+    assert c.run_chunk(0, 50) == []  # nothing starts past the deadline
+    assert c.cut_short == ["generating"]
+    c.deadline = None
+    c._body = _then_deadline(c, c._body)
+    (record,) = c.run_chunk(1, 50)
+    assert record.reproducer and c.cut_short[-1].startswith("shrinking kernel mismatch")
+    # a re-run of a killed worker's example is owed its answer, deadline or not
+    again = Campaign(_Wrong(), CampaignConfig(out=tmp_path / "again", poisons=(Poison.ZEROS,), seed=1))
+    again.deadline = time.monotonic() - 1
+    (rerun,) = again.check_one(Example.from_dict(record.example))
+    assert (rerun.kind, rerun.check) == (record.kind, record.check)
+
+
+def _then_deadline(c, body):
+    """The campaign's body, with its deadline passing right after the first example that fails."""
+    def wrapped(example):
+        try:
+            body(example)
+        except BaseException:
+            c.deadline = time.monotonic() - 1
+            raise
+    return wrapped
