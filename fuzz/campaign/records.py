@@ -221,4 +221,4 @@ def example_key(example: Example | dict) -> str:
     return json.dumps(example if isinstance(example, dict) else example.to_dict(), sort_keys=True)
 
 
-__all__ = ["FailureRecord", "Listener", "Outcome", "Quiet", "TargetStats", "example_key"]
+__all__ = ["FailureRecord", "Listener", "Outcome", "Quiet", "SKIPPED_FOR_MEMORY", "TargetStats", "example_key"]
