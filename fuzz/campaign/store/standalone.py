@@ -177,6 +177,7 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
         fam, why_not = None, "a caller-contract violation: the kernel is not at fault; the invariant is below"
     meta = {
         "target": case["target"], "family": fam, "kind": case["kind"], "check": case["check"],
+        "blame": case["blame"],
         "message": case["message"][:4000], "details": case.get("details"), "why_not": why_not,
         "kernel": list(_kernel_of(target)) if fam in ("triton", "sglang", "module") else (
             ["vllm.v1.attention.ops.triton_reshape_and_cache_flash", "reshape_and_cache_kernel_flash"]
@@ -461,7 +462,9 @@ def report_only():
         print("recorded details: " + json.dumps(META["details"], indent=1, default=str)[:3000])
     print(f"\nno standalone kernel call in this script: {META['why_not']}")
     print("replay it with kvfuzz: kvfuzz replay " + str(HERE))
-    return 1
+    # a caller violation is shown as recorded (1: the case stands); a kernel finding this script cannot call
+    # gives no verdict of its own (2), never a claim that the bug reproduces
+    return 1 if META["blame"] == "caller" else 2
 
 
 def main():
@@ -474,7 +477,7 @@ def main():
     if META["family"].startswith("writer"):
         if "reference" not in t:
             print("no expected cache in tensors.safetensors (a cache too big to store): replay with kvfuzz")
-            return 1
+            return 2
         return check_writer(t, kwargs_of(t, device))
     out = call_kernel(kwargs_of(t, device))
     if device == "cuda":
