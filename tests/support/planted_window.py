@@ -35,3 +35,29 @@ class SkipsFreedBlocks(PagedTorch):
                 num_seqs: int) -> torch.Tensor:
         p = torch.softmax(scores.masked_fill(~allowed[None], float("-inf")), dim=-1)
         return torch.einsum("hqs,shd->qhd", p, v.masked_fill(~allowed.any(dim=0)[:, None, None], 0.0))
+
+
+class WindowStraddledAtLargeHeads(PagedTorch):
+    """A planted serving-sized defect shaped like vLLM 0.33.0's FA3 sliding-window failure (issue 38): correct
+    torch paged attention, except that at head size >= 192 with a window of >= 256 keys, the rows of a prefill
+    chunk (query_len >= 2) whose context runs past the window (ctx_len >= sliding_window) come out scaled by 1.5.
+    The small tier never draws it (contexts of at most 96 tokens); the serving tier's chunks straddle windows.
+    Declares the small and serving tiers."""
+
+    name = "planted.window_straddled_large_heads"
+    description = "torch paged attention wrong on a prefill chunk past a window >= 256 keys at head size >= 192"
+    tiers = ("small", "serving")
+    capabilities = attrs.evolve(PagedTorch.capabilities, head_sizes=(32, 64, 192, 256), kv_cache_dtypes=("auto",))
+
+    def run(self, call):
+        out = super().run(call)
+        a = call.kwargs
+        window, d = a["sliding_window"], a["query"].shape[-1]
+        if window is None or window < 256 or d < 192:
+            return out
+        qsl, seq_lens = a["query_start_loc"].tolist(), a["seq_lens"].tolist()
+        for i, seq_len in enumerate(seq_lens):
+            q = qsl[i + 1] - qsl[i]
+            if q >= 2 and seq_len - q >= window:
+                out[qsl[i]:qsl[i + 1]] *= 1.5
+        return out
