@@ -68,10 +68,11 @@ def tier_of_chunk(tiers: tuple[str, ...], chunk: int) -> str:
     >= 80% of a small-only campaign's small examples) and the others in turn on the second of each five (a short
     campaign reaches a large tier by its second chunk). With both ``small`` and ``serving``: serving on the second
     of each five and on the fourth of every other five (30%; with no other large tier on both, 40%), the other
-    large tiers in turn on the remaining fourths (10% together), small on the other three (60%): the serving tier is where a serving-sized bug is found (issue 38: FA3's sliding
-    window at head sizes 192/256 needs a prefill chunk whose context runs past a window of hundreds of keys, which
-    the small tier never draws), the small tier keeps the majority for its speed and shrinking; the split awaits
-    a GPU time-to-first-failure measurement (benchmarks/gpu_serving.sh). Without ``small``, the tiers in turn.
+    large tiers in turn on the remaining fourths (10% together), small on the other three (60%): the serving
+    tier is where a serving-sized bug is found (issue 38: FA3's sliding window at head sizes 192/256 needs a
+    prefill chunk whose context runs past a window of hundreds of keys, which the small tier never draws), the
+    small tier keeps the majority for its speed and shrinking; the split awaits a GPU time-to-first-failure
+    measurement (benchmarks/gpu_serving.sh). Without ``small``, the tiers in turn.
     Raises ValueError for no tiers."""
     if not tiers:
         raise ValueError("tiers must name at least one tier")
