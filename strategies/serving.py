@@ -103,11 +103,13 @@ def _chunk_strategy(max_ctx_len: int, budget_cap: int):
 @functools.lru_cache(maxsize=64)
 def _windows(max_window: int) -> st.SearchStrategy[int]:
     """A window: a plain integer first (it shrinks to any minimum), one of the models' (:data:`MODEL_WINDOWS`),
-    or a tile edge ``k * t + d`` (t in :data:`TILE_EDGES`, d in -1, 0, 1)."""
-    edges = sorted({k * t + d for t in TILE_EDGES for k in (1, 2, 4, 8, 16, 32) for d in (-1, 0, 1)
-                    if 1 <= k * t + d <= max_window})
+    a tile edge ``k * t + d`` of at least 128 keys (t in :data:`TILE_EDGES`, d in -1, 0, 1: the small tier draws
+    the short ones), or log-uniform."""
+    edges = sorted({k * t + d for t in TILE_EDGES for k in (*range(1, 17), 32, 64, 128, 256) for d in (-1, 0, 1)
+                    if k * t >= 128 and k * t + d <= max_window}) or [max_window]
     models = [w for w in MODEL_WINDOWS if w <= max_window] or [max_window]
-    return st.one_of(st.integers(1, max_window), st.sampled_from(models), st.sampled_from(edges))
+    return st.one_of(st.integers(1, max_window), st.sampled_from(models), st.sampled_from(edges),
+                     _log_len(max_window).map(lambda w: max(1, w)))
 
 
 def _lengths(draw, limits: Limits, budget: int, window: int | None, decode_only: bool) -> list[tuple[int, int]]:
@@ -158,7 +160,7 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     head_size = draw(choice(sorted(capabilities.head_sizes), *_pinned(pin, "head_size")))
     # a real model's shape: drawn always (off-table first, so a failure shrinks off the table)
     use_model = draw(_sampled((False, True)))
-    shapes = model_shapes(capabilities)
+    shapes = tuple(s for s in model_shapes(capabilities) if s.num_heads <= limits.max_num_heads)
     row = draw(st.integers(0, max(0, len(shapes) - 1)))
     shape = shapes[row] if use_model and shapes else None
     if shape is not None and pin is not None and (
@@ -177,7 +179,7 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     max_seq_len = limits.max_ctx_len + limits.max_query_len
     params = draw(_cached(attention_params, capabilities, kv_cache_dtype, block_size, max_seq_len, pin=pin,
                           value_ranges=limits.value_ranges))
-    window = draw(_windows(max(1, max_seq_len)))
+    window = draw(_windows(max(1, limits.max_ctx_len)))  # at most the longest context: a chunk can run past it
     pinned_window = pin is not None and pin.pins("window")
     if "sliding_window" in params and not pinned_window:
         if shape is not None and shape.sliding_window is not None:

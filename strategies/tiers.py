@@ -33,6 +33,8 @@ LONG_CTX_LEN, LONG_NUM_SEQS = 131072, 2
 WIDE_NUM_SEQS = 256
 #: Sequences, cached tokens and new tokens (the token budget) at most in the serving tier.
 SERVING_NUM_SEQS, SERVING_CTX_LEN, SERVING_TOKENS = 35, 65536, 8192
+#: Query heads at most in the serving tier: a 64-head model (Llama 3.1 70B, Qwen2.5 72B) on one rank.
+SERVING_NUM_HEADS = 64
 #: In a mix that includes ``small``, it gets 4 chunks of every 5 (:func:`tier_of_chunk`); 3 of every 5 when the
 #: mix also includes ``serving``.
 SMALL_EVERY = 5
@@ -46,14 +48,15 @@ def tier_limits(tier: str, base: Limits = Limits()) -> Limits:
     """The bounds of ``tier``'s batches, derived from ``base`` (the campaign's own limits: the small tier and
     big-cache use them unchanged, so ``tier_limits("small", base) is base``; long raises ``max_ctx_len`` to
     :data:`LONG_CTX_LEN` with at most :data:`LONG_NUM_SEQS` sequences; wide raises ``max_num_seqs`` to
-    :data:`WIDE_NUM_SEQS`; serving raises all three to :data:`SERVING_NUM_SEQS`, :data:`SERVING_CTX_LEN` and
-    :data:`SERVING_TOKENS`). Raises ValueError for a name not in :data:`TIERS`."""
+    :data:`WIDE_NUM_SEQS`; serving raises the sequences, contexts, new tokens and query heads to
+    :data:`SERVING_NUM_SEQS`, :data:`SERVING_CTX_LEN`, :data:`SERVING_TOKENS` and :data:`SERVING_NUM_HEADS`). Raises ValueError for a name not in :data:`TIERS`."""
     if tier in ("small", "big-cache"):
         return base
     if tier == "serving":
         return attrs.evolve(base, max_num_seqs=max(base.max_num_seqs, SERVING_NUM_SEQS),
                             max_ctx_len=max(base.max_ctx_len, SERVING_CTX_LEN),
-                            max_query_len=max(base.max_query_len, SERVING_TOKENS))
+                            max_query_len=max(base.max_query_len, SERVING_TOKENS),
+                            max_num_heads=max(base.max_num_heads, SERVING_NUM_HEADS))
     if tier == "long":
         return attrs.evolve(base, max_num_seqs=min(base.max_num_seqs, LONG_NUM_SEQS),
                             max_ctx_len=max(base.max_ctx_len, LONG_CTX_LEN))
@@ -94,5 +97,5 @@ def tier_of_chunk(tiers: tuple[str, ...], chunk: int) -> str:
     return others[k // SMALL_EVERY] if k % SMALL_EVERY == 1 else "small"
 
 
-__all__ = ["LONG_CTX_LEN", "LONG_NUM_SEQS", "SERVING_CTX_LEN", "SERVING_NUM_SEQS", "SERVING_SLOTS", "SERVING_TOKENS",
+__all__ = ["LONG_CTX_LEN", "LONG_NUM_SEQS", "SERVING_CTX_LEN", "SERVING_NUM_HEADS", "SERVING_NUM_SEQS", "SERVING_SLOTS", "SERVING_TOKENS",
            "SMALL_EVERY", "TIERS", "WIDE_NUM_SEQS", "tier_limits", "tier_of_chunk"]

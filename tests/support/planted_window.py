@@ -1,4 +1,6 @@
-"""Two torch paged-attention kernels behind a sliding-window KV manager that frees the blocks before the window
+"""Torch paged-attention kernels with planted sliding-window defects.
+
+Two torch paged-attention kernels behind a sliding-window KV manager that frees the blocks before the window
 (``Capabilities.freed_window_blocks``): one reads them, one does not. The test of the freed-window state
 (tests/fuzz/harness/test_freed_window_blocks.py).
 
@@ -10,6 +12,9 @@ table, masks the scores by causality and window) declaring the state:
   unified_attention's missing V mask);
 - :class:`SkipsFreedBlocks` zeroes V outside every query row's window first (#30887's fix,
   ``V = tl.where(sw_mask_v, V, 0.0)``), so it never uses what the null block holds.
+
+And :class:`WindowStraddledAtLargeHeads`, wrong only on serving-sized batches: the serving tier's test
+(tests/fuzz/campaign/test_tiers_campaign.py).
 """
 
 import attrs
@@ -47,7 +52,8 @@ class WindowStraddledAtLargeHeads(PagedTorch):
     name = "planted.window_straddled_large_heads"
     description = "torch paged attention wrong on a prefill chunk past a window >= 256 keys at head size >= 192"
     tiers = ("small", "serving")
-    capabilities = attrs.evolve(PagedTorch.capabilities, head_sizes=(32, 64, 192, 256), kv_cache_dtypes=("auto",))
+    capabilities = attrs.evolve(PagedTorch.capabilities, head_sizes=(64, 192, 256), kv_cache_dtypes=("auto",),
+                                features=("sliding_window",))
 
     def run(self, call):
         out = super().run(call)
