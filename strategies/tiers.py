@@ -49,7 +49,8 @@ def tier_limits(tier: str, base: Limits = Limits()) -> Limits:
     big-cache use them unchanged, so ``tier_limits("small", base) is base``; long raises ``max_ctx_len`` to
     :data:`LONG_CTX_LEN` with at most :data:`LONG_NUM_SEQS` sequences; wide raises ``max_num_seqs`` to
     :data:`WIDE_NUM_SEQS`; serving raises the sequences, contexts, new tokens and query heads to
-    :data:`SERVING_NUM_SEQS`, :data:`SERVING_CTX_LEN`, :data:`SERVING_TOKENS` and :data:`SERVING_NUM_HEADS`). Raises ValueError for a name not in :data:`TIERS`."""
+    :data:`SERVING_NUM_SEQS`, :data:`SERVING_CTX_LEN`, :data:`SERVING_TOKENS` and :data:`SERVING_NUM_HEADS`).
+    Raises ValueError for a name not in :data:`TIERS`."""
     if tier in ("small", "big-cache"):
         return base
     if tier == "serving":
@@ -97,5 +98,5 @@ def tier_of_chunk(tiers: tuple[str, ...], chunk: int) -> str:
     return others[k // SMALL_EVERY] if k % SMALL_EVERY == 1 else "small"
 
 
-__all__ = ["LONG_CTX_LEN", "LONG_NUM_SEQS", "SERVING_CTX_LEN", "SERVING_NUM_HEADS", "SERVING_NUM_SEQS", "SERVING_SLOTS", "SERVING_TOKENS",
-           "SMALL_EVERY", "TIERS", "WIDE_NUM_SEQS", "tier_limits", "tier_of_chunk"]
+__all__ = ["LONG_CTX_LEN", "LONG_NUM_SEQS", "SERVING_CTX_LEN", "SERVING_NUM_HEADS", "SERVING_NUM_SEQS", "SERVING_SLOTS",
+           "SERVING_TOKENS", "SMALL_EVERY", "TIERS", "WIDE_NUM_SEQS", "tier_limits", "tier_of_chunk"]

@@ -33,6 +33,7 @@ every saved failure, with each kvfuzz release). tests/fuzz/campaign/test_databas
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import shutil
 import time
@@ -64,6 +65,11 @@ from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_e
 from kvfuzz.strategies.configs import KernelConfig
 from kvfuzz.strategies.serving import serving_examples
 from kvfuzz.strategies.tiers import tier_limits, tier_of_chunk
+
+
+#: The label of the ``hypothesis.target()`` score every passing example reports: its agreement error's largest
+#: ratio to its bound (``Run.ratio``, kvfuzz.contracts.checks.oracles.agreement).
+TARGET_LABEL = "error/bound"
 
 
 def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | None = None, tier: str = "small"):
@@ -199,6 +205,11 @@ class Campaign:
             event("skipped: ended a worker before")
             return
         finding = self._attempt(example, lab)
+        run = self._run
+        if finding is None and run is not None and math.isfinite(run.ratio):
+            # guidance: Hypothesis's targeted phase mutates towards a higher agreement error / bound, so a near
+            # miss (a ratio close to 1, as a serving-sized batch's partial defect gives) climbs towards a failure
+            hypothesis.target(run.ratio, label=TARGET_LABEL)
         if finding is None or finding.signature in self.known:
             return
         if finding.known is not None:  # accepted in the baseline: listed once (unshrunk), counted, not shrunk
@@ -482,4 +493,4 @@ def fuzz_target(target: Target, config: CampaignConfig,
     return stats
 
 
-__all__ = ["Campaign", "fuzz_target", "strategy_for"]
+__all__ = ["TARGET_LABEL", "Campaign", "fuzz_target", "strategy_for"]
