@@ -12,7 +12,8 @@ from kvfuzz.fuzz.cli.common import console
 @click.command()
 @click.argument("out_dir", type=click.Path(exists=True, file_okay=False))
 def report(out_dir: str) -> None:
-    """Write OUT_DIR/report.md with coverage plots from OUT_DIR/summary.json."""
+    """Write OUT_DIR/report.md with coverage plots and shape grids (longest context by longest query, head size by
+    window, on log2 bins: the shapes a campaign never reached) from OUT_DIR/summary.json."""
     from kvfuzz.fuzz.campaign.store.report import write_report
 
     try:
