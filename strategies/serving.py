@@ -35,7 +35,7 @@ from kvfuzz.contracts.model.poison import Poison
 
 from .batches import _SEEDS, _cached, _pinned, _sampled, attention_params, block_tables, choice, csr_tails, \
     freed_window_table, gqa_heads
-from .configs import KernelConfig
+from .configs import GQA_RATIOS, KernelConfig
 from .limits import Limits
 from .models import MODEL_WINDOWS, model_shapes
 
@@ -153,8 +153,10 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     model row whose heads, head size or window differ from the pin's is not used)."""
     dtype = draw(choice(capabilities.dtypes, *_pinned(pin, "dtype")))
     pinned_heads = None if pin is None or not pin.pins("heads") else (pin.num_heads, pin.num_kv_heads)
-    num_heads, num_kv_heads = draw(_cached(gqa_heads, limits.max_num_heads, ratios=capabilities.gqa_ratios,
-                                           pin=pinned_heads))
+    ratios = capabilities.gqa_ratios
+    if pin is not None and pinned_heads is None and capabilities.fp8_gqa_ratios is not None:  # as batches()
+        ratios = tuple(r for r in (ratios or GQA_RATIOS) if capabilities.fp8_accepts_gqa(pin.kv_cache_dtype, r))
+    num_heads, num_kv_heads = draw(_cached(gqa_heads, limits.max_num_heads, ratios=ratios, pin=pinned_heads))
     if capabilities.value_head_size is not None:
         num_heads, num_kv_heads = num_heads // num_kv_heads, 1
     head_size = draw(choice(sorted(capabilities.head_sizes), *_pinned(pin, "head_size")))
@@ -164,9 +166,10 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     row = draw(st.integers(0, max(0, len(shapes) - 1)))
     shape = shapes[row] if use_model and shapes else None
     if shape is not None and pin is not None and (
-            shape.head_size != pin.head_size or (pinned_heads and pinned_heads != (shape.num_heads,
-                                                                                   shape.num_kv_heads))):
-        shape = None
+            shape.head_size != pin.head_size
+            or (pinned_heads and pinned_heads != (shape.num_heads, shape.num_kv_heads))
+            or not capabilities.fp8_accepts_gqa(pin.kv_cache_dtype, shape.num_heads // shape.num_kv_heads)):
+        shape = None  # the pinned configuration wins: a row it does not fit is not used
     if shape is not None:
         num_heads, num_kv_heads, head_size = shape.num_heads, shape.num_kv_heads, shape.head_size
     cache_dtypes = [k for k in capabilities.kv_cache_dtypes
@@ -182,8 +185,8 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     window = draw(_windows(max(1, limits.max_ctx_len)))  # at most the longest context: a chunk can run past it
     pinned_window = pin is not None and pin.pins("window")
     if "sliding_window" in params and not pinned_window:
-        if shape is not None and shape.sliding_window is not None:
-            window = shape.sliding_window
+        if shape is not None and shape.sliding_window is not None and shape.sliding_window <= limits.max_ctx_len:
+            window = shape.sliding_window  # the model's (unless no context could run past it)
         params["sliding_window"] = max(window, capabilities.min_sliding_window)
     if shape is not None and "softcap" in params and shape.softcap is not None:
         params["softcap"] = shape.softcap

@@ -52,7 +52,7 @@ class WindowStraddledAtLargeHeads(PagedTorch):
     name = "planted.window_straddled_large_heads"
     description = "torch paged attention wrong on a prefill chunk past a window >= 256 keys at head size >= 192"
     tiers = ("small", "serving")
-    capabilities = attrs.evolve(PagedTorch.capabilities, head_sizes=(64, 192, 256), kv_cache_dtypes=("auto",),
+    capabilities = attrs.evolve(PagedTorch.capabilities, head_sizes=(192, 256), kv_cache_dtypes=("auto",),
                                 features=("sliding_window",))
 
     def run(self, call):
