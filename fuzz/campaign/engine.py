@@ -33,6 +33,7 @@ every saved failure, with each kvfuzz release). tests/fuzz/campaign/test_databas
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -65,13 +66,21 @@ from kvfuzz.fuzz.harness.run import Run
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
 from kvfuzz.strategies.configs import KernelConfig
+from kvfuzz.strategies.serving import serving_examples
 from kvfuzz.strategies.tiers import tier_limits, tier_of_chunk
 
 
-def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | None = None):
+#: The label of the ``hypothesis.target()`` score every passing example reports: its agreement error's largest
+#: ratio to its bound (``Run.ratio``, kvfuzz.contracts.checks.oracles.agreement).
+TARGET_LABEL = "error/bound"
+
+
+def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | None = None, tier: str = "small"):
     """The examples a campaign draws for ``target``: inside its declaration, outside it (``undeclared``), or
     with every block past 2**31 elements (``big_cache``); ``pin``: inside one kernel configuration (not with
-    ``undeclared``, which draws outside the declaration). Raises ValueError for a big-cache cache writer."""
+    ``undeclared``, which draws outside the declaration); ``tier`` "serving": batches shaped as a serving
+    engine's scheduler composes them (:mod:`kvfuzz.strategies.serving`, within ``config.limits``). Raises
+    ValueError for a big-cache cache writer."""
     if config.gate and target.gate_poisons:
         config = attrs.evolve(config, poisons=target.gate_poisons)
     if config.gate and target.gate_value_ranges:
@@ -83,6 +92,8 @@ def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | Non
             raise ValueError(f"--big-cache fuzzes attention kernels; {target.name} is a cache writer (its "
                              "property compares whole caches before and after the call)")
         return big_cache_examples(target.capabilities, config.limits, config.poisons, pin=pin)
+    if tier == "serving":
+        return serving_examples(target.capabilities, config.limits, config.poisons, pin=pin)
     return examples(target.capabilities, config.limits, config.poisons, pin=pin)
 
 
@@ -159,15 +170,15 @@ class Campaign:
         self.cut_short: list[str] = []
 
     def _use(self, tier: str) -> None:
-        """Draw from ``tier`` from now on: its config, its strategy, and its database key (long and wide, whose
+        """Draw from ``tier`` from now on: its config, its strategy, and its database key (serving, long and wide, whose
         limits change what the same choices draw, keep theirs apart: ``kvfuzz:<target>:<fault>:<tier>``; a
         big-cache example's choices are a small one's, relocated)."""
         self.tier = tier
         self.config = self._configs[tier]
         if tier not in self._strategies:
-            self._strategies[tier] = strategy_for(self.target, self.config)
+            self._strategies[tier] = strategy_for(self.target, self.config, tier=tier)
         self.strategy = self._strategies[tier]
-        self.key = self._base_key + (f":{tier}".encode() if tier in ("long", "wide") else b"")
+        self.key = self._base_key + (f":{tier}".encode() if tier in ("serving", "long", "wide") else b"")
 
     def _labels(self, example: Example) -> dict[str, str]:
         """Coverage labels of ``example`` (:func:`labels`) and the size tier it was drawn from."""
@@ -233,6 +244,11 @@ class Campaign:
             event("skipped: ended a worker before")
             return
         finding = self._attempt(example, lab)
+        run = self._run
+        if finding is None and run is not None and math.isfinite(run.ratio):
+            # guidance: Hypothesis's targeted phase mutates towards a higher agreement error / bound, so a near
+            # miss (a ratio close to 1, as a serving-sized batch's partial defect gives) climbs towards a failure
+            hypothesis.target(run.ratio, label=TARGET_LABEL)
         if finding is None or finding.signature in self.known:
             return
         if finding.known is not None:  # accepted in the baseline: listed once (unshrunk), counted, not shrunk
@@ -474,7 +490,7 @@ class Campaign:
             return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))
         pinned = InMemoryExampleDatabase()
         self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n,
-                                 strategy=strategy_for(self.target, self.config, pin), database=pinned),
+                                 strategy=strategy_for(self.target, self.config, pin, self.tier), database=pinned),
                       record=False)
         if not self._found:
             return []
@@ -575,5 +591,5 @@ def fuzz_target(target: Target, config: CampaignConfig,
     return stats
 
 
-__all__ = ["DURATION_SLACK_SECONDS", "DURATION_SLACK_SHARE", "Campaign", "PastDeadline", "duration_allowance",
-           "fuzz_target", "strategy_for"]
+__all__ = ["DURATION_SLACK_SECONDS", "DURATION_SLACK_SHARE", "TARGET_LABEL", "Campaign", "PastDeadline",
+           "duration_allowance", "fuzz_target", "strategy_for"]

@@ -89,9 +89,11 @@ UNLIMITED = 2**62
                    "of 4+ GiB each, allocated but poisoned only where referenced. For GPUs; attention targets.")
 @click.option("--tier", "tiers", multiple=True, type=click.Choice(["auto", *TIERS]),
               help="Size tier to draw batches from (repeatable; each chunk draws from one): small (--max-* limits), "
-                   "long (contexts up to 128k tokens, 2 sequences), wide (up to 256 sequences), big-cache (as "
-                   "--big-cache). Several: small gets 4 chunks of 5, the others take turns on the second of each "
-                   "five, each sized to a small chunk's time. Each target "
+                   "serving (batches as vLLM's and SGLang's schedulers compose them: decodes first, chunked-prefill "
+                   "chunks filling a token budget, real models' heads and windows), long (contexts up to 128k "
+                   "tokens, 2 sequences), wide (up to 256 sequences), big-cache (as --big-cache). Several: small "
+                   "gets 4 chunks of 5 (3 of 5 with serving, which gets 3 of 10), the others take turns, each sized "
+                   "to a small chunk's time. Each target "
                    "runs those it declares (`kvfuzz targets`); auto: every declared tier for a target on CUDA, small "
                    "on CPU. Default: auto.")
 @click.option("--observability", is_flag=True,

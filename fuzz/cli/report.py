@@ -19,9 +19,10 @@ from kvfuzz.fuzz.cli.common import console
                    "terms (environment, minimal batch, expected and observed, the upstream file and function, why "
                    "the caller is not at fault, standalone.py inline when short).")
 def report(out_dir: str, issue: bool) -> None:
-    """Write OUT_DIR/report.md with coverage plots from OUT_DIR/summary.json (a campaign's output directory), or
-    with --issue OUT_DIR/ISSUE.md for one reproducer directory. Exit 2 when the input is not what it should be
-    (the message names the file, the field and the fix)."""
+    """Write OUT_DIR/report.md with coverage plots and shape grids (longest context by longest query, head
+    size by window, on log2 bins: the shapes a campaign never reached) from OUT_DIR/summary.json (a campaign's
+    output directory), or with --issue OUT_DIR/ISSUE.md for one reproducer directory. Exit 2 when the input is not
+    what it should be (the message names the file, the field and the fix)."""
     if issue:
         from kvfuzz.fuzz.campaign.store.cases import BadReproducer
         from kvfuzz.fuzz.campaign.store.issue import write_issue

@@ -56,11 +56,21 @@ def batch_states(batch: Batch) -> str:
     return "+".join(out) or "none"
 
 
+#: The shape dimensions (log2 bins; :func:`log2_bin`): the batch's longest context by its longest query, and its head
+#: size by its window. ``kvfuzz report`` draws them as grids (fuzz/campaign/store/report.py).
+SHAPE_DIMENSIONS = ("ctx_len x query_len", "head_size x window")
+
+
+def log2_bin(n: int) -> str:
+    """The log2 bin of a length: "0" for 0, else "2^k" with ``2**k <= n < 2**(k+1)``."""
+    return "0" if n <= 0 else f"2^{int(n).bit_length() - 1}"
+
+
 def labels(target: Target, batch: Batch) -> dict[str, str]:
     """Coverage labels of one example (dimension -> value): the kernel path, the batch mix, GQA, lengths against
     block boundaries, the modeled ROCm routing, the declared parameter space it exercised (dtype,
-    kv_cache_dtype, head_size, block_size, the combination of features, the value range) and the production
-    states it models (:func:`batch_states`)."""
+    kv_cache_dtype, head_size, block_size, the combination of features, the value range), the production
+    states it models (:func:`batch_states`) and its shape on log2 bins (:data:`SHAPE_DIMENSIONS`)."""
     kinds = "".join(sorted({"d" if q == 1 else ("p" if c else "p0") for q, c in zip(batch.query_lens, batch.ctx_lens)}))
     out = {
         "path": target.path(batch),
@@ -74,6 +84,10 @@ def labels(target: Target, batch: Batch) -> dict[str, str]:
         "features": "+".join(batch.features) or "none",
         "values": batch.value_range,
         "states": batch_states(batch),
+        # shapes on log2 bins, so a report shows which a campaign never reached
+        SHAPE_DIMENSIONS[0]: f"{log2_bin(max(batch.ctx_lens))} x {log2_bin(max(batch.query_lens))}",
+        SHAPE_DIMENSIONS[1]: f"{batch.head_size} x "
+                             f"{log2_bin(batch.sliding_window) if batch.sliding_window else 'none'}",
     }
     for family, kernel in rocm_decode_kernel(target, batch).items():
         out[f"rocm {family}"] = kernel
@@ -118,5 +132,5 @@ def declared_space(target: Target, coverage: dict[str, dict[str, int]]) -> dict[
     return out
 
 
-__all__ = ["DECLARED_DIMENSIONS", "ROCM_FAMILIES", "ROCM_ROUTED", "Coverage", "batch_states", "boundary_class", "declared_space",
-           "labels", "rocm_decode_kernel"]
+__all__ = ["DECLARED_DIMENSIONS", "ROCM_FAMILIES", "ROCM_ROUTED", "SHAPE_DIMENSIONS", "Coverage", "batch_states",
+           "boundary_class", "declared_space", "labels", "log2_bin", "rocm_decode_kernel"]

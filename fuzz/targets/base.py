@@ -113,12 +113,15 @@ class Target(abc.ABC):
     def size_tiers(self) -> tuple[str, ...]:
         """The size tiers this target declares (:data:`kvfuzz.strategies.tiers.TIERS`, in that order): its
         ``tiers``, or by default every tier for an attention kernel that declares CUDA, every tier but
-        ``big-cache`` for a CUDA cache writer (its property compares whole caches), ``small`` for the rest."""
+        ``big-cache`` and ``serving`` for a CUDA cache writer (its property compares whole caches; serving batches
+        are attention calls), ``small`` for the rest."""
         if self.tiers is not None:
             return tuple(t for t in TIERS if t in self.tiers)
         if "cuda" not in self.capabilities.devices:
             return ("small",)
-        return TIERS if self.capabilities.contract.is_attention else tuple(t for t in TIERS if t != "big-cache")
+        if self.capabilities.contract.is_attention:
+            return TIERS
+        return tuple(t for t in TIERS if t not in ("big-cache", "serving"))
 
     @property
     def device(self) -> str:

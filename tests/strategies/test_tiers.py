@@ -55,11 +55,17 @@ def test_a_wide_batch_passes_64_sequences_and_shrinks_back():
     assert find(batches(CAPS, limits), lambda b: True, settings=FIND).num_seqs == 1  # its minimum: one sequence
 
 
-def test_tier_of_chunk_keeps_small_at_80_percent():
+def test_tier_of_chunk_keeps_small_at_80_percent_and_at_60_with_serving():
     assert {tier_of_chunk(("small",), k) for k in range(20)} == {"small"}
-    counts = collections.Counter(tier_of_chunk(TIERS, k) for k in range(SMALL_EVERY * 3 * 10))
+    large = tuple(t for t in TIERS if t != "serving")
+    counts = collections.Counter(tier_of_chunk(large, k) for k in range(SMALL_EVERY * 3 * 10))
     assert counts["small"] / sum(counts.values()) == 0.8
     assert counts["long"] == counts["wide"] == counts["big-cache"] == 10
+    counts = collections.Counter(tier_of_chunk(TIERS, k) for k in range(600))  # 2 fives: every large tier 3 times
+    assert counts["small"] / 600 == 0.6 and counts["serving"] / 600 == 0.3
+    assert counts["long"] == counts["wide"] == counts["big-cache"] == 20
+    assert [tier_of_chunk(("small", "serving"), k) for k in range(5)] == [
+        "small", "serving", "small", "serving", "small"]  # 2 of every 5 without another large tier
     assert [tier_of_chunk(("long", "wide"), k) for k in range(4)] == ["long", "wide", "long", "wide"]
     assert [tier_of_chunk(("small", "long", "wide"), k) for k in range(7)] == [
         "small", "long", "small", "small", "small", "small", "wide"]  # the second chunk already a large tier

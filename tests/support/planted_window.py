@@ -1,4 +1,6 @@
-"""Two torch paged-attention kernels behind a sliding-window KV manager that frees the blocks before the window
+"""Torch paged-attention kernels with planted sliding-window defects.
+
+Two torch paged-attention kernels behind a sliding-window KV manager that frees the blocks before the window
 (``Capabilities.freed_window_blocks``): one reads them, one does not. The test of the freed-window state
 (tests/fuzz/harness/test_freed_window_blocks.py).
 
@@ -10,6 +12,9 @@ table, masks the scores by causality and window) declaring the state:
   unified_attention's missing V mask);
 - :class:`SkipsFreedBlocks` zeroes V outside every query row's window first (#30887's fix,
   ``V = tl.where(sw_mask_v, V, 0.0)``), so it never uses what the null block holds.
+
+And :class:`WindowStraddledAtLargeHeads`, wrong only on serving-sized batches: the serving tier's test
+(tests/fuzz/campaign/test_tiers_campaign.py).
 """
 
 import attrs
@@ -35,3 +40,30 @@ class SkipsFreedBlocks(PagedTorch):
                 num_seqs: int) -> torch.Tensor:
         p = torch.softmax(scores.masked_fill(~allowed[None], float("-inf")), dim=-1)
         return torch.einsum("hqs,shd->qhd", p, v.masked_fill(~allowed.any(dim=0)[:, None, None], 0.0))
+
+
+class WindowStraddledAtLargeHeads(PagedTorch):
+    """A planted serving-sized defect shaped like vLLM 0.33.0's FA3 sliding-window failure (issue 38): correct
+    torch paged attention, except that at head size >= 192 with a window of >= 256 keys, the rows of a prefill
+    chunk (query_len >= 2) whose context runs past the window (ctx_len >= sliding_window) come out scaled by 1.5.
+    The small tier never draws it (contexts of at most 96 tokens); the serving tier's chunks straddle windows.
+    Declares the small and serving tiers."""
+
+    name = "planted.window_straddled_large_heads"
+    description = "torch paged attention wrong on a prefill chunk past a window >= 256 keys at head size >= 192"
+    tiers = ("small", "serving")
+    capabilities = attrs.evolve(PagedTorch.capabilities, head_sizes=(192, 256), kv_cache_dtypes=("auto",),
+                                features=("sliding_window",))
+
+    def run(self, call):
+        out = super().run(call)
+        a = call.kwargs
+        window, d = a["sliding_window"], a["query"].shape[-1]
+        if window is None or window < 256 or d < 192:
+            return out
+        qsl, seq_lens = a["query_start_loc"].tolist(), a["seq_lens"].tolist()
+        for i, seq_len in enumerate(seq_lens):
+            q = qsl[i + 1] - qsl[i]
+            if q >= 2 and seq_len - q >= window:
+                out[qsl[i]:qsl[i + 1]] *= 1.5
+        return out

@@ -1,7 +1,9 @@
 """The human-readable campaign report: ``kvfuzz report OUT`` turns ``OUT/summary.json`` into
 ``OUT/report.md`` with coverage plots (PNG, matplotlib's Agg backend) where a picture reads better than a
 table: kernel paths, batch mixes, GQA ratios, lengths against block boundaries and the modeled ROCm routing,
-one bar chart per target. Failures and rejections are tables with links to their reproducers."""
+one bar chart per target, and the shapes each target reached (longest context by longest query, head size by window,
+on log2 bins) as tables, with heat maps where matplotlib is installed. Failures and rejections are tables with links
+to their reproducers."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import re
 from pathlib import Path
 
 from kvfuzz.contracts.checks.oracles import check_label
+from kvfuzz.fuzz.harness.coverage import SHAPE_DIMENSIONS
 
 PLOTTED = ("path", "mix", "gqa", "seq_len", "rocm gfx90a/gfx942/gfx950", "rocm gfx11/gfx12", "undeclared")
 
@@ -42,6 +45,74 @@ def plot_coverage(target: dict, path: Path) -> Path | None:
     fig.suptitle(f"{target['target']}: {target['examples']} examples", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _bin_key(b: str) -> tuple[int, int | str]:
+    """Sort key of a bin label: "0", "2^k" (by k), a plain integer, "none" last."""
+    if b == "0":
+        return (0, -1)
+    if b.startswith("2^"):
+        return (0, int(b[2:]))
+    return (0, int(b)) if b.isdigit() else (1, b)
+
+
+def shape_grid(counts: dict[str, int]) -> tuple[list[str], list[str], dict[tuple[str, str], int]]:
+    """``(rows, cols, cells)`` of a shape dimension's counts (``{"2^10 x 2^5": 3, ...}``,
+    :data:`~kvfuzz.fuzz.harness.coverage.SHAPE_DIMENSIONS`): every log2 bin from the smallest to the largest seen
+    on each axis (a bin in between that no example reached is a row or column of zeros), and the counts."""
+    cells = {tuple(k.split(" x ", 1)): n for k, n in counts.items()}
+
+    def axis(values: set[str]) -> list[str]:
+        pows = sorted((v for v in values if v.startswith("2^")), key=_bin_key)
+        out = [v for v in values if not v.startswith("2^") and v != "none"]
+        if pows:  # fill the gaps between log2 bins
+            out += [f"2^{k}" for k in range(int(pows[0][2:]), int(pows[-1][2:]) + 1)]
+        return sorted(set(out), key=_bin_key) + (["none"] if "none" in values else [])
+
+    return axis({r for r, _ in cells}), axis({c for _, c in cells}), cells
+
+
+def _shape_table(dim: str, counts: dict[str, int]) -> list[str]:
+    rows, cols, cells = shape_grid(counts)
+    a, b = dim.split(" x ")
+    lines = ["", f"Examples per ({a}, {b}) on log2 bins (**0**: never reached; {a} down, {b} across; a batch counts "
+             "at its longest context and query):" if dim == SHAPE_DIMENSIONS[0] else
+             f"Examples per ({a}, {b}) ({b} on log2 bins; **0**: never reached):", "",
+             f"| {a} \\ {b} | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for r in rows:
+        lines.append(f"| {r} | " + " | ".join(str(cells[(r, c)]) if cells.get((r, c)) else "**0**" for c in cols)
+                     + " |")
+    return lines
+
+
+def plot_shapes(target: dict, path: Path) -> Path | None:
+    """Heat maps of the shape dimensions (:func:`shape_grid`), or None without matplotlib or shapes."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dims = [(d, target.get("coverage", {}).get(d)) for d in SHAPE_DIMENSIONS]
+    dims = [(d, c) for d, c in dims if c]
+    if not dims:
+        return None
+    fig, axes = plt.subplots(1, len(dims), figsize=(6 * len(dims), 5), squeeze=False)
+    for ax, (dim, counts) in zip(axes[0], dims):
+        rows, cols, cells = shape_grid(counts)
+        grid = [[cells.get((r, c), 0) for c in cols] for r in rows]
+        ax.imshow(grid, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(len(cols)), cols, fontsize=7, rotation=90)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        a, b = dim.split(" x ")
+        ax.set_xlabel(b)
+        ax.set_ylabel(a)
+    fig.suptitle(f"{target['target']}: shapes reached", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
@@ -104,6 +175,12 @@ def write_report(out: Path) -> Path:
         png = plot_coverage(t, out / f"coverage-{_slug(t['target'])}.png")
         if png is not None:
             lines.append(f"![coverage of {t['target']}]({png.name})")
+        for dim in SHAPE_DIMENSIONS:
+            if t.get("coverage", {}).get(dim):
+                lines += _shape_table(dim, t["coverage"][dim])
+        shapes = plot_shapes(t, out / f"shapes-{_slug(t['target'])}.png")
+        if shapes is not None:
+            lines += ["", f"![shapes of {t['target']}]({shapes.name})"]
         if t.get("declared"):
             lines += ["", "Declared parameter space, examples per value (0: never drawn):", "",
                       "| dimension | values |", "|---|---|"]
@@ -119,4 +196,4 @@ def write_report(out: Path) -> Path:
     return report
 
 
-__all__ = ["PLOTTED", "plot_coverage", "write_report"]
+__all__ = ["PLOTTED", "plot_coverage", "plot_shapes", "shape_grid", "write_report"]

@@ -94,3 +94,33 @@ def test_a_mixed_campaign_probes_a_large_tier_before_sizing_it(tmp_path):
     (t,) = json.loads((tmp_path / "summary.json").read_text())["targets"]
     assert t["examples"] == 40 and t["coverage"]["tier"] == {"small": 40 - TIER_PROBE_EXAMPLES,
                                                              "long": TIER_PROBE_EXAMPLES}
+
+
+def test_the_serving_tier_finds_a_window_straddle_defect_the_small_tier_cannot(tmp_path, monkeypatch):
+    """A kernel wrong only on a prefill chunk whose context runs past a window of >= 256 keys at head size >= 192
+    (shaped like vLLM 0.33.0's FA3 failure, issue 38): a serving campaign finds it and shrinks it to one such
+    chunk; a small-tier campaign of the same budget draws no context that long."""
+    from kvfuzz.strategies import tiers
+
+    from support.planted_window import WindowStraddledAtLargeHeads
+
+    # the serving tier's draws at CPU sizes: contexts to 512 tokens, a 48-token budget, 3 sequences
+    monkeypatch.setattr(tiers, "SERVING_CTX_LEN", 512)
+    monkeypatch.setattr(tiers, "SERVING_TOKENS", 48)
+    monkeypatch.setattr(tiers, "SERVING_NUM_SEQS", 3)
+    monkeypatch.setattr(tiers, "SERVING_NUM_HEADS", 4)
+    target = WindowStraddledAtLargeHeads()
+    assert target.size_tiers() == ("small", "serving")
+    cfg = dict(max_examples=100, poisons=(Poison.ZEROS,), seed=1)
+    serving = fuzz_target(target, CampaignConfig(out=tmp_path / "serving", tiers=("serving",),
+                                                 stop_at_first_failure=True, **cfg))
+    assert len(serving.failures) == 1 and serving.first_failure_examples <= 100
+    (case,) = [p for p in (tmp_path / "serving").iterdir() if p.name.startswith(target.name + "-")]
+    batch = json.loads((case / "case.json").read_text())["example"]["batch"]
+    # shrunk to one 2-token chunk just past the smallest window the defect needs
+    assert batch["head_size"] == 192 and batch["sliding_window"] == 256 and batch["query_lens"] == [2]
+    assert 256 <= batch["ctx_lens"][0] <= 256 + 32
+    # the small tier, given the examples the serving tier needed: no context reaches a 256-key window
+    budget = dict(cfg, max_examples=serving.first_failure_examples)
+    small = fuzz_target(target, CampaignConfig(out=tmp_path / "small", **budget))
+    assert small.examples == serving.first_failure_examples and not small.failures
