@@ -246,6 +246,10 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         features=("sliding_window", "alibi", "sinks"),
         exclusive=(("alibi", "sinks"), ("alibi", "sliding_window")),
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
+        # vLLM's SlidingWindowManager.remove_skipped_blocks (vllm/v1/core/single_type_kv_cache_manager.py) frees
+        # the blocks wholly before the window whatever the backend; the ROCm backend (ROCM_ATTN,
+        # vllm/v1/attention/backends/rocm_attn.py) calls this kernel on them (vllm#53628)
+        freed_window_blocks=True,
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -329,6 +333,10 @@ class VllmContextAttentionFwd(VllmTritonTarget):
         features=("sliding_window", "alibi", "sinks"),
         exclusive=(("alibi", "sinks"), ("alibi", "sliding_window")),
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
+        # vLLM's SlidingWindowManager.remove_skipped_blocks (vllm/v1/core/single_type_kv_cache_manager.py) frees
+        # the blocks wholly before the window whatever the backend; the ROCm backend (ROCM_ATTN,
+        # vllm/v1/attention/backends/rocm_attn.py) calls this kernel on them (vllm#53628)
+        freed_window_blocks=True,
     )
 
     def layout(self, batch: Batch) -> CacheLayout:

@@ -12,7 +12,7 @@ The file is TOML (read with the standard library's ``tomllib``), one ``[[known]]
     reference = "README.md Findings 1"  # where it is documented upstream or here
     # non-finite output: what decides "the same bug"
     poisons = ["nan", "inf"]            # the poisons it shows with
-    slots = "tail"                      # where the poison it reads sits: "tail" or "unwritten"; or "none": the
+    slots = "tail"                      # where the poison it reads sits: "tail", "unwritten" or "freed"; or "none": the
                                         # NaN comes from the batch's own values (needs values and features)
     tail_tokens = 32                    # slots = "tail": the kernel's token group
     values = ["extreme"]                # slots = "none": the value ranges it shows with
@@ -30,7 +30,9 @@ A failing example matches an entry only when all of these hold (:func:`match`):
   at all) when the entry's ``slots`` hold finite values (zeros) and everything else is unchanged: ``"tail"``,
   the slots the contract leaves unwritten from each sequence's ``seq_len`` up to the next multiple of
   ``tail_tokens`` and of its block size (inside the sequence's block-table row); ``"unwritten"``, every slot the
-  contract leaves unwritten. So the NaN came from there, as the documented bug says, and from nowhere else.
+  contract leaves unwritten; ``"freed"``, the null block's slots, where a batch with freed window blocks
+  (``Batch.freed_window_blocks``) points the columns wholly before each window (so only such a batch can match).
+  So the NaN came from there, as the documented bug says, and from nowhere else.
   ``slots = "none"``: the batch's value range is one of ``values``, it has every feature of ``features``, and
   the same example passes with those features off (e.g. no softcap): the NaN comes from that feature at those
   magnitudes, as the documented bug says;
@@ -61,7 +63,7 @@ import attrs
 #: Failure kinds an entry may name (and what decides "the same bug" for each).
 KINDS = ("non-finite output", "kernel mismatch")
 #: Where the poison a known non-finite output reads sits (module docstring).
-SLOT_CLASSES = ("tail", "unwritten", "none")
+SLOT_CLASSES = ("tail", "unwritten", "freed", "none")
 #: Features a ``slots = "none"`` entry may name, and how a re-run turns each off (a Batch field's value).
 #: "magnitudes": the re-run draws the same batch at the "normal" value range (the failure comes from the batch's
 #: magnitudes alone, as a documented precision bug of an input-dtype score says).
@@ -260,6 +262,19 @@ def load_baseline(path: str | Path) -> Baseline:
 
 
 # ---- matching a failing example -------------------------------------------------------------------------------
+def freed_slots(batch):
+    """int64 slots of the "freed" class (module docstring): the null block's ``block_size`` slots when the batch
+    has freed window blocks (vLLM's ``BlockPool.null_block``, :data:`~kvfuzz.contracts.model.batch.NULL_BLOCK`,
+    which the cache holds no token in), else none."""
+    import torch
+
+    from kvfuzz.contracts.model.batch import NULL_BLOCK
+
+    if not batch.freed_window_blocks:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.arange(NULL_BLOCK * batch.block_size, (NULL_BLOCK + 1) * batch.block_size, dtype=torch.int64)
+
+
 def tail_slots(batch, cache, tail_tokens: int):
     """int64 slots of the "tail" class (module docstring): for each sequence, positions ``seq_len`` up to the
     next multiple of ``tail_tokens`` and of ``block_size`` (the larger), in columns of its block-table row, minus
@@ -329,7 +344,7 @@ def _passes_with_finite(entry: KnownFinding, target, example, run=None, others=(
             return True
 
         def finite_tail(batch, data, cache) -> None:
-            slots = tail_slots(batch, cache, entry.tail_tokens)
+            slots = freed_slots(batch) if entry.slots == "freed" else tail_slots(batch, cache, entry.tail_tokens)
             if len(slots):
                 rows = (len(slots), *data.cache_keys.shape[1:])
                 zeros = data.cache_keys.new_zeros(rows)
