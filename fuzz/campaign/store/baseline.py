@@ -7,7 +7,7 @@ The file is TOML (read with the standard library's ``tomllib``), one ``[[known]]
     id = "finding-1"                    # unique; summaries and reports name the finding by it
     target = "vllm.cpu_attention"       # the target's registered name
     kind = "non-finite output"          # a failure kind: "non-finite output" or "kernel mismatch"
-    check = "finite output"             # the oracle (contracts.oracles.Oracle value)
+    check = "finite output"             # the oracle (contracts.oracles.Oracle value; or "finite pad rows")
     reason = "V rows past seq_len ..."  # why it is accepted
     reference = "README.md Findings 1"  # where it is documented upstream or here
     # non-finite output: what decides "the same bug"
@@ -34,8 +34,8 @@ A failing example matches an entry only when all of these hold (:func:`match`):
   (``Batch.freed_window_blocks``) points the columns wholly before each window (so only such a batch can match).
   So the NaN came from there, as the documented bug says, and from nowhere else.
   ``slots = "none"``: the batch's value range is one of ``values``, it has every feature of ``features``, and
-  the same example passes with those features off (e.g. no softcap): the NaN comes from that feature at those
-  magnitudes, as the documented bug says;
+  the same example passes with those features off (e.g. no softcap; ``"padding"``: no CUDA-graph pads): the NaN
+  comes from that feature at those magnitudes, as the documented bug says;
 - a kernel mismatch: ``error / bound`` at the worst element is at most ``max_ratio``. Above it the finding is
   new (the known bug changed: it got worse), and its details say which entry it outgrew. An entry with ``values``
   and ``features`` (instead of, or with, ``max_ratio``) matches as ``slots = "none"`` does: the value range is one
@@ -67,7 +67,8 @@ SLOT_CLASSES = ("tail", "unwritten", "freed", "none")
 #: Features a ``slots = "none"`` entry may name, and how a re-run turns each off (a Batch field's value).
 #: "magnitudes": the re-run draws the same batch at the "normal" value range (the failure comes from the batch's
 #: magnitudes alone, as a documented precision bug of an input-dtype score says).
-FEATURES_OFF = {"softcap": ("softcap", None), "magnitudes": ("value_range", "normal")}
+#: "padding": the re-run drops the CUDA-graph pad sequences (``num_pad_seqs`` 0: a NaN that only pads cause).
+FEATURES_OFF = {"softcap": ("softcap", None), "magnitudes": ("value_range", "normal"), "padding": ("num_pad_seqs", 0)}
 HEADS = ("any", "equal")
 POISONS = ("nan", "inf", "stale", "zeros")
 
@@ -192,10 +193,12 @@ def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
                                 "are never baselined)")
         check = _field(path, i, t, "check", str, f"an oracle: {', '.join(repr(o.value) for o in Oracle)}")
         check = LEGACY_NAMES.get(check, check)
-        want = Oracle.FINITE.value if kind == "non-finite output" else Oracle.AGREEMENT.value
-        if check != want:
+        # a non-finite output: the finite-output oracle, or the pad rows' (a NaN only CUDA-graph pads show)
+        want = (Oracle.FINITE.value, Oracle.PAD_FINITE.value) if kind == "non-finite output" else (
+            Oracle.AGREEMENT.value,)
+        if check not in want:
             raise BaselineError(path, f"known[{i}].check", f"is {check!r}, not the oracle of a {kind}",
-                                f"check = {want!r}")
+                                " or ".join(f"check = {w!r}" for w in want))
         reason = _field(path, i, t, "reason", str, "why the finding is accepted (a string)")
         reference = _field(path, i, t, "reference", str, "where it is documented (an issue, a README section)")
         heads = _field(path, i, t, "heads", str, f"one of {HEADS}", required=False, default="any")
@@ -404,7 +407,7 @@ def _scoped_match(entry: KnownFinding, target, example, run, others=()) -> tuple
     baseline's entries without ``values``) accepts: the precision bug at normal values that the larger values
     magnify."""
     b = example.batch
-    missing = [f for f in entry.features if getattr(b, FEATURES_OFF[f][0]) is None]
+    missing = [f for f in entry.features if getattr(b, FEATURES_OFF[f][0]) in (None, 0)]  # padding: no pads
     if b.value_range not in entry.values or missing:
         return False, (f"baseline {entry.id} covers values {', '.join(entry.values)} with "
                        f"{', '.join(entry.features)}, not values {b.value_range}"
