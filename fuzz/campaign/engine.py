@@ -46,7 +46,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, event, given, reject, seed
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 
 from kvfuzz.contracts.caches.layouts import LayoutError
-from kvfuzz.contracts.checks.failures import Finding, HarnessError
+from kvfuzz.contracts.checks.failures import Finding, HarnessError, MemorySafetyError
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.store.baseline import classify
 from kvfuzz.fuzz.campaign.chunks import (CHUNK_SEED_STRIDE, campaign_tiers, chunk_config, chunk_size,
@@ -56,10 +56,11 @@ from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.records import FailureRecord, Listener, Outcome, Quiet, TargetStats, example_key
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
-from kvfuzz.fuzz.harness import memory, properties
+from kvfuzz.fuzz.harness import memory, properties, sanitizer
 from kvfuzz.fuzz.harness.coverage import labels
 from kvfuzz.fuzz.harness.run import STOP, Run, exit_if_device_unusable
 from kvfuzz.fuzz.targets.base import Target
+from kvfuzz.fuzz.targets.registry import spec_of
 from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
 from kvfuzz.strategies.configs import KernelConfig
 from kvfuzz.strategies.tiers import tier_limits, tier_of_chunk
@@ -124,6 +125,7 @@ class Campaign:
         self._new: list[FailureRecord] = []
         self._run: Run | None = None
         self._locked = False  # the current example holds the device-memory lock (fuzz/harness/memory.py)
+        self._sanitize_all = False  # a memory-safety failure seen: every example is sanitized (shrinking sees it)
 
     def _use(self, tier: str) -> None:
         """Draw from ``tier`` from now on: its config, its strategy, and its database key (long and wide, whose
@@ -161,6 +163,15 @@ class Campaign:
                 return outcome
             properties.check(target, example, config.fault, run=self._run, run_unsafe=config.run_unsafe,
                              on_phase=self.listener.phase)
+            if config.sanitize and config.fault is None and sanitizer.applies(target) and (
+                    self._sanitize_all or sanitizer.selected(example, config.sanitize)):
+                stage = "sanitize"
+                event("sanitized")
+                try:
+                    sanitizer.sanitize(target, example, spec_of(target) or target.name)
+                except MemorySafetyError:
+                    self._sanitize_all = True
+                    raise
             return None
         except Finding:
             raise
