@@ -234,6 +234,8 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
     """
 
     name = "vllm.chunked_prefill_paged_decode"
+    #: live vllm#53628 (docs/bugs.md): the gate leaves the freed-window state undrawn; `kvfuzz fuzz` draws it
+    gate_states_off = ("freed_window_blocks",)
     checked_kernel = CHUNKED_PREFILL_PAGED_DECODE
     description = "vLLM Triton prefix-prefill + paged decode (split contract)"
     capabilities = Capabilities(
@@ -320,6 +322,8 @@ class VllmContextAttentionFwd(VllmTritonTarget):
     """
 
     name = "vllm.context_attention_fwd"
+    #: live vllm#53628 (docs/bugs.md): the gate leaves the freed-window state undrawn; `kvfuzz fuzz` draws it
+    gate_states_off = ("freed_window_blocks",)
     checked_kernel = CONTEXT_ATTENTION_FWD
     description = "vLLM Triton prefix-prefill kernel for every sequence, decode included (prefix contract)"
     capabilities = Capabilities(
@@ -500,6 +504,8 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
     """
 
     name = "vllm.decode_attention_fwd"
+    #: live vllm#57017 (docs/bugs.md): the gate draws no CUDA-graph pads; `kvfuzz fuzz` does
+    gate_states_off = ("cuda_graph_padding",)
     checked_kernel = DECODE_ATTENTION_FWD
     #: docs/findings.md, Finding 3: the MHA path sums q.k in the input dtype, which "extreme" values overflow (NaN
     #: output) and "large"/"dominant" ones round past the envelope (the shipped baseline's finding-3-magnitudes);
