@@ -74,9 +74,8 @@ def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | Non
         config = attrs.evolve(config, poisons=target.gate_poisons)
     if config.gate and target.gate_value_ranges:
         config = attrs.evolve(config, limits=attrs.evolve(config.limits, value_ranges=target.gate_value_ranges))
-    caps = target.capabilities
-    if config.gate and target.gate_states_off:  # a live upstream bug's state (docs/bugs.md): not in the gate
-        caps = attrs.evolve(caps, **{s: None if s == "cuda_graph_padding" else False for s in target.gate_states_off})
+    # a live upstream bug's state (docs/bugs.md, Target.gate_states_off): not in the gate
+    caps = target.gate_capabilities() if config.gate else target.capabilities
     if config.undeclared:
         return undeclared_examples(caps, target.faithful_dtypes(), config.limits, config.poisons)
     if config.big_cache:

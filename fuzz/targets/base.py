@@ -88,6 +88,15 @@ class Target(abc.ABC):
     #: :meth:`size_tiers`. ``kvfuzz fuzz`` mixes them on CUDA (``--tier``; docs/fuzzing.md).
     tiers: ClassVar[tuple[str, ...] | None] = None
 
+    def gate_capabilities(self):
+        """``capabilities`` less :attr:`gate_states_off` (the declaration the pre-merge gate draws from)."""
+        if not self.gate_states_off:
+            return self.capabilities
+        import attrs
+
+        return attrs.evolve(self.capabilities,
+                            **{s: None if s == "cuda_graph_padding" else False for s in self.gate_states_off})
+
     def __new__(cls, *args, **kwargs):
         # A subclass that does not set its own name would share its parent's reproducer directories, database
         # key and replay resolution: refuse it here, where it is made, with the fix.
