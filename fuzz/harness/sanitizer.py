@@ -189,7 +189,9 @@ def sanitize(target, example, spec: str, sanitizer: str | None = None, timeout: 
         path.write_text(json.dumps(example.to_dict()))
         cmd = [exe, "--tool", "memcheck", "--print-limit", "20", sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer",
                "--target", spec, "--example", str(path)]
-        env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+        # compute-sanitizer does not attach to MPS clients: the child leaves the campaign's private MPS daemon
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
