@@ -58,8 +58,8 @@ def declared_states() -> dict[str, set[str]]:
 
 def test_the_states_list_in_the_docs_is_the_codes():
     assert documented_states(TARGETS_DOC) == declared_states()
-    planted = TARGETS_DOC.replace("Declared by: `vllm.unified_attention`, `sglang.decode_attention_fwd`.",
-                                  "Declared by: `vllm.unified_attention`.")
+    planted = TARGETS_DOC.replace("`vllm.triton_mla_decode`, `sglang.decode_attention_fwd`.",
+                                  "`vllm.triton_mla_decode`.")
     assert documented_states(planted) != declared_states()
 
 

@@ -74,7 +74,7 @@ class VllmPagedLayout:
         kv, vv = self._views(key_cache, value_cache)
         blk, off = slots // bs, slots % bs
         k = kv[blk, off]
-        return k.reshape(len(slots), k.shape[1], -1), vv[blk, off]
+        return k.flatten(2), vv[blk, off]  # [n, Hkv, D//x, x] -> [n, Hkv, D]; n may be 0 (every position freed)
 
 
 class NHDLayout:

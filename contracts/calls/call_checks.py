@@ -207,7 +207,10 @@ def check_lengths(call: PagedCall, lens: Lens) -> list[Violation]:
                              expected=lens.num_tokens, found=int(qsl[-1])))
     if call.csr is not None:  # seq_lens are derived from kv_indptr: check_csr words its problems
         return out
-    short = torch.nonzero((lens.seq_lens < lens.query_lens) & (lens.query_lens >= 0)).flatten()
+    short = (lens.seq_lens < lens.query_lens) & (lens.query_lens >= 0)
+    if call.declaration.empty_decode_rows:  # a CUDA-graph pad row of a decode kernel: seq_len 0 (declaration)
+        short &= lens.seq_lens != 0
+    short = torch.nonzero(short).flatten()
     recs = []
     for i in short[:MAX_RECORDS_PER_CHECK].tolist():
         recs.append(violation(Check.SEQ_LEN_GE_QUERY_LEN,

@@ -79,12 +79,17 @@ class KernelDeclaration:
     kernel leaves alone: vLLM's FULL CUDA-graph padding passes ``query[:num_actual_tokens]`` with
     ``num_actual_tokens = num_tokens_padded`` and pads of query_len 0 (vllm/v1/worker/gpu_model_runner.py
     ``_build_attention_metadata``; :mod:`kvfuzz.contracts.model.padding`).
+    empty_decode_rows: a decode kernel (one query row per sequence) may get rows of seq_len 0, which it must
+    compute as a finite row: vLLM's FULL CUDA-graph padding of TRITON_MLA decode batches (``seq_lens`` 0 and
+    ``NULL_BLOCK_ID`` rows, one query row each: vllm/v1/attention/backends/mla/triton_mla.py ``forward_mqa``;
+    vllm#57017, its proposed fix vllm#57094 writes zeros there). Not a caller violation.
     """
 
     paths: tuple[KernelPath, ...]
     value_head_size_may_differ: bool = False
     writes_cache: bool = False
     trailing_query_rows: bool = False
+    empty_decode_rows: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not any(p.taken_on is None for p in self.paths):

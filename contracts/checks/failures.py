@@ -24,6 +24,7 @@ class FailureKind(enum.Enum):
     CONFIG_REJECTED = "configuration rejected"
     SILENT_UNSUPPORTED = "silently accepted but unsupported"
     HARNESS_ERROR = "harness error"
+    MEMORY_SAFETY = "memory safety"
 
     @property
     def blame(self) -> str:
@@ -107,9 +108,17 @@ class HarnessError(Finding):
     kind = FailureKind.HARNESS_ERROR
 
 
+class MemorySafetyError(Finding):
+    """An invalid memory access by the kernel (``kvfuzz fuzz --sanitize``: compute-sanitizer memcheck on CUDA,
+    kvfuzz.fuzz.harness.sanitizer): ``details["accesses"]`` each access (kernel, source file and line, size in bytes,
+    offset from the nearest allocation), ``details["report"]`` the report's tail. Blamed on the kernel."""
+
+    kind = FailureKind.MEMORY_SAFETY
+
+
 FINDING_CLASSES: dict[FailureKind, type[Finding]] = {
     c.kind: c for c in (CallerContractViolation, KernelMismatch, NonFiniteOutput, KernelCrash, KernelHang,
-                        ConfigurationRejected, SilentlyUnsupported, HarnessError)}
+                        ConfigurationRejected, SilentlyUnsupported, HarnessError, MemorySafetyError)}
 
 
 def hide_frame_for_finding(excinfo) -> bool:
@@ -121,5 +130,5 @@ def hide_frame_for_finding(excinfo) -> bool:
 
 
 __all__ = ["FINDING_CLASSES", "CallerContractViolation", "ConfigurationRejected", "FailureKind", "Finding",
-           "HarnessError", "KernelCrash", "KernelHang", "KernelMismatch", "NonFiniteOutput", "SilentlyUnsupported",
-           "hide_frame_for_finding"]
+           "HarnessError", "KernelCrash", "KernelHang", "KernelMismatch", "MemorySafetyError", "NonFiniteOutput",
+           "SilentlyUnsupported", "hide_frame_for_finding"]

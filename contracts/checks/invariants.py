@@ -93,6 +93,8 @@ def check_cache_holds(invariant: Check, batch: Batch, data: BatchData, layout: C
     if not seqs or sum(per_seq) == 0:
         return []
     seq, pos = batch.held_positions(per_seq)  # a freed window column's positions are owed to no one
+    if not len(seq):  # every listed position freed (block size 1, window 1): nothing is owed
+        return []
     slots = batch.slots(seq, pos)
     k, v = layout.gather(key_cache, value_cache, slots.to(key_cache.device))
     if per_seq == list(batch.seq_lens) and len(data.cache_keys) == len(seq):  # all of them: the rows in order

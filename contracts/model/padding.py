@@ -83,11 +83,14 @@ class Padding:
     def seq_lens(self) -> tuple[int, ...]:
         return self.batch.seq_lens + (self.pad_seq_len,) * self.num_pads
 
-    def query_start_loc(self) -> tuple[int, ...]:
-        """vLLM: the last real value repeated (pads own no row); SGLang: one row per pad."""
+    def query_start_loc(self, row_per_seq: bool = False) -> tuple[int, ...]:
+        """vLLM: the last real value repeated (pads own no row); SGLang: one row per pad. ``row_per_seq``: as a
+        decode-only kernel sees it, which takes no query_start_loc and computes row ``i`` for sequence ``i``, so
+        each pad owns its row under either convention (vLLM's TRITON_MLA ``forward_mqa``: ``B = q.shape[0]``,
+        the padded tokens, over ``seq_lens.shape[0]``, the padded requests)."""
         qsl = self.batch.query_start_loc
         t = qsl[-1]
-        step = 0 if self.convention == "vllm" else 1
+        step = 0 if self.convention == "vllm" and not row_per_seq else 1
         return qsl + tuple(t + step * (i + 1) for i in range(self.num_pads))
 
     def block_table(self) -> tuple[tuple[int, ...], ...]:

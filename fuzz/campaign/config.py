@@ -72,6 +72,10 @@ class CampaignConfig:
     #: Seconds the structural shrink (kvfuzz.fuzz.campaign.reduce) may spend on each new distinct failure after
     #: Hypothesis's shrinker (0: off). Not with ``undeclared`` or ``big_cache``.
     structural_shrink: float = 60.0
+    #: Share (0..1) of examples re-run under compute-sanitizer memcheck in a child process with exact-size
+    #: allocations (``kvfuzz fuzz --sanitize``; kvfuzz.fuzz.harness.sanitizer): an invalid access is a "memory
+    #: safety" failure. CUDA targets only; 0: off.
+    sanitize: float = 0.0
     #: Accepted findings (``kvfuzz fuzz --baseline``, kvfuzz.fuzz.campaign.store.baseline): a failure matching one is
     #: counted and listed as known, never shrunk; anything else stays new. None: every failure is new.
     baseline: Baseline | None = None

@@ -30,9 +30,10 @@ def baseline() -> None:
 @click.option("--reason", required=True, callback=nonempty_option, help="Why the finding is accepted.")
 @click.option("--reference", required=True, callback=nonempty_option,
               help="Where it is documented: an upstream issue, a findings page entry.")
-@click.option("--slots", type=click.Choice(["tail", "unwritten"]), default="tail", show_default=True,
+@click.option("--slots", type=click.Choice(["tail", "unwritten", "freed"]), default="tail", show_default=True,
               help="A non-finite output: where the poison it reads sits. tail: from seq_len to the next multiple "
-                   "of --tail-tokens and of the block size; unwritten: any slot the contract leaves unwritten.")
+                   "of --tail-tokens and of the block size; unwritten: any slot the contract leaves unwritten; "
+                   "freed: the null block that a batch with freed window blocks points its out-of-window columns at.")
 @click.option("--tail-tokens", default=32, show_default=True, type=click.IntRange(min=1),
               help="--slots tail: the kernel's token group.")
 @click.option("--max-ratio", default=None, type=click.FloatRange(min=1.0),

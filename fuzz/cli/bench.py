@@ -287,14 +287,19 @@ def _check_patches(names) -> None:
               help="Campaign example budget per bug and seed.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
               help="Write the JSON here.")
-def bugs(bugs, seeds, duration, max_examples, json_path) -> None:
+@click.option("--live", is_flag=True,
+              help="The live upstream bugs instead (open in the pinned versions; kvfuzz.fuzz.bench.bugs.live): a "
+                   "plain campaign of each one's unpatched target; --bug takes live.<slug> or <slug>.")
+def bugs(bugs, seeds, duration, max_examples, json_path, live) -> None:
     """Real upstream bugs re-injected into the pinned kernels (fuzz/bench/bugs/patches/): time and examples to
     the first failure of a default campaign, its kind and blame, the shrunk batch against the smallest trigger,
-    and whether the reproducer replays."""
+    and whether the reproducer replays. With --live, the bugs still open upstream (docs/bugs.md)."""
     from kvfuzz.fuzz.bench.bugs import BUGS
     from kvfuzz.fuzz.bench.bugs.benchmark import bench_bugs
     from kvfuzz.fuzz.bench.detection import size_str
 
+    if live:
+        return _live_bugs(bugs, seeds, duration, max_examples, json_path)
     names = _bug_names(bugs, BUGS, "unknown bug(s)")
     seconds = parse_duration(duration)
     _check_patches(names or list(BUGS))
@@ -318,6 +323,43 @@ def bugs(bugs, seeds, duration, max_examples, json_path) -> None:
                   str(s.get("median_examples_to_first", "-")), "; ".join(s.get("kinds", [])) or "-",
                   size_str(s["shrunk"][0]) if s.get("shrunk") else "-", size_str(e["smallest_trigger"]),
                   f"{s['replayed']}/{s['found']}" if s["found"] else "-")
+    console.print(t)
+    for e in doc["bugs"]:
+        if "skipped" in e:
+            console.print(f"{e['bug']} skipped: {e['skipped']}", highlight=False)
+    if json_path:
+        _save_json(json_path, doc)
+
+
+def _live_bugs(bugs, seeds, duration, max_examples, json_path) -> None:
+    """``kvfuzz bench bugs --live``: :func:`kvfuzz.fuzz.bench.bugs.live.bench_live` and its table."""
+    from kvfuzz.fuzz.bench.bugs.live import LIVE, bench_live
+    from kvfuzz.fuzz.bench.detection import size_str
+
+    given = [b if b.startswith("live.") else f"live.{b}" for b in bugs]
+    unknown = [b for b in given if b not in LIVE]
+    if unknown:
+        raise click.BadParameter(f"unknown live bug(s) {', '.join(unknown)}; known: {', '.join(sorted(LIVE))}",
+                                 param_hint="--bug")
+
+    def show(r: dict) -> None:
+        what = (f"found in {r['seconds_to_first']} s / {r['examples_to_first']} examples, {r['kind']} "
+                f"({r['blame']}): {r['check']}, shrunk to {size_str(r['size'])}" if r["found"]
+                else f"not found ({r['examples_total']} examples, {r['seconds_total']} s)")
+        console.print(f"  {r['bug']} seed {r['seed']}: {what}", highlight=False)
+
+    doc = bench_live(given or None, seeds, parse_duration(duration), max_examples, on_result=show)
+    t = Table(title=f"kvfuzz bench bugs --live on {doc['settings']['machine']} ({seeds} seeds, <= {duration} each)")
+    for col in ("bug", "target", "found", "s to 1st", "ex to 1st", "kind", "shrunk", "smallest trigger"):
+        t.add_column(col, overflow="fold")
+    for e in doc["bugs"]:
+        s = e.get("summary")
+        if s is None:
+            t.add_row(e["bug"], e["target"], "skipped", "-", "-", "-", "-", size_str(e["smallest_trigger"]))
+            continue
+        t.add_row(e["bug"], e["target"], f"{s['found']}/{s['runs']}", str(s.get("median_seconds_to_first", "-")),
+                  str(s.get("median_examples_to_first", "-")), "; ".join(s.get("kinds", [])) or "-",
+                  size_str(s["shrunk"][0]) if s.get("shrunk") else "-", size_str(e["smallest_trigger"]))
     console.print(t)
     for e in doc["bugs"]:
         if "skipped" in e:

@@ -36,6 +36,22 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
 UNLIMITED = 2**62
 
 
+def _sanitize_share(ctx, param, value: str) -> float:
+    """``--sanitize``: "0"/"none"/"off" -> 0.0, "all" -> 1.0, a number in [0, 1]; else exit 2 naming the option."""
+    v = str(value).strip().lower()
+    if v in ("none", "off"):
+        return 0.0
+    if v == "all":
+        return 1.0
+    try:
+        share = float(v)
+    except ValueError:
+        share = -1.0
+    if not 0.0 <= share <= 1.0:
+        raise click.BadParameter(f"{value!r} is not a share: give 0 (or none), a fraction such as 0.1, or all")
+    return share
+
+
 @click.command()
 @click.option("--target", "target_names", multiple=True,
               help="Target to fuzz (repeatable): a registered name, path/to/file.py:CLASS or module:CLASS. "
@@ -125,6 +141,11 @@ UNLIMITED = 2**62
               help="Seconds each new distinct failure may spend in the structural shrink after Hypothesis's "
                    "(several fields at once, e.g. a smaller head size with block ids scaled to keep their "
                    "offsets; docs/campaigns.md); 0: off.")
+@click.option("--sanitize", "sanitize", default="0", show_default=True, callback=_sanitize_share,
+              help="Share of examples re-run under compute-sanitizer memcheck (CUDA's, on PATH or "
+                   "/usr/local/cuda/bin) in a child process with exact-size allocations: an invalid access is a "
+                   "'memory safety' failure, shrunk like any other. 0 or none: off; a fraction (0.1); all. CUDA "
+                   "targets only (off on CPU: the Triton interpreter has no bounds checks).")
 @click.option("--baseline", "baseline_file", default=None, type=click.Path(dir_okay=False),
               help="A findings baseline (TOML, e.g. kvfuzz-baseline.toml; `kvfuzz baseline add` writes entries): "
                    "failures it accepts are still found, counted and listed as known, but only a new failure (or a "
@@ -132,7 +153,7 @@ UNLIMITED = 2**62
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
          max_query_len, poisons, threads, workers, mps_mode, example_timeout, max_crashes, db_spec, undeclared,
          big_cache, tiers, observability, configs, chunk_examples, warmup, triton_cache, jit_cache, structural_shrink,
-         baseline_file) -> None:
+         sanitize, baseline_file) -> None:
     """Fuzz real kernels in supervised workers; shrink each failure and write a reproducer directory under
     --out. Exit 0 nothing failed (or only --baseline's known findings), 1 a new failure found, 2 bad usage,
     3 the campaign could not run as asked."""
@@ -170,7 +191,10 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                             undeclared=undeclared, big_cache=big_cache, tiers=tuple(tiers) or ("auto",),
                             pin_configs={"auto": None, "pinned": True, "free": False}[configs],
                             chunk_examples=chunk_examples, warmup=warmup, structural_shrink=structural_shrink,
-                            baseline=baseline)
+                            baseline=baseline, sanitize=sanitize)
+    if sanitize and not any(t.device == "cuda" for t in chosen):
+        console.print("--sanitize: no target runs on CUDA here, so no example is sanitized (compute-sanitizer "
+                      "checks GPU kernels; the Triton interpreter has no bounds checks)", highlight=False)
     from kvfuzz.fuzz.campaign.chunks import campaign_tiers
 
     sizes = {}

@@ -101,7 +101,7 @@ def metadata_violations(target: Target, run: Run) -> list[Violation]:
         listed = target.capabilities.contract.cached_lens(batch)
         lengths = (Check.KV_INDPTR, call.csr.kv_indptr, tuple(indptr(tuple(listed) + pads).tolist()),
                    "positions the kernel reads (" + ("ctx_lens" if listed == batch.ctx_lens else "seq_lens") + ")")
-    qsl = batch.query_start_loc if pad is None else pad.query_start_loc()
+    qsl = batch.query_start_loc if pad is None else pad.query_start_loc(target.capabilities.decode_only)
     out = _mismatch(Check.QUERY_START_LOC, call.query_start_loc, qsl, "query tokens", sig.name)
     return out + _mismatch(*lengths, sig.name)
 

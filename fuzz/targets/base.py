@@ -81,9 +81,21 @@ class Target(abc.ABC):
     #: Value ranges the pre-merge gate draws (kvfuzz.contracts.model.batch.VALUE_RANGES); None: all. Restricted, as
     #: ``gate_poisons``, only for a documented, known kernel limitation that ``kvfuzz fuzz`` keeps reporting.
     gate_value_ranges: ClassVar[tuple[str, ...] | None] = None
+    #: Production states the pre-merge gate leaves undrawn ("freed_window_blocks", "cuda_graph_padding"), as
+    #: ``gate_poisons``, only for a documented live upstream bug that ``kvfuzz fuzz`` keeps reporting (docs/bugs.md).
+    gate_states_off: ClassVar[tuple[str, ...]] = ()
     #: Size tiers (kvfuzz.strategies.tiers.TIERS) this target runs: None declares the default,
     #: :meth:`size_tiers`. ``kvfuzz fuzz`` mixes them on CUDA (``--tier``; docs/fuzzing.md).
     tiers: ClassVar[tuple[str, ...] | None] = None
+
+    def gate_capabilities(self):
+        """``capabilities`` less :attr:`gate_states_off` (the declaration the pre-merge gate draws from)."""
+        if not self.gate_states_off:
+            return self.capabilities
+        import attrs
+
+        return attrs.evolve(self.capabilities,
+                            **{s: None if s == "cuda_graph_padding" else False for s in self.gate_states_off})
 
     def __new__(cls, *args, **kwargs):
         # A subclass that does not set its own name would share its parent's reproducer directories, database

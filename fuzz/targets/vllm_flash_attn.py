@@ -194,6 +194,10 @@ class VllmFlashAttnVarlen(Target):
         kv_cache_dtypes=("auto",),
         features=("sliding_window", "softcap"),
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
+        # FLASH_ATTN supports sliding windows (vllm/v1/attention/backends/flash_attn.py supports_sliding_window);
+        # vLLM's KV manager frees the blocks before the window for it as for every backend
+        # (SlidingWindowManager, vllm/v1/core/single_type_kv_cache_manager.py, remove_skipped_blocks)
+        freed_window_blocks=True,
     )
 
     def installed(self) -> Availability:

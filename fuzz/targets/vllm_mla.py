@@ -61,6 +61,7 @@ from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.model.padding import padding
 
 from .base import Availability, KernelCall, Target
 from .signature import KernelSignature
@@ -181,6 +182,8 @@ class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
     """
 
     name = "vllm.triton_mla_decode"
+    #: live vllm#57017 (docs/bugs.md): the gate draws no CUDA-graph pads; `kvfuzz fuzz` does
+    gate_states_off = ("cuda_graph_padding",)
     checked_kernel = DECODE_ATTENTION_FWD
     #: docs/findings.md, Finding 3: group size 1 takes the MHA kernel, whose input-dtype q.k sum "extreme" values
     #: overflow (NaN output) and "large"/"dominant" ones round past the envelope (head size 576; the shipped
@@ -198,6 +201,11 @@ class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"),
         gqa_ratios=(1, 2, 4, 8, 16, 32, 64, 128),
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
+        # TritonMLAMetadataBuilder: AttentionCGSupport.UNIFORM_BATCH, so uniform decode batches replay FULL CUDA
+        # graphs; the runner pads them (gpu_model_runner.py: seq_lens 0, NULL_BLOCK_ID rows, num_actual_tokens =
+        # num_tokens_padded), split_decodes_and_prefills counts the pads as decodes and forward_mqa launches one
+        # row per padded token ("Clamp holds padding rows at extent 0"): vllm#57017
+        cuda_graph_padding="vllm",
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -210,14 +218,15 @@ class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
         prefill sequence or a batch that is not latent."""
         latent_decode_only(self.name, batch)
         dev = cache.key_cache.device
-        n, h, dv = batch.num_seqs, batch.num_heads, batch.head_size_v
+        pad = padding(batch, self.capabilities.cuda_graph_padding)  # CUDA-graph pads: one row each, after the real
+        n, h, dv = pad.num_rows, batch.num_heads, batch.head_size_v
         splits = self.num_kv_splits(batch)
         k_scale, _ = scales(batch, dev)
         kwargs = dict(
-            q=data.query.to(dev), k_buffer=cache.key_cache, v_buffer=cache.value_cache,
+            q=pad.query(data.query.to(dev)), k_buffer=cache.key_cache, v_buffer=cache.value_cache,
             o=torch.zeros((n, h, dv), dtype=batch.torch_dtype, device=dev),
-            lse=torch.zeros((n, h), dtype=batch.torch_dtype, device=dev), req_to_token=batch.block_table_tensor(dev),
-            b_seq_len=batch.seq_lens_tensor(dev),
+            lse=torch.zeros((n, h), dtype=batch.torch_dtype, device=dev), req_to_token=pad.block_table_tensor(dev),
+            b_seq_len=pad.seq_lens_tensor(dev),
             attn_logits=poisoned_scratch((n, h, splits, dv + 1), cache, batch.seed + 3),
             num_kv_splits=splits, sm_scale=batch.scale, page_size=batch.block_size,
             k_scale=k_scale, v_scale=k_scale, is_mla=True,

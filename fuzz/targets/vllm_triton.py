@@ -217,7 +217,7 @@ DECODE_ATTENTION_FWD = KernelSignature(
     takes_new_kv=False, declaration=KernelDeclaration(paths=(
         KernelPath("decode_attention_fwd's Triton kernels",
                    source=_V1 + "triton_decode_attention.py decode_attention_fwd"),
-    ), value_head_size_may_differ=True))
+    ), value_head_size_may_differ=True, empty_decode_rows=True))
 
 #: This family's checked kernels (the guard collects them through kvfuzz.fuzz.targets.registry.FAMILIES).
 SIGNATURES = (CHUNKED_PREFILL_PAGED_DECODE, CONTEXT_ATTENTION_FWD, UNIFIED_ATTENTION, DECODE_ATTENTION_FWD)
@@ -240,6 +240,8 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
     """
 
     name = "vllm.chunked_prefill_paged_decode"
+    #: live vllm#53628 (docs/bugs.md): the gate leaves the freed-window state undrawn; `kvfuzz fuzz` draws it
+    gate_states_off = ("freed_window_blocks",)
     checked_kernel = CHUNKED_PREFILL_PAGED_DECODE
     description = "vLLM Triton prefix-prefill + paged decode (split contract)"
     capabilities = Capabilities(
@@ -252,6 +254,10 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
         features=("sliding_window", "alibi", "sinks"),
         exclusive=(("alibi", "sinks"), ("alibi", "sliding_window")),
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
+        # vLLM's SlidingWindowManager.remove_skipped_blocks (vllm/v1/core/single_type_kv_cache_manager.py) frees
+        # the blocks wholly before the window whatever the backend; the ROCm backend (ROCM_ATTN,
+        # vllm/v1/attention/backends/rocm_attn.py) calls this kernel on them (vllm#53628)
+        freed_window_blocks=True,
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -315,6 +321,8 @@ class VllmContextAttentionFwd(VllmTritonTarget):
     """
 
     name = "vllm.context_attention_fwd"
+    #: live vllm#53628 (docs/bugs.md): the gate leaves the freed-window state undrawn; `kvfuzz fuzz` draws it
+    gate_states_off = ("freed_window_blocks",)
     checked_kernel = CONTEXT_ATTENTION_FWD
     description = "vLLM Triton prefix-prefill kernel for every sequence, decode included (prefix contract)"
     capabilities = Capabilities(
@@ -328,6 +336,10 @@ class VllmContextAttentionFwd(VllmTritonTarget):
         features=("sliding_window", "alibi", "sinks"),
         exclusive=(("alibi", "sinks"), ("alibi", "sliding_window")),
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
+        # vLLM's SlidingWindowManager.remove_skipped_blocks (vllm/v1/core/single_type_kv_cache_manager.py) frees
+        # the blocks wholly before the window whatever the backend; the ROCm backend (ROCM_ATTN,
+        # vllm/v1/attention/backends/rocm_attn.py) calls this kernel on them (vllm#53628)
+        freed_window_blocks=True,
     )
 
     def layout(self, batch: Batch) -> CacheLayout:
@@ -487,6 +499,8 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
     """
 
     name = "vllm.decode_attention_fwd"
+    #: live vllm#57017 (docs/bugs.md): the gate draws no CUDA-graph pads; `kvfuzz fuzz` does
+    gate_states_off = ("cuda_graph_padding",)
     checked_kernel = DECODE_ATTENTION_FWD
     #: docs/findings.md, Finding 3: the MHA path sums q.k in the input dtype, which "extreme" values overflow (NaN
     #: output) and "large"/"dominant" ones round past the envelope (the shipped baseline's finding-3-magnitudes);
@@ -503,6 +517,9 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         features=("softcap",),
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
+        # vLLM calls it from TRITON_MLA (VllmTritonMlaDecode's docstring), whose decode batches run in FULL CUDA
+        # graphs padded with seq_len-0, null-block rows (vllm#57017)
+        cuda_graph_padding="vllm",
     )
 
     #: vllm/v1/attention/backends/mla/triton_mla.py
@@ -530,14 +547,15 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
             raise ValueError(f"{self.name} takes decode sequences only (query_len == 1); sequences "
                              f"{list(batch.prefill_seqs)} have query_len > 1")
         dev = cache.key_cache.device
-        n, h, d = batch.num_seqs, batch.num_heads, batch.head_size
+        pad = padding(batch, self.capabilities.cuda_graph_padding)  # CUDA-graph pads: one row each, after the real
+        n, h, d = pad.num_rows, batch.num_heads, batch.head_size
         splits = self.num_kv_splits(batch)
         out = torch.empty((n, h, d), dtype=batch.torch_dtype, device=dev)
         k_scale, v_scale = scales(batch, dev)
         kwargs = dict(
-            q=data.query.to(dev), k_buffer=cache.key_cache, v_buffer=cache.value_cache, o=out,
-            lse=torch.empty((n, h), dtype=torch.float32, device=dev), req_to_token=batch.block_table_tensor(dev),
-            b_seq_len=batch.seq_lens_tensor(dev),
+            q=pad.query(data.query.to(dev)), k_buffer=cache.key_cache, v_buffer=cache.value_cache, o=out,
+            lse=torch.empty((n, h), dtype=torch.float32, device=dev), req_to_token=pad.block_table_tensor(dev),
+            b_seq_len=pad.seq_lens_tensor(dev),
             attn_logits=poisoned_scratch((n, h, splits, d + 1), cache, batch.seed + 3),
             num_kv_splits=splits, sm_scale=batch.scale, page_size=batch.block_size,
             logit_cap=batch.softcap or 0.0, k_scale=k_scale, v_scale=v_scale,

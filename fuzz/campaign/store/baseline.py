@@ -7,12 +7,12 @@ The file is TOML (read with the standard library's ``tomllib``), one ``[[known]]
     id = "finding-1"                    # unique; summaries and reports name the finding by it
     target = "vllm.cpu_attention"       # the target's registered name
     kind = "non-finite output"          # a failure kind: "non-finite output" or "kernel mismatch"
-    check = "finite output"             # the oracle (contracts.oracles.Oracle value)
+    check = "finite output"             # the oracle (contracts.oracles.Oracle value; or "finite pad rows")
     reason = "V rows past seq_len ..."  # why it is accepted
     reference = "README.md Findings 1"  # where it is documented upstream or here
     # non-finite output: what decides "the same bug"
     poisons = ["nan", "inf"]            # the poisons it shows with
-    slots = "tail"                      # where the poison it reads sits: "tail" or "unwritten"; or "none": the
+    slots = "tail"                      # where the poison it reads sits: "tail", "unwritten" or "freed"; or "none": the
                                         # NaN comes from the batch's own values (needs values and features)
     tail_tokens = 32                    # slots = "tail": the kernel's token group
     values = ["extreme"]                # slots = "none": the value ranges it shows with
@@ -30,10 +30,12 @@ A failing example matches an entry only when all of these hold (:func:`match`):
   at all) when the entry's ``slots`` hold finite values (zeros) and everything else is unchanged: ``"tail"``,
   the slots the contract leaves unwritten from each sequence's ``seq_len`` up to the next multiple of
   ``tail_tokens`` and of its block size (inside the sequence's block-table row); ``"unwritten"``, every slot the
-  contract leaves unwritten. So the NaN came from there, as the documented bug says, and from nowhere else.
+  contract leaves unwritten; ``"freed"``, the null block's slots, where a batch with freed window blocks
+  (``Batch.freed_window_blocks``) points the columns wholly before each window (so only such a batch can match).
+  So the NaN came from there, as the documented bug says, and from nowhere else.
   ``slots = "none"``: the batch's value range is one of ``values``, it has every feature of ``features``, and
-  the same example passes with those features off (e.g. no softcap): the NaN comes from that feature at those
-  magnitudes, as the documented bug says;
+  the same example passes with those features off (e.g. no softcap; ``"padding"``: no CUDA-graph pads): the NaN
+  comes from that feature at those magnitudes, as the documented bug says;
 - a kernel mismatch: ``error / bound`` at the worst element is at most ``max_ratio``. Above it the finding is
   new (the known bug changed: it got worse), and its details say which entry it outgrew. An entry with ``values``
   and ``features`` (instead of, or with, ``max_ratio``) matches as ``slots = "none"`` does: the value range is one
@@ -61,11 +63,12 @@ import attrs
 #: Failure kinds an entry may name (and what decides "the same bug" for each).
 KINDS = ("non-finite output", "kernel mismatch")
 #: Where the poison a known non-finite output reads sits (module docstring).
-SLOT_CLASSES = ("tail", "unwritten", "none")
+SLOT_CLASSES = ("tail", "unwritten", "freed", "none")
 #: Features a ``slots = "none"`` entry may name, and how a re-run turns each off (a Batch field's value).
 #: "magnitudes": the re-run draws the same batch at the "normal" value range (the failure comes from the batch's
 #: magnitudes alone, as a documented precision bug of an input-dtype score says).
-FEATURES_OFF = {"softcap": ("softcap", None), "magnitudes": ("value_range", "normal")}
+#: "padding": the re-run drops the CUDA-graph pad sequences (``num_pad_seqs`` 0: a NaN that only pads cause).
+FEATURES_OFF = {"softcap": ("softcap", None), "magnitudes": ("value_range", "normal"), "padding": ("num_pad_seqs", 0)}
 HEADS = ("any", "equal")
 POISONS = ("nan", "inf", "stale", "zeros")
 
@@ -190,10 +193,12 @@ def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
                                 "are never baselined)")
         check = _field(path, i, t, "check", str, f"an oracle: {', '.join(repr(o.value) for o in Oracle)}")
         check = LEGACY_NAMES.get(check, check)
-        want = Oracle.FINITE.value if kind == "non-finite output" else Oracle.AGREEMENT.value
-        if check != want:
+        # a non-finite output: the finite-output oracle, or the pad rows' (a NaN only CUDA-graph pads show)
+        want = (Oracle.FINITE.value, Oracle.PAD_FINITE.value) if kind == "non-finite output" else (
+            Oracle.AGREEMENT.value,)
+        if check not in want:
             raise BaselineError(path, f"known[{i}].check", f"is {check!r}, not the oracle of a {kind}",
-                                f"check = {want!r}")
+                                " or ".join(f"check = {w!r}" for w in want))
         reason = _field(path, i, t, "reason", str, "why the finding is accepted (a string)")
         reference = _field(path, i, t, "reference", str, "where it is documented (an issue, a README section)")
         heads = _field(path, i, t, "heads", str, f"one of {HEADS}", required=False, default="any")
@@ -260,6 +265,19 @@ def load_baseline(path: str | Path) -> Baseline:
 
 
 # ---- matching a failing example -------------------------------------------------------------------------------
+def freed_slots(batch):
+    """int64 slots of the "freed" class (module docstring): the null block's ``block_size`` slots when the batch
+    has freed window blocks (vLLM's ``BlockPool.null_block``, :data:`~kvfuzz.contracts.model.batch.NULL_BLOCK`,
+    which the cache holds no token in), else none."""
+    import torch
+
+    from kvfuzz.contracts.model.batch import NULL_BLOCK
+
+    if not batch.freed_window_blocks:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.arange(NULL_BLOCK * batch.block_size, (NULL_BLOCK + 1) * batch.block_size, dtype=torch.int64)
+
+
 def tail_slots(batch, cache, tail_tokens: int):
     """int64 slots of the "tail" class (module docstring): for each sequence, positions ``seq_len`` up to the
     next multiple of ``tail_tokens`` and of ``block_size`` (the larger), in columns of its block-table row, minus
@@ -329,7 +347,7 @@ def _passes_with_finite(entry: KnownFinding, target, example, run=None, others=(
             return True
 
         def finite_tail(batch, data, cache) -> None:
-            slots = tail_slots(batch, cache, entry.tail_tokens)
+            slots = freed_slots(batch) if entry.slots == "freed" else tail_slots(batch, cache, entry.tail_tokens)
             if len(slots):
                 rows = (len(slots), *data.cache_keys.shape[1:])
                 zeros = data.cache_keys.new_zeros(rows)
@@ -389,7 +407,7 @@ def _scoped_match(entry: KnownFinding, target, example, run, others=()) -> tuple
     baseline's entries without ``values``) accepts: the precision bug at normal values that the larger values
     magnify."""
     b = example.batch
-    missing = [f for f in entry.features if getattr(b, FEATURES_OFF[f][0]) is None]
+    missing = [f for f in entry.features if getattr(b, FEATURES_OFF[f][0]) in (None, 0)]  # padding: no pads
     if b.value_range not in entry.values or missing:
         return False, (f"baseline {entry.id} covers values {', '.join(entry.values)} with "
                        f"{', '.join(entry.features)}, not values {b.value_range}"

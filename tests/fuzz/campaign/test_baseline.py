@@ -14,7 +14,7 @@ from kvfuzz.contracts.checks.oracles import Oracle
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.paged_torch import small_batch as _batch
 from kvfuzz.fuzz.campaign.store.baseline import (BaselineError, KnownFinding, append_entry, classify, entry_from_case,
-                                           load_baseline, match, parse_baseline)
+                                           freed_slots, load_baseline, match, parse_baseline)
 from kvfuzz.fuzz.campaign.store.cases import Case
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets import BUILTIN, get_target
@@ -103,7 +103,11 @@ def test_the_shipped_baseline_names_builtin_targets_and_readme_findings():
     b = load_baseline(SHIPPED)
     readme = (ROOT / "docs" / "findings.md").read_text()  # the findings moved from the README to their page
     assert {e.target for e in b.entries} <= set(BUILTIN)
+    live = (ROOT / "docs" / "bugs.md").read_text().split("## Live upstream bugs")[1]
     for e in b.entries:
+        if m := re.match(r"vllm-(\d+)", e.id):  # a live upstream bug (docs/bugs.md, Live upstream bugs)
+            assert f"vllm#{m.group(1)}" in live and "Live upstream bugs" in e.reference, e.id
+            continue
         n = int(re.match(r"finding-(\d+)", e.id).group(1))  # finding-3-mla: Finding 3 on another target
         assert re.search(rf"^{n}\. \*\*", readme, re.M), e.id  # a numbered finding of docs/findings.md
         assert f"Findings on real kernels, {n}" in e.reference
@@ -195,6 +199,29 @@ def test_the_shipped_baseline_knows_finding_11_at_extreme_values_with_a_softcap(
     f = failing(target, example)
     assert isinstance(f, NonFiniteOutput)
     assert classify(load_baseline(SHIPPED), target, example, f) == "finding-11"
+
+
+def test_the_shipped_baseline_knows_vllm_53628_only_from_the_freed_window_blocks():
+    """vllm#53628 (live upstream, docs/bugs.md): chunked_prefill_paged_decode's decode kernel multiplies the freed
+    window blocks' V by 0. The shrunk case of a plain campaign (one decode, ctx 16, window 1, block 16, NaN) is
+    known while zeros in the null block make it pass; the same NaN with the blocks kept (no freed state) is not a
+    "freed" finding, and NaN with finite poison is no finding at all."""
+    available("vllm.chunked_prefill_paged_decode")
+    target = get_target("vllm.chunked_prefill_paged_decode")
+    batch = attrs.evolve(_batch([1], [16], head_size=32, block_size=16, dtype="float16", sliding_window=1),
+                         freed_window_blocks=True, num_blocks=2, block_table=[[0, 1]])
+    example = Example(batch, Poison.NAN)
+    f = failing(target, example)
+    assert isinstance(f, NonFiniteOutput) and f.check == Oracle.FINITE.value
+    assert classify(load_baseline(SHIPPED), target, example, f) == "vllm-53628-chunked"
+    ok, why = match(tail_entry(target.name, slots="freed"), target, example, f)
+    assert ok, why
+    ok, why = match(attrs.evolve(tail_entry(target.name, slots="freed"), poisons=("inf",)), target, example, f)
+    assert not ok and "not nan" in why
+    # the blocks kept (no freed state): the same batch passes, and a "freed" entry has no slots to zero there
+    kept = attrs.evolve(batch, freed_window_blocks=False, block_table=[[1, 0]])
+    properties.check(target, Example(kept, Poison.NAN))
+    assert not len(freed_slots(kept)) and freed_slots(batch).tolist() == list(range(16))
 
 
 def test_a_non_finite_output_is_not_also_compared_with_the_reference(monkeypatch):

@@ -68,3 +68,23 @@ def test_the_gate_draws_only_a_targets_gate_value_ranges(tmp_path):
     assert wide(find(strategy_for(t, CampaignConfig(out=tmp_path)), wide, settings=settings(max_examples=500)))
     with pytest.raises(NoSuchExample):
         find(strategy_for(t, CampaignConfig(out=tmp_path, gate=True)), wide, settings=settings(max_examples=300))
+
+
+@pytest.mark.parametrize("name, state", [("vllm.chunked_prefill_paged_decode", "freed_window_blocks"),
+                                         ("vllm.triton_mla_decode", "cuda_graph_padding")])
+def test_the_gate_leaves_a_live_bugs_state_undrawn(tmp_path, name, state):
+    """Live vllm#53628 and vllm#57017 (docs/bugs.md) need the freed-window state and CUDA-graph pads: the gate
+    draws neither on those targets (it stays green on known live bugs), `kvfuzz fuzz` draws both."""
+    from hypothesis import find, settings
+    from hypothesis.errors import NoSuchExample
+
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.campaign.engine import strategy_for
+    from kvfuzz.fuzz.targets import get_target
+
+    t = get_target(name)
+    has = lambda e: bool(e.batch.freed_window_blocks or e.batch.num_pad_seqs)  # noqa: E731
+    assert t.gate_states_off == (state,)
+    assert has(find(strategy_for(t, CampaignConfig(out=tmp_path)), has, settings=settings(max_examples=500)))
+    with pytest.raises(NoSuchExample):
+        find(strategy_for(t, CampaignConfig(out=tmp_path, gate=True)), has, settings=settings(max_examples=200))

@@ -79,7 +79,8 @@ def test_targets_lists_both_with_availability():
     assert "fp8_e5m2" in rows[TRITON]["kv_cache_dtypes"] and ["alibi", "sinks"] in rows[TRITON]["exclusive"]
     assert set(rows["vllm.unified_attention"]["features"]) == {"alibi", "sinks", "sliding_window", "softcap"}
     assert "freed window blocks" in rows["vllm.unified_attention"]["states"]
-    assert "freed window blocks" not in rows[TRITON]["states"]
+    assert "freed window blocks" in rows[TRITON]["states"]  # ROCm's backend calls it on freed blocks (vllm#53628)
+    assert "freed window blocks" not in rows["vllm.decode_attention_fwd"]["states"]  # no sliding window
     assert "shared prefix" in rows["sglang.decode_attention_fwd"]["states"]
     piped = kvfuzz("targets").stdout.splitlines()
     assert piped[0].split("\t")[7] == "states"
@@ -102,7 +103,9 @@ def test_targets_lists_the_states_each_target_declares():
     assert rows["vllm.unified_attention"]["states"] == ["shared prefix", "freed window blocks",
                                                         "cuda-graph padding (vllm)"]
     assert rows["sglang.decode_attention_fwd"]["states"] == ["shared prefix", "cuda-graph padding (sglang)"]
-    assert rows["vllm.cpu_attention"]["states"] == ["shared prefix"] == rows[TRITON]["states"]
+    assert rows["vllm.cpu_attention"]["states"] == ["shared prefix"]
+    assert rows[TRITON]["states"] == ["shared prefix", "freed window blocks"]  # ROCm's path (vllm#53628)
+    assert rows["vllm.triton_mla_decode"]["states"] == ["shared prefix", "cuda-graph padding (vllm)"]  # TRITON_MLA
     piped = kvfuzz("targets").stdout.splitlines()
     header = piped[0].split("\t")
     line = next(row.split("\t") for row in piped if row.startswith("vllm.unified_attention\t"))

@@ -14,9 +14,9 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis.database import InMemoryExampleDatabase
 
-from kvfuzz.contracts.caches.layouts import NHDLayout
+from kvfuzz.contracts.caches.layouts import NHDLayout, VllmPagedLayout
 from kvfuzz.contracts.caches.materialize import materialize
-from kvfuzz.contracts.checks.invariants import check_unified_invariant
+from kvfuzz.contracts.checks.invariants import check_cache_holds, check_unified_invariant
 from kvfuzz.contracts.checks.violations import Check
 from kvfuzz.contracts.model.batch import NULL_BLOCK, Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
@@ -167,9 +167,10 @@ def test_declarations():
     assert PagedTorch.capabilities.states == ()
     assert "freed window blocks" in PagedTorch.capabilities.outside(_batch())
     assert not PagedTorch.capabilities.accepts(_batch(head_size=32, dtype="float32"))
-    assert get_target("vllm.unified_attention").capabilities.freed_window_blocks
-    for name in ("vllm.chunked_prefill_paged_decode", "vllm.context_attention_fwd"):  # they read freed V (docs)
-        assert not get_target(name).capabilities.freed_window_blocks
+    # vLLM frees the blocks whatever the backend: CUDA's TRITON_ATTN calls unified_attention, ROCm's ROCM_ATTN
+    # chunked_prefill_paged_decode (its prefill part context_attention_fwd; vllm#53628, docs/targets.md)
+    for name in ("vllm.unified_attention", "vllm.chunked_prefill_paged_decode", "vllm.context_attention_fwd"):
+        assert get_target(name).capabilities.freed_window_blocks
 
 
 def _campaign(target, max_examples: int):
@@ -196,3 +197,18 @@ def test_default_campaign_passes_a_kernel_that_skips_freed_blocks():
     stats = _campaign(SkipsFreedBlocks(), 300)
     assert not stats.failures, [(r.kind, r.example) for r in stats.failures.values()][:1]
     assert stats.examples >= 300
+
+
+def test_a_sequence_with_every_cached_position_freed_is_checked_not_a_harness_error():
+    """Block size 1, ctx 1, window 1: the one context block is freed, so the cache owes no position. The cache
+    check gathered zero slots and reshaped them to ``[0, 1, -1]`` (a RuntimeError in kvfuzz's own check,
+    issue 39); now it owes nothing and the kernel's output is checked."""
+    b = Batch(query_lens=[1], ctx_lens=[1], num_heads=1, num_kv_heads=1, head_size=32, block_size=1,
+              dtype="float32", num_blocks=2, block_table=[[0, 1]], sliding_window=1, freed_window_blocks=True)
+    assert b.freed_blocks(0) == 1 and not len(b.held_positions([1])[0])
+    layout = VllmPagedLayout()
+    kc, vc = layout.allocate(b, "cpu")
+    k, v = layout.gather(kc, vc, torch.zeros(0, dtype=torch.int64))
+    assert k.shape == (0, 1, 32) and v.shape == (0, 1, 32)
+    assert check_cache_holds(Check.PREFILL, b, make_batch_data(b), layout, kc, vc, {0: 1}) == []
+    check_example(get_target("vllm.context_attention_fwd"), Example(b, Poison.ZEROS))  # the real kernel passes

@@ -167,6 +167,41 @@ def test_the_real_kernels_keep_real_rows_and_pad_rows_finite(name):
         assert run.output.shape[0] == 5 and bool(torch.isfinite(run.output[2:]).all())
 
 
+def test_vllm_decode_attention_fwd_pads_as_triton_mla_and_a_pad_row_is_nan_vllm_57017():
+    """vLLM's TRITON_MLA pads FULL-graph decode batches with seq_len-0, null-block rows, one query row each
+    (forward_mqa); decode_attention_fwd's stage 2 divides an empty softmax sum there (vllm#57017, live upstream).
+    The call carries the pads; the guard takes a seq_len-0 row of this decode kernel as a pad, not a caller bug;
+    the pad-row oracle fails on the kernel, whatever the poison; the real rows and the unpadded batch pass; the
+    shipped baseline knows it only while the batch without pads passes."""
+    from kvfuzz.fuzz.campaign.store.baseline import classify, load_baseline
+    from support import ROOT
+
+    name = "vllm.decode_attention_fwd"
+    available(name)
+    t = get_target(name)
+    mla = get_target("vllm.triton_mla_decode")
+    assert t.capabilities.cuda_graph_padding == "vllm" == mla.capabilities.cuda_graph_padding
+    b = _decode_batch(pads=2, dtype="float16")
+    example = Example(b, Poison.ZEROS)
+    with pytest.raises(NonFiniteOutput) as info:
+        check_example(t, example)
+    f = info.value
+    assert f.check == Oracle.PAD_FINITE.value and "which is a pad row" in str(f)
+    assert classify(load_baseline(ROOT / "kvfuzz-baseline.toml"), t, example, f) == "vllm-57017-decode"
+    check_example(t, Example(attrs.evolve(b, num_pad_seqs=0), Poison.NAN))
+    # the guard: the padded call's seq_len-0 rows are pads by the declaration, and a caller bug without it
+    from kvfuzz.contracts.calls.call_checks import check_call
+    from kvfuzz.contracts.checks.violations import Check
+    from kvfuzz.fuzz.harness.attention import prepare
+    from kvfuzz.fuzz.harness.caller import checked_signature
+
+    call = checked_signature(t).build_call(prepare(t, example).call.kwargs)
+    assert call.declaration.empty_decode_rows and not [v for v in check_call(call, vacuity=False) if v.is_error]
+    strict = attrs.evolve(call, declaration=attrs.evolve(call.declaration, empty_decode_rows=False))
+    found = [v for v in check_call(strict, vacuity=False) if v.is_error]
+    assert [(v.check, v.seq) for v in found] == [(Check.SEQ_LEN_GE_QUERY_LEN, 2), (Check.SEQ_LEN_GE_QUERY_LEN, 3)]
+
+
 def test_the_relations_check_a_padded_example_without_its_pads():
     from kvfuzz.fuzz.harness.relations import RELATIONS
 

@@ -22,7 +22,7 @@ def _property(name):
     target = get_target(name)
     avail = target.availability()
     limits = attrs.evolve(CHECK_LIMITS, value_ranges=target.gate_value_ranges or CHECK_LIMITS.value_ranges)
-    strategy = examples(target.capabilities, limits, target.gate_poisons or tuple(Poison))
+    strategy = examples(target.gate_capabilities(), limits, target.gate_poisons or tuple(Poison))
 
     @pytest.mark.skipif(not avail.ok, reason=f"{name}: {avail.reason}")
     @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # budget: the profile

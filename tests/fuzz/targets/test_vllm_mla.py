@@ -26,7 +26,7 @@ from kvfuzz.fuzz.targets.registry import get_target, registered
 from kvfuzz.fuzz.targets.vllm_mla import DEEPSEEK_SM_SCALE, VllmTritonMlaDecode
 from kvfuzz.strategies.batches import examples
 from kvfuzz.strategies.limits import Limits
-from support import available, batch_of, kvfuzz
+from support import ROOT, available, batch_of, kvfuzz
 
 NAME = "vllm.triton_mla_decode"
 
@@ -197,7 +197,7 @@ def test_a_short_property_run_passes():
 
     @settings(max_examples=6, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
-    @given(examples(t.capabilities, limits))
+    @given(examples(t.gate_capabilities(), limits))  # no CUDA-graph pads: live vllm#57017 (test_padding.py)
     def prop(example):
         b = example.batch
         assert (b.num_kv_heads, b.head_size, b.head_size_v) == (1, 576, 512)
@@ -215,7 +215,8 @@ def test_kvfuzz_targets_lists_it_and_a_cli_campaign_passes(tmp_path):
     if not row["available"]:
         pytest.skip(f"{NAME} unavailable: {row['reason']}")
     r = kvfuzz("fuzz", "--target", NAME, "--max-examples", "4", "--workers", "1", "--seed", "1",
-               "--out", tmp_path)
+               "--out", tmp_path, "--baseline", ROOT / "kvfuzz-baseline.toml")  # live vllm#57017 is known
     assert r.returncode == 0, r.stdout + r.stderr
     (stats,) = json.loads((tmp_path / "summary.json").read_text())["targets"]
-    assert stats["target"] == NAME and stats["examples"] == 4 and stats["failures"] == [], stats
+    assert stats["target"] == NAME and stats["examples"] == 4, stats
+    assert all(f["known"] for f in stats["failures"]), stats["failures"]

@@ -1,0 +1,106 @@
+"""The memory-safety oracle (kvfuzz.fuzz.harness.sanitizer, `kvfuzz fuzz --sanitize`): compute-sanitizer's report
+parsed into accesses (kernel, file:line, size, offset from the nearest allocation), a planted sanitizer that reports
+an invalid read (a "memory safety" failure, found and shrunk by a campaign) and one that reports none (no failure),
+the exact-size block table, and the option's bad values. CPU only: the planted sanitizer stands in for CUDA's."""
+
+import stat
+import tempfile
+from pathlib import Path
+
+import attrs
+import pytest
+from hypothesis.database import InMemoryExampleDatabase
+
+from kvfuzz.contracts.checks.failures import FailureKind, HarnessError, MemorySafetyError
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.bench.paged_torch import PagedTorch, small_batch
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.engine import fuzz_target
+from kvfuzz.fuzz.harness import sanitizer
+from support import kvfuzz
+
+#: vllm#56862 as compute-sanitizer 2025.x prints it on an H100 (issue 39), with a line of the program's own output
+REPORT = """========= COMPUTE-SANITIZER
+some output of the program
+========= Invalid __global__ read of size 4 bytes
+=========     at kernel_unified_attention+0x1b70 in /venv/vllm/v1/attention/ops/triton_unified_attention.py:432
+=========     by thread (3,0,0) in block (0,0,0)
+=========     Address 0x7f5e2a000204 is out of bounds
+=========     and is 1 bytes after the nearest allocation at 0x7f5e2a000200 of size 4 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: [0x2d2ae5] in libcuda.so.1
+=========
+========= ERROR SUMMARY: 1 error
+"""
+CLEAN = "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n"
+
+
+def _fake(tmp: Path, text: str, name: str = "compute-sanitizer") -> str:
+    """A planted compute-sanitizer: prints ``text`` whatever its arguments (the child is not run)."""
+    (tmp / "report.txt").write_text(text)
+    exe = tmp / name
+    exe.write_text(f"#!/bin/sh\ncat '{tmp / 'report.txt'}'\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return str(exe)
+
+
+def test_the_report_is_parsed_into_the_access():
+    r = sanitizer.parse_memcheck(REPORT)
+    assert r.error_count == 1 and not r.clean
+    (a,) = r.accesses
+    assert (a.access, a.space, a.size, a.kernel, a.line) == ("read", "global", 4, "kernel_unified_attention", 432)
+    assert a.file.endswith("triton_unified_attention.py") and a.address == "0x7f5e2a000204"
+    assert (a.offset, a.side, a.allocation_size) == (1, "after", 4)
+    assert a.describe() == ("invalid global read of 4 bytes in kernel_unified_attention at "
+                            "triton_unified_attention.py:432, 1 bytes after the nearest allocation of 4 bytes")
+    assert sanitizer.parse_memcheck(CLEAN).clean
+    assert sanitizer.parse_memcheck("no report at all").error_count is None
+
+
+def test_a_planted_report_is_a_memory_safety_failure_and_a_clean_one_passes(tmp_path):
+    ex = Example(small_batch([4], [12], head_size=32, block_size=16), Poison.NAN)
+    with pytest.raises(MemorySafetyError) as info:
+        sanitizer.sanitize(PagedTorch(), ex, "paged.torch", sanitizer=_fake(tmp_path, REPORT))
+    f = info.value
+    assert f.kind is FailureKind.MEMORY_SAFETY and f.kind.blame == "kernel" and f.check == sanitizer.CHECK
+    assert "triton_unified_attention.py:432" in f.message and f.details["accesses"][0]["offset"] == 1
+    sanitizer.sanitize(PagedTorch(), ex, "paged.torch", sanitizer=_fake(tmp_path, CLEAN))
+    with pytest.raises(HarnessError, match="no report"):
+        sanitizer.sanitize(PagedTorch(), ex, "paged.torch", sanitizer=_fake(tmp_path, "Segmentation fault\n"))
+
+
+@pytest.mark.parametrize("report, fails", [(REPORT, True), (CLEAN, False)])
+def test_a_campaign_with_sanitize_finds_and_shrinks_a_planted_access_and_passes_a_clean_one(
+        tmp_path, monkeypatch, report, fails):
+    monkeypatch.setenv(sanitizer.ENV, _fake(tmp_path, report))
+    monkeypatch.setattr(sanitizer, "applies", lambda target: True)  # the planted sanitizer stands in for CUDA
+    config = CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=12, duration=120, seed=0,
+                            database=InMemoryExampleDatabase(), stop_at_first_failure=True, sanitize=1.0,
+                            structural_shrink=0)
+    stats = fuzz_target(PagedTorch(), config)
+    if not fails:
+        assert not stats.failures and stats.examples >= 12
+        return
+    (rec,) = stats.failures.values()
+    assert rec.kind == "memory safety" and rec.blame == "kernel" and rec.check == sanitizer.CHECK
+    b = Example.from_dict(rec.example).batch
+    assert b.num_seqs == 1 and b.num_tokens == 1  # every example fails: shrunk to the smallest
+
+
+def test_a_share_picks_the_same_examples_every_time():
+    exs = [Example(small_batch([1], [c], head_size=32, block_size=16), Poison.NAN) for c in range(60)]
+    picked = [sanitizer.selected(e, 0.25) for e in exs]
+    assert picked == [sanitizer.selected(e, 0.25) for e in exs] and 3 <= sum(picked) <= 30
+    assert all(sanitizer.selected(e, 1.0) for e in exs) and not any(sanitizer.selected(e, 0.0) for e in exs)
+
+
+def test_the_exact_batch_has_no_spare_block_table_column():
+    b = small_batch([4, 1], [12, 40], head_size=32, block_size=16, table=[[0, 5, 6], [1, 2, 3]], num_blocks=7)
+    spare = attrs.evolve(b, block_table=[[0, 5, 6, 4], [1, 2, 3, 4]])
+    assert sanitizer.exact_batch(spare).block_table == b.block_table and sanitizer.exact_batch(b) is b
+
+
+def test_a_bad_share_exits_2_naming_the_option():
+    r = kvfuzz("fuzz", "--sanitize", "most", "--target", "vllm.cpu_attention")
+    assert r.returncode == 2 and "--sanitize" in r.stderr and "all" in r.stderr
