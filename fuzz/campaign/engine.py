@@ -119,6 +119,14 @@ def duration_allowance(duration: float) -> float:
     return max(DURATION_SLACK_SHARE * duration, DURATION_SLACK_SECONDS)
 
 
+#: Seconds past ``--duration`` a shrink of a failure found before it may go on (Hypothesis's shrink, the
+#: widening across configurations and the structural shrink): a reproducer shrunk to a few sequences is what a
+#: kernel's maintainers can use, an unshrunk serving batch of 19 sequences is not (an H200 run of FA3 recorded
+#: one so). No new example is drawn past ``--duration``; a shrink that overran says so in the summary's warnings.
+#: Environment: KVFUZZ_SHRINK_GRACE (seconds; 0 holds --duration through any shrink).
+SHRINK_GRACE_SECONDS = float(os.environ.get("KVFUZZ_SHRINK_GRACE", "120"))
+
+
 class PastDeadline(BaseException):
     """The campaign's ``--duration`` ran out (:attr:`Campaign.deadline`): raised from the property body, it ends
     the Hypothesis run in progress at once, in generation or in shrinking (Hypothesis lets a BaseException that
@@ -160,6 +168,7 @@ class Campaign:
         self._base_key = f"kvfuzz:{target.name}:{self.fault_name}".encode()
         self._use(self.tiers[0])
         self._latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
+        self._found: list[tuple[str, str]] = []  # distinct failures of the run in progress (_execute)
         #: the unshrunk reproducer of each distinct failure seen here and not yet recorded shrunk (_seen)
         self._early: dict[tuple[str, str], Path] = {}
         self._new: list[FailureRecord] = []
@@ -241,15 +250,26 @@ class Campaign:
                                f"{type(e).__name__} outside the kernel call ({stage}: {'the target built the call' if stage == 'prepare' else 'checking the output'}): {e}",
                                {"stage": stage, "traceback": traceback.format_exc(limit=-6)}) from None
 
-    def past_deadline(self) -> bool:
-        """Whether the campaign's ``--duration`` has run out (:attr:`deadline`)."""
-        return self.deadline is not None and time.monotonic() > self.deadline
+    def past_deadline(self, shrinking: bool = False) -> bool:
+        """Whether the campaign's ``--duration`` has run out (:attr:`deadline`); ``shrinking``: for a shrink of a
+        failure found before it, which has :data:`SHRINK_GRACE_SECONDS` more."""
+        return self.deadline is not None and time.monotonic() > self.deadline + (SHRINK_GRACE_SECONDS if shrinking
+                                                                                 else 0.0)
+
+    def _shrinking(self) -> bool:
+        """Whether a new failure, seen and not yet recorded, is being shrunk in this run."""
+        return any(sig not in self.known and sig not in self._found for sig in self._latest)
 
     def _body(self, example: Example) -> None:
         if STOP.is_set():
             raise KeyboardInterrupt
         if self.past_deadline():
-            raise PastDeadline()
+            shrinking = self._shrinking()
+            if not shrinking or self.past_deadline(shrinking=True):
+                raise PastDeadline()
+            note = "shrinking past --duration (up to KVFUZZ_SHRINK_GRACE, %g s)" % SHRINK_GRACE_SECONDS
+            if note not in self.cut_short:
+                self.cut_short.append(note)
         lab = self._labels(example)
         for k, v in lab.items():
             event(f"{k}: {v}")
@@ -452,7 +472,8 @@ class Campaign:
         """Whether new failures get the structural shrink (not outside the declaration, nor on big caches,
         whose block ids are placed on purpose)."""
         c = self.config
-        return c.structural_shrink > 0 and not c.undeclared and not c.big_cache and not self.past_deadline()
+        return (c.structural_shrink > 0 and not c.undeclared and not c.big_cache
+                and not self.past_deadline(shrinking=True))
 
     def _reduce(self, signature: tuple[str, str], example: Example, finding: Finding, run: Run | None):
         """The structural shrink (:mod:`kvfuzz.fuzz.campaign.reduce`) of a Hypothesis-shrunk failure; before its
@@ -471,7 +492,7 @@ class Campaign:
 
         budget = self.config.structural_shrink
         if self.deadline is not None:  # never past --duration (the deadline, then the campaign's allowance)
-            budget = max(0.0, min(budget, self.deadline - time.monotonic()))
+            budget = max(0.0, min(budget, self.deadline + SHRINK_GRACE_SECONDS - time.monotonic()))
         reduced = reduce_failure(example, signature, attempt, self.target.capabilities, self.config.limits,
                                  budget,
                                  skip=lambda e: bool(self.ended) and example_key(e) in self.ended,
@@ -507,7 +528,7 @@ class Campaign:
                       record=False)
         if not self._found:
             return []
-        if self.past_deadline():  # --duration ran out: each failure is recorded in its configuration, unwidened
+        if self.past_deadline(shrinking=True):  # past --duration and its shrink grace: recorded unwidened
             for sig in self._found:
                 if sig not in self.known:
                     self._record(sig)
@@ -604,5 +625,5 @@ def fuzz_target(target: Target, config: CampaignConfig,
     return stats
 
 
-__all__ = ["DURATION_SLACK_SECONDS", "DURATION_SLACK_SHARE", "TARGET_LABEL", "Campaign", "PastDeadline",
-           "duration_allowance", "fuzz_target", "strategy_for"]
+__all__ = ["DURATION_SLACK_SECONDS", "DURATION_SLACK_SHARE", "SHRINK_GRACE_SECONDS", "TARGET_LABEL", "Campaign",
+           "PastDeadline", "duration_allowance", "fuzz_target", "strategy_for"]

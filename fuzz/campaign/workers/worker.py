@@ -187,6 +187,11 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                 elif kind == "retry":
                     c.check_one(Example.from_dict(args[0]))
                 for what in dict.fromkeys(c.cut_short[cut:]):
+                    if what == "generating":  # every --duration campaign ends so: nothing was cut short
+                        continue
+                    if what.startswith("shrinking past"):  # a failure found in time, shrunk within the grace
+                        conn.send(("warning", f"{name}: kept {what}: a failure found before the deadline"))
+                        continue
                     conn.send(("warning", f"{name}: --duration ran out while {what}; what it found is recorded "
                                           "as shrunk so far"))
                 conn.send(("done", tid))

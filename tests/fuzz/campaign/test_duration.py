@@ -1,10 +1,12 @@
-"""--duration holds whatever the findings (issue 40): a failure found early, whose shrinks (Hypothesis's, then the
-structural one) would take minutes at 0.4 s per call, is recorded as shrunk so far when the time runs out, and the
-campaign ends within its allowance (max(10%, 15 s)) past --duration. Measured against the campaign's own clock
+"""--duration holds whatever the findings (issue 40): with no shrink grace (KVFUZZ_SHRINK_GRACE=0), a failure found
+early, whose shrinks (Hypothesis's, then the structural one) would take minutes at 0.4 s per call, is recorded as
+shrunk so far when the time runs out, and the campaign ends within its allowance (max(10%, 15 s)) past --duration;
+with the default grace a shrink goes on past --duration (no new example is drawn) and the summary says so. Measured against the campaign's own clock
 (summary.json's elapsed_s, from the target's first task), with the allowance as margin: not against the machine's
 speed."""
 
 import json
+import os
 import time
 
 from support import SUPPORT, kvfuzz
@@ -22,7 +24,7 @@ def test_duration_holds_through_a_slow_shrink(tmp_path):
     duration = 4.0
     out = tmp_path / "out"
     r = kvfuzz("fuzz", "--target", f"{PLANTED}:SlowWrong", "--poison", "stale", "--out", out, "--workers", "1",
-               "--duration", f"{duration:g}s", timeout=600)
+               "--duration", f"{duration:g}s", timeout=600, env=dict(os.environ, KVFUZZ_SHRINK_GRACE="0"))
     assert r.returncode == 1, r.stdout + r.stderr  # the failure is found and reported
     summary = json.loads((out / "summary.json").read_text())
     (target,) = summary["targets"]
@@ -39,9 +41,13 @@ class _Wrong(SdpaPaged):
         return super().run(call) + 1
 
 
-def test_a_pinned_chunk_past_its_deadline_records_its_failure_unwidened(tmp_path):
-    """In one process (no timing margin needed: the deadline has passed when the first failure shrinks): the shrink
-    stops, and the failure is recorded in its configuration instead of widened across configurations."""
+def test_a_pinned_chunk_past_its_deadline_records_its_failure_unwidened(tmp_path, monkeypatch):
+    """In one process (no timing margin needed: the deadline has passed when the first failure shrinks): with no
+    shrink grace the shrink stops, and the failure is recorded in its configuration instead of widened across
+    configurations."""
+    import kvfuzz.fuzz.campaign.engine as engine
+
+    monkeypatch.setattr(engine, "SHRINK_GRACE_SECONDS", 0.0)
     c = Campaign(_Wrong(), CampaignConfig(out=tmp_path, poisons=(Poison.ZEROS,), seed=1, pin_configs=True))
     c.deadline = time.monotonic()  # already past
     assert c.run_chunk(0, 50) == []  # nothing starts past the deadline
@@ -66,3 +72,21 @@ def _then_deadline(c, body):
             c.deadline = time.monotonic() - 1
             raise
     return wrapped
+
+
+def test_a_shrink_goes_on_past_the_deadline_within_its_grace(tmp_path, monkeypatch):
+    """With a shrink grace, a failure found before --duration ran out is still shrunk (and widened) after it, no new
+    example is drawn, and cut_short names the overrun for the summary."""
+    import kvfuzz.fuzz.campaign.engine as engine
+
+    monkeypatch.setattr(engine, "SHRINK_GRACE_SECONDS", 3600.0)
+    c = Campaign(_Wrong(), CampaignConfig(out=tmp_path, poisons=(Poison.ZEROS,), seed=1, pin_configs=True))
+    c.deadline = time.monotonic()  # already past: nothing new starts
+    assert c.run_chunk(0, 50) == [] and c.cut_short == ["generating"]
+    c.deadline = None
+    c._body = _then_deadline(c, c._body)
+    (record,) = c.run_chunk(1, 50)
+    assert record.reproducer and record.stage == "final"
+    assert any(n.startswith("shrinking past --duration") for n in c.cut_short), c.cut_short
+    b = Example.from_dict(record.example).batch
+    assert len(b.query_lens) == 1, b  # shrunk to one sequence, not left as drawn
