@@ -63,7 +63,7 @@ def _choice(elements: tuple, pin) -> st.SearchStrategy:
     """:func:`choice`, built once per ``(elements, pin)``: a strategy is validated the first time it is drawn
     from, which costs more than the draw (pinned campaigns drew a fresh mapped strategy per field per example)."""
     if pin is _FREE:
-        return _sampled(elements)
+        return sampled(elements)
     if pin not in elements:
         raise InvalidArgument(f"pinned value {pin!r} is not one of {elements}")
     if len(elements) == 1:
@@ -72,7 +72,7 @@ def _choice(elements: tuple, pin) -> st.SearchStrategy:
 
 
 @functools.lru_cache(maxsize=1024)
-def _sampled(elements: tuple) -> st.SearchStrategy:
+def sampled(elements: tuple) -> st.SearchStrategy:
     return st.sampled_from(elements)
 
 
@@ -121,7 +121,7 @@ def sequence_lengths(draw, block_sizes: int | tuple[int, ...], limits: Limits,
     ctx_len ``c`` (seq_len ``c + 1``); a prefill has query_len = the first length (>= 2) and ctx_len ``c + 1``
     ("prefill") or 0 ("prefill-no-ctx"). So a prefill turns into the decode of the same context by lowering its
     kind and raising ``c`` by one, a step Hypothesis's shrinker takes."""
-    kind = draw(_sampled(tuple(allowed)))
+    kind = draw(sampled(tuple(allowed)))
     query_len = draw(boundary_lengths(block_sizes, 2, limits.max_query_len))
     cached = draw(boundary_lengths(block_sizes, 0, limits.max_ctx_len, shift=1))
     if kind == "decode":
@@ -142,7 +142,7 @@ def _permutations(n: int) -> st.SearchStrategy[list[int]]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _cached(factory, *args, **kwargs) -> st.SearchStrategy:
+def cached_strategy(factory, *args, **kwargs) -> st.SearchStrategy:
     """``factory(*args, **kwargs)``, built once: a strategy is validated the first time it is drawn from, which
     costs more than the draw (hashable arguments only)."""
     return factory(*args, **kwargs)
@@ -153,7 +153,7 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
     """``(num_blocks, block_table, arrangement)`` giving each sequence its own blocks: contiguous, reversed,
     permuted, fragmented (sequences interleaved) or high (contiguous above :data:`HIGH_IDS` unused blocks),
     with spare blocks and spare table columns."""
-    arrangement = draw(_sampled(ARRANGEMENTS))
+    arrangement = draw(sampled(ARRANGEMENTS))
     spare = draw(_ints(0, max_spare_blocks))
     extra_cols = draw(_ints(0, 2))
     high = draw(_ints(1, HIGH_IDS))  # always drawn; shrinks to the lowest top id that still shows a bug
@@ -189,7 +189,7 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
 @st.composite
 def _sequence(draw, block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[str, ...]):
     """One sequence slot of a batch: whether it is in the batch, and its ``(query_len, ctx_len)``."""
-    return draw(_sampled((False, True))), draw(_cached(sequence_lengths, block_sizes, limits, allowed))
+    return draw(sampled((False, True))), draw(cached_strategy(sequence_lengths, block_sizes, limits, allowed))
 
 
 @functools.lru_cache(maxsize=256)
@@ -197,9 +197,9 @@ def _sequence_slot(block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[
     return _sequence(block_sizes, limits, allowed)
 
 
-def _pinned(pin: KernelConfig | None, field: str):
+def pinned_field(pin: KernelConfig | None, field: str):
     """``(value,)`` of a pinned configuration's field, ``()`` when free (no pin, or a field the configuration
-    leaves free): ``choice(xs, *_pinned(pin, f))``."""
+    leaves free): ``choice(xs, *pinned_field(pin, f))``."""
     return () if pin is None or not pin.pins(field) else (getattr(pin, field),)
 
 
@@ -210,22 +210,22 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     head size, kv_cache_dtype, block size, which features are on, the window; not those the configuration
     leaves free), drawn as the same choices the free strategy makes, so a pinned example replays and shrinks in
     the free one (:func:`choice`)."""
-    dtype = draw(choice(capabilities.dtypes, *_pinned(pin, "dtype")))
+    dtype = draw(choice(capabilities.dtypes, *pinned_field(pin, "dtype")))
     # heads right before the head size: the shrinker can trade fewer heads for a larger head size (it lowers
     # one choice and raises one up to four choices later), the order a developer reads a case in
     heads = None if pin is None or not pin.pins("heads") else (pin.num_heads, pin.num_kv_heads)
     ratios = capabilities.gqa_ratios
     if pin is not None and heads is None and capabilities.fp8_gqa_ratios is not None:  # the pinned cache's groups
         ratios = tuple(r for r in (ratios or GQA_RATIOS) if capabilities.fp8_accepts_gqa(pin.kv_cache_dtype, r))
-    num_heads, num_kv_heads = draw(_cached(gqa_heads, limits.max_num_heads, ratios=ratios, pin=heads))
+    num_heads, num_kv_heads = draw(cached_strategy(gqa_heads, limits.max_num_heads, ratios=ratios, pin=heads))
     if capabilities.value_head_size is not None:  # a latent cache: MQA, one kv head for the group drawn
         num_heads, num_kv_heads = num_heads // num_kv_heads, 1
-    head_size = draw(choice(sorted(capabilities.head_sizes), *_pinned(pin, "head_size")))
+    head_size = draw(choice(sorted(capabilities.head_sizes), *pinned_field(pin, "head_size")))
     cache_dtypes = [k for k in capabilities.kv_cache_dtypes
                     if head_size in capabilities.head_sizes_for(k)
                     and capabilities.fp8_accepts_gqa(k, num_heads // num_kv_heads)]
     assume(cache_dtypes)  # a target declaring only fp8 caches, none with this head size or GQA group
-    kv_cache_dtype = draw(choice(cache_dtypes, *_pinned(pin, "kv_cache_dtype")))
+    kv_cache_dtype = draw(choice(cache_dtypes, *pinned_field(pin, "kv_cache_dtype")))
     allowed = ("decode",) if capabilities.decode_only else KINDS
     # max_num_seqs sequences, each drawn whole (kind and lengths adjacent) with a flag saying whether it is in
     # the batch: the shrinker removes any sequence by lowering its flag, with nothing after it shifting (a count
@@ -239,25 +239,25 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     lens = [(q, min(c, max(0, share - q))) for q, c in lens]
     # after the lengths, largest first: a case shrinks to its fewest tokens, then to the fewest blocks that
     # still show the bug with them
-    block_size = draw(choice(sorted(capabilities.block_sizes, reverse=True), *_pinned(pin, "block_size")))
+    block_size = draw(choice(sorted(capabilities.block_sizes, reverse=True), *pinned_field(pin, "block_size")))
     query_lens = [q for q, _ in lens]
     ctx_lens = [c for _, c in lens]
     # None (the kernel's default), the default passed explicitly, or half of it: catches a kernel that
     # ignores the argument or derives its default from the wrong dimension (docs/contracts.md §5, bug 13)
-    sm_scale = draw(_sampled((None, 1.0, 0.5)))
+    sm_scale = draw(sampled((None, 1.0, 0.5)))
     if sm_scale is not None:
         sm_scale /= head_size**0.5
-    params = draw(_cached(attention_params, capabilities, kv_cache_dtype, block_size,
+    params = draw(cached_strategy(attention_params, capabilities, kv_cache_dtype, block_size,
                           limits.max_ctx_len + limits.max_query_len, pin=pin, value_ranges=limits.value_ranges))
-    seed = draw(_SEEDS)
+    seed = draw(SEEDS)
     # the block tables last: a permutation of blocks has a varying number of choices
     needed = [-(-(q + c) // block_size) for q, c in lens]
-    num_blocks, table, _ = draw(_cached(block_tables, tuple(needed), limits.max_spare_blocks))
+    num_blocks, table, _ = draw(cached_strategy(block_tables, tuple(needed), limits.max_spare_blocks))
     if capabilities.shared_prefix_blocks:
         table = draw(shared_prefixes(table, ctx_lens, block_size))
     freed = {}
     if capabilities.freed_window_blocks:  # drawn whether a window is on or not (no shifts while shrinking)
-        free = draw(_sampled((False, True)))
+        free = draw(sampled((False, True)))
         if free and params.get("sliding_window") is not None:
             num_blocks, table = freed_window_table(table, query_lens, ctx_lens, block_size, num_blocks,
                                                    params["sliding_window"])
@@ -279,7 +279,7 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
                  **freed)
 
 
-_SEEDS = st.integers(0, 2**31 - 1)
+SEEDS = st.integers(0, 2**31 - 1)
 
 
 @st.composite
@@ -342,7 +342,7 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
     ``value_range`` (one of ``value_ranges``, :data:`~kvfuzz.contracts.model.batch.VALUE_RANGES` by default). ``pin``: which features are on and the
     window are those of this configuration (see :func:`batches`)."""
     # every value is drawn whether it is used or not (module docstring: no shifts while shrinking)
-    k_scale, v_scale = draw(_sampled(KV_SCALES)), draw(_sampled(KV_SCALES))
+    k_scale, v_scale = draw(sampled(KV_SCALES)), draw(sampled(KV_SCALES))
     wanted = [f for f in FEATURES
               if draw(choice((False, True), *(() if pin is None else (f in pin.features,))))]
     edges = window_edges(block_size, max_seq_len)
@@ -351,9 +351,9 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
     if draw(choice((0, 1), *((0,) if pinned_window else ()))) == 0:
         window = draw(_forced(pin.sliding_window) if pinned_window else _windows(max(1, max_seq_len)))
     else:
-        window = draw(_sampled(edges))
-    softcap = draw(_sampled(SOFTCAPS))
-    value_range = draw(_sampled(tuple(value_ranges)))
+        window = draw(sampled(edges))
+    softcap = draw(sampled(SOFTCAPS))
+    value_range = draw(sampled(tuple(value_ranges)))
     chosen: list[str] = []
     for feature in wanted:  # declared features, skipping one declared exclusive with a feature already on
         if capabilities.combinable([*chosen, feature]):
@@ -435,7 +435,8 @@ def examples(capabilities: Capabilities, limits: Limits = Limits(),
     return st.builds(Example, batches(capabilities, limits, pin=pin), st.sampled_from(poisons))
 
 
-__all__ = ["ARRANGEMENTS", "HIGH_IDS", "INT32_OFFSETS", "KINDS", "KV_SCALES", "SOFTCAPS", "UNIVERSE_BLOCK_SIZES",
-           "UNIVERSE_HEAD_SIZES", "attention_params", "batches", "big_cache_examples", "block_tables",
-           "boundary_lengths", "choice", "csr_tails", "cuda_graph_pads", "examples", "freed_window_table", "gqa_heads",
-           "relocate_high", "sequence_lengths", "shared_prefixes", "undeclared_examples"]
+__all__ = ["ARRANGEMENTS", "HIGH_IDS", "INT32_OFFSETS", "KINDS", "KV_SCALES", "SEEDS", "SOFTCAPS",
+           "UNIVERSE_BLOCK_SIZES", "UNIVERSE_HEAD_SIZES", "attention_params", "batches", "big_cache_examples",
+           "block_tables", "boundary_lengths", "cached_strategy", "choice", "csr_tails", "cuda_graph_pads",
+           "examples", "freed_window_table", "gqa_heads", "pinned_field", "relocate_high", "sampled",
+           "sequence_lengths", "shared_prefixes", "undeclared_examples"]

@@ -33,8 +33,18 @@ from kvfuzz.contracts.model.counter_rng import MAX_STREAM_ELEMENTS
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 
-from .batches import _SEEDS, _cached, _pinned, _sampled, attention_params, block_tables, choice, csr_tails, \
-    freed_window_table, gqa_heads
+from .batches import (
+    SEEDS,
+    attention_params,
+    block_tables,
+    cached_strategy,
+    choice,
+    csr_tails,
+    freed_window_table,
+    gqa_heads,
+    pinned_field,
+    sampled,
+)
 from .configs import GQA_RATIOS, KernelConfig
 from .limits import Limits
 from .models import MODEL_WINDOWS, model_shapes
@@ -77,7 +87,7 @@ def _log_len(max_value: int) -> st.SearchStrategy[int]:
 @st.composite
 def _decode_slot(draw, max_ctx_len: int):
     """One running request: whether it is in the batch, speculative or not, ``k``, and its context."""
-    return draw(_sampled((False, True))), draw(_sampled((False, True))), draw(_sampled(SPEC_TOKENS)), \
+    return draw(sampled((False, True))), draw(sampled((False, True))), draw(sampled(SPEC_TOKENS)), \
         draw(_log_len(max_ctx_len))
 
 
@@ -86,7 +96,7 @@ def _chunk_slot(draw, max_ctx_len: int, budget_cap: int):
     """One prefill chunk: whether it is in the batch, its length, its context's source (0 plain, 1 a multiple of
     an earlier chunk's length, 2 around the window), the plain context, the multiple, and the offset from the
     window."""
-    return (draw(_sampled((False, True))), draw(_log_len(budget_cap)), draw(_sampled((0, 1, 2))),
+    return (draw(sampled((False, True))), draw(_log_len(budget_cap)), draw(sampled((0, 1, 2))),
             draw(_log_len(max_ctx_len)), draw(st.integers(1, 64)), draw(st.integers(-budget_cap, budget_cap)))
 
 
@@ -151,17 +161,17 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     chunks at most), ``limits.max_ctx_len`` the contexts, ``limits.max_query_len`` a chunk and the token budget
     (:data:`TOKEN_BUDGETS`). ``pin``: as :func:`kvfuzz.strategies.batches.batches` (a pinned field is kept; a
     model row whose heads, head size or window differ from the pin's is not used)."""
-    dtype = draw(choice(capabilities.dtypes, *_pinned(pin, "dtype")))
+    dtype = draw(choice(capabilities.dtypes, *pinned_field(pin, "dtype")))
     pinned_heads = None if pin is None or not pin.pins("heads") else (pin.num_heads, pin.num_kv_heads)
     ratios = capabilities.gqa_ratios
     if pin is not None and pinned_heads is None and capabilities.fp8_gqa_ratios is not None:  # as batches()
         ratios = tuple(r for r in (ratios or GQA_RATIOS) if capabilities.fp8_accepts_gqa(pin.kv_cache_dtype, r))
-    num_heads, num_kv_heads = draw(_cached(gqa_heads, limits.max_num_heads, ratios=ratios, pin=pinned_heads))
+    num_heads, num_kv_heads = draw(cached_strategy(gqa_heads, limits.max_num_heads, ratios=ratios, pin=pinned_heads))
     if capabilities.value_head_size is not None:
         num_heads, num_kv_heads = num_heads // num_kv_heads, 1
-    head_size = draw(choice(sorted(capabilities.head_sizes), *_pinned(pin, "head_size")))
+    head_size = draw(choice(sorted(capabilities.head_sizes), *pinned_field(pin, "head_size")))
     # a real model's shape: drawn always (off-table first, so a failure shrinks off the table)
-    use_model = draw(_sampled((False, True)))
+    use_model = draw(sampled((False, True)))
     shapes = tuple(s for s in model_shapes(capabilities) if s.num_heads <= limits.max_num_heads)
     row = draw(st.integers(0, max(0, len(shapes) - 1)))
     shape = shapes[row] if use_model and shapes else None
@@ -176,11 +186,11 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
                     if head_size in capabilities.head_sizes_for(k)
                     and capabilities.fp8_accepts_gqa(k, num_heads // num_kv_heads)]
     assume(cache_dtypes)
-    kv_cache_dtype = draw(choice(cache_dtypes, *_pinned(pin, "kv_cache_dtype")))
-    block_size = draw(choice(sorted(capabilities.block_sizes, reverse=True), *_pinned(pin, "block_size")))
-    budget = draw(_sampled(tuple(min(b, limits.max_query_len) for b in TOKEN_BUDGETS)))
+    kv_cache_dtype = draw(choice(cache_dtypes, *pinned_field(pin, "kv_cache_dtype")))
+    block_size = draw(choice(sorted(capabilities.block_sizes, reverse=True), *pinned_field(pin, "block_size")))
+    budget = draw(sampled(tuple(min(b, limits.max_query_len) for b in TOKEN_BUDGETS)))
     max_seq_len = limits.max_ctx_len + limits.max_query_len
-    params = draw(_cached(attention_params, capabilities, kv_cache_dtype, block_size, max_seq_len, pin=pin,
+    params = draw(cached_strategy(attention_params, capabilities, kv_cache_dtype, block_size, max_seq_len, pin=pin,
                           value_ranges=limits.value_ranges))
     window = draw(_windows(max(1, limits.max_ctx_len)))  # at most the longest context: a chunk can run past it
     pinned_window = pin is not None and pin.pins("window")
@@ -195,15 +205,15 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     share = MAX_STREAM_ELEMENTS // (num_kv_heads * head_size) // len(lens)  # counter_rng's cap, as batches()
     lens = [(q, min(c, max(0, share - q))) for q, c in lens]
     query_lens, ctx_lens = [q for q, _ in lens], [c for _, c in lens]
-    sm_scale = draw(_sampled((None, 1.0, 0.5)))
+    sm_scale = draw(sampled((None, 1.0, 0.5)))
     if sm_scale is not None:
         sm_scale /= head_size**0.5
-    seed = draw(_SEEDS)
+    seed = draw(SEEDS)
     needed = [-(-(q + c) // block_size) for q, c in lens]
-    num_blocks, table, _ = draw(_cached(block_tables, tuple(needed), limits.max_spare_blocks))
+    num_blocks, table, _ = draw(cached_strategy(block_tables, tuple(needed), limits.max_spare_blocks))
     extra = {}
     if capabilities.freed_window_blocks:
-        free = draw(_sampled((False, True)))
+        free = draw(sampled((False, True)))
         if free and params.get("sliding_window") is not None:
             num_blocks, table = freed_window_table(table, query_lens, ctx_lens, block_size, num_blocks,
                                                    params["sliding_window"])
@@ -215,7 +225,7 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
         if "v_scale" in params:
             params["v_scale"] = params["k_scale"]
     if capabilities.cuda_graph_padding is not None:  # a pure-decode batch padded to its capture size
-        pad = draw(_sampled((False, True)))
+        pad = draw(sampled((False, True)))
         if pad and all(q == 1 for q in query_lens):
             extra["num_pad_seqs"] = capture_size(len(query_lens)) - len(query_lens)
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
