@@ -54,7 +54,7 @@ QUICK = (
     "tests/fuzz/bench/test_mutants.py::test_registry", "tests/fuzz/bench/test_upstream_table.py",
     # the whole package: layering, docs against code, the families, the suite's own rules
     "tests/test_docs.py", "tests/test_docs_drift.py", "tests/test_families.py", "tests/test_layers.py",
-    "tests/test_test_suite.py",
+    "tests/test_style.py", "tests/test_test_suite.py",
 )
 
 

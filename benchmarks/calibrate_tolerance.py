@@ -34,8 +34,8 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 
 from kvfuzz.contracts.checks.oracles import RTOL, agreement_bound, row_floor
-from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.checks.reference import flash_attention_model, reference_and_envelope, same_precision_attention
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.harness.attention import prepare
 from kvfuzz.fuzz.targets import get_target
 from kvfuzz.strategies.batches import Limits, examples

@@ -13,7 +13,6 @@ import sys
 import sysconfig
 from pathlib import Path
 
-
 from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.example import Example

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 
 import torch
+from reference_speed import SHAPES, arguments, make_batch, timed
 
 from kvfuzz.contracts.model.data import make_batch_data
-from reference_speed import SHAPES, arguments, make_batch, timed
 
 try:
     from kvfuzz.contracts.model import counter_rng

@@ -25,12 +25,12 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_profile import _grow, draw  # noqa: E402
 
+from kvfuzz.contracts.checks.reference import reference_and_envelope  # noqa: E402
 from kvfuzz.contracts.model.poison import Poison  # noqa: E402
 from kvfuzz.fuzz.harness import attention  # noqa: E402
 from kvfuzz.fuzz.harness.caller import caller_violations  # noqa: E402
 from kvfuzz.fuzz.harness.run import generate, reference_device  # noqa: E402
 from kvfuzz.fuzz.targets import get_target  # noqa: E402
-from kvfuzz.contracts.checks.reference import reference_and_envelope  # noqa: E402
 from kvfuzz.strategies.batches import examples  # noqa: E402
 from kvfuzz.strategies.configs import config_for  # noqa: E402
 from kvfuzz.strategies.limits import Limits  # noqa: E402

@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis.control import BuildContext
 from hypothesis.internal.conjecture.data import ConjectureData
 
+from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.curve import compiled_kernels
 from kvfuzz.fuzz.harness import properties

@@ -21,12 +21,12 @@ import time
 
 import torch
 
-from kvfuzz.contracts.model.batch import Batch
-from kvfuzz.fuzz.guard.signatures import check_kernel_call
-from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.guard import guard
+from kvfuzz.fuzz.guard.signatures import check_kernel_call
 from kvfuzz.fuzz.targets import get_target
 
 

@@ -47,7 +47,6 @@ from .batches import HIGH_IDS
 from .configs import GQA_RATIOS, NUM_KV_HEADS
 from .limits import Limits
 
-
 #: The fields of :func:`size_key`, in its order.
 SIZE_FIELDS = ("seqs", "tokens", "kv_tokens", "heads", "head_size", "blocks", "columns")
 

@@ -10,8 +10,8 @@ import torch
 
 from ..model.batch import Batch
 from ..model.data import BatchData
-from .layouts import CacheLayout
 from ..model.poison import Poison
+from .layouts import CacheLayout
 
 #: Magnitude of STALE poison (fits fp16 and bf16; dominates softmax of N(0, 1) keys).
 STALE_MAGNITUDE = 100.0

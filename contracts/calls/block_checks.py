@@ -15,6 +15,7 @@ import torch
 from ..checks.violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
 from .paged_call import Lens, PagedCall, index_values
 
+
 def check_block_table(call: PagedCall, lens: Lens) -> tuple[list[Violation], torch.Tensor]:
     """Every block the kernel reads (columns ``< ceil(seq_len / block_size)``) exists in the table and lies in
     ``[0, num_blocks)``; no two sequences write their new tokens (positions ``ctx_len .. seq_len-1``) into one

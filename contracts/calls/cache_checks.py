@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..checks.violations import MAX_RECORDS_PER_CHECK, Category, Check, Violation, Severity, capped, violation
+from ..checks.violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
 from .kv_cache_dtype import as_cache_repr, scale_value
 from .paged_call import Lens, NewTokensCached, PagedCall, bits, fmt, index_values, is_tensor
+
 
 def _differs(found: torch.Tensor, expected: torch.Tensor, fp8: torch.dtype | None) -> torch.Tensor:
     """bool ``[n, Hkv]``: rows whose bits differ (fp8: by more than one code, or sign; +0 == -0)."""

@@ -34,10 +34,9 @@ from __future__ import annotations
 
 import torch
 
+from ..checks.violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
 from ..model.csr import token_table
 from .paged_call import CsrArgs, Lens, PagedCall, index_values, is_tensor, scalar_int
-from ..checks.violations import MAX_RECORDS_PER_CHECK, Category, Check, Severity, Violation, capped, violation
-
 
 
 def _shape(t) -> str:

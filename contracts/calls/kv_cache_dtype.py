@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+from ..checks.violations import Category, Check, Severity, Violation, violation
 from .paged_call import PagedCall, is_tensor
 from .rocm import ROCM_PORTABILITY_ARCHS
-from ..checks.violations import Category, Check, Severity, Violation, violation
 
 FP8_FAMILIES = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
 _NAMED = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,

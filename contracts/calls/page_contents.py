@@ -13,8 +13,16 @@ import torch
 
 from ..caches.flashinfer_layouts import FlashInferLayout, unpack_paged_kv_cache
 from ..checks.violations import Check, Violation, capped, violation
-from .page_lists import (FIX_CURRENT, PagePlan, check_index_dtypes, check_page_ids, check_page_lists, host_tensor,
-                         make_plan)
+from .page_lists import (
+    FIX_CURRENT,
+    PagePlan,
+    check_index_dtypes,
+    check_page_ids,
+    check_page_lists,
+    host_tensor,
+    make_plan,
+)
+
 
 def token_slots(plan: PagePlan, page_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where each query row's own token is: ``(row_seq, page, offset)`` int64, one entry per query row

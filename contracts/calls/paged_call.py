@@ -16,10 +16,10 @@ from typing import Any
 import attrs
 import torch
 
-from ..model.contract import Contract
 from ..caches.cpu_layout import CpuAttnLayout
-from .declaration import GENERIC, KernelDeclaration
 from ..caches.layouts import CacheLayout, NHDLayout, VllmPagedLayout
+from ..model.contract import Contract
+from .declaration import GENERIC, KernelDeclaration
 
 
 class NewTokensCached(enum.Enum):

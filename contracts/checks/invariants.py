@@ -24,10 +24,10 @@ from collections.abc import Iterable
 
 import torch
 
+from ..caches.layouts import CacheLayout
 from ..model.batch import Batch, positions
 from ..model.contract import Contract
 from ..model.data import BatchData
-from ..caches.layouts import CacheLayout
 from .violations import Check, Violation, violation
 
 #: The ground-truth invariants, by their :class:`~kvfuzz.contracts.checks.violations.Check`.

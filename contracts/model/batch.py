@@ -18,8 +18,8 @@ from typing import Any
 import attrs
 import torch
 
-from .space import (DTYPES, FEATURES, FP8_DTYPES, KV_CACHE_DTYPES, VALUE_RANGES,  # noqa: F401 (re-exported)
-                    alibi_slopes, positions)
+from .space import DTYPES, FEATURES, FP8_DTYPES, KV_CACHE_DTYPES, VALUE_RANGES, alibi_slopes, positions  # noqa: F401 (re-exported)
+
 
 def _tuple_of_ints(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)

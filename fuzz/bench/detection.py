@@ -22,8 +22,8 @@ import attrs
 import torch
 from hypothesis.database import InMemoryExampleDatabase
 
-from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import Finding
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.bench.grid import grid_detect
 from kvfuzz.fuzz.bench.mutants import MUTANTS, get_mutant, smallest_trigger
 from kvfuzz.fuzz.bench.paged_torch import batch_size

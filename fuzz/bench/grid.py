@@ -39,12 +39,12 @@ from typing import Callable, Iterator
 import attrs
 import torch
 
-from kvfuzz.contracts.model.batch import Batch
-from kvfuzz.contracts.model.data import BatchData, make_batch_data
 from kvfuzz.contracts.caches.layouts import NHDLayout
 from kvfuzz.contracts.caches.materialize import CacheState, materialize
-from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.checks.reference import reference_attention
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.data import BatchData, make_batch_data
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.mutants import get_mutant
 from kvfuzz.fuzz.bench.paged_torch import batch_size
 

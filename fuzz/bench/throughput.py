@@ -15,9 +15,9 @@ import time
 import attrs
 from hypothesis import HealthCheck, given, seed, settings
 
+from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.run import Run, Timings

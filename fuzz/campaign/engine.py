@@ -50,14 +50,28 @@ from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.contracts.checks.failures import Finding, HarnessError, MemorySafetyError
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.campaign.store.baseline import classify
-from kvfuzz.fuzz.campaign.chunks import (CHUNK_SEED_STRIDE, campaign_tiers, chunk_config, chunk_size,
-                                         examples_per_chunk, record_tier_time, tier_chunk_size)
+from kvfuzz.fuzz.campaign.chunks import (
+    CHUNK_SEED_STRIDE,
+    campaign_tiers,
+    chunk_config,
+    chunk_size,
+    examples_per_chunk,
+    record_tier_time,
+    tier_chunk_size,
+)
 from kvfuzz.fuzz.campaign.config import CampaignConfig
-from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
-from kvfuzz.fuzz.campaign.records import (SKIPPED_FOR_MEMORY, FailureRecord, Listener, Outcome, Quiet, TargetStats,
-                                          example_key)
+from kvfuzz.fuzz.campaign.records import (
+    SKIPPED_FOR_MEMORY,
+    FailureRecord,
+    Listener,
+    Outcome,
+    Quiet,
+    TargetStats,
+    example_key,
+)
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
+from kvfuzz.fuzz.campaign.store.baseline import classify
+from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import memory, properties, sanitizer
 from kvfuzz.fuzz.harness.coverage import labels
@@ -69,7 +83,6 @@ from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_e
 from kvfuzz.strategies.configs import KernelConfig
 from kvfuzz.strategies.serving import serving_examples
 from kvfuzz.strategies.tiers import tier_limits, tier_of_chunk
-
 
 #: The label of the ``hypothesis.target()`` score every passing example reports: its agreement error's largest
 #: ratio to its bound (``Run.ratio``, kvfuzz.contracts.checks.oracles.agreement).

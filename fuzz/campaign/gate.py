@@ -15,8 +15,8 @@ from pathlib import Path
 
 import attrs
 
-from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.checks.oracles import check_label
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.config import CampaignConfig, WorkerPool
 from kvfuzz.fuzz.campaign.store.cases import BadReproducer
 from kvfuzz.fuzz.campaign.workers.replay import TargetUnavailable, replay

@@ -15,9 +15,9 @@ from typing import Callable
 
 import attrs
 
+from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.strategies.limits import Limits
 from kvfuzz.strategies.reductions import reductions
 

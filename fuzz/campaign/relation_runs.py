@@ -12,8 +12,8 @@ import attrs
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
 from hypothesis import seed as hseed
 
-from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import Finding
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.harness.relations import Relation, RelationViolation, example_key
 from kvfuzz.fuzz.targets.base import Target

@@ -13,8 +13,14 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from kvfuzz.fuzz.cli.common import (available_targets, console, duration_option, parse_duration, writable_dir_option,
-                                     writable_file_option)
+from kvfuzz.fuzz.cli.common import (
+    available_targets,
+    console,
+    duration_option,
+    parse_duration,
+    writable_dir_option,
+    writable_file_option,
+)
 from kvfuzz.strategies.limits import Limits
 
 

@@ -24,8 +24,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.cli.common import (available_targets, console, db_option, duration_option, parse_duration,
-                                    writable_dir_option)
+from kvfuzz.fuzz.cli.common import (
+    available_targets,
+    console,
+    db_option,
+    duration_option,
+    parse_duration,
+    writable_dir_option,
+)
 from kvfuzz.fuzz.harness.faults import FAULT_NAMES
 from kvfuzz.strategies.limits import Limits
 from kvfuzz.strategies.tiers import TIERS
@@ -176,8 +182,15 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
             raise click.UsageError("--big-cache is --tier big-cache; leave out the other --tier values or --big-cache")
 
     # here, not at the top: `kvfuzz --help` loads no Hypothesis (nor torch)
-    from kvfuzz.fuzz.campaign.config import (CampaignConfig, CrashPolicy, WorkerPool, cap_workers, default_workers,
-                                             gpu_count, usable_cpus)
+    from kvfuzz.fuzz.campaign.config import (
+        CampaignConfig,
+        CrashPolicy,
+        WorkerPool,
+        cap_workers,
+        default_workers,
+        gpu_count,
+        usable_cpus,
+    )
     from kvfuzz.fuzz.campaign.store.database import DatabaseError, open_database
     from kvfuzz.fuzz.campaign.store.journal import OutLock, OutLocked, OutOfSpace
     from kvfuzz.fuzz.campaign.workers.mps import MpsError, start_mps

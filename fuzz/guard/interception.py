@@ -34,8 +34,8 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from kvfuzz.contracts.checks.failures import CallerContractViolation, FailureKind
 from kvfuzz.contracts.calls.rocm import ROCM_PORTABILITY_ARCHS, current_rocm_arch
+from kvfuzz.contracts.checks.failures import CallerContractViolation, FailureKind
 from kvfuzz.contracts.checks.violations import Check, Violation
 from kvfuzz.fuzz.guard.patching import active_guard, enter, leave
 from kvfuzz.fuzz.guard.signatures import SIGNATURES, check_kernel_call

@@ -9,19 +9,27 @@ from typing import Any, Callable
 
 import torch
 
+from kvfuzz.contracts.caches.materialize import CacheState, materialize
+from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, NonFiniteOutput, hide_frame_for_finding
+from kvfuzz.contracts.checks.oracles import Oracle, agreement, check_finite
+from kvfuzz.contracts.checks.reference import reference_and_envelope, same_precision_attention
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, NonFiniteOutput, hide_frame_for_finding
-from kvfuzz.contracts.caches.materialize import CacheState, materialize
-from kvfuzz.contracts.checks.oracles import Oracle, agreement, check_finite
-from kvfuzz.fuzz.harness.padding import PadSnapshot, fill_pad_slot
-from kvfuzz.contracts.checks.reference import reference_and_envelope, same_precision_attention
 from kvfuzz.fuzz.harness.caller import call_violations, caller_finding, caller_violations, metadata_violations
 from kvfuzz.fuzz.harness.faults import CallerFault
-from kvfuzz.fuzz.harness.run import (GPU_REFERENCE_MIN_KV, Run, Timings, error_name, generate,  # noqa: F401
-                                     reference_device, run_kernel)
+from kvfuzz.fuzz.harness.padding import PadSnapshot, fill_pad_slot
+from kvfuzz.fuzz.harness.run import (  # noqa: F401
+    GPU_REFERENCE_MIN_KV,
+    Run,
+    Timings,
+    error_name,
+    generate,
+    reference_device,
+    run_kernel,
+)
 from kvfuzz.fuzz.targets.base import Target
+
 
 def prepare(target: Target, example: Example, fault: CallerFault | None = None,
             after_materialize: Callable[[Batch, BatchData, CacheState], None] | None = None,

@@ -9,8 +9,8 @@ import collections
 
 import attrs
 
-from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.calls.rocm import rocm_custom_paged_attention_selected
+from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.fuzz.targets.base import Target
 
 #: ROCm families and the architecture that stands for each in vLLM's selection rule (docs/contracts.md §4).

@@ -17,8 +17,13 @@ import torch
 
 from kvfuzz.contracts.caches.materialize import CacheState, is_big
 from kvfuzz.contracts.calls.paged_call import bits
-from kvfuzz.contracts.checks.oracles import (OracleFailure, block_digests, check_cache_digests, check_cache_unchanged,
-                                             check_pad_rows)
+from kvfuzz.contracts.checks.oracles import (
+    OracleFailure,
+    block_digests,
+    check_cache_digests,
+    check_cache_unchanged,
+    check_pad_rows,
+)
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import PAD_SLOT

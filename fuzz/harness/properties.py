@@ -12,11 +12,16 @@ from typing import Callable
 
 from hypothesis import reject
 
+from kvfuzz.contracts.caches.layouts import LayoutError
+from kvfuzz.contracts.checks.failures import (
+    KernelCrash,
+    KernelMismatch,
+    NonFiniteOutput,
+    SilentlyUnsupported,
+    hide_frame_for_finding,
+)
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import (KernelCrash, KernelMismatch, NonFiniteOutput, SilentlyUnsupported,
-                                              hide_frame_for_finding)
-from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.fuzz.harness import attention, writer
 from kvfuzz.fuzz.harness.faults import CallerFault
 from kvfuzz.fuzz.harness.run import Run

@@ -34,14 +34,14 @@ from typing import Callable
 import attrs
 import torch
 
+from kvfuzz.contracts.caches.materialize import CacheState, materialize
+from kvfuzz.contracts.checks.failures import FailureKind, Finding, KernelCrash
+from kvfuzz.contracts.checks.oracles import RTOL, row_floor
+from kvfuzz.contracts.checks.reference import reference_attention, same_precision_attention
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.data import BatchData, make_batch_data
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import FailureKind, Finding, KernelCrash
-from kvfuzz.contracts.caches.materialize import CacheState, materialize
-from kvfuzz.contracts.checks.oracles import RTOL, row_floor
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.contracts.checks.reference import reference_attention, same_precision_attention
 from kvfuzz.fuzz.harness.run import error_name, run_kernel
 from kvfuzz.fuzz.targets.base import Target
 

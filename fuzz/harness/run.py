@@ -13,9 +13,9 @@ from typing import Any, Callable
 import attrs
 import torch
 
+from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.data import BatchData, make_batch_data
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.fuzz.harness.isolation import STOP, exit_if_device_unusable
 from kvfuzz.fuzz.harness.memory import RETRIES_OUT_OF_MEMORY
 from kvfuzz.fuzz.targets.base import KernelCall, Target

@@ -33,12 +33,12 @@ from typing import Any, Callable
 import attrs
 import torch
 
+from kvfuzz.contracts.caches.layouts import CacheLayout, LayoutError
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, hide_frame_for_finding
 from kvfuzz.contracts.model.batch import Batch, positions
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, hide_frame_for_finding
-from kvfuzz.contracts.caches.layouts import CacheLayout, LayoutError
-from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.model.writer import WriterInputs
 from kvfuzz.fuzz.harness.caller import caller_finding, caller_violations
 from kvfuzz.fuzz.harness.faults import CallerFault, page_list_names

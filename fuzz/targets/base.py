@@ -16,11 +16,11 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
+from kvfuzz.contracts.caches.layouts import CacheLayout
+from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.data import BatchData
-from kvfuzz.contracts.caches.layouts import CacheLayout
-from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.strategies.tiers import TIERS
 

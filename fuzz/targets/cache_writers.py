@@ -27,18 +27,18 @@ import types
 import numpy as np
 import torch
 
+from kvfuzz.contracts.caches.cpu_layout import CPU_ATTN_HEAD_SIZES, CpuAttnLayout
+from kvfuzz.contracts.caches.layouts import CacheLayout, LayoutError, NHDLayout
+from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
-from kvfuzz.contracts.caches.cpu_layout import CPU_ATTN_HEAD_SIZES, CpuAttnLayout
 from kvfuzz.contracts.model.data import BatchData
-from kvfuzz.contracts.caches.layouts import CacheLayout, LayoutError, NHDLayout
-from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.writer import writer_inputs
 
 from .base import Availability, KernelCall
+from .triton_runtime import VllmTritonTarget, on_cuda, prepare_triton_runtime, scales
 from .vllm_cpu import VllmCpuOp
-from .triton_runtime import VllmTritonTarget, on_cuda, scales, prepare_triton_runtime
 
 _KERNEL_MODULE = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
 _QUANT_UTILS = "vllm.model_executor.layers.quantization.utils.quant_utils"

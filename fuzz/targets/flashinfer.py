@@ -51,12 +51,11 @@ from typing import Any, Mapping
 import attrs
 import torch
 
+from kvfuzz.contracts.caches.flashinfer_layouts import FlashInferLayout
+from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.calls.page_contents import check_append, check_current_tokens
 from kvfuzz.contracts.calls.page_lists import PagePlan, check_plan, check_run, make_plan
 from kvfuzz.contracts.checks.violations import Check, Violation
-
-from kvfuzz.contracts.caches.flashinfer_layouts import FlashInferLayout
-from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.batch import Batch, positions
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract

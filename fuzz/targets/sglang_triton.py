@@ -38,21 +38,28 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout
+from kvfuzz.contracts.caches.materialize import CacheState
+from kvfuzz.contracts.calls.declaration import KernelDeclaration, KernelPath
+from kvfuzz.contracts.calls.paged_call import CacheReads, CsrArgs, NewTokensCached, PagedCall, index_values, is_tensor
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.csr import token_slot_lists, token_table
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
-from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout
-from kvfuzz.contracts.caches.materialize import CacheState
-from kvfuzz.contracts.calls.declaration import KernelDeclaration, KernelPath
-from kvfuzz.contracts.calls.paged_call import CacheReads, CsrArgs, NewTokensCached, PagedCall, index_values, is_tensor
 
 from .base import NOT_LOADED, Availability, KernelCall
 from .signature import KernelSignature
-from .triton_runtime import (TRITON_TOO_EARLY, VllmTritonTarget, on_cuda, poisoned_scratch, sinks,
-                          prepare_triton_runtime, triton_imported_too_early)
+from .triton_runtime import (
+    TRITON_TOO_EARLY,
+    VllmTritonTarget,
+    on_cuda,
+    poisoned_scratch,
+    prepare_triton_runtime,
+    sinks,
+    triton_imported_too_early,
+)
 
 #: The SGLang release whose kernels kvfuzz pins (Makefile: SGLANG_PIN).
 SGLANG_VERSION = "0.5.23"

@@ -44,12 +44,12 @@ import warnings
 import attrs
 import torch
 
+from kvfuzz.contracts.caches.layouts import LayoutError
+from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.batch import Batch, positions
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
-from kvfuzz.contracts.caches.layouts import LayoutError
-from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.poison import Poison
 
 from .base import NOT_LOADED, Availability, KernelCall, Target

@@ -20,10 +20,10 @@ import attrs
 import numpy as np
 import torch
 
+from kvfuzz.contracts.caches.materialize import CacheState, fill_poison
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.data import BatchData
-from kvfuzz.contracts.caches.materialize import CacheState, fill_poison
 
 from .base import NOT_LOADED, Availability, KernelCall, Target
 from .signature import KernelSignature

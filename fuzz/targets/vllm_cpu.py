@@ -33,17 +33,17 @@ from typing import Any, Mapping
 
 import torch
 
-from kvfuzz.contracts.model.batch import Batch
-from kvfuzz.contracts.model.capabilities import Capabilities
-from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.caches.cpu_layout import CpuAttnLayout, cpu_attn_isa
-from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.contracts.caches.materialize import CacheState
-from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.calls.declaration import INT32_ONLY, KernelDeclaration, KernelPath
 from kvfuzz.contracts.calls.kv_cache_dtype import FP8_FAMILIES
 from kvfuzz.contracts.calls.paged_call import CacheReads, NewTokensCached, PagedCall
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.model.poison import Poison
 
 from .base import NOT_LOADED, Availability, KernelCall, Target
 from .signature import KernelSignature

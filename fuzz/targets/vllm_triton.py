@@ -18,22 +18,29 @@ from typing import Any, Mapping
 
 import torch
 
-from kvfuzz.contracts.model.batch import Batch
-from kvfuzz.contracts.model.capabilities import Capabilities
-from kvfuzz.contracts.model.contract import Contract
-from kvfuzz.contracts.model.data import BatchData
-from kvfuzz.contracts.model.padding import padding
 from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout, VllmPagedLayout
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.calls.declaration import INT32_ONLY, KernelDeclaration, KernelPath
 from kvfuzz.contracts.calls.paged_call import CacheReads, NewTokensCached, PagedCall, is_tensor
 from kvfuzz.contracts.calls.rocm import ROCM_CUSTOM_KV_CACHE_DTYPES, rocm_custom_path_taken
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.model.padding import padding
 
 from .base import KernelCall
 from .signature import KernelSignature
-from .triton_runtime import (VllmTritonTarget, fp8_storage, module_file, on_cuda, poisoned_scratch,  # noqa: F401
-                             prepare_triton_runtime, scales, sinks)  # module_file, prepare_triton_runtime: re-exported
-
+from .triton_runtime import (  # noqa: F401
+    VllmTritonTarget,
+    fp8_storage,
+    module_file,
+    on_cuda,
+    poisoned_scratch,
+    prepare_triton_runtime,  # module_file, prepare_triton_runtime: re-exported
+    scales,
+    sinks,
+)
 
 # ---- the calls this family's kernels take: arguments (bound by parameter name) -> PagedCall, where each kernel
 # lives, and what it needs of its caller (read off vLLM 0.33.0 vllm/v1/attention/ops/; tests/fuzz/targets/test_declarations.py

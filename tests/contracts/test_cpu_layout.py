@@ -12,14 +12,14 @@ import random
 import pytest
 import torch
 
-from kvfuzz.contracts.model.batch import Batch
-from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.caches.cpu_layout import CpuAttnLayout, _op, cpu_attn_isa
-from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.contracts.caches.layouts import CacheLayout, LayoutError
 from kvfuzz.contracts.caches.materialize import materialize
-from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.checks.reference import reference_attention
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.targets import vllm_cpu
 from kvfuzz.fuzz.targets.vllm_cpu import VllmCpuAttention
 
@@ -256,8 +256,8 @@ def test_kvfuzz_reports_the_nan_tail_defect_as_the_kernels(dtype, block_size):
     The caller kept the unified contract, so kvfuzz must blame the kernel, and name the sequence."""
     if not AVAIL.ok:
         pytest.skip(f"vllm.cpu_attention is unavailable: {AVAIL.reason}")
-    from kvfuzz.contracts.model.example import Example
     from kvfuzz.contracts.checks.failures import NonFiniteOutput
+    from kvfuzz.contracts.model.example import Example
     from kvfuzz.fuzz.harness.attention import check_example
 
     batch = make_batch(random.Random(5), dtype=dtype, head_size=64, block_size=block_size,

@@ -7,16 +7,16 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis.errors import NoSuchExample
 
+from kvfuzz.contracts.caches.layouts import NHDLayout
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.checks.invariants import check_contract
+from kvfuzz.contracts.checks.reference import reference_attention
 from kvfuzz.contracts.model.batch import Batch, positions
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.csr import indptr, page_lists, token_slot_lists, token_table
 from kvfuzz.contracts.model.data import make_batch_data
-from kvfuzz.contracts.checks.invariants import check_contract
-from kvfuzz.contracts.caches.layouts import NHDLayout
-from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.contracts.checks.reference import reference_attention
 from kvfuzz.strategies.batches import batches
 from kvfuzz.strategies.limits import Limits
 

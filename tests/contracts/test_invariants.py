@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kvfuzz.contracts.model.contract import Contract
-from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.caches.layouts import NHDLayout, VllmPagedLayout
+from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.checks.invariants import (
     DECODE,
     PREFILL,
@@ -14,8 +14,8 @@ from kvfuzz.contracts.checks.invariants import (
     check_prefill_invariant,
     check_unified_invariant,
 )
-from kvfuzz.contracts.caches.layouts import NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.contracts.model.poison import Poison
 
 

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
+from kvfuzz.contracts.caches.layouts import LayoutError, NHDLayout, VllmPagedLayout
+from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.model.batch import positions
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import make_batch_data
-from kvfuzz.contracts.caches.layouts import LayoutError, NHDLayout, VllmPagedLayout
-from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.model.poison import Poison
 
 LAYOUTS = [VllmPagedLayout(), NHDLayout()]

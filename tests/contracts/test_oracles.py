@@ -8,13 +8,19 @@ import attrs
 import pytest
 import torch
 from hypothesis import given
+from support import batch_of
 
 import kvfuzz.contracts.checks.reference as reference
-from kvfuzz.contracts.model.capabilities import Capabilities
-from kvfuzz.contracts.model.contract import Contract
-from kvfuzz.contracts.model.data import make_batch_data
-from kvfuzz.contracts.checks.oracles import (LOWP_RTOL, MESSAGES, Oracle, agreement_bound, check_agreement, check_finite,
-                                      check_label, error_ratio)
+from kvfuzz.contracts.checks.oracles import (
+    LOWP_RTOL,
+    MESSAGES,
+    Oracle,
+    agreement_bound,
+    check_agreement,
+    check_finite,
+    check_label,
+    error_ratio,
+)
 from kvfuzz.contracts.checks.reference import (
     ENVELOPE_TERMS,
     _attend,
@@ -25,8 +31,10 @@ from kvfuzz.contracts.checks.reference import (
     same_precision_attention,
     ulp,
 )
+from kvfuzz.contracts.model.capabilities import Capabilities
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.strategies.batches import Limits, batches
-from support import batch_of
 
 F32 = torch.float32
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.contracts.checks.reference import reference_attention, same_precision_attention
+from kvfuzz.contracts.model.data import make_batch_data
 
 
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (8, 1)])

@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import batch_of
 
 import kvfuzz.contracts.checks.reference as reference
 import kvfuzz.contracts.checks.reference_chunks as chunks
@@ -22,7 +23,6 @@ from kvfuzz.contracts.checks.reference import ENVELOPE_TERMS, ulp
 from kvfuzz.contracts.model.batch import VALUE_RANGES, Batch
 from kvfuzz.contracts.model.data import BatchData, make_batch_data
 from kvfuzz.strategies.batches import KV_SCALES, SOFTCAPS
-from support import batch_of
 
 F64 = torch.float64
 

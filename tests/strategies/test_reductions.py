@@ -8,13 +8,14 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis.database import InMemoryExampleDatabase
+from support import available
 
+from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
+from kvfuzz.contracts.checks.oracles import Oracle
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
-from kvfuzz.contracts.checks.oracles import Oracle
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.mutants import OFFSET_BITS, get_mutant, smallest_trigger
 from kvfuzz.fuzz.bench.paged_torch import small_batch as _batch
@@ -26,7 +27,6 @@ from kvfuzz.fuzz.harness import properties
 from kvfuzz.strategies.batches import batches
 from kvfuzz.strategies.limits import Limits
 from kvfuzz.strategies.reductions import max_num_blocks, reductions, reexpress, size_key
-from support import available
 
 CAPS = Capabilities(contract=Contract.UNIFIED, devices=("cpu",), dtypes=("float16", "float32"),
                     head_sizes=(24, 32, 64, 256), block_sizes=(8, 16, 32), kv_cache_dtypes=("auto", "fp8_e4m3"),
@@ -75,6 +75,7 @@ def _check_candidates(batch: Batch, caps: Capabilities) -> list[Batch]:
 @given(batches(CAPS, LIMITS))
 def test_reexpressing_at_a_smaller_block_size_keeps_every_token_in_its_slot(batch):
     import torch
+
     from kvfuzz.contracts.model.batch import positions
 
     for bs in (b for b in CAPS.block_sizes if batch.block_size % b == 0):

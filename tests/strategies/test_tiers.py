@@ -12,8 +12,7 @@ from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.strategies.batches import batches
 from kvfuzz.strategies.limits import Limits
-from kvfuzz.strategies.tiers import (LONG_CTX_LEN, SMALL_EVERY, TIERS, WIDE_NUM_SEQS, tier_limits,
-                                     tier_of_chunk)
+from kvfuzz.strategies.tiers import LONG_CTX_LEN, SMALL_EVERY, TIERS, WIDE_NUM_SEQS, tier_limits, tier_of_chunk
 
 CAPS = Capabilities(contract=Contract.UNIFIED, devices=("cpu",), dtypes=("float16",), head_sizes=(32, 64),
                     block_sizes=(16, 32))

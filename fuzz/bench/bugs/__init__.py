@@ -28,11 +28,14 @@ from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.fuzz.bench.bugs.patching import Patch, PatchDoesNotApply, load_patched, load_source
 from kvfuzz.fuzz.bench.paged_torch import small_batch
 from kvfuzz.fuzz.targets.base import Availability, KernelCall, Target
-from kvfuzz.fuzz.targets.sglang_triton import (DECODE_MODULE, SglangDecodeAttentionFwd, prepare_sglang_runtime,
-                                               sglang_tree)
+from kvfuzz.fuzz.targets.sglang_triton import (
+    DECODE_MODULE,
+    SglangDecodeAttentionFwd,
+    prepare_sglang_runtime,
+    sglang_tree,
+)
 from kvfuzz.fuzz.targets.triton_runtime import module_file, prepare_triton_runtime
-from kvfuzz.fuzz.targets.vllm_triton import (VllmChunkedPrefillPagedDecode, VllmDecodeAttentionFwd,
-                                             VllmUnifiedAttention)
+from kvfuzz.fuzz.targets.vllm_triton import VllmChunkedPrefillPagedDecode, VllmDecodeAttentionFwd, VllmUnifiedAttention
 
 #: The folder of the re-injection patches.
 PATCHES = Path(__file__).parent / "patches"

@@ -36,8 +36,14 @@ from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.store.cases import CASE_FORMAT
 from kvfuzz.fuzz.campaign.store.journal import json_safe
-from kvfuzz.fuzz.campaign.store.standalone import (MAX_RECORD_BYTES, Unrecordable, family, patched_sources,
-                                                   record_call, standalone_script)
+from kvfuzz.fuzz.campaign.store.standalone import (
+    MAX_RECORD_BYTES,
+    Unrecordable,
+    family,
+    patched_sources,
+    record_call,
+    standalone_script,
+)
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.faults import get_fault
 from kvfuzz.fuzz.harness.run import Run

@@ -40,8 +40,15 @@ import attrs
 
 from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.campaign.chunks import (WARMUP_EXAMPLES, campaign_tiers, chunk_size, examples_per_chunk,
-                                         pins_configs, record_tier_time, tier_chunk_size)
+from kvfuzz.fuzz.campaign.chunks import (
+    WARMUP_EXAMPLES,
+    campaign_tiers,
+    chunk_size,
+    examples_per_chunk,
+    pins_configs,
+    record_tier_time,
+    tier_chunk_size,
+)
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
 from kvfuzz.fuzz.campaign.engine import duration_allowance
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats, example_key

@@ -152,9 +152,9 @@ def worker_main(spec: WorkerSpec, conn) -> None:
 
         from kvfuzz.contracts.model.example import Example
         from kvfuzz.fuzz.campaign.config import config_from_dict
-        from kvfuzz.fuzz.campaign.store.database import DatabaseError
         from kvfuzz.fuzz.campaign.engine import Campaign
         from kvfuzz.fuzz.campaign.records import example_key
+        from kvfuzz.fuzz.campaign.store.database import DatabaseError
         from kvfuzz.fuzz.targets import get_target
 
         torch.set_num_threads(spec.threads)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import ROOT, kvfuzz
 
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
@@ -20,7 +21,6 @@ from kvfuzz.fuzz.bench.bugs import BUGS, get_bug, installed_file, smallest_trigg
 from kvfuzz.fuzz.bench.bugs.patching import Patch, PatchDoesNotApply
 from kvfuzz.fuzz.bench.paged_torch import batch_size
 from kvfuzz.fuzz.harness import attention
-from support import ROOT, kvfuzz
 
 #: The bugs a default CPU campaign is expected to find (the others: docs/bugs.md, Bug.why_missed).
 FOUND_BY_DEFAULT = sorted(n for n, b in BUGS.items() if b.cpu and b.why_missed is None)

@@ -8,9 +8,9 @@ import json
 import os
 from pathlib import Path
 
-from kvfuzz.fuzz.bench.curve import run_campaign
-
 from support import ROOT
+
+from kvfuzz.fuzz.bench.curve import run_campaign
 
 _PATH = ROOT / "benchmarks" / "flashinfer_speed.py"
 _spec = importlib.util.spec_from_file_location("flashinfer_speed", _PATH)

@@ -3,6 +3,7 @@ pinned versions, so the unpatched kernel must still show each one's smallest tri
 what `make fuzz` would hit, and `kvfuzz bench bugs --live` must say which it cannot run here and why."""
 
 import pytest
+from support import ROOT, available, kvfuzz
 
 from kvfuzz.contracts.checks.failures import NonFiniteOutput
 from kvfuzz.contracts.model.example import Example
@@ -11,7 +12,6 @@ from kvfuzz.fuzz.bench.bugs.live import LIVE, bench_live
 from kvfuzz.fuzz.campaign.store.baseline import classify, load_baseline
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets import BUILTIN, get_target
-from support import ROOT, available, kvfuzz
 
 
 def test_every_live_bug_names_a_builtin_target_that_accepts_its_trigger_and_is_in_the_docs():

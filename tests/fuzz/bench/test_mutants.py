@@ -4,13 +4,13 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from support import kvfuzz
 
-from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import Finding
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.mutants import MUTANTS, PagedTorch, get_mutant, smallest_trigger
 from kvfuzz.fuzz.harness.attention import check_example
-from support import kvfuzz
 
 pytestmark = pytest.mark.kernel
 

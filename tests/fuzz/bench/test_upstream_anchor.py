@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import available
 
 PLUGIN = "kvfuzz.fuzz.bench.bugs.upstream"

@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from support import ROOT
 
 _PATH = ROOT / "benchmarks" / "upstream_table.py"

@@ -6,19 +6,28 @@ from types import SimpleNamespace
 
 import attrs
 import pytest
+from support import ROOT, SUPPORT, available, kvfuzz
 
-from kvfuzz.contracts.model.batch import positions
-from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.checks.oracles import Oracle
+from kvfuzz.contracts.model.batch import positions
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.paged_torch import small_batch as _batch
-from kvfuzz.fuzz.campaign.store.baseline import (BaselineError, KnownFinding, append_entry, classify, entry_from_case,
-                                           freed_slots, load_baseline, match, parse_baseline)
+from kvfuzz.fuzz.campaign.store.baseline import (
+    BaselineError,
+    KnownFinding,
+    append_entry,
+    classify,
+    entry_from_case,
+    freed_slots,
+    load_baseline,
+    match,
+    parse_baseline,
+)
 from kvfuzz.fuzz.campaign.store.cases import Case
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets import BUILTIN, get_target
-from support import ROOT, SUPPORT, available, kvfuzz
 
 PLANTED = SUPPORT / "planted_targets.py"
 SHIPPED = ROOT / "kvfuzz-baseline.toml"
@@ -302,9 +311,9 @@ def test_the_re_run_of_a_run_prepared_with_a_caller_fault_checks_the_caller_agai
 def test_a_campaign_hands_the_failing_run_to_the_baseline(tmp_path, monkeypatch):
     """The engine passes each failing example's Run to classify(): every example computes its reference once,
     its baseline re-run none."""
-    from kvfuzz.fuzz.campaign.store.baseline import Baseline
     from kvfuzz.fuzz.campaign.config import CampaignConfig
     from kvfuzz.fuzz.campaign.engine import fuzz_target
+    from kvfuzz.fuzz.campaign.store.baseline import Baseline
     from kvfuzz.fuzz.harness import attention
     from kvfuzz.strategies.limits import Limits
 

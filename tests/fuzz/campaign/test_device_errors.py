@@ -8,13 +8,12 @@ import json
 
 import pytest
 import torch
+from support import SUPPORT, kvfuzz
 
 from kvfuzz.fuzz.campaign.workers.endings import DEVICE_ERROR, EndingKind, classify, finding_for
 from kvfuzz.fuzz.harness import isolation
 from kvfuzz.fuzz.harness.isolation import DEVICE_ERROR_EXIT, leaves_device_unusable
 from kvfuzz.fuzz.harness.run import run_kernel
-
-from support import SUPPORT, kvfuzz
 
 PLANTED = SUPPORT / "planted_endings.py"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from support import SUPPORT, kvfuzz
 
-from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import KernelMismatch
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.store import journal, reproducers
 from kvfuzz.fuzz.campaign.store.journal import OutLock, OutOfSpace, disk_full, stop_when_full, write_json

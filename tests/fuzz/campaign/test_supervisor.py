@@ -282,8 +282,8 @@ def test_the_supervisor_reads_its_workers_in_batches_not_once_per_message(tmp_pa
     POLL_SECONDS (0.2 s here, so the count does not depend on this machine's speed) and reads what has
     arrived, so it wakes far fewer times than it gets messages (it took the workers' cores for each one), and
     still counts every example."""
-    from kvfuzz.fuzz.campaign.workers import supervisor as sup
     from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.campaign.workers import supervisor as sup
     from kvfuzz.fuzz.targets import get_target
 
     waits, messages = [], []

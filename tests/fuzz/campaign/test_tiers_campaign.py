@@ -5,14 +5,14 @@ shrinks back down to the shortest context that shows it."""
 import json
 
 import pytest
+from support import kvfuzz
+from support.planted_targets import LongContextTruncated
 
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.chunks import TIER_PROBE_EXAMPLES, campaign_tiers, record_tier_time, tier_chunk_size
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.targets import get_target
-from kvfuzz.contracts.model.poison import Poison
-from support import kvfuzz
-from support.planted_targets import LongContextTruncated
 
 
 def test_campaign_tiers_follow_the_config_and_the_declaration(tmp_path):
@@ -100,9 +100,9 @@ def test_the_serving_tier_finds_a_window_straddle_defect_the_small_tier_cannot(t
     """A kernel wrong only on a prefill chunk whose context runs past a window of >= 256 keys at head size >= 192
     (shaped like vLLM 0.33.0's FA3 failure, issue 38): a serving campaign finds it and shrinks it to one such
     chunk; a small-tier campaign of the same budget draws no context that long."""
-    from kvfuzz.strategies import tiers
-
     from support.planted_window import WindowStraddledAtLargeHeads
+
+    from kvfuzz.strategies import tiers
 
     # the serving tier's draws at CPU sizes: contexts to 512 tokens, a 48-token budget, 3 sequences
     monkeypatch.setattr(tiers, "SERVING_CTX_LEN", 512)

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support import ROOT, SUPPORT, available, kvfuzz, start_kvfuzz
 
 pytestmark = pytest.mark.kernel

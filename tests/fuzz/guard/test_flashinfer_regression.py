@@ -8,9 +8,9 @@ import shutil
 import xml.etree.ElementTree as ET
 
 import pytest
+from support import ROOT, kvfuzz
 from support.flashinfer_regression_case import CHECK, TARGET, group_size_7_example, write_group_size_7_case
 from support.flashinfer_standin import install_standin
-from support import ROOT, kvfuzz
 
 from kvfuzz.contracts.checks.failures import FailureKind
 from kvfuzz.fuzz.campaign.store.cases import load_case

@@ -17,19 +17,17 @@ import pytest
 import torch
 from support import ROOT, available
 
-from kvfuzz.contracts.model.contract import Contract
-from kvfuzz.contracts.model.data import make_batch_data
-from kvfuzz.contracts.checks.failures import FailureKind
 from kvfuzz.contracts.caches.layouts import NHDLayout, VllmPagedLayout
 from kvfuzz.contracts.caches.materialize import materialize
-from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.calls.rocm import rocm_custom_paged_attention_selected
+from kvfuzz.contracts.checks.failures import FailureKind
 from kvfuzz.contracts.checks.violations import Category, Check, Severity
-from kvfuzz.fuzz.guard import CallerContractError, KvfuzzGuardWarning, guard, is_guarded, original_of
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.guard import CallerContractError, KvfuzzGuardWarning, guard, is_guarded, original_of, patching
 from kvfuzz.fuzz.guard import interception as guard_mod
-from kvfuzz.fuzz.guard import patching
 from kvfuzz.fuzz.guard.signatures import check_kernel_call
-
 
 # prefill, decode, prefill without context, decode at position 0, prefill whose first block is full context
 LENS = [(5, 3), (1, 20), (17, 0), (1, 0), (2, 18)]
@@ -605,8 +603,8 @@ def test_seeds_scenario_is_not_collected_by_the_normal_run():
 def test_checks_ignore_the_default_device(make_batch):
     """vLLM's tests call torch.set_default_device("cuda"); the guard's CPU-side index arithmetic must not
     follow it (seen on an H100: 'Expected all tensors to be on the same device'). "meta" stands in for cuda."""
-    from kvfuzz.contracts.model.data import make_batch_data
     from kvfuzz.contracts.caches.materialize import materialize
+    from kvfuzz.contracts.model.data import make_batch_data
     from kvfuzz.fuzz.targets import get_target
 
     t = get_target("vllm.chunked_prefill_paged_decode")

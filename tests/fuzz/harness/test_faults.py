@@ -1,14 +1,14 @@
 """Every caller fault is reported as the caller's violation, named and located, with what the kernel did."""
 
 import pytest
+from support import available
 
-from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import CallerContractViolation
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.harness.faults import FAULTS, get_fault
 from kvfuzz.fuzz.targets import get_target
-from support import available
 
 pytestmark = pytest.mark.kernel
 

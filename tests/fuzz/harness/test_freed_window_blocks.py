@@ -13,14 +13,13 @@ import pytest
 import torch
 from hypothesis import find, given, settings
 from hypothesis.database import InMemoryExampleDatabase
+from support.planted_window import ReadsFreedBlocks, SkipsFreedBlocks
 
 from kvfuzz.contracts.caches.layouts import NHDLayout, VllmPagedLayout
 from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.checks.invariants import check_cache_holds, check_unified_invariant
 from kvfuzz.contracts.checks.violations import Check
 from kvfuzz.contracts.model.batch import NULL_BLOCK, Batch
-from kvfuzz.contracts.model.capabilities import Capabilities
-from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
@@ -31,7 +30,6 @@ from kvfuzz.fuzz.harness.attention import check_example, prepare
 from kvfuzz.fuzz.harness.caller import call_violations, checked_signature
 from kvfuzz.fuzz.targets.registry import get_target
 from kvfuzz.strategies.batches import batches, freed_window_table
-from support.planted_window import ReadsFreedBlocks, SkipsFreedBlocks
 
 
 def _batch(**kw) -> Batch:

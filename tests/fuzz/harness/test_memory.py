@@ -8,13 +8,13 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from support.planted_targets import SdpaPaged
 
 from kvfuzz import Batch, Poison
-from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign import engine
+from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness import memory
-from support.planted_targets import SdpaPaged
 
 
 def _batch(**kw) -> Batch:

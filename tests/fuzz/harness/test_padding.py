@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis.database import InMemoryExampleDatabase
+from support import SUPPORT, available
 
 from kvfuzz import Batch, Example, Poison
 from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
@@ -21,8 +22,6 @@ from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness.properties import check_example
 from kvfuzz.fuzz.targets import get_target
 from kvfuzz.strategies.batches import batches
-
-from support import SUPPORT, available
 
 PLANTED = SUPPORT / "planted_padding.py"
 
@@ -173,8 +172,9 @@ def test_vllm_decode_attention_fwd_pads_as_triton_mla_and_a_pad_row_is_nan_vllm_
     The call carries the pads; the guard takes a seq_len-0 row of this decode kernel as a pad, not a caller bug;
     the pad-row oracle fails on the kernel, whatever the poison; the real rows and the unpadded batch pass; the
     shipped baseline knows it only while the batch without pads passes."""
-    from kvfuzz.fuzz.campaign.store.baseline import classify, load_baseline
     from support import ROOT
+
+    from kvfuzz.fuzz.campaign.store.baseline import classify, load_baseline
 
     name = "vllm.decode_attention_fwd"
     available(name)

@@ -5,18 +5,17 @@
 import sys
 
 import pytest
+import support.broken_kernels as bk
 from click.testing import CliRunner
+from support import ROOT, SUPPORT, available
 
-from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import FailureKind
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.relation_runs import check_relation
 from kvfuzz.fuzz.cli.relations import relations
 from kvfuzz.fuzz.harness.relations import RELATIONS, RelationViolation, relocated, sequence_permutation
 from kvfuzz.fuzz.targets import get_target
-
-import support.broken_kernels as bk
-from support import ROOT, SUPPORT, available
 
 sys.path.insert(0, str(ROOT / "examples"))
 from sdpa_paged_target import SdpaPaged  # noqa: E402

@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 import pytest
 from hypothesis.database import InMemoryExampleDatabase
+from support import kvfuzz
 
 from kvfuzz.contracts.checks.failures import FailureKind, HarnessError, MemorySafetyError
 from kvfuzz.contracts.model.example import Example
@@ -18,7 +19,6 @@ from kvfuzz.fuzz.bench.paged_torch import PagedTorch, small_batch
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness import sanitizer
-from support import kvfuzz
 
 #: vllm#56862 as compute-sanitizer 2025.x prints it on an H100 (issue 39), with a line of the program's own output
 REPORT = """========= COMPUTE-SANITIZER

@@ -3,17 +3,16 @@ failure)."""
 
 
 import pytest
+from support import available
+from support.planted_targets import SilentOnUndeclaredHeadSizes  # noqa: E402
 
-from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import FailureKind, SilentlyUnsupported
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.strategies import Limits
-from support import available
-
-from support.planted_targets import SilentOnUndeclaredHeadSizes  # noqa: E402
 
 pytestmark = pytest.mark.kernel
 

@@ -8,15 +8,14 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from support import available
 
+from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.mutants import PagedTorch
 from kvfuzz.fuzz.harness.attention import check_example
-
-from support import available
 
 pytestmark = pytest.mark.kernel
 
@@ -205,8 +204,8 @@ def test_large_values_catch_a_softmax_without_max_subtraction():
 def test_fp8_reference_models_the_scale():
     """A reference that ignores the scale (keys = the fp8 codes) differs from kvfuzz's; the cache holds the
     codes bitwise and the logical keys are exactly ``codes * k_scale``."""
-    from kvfuzz.contracts.model.data import make_batch_data
     from kvfuzz.contracts.checks.reference import reference_attention
+    from kvfuzz.contracts.model.data import make_batch_data
 
     b = batch_for(PagedTorch(), **PARAMS["fp8_e4m3"])
     d = make_batch_data(b)

@@ -9,14 +9,15 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from support import available
 
-from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.caches.cpu_layout import CpuAttnLayout
-from kvfuzz.contracts.model.data import make_batch_data
-from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch
 from kvfuzz.contracts.caches.layouts import NHDLayout
 from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch
+from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.model.writer import writer_inputs
 from kvfuzz.fuzz.campaign.config import CampaignConfig
@@ -26,8 +27,6 @@ from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.writer import SLOT_CONTENTS, UNTOUCHED, _storage_elements, slot_element_offsets
 from kvfuzz.fuzz.targets.cache_writers import VllmCpuReshapeAndCache, VllmReshapeAndCacheFlash
 from kvfuzz.strategies import Limits
-
-from support import available
 
 pytestmark = [pytest.mark.kernel, pytest.mark.usefixtures("one_torch_thread")]
 

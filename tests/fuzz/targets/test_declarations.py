@@ -15,13 +15,13 @@ import pytest
 import torch
 from support import available
 
-from kvfuzz.contracts.model.contract import Contract
-from kvfuzz.contracts.model.data import make_batch_data
-from kvfuzz.contracts.calls.declaration import KernelDeclaration, KernelPath
 from kvfuzz.contracts.caches.layouts import NHDLayout, VllmPagedLayout
 from kvfuzz.contracts.caches.materialize import materialize
-from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.contracts.calls.declaration import KernelDeclaration, KernelPath
 from kvfuzz.contracts.checks.violations import Category, Check, Severity, violation
+from kvfuzz.contracts.model.contract import Contract
+from kvfuzz.contracts.model.data import make_batch_data
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.guard import KvfuzzGuardWarning, guard
 from kvfuzz.fuzz.guard.signatures import SIGNATURES, check_kernel_call
 

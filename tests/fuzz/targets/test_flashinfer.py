@@ -11,10 +11,10 @@ import pytest
 import torch
 from support.flashinfer_standin import standin_flashinfer
 
-from kvfuzz.contracts.calls.page_contents import check_append, check_current_tokens, token_slots
-from kvfuzz.contracts.calls.page_lists import check_plan, check_run, make_plan
 from kvfuzz.contracts.caches.flashinfer_layouts import FlashInferLayout, unpack_paged_kv_cache
 from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.calls.page_contents import check_append, check_current_tokens, token_slots
+from kvfuzz.contracts.calls.page_lists import check_plan, check_run, make_plan
 from kvfuzz.contracts.checks.violations import FIX, Check
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.contract import Contract
@@ -23,8 +23,15 @@ from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.guard import flashinfer as fguard
 from kvfuzz.fuzz.guard.interception import CallerContractError, guard
 from kvfuzz.fuzz.harness.writer import GuardedLayout
-from kvfuzz.fuzz.targets.flashinfer import (CUDA_ONLY, FlashInferAppendPagedKvCache, FlashInferBatchDecode,
-                                            FlashInferBatchPrefill, layout_for, page_list_tensors, window_left)
+from kvfuzz.fuzz.targets.flashinfer import (
+    CUDA_ONLY,
+    FlashInferAppendPagedKvCache,
+    FlashInferBatchDecode,
+    FlashInferBatchPrefill,
+    layout_for,
+    page_list_tensors,
+    window_left,
+)
 from kvfuzz.fuzz.targets.registry import BUILTIN, get_target
 
 LAYOUTS = [FlashInferLayout(kl, c) for kl in ("NHD", "HND") for c in (True, False)]

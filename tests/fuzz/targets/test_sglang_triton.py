@@ -9,14 +9,14 @@ import pytest
 import torch
 from support import available
 
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelMismatch
+from kvfuzz.contracts.checks.violations import Check
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelMismatch
-from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.contracts.checks.violations import Check
 from kvfuzz.fuzz.guard import CallerContractError, guard, is_guarded
 from kvfuzz.fuzz.guard.signatures import check_kernel_call
 from kvfuzz.fuzz.harness.attention import check_example

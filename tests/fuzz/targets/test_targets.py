@@ -4,9 +4,9 @@
 import pytest
 from support import ROOT, available, kvfuzz
 
-from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.checks.failures import CallerContractViolation
 from kvfuzz.contracts.checks.invariants import DECODE, UNIFIED
+from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.model.batch import Batch, positions
 from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
-from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target

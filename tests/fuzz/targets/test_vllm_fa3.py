@@ -14,6 +14,8 @@ import types
 import attrs
 import pytest
 import torch
+from support import batch_of, hopper_standins, kvfuzz
+from support.hopper_standins import StandInFA3
 
 from kvfuzz.contracts.caches.layouts import NHDLayout
 from kvfuzz.contracts.caches.materialize import materialize
@@ -28,10 +30,13 @@ from kvfuzz.fuzz.guard.signatures import SIGNATURES, build_call, check_kernel_ca
 from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.targets.base import Availability
 from kvfuzz.fuzz.targets.registry import FAMILIES, get_target, registered
-from kvfuzz.fuzz.targets.vllm_flash_attn import (CUDA_GRAPH_MAX_SPLITS, FLASH_ATTN_VARLEN_FUNC, HOPPER_ONLY,
-                                                 SPLIT_CHOICES, VllmFlashAttnVarlen)
-from support import batch_of, hopper_standins, kvfuzz
-from support.hopper_standins import StandInFA3
+from kvfuzz.fuzz.targets.vllm_flash_attn import (
+    CUDA_GRAPH_MAX_SPLITS,
+    FLASH_ATTN_VARLEN_FUNC,
+    HOPPER_ONLY,
+    SPLIT_CHOICES,
+    VllmFlashAttnVarlen,
+)
 
 NAME = "vllm.flash_attn_varlen"
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-ins replace the compiled ops on a CPU only")

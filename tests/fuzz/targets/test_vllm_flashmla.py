@@ -11,6 +11,8 @@ import types
 
 import pytest
 import torch
+from support import batch_of, hopper_standins
+from support.hopper_standins import StandInFA3, StandInFlashMla
 
 from kvfuzz.contracts.caches.layouts import LatentLayout
 from kvfuzz.contracts.caches.materialize import materialize
@@ -25,10 +27,12 @@ from kvfuzz.fuzz.guard.signatures import SIGNATURES, build_call, check_kernel_ca
 from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.targets.base import Availability
 from kvfuzz.fuzz.targets.registry import get_target, registered
-from kvfuzz.fuzz.targets.vllm_mla import (DEEPSEEK_SM_SCALE, FLASH_MLA_WITH_KVCACHE, FLASH_MLA_WITH_KVCACHE_FP8,
-                                          FLASHMLA_HOPPER_ONLY)
-from support import batch_of, hopper_standins
-from support.hopper_standins import StandInFA3, StandInFlashMla
+from kvfuzz.fuzz.targets.vllm_mla import (
+    DEEPSEEK_SM_SCALE,
+    FLASH_MLA_WITH_KVCACHE,
+    FLASH_MLA_WITH_KVCACHE_FP8,
+    FLASHMLA_HOPPER_ONLY,
+)
 
 NAME = "vllm.flashmla_decode"
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in replaces the compiled op on a CPU only")

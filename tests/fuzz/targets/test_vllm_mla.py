@@ -10,6 +10,7 @@ import attrs
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from support import ROOT, available, batch_of, kvfuzz
 
 from kvfuzz.contracts.caches.layouts import LatentLayout, LayoutError
 from kvfuzz.contracts.caches.materialize import materialize
@@ -26,7 +27,6 @@ from kvfuzz.fuzz.targets.registry import get_target, registered
 from kvfuzz.fuzz.targets.vllm_mla import DEEPSEEK_SM_SCALE, VllmTritonMlaDecode
 from kvfuzz.strategies.batches import examples
 from kvfuzz.strategies.limits import Limits
-from support import ROOT, available, batch_of, kvfuzz
 
 NAME = "vllm.triton_mla_decode"
 
@@ -108,6 +108,7 @@ def test_the_guard_reads_the_values_where_the_mla_kernel_does():
 
 def test_strategies_draw_latent_mqa_batches_and_undeclared_ones_keep_the_latent_row():
     from hypothesis import strategies as st
+
     from kvfuzz.strategies.batches import undeclared_examples
 
     caps = VllmTritonMlaDecode.capabilities

@@ -4,19 +4,18 @@ target says, caller faults are blamed on the caller, and one real kernel finding
 
 import attrs
 import pytest
+from support import available
 
+from kvfuzz.contracts.caches.materialize import materialize
+from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelMismatch
+from kvfuzz.contracts.checks.invariants import PREFILL, UNIFIED, check_contract
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelMismatch
-from kvfuzz.contracts.checks.invariants import PREFILL, UNIFIED, check_contract
-from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.harness.attention import check_example, prepare
 from kvfuzz.fuzz.harness.faults import get_fault
 from kvfuzz.fuzz.targets.vllm_triton import VllmContextAttentionFwd, VllmDecodeAttentionFwd, VllmUnifiedAttention
-
-from support import available
 
 pytestmark = pytest.mark.kernel
 
