@@ -184,6 +184,9 @@ class VllmFlashAttnVarlen(Target):
 
     name = "vllm.flash_attn_varlen"
     checked_kernel = FLASH_ATTN_VARLEN_FUNC
+    #: compiled ahead of time (the wheel's extension): nothing specializes on heads, block size or the window, so a
+    #: pinned chunk draws them freely (a pinned window kept the serving tier's model windows out of FA3's chunks)
+    runtime_fields = frozenset({"heads", "block_size", "window"})
     description = "FlashAttention 3 paged varlen forward as vLLM's FLASH_ATTN backend calls it (Hopper; unified contract)"
     capabilities = Capabilities(
         contract=Contract.UNIFIED,

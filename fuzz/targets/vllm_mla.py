@@ -268,6 +268,9 @@ class VllmFlashMlaDecode(Target):
 
     name = "vllm.flashmla_decode"
     checked_kernel = FLASH_MLA_WITH_KVCACHE
+    #: compiled ahead of time (the wheel's extension): nothing specializes on heads, block size or the window, so a
+    #: pinned chunk draws them freely (a pinned window kept the serving tier's model windows out of FA3's chunks)
+    runtime_fields = frozenset({"heads", "block_size", "window"})
     description = "FlashMLA dense decode over the 576/512 latent cache as vLLM's FLASHMLA backend calls it (Hopper)"
     capabilities = Capabilities(
         contract=Contract.UNIFIED,
