@@ -10,7 +10,8 @@
 #     second: examples/s per tier, GPU busy mean, exit code (a correct kernel: 0, no new false alarm).
 # Worst case ~3 * (120 + 20) + 120 + 20 s = 9.3 min; a first failure at ~20 s makes (a) ~3 * 75 s.
 # Writes OUT/serving.json, OUT/<run>.log, OUT/util-unified.txt.
-# Usage: OUT=dir [SECONDS_FA3=120] [SECONDS_UNIFIED=120] [GRACE=40] [SEEDS="0 1 2"] bash benchmarks/gpu_serving.sh
+# FA3_ONLY=1: only (a), with each seed's summary.json and its reproducers (no tensors) back as OUT/fa3-S.*.
+# Usage: OUT=dir [SECONDS_FA3=120] [SECONDS_UNIFIED=120] [GRACE=40] [SEEDS="0 1 2"] [FA3_ONLY=1] bash benchmarks/gpu_serving.sh
 set -uo pipefail
 R=${OUT:?set OUT}
 mkdir -p "$R"
@@ -34,7 +35,18 @@ W=$(mktemp -d)
       if [ $((now - start)) -ge $((SF + 60)) ]; then kill -TERM "$cli"; fi
     done
     wait "$cli"; echo "fa3 seed $s: exit $? after $(( $(date +%s) - start )) s"
+    cp "$o/summary.json" "$R/fa3-$s.summary.json" 2>/dev/null
+    python3 -c "
+import json, sys
+(t,) = json.load(open(sys.argv[1]))['targets']
+print('  first_failure_s', t.get('first_failure_s'), 'examples', t.get('first_failure_examples'), 'of', t.get('examples'),
+      'tiers', t['coverage'].get('tier'))
+for f in t['failures']:
+    print('   ', f['kind'], f.get('known'), '|', str(f['batch'])[:300])
+" "$o/summary.json" 2>&1
+    [ -n "${FA3_ONLY:-}" ] && tar czf "$R/fa3-$s-repro.tgz" -C "$o" --exclude=hypothesis-db --exclude='*.safetensors' . 2>/dev/null
   done
+  [ -n "${FA3_ONLY:-}" ] && exit 0
   nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -l 1 > "$R/util-unified.txt" 2>/dev/null &
   SMI=$!
   timeout $((SU + 90)) $KV fuzz --target vllm.unified_attention --seed 0 --duration "${SU}s" --out "$W/unified" \
