@@ -96,11 +96,7 @@ def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, md_
     from kvfuzz.fuzz.bench.detection import detect as run_detect
     from kvfuzz.fuzz.bench.mutants import MUTANTS
 
-    names = [m if m.startswith("mutant.") else f"mutant.{m}" for m in mutants]
-    unknown = [m for m in names if m not in MUTANTS]
-    if unknown:
-        raise click.BadParameter(f"unknown mutant(s) {unknown}; known: {', '.join(sorted(MUTANTS))}",
-                                 param_hint="--mutant")
+    names = _bug_names(mutants, MUTANTS, "unknown mutant(s)", prefix="mutant.", option="--mutant")
 
     def show(r: dict) -> None:
         what = (f"found in {r['seconds_to_first']} s / {r['examples_to_first']} examples" if r["found"]
@@ -260,14 +256,16 @@ def _save_json(json_path: str, doc: dict, quiet: bool = False) -> None:
         console.print(f"JSON: {json_path}")
 
 
-def _bug_names(given: tuple[str, ...], known, unknown_says: str) -> list[str]:
-    """``--bug`` values as registered names (``bug.<slug>``; a bare slug gets the prefix). Raises BadParameter
-    naming ``--bug`` for a name not in ``known``: "``unknown_says`` NAMES; known: ..."."""
-    names = [b if b.startswith("bug.") else f"bug.{b}" for b in given]
+def _bug_names(given: tuple[str, ...], known, unknown_says: str, prefix: str = "bug.",
+               option: str = "--bug") -> list[str]:
+    """``option``'s values as registered names (``<prefix><slug>``; a bare slug gets the prefix: ``bug.``,
+    ``live.``, ``mutant.``). Raises BadParameter naming ``option`` for a name not in ``known``: "``unknown_says``
+    NAMES; known: ..."."""
+    names = [b if b.startswith(prefix) else f"{prefix}{b}" for b in given]
     unknown = [b for b in names if b not in known]
     if unknown:
         raise click.BadParameter(f"{unknown_says} {', '.join(unknown)}; known: {', '.join(sorted(known))}",
-                                 param_hint="--bug")
+                                 param_hint=option)
     return names
 
 
@@ -342,11 +340,7 @@ def _live_bugs(bugs, seeds, duration, max_examples, json_path) -> None:
     from kvfuzz.fuzz.bench.bugs.live import LIVE, bench_live
     from kvfuzz.fuzz.bench.detection import size_str
 
-    given = [b if b.startswith("live.") else f"live.{b}" for b in bugs]
-    unknown = [b for b in given if b not in LIVE]
-    if unknown:
-        raise click.BadParameter(f"unknown live bug(s) {', '.join(unknown)}; known: {', '.join(sorted(LIVE))}",
-                                 param_hint="--bug")
+    given = _bug_names(bugs, LIVE, "unknown live bug(s)", prefix="live.")
 
     def show(r: dict) -> None:
         what = (f"found in {r['seconds_to_first']} s / {r['examples_to_first']} examples, {r['kind']} "
