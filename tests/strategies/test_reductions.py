@@ -178,10 +178,11 @@ def _campaign(mutant: str, seed: int, structural_shrink: float, listener=None):
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("mutant,seed", [("mutant.int32_offset_overflow", 0),
-                                         ("mutant.contiguous_blocks", 0)])
+                                         ("mutant.contiguous_blocks", 1)])
 def test_a_campaign_shrinks_a_zoo_mutant_to_its_smallest_trigger(mutant, seed):
     """Hypothesis alone stops at D256 NB9 (int32_offset_overflow, seed 0) and at block size 32 with 64 context
-    tokens (contiguous_blocks, seed 0); the structural shrink reaches the smallest trigger, and only its
+    tokens (contiguous_blocks, seed 1: on seed 0 the engine's error/bound guidance now leads Hypothesis to the
+    smallest trigger by itself); the structural shrink reaches the smallest trigger, and only its
     reproducer is left."""
     events = _Events()
     campaign, config = _campaign(mutant, seed, 60.0, events)

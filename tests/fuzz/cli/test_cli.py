@@ -467,6 +467,8 @@ BAD_VALUES = [  # (command, option, bad value): options whose values click's typ
     ("fuzz", "--db", ""),
     ("check", "--db", "redis://:notaport/x"),
     ("fuzz", "--duration", "soon"),
+    ("fuzz", "--sanitize", "1.5"),
+    ("fuzz", "--sanitize", "often"),
     ("fuzz", "--duration", "0"),
     ("bench detect", "--duration", "soon"),
     ("bench curve", "--duration", "0s"),
