@@ -195,7 +195,8 @@ def usable_cpus() -> int:
 
 def default_workers(gpus: int, cpus: int | None = None, mps: bool = False) -> int:
     """Workers when --workers is not given: on CUDA, per GPU half the CPU cores it has (``cpus``, default
-    ``os.cpu_count()``; at most :data:`MAX_WORKERS_PER_GPU`, at least 1), or under MPS (``mps``) its share of
+    :func:`usable_cpus`: a ``taskset`` or container's affinity mask, not the machine's cores; at most
+    :data:`MAX_WORKERS_PER_GPU`, at least 1), or under MPS (``mps``) its share of
     the cores less two for the host (at most :data:`MAX_WORKERS_PER_GPU_MPS`; 14 on a 16-core host with one
     GPU, 28 on a 32-core host with one, 30 with two: the two cores were taken per GPU, 28); on CPU, one per usable core (``cpus``, default
     :func:`usable_cpus`), at most :data:`MAX_CPU_WORKERS`: a worker runs one torch thread (``--threads``) and its
@@ -203,7 +204,7 @@ def default_workers(gpus: int, cpus: int | None = None, mps: bool = False) -> in
     worker, 290 with 2)."""
     if not gpus:
         return max(1, min(MAX_CPU_WORKERS, cpus or usable_cpus()))
-    cpus = cpus or os.cpu_count() or 1
+    cpus = cpus or usable_cpus()
     if mps:  # the two cores of the supervisor and Triton's compiles are the host's, not each GPU's
         return gpus * max(1, min(MAX_WORKERS_PER_GPU_MPS, (cpus - 2) // gpus))
     return gpus * max(1, min(MAX_WORKERS_PER_GPU, cpus // gpus // 2))

@@ -246,7 +246,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         asked = workers
         budget = None if max_examples >= UNLIMITED else max_examples * len(chosen)
         workers, capped = cap_workers(workers or default_workers(gpus, mps=mps.active), budget,
-                                      (os.cpu_count() or 1) if gpus else usable_cpus(), gpus)
+                                      usable_cpus(), gpus)
         if capped and asked:
             console.print(f"[yellow]--workers {asked} capped at {workers}[/]: " + escape("; ".join(capped)))
         if not gpus and workers > usable_cpus():

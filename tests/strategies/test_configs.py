@@ -174,6 +174,10 @@ def test_default_workers(monkeypatch):
     assert default_workers(0, cpus=64) == MAX_CPU_WORKERS
     monkeypatch.setattr(config.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
     assert usable_cpus() == 3 and default_workers(0) == 3  # the affinity mask, not the machine's cores
+    # on CUDA too: a taskset of 16 cores on a 64-core host with four GPUs is a 16-core one-GPU machine
+    monkeypatch.setattr(config.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(config.os, "cpu_count", lambda: 64)
+    assert default_workers(1, mps=True) == 14 and default_workers(1) == MAX_WORKERS_PER_GPU
     monkeypatch.delattr(config.os, "sched_getaffinity")
     monkeypatch.setattr(config.os, "cpu_count", lambda: None)
     assert usable_cpus() == 1  # neither an affinity mask nor a core count: one
