@@ -8,6 +8,12 @@
 # (benchmarks/flashinfer_bundle.sh); optionally .device/hopper/ (benchmarks/hopper_bundle.sh: FA3's and FlashMLA's
 # extensions, xz-packed, and FlashMLA's Python interface), unpacked into the vllm tree. Defines KV (the kvfuzz CLI).
 export PYTHONUNBUFFERED=1
+# Sourced again under a script that already did it (benchmarks/gpu_lanes.sh runs scripts that source it, in
+# parallel): keep what is installed, set KV, and install nothing (a second install would race the first's users)
+if [ -n "${KVFUZZ_GPU_ENV:-}" ]; then
+  KV="python3 -m kvfuzz.fuzz.cli"
+  return 0 2>/dev/null || exit 0
+fi
 [ -f .device/vllm-py.tgz ] && ls .device/whl/*.whl >/dev/null 2>&1 || {
   echo "gpu_env.sh: no .device/ bundle here: run 'make device-bundle' where pip works and carry .device" >&2
   exit 1
@@ -57,3 +63,4 @@ if [ -f .device/flashinfer.tgz ]; then
     FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0}
 fi
 KV="python3 -m kvfuzz.fuzz.cli"
+export KVFUZZ_GPU_ENV=1
