@@ -5,6 +5,7 @@
 # the affinity mask: 14 under MPS with 16 cores). Each lane's command runs in bash with OUT=$OUT/lane-i (its own
 # folder) after benchmarks/gpu_env.sh; what it writes there is packed into OUT/lane-i.tgz (a device call returns at
 # most 8 files), its output into OUT/lane-i.log, and OUT/lanes.txt gives each lane's exit status and seconds.
+# Each lane is stopped after LANE_TIMEOUT seconds (default 520, so the packing fits a 10-minute call).
 # Usage: OUT=dir bash benchmarks/gpu_lanes.sh 'cmd for GPU 0' 'cmd for GPU 1' ...   (at most one lane per GPU)
 set -uo pipefail
 R=${OUT:?set OUT}
@@ -23,7 +24,7 @@ for cmd in "$@"; do
   mkdir -p "$R/lane-$i"
   (
     start=$(date +%s)
-    CUDA_VISIBLE_DEVICES=$i OUT="$R/lane-$i" taskset -c "$((i * C))-$((i * C + C - 1))" bash -c "$cmd" \
+    CUDA_VISIBLE_DEVICES=$i OUT="$R/lane-$i" timeout "${LANE_TIMEOUT:-520}" taskset -c "$((i * C))-$((i * C + C - 1))" bash -c "$cmd" \
       > "$R/lane-$i.log" 2>&1
     rc=$?
     echo "lane $i: exit $rc, $(( $(date +%s) - start )) s: $cmd" >> "$R/lanes.txt"

@@ -32,6 +32,10 @@ ENV = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 #: The pipe folders of per-GPU daemons (comma-separated, one per GPU index of the campaign): a worker on GPU ``i``
 #: sets ``CUDA_MPS_PIPE_DIRECTORY`` to the ``i``-th (kvfuzz.fuzz.campaign.workers.worker).
 PIPES_ENV = "KVFUZZ_MPS_PIPES"
+#: Set (to "1") while one daemon kvfuzz started serves all the campaign's GPUs: it was started with the campaign's
+#: ``CUDA_VISIBLE_DEVICES``, so it sees only those devices and a client names its GPU by its index among them ("0"
+#: for a campaign on device "3"; the physical "3" is no device of that server: "No CUDA GPUs are available").
+SHARED_ENV = "KVFUZZ_MPS_SHARED"
 #: Environment: ``KVFUZZ_MPS_PER_GPU=0`` starts one daemon for all GPUs instead of one per GPU (a before/after for
 #: benchmarks/gpu_multi_scaling.sh).
 PER_GPU_ENV = "KVFUZZ_MPS_PER_GPU"
@@ -77,6 +81,7 @@ class Mps:
             except (OSError, subprocess.SubprocessError):
                 pass
         os.environ.pop(PIPES_ENV, None)
+        os.environ.pop(SHARED_ENV, None)
         for name in ENV:
             if self._saved_env.get(name) is None:
                 os.environ.pop(name, None)
@@ -148,7 +153,9 @@ def start_mps(mode: str, gpus: int) -> Mps:
     os.environ.update({ENV[0]: daemons[0][ENV[0]], ENV[1]: daemons[0][ENV[1]]})
     if per_gpu:
         os.environ[PIPES_ENV] = ",".join(mps.pipes)
+    else:
+        os.environ[SHARED_ENV] = "1"
     return mps
 
 
-__all__ = ["CONTROL", "MODES", "PER_GPU_ENV", "PIPES_ENV", "Mps", "MpsError", "start_mps", "visible_devices"]
+__all__ = ["CONTROL", "MODES", "PER_GPU_ENV", "PIPES_ENV", "SHARED_ENV", "Mps", "MpsError", "start_mps", "visible_devices"]

@@ -24,6 +24,7 @@ from pathlib import Path
 import attrs
 
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
+from kvfuzz.fuzz.campaign.workers.mps import PIPES_ENV, SHARED_ENV
 
 # This module is what a spawned worker imports first (it unpickles worker_main): it imports neither torch nor
 # Hypothesis nor kvfuzz's harness, so that the worker sets up (its log, dying with its parent, ignoring Ctrl-C,
@@ -114,11 +115,17 @@ def gpu_environment(gpu: int, env) -> None:
     2,3 puts GPU 0 on "2"; it had put it on "0"), and under per-GPU MPS daemons (kvfuzz.fuzz.campaign.workers.mps,
     ``KVFUZZ_MPS_PIPES``) that GPU's daemon's pipe as ``CUDA_MPS_PIPE_DIRECTORY`` and no ``CUDA_VISIBLE_DEVICES``:
     the daemon was started seeing only its GPU, and its clients see the server's devices (NVIDIA's MPS guide,
-    "Starting MPS client application": CUDA_VISIBLE_DEVICES should not be set in the client's environment)."""
-    pipes = [p for p in env.get("KVFUZZ_MPS_PIPES", "").split(",") if p]
+    "Starting MPS client application": CUDA_VISIBLE_DEVICES should not be set in the client's environment).
+    Under one daemon kvfuzz started for all the campaign's GPUs (``KVFUZZ_MPS_SHARED``), which sees only the
+    campaign's devices, the index ``gpu`` itself: a one-GPU campaign on device "3" is the server's device 0 (with
+    "3" its workers found no GPU; found on a 4-GPU H200 host, one campaign per GPU)."""
+    pipes = [p for p in env.get(PIPES_ENV, "").split(",") if p]
     if gpu < len(pipes):
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipes[gpu]
         env.pop("CUDA_VISIBLE_DEVICES", None)
+        return
+    if env.get(SHARED_ENV) and env.get("CUDA_MPS_PIPE_DIRECTORY"):
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         return
     mine = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     env["CUDA_VISIBLE_DEVICES"] = mine[gpu] if gpu < len(mine) else str(gpu)

@@ -149,3 +149,28 @@ def test_several_gpus_get_a_daemon_each_and_workers_their_gpus_pipe(tmp_path, mo
     env = {"CUDA_VISIBLE_DEVICES": "2,3"}
     gpu_environment(1, env)  # the campaign's own mask: its second device
     assert env == {"CUDA_VISIBLE_DEVICES": "3"}
+
+
+def test_one_daemon_clients_name_their_gpu_by_its_index_among_the_daemons_devices(tmp_path, monkeypatch):
+    """A one-GPU campaign on device "3" (CUDA_VISIBLE_DEVICES=3, as one campaign per GPU of a 4-GPU host runs):
+    kvfuzz's daemon inherits that mask and sees one device, so a worker that set CUDA_VISIBLE_DEVICES=3 found "No CUDA
+    GPUs are available" (every worker, H200 host). Its workers now name the server's device 0; without kvfuzz's
+    daemon (MPS off) the physical device is kept."""
+    from kvfuzz.fuzz.campaign.workers.mps import SHARED_ENV
+    from kvfuzz.fuzz.campaign.workers.worker import gpu_environment
+
+    _stand_in(tmp_path, monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    mps = start_mps("auto", gpus=1)
+    try:
+        assert mps.active and os.environ.get(SHARED_ENV) == "1"
+        env = dict(os.environ)
+        gpu_environment(0, env)
+        assert env["CUDA_VISIBLE_DEVICES"] == "0" and env[ENV[0]] == os.environ[ENV[0]]
+    finally:
+        mps.stop()
+    assert SHARED_ENV not in os.environ
+    env = {"CUDA_VISIBLE_DEVICES": "3"}
+    gpu_environment(0, env)  # no daemon of kvfuzz's: the campaign's own device
+    assert env == {"CUDA_VISIBLE_DEVICES": "3"}
+
