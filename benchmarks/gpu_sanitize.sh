@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 39's memory-safety oracle on one GPU (H100/H200; compute-sanitizer from /usr/local/cuda/bin), about 8
 # minutes in all:
-#  1. the oracle on vllm#56862's trigger (one prefill sequence, query_len 4, block size 16, an exactly sized block
-#     table): seq_len 16 and 48 should raise "memory safety" at triton_unified_attention.py:432 (a 4-byte read
-#     just past the table's allocation), seq_len 17 should pass (0 errors) -> OUT/trigger.txt;
+#  1. the oracle on vllm#56862's trigger (one prefill sequence, query_len 12, > 8: the 2-D path with its prefill
+#     tile of 32; block size 16, an exactly sized block table): seq_len 16 and 48 should raise "memory safety" at
+#     triton_unified_attention.py:432 (a 4-byte read just past the table's allocation), seq_len 17 should pass (0 errors) -> OUT/trigger.txt;
 #  2. (below: 4 and 5) a persistent-child probe, and default campaigns with --sanitize 0 and each share in SHARES.
 # Carry .device/ (`make device-bundle`). Usage: OUT=dir bash benchmarks/gpu_sanitize.sh
 set -uo pipefail
@@ -21,7 +21,7 @@ from kvfuzz.fuzz.targets.registry import get_target
 
 t = get_target("vllm.unified_attention")
 for seq_len in (16, 48, 17):
-    ex = Example(small_batch([4], [seq_len - 4], head_size=64, block_size=16, dtype="float16"), Poison.NAN)
+    ex = Example(small_batch([12], [seq_len - 12], head_size=64, block_size=16, dtype="float16"), Poison.NAN)
     start = time.time()
     try:
         sanitizer.sanitize(t, ex, "vllm.unified_attention")
@@ -46,7 +46,7 @@ from kvfuzz.fuzz.harness import properties, sanitizer
 from kvfuzz.fuzz.targets.registry import get_target
 t = get_target("vllm.unified_attention")
 for i, seq_len in enumerate((16, 17, 48, 17)):
-    ex = Example(small_batch([4], [seq_len - 4], head_size=64, block_size=16, dtype="float16"), Poison.NAN)
+    ex = Example(small_batch([12], [seq_len - 12], head_size=64, block_size=16, dtype="float16"), Poison.NAN)
     ex = attrs.evolve(ex, batch=sanitizer.exact_batch(ex.batch))
     start = time.time()
     try:
@@ -65,7 +65,7 @@ done
 WARM=${WARM:-30}; RUN=${RUN:-60}
 timeout $((WARM + 100)) $KV fuzz --target vllm.unified_attention --seed 9 --duration "${WARM}s" ${SAN_ARGS:-} \
   --out /tmp/s-warm > "$OUT/warm.log" 2>&1
-for share in 0 ${SHARES:-0.001 0.01}; do
+for share in 0 ${SHARES:-auto}; do
   timeout $((RUN + 200)) $KV fuzz --target vllm.unified_attention --seed 0 --duration "${RUN}s" ${SAN_ARGS:-} \
     --sanitize "$share" --out "/tmp/s-$share" > "$OUT/$share.log" 2>&1
   echo "--sanitize $share: exit $?" | tee -a "$OUT/summary.txt"

@@ -76,6 +76,10 @@ class CampaignConfig:
     #: allocations (``kvfuzz fuzz --sanitize``; kvfuzz.fuzz.harness.sanitizer): an invalid access is a "memory
     #: safety" failure. CUDA targets only; 0: off.
     sanitize: float = 0.0
+    #: Share (0..1) of each worker's time spent on sanitized runs, whichever examples come when it is due
+    #: (``kvfuzz fuzz --sanitize auto``, the default on CUDA: kvfuzz.fuzz.harness.sanitizer.AUTO_TIME_SHARE); a
+    #: bound on the oracle's cost whatever one run costs. 0: off. Adds to ``sanitize``'s examples.
+    sanitize_time_share: float = 0.0
     #: Accepted findings (``kvfuzz fuzz --baseline``, kvfuzz.fuzz.campaign.store.baseline): a failure matching one is
     #: counted and listed as known, never shrunk; anything else stays new. None: every failure is new.
     baseline: Baseline | None = None

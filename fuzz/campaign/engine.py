@@ -194,6 +194,41 @@ class Campaign:
         #: what the deadline cut short in this process ("shrinking <kind> (<check>)", "generating"), for the summary
         self.cut_short: list[str] = []
         self._sanitize_all = False  # a memory-safety failure seen: every example is sanitized (shrinking sees it)
+        self._sanitize_spent = 0.0  # seconds spent on sanitized runs (config.sanitize_time_share's budget)
+        self._sanitize_since: float | None = None  # when this campaign's first example was checked
+        self._sanitizer: sanitizer.SanitizedChild | None = None
+        #: examples sanitized in this process; whether the one being checked was (its "sanitize" coverage label)
+        self.sanitized = 0
+        self._sanitized_last = False
+
+    def _sanitize_due(self, example) -> bool:
+        """Whether ``example`` (which passed every other check) runs under memcheck: never off CUDA
+        (:func:`~kvfuzz.fuzz.harness.sanitizer.applies`); always once a memory-safety failure was seen; when
+        ``config.sanitize`` picks it by hash; or, under ``config.sanitize_time_share``, when this process has spent
+        less than that share of its time since its first example on sanitized runs (examples over 1 GiB of cache
+        excepted: memcheck's copy of a big cache would double its device memory)."""
+        config = self.config
+        if not (config.sanitize or config.sanitize_time_share or self._sanitize_all):
+            return False
+        if not sanitizer.applies(self.target):
+            return False
+        if self._sanitize_all or (config.sanitize and sanitizer.selected(example, config.sanitize)):
+            return True
+        now = time.monotonic()
+        if self._sanitize_since is None:
+            self._sanitize_since = now
+        return (bool(config.sanitize_time_share) and not memory.is_big(example.batch)
+                and self._sanitize_spent <= config.sanitize_time_share * (now - self._sanitize_since))
+
+    def _sanitizer_child(self) -> sanitizer.SanitizedChild:
+        if self._sanitizer is None:
+            self._sanitizer = sanitizer.SanitizedChild(spec_of(self.target) or self.target.name)
+        return self._sanitizer
+
+    def close(self) -> None:
+        """End what this campaign keeps running beside it (the long-lived sanitized child; idempotent)."""
+        if self._sanitizer is not None:
+            self._sanitizer.close()
 
     def _use(self, tier: str) -> None:
         """Draw from ``tier`` from now on: its config, its strategy, and its database key (serving, long and wide, whose
@@ -231,15 +266,19 @@ class Campaign:
                 return outcome
             properties.check(target, example, config.fault, run=self._run, run_unsafe=config.run_unsafe,
                              on_phase=self.listener.phase)
-            if config.sanitize and config.fault is None and sanitizer.applies(target) and (
-                    self._sanitize_all or sanitizer.selected(example, config.sanitize)):
+            if config.fault is None and self._sanitize_due(example):
                 stage = "sanitize"
                 event("sanitized")
+                started = time.monotonic()
                 try:
-                    sanitizer.sanitize(target, example, spec_of(target) or target.name)
+                    self._sanitizer_child().check(target, example, confirm=not self._sanitize_all)
                 except MemorySafetyError:
                     self._sanitize_all = True
                     raise
+                finally:
+                    self._sanitize_spent += time.monotonic() - started
+                    self.sanitized += 1
+                    self._sanitized_last = True
             return None
         except Finding:
             raise
@@ -376,6 +415,9 @@ class Campaign:
             lab["undeclared"] = "silently wrong"
         rejection = undeclared.removeprefix("rejected: ") if undeclared and undeclared.startswith("rejected") \
             else None
+        if self._sanitized_last:
+            lab["sanitize"] = "memcheck"
+            self._sanitized_last = False
         batch = example.batch
         self.listener.end(self.target.name, Outcome(lab, kernel_s, max(0.0, total - kernel_s),
                                                     run.ratio if run is not None else 0.0, signature, rejection,
@@ -634,6 +676,7 @@ def fuzz_target(target: Target, config: CampaignConfig,
             break
         if config.stop_at_first_failure and stats.failures:
             break
+    campaign.close()
     stats.elapsed = time.monotonic() - start
     return stats
 

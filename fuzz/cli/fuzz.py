@@ -42,9 +42,12 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
 UNLIMITED = 2**62
 
 
-def _sanitize_share(ctx, param, value: str) -> float:
-    """``--sanitize``: "0"/"none"/"off" -> 0.0, "all" -> 1.0, a number in [0, 1]; else exit 2 naming the option."""
+def _sanitize_share(ctx, param, value: str) -> float | str:
+    """``--sanitize``: "auto" stays "auto" (a time share on CUDA: :func:`_sanitize_config`), "0"/"none"/"off" ->
+    0.0, "all" -> 1.0, a number in [0, 1]; else exit 2 naming the option."""
     v = str(value).strip().lower()
+    if v == "auto":
+        return v
     if v in ("none", "off"):
         return 0.0
     if v == "all":
@@ -54,8 +57,19 @@ def _sanitize_share(ctx, param, value: str) -> float:
     except ValueError:
         share = -1.0
     if not 0.0 <= share <= 1.0:
-        raise click.BadParameter(f"{value!r} is not a share: give 0 (or none), a fraction such as 0.1, or all")
+        raise click.BadParameter(f"{value!r} is not a share: give auto, 0 (or none), a fraction such as 0.1, or all")
     return share
+
+
+def _sanitize_config(sanitize: float | str) -> dict:
+    """CampaignConfig's sanitize fields for ``--sanitize``: auto -> each worker spends up to
+    :data:`~kvfuzz.fuzz.harness.sanitizer.AUTO_TIME_SHARE` of its time on sanitized runs (CUDA targets only);
+    a share -> that share of the examples by hash."""
+    from kvfuzz.fuzz.harness.sanitizer import AUTO_TIME_SHARE
+
+    if sanitize == "auto":
+        return {"sanitize": 0.0, "sanitize_time_share": AUTO_TIME_SHARE}
+    return {"sanitize": float(sanitize), "sanitize_time_share": 0.0}
 
 
 @click.command()
@@ -147,11 +161,12 @@ def _sanitize_share(ctx, param, value: str) -> float:
               help="Seconds each new distinct failure may spend in the structural shrink after Hypothesis's "
                    "(several fields at once, e.g. a smaller head size with block ids scaled to keep their "
                    "offsets; docs/campaigns.md); 0: off.")
-@click.option("--sanitize", "sanitize", default="0", show_default=True, callback=_sanitize_share,
-              help="Share of examples re-run under compute-sanitizer memcheck (CUDA's, on PATH or "
-                   "/usr/local/cuda/bin) in a child process with exact-size allocations: an invalid access is a "
-                   "'memory safety' failure, shrunk like any other. 0 or none: off; a fraction (0.1); all. CUDA "
-                   "targets only (off on CPU: the Triton interpreter has no bounds checks).")
+@click.option("--sanitize", "sanitize", default="auto", show_default=True, callback=_sanitize_share,
+              help="Examples re-run under compute-sanitizer memcheck (CUDA's, on PATH or /usr/local/cuda/bin) in "
+                   "a long-lived child with exact-size allocations: an invalid access is a 'memory safety' "
+                   "failure, confirmed in a fresh child and shrunk like any other. auto: up to 10% of each "
+                   "worker's time; 0 or none: off; a fraction of the examples (0.1); all. CUDA targets only "
+                   "(off on CPU: the Triton interpreter has no bounds checks).")
 @click.option("--baseline", "baseline_file", default=None, type=click.Path(dir_okay=False),
               help="A findings baseline (TOML, e.g. kvfuzz-baseline.toml; `kvfuzz baseline add` writes entries): "
                    "failures it accepts are still found, counted and listed as known, but only a new failure (or a "
@@ -204,8 +219,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                             undeclared=undeclared, big_cache=big_cache, tiers=tuple(tiers) or ("auto",),
                             pin_configs={"auto": None, "pinned": True, "free": False}[configs],
                             chunk_examples=chunk_examples, warmup=warmup, structural_shrink=structural_shrink,
-                            baseline=baseline, sanitize=sanitize)
-    if sanitize and not any(t.device == "cuda" for t in chosen):
+                            baseline=baseline, **_sanitize_config(sanitize))
+    if sanitize not in ("auto", 0.0) and not any(t.device == "cuda" for t in chosen):
         console.print("--sanitize: no target runs on CUDA here, so no example is sanitized (compute-sanitizer "
                       "checks GPU kernels; the Triton interpreter has no bounds checks)", highlight=False)
     from kvfuzz.fuzz.campaign.chunks import campaign_tiers

@@ -41,11 +41,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import attrs
@@ -60,6 +63,13 @@ DEFAULT_PATHS = ("/usr/local/cuda/bin/compute-sanitizer",)
 ENV = "KVFUZZ_COMPUTE_SANITIZER"
 #: Seconds a sanitized child may run (memcheck slows a kernel 10-100x; Triton compiles first).
 TIMEOUT_S = 300.0
+#: ``--sanitize auto`` (the default): the share of each worker's time spent on sanitized runs. Measured on an
+#: H200 (benchmarks/results/sanitize-h200.txt): a fresh child costs ~15 s an example (CUDA context, imports and the
+#: kernel's load under memcheck), the long-lived child ~10 ms once warm; a share of the examples by hash with fresh
+#: children cost 33% of the examples/s at 0.002.
+AUTO_TIME_SHARE = 0.1
+#: The persistent child's marker lines on its stdout (:class:`SanitizedChild`).
+MARK = "KVFUZZ-SANITIZED"
 
 
 @attrs.frozen
@@ -189,11 +199,8 @@ def sanitize(target, example, spec: str, sanitizer: str | None = None, timeout: 
         path.write_text(json.dumps(example.to_dict()))
         cmd = [exe, "--tool", "memcheck", "--print-limit", "20", sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer",
                "--target", spec, "--example", str(path)]
-        # compute-sanitizer does not attach to MPS clients: the child leaves the campaign's private MPS daemon
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
-        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_environment())
         except subprocess.TimeoutExpired:
             raise HarnessError("sanitized run timed out", f"{' '.join(cmd[:3])} ran past {timeout:.0f} s") from None
     text = p.stdout + "\n" + p.stderr
@@ -201,11 +208,7 @@ def sanitize(target, example, spec: str, sanitizer: str | None = None, timeout: 
     if report.clean:
         return
     if report.accesses:
-        first = report.accesses[0]
-        more = f" (and {len(report.accesses) - 1} more)" if len(report.accesses) > 1 else ""
-        raise MemorySafetyError(CHECK, first.describe() + more,
-                                {"accesses": [attrs.asdict(a) for a in report.accesses],
-                                 "error_count": report.error_count, "report": text[-4000:]})
+        _raise_accesses(report, text)
     if report.error_count:  # errors that are not invalid accesses (a launch failure, a leak): the kernel's too
         raise MemorySafetyError(CHECK, f"{report.error_count} memcheck error(s): {'; '.join(report.other) or '?'}",
                                 {"accesses": [], "error_count": report.error_count, "report": text[-4000:]})
@@ -213,21 +216,132 @@ def sanitize(target, example, spec: str, sanitizer: str | None = None, timeout: 
                        f"ERROR SUMMARY: {text[-1500:]}")
 
 
-def _child(argv: list[str]) -> int:
-    """The sanitized child: load the target and the example, make the batch exact (:func:`exact_batch`),
-    prepare it and run the kernel once. The output is not checked here (the parent's campaign did)."""
-    import argparse
+def _raise_accesses(report: MemcheckReport, text: str):
+    """Raise the MemorySafetyError of ``report``'s first invalid access (``text``: the report, kept)."""
+    first = report.accesses[0]
+    more = f" (and {len(report.accesses) - 1} more)" if len(report.accesses) > 1 else ""
+    raise MemorySafetyError(CHECK, first.describe() + more, {"accesses": [attrs.asdict(a) for a in report.accesses],
+                                                            "error_count": report.error_count or len(report.accesses),
+                                                            "report": text[-4000:]})
 
+
+def child_environment(env=None) -> dict:
+    """The environment of a sanitized child: ``env`` (default ``os.environ``) without the campaign's MPS daemon
+    (compute-sanitizer does not attach to MPS clients), with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` (every tensor
+    its own allocation) and, for a campaign's worker, ``CUDA_VISIBLE_DEVICES`` its physical GPU
+    (``KVFUZZ_DEVICE``, kvfuzz.fuzz.campaign.workers.worker.gpu_environment): under MPS the worker's own
+    ``CUDA_VISIBLE_DEVICES`` is unset or names the daemon's device, which outside MPS is another GPU."""
+    env = {k: v for k, v in (os.environ if env is None else env).items() if not k.startswith("CUDA_MPS_")}
+    env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    if env.get("KVFUZZ_DEVICE"):
+        env["CUDA_VISIBLE_DEVICES"] = env["KVFUZZ_DEVICE"]
+    return env
+
+
+class SanitizedChild:
+    """One long-lived child under ``compute-sanitizer --tool memcheck`` that runs a target's examples one at a
+    time (``python -m kvfuzz.fuzz.harness.sanitizer --target SPEC --serve``): it reads an example file's path per
+    line on stdin, runs it as :func:`sanitize`'s child does and prints ``KVFUZZ-SANITIZED done N`` (or ``raised
+    N``) after each; what memcheck prints between two markers is that example's report. A fresh child per example
+    costs ~15 s (CUDA context, imports, the kernel's load under memcheck); this one ~10 ms an example once warm.
+
+    :meth:`check` is a screen: an example it passes is clean; anything else (an invalid access, an error, a child
+    that died or hung) is decided by :func:`sanitize` in a fresh child, whose whole report (with its ERROR
+    SUMMARY) cannot belong to another example, and the long-lived child is restarted (memcheck may have destroyed
+    its CUDA context). :meth:`close` ends it; so does this process's end (its stdin closes)."""
+
+    def __init__(self, spec: str, sanitizer: str | None = None, timeout: float = TIMEOUT_S):
+        self.spec, self.exe, self.timeout = spec, sanitizer, timeout
+        self._proc: subprocess.Popen | None = None
+        self._lines: queue.Queue = queue.Queue()
+        self._dir: str | None = None
+        self._n = 0
+
+    def _start(self) -> None:
+        exe = self.exe or sanitizer_path()
+        if exe is None:
+            raise HarnessError("compute-sanitizer not found", "kvfuzz fuzz --sanitize needs compute-sanitizer "
+                               f"(CUDA's, /usr/local/cuda/bin) on PATH or named by ${ENV}")
+        self._dir = self._dir or tempfile.mkdtemp(prefix="kvfuzz-sanitize-")
+        # --destroy-on-device-error kernel: an invalid access ends the kernel, not the child's CUDA context, so the
+        # child answers the next example too (a shrink's candidates would otherwise each start a child)
+        cmd = [exe, "--tool", "memcheck", "--print-limit", "20", "--destroy-on-device-error", "kernel",
+               sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer", "--target", self.spec, "--serve"]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, bufsize=1, env=child_environment())
+        self._lines = queue.Queue()
+        threading.Thread(target=self._read, args=(self._proc.stdout, self._lines), daemon=True).start()
+        self._n = 0
+
+    @staticmethod
+    def _read(stream, lines: queue.Queue) -> None:
+        for line in stream:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)  # end of output: the child ended
+
+    def _segment(self, n: int) -> tuple[str, list[str]]:
+        """The child's lines up to its marker for example ``n``: ("done"/"raised"/"ended"/"timed out", lines)."""
+        out: list[str] = []
+        end = time.monotonic() + self.timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                return "timed out", out
+            if line is None:
+                return "ended", out
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == MARK and parts[2] == str(n):
+                return parts[1], out
+            out.append(line)
+
+    def check(self, target, example, confirm: bool = True) -> None:
+        """Screen ``example`` in the long-lived child; returns when its run was clean. An invalid access in its
+        segment raises MemorySafetyError: with ``confirm``, as :func:`sanitize` in a fresh child decides (the
+        campaign's first memory-safety failure), without it from the segment itself (the shrink of a confirmed
+        one, whose candidates would each cost a fresh child). A child that raised, died or hung is replaced and
+        :func:`sanitize` decides."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        self._n += 1
+        path = Path(self._dir) / f"example-{self._n % 2}.json"
+        path.write_text(json.dumps(example.to_dict()))
+        try:
+            self._proc.stdin.write(f"{path}\n")
+            self._proc.stdin.flush()
+            status, lines = self._segment(self._n)
+        except (BrokenPipeError, OSError):
+            status, lines = "ended", []
+        text = "\n".join(lines)
+        report = parse_memcheck(text)
+        if status == "done" and not report.accesses and not report.other:
+            return
+        if status == "done" and report.accesses and not confirm:
+            _raise_accesses(report, text)
+        if status != "done":
+            self.close()  # it raised, died or hung (memcheck may have destroyed its context): a new one next time
+        sanitize(target, example, self.spec, self.exe, self.timeout)
+
+    def close(self) -> None:
+        """End the child (idempotent)."""
+        p, self._proc = self._proc, None
+        if p is None:
+            return
+        try:
+            p.stdin.close()
+            p.wait(timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            p.kill()
+            p.wait()
+
+
+def _run_example(target, path: str) -> None:
+    """Load the example at ``path``, make its batch exact (:func:`exact_batch`), prepare it and run the kernel
+    once, then wait for the device. The output is not checked here (the parent's campaign did)."""
     from kvfuzz.contracts.model.example import Example
     from kvfuzz.fuzz.harness import properties
-    from kvfuzz.fuzz.targets.registry import get_target
 
-    ap = argparse.ArgumentParser(prog="python -m kvfuzz.fuzz.harness.sanitizer")
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--example", required=True)
-    a = ap.parse_args(argv)
-    target = get_target(a.target)
-    example = Example.from_dict(json.loads(Path(a.example).read_text()))
+    example = Example.from_dict(json.loads(Path(path).read_text()))
     example = attrs.evolve(example, batch=exact_batch(example.batch))
     run = properties.prepare(target, example)
     target.run(run.call)
@@ -235,11 +349,41 @@ def _child(argv: list[str]) -> int:
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def _child(argv: list[str]) -> int:
+    """The sanitized child: ``--example FILE`` runs that one example (:func:`sanitize`); ``--serve`` runs the
+    example files named on stdin, one per line, printing :data:`MARK` after each (:class:`SanitizedChild`)."""
+    import argparse
+
+    from kvfuzz.fuzz.targets.registry import get_target
+
+    ap = argparse.ArgumentParser(prog="python -m kvfuzz.fuzz.harness.sanitizer")
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--example")
+    ap.add_argument("--serve", action="store_true")
+    a = ap.parse_args(argv)
+    target = get_target(a.target)
+    if not a.serve:
+        _run_example(target, a.example)
+        return 0
+    n = 0
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        n += 1
+        try:
+            _run_example(target, line.strip())
+        except BaseException as e:  # the parent re-runs it in a fresh child, whose report decides
+            print(f"{MARK} raised {n} {type(e).__name__}", flush=True)
+            return 3
+        print(f"{MARK} done {n}", flush=True)
     return 0
 
 
-__all__ = ["CHECK", "MemcheckReport", "MemoryAccess", "MemorySafetyError", "applies", "exact_batch",
-           "parse_memcheck", "sanitize", "sanitizer_path", "selected"]
+__all__ = ["AUTO_TIME_SHARE", "CHECK", "MARK", "MemcheckReport", "MemoryAccess", "MemorySafetyError",
+           "SanitizedChild", "applies", "child_environment", "exact_batch", "parse_memcheck", "sanitize",
+           "sanitizer_path", "selected"]
 
 if __name__ == "__main__":
     sys.exit(_child(sys.argv[1:]))

@@ -40,6 +40,7 @@ from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.campaign.store.cases import load_case
 from kvfuzz.fuzz.campaign.workers.replay import replay, replay_here
+from kvfuzz.fuzz.harness.sanitizer import AUTO_TIME_SHARE
 from kvfuzz.strategies.limits import Limits
 from kvfuzz.strategies.reductions import SIZE_FIELDS, size_key
 
@@ -78,6 +79,18 @@ def _found(out: dict, example: dict, kind: str, blame: str, check: str, seconds_
     return ex
 
 
+#: ``kvfuzz fuzz``'s defaults a benchmark campaign (in one process) takes too: every size tier the target declares
+#: on CUDA (the small tier on CPU) and the memory-safety oracle's time share on CUDA (``--tier auto``,
+#: ``--sanitize auto``); ``CampaignConfig``'s own defaults are the small tier and no sanitizer.
+DEFAULTS = {"tiers": ("auto",), "sanitize_time_share": AUTO_TIME_SHARE}
+
+
+def ended_how(stats) -> dict:
+    """What a run's counts say about how it ended besides its failures: examples skipped for device memory, lost
+    ones, and why the campaign stopped early ("" when it did not)."""
+    return {"skipped_memory": stats.skipped_memory, "lost": stats.lost, "stopped": stats.stopped}
+
+
 def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: int = 100_000,
             limits: Limits = Limits(), target=None) -> dict:
     """One default campaign of seed ``seed`` on bug ``name``; returns the run's result dict (module docstring).
@@ -90,10 +103,10 @@ def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: 
     with tempfile.TemporaryDirectory(prefix="kvfuzz-bugs-") as d:
         config = CampaignConfig(out=Path(d), max_examples=max_examples, duration=duration, seed=seed,
                                 limits=limits, database=InMemoryExampleDatabase(), stop_at_first_failure=True,
-                                big_cache=bug.big_cache)
+                                big_cache=bug.big_cache, **DEFAULTS)
         stats = fuzz_target(target, config)
         elapsed = time.monotonic() - start
-        out.update(examples_total=stats.examples, seconds_total=round(elapsed, 3))
+        out.update(examples_total=stats.examples, seconds_total=round(elapsed, 3), **ended_how(stats))
         if stats.failures:
             rec = min(stats.failures.values(), key=lambda r: size_key(Example.from_dict(r.example).batch))
             example = _found(out, rec.example, rec.kind, rec.blame, rec.check,

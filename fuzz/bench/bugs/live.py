@@ -22,6 +22,7 @@ from hypothesis.database import InMemoryExampleDatabase
 
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.bench.bugs.benchmark import DEFAULTS, ended_how
 from kvfuzz.fuzz.bench.paged_torch import batch_size, small_batch
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
@@ -80,8 +81,12 @@ LIVE: dict[str, LiveBug] = {b.name: b for b in (
             "TRITON_ATTN (vllm/v1/attention/backends/triton_attn.py)",
             trigger="a prefill tile of 32 over blocks of 16, seq_len a multiple of 16 but not of 32: the block "
                     "table is loaded without a mask on the final tile, one entry past the row (the output is right)",
-            smallest=lambda: small_batch([4], [12], head_size=32, block_size=16, dtype="float16"),
-            cpu=False, needs="kvfuzz fuzz --sanitize on CUDA (compute-sanitizer memcheck, exact-size block tables)",
+            # a prefill of 9 tokens (MAX_3D_QUERY_LEN = 8: the 2-D kernel, TILE_SIZE_PREFILL 32; a prefill of <= 8
+            # takes the 3-D path, whose 16-token decode tile never passes the row) after 7 cached: seq_len 16, one
+            # block of 16, the tile's second half reads block_table[0][1], past the exact one-column table
+            smallest=lambda: small_batch([9], [7], head_size=32, block_size=16, dtype="float16"),
+            cpu=False, needs="the memory-safety oracle on CUDA (kvfuzz fuzz --sanitize, auto by default: "
+                             "compute-sanitizer memcheck, exact-size block tables)",
             why_missed="an out-of-bounds read whose value is masked off: no output oracle sees it; Triton's CPU "
                        "interpreter reads the spare entry silently (docs/bugs.md)"),
 )}
@@ -100,10 +105,11 @@ def run_live(name: str, seed: int, duration: float | None = 300.0, max_examples:
            "blame": None, "check": None, "size": None, "case": None, "poison": None}
     with tempfile.TemporaryDirectory(prefix="kvfuzz-live-") as d:
         config = CampaignConfig(out=Path(d), max_examples=max_examples, duration=duration, seed=seed,
-                                limits=limits, database=InMemoryExampleDatabase(), stop_at_first_failure=True)
+                                limits=limits, database=InMemoryExampleDatabase(), stop_at_first_failure=True,
+                                **DEFAULTS)
         stats = fuzz_target(target, config)
         elapsed = time.monotonic() - start
-        out.update(examples_total=stats.examples, seconds_total=round(elapsed, 3))
+        out.update(examples_total=stats.examples, seconds_total=round(elapsed, 3), **ended_how(stats))
         if stats.failures:
             rec = min(stats.failures.values(), key=lambda r: size_key(Example.from_dict(r.example).batch))
             example = Example.from_dict(rec.example)

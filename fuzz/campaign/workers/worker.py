@@ -118,8 +118,11 @@ def gpu_environment(gpu: int, env) -> None:
     "Starting MPS client application": CUDA_VISIBLE_DEVICES should not be set in the client's environment).
     Under one daemon kvfuzz started for all the campaign's GPUs (``KVFUZZ_MPS_SHARED``), which sees only the
     campaign's devices, the index ``gpu`` itself: a one-GPU campaign on device "3" is the server's device 0 (with
-    "3" its workers found no GPU; found on a 4-GPU H200 host, one campaign per GPU)."""
+    "3" its workers found no GPU; found on a 4-GPU H200 host, one campaign per GPU). ``KVFUZZ_DEVICE`` keeps the
+    physical device in every case (a sanitized child runs outside MPS: kvfuzz.fuzz.harness.sanitizer)."""
     pipes = [p for p in env.get(PIPES_ENV, "").split(",") if p]
+    mine = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    env["KVFUZZ_DEVICE"] = mine[gpu] if gpu < len(mine) else str(gpu)  # its physical GPU, outside MPS too
     if gpu < len(pipes):
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipes[gpu]
         env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -127,8 +130,7 @@ def gpu_environment(gpu: int, env) -> None:
     if env.get(SHARED_ENV) and env.get("CUDA_MPS_PIPE_DIRECTORY"):
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         return
-    mine = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    env["CUDA_VISIBLE_DEVICES"] = mine[gpu] if gpu < len(mine) else str(gpu)
+    env["CUDA_VISIBLE_DEVICES"] = env["KVFUZZ_DEVICE"]
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:

@@ -140,15 +140,16 @@ def test_several_gpus_get_a_daemon_each_and_workers_their_gpus_pipe(tmp_path, mo
         gpu_environment(1, env)
         # the daemon sees only its GPU; its client sets no CUDA_VISIBLE_DEVICES (NVIDIA's MPS guide)
         assert "CUDA_VISIBLE_DEVICES" not in env and env[ENV[0]] == mps.pipes[1]
+        assert env["KVFUZZ_DEVICE"] == "3"  # the physical GPU, for a child outside MPS (the sanitizer's)
     finally:
         mps.stop()
     assert log.read_text().count("quit") == 2 and PIPES_ENV not in os.environ and ENV[0] not in os.environ
     env = {}
     gpu_environment(1, env)  # no mask, no per-GPU daemons: the index itself
-    assert env == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert env == {"CUDA_VISIBLE_DEVICES": "1", "KVFUZZ_DEVICE": "1"}
     env = {"CUDA_VISIBLE_DEVICES": "2,3"}
     gpu_environment(1, env)  # the campaign's own mask: its second device
-    assert env == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert env == {"CUDA_VISIBLE_DEVICES": "3", "KVFUZZ_DEVICE": "3"}
 
 
 def test_one_daemon_clients_name_their_gpu_by_its_index_among_the_daemons_devices(tmp_path, monkeypatch):
@@ -167,10 +168,11 @@ def test_one_daemon_clients_name_their_gpu_by_its_index_among_the_daemons_device
         env = dict(os.environ)
         gpu_environment(0, env)
         assert env["CUDA_VISIBLE_DEVICES"] == "0" and env[ENV[0]] == os.environ[ENV[0]]
+        assert env["KVFUZZ_DEVICE"] == "3"
     finally:
         mps.stop()
     assert SHARED_ENV not in os.environ
     env = {"CUDA_VISIBLE_DEVICES": "3"}
     gpu_environment(0, env)  # no daemon of kvfuzz's: the campaign's own device
-    assert env == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert env == {"CUDA_VISIBLE_DEVICES": "3", "KVFUZZ_DEVICE": "3"}
 

@@ -4,6 +4,7 @@ an invalid read (a "memory safety" failure, found and shrunk by a campaign) and 
 the exact-size block table, and the option's bad values. CPU only: the planted sanitizer stands in for CUDA's."""
 
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -104,3 +105,95 @@ def test_the_exact_batch_has_no_spare_block_table_column():
 def test_a_bad_share_exits_2_naming_the_option():
     r = kvfuzz("fuzz", "--sanitize", "most", "--target", "vllm.cpu_attention")
     assert r.returncode == 2 and "--sanitize" in r.stderr and "all" in r.stderr
+
+
+def _running_sanitizer(tmp: Path) -> str:
+    """tests/support/planted_memcheck.py's FAKE_SANITIZER: runs its program (a real kvfuzz child), passes its
+    output through and ends with an ERROR SUMMARY."""
+    from support.planted_memcheck import FAKE_SANITIZER
+
+    exe = tmp / "compute-sanitizer"
+    exe.write_text(FAKE_SANITIZER.format(python=sys.executable))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return str(exe)
+
+
+def _overrun_target():
+    from kvfuzz.fuzz.targets.registry import get_target
+
+    return get_target(f"{Path(__file__).parents[2] / 'support' / 'planted_memcheck.py'}:HalfTileOverrun")
+
+
+def test_the_long_lived_child_runs_many_examples_and_a_hit_is_confirmed_in_a_fresh_one(tmp_path):
+    """One child process serves clean examples one after another (the ~15 s start of a fresh child is paid once);
+    an invalid access between two markers is confirmed by a fresh child's whole report (or, in a shrink, taken
+    from the segment); a child that still answers is kept, one that died is replaced."""
+    from kvfuzz.fuzz.targets.registry import spec_of
+
+    target = _overrun_target()
+    child = sanitizer.SanitizedChild(spec_of(target), sanitizer=_running_sanitizer(tmp_path), timeout=120)
+    try:
+        odd = [Example(small_batch([1], [c], head_size=32, block_size=16), Poison.NAN) for c in (0, 2, 4)]
+        child.check(target, odd[0])
+        pid = child._proc.pid
+        for ex in odd[1:]:
+            child.check(target, ex)
+        assert child._proc.pid == pid  # the same process answered all three
+        with pytest.raises(MemorySafetyError) as info:
+            child.check(target, Example(small_batch([1], [1], head_size=32, block_size=16), Poison.NAN))
+        assert "half_tile.py:7" in info.value.message and info.value.details["error_count"] == 1
+        assert "ERROR SUMMARY: 1 error" in info.value.details["report"]  # the fresh child's whole report
+        with pytest.raises(MemorySafetyError):  # a shrink's candidate: the segment decides, no fresh child
+            child.check(target, Example(small_batch([1], [3], head_size=32, block_size=16), Poison.NAN),
+                        confirm=False)
+        child.check(target, odd[0])
+        assert child._proc.pid == pid  # it answered after the invalid accesses ("done"): kept
+        child._proc.kill()
+        child._proc.wait()
+        child.check(target, odd[1])  # a child that died is replaced
+        assert child._proc.pid != pid
+    finally:
+        child.close()
+
+
+def test_a_campaign_finds_the_planted_overrun_through_the_long_lived_child_and_shrinks_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(sanitizer.ENV, _running_sanitizer(tmp_path))
+    monkeypatch.setattr(sanitizer, "applies", lambda target: True)  # the stand-in runs on CPU
+    config = CampaignConfig(out=tmp_path / "out", max_examples=30, duration=300, seed=0,
+                            database=InMemoryExampleDatabase(), stop_at_first_failure=True, sanitize=1.0,
+                            structural_shrink=0)
+    stats = fuzz_target(_overrun_target(), config)
+    (rec,) = stats.failures.values()
+    assert rec.kind == "memory safety" and "half_tile.py:7" in rec.message
+    b = Example.from_dict(rec.example).batch
+    assert b.num_seqs == 1 and b.seq_lens[0] == 2  # the smallest even seq_len
+    assert stats.coverage.counts["sanitize"]["memcheck"] >= 1
+
+
+def test_the_time_share_sanitizes_only_while_under_its_budget(monkeypatch):
+    """``--sanitize auto``: an example is due while the seconds spent on sanitized runs stay within the share of
+    the time since the first example; a big-cache example never is; a memory-safety failure makes every one due."""
+    from kvfuzz.fuzz.campaign import engine
+    from kvfuzz.fuzz.campaign.records import Quiet
+
+    clock = [100.0]
+    monkeypatch.setattr(engine.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(sanitizer, "applies", lambda target: True)
+    config = CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=1, sanitize_time_share=0.1,
+                            database=InMemoryExampleDatabase())
+    c = engine.Campaign(PagedTorch(), config, Quiet())
+    ex = Example(small_batch([1], [3], head_size=32, block_size=16), Poison.NAN)
+    assert c._sanitize_due(ex)  # the first: nothing spent yet
+    c._sanitize_spent = 2.0  # a 2 s run
+    clock[0] = 110.0
+    assert not c._sanitize_due(ex)  # 2 s of 10 s: over 10%
+    clock[0] = 120.0
+    assert c._sanitize_due(ex)  # 2 s of 20 s
+    big = attrs.evolve(ex, batch=attrs.evolve(ex.batch, num_blocks=1 << 22, block_table=[[(1 << 22) - 1]]))
+    assert not c._sanitize_due(big)  # a > 1 GiB cache: never by time share
+    c._sanitize_all = True
+    assert c._sanitize_due(big)
+    off = engine.Campaign(PagedTorch(), attrs.evolve(config, sanitize_time_share=0.0), Quiet())
+    assert not off._sanitize_due(ex)
+    monkeypatch.setattr(sanitizer, "applies", lambda target: False)  # off CUDA: never
+    assert not c._sanitize_due(ex)
