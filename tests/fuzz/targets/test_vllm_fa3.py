@@ -279,6 +279,7 @@ def padded(pads=2, seed=1, **kw):
 def test_the_target_declares_vllms_padding_and_draws_padded_decode_batches():
     from hypothesis import find, settings
 
+    from kvfuzz.contracts.model.padding import padding
     from kvfuzz.strategies.batches import batches
 
     c = get_target(NAME).capabilities
@@ -286,6 +287,8 @@ def test_the_target_declares_vllms_padding_and_draws_padded_decode_batches():
     assert FLASH_ATTN_VARLEN_FUNC.declaration.trailing_query_rows
     b = find(batches(c), lambda b: b.num_pad_seqs > 0, settings=settings(max_examples=300, database=None))
     assert all(q == 1 for q in b.query_lens)  # vLLM pads uniform decode batches only (FULL_AND_PIECEWISE)
+    pad = padding(b, c.cuda_graph_padding)  # pads of seq_len 0 and query_len 0 on the null block
+    assert pad.seq_lens()[b.num_seqs:] == (0,) * b.num_pad_seqs and pad.query_start_loc()[-1] == b.num_tokens
 
 
 @no_cuda

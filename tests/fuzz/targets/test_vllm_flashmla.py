@@ -270,13 +270,17 @@ def test_the_gpu_smoke_script_passes_its_cases_through_the_stand_ins(mla, monkey
 def test_the_target_declares_vllms_padding_and_draws_padded_decode_batches():
     from hypothesis import find, settings
 
+    from kvfuzz.contracts.model.padding import padding
     from kvfuzz.strategies.batches import batches
 
     c = get_target(NAME).capabilities
     assert c.cuda_graph_padding == "vllm" and "cuda-graph padding (vllm)" in c.states
     assert FLASH_MLA_WITH_KVCACHE.declaration.empty_decode_rows
     assert FLASH_MLA_WITH_KVCACHE_FP8.declaration.empty_decode_rows
-    find(batches(c), lambda b: b.num_pad_seqs > 0, settings=settings(max_examples=300, database=None))
+    b = find(batches(c), lambda b: b.num_pad_seqs > 0, settings=settings(max_examples=300, database=None))
+    pad = padding(b, c.cuda_graph_padding)  # one query row of seq_len 0 per pad
+    assert pad.seq_lens()[b.num_seqs:] == (0,) * b.num_pad_seqs
+    assert pad.query_start_loc(row_per_seq=True)[-1] == b.num_tokens + b.num_pad_seqs
 
 
 def padded_latent(pads=2, **kw):
