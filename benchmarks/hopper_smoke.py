@@ -1,7 +1,9 @@
 """A few fixed examples of the Hopper-only targets (vllm.flash_attn_varlen: FlashAttention 3; vllm.flashmla_decode:
 FlashMLA) through kvfuzz's property, one line each: the target's availability, then per example its batch, path and
-verdict (passed with its error ratio to the tolerance, or the finding). Run by benchmarks/gpu_hopper.sh on a lent
-H100/H200 after ``source benchmarks/gpu_env.sh`` (vLLM's Python files and the Hopper bundle on PYTHONPATH).
+verdict (passed with its error ratio to the tolerance, or the finding). Run by benchmarks/gpu_hopper.sh and
+benchmarks/gpu_padding.sh on a lent H100/H200 after ``source benchmarks/gpu_env.sh`` (vLLM's Python files and the
+Hopper bundle on PYTHONPATH). The padded cases (``num_pad_seqs``: vLLM's FULL CUDA-graph padding, seq_len-0 pads on
+the null block, :mod:`kvfuzz.contracts.model.padding`) also print what the kernel left in the pad rows.
 
 Usage: python3 benchmarks/hopper_smoke.py [OUT.json]   (exit 0 always: the lines are the result)
 """
@@ -21,18 +23,21 @@ from kvfuzz.fuzz.targets.registry import get_target
 
 
 def batch(lens, *, block_size, **kw) -> Batch:
-    """A batch with a contiguous block table for ``(query_len, ctx_len)`` pairs (blocks handed out in reverse)."""
+    """A batch with a contiguous block table for ``(query_len, ctx_len)`` pairs (blocks handed out in reverse; with
+    CUDA-graph pads, from block 1: block 0 is vLLM's null block, the pads' block-table rows)."""
     need = [-(-(q + c) // block_size) for q, c in lens]
-    ids = list(range(sum(need)))[::-1]
+    first = 1 if kw.get("num_pad_seqs") else 0
+    ids = list(range(first, first + sum(need)))[::-1]
     table, j = [], 0
     for n in need:
         table.append(ids[j : j + n] + [0] * (max(need) - n))
         j += n
     return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
-                 num_blocks=sum(need), block_table=table, **kw)
+                 num_blocks=first + sum(need), block_table=table, **kw)
 
 
 MIXED = [(1, 33), (1, 100), (7, 57), (20, 0)]
+DECODES = [(1, 33), (1, 100), (1, 0), (1, 64), (1, 300)]
 LATENT = dict(num_kv_heads=1, head_size=576, value_head_size=512, sm_scale=1 / 192 ** 0.5, block_size=64)
 CASES = {
     "vllm.flash_attn_varlen": [
@@ -43,11 +48,19 @@ CASES = {
         batch([(1, 600), (3, 40)], num_heads=4, num_kv_heads=4, head_size=256, block_size=544, dtype="bfloat16",
               seed=6),
         batch([(1, 70), (9, 9)], num_heads=16, num_kv_heads=4, head_size=40, block_size=48, dtype="float16", seed=7),
+        # vLLM's FULL-graph padding: 3 decodes padded to a capture size of 4, 5 to 8 (num_splits 32, aot or not)
+        batch(DECODES[:3], num_heads=8, num_kv_heads=2, head_size=128, block_size=16, dtype="bfloat16", seed=1,
+              num_pad_seqs=1),
+        batch(DECODES, num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="float16", seed=12,
+              num_pad_seqs=3),
     ],
     "vllm.flashmla_decode": [
         batch([(1, 0), (1, 64), (1, 300)], num_heads=16, dtype="bfloat16", seed=1, **LATENT),
         batch([(1, 700), (1, 65)], num_heads=128, dtype="float16", seed=2, **LATENT),
         batch([(1, 129)], num_heads=1, dtype="bfloat16", seed=3, **LATENT),
+        # vLLM's FULL-graph padding: 3 decodes padded to 4 (vllm#57017's shape, TRITON_MLA's NaN), 5 to 8
+        batch(DECODES[:3], num_heads=16, dtype="bfloat16", seed=4, num_pad_seqs=1, **LATENT),
+        batch(DECODES, num_heads=128, dtype="float16", seed=5, num_pad_seqs=3, **LATENT),
     ],
 }
 
@@ -67,6 +80,10 @@ def main() -> None:
             try:
                 run = check_example(t, Example(b, Poison.NAN))
                 row.update(verdict="pass", ratio=round(float(run.ratio), 4))
+                if b.num_pad_seqs:  # what the kernel left in the pad rows (the harness zeroes them first)
+                    pads = run.output[b.num_tokens:].float()
+                    row["pad_rows"] = (f"{b.num_pad_seqs} pads: finite {bool(pads.isfinite().all())}, "
+                                       f"max |x| {float(pads.abs().max()):.3g}")
             except Finding as f:
                 row.update(verdict=f"FINDING {f.kind.value}", message=str(f)[:400])
             except Exception as e:  # a harness or kernel error: printed, the next case runs
@@ -74,7 +91,8 @@ def main() -> None:
             row["seconds"] = round(time.perf_counter() - t0, 2)
             results.append(row)
             print(f"  {row['verdict']:<28} {row['path']:<40} {row.get('ratio', '')!s:<8} {row['seconds']}s "
-                  f"{row['batch'][:110]}" + (f"\n    {row['message']}" if "message" in row else ""), flush=True)
+                  f"{row['batch'][:110]}" + (f"\n    {row['message']}" if "message" in row else "")
+                  + (f"\n    {row['pad_rows']}" if "pad_rows" in row else ""), flush=True)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump(results, f, indent=1)

@@ -18,7 +18,9 @@ Two conventions (:data:`CONVENTIONS`), as each engine pads (read off the sources
     (vllm/v1/attention/backends/triton_attn.py, ``TritonAttentionImpl.forward``) then calls
     ``unified_attention(q=query[:num_actual_tokens], out=output[:num_actual_tokens], ...)``: the query and
     output carry one row per pad token (uniform decode: one per pad request) past ``query_start_loc[-1]``, rows
-    no sequence owns.
+    no sequence owns; FLASH_ATTN (vllm/v1/attention/backends/flash_attn.py, FA3) passes the same to
+    ``flash_attn_varlen_func``. The MLA decode backends (TRITON_MLA, FLASHMLA) take no query_start_loc: row ``i``
+    is sequence ``i``, so each pad owns its query row (``query_start_loc(row_per_seq=True)``).
 ``"sglang"`` (sglang, python/sglang/srt/model_executor/cuda_graph_runner.py, ``CudaGraphRunner.replay_prepare``)
     ``seq_lens.fill_(seq_len_fill_value)`` and ``out_cache_loc.zero_()`` before copying the real rows in; the
     Triton backend's ``get_cuda_graph_seq_len_fill_value`` returns 1, so a pad is a decode of seq_len 1
@@ -87,7 +89,8 @@ class Padding:
         """vLLM: the last real value repeated (pads own no row); SGLang: one row per pad. ``row_per_seq``: as a
         decode-only kernel sees it, which takes no query_start_loc and computes row ``i`` for sequence ``i``, so
         each pad owns its row under either convention (vLLM's TRITON_MLA ``forward_mqa``: ``B = q.shape[0]``,
-        the padded tokens, over ``seq_lens.shape[0]``, the padded requests)."""
+        the padded tokens, over ``seq_lens.shape[0]``, the padded requests; FLASHMLA's ``forward_mqa``: ``q`` of
+        ``num_decode_tokens`` rows, ``cache_seqlens`` the padded ``seq_lens[:num_decodes]``)."""
         qsl = self.batch.query_start_loc
         t = qsl[-1]
         step = 0 if self.convention == "vllm" and not row_per_seq else 1

@@ -26,6 +26,21 @@ self-attention, no DCP, no mm-prefix/R-SWA mask mods, which are FA4 only):
   None), without ``has_softcap``; ``max_num_splits`` is 0 (FA3's heuristic) in eager mode and
   ``attention_config.flash_attn_max_num_splits_for_cuda_graph`` (32) for batches captured in full CUDA graphs.
 
+CUDA-graph padding (the ``"vllm"`` convention, :mod:`kvfuzz.contracts.model.padding`): FLASH_ATTN's metadata
+builder declares ``AttentionCGSupport.ALWAYS`` for FA3 (``FlashAttentionMetadataBuilder._cudagraph_support``), so
+under vLLM's default ``FULL_AND_PIECEWISE`` mode a uniform decode batch replays a FULL graph captured for a larger
+size; vllm/v1/worker/gpu_model_runner.py (``pad_attn = cudagraph_mode == CUDAGraphMode.FULL``) then builds the
+metadata for ``num_reqs_padded`` requests and ``num_tokens_padded`` tokens: ``query_start_loc`` repeats its last real
+value (``_prepare_inputs``: ``query_start_loc.np[num_reqs + 1:].fill(cu_num_tokens[-1])``, "kernels like
+FlashAttention requires" it non-decreasing), pad ``seq_lens`` 0 (``optimistic_seq_lens_cpu[num_reqs:].fill_(0)``),
+pad block-table rows ``NULL_BLOCK_ID`` (``_get_block_table``), ``max_seq_len`` over the real requests, pad slots -1.
+``build()`` passes all of it through unchanged and hands ``get_scheduler_metadata`` ``batch_size=num_reqs`` (the
+padded count), ``seq_lens`` and ``query_start_loc`` with the pads, ``num_splits=32`` (``max_num_splits``: a FULL
+graph's batch is at most ``max_cudagraph_capture_size``); ``forward`` calls FA3 with ``q=query[:num_actual_tokens]``
+and ``out=output[:num_actual_tokens]`` (one row per pad token past ``cu_seqlens_q[-1]``, which no sequence owns) and
+descales ``[num_reqs_padded, Hkv]``. Mixed batches run PIECEWISE (attention eager, unpadded) unless the user asks
+for ``cudagraph_mode=FULL``, which kvfuzz does not model.
+
 What FA3 accepts (read off the backend): dtypes fp16/bf16 (``supported_dtypes``); ``head_size % 8 == 0`` and
 ``<= 256`` (``supports_head_size``); block sizes multiples of 16 (``get_supported_kernel_block_sizes``); sliding
 window and softcap; sinks (``flash_attn_supports_sinks``: FA3 and 4) in bf16 only (the extension checks "We only
@@ -57,6 +72,7 @@ from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.model.padding import padding
 
 from .base import Availability, KernelCall, Target
 from .signature import KernelSignature
@@ -152,7 +168,9 @@ FLASH_ATTN_VARLEN_FUNC = KernelSignature(
         KernelPath("FlashAttention's compiled varlen forward (_vllm_fa3_C / _vllm_fa2_C), which checks its index "
                    "tensors are int32", index_dtypes=INT32_ONLY, reads=frozenset({"max_query_len", "max_seq_len"}),
                    source="vllm/vllm_flash_attn/flash_attn_interface.py flash_attn_varlen_func"),
-    )))
+    # FULL CUDA-graph padding: q is query[:num_actual_tokens] with num_tokens_padded rows, the pads' query_len 0
+    # (vllm/v1/attention/backends/flash_attn.py FlashAttentionImpl.forward; gpu_model_runner.py _prepare_inputs)
+    ), trailing_query_rows=True))
 
 #: This family's checked kernels (the guard collects them through kvfuzz.fuzz.targets.registry.FAMILIES).
 SIGNATURES = (FLASH_ATTN_VARLEN_FUNC,)
@@ -175,8 +193,9 @@ class VllmFlashAttnVarlen(Target):
     Declared (module docstring): fp16/bf16; head sizes 32-256 in multiples of 8 (40, 72, 80 and 96 are padded to
     FA3's compiled sizes); block sizes 16, 32, 48, 64 and 544 (multiples of 16); sliding window (``[W - 1, 0]``)
     and softcap; kv_cache_dtype auto. Not declared: fp8 (the query would be fp8 too) and sinks (``s_aux`` is bf16
-    only); an undeclared sink batch gets ``s_aux`` as bf16 ``[H]``. Needs a Hopper GPU and the extension
-    (:data:`HOPPER_ONLY`).
+    only); an undeclared sink batch gets ``s_aux`` as bf16 ``[H]``. States: shared prefix, freed window blocks and
+    CUDA-graph padding (``"vllm"``: pads of seq_len 0 and query_len 0 after a decode batch, module docstring).
+    Needs a Hopper GPU and the extension (:data:`HOPPER_ONLY`).
 
     ``kernels()`` returns ``(flash_attn_varlen_func, get_scheduler_metadata)``; a subclass may hand others
     (tests run a torch stand-in on CPU with the exact arguments).
@@ -201,6 +220,10 @@ class VllmFlashAttnVarlen(Target):
         # vLLM's KV manager frees the blocks before the window for it as for every backend
         # (SlidingWindowManager, vllm/v1/core/single_type_kv_cache_manager.py, remove_skipped_blocks)
         freed_window_blocks=True,
+        # FlashAttentionMetadataBuilder: AttentionCGSupport.ALWAYS for FA3, so uniform decode batches replay FULL
+        # CUDA graphs, padded by gpu_model_runner.py (seq_lens 0, NULL_BLOCK_ID rows, query_start_loc repeated,
+        # num_actual_tokens = num_tokens_padded) and passed through build() and forward() unchanged (module docstring)
+        cuda_graph_padding="vllm",
     )
 
     def installed(self) -> Availability:
@@ -230,7 +253,10 @@ class VllmFlashAttnVarlen(Target):
     @staticmethod
     def num_splits(batch: Batch) -> int:
         """The ``num_splits`` (= the builder's ``max_num_splits``) this batch is called with: one of
-        :data:`SPLIT_CHOICES` by ``batch.seed % 4``."""
+        :data:`SPLIT_CHOICES` by ``batch.seed % 4``; a CUDA-graph padded batch (``num_pad_seqs``) runs in a FULL
+        graph, whose builder sets :data:`CUDA_GRAPH_MAX_SPLITS` (``FlashAttentionMetadataBuilder.build``)."""
+        if batch.num_pad_seqs:
+            return CUDA_GRAPH_MAX_SPLITS
         return SPLIT_CHOICES[batch.seed % len(SPLIT_CHOICES)]
 
     @staticmethod
@@ -259,13 +285,17 @@ class VllmFlashAttnVarlen(Target):
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         """``flash_attn_varlen_func`` kwargs as ``FlashAttentionImpl.forward`` builds them (module docstring),
         with ``scheduler_metadata`` computed here as the metadata builder does (None when
-        :meth:`aot_schedule` says the batch has none). Raises ValueError for an ALiBi batch (FA3 has none)."""
+        :meth:`aot_schedule` says the batch has none). A padded batch (``num_pad_seqs``) is called as a FULL graph
+        replay: ``q``/``out`` ``[T + pads, H, D]``, ``cu_seqlens_q``/``seqused_k``/``block_table``/descales and the
+        scheduler's ``batch_size`` over ``N + pads`` sequences (:class:`~kvfuzz.contracts.model.padding.Padding`,
+        ``"vllm"``). Raises ValueError for an ALiBi batch (FA3 has none)."""
         if batch.alibi:
             raise ValueError(f"{self.name}: FA3 takes no ALiBi (vLLM falls back to FA2 for ALiBi models)")
         dev = cache.key_cache.device
         k_cache, v_cache = self.backend_views(batch, cache)
-        n, t, h, d = batch.num_seqs, batch.num_tokens, batch.num_heads, batch.head_size
-        qsl, seq_lens = batch.query_start_loc_tensor(dev), batch.seq_lens_tensor(dev)
+        pad = padding(batch, self.capabilities.cuda_graph_padding)  # CUDA-graph pads, as vLLM's FULL graphs
+        n, t, h, d = pad.num_seqs, pad.num_rows, batch.num_heads, batch.head_size
+        qsl, seq_lens = pad.query_start_loc_tensor(dev), pad.seq_lens_tensor(dev)
         splits, window = self.num_splits(batch), self.window_size(batch)
         scheduler_metadata = None
         if self.aot_schedule(batch):
@@ -278,10 +308,10 @@ class VllmFlashAttnVarlen(Target):
         ones = torch.ones((), dtype=torch.float32, device=dev).expand((n, batch.num_kv_heads))
         out = torch.empty((t, h, d), dtype=batch.torch_dtype, device=dev)
         kwargs = dict(
-            q=data.query.to(dev), k=k_cache, v=v_cache, out=out, cu_seqlens_q=qsl,
+            q=pad.query(data.query.to(dev)), k=k_cache, v=v_cache, out=out, cu_seqlens_q=qsl,
             max_seqlen_q=batch.max_query_len, seqused_k=seq_lens, max_seqlen_k=batch.max_seq_len,
             softmax_scale=batch.scale, causal=True, alibi_slopes=None, window_size=window,
-            block_table=batch.block_table_tensor(dev), softcap=batch.softcap or 0,
+            block_table=pad.block_table_tensor(dev), softcap=batch.softcap or 0,
             scheduler_metadata=scheduler_metadata, fa_version=3,
             q_descale=ones, k_descale=ones, v_descale=ones, num_splits=splits,
             s_aux=None if data.sinks is None else data.sinks.to(device=dev, dtype=torch.bfloat16),

@@ -37,7 +37,17 @@ FlashMLA (vllm/v1/attention/backends/mla/flashmla.py, ``FlashMLAImpl.forward_mqa
   too (``descale_q=layer._q_scale``, ``descale_k=layer._k_scale``) and ``get_mla_metadata_dense_fp8``'s tile
   metadata and splits;
 - block size 64 only (``get_supported_kernel_block_sizes``), dtypes fp16/bf16, kv_cache_dtypes auto, fp8,
-  fp8_e4m3; no ALiBi, sliding window or softcap (``FlashMLAImpl.__init__`` raises NotImplementedError).
+  fp8_e4m3; no ALiBi, sliding window or softcap (``FlashMLAImpl.__init__`` raises NotImplementedError);
+- CUDA-graph padding (the ``"vllm"`` convention, :mod:`kvfuzz.contracts.model.padding`): ``FlashMLAMetadataBuilder``
+  declares ``AttentionCGSupport.UNIFORM_BATCH``, so uniform decode batches replay FULL graphs under vLLM's default
+  ``FULL_AND_PIECEWISE``; vllm/v1/worker/gpu_model_runner.py pads them to the capture size (pad ``seq_lens`` 0,
+  ``NULL_BLOCK_ID`` block-table rows, ``query_start_loc`` repeated, ``num_actual_tokens = num_tokens_padded``);
+  ``MLACommonMetadataBuilder.build`` (vllm/model_executor/layers/attention/mla_attention.py) takes
+  ``split_decodes_and_prefills(..., require_uniform=True)`` (vllm/v1/attention/backends/utils.py), which counts
+  query_len-0 pads as decodes ("ensures num_decodes matches the captured size"), and ``_build_decode`` gets
+  ``seq_lens[:num_decodes]`` and ``block_table_tensor[:num_decodes]`` with the pads; ``get_mla_metadata`` is called
+  on those padded ``seq_lens``, and ``forward_mqa`` calls FlashMLA on ``q`` of ``num_decode_tokens`` rows (one per pad
+  token): each pad is a row of ``cache_seqlens`` 0 over the null block, whose output flows on into ``W_UV``.
 
 The family's home: ``decode_attention_fwd``'s signature is the vLLM Triton family's
 (:data:`kvfuzz.fuzz.targets.vllm_triton.DECODE_ATTENTION_FWD`; its builder reads the latent form, ``is_mla``
@@ -134,7 +144,8 @@ FLASH_MLA_WITH_KVCACHE = KernelSignature(
     takes_new_kv=False, declaration=KernelDeclaration(paths=(
         KernelPath("FlashMLA's dense decode (_flashmla_C dense_decode_fwd, int32 block_table and seqlens_k)",
                    index_dtypes=INT32_ONLY, source=_FLASHMLA_SOURCE),
-    ), value_head_size_may_differ=True))
+    # FULL CUDA-graph padding: one query row of cache_seqlens 0 per pad (module docstring; FLASHMLA's forward_mqa)
+    ), value_head_size_may_differ=True, empty_decode_rows=True))
 #: flash_mla_with_kvcache_fp8: ``_flashmla_extension_C.fwd_kvcache_mla_fp8``, FlashMLA's fp8 dense decode.
 FLASH_MLA_WITH_KVCACHE_FP8 = KernelSignature(
     "flash_mla_with_kvcache_fp8", flash_mla_with_kvcache_fp8_call, "flash_mla_with_kvcache_fp8",
@@ -142,7 +153,8 @@ FLASH_MLA_WITH_KVCACHE_FP8 = KernelSignature(
     takes_new_kv=False, declaration=KernelDeclaration(paths=(
         KernelPath("FlashMLA's fp8 dense decode (_flashmla_extension_C fwd_kvcache_mla_fp8)",
                    index_dtypes=INT32_ONLY, source="vllm/v1/attention/ops/flashmla.py flash_mla_with_kvcache_fp8"),
-    ), value_head_size_may_differ=True))
+    # the fp8 cache's call gets the same padded seq_lens and block_table (FlashMLAImpl.forward_mqa)
+    ), value_head_size_may_differ=True, empty_decode_rows=True))
 
 #: This family's own checked kernels: FlashMLA's two calls (its Triton target checks vllm_triton's
 #: DECODE_ATTENTION_FWD).
@@ -260,7 +272,8 @@ class VllmFlashMlaDecode(Target):
     Declared, from the backend's code: dtypes fp16/bf16, block size 64, kv_cache_dtype auto (the fp8 variant
     takes the query in fp8 too, which kvfuzz's reference does not model), group sizes 1 to 128 (vLLM's MLA
     heads split by tensor parallelism: DeepSeek-V3 has 128, V2-Lite 16), no features. ``sm_scale`` the
-    batch's. Needs a Hopper GPU and FlashMLA's files (:data:`FLASHMLA_HOPPER_ONLY`).
+    batch's. States: shared prefix and CUDA-graph padding (``"vllm"``, one query row per pad: ``cache_seqlens``
+    0, a null-block row; module docstring). Needs a Hopper GPU and FlashMLA's files (:data:`FLASHMLA_HOPPER_ONLY`).
 
     ``kernels()`` returns ``(flash_mla_with_kvcache, get_mla_metadata)``; a subclass may hand others (tests run a
     torch stand-in on CPU).
@@ -283,6 +296,10 @@ class VllmFlashMlaDecode(Target):
         kv_cache_dtypes=("auto",),
         gqa_ratios=(1, 2, 4, 8, 16, 32, 64, 128),
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
+        # FlashMLAMetadataBuilder: AttentionCGSupport.UNIFORM_BATCH, so uniform decode batches replay FULL CUDA
+        # graphs; the runner pads them (seq_lens 0, NULL_BLOCK_ID rows), split_decodes_and_prefills counts the pads
+        # as decodes and forward_mqa hands FlashMLA one query row per pad (module docstring)
+        cuda_graph_padding="vllm",
     )
 
     def installed(self) -> Availability:
@@ -311,17 +328,20 @@ class VllmFlashMlaDecode(Target):
         return LatentLayout()
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
-        """``flash_mla_with_kvcache`` kwargs as forward_mqa builds them (module docstring). Raises ValueError for
-        a prefill sequence or a batch that is not latent."""
+        """``flash_mla_with_kvcache`` kwargs as forward_mqa builds them (module docstring): ``q`` ``[N + pads, 1,
+        H, 576]``, ``block_table`` and ``cache_seqlens`` over ``N + pads`` sequences (a CUDA-graph pad: seq_len 0,
+        the null block; :class:`~kvfuzz.contracts.model.padding.Padding`, ``"vllm"``), ``get_mla_metadata`` on
+        those ``cache_seqlens``. Raises ValueError for a prefill sequence or a batch that is not latent."""
         latent_decode_only(self.name, batch)
         dev = cache.key_cache.device
-        n, h, dv = batch.num_seqs, batch.num_heads, batch.head_size_v
+        pad = padding(batch, self.capabilities.cuda_graph_padding)  # CUDA-graph pads: one row each, after the real
+        n, h, dv = pad.num_rows, batch.num_heads, batch.head_size_v
         _, get_mla_metadata = self.kernels()
-        seq_lens = batch.seq_lens_tensor(dev)
+        seq_lens = pad.seq_lens_tensor(dev)
         sched, _ = get_mla_metadata(seq_lens, 1 * h, 1, is_fp8_kvcache=False)
-        q = data.query.to(dev)
+        q = pad.query(data.query.to(dev))
         kwargs = dict(
-            q=q.view(n, -1, h, q.shape[-1]), k_cache=cache.key_cache, block_table=batch.block_table_tensor(dev),
+            q=q.view(n, -1, h, q.shape[-1]), k_cache=cache.key_cache, block_table=pad.block_table_tensor(dev),
             cache_seqlens=seq_lens, head_dim_v=dv, tile_scheduler_metadata=sched, softmax_scale=batch.scale,
             causal=True, is_fp8_kvcache=False,
         )

@@ -104,10 +104,13 @@ def fa3_fwd(q, k, v, k_new, v_new, q_v, out, cu_seqlens_q, cu_seqlens_k, cu_seql
             f"scheduler_metadata made for another batch: {made}"
     qsl, lens = cu_seqlens_q.tolist(), seqused_k.tolist()
     assert max_seqlen_q >= max(b - a for a, b in zip(qsl, qsl[1:])) and max_seqlen_k >= max(lens)
-    res = torch.empty(q.shape, dtype=torch.float64)
+    # rows no sequence owns (CUDA-graph pad tokens past cu_seqlens_q[-1]) keep what `out` held: FA3 writes none
+    res = out.double() if out is not None else torch.empty(q.shape, dtype=torch.float64)
     lse = torch.empty((h, q.shape[0]), dtype=torch.float32)
     for i in range(n):
         a, b = qsl[i], qsl[i + 1]
+        if a == b:  # a query_len-0 sequence (a CUDA-graph pad): no query row, nothing computed
+            continue
         o, ls = _attend(q[a:b], _rows(k, page_table[i], lens[i]), _rows(v, page_table[i], lens[i]), softmax_scale,
                         left=window_size_left, right=window_size_right, causal=is_causal, softcap=softcap,
                         sink=s_aux)
@@ -143,6 +146,9 @@ def flashmla_dense_decode_fwd(q, kcache, head_size_v, seqlens_k, block_table, so
     out = torch.empty((b, s_q, h, head_size_v), dtype=q.dtype)
     lse = torch.empty((b, h, s_q), dtype=torch.float32)
     for i, n in enumerate(seqlens_k.tolist()):
+        if n == 0:  # a CUDA-graph pad (seq_len 0): a zero row (what the real kernel writes: benchmarks/gpu_padding.sh)
+            out[i], lse[i] = 0, float("inf")
+            continue
         rows = _rows(kcache, block_table[i], n)
         o, ls = _attend(q[i], rows, rows[..., :head_size_v], softmax_scale, causal=is_causal)
         out[i], lse[i] = o.to(q.dtype), ls

@@ -105,6 +105,9 @@ def test_targets_lists_the_states_each_target_declares():
     assert rows["vllm.cpu_attention"]["states"] == ["shared prefix"]
     assert rows[TRITON]["states"] == ["shared prefix", "freed window blocks"]  # ROCm's path (vllm#53628)
     assert rows["vllm.triton_mla_decode"]["states"] == ["shared prefix", "cuda-graph padding (vllm)"]  # TRITON_MLA
+    assert rows["vllm.flashmla_decode"]["states"] == ["shared prefix", "cuda-graph padding (vllm)"]  # FLASHMLA
+    assert rows["vllm.flash_attn_varlen"]["states"] == ["shared prefix", "freed window blocks",
+                                                        "cuda-graph padding (vllm)"]  # FLASH_ATTN (FA3)
     piped = kvfuzz("targets").stdout.splitlines()
     header = piped[0].split("\t")
     line = next(row.split("\t") for row in piped if row.startswith("vllm.unified_attention\t"))

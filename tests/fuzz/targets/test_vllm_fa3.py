@@ -19,7 +19,7 @@ from support.hopper_standins import StandInFA3
 
 from kvfuzz.contracts.caches.layouts import NHDLayout
 from kvfuzz.contracts.caches.materialize import materialize
-from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelMismatch
+from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.checks.violations import Check
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import make_batch_data
@@ -267,3 +267,100 @@ def test_an_fp8_call_reads_one_descale_as_the_cache_scale_and_skips_per_head_one
     assert call.k_scale is per_head
     assert check_kernel_call("flash_attn_varlen_func", dict(fp8, k_descale=per_head, v_descale=per_head),
                              key=key, value=value) == []
+
+
+# ---- CUDA-graph padding (vLLM's FULL graphs: FLASH_ATTN declares AttentionCGSupport.ALWAYS for FA3) ----------
+
+def padded(pads=2, seed=1, **kw):
+    """A decode batch (block 0 unused, the null block) with ``pads`` CUDA-graph pad sequences."""
+    return batch([(1, 30), (1, 5)], seed=seed, num_pad_seqs=pads, spare=1, reverse=True, **kw)
+
+
+def test_the_target_declares_vllms_padding_and_draws_padded_decode_batches():
+    from hypothesis import find, settings
+
+    from kvfuzz.contracts.model.padding import padding
+    from kvfuzz.strategies.batches import batches
+
+    c = get_target(NAME).capabilities
+    assert c.cuda_graph_padding == "vllm" and "cuda-graph padding (vllm)" in c.states
+    assert FLASH_ATTN_VARLEN_FUNC.declaration.trailing_query_rows
+    b = find(batches(c), lambda b: b.num_pad_seqs > 0, settings=settings(max_examples=300, database=None))
+    assert all(q == 1 for q in b.query_lens)  # vLLM pads uniform decode batches only (FULL_AND_PIECEWISE)
+    pad = padding(b, c.cuda_graph_padding)  # pads of seq_len 0 and query_len 0 on the null block
+    assert pad.seq_lens()[b.num_seqs:] == (0,) * b.num_pad_seqs and pad.query_start_loc()[-1] == b.num_tokens
+
+
+@no_cuda
+def test_a_padded_batch_is_called_as_a_full_graph_replay(fa3):
+    """gpu_model_runner.py's padding through FlashAttentionMetadataBuilder.build and FlashAttentionImpl.forward:
+    q/out one row per pad past cu_seqlens_q[-1], pads of query_len 0 and seq_len 0 on the null block, descales and
+    the scheduler's batch_size over the padded count, num_splits the FULL graph's 32; the stand-in leaves the pad
+    rows alone, and the real rows match the reference."""
+    b = padded(pads=2, seed=12)  # seed 12 unpadded: heuristic splits, no schedule; padded: 32 splits, still none
+    d = make_batch_data(b)
+    cs = materialize(b, d, NHDLayout(), b.seq_lens, Poison.NAN)
+    kw = StandInFA3().build_call(b, d, cs).kwargs
+    assert kw["q"].shape == kw["out"].shape == (4, 4, 64) and torch.equal(kw["q"][:2], d.query)
+    assert kw["cu_seqlens_q"].tolist() == [0, 1, 2, 2, 2] and kw["seqused_k"].tolist() == [31, 6, 0, 0]
+    assert kw["block_table"][2:].eq(0).all() and kw["max_seqlen_k"] == 31 and kw["max_seqlen_q"] == 1
+    assert kw["num_splits"] == CUDA_GRAPH_MAX_SPLITS and kw["k_descale"].shape == (4, 2)
+    b = attrs.evolve(b, seed=1)
+    kw = StandInFA3().build_call(b, d, cs).kwargs
+    made = hopper_standins.SEEN["sched"][kw["scheduler_metadata"].data_ptr()]
+    assert (made["batch_size"], made["num_splits"]) == (4, CUDA_GRAPH_MAX_SPLITS)
+    assert made["seqused_k"].tolist() == [31, 6, 0, 0] and made["cu_seqlens_q"].tolist() == [0, 1, 2, 2, 2]
+    for poison in (Poison.NAN, Poison.INF):
+        run = check_example(StandInFA3(), Example(b, poison))
+        assert run.output.shape == (4, 4, 64) and torch.equal(run.output[2:], torch.zeros(2, 4, 64))
+
+
+class PadNaN(StandInFA3):
+    """A kernel writing NaN into the rows past ``cu_seqlens_q[-1]`` (a pad token's row)."""
+
+    name = "test.fa3_pad_nan"
+
+    def run(self, call):
+        out = super().run(call)
+        out[int(call.kwargs["cu_seqlens_q"][-1]):] = float("nan")
+        return out
+
+
+class PadRowsFromRealSeqs(StandInFA3):
+    """A caller handing the pads the real sequences' lengths: not vLLM's padding (seq_len 0)."""
+
+    name = "test.fa3_pad_lens"
+
+    def build_call(self, batch, data, cache):
+        call = super().build_call(batch, data, cache)
+        call.kwargs["seqused_k"][batch.num_seqs:] = batch.seq_lens[0]
+        return call
+
+
+@no_cuda
+def test_the_pad_oracle_and_the_callers_checks_hold_for_fa3(fa3):
+    b = padded(pads=1)
+    with pytest.raises(NonFiniteOutput, match="which is a pad row"):
+        check_example(PadNaN(), Example(b, Poison.ZEROS))
+    check_example(PadNaN(), Example(attrs.evolve(b, num_pad_seqs=0), Poison.ZEROS))  # no pad row: passes
+    with pytest.raises(CallerContractViolation) as e:
+        check_example(PadRowsFromRealSeqs(), Example(b, Poison.ZEROS))
+    assert e.value.check == Check.SEQ_LENS.value
+
+
+def test_the_guard_takes_vllms_pad_rows_and_still_catches_a_real_violation():
+    """The guard on the padded call: the rows past cu_seqlens_q[-1] are pads (``trailing_query_rows``), not a
+    caller bug; without the declaration they are one; an unwritten new token of a real sequence still is."""
+    b = padded(pads=3, seed=4)
+    d, kw = backend_kwargs(b, b.seq_lens)
+    key, value = d.new_kv(b)
+    assert kw["q"].shape[0] == 5 and kw["cu_seqlens_q"].tolist() == [0, 1, 2, 2, 2, 2]
+    assert check_kernel_call("flash_attn_varlen_func", kw, key=key, value=value) == []
+    from kvfuzz.contracts.calls.call_checks import check_call
+
+    call = build_call("flash_attn_varlen_func", kw, key, value)
+    strict = attrs.evolve(call, declaration=attrs.evolve(call.declaration, trailing_query_rows=False))
+    assert [v.check for v in check_call(strict, vacuity=False) if v.is_error] == [Check.QUERY_START_LOC]
+    d, kw = backend_kwargs(b, b.ctx_lens)  # the new tokens not in the cache
+    vs = check_kernel_call("flash_attn_varlen_func", kw, key=key, value=value)
+    assert {v.check for v in vs} == {Check.UNIFIED} and sorted(v.seq for v in vs) == [0, 1]

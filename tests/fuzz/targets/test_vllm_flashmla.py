@@ -9,6 +9,7 @@ arguments it receives, against kvfuzz's fp64 reference. The real kernel runs in 
 import sys
 import types
 
+import attrs
 import pytest
 import torch
 from support import batch_of, hopper_standins
@@ -166,7 +167,8 @@ def test_the_guard_reads_the_latent_call_and_catches_an_unwritten_decode_token()
     assert check_kernel_call("flash_mla_with_kvcache", kw, key=key, value=value) == []
     d, kw = mla_kwargs(b, b.ctx_lens)
     vs = check_kernel_call("flash_mla_with_kvcache", kw, key=key, value=value)
-    assert {v.check for v in vs} == {Check.UNIFIED} and sorted((v.seq, v.position) for v in vs) == [(0, 70), (1, 3)]
+    assert {v.check for v in vs} == {Check.UNIFIED}
+    assert sorted((v.seq, v.position) for v in vs) == [(0, 70), (1, 3)]
     vs = check_kernel_call("flash_mla_with_kvcache", dict(kw, block_table=kw["block_table"].long()))
     assert Check.INDEX_DTYPE in {v.check for v in vs}
 
@@ -258,4 +260,108 @@ def test_the_gpu_smoke_script_passes_its_cases_through_the_stand_ins(mla, monkey
     smoke.main()
     rows = json.loads((tmp_path / "smoke.json").read_text())
     assert len(rows) == sum(map(len, smoke.CASES.values())) and {r["verdict"] for r in rows} == {"pass"}, rows
+    padded = [r["pad_rows"] for r in rows if "pad_rows" in r]  # the CUDA-graph padded cases, two per target
+    assert len(padded) == 4 and all("finite True" in p for p in padded), padded
     assert capsys.readouterr().out.count("available") == 2
+
+
+# ---- CUDA-graph padding (vLLM's FULL graphs: FlashMLAMetadataBuilder declares AttentionCGSupport.UNIFORM_BATCH) --
+
+def test_the_target_declares_vllms_padding_and_draws_padded_decode_batches():
+    from hypothesis import find, settings
+
+    from kvfuzz.contracts.model.padding import padding
+    from kvfuzz.strategies.batches import batches
+
+    c = get_target(NAME).capabilities
+    assert c.cuda_graph_padding == "vllm" and "cuda-graph padding (vllm)" in c.states
+    assert FLASH_MLA_WITH_KVCACHE.declaration.empty_decode_rows
+    assert FLASH_MLA_WITH_KVCACHE_FP8.declaration.empty_decode_rows
+    b = find(batches(c), lambda b: b.num_pad_seqs > 0, settings=settings(max_examples=300, database=None))
+    pad = padding(b, c.cuda_graph_padding)  # one query row of seq_len 0 per pad
+    assert pad.seq_lens()[b.num_seqs:] == (0,) * b.num_pad_seqs
+    assert pad.query_start_loc(row_per_seq=True)[-1] == b.num_tokens + b.num_pad_seqs
+
+
+def padded_latent(pads=2, **kw):
+    """Two decode sequences (block 0 unused: the null block) and ``pads`` CUDA-graph pads."""
+    return latent([(1, 70), (1, 3)], num_heads=8, num_pad_seqs=pads, spare=1, reverse=True, **kw)
+
+
+@no_cuda
+def test_a_padded_batch_is_called_as_forward_mqa_calls_it_under_a_full_graph(mla):
+    """One query row per pad (split_decodes_and_prefills counts the query_len-0 pads as decodes), cache_seqlens 0
+    and a null-block row each, get_mla_metadata on the padded seq_lens; the stand-in writes zero pad rows and the
+    real rows match the reference under every poison of the null block."""
+    b = padded_latent(pads=2, seed=3)
+    d = make_batch_data(b)
+    cs = materialize(b, d, LatentLayout(), b.seq_lens, Poison.NAN)
+    kw = StandInFlashMla().build_call(b, d, cs).kwargs
+    assert kw["q"].shape == (4, 1, 8, 576) and torch.equal(kw["q"][:2].reshape(2, 8, 576), d.query)
+    assert kw["cache_seqlens"].tolist() == [71, 4, 0, 0] and kw["block_table"][2:].eq(0).all()
+    for poison in (Poison.NAN, Poison.INF):
+        run = check_example(StandInFlashMla(), Example(b, poison))
+        assert run.output.shape == (4, 8, 512) and not run.output[2:].any()
+    assert hopper_standins.SEEN["mla"][-1]["seqlens_k"].tolist() == [71, 4, 0, 0]
+
+
+class PadRowNaN(StandInFlashMla):
+    """FlashMLA as if it divided an empty softmax sum for a seq_len-0 row (vllm#57017's defect, in this kernel)."""
+
+    name = "test.flashmla_pad_nan"
+
+    def run(self, call):
+        out = super().run(call)
+        out[call.kwargs["cache_seqlens"] == 0] = float("nan")
+        return out
+
+
+class RealSeqLenZero(StandInFlashMla):
+    """A caller that hands a real sequence seq_len 0: a pad's value, on a row that is not a pad."""
+
+    name = "test.flashmla_real_zero"
+
+    def build_call(self, batch, data, cache):
+        call = super().build_call(batch, data, cache)
+        call.kwargs["cache_seqlens"][0] = 0
+        return call
+
+
+@no_cuda
+def test_the_pad_oracle_and_the_callers_checks_hold_for_flashmla(mla):
+    from kvfuzz.contracts.checks.failures import CallerContractViolation, NonFiniteOutput
+
+    b = padded_latent(pads=1)
+    with pytest.raises(NonFiniteOutput, match="which is a pad row"):
+        check_example(PadRowNaN(), Example(b, Poison.ZEROS))
+    check_example(PadRowNaN(), Example(attrs.evolve(b, num_pad_seqs=0), Poison.ZEROS))  # no pad row: passes
+    with pytest.raises(CallerContractViolation) as e:  # seq_len 0 is accepted on pad rows only
+        check_example(RealSeqLenZero(), Example(b, Poison.ZEROS))
+    assert e.value.check == Check.SEQ_LENS.value
+
+
+@no_cuda
+def test_the_guard_takes_a_seq_len_0_row_as_a_pad_and_still_catches_a_real_violation(mla):
+    """``empty_decode_rows``: FlashMLA's call has no query_start_loc (row i is sequence i), so a pad is a query row
+    of seq_len 0, which the guard accepts by the declaration and rejects without it; a real sequence whose new token
+    is not in the cache is still a violation."""
+    from kvfuzz.contracts.calls.call_checks import check_call
+
+    b = padded_latent(pads=2, dtype="float16")
+    d = make_batch_data(b)
+    cs = materialize(b, d, LatentLayout(), b.seq_lens, Poison.NAN)
+    kw = StandInFlashMla().build_call(b, d, cs).kwargs
+    call = build_call("flash_mla_with_kvcache", kw)
+    assert call.query_start_loc.tolist() == [0, 1, 2, 3, 4] and call.seq_lens.tolist() == [71, 4, 0, 0]
+    assert not [v for v in check_call(call, vacuity=False) if v.is_error]
+    strict = attrs.evolve(call, declaration=attrs.evolve(call.declaration, empty_decode_rows=False))
+    found = [v for v in check_call(strict, vacuity=False) if v.is_error]
+    assert [(v.check, v.seq) for v in found] == [(Check.SEQ_LEN_GE_QUERY_LEN, 2), (Check.SEQ_LEN_GE_QUERY_LEN, 3)]
+    # vLLM's new tokens are num_tokens_padded rows (a pad token's own key too: a pad owns a query row here)
+    key, value = (torch.cat([t, torch.zeros_like(t[:2])]) for t in d.new_kv(b))
+    assert check_kernel_call("flash_mla_with_kvcache", kw, key=key, value=value) == []
+    cs = materialize(b, d, LatentLayout(), b.ctx_lens, Poison.NAN)  # the new tokens not written
+    kw = dict(kw, k_cache=cs.key_cache)
+    vs = check_kernel_call("flash_mla_with_kvcache", kw, key=key, value=value)
+    assert {v.check for v in vs} == {Check.UNIFIED}
+    assert sorted((v.seq, v.position) for v in vs) == [(0, 70), (1, 3)]
