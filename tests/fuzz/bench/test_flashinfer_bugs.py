@@ -4,8 +4,8 @@ On a CPU: the patches apply to the pinned flashinfer-python 0.7.2.post1 wheel's 
 cache; skipped with the reason when the wheel is absent), the wheel's JIT still reads its sources and workspace
 where the copy puts them, a patched copy is isolated (its own workspace, the installed files untouched, the
 process's sys.path and environment restored) and refuses to share a process with another flashinfer, and
-``kvfuzz bench bugs`` lists the bugs as unreachable with the reason. Running them needs CUDA:
-benchmarks/gpu_flashinfer_bugs.sh.
+``kvfuzz bench bugs`` lists the bugs as unreachable with the reason; the bug's target runs its copy's module (a
+stand-in of FlashInfer's contract). Running them needs CUDA: benchmarks/gpu_flashinfer_bugs.sh.
 """
 
 import json
@@ -17,12 +17,18 @@ from pathlib import Path
 
 import pytest
 from support import ROOT, kvfuzz
+from support.flashinfer_standin import install_standin, standin_flashinfer
 
-from kvfuzz.fuzz.bench.bugs import BUGS, PATCHES, get_bug
+from kvfuzz.contracts.checks.failures import KernelMismatch
+from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.bench import bugs as bugs_mod
+from kvfuzz.fuzz.bench.bugs import BUGS, PATCHES, get_bug, smallest_trigger
 from kvfuzz.fuzz.bench.bugs.benchmark import bench_bugs, in_own_process
 from kvfuzz.fuzz.bench.bugs.package_copy import MARK, CopyConflict, PackageCopy, build_copy, import_copy
 from kvfuzz.fuzz.bench.bugs.patching import PatchDoesNotApply, parse_patches
-from kvfuzz.fuzz.targets.flashinfer import PATCHED_COPY_ATTR, FlashInferBatchDecode
+from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.targets.flashinfer import PATCHED_COPY_ATTR, FlashInferBatchDecode, FlashInferBatchPrefill
 
 FLASHINFER_BUGS = sorted(n for n, b in BUGS.items() if b.package == "flashinfer")
 #: The pinned wheel (benchmarks/flashinfer_bundle.sh downloads it there); KVFUZZ_FLASHINFER_WHEEL overrides.
@@ -219,3 +225,21 @@ def test_cli_lists_them_as_unreachable_with_the_reason(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["skipped"] == ["bug.flashinfer-350"]
     assert doc["bugs"][0]["skipped"] == f"not reachable on this machine: {BUGS['bug.flashinfer-350'].unreachable()}"
+
+
+def test_the_bug_target_runs_its_copy_and_1416s_smallest_trigger_shows_it(monkeypatch):
+    """The bug's target runs the module its copy imports, not the installed one: with FlashInfer's documented
+    contract standing in for both (tests/support/flashinfer_standin.py, NOT FlashInfer) and the copy's prefill run
+    dropping ``v_scale`` as flashinfer#1416's re-injection does, the smallest trigger passes on the installed
+    package's target and is a kernel mismatch on the bug's."""
+    install_standin(monkeypatch)
+    copy = standin_flashinfer(compute=True)
+    run = copy.BatchPrefillWithPagedKVCacheWrapper.run
+    copy.BatchPrefillWithPagedKVCacheWrapper.run = lambda self, q, kv, *a, v_scale=None, **kw: run(self, q, kv, *a, **kw)
+    setattr(copy, MARK, "flashinfer-1416 (stand-in)")
+    monkeypatch.setattr(bugs_mod, "import_copy", lambda c: copy if c.name == "flashinfer-1416" else None)
+    example = Example(smallest_trigger("flashinfer-1416"), Poison.NAN)
+    assert example.batch.v_scale == 0.5 and example.batch.kv_cache_dtype == "fp8_e4m3"
+    properties.check(FlashInferBatchPrefill(), example)
+    with pytest.raises(KernelMismatch):
+        properties.check(get_bug("flashinfer-1416"), example)
