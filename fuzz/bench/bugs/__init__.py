@@ -220,6 +220,9 @@ class _ReinjectedPackage:
         return fi
 
     def availability(self) -> Availability:
+        ready = getattr(self, "_ready", None)  # once imported, the copy stays this process's flashinfer
+        if ready is not None:  # (target.device asks for every example)
+            return ready
         why = self.bug.unreachable()
         if why is not None:
             return Availability(False, why)
@@ -230,9 +233,10 @@ class _ReinjectedPackage:
         a = super().availability()  # imports the patched copy (self.flashinfer)
         if not a.ok:
             return a
-        return Availability(True, f"{a.reason}; {self.bug.upstream} re-injected ({self.bug.patch_path.name}) in a "
-                                  f"patched copy with its own JIT workspace: {self.flashinfer().__kvfuzz_patched__}",
-                            a.device)
+        self._ready = Availability(True, f"{a.reason}; {self.bug.upstream} re-injected ({self.bug.patch_path.name}) "
+                                         f"in a patched copy with its own JIT workspace: "
+                                         f"{self.flashinfer().__kvfuzz_patched__}", a.device)
+        return self._ready
 
 
 def _target_class(bug: Bug) -> type[Target]:
