@@ -285,6 +285,8 @@ def _check_patches(names) -> None:
               help="Bugs to run, by name (bug.<slug> or <slug>; default: every one this machine can reach, see "
                    "kvfuzz.fuzz.bench.bugs).")
 @click.option("--seeds", default=3, show_default=True, type=click.IntRange(min=1), help="Seeds 0..N-1 per bug.")
+@click.option("--first-seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Start the seeds here: seeds S..S+N-1 (one seed per process, for concurrent runs).")
 @click.option("--duration", default="120s", show_default=True, callback=duration_option,
               help="Campaign time budget per bug and seed.")
 @click.option("--max-examples", default=100_000, show_default=True, type=click.IntRange(min=1),
@@ -294,7 +296,7 @@ def _check_patches(names) -> None:
 @click.option("--live", is_flag=True,
               help="The live upstream bugs instead (open in the pinned versions; kvfuzz.fuzz.bench.bugs.live): a "
                    "plain campaign of each one's unpatched target; --bug takes live.<slug> or <slug>.")
-def bugs(bugs, seeds, duration, max_examples, json_path, live) -> None:
+def bugs(bugs, seeds, first_seed, duration, max_examples, json_path, live) -> None:
     """Real upstream bugs re-injected into the pinned kernels (fuzz/bench/bugs/patches/): time and examples to
     the first failure of a default campaign, its kind and blame, the shrunk batch against the smallest trigger,
     and whether the reproducer replays. With --live, the bugs still open upstream (docs/bugs.md)."""
@@ -303,6 +305,8 @@ def bugs(bugs, seeds, duration, max_examples, json_path, live) -> None:
     from kvfuzz.fuzz.bench.detection import size_str
 
     if live:
+        if first_seed:
+            raise click.BadParameter("--live runs seeds 0..N-1; leave --first-seed out", param_hint="--first-seed")
         return _live_bugs(bugs, seeds, duration, max_examples, json_path)
     names = _bug_names(bugs, BUGS, "unknown bug(s)")
     seconds = parse_duration(duration)
@@ -314,7 +318,7 @@ def bugs(bugs, seeds, duration, max_examples, json_path, live) -> None:
                 else f"not found ({r['examples_total']} examples, {r['seconds_total']} s)")
         console.print(f"  {r['bug']} seed {r['seed']}: {what}", highlight=False)
 
-    doc = bench_bugs(names or None, seeds, seconds, max_examples, on_result=show)
+    doc = bench_bugs(names or None, seeds, seconds, max_examples, on_result=show, first_seed=first_seed)
     t = Table(title=f"kvfuzz bench bugs on {doc['settings']['machine']} ({seeds} seeds, <= {duration} each)")
     for col in ("bug", "found", "s to 1st", "ex to 1st", "kind", "shrunk", "smallest trigger", "replayed"):
         t.add_column(col, overflow="fold")

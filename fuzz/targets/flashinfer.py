@@ -86,6 +86,11 @@ def _not_installed() -> str:
            "or source benchmarks/gpu_env.sh with .device/flashinfer.tgz carried)"
 
 
+#: The attribute kvfuzz.fuzz.bench.bugs.package_copy sets on a patched copy of flashinfer (a re-injected bug's,
+#: imported as ``flashinfer`` in its own process): the installed package's targets refuse to run it.
+PATCHED_COPY_ATTR = "__kvfuzz_patched__"
+
+
 def flashinfer_module():
     """``import flashinfer`` (raises ImportError/RuntimeError as flashinfer does)."""
     return importlib.import_module("flashinfer")
@@ -216,12 +221,23 @@ class FlashInferTarget(Target):
         if importlib.util.find_spec("flashinfer") is None:
             return Availability(False, _not_installed())
         try:
-            fi = flashinfer_module()
+            fi = self.flashinfer()
         except Exception as e:  # flashinfer raises RuntimeError/ImportError on a bad install
             return Availability(False, f"importing flashinfer failed: {type(e).__name__}: {e}")
         version = getattr(fi, "__version__", "?")
         note = "" if version == FLASHINFER_VERSION else f" (kvfuzz read the API of {FLASHINFER_VERSION})"
         return Availability(True, f"CUDA, JIT-compiled; flashinfer {version}{note}", "cuda")
+
+    def flashinfer(self):
+        """The flashinfer module this target runs: the installed package (:func:`flashinfer_module`). Raises
+        RuntimeError when the ``flashinfer`` of this process is a re-injected bug's patched copy
+        (:data:`PATCHED_COPY_ATTR`): its kernels are not the installed package's."""
+        fi = flashinfer_module()
+        copy = getattr(fi, PATCHED_COPY_ATTR, None)
+        if copy is not None:
+            raise RuntimeError(f"flashinfer in this process is the patched copy of {copy}, not the installed "
+                               f"package: run {self.name} in a process of its own")
+        return fi
 
     def layout(self, batch: Batch) -> FlashInferLayout:
         return layout_for(batch)
@@ -232,7 +248,7 @@ class FlashInferTarget(Target):
         if key not in self._wrappers:
             if self._workspace is None or self._workspace.device != device:
                 self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-            cls = getattr(flashinfer_module(), self.wrapper_class)
+            cls = getattr(self.flashinfer(), self.wrapper_class)
             self._wrappers[key] = cls(self._workspace, kv_layout, **self.wrapper_kwargs)
         return self._wrappers[key]
 
@@ -417,7 +433,7 @@ class FlashInferAppendPagedKvCache(FlashInferTarget):
                           key=ak, value=av)
 
     def run(self, call: KernelCall) -> torch.Tensor:
-        fi = flashinfer_module()
+        fi = self.flashinfer()
         fi.append_paged_kv_cache(**{k: v for k, v in call.kwargs.items() if not k.startswith("_")})
         return call.key_cache
 
@@ -428,5 +444,5 @@ TARGETS = (FlashInferBatchDecode, FlashInferBatchDecodeTC, FlashInferBatchPrefil
 __all__ = ["APPEND_PAGED_KV_CACHE", "BATCH_DECODE", "BATCH_PREFILL", "CHECKED_KERNELS", "CUDA_ONLY",
            "DECODE_GQA_RATIOS", "DECODE_PLAN_ARGS", "FLASHINFER_VERSION", "FlashInferAppendPagedKvCache",
            "FlashInferBatchDecode", "FlashInferBatchDecodeTC", "FlashInferBatchPrefill", "FlashInferTarget",
-           "PREFILL_PLAN_ARGS", "RUN_ARGS", "SIGNATURES", "TC_DECODE_GQA_RATIOS", "append_checks", "check_call",
-           "layout_for", "page_list_tensors", "plan_of", "run_checks", "window_left"]
+           "PATCHED_COPY_ATTR", "PREFILL_PLAN_ARGS", "RUN_ARGS", "SIGNATURES", "TC_DECODE_GQA_RATIOS",
+           "append_checks", "check_call", "layout_for", "page_list_tensors", "plan_of", "run_checks", "window_left"]

@@ -10,12 +10,18 @@ that target (registered as the entry-point family ``"bug.*"``, so ``kvfuzz fuzz 
 A patch that no longer applies (the installed source changed) is refused: :class:`~.patching.PatchDoesNotApply`
 names the patch and the file, and the target's ``availability()`` says so.
 
+FlashInfer's bugs (``flashinfer-*``, ``Bug.package``) live in CUDA headers its JIT compiles, so they are re-injected
+into a patched copy of the whole installed package with a JIT workspace of its own (:mod:`.package_copy`),
+imported as ``flashinfer`` in the bug's process; they run on CUDA only, and a machine without CUDA or without
+flashinfer lists them as unreachable with the reason (:meth:`Bug.unreachable`).
+
 ``BUGS`` maps ``"bug.<slug>"`` to its :class:`Bug`; :func:`get_bug` returns the target, :func:`smallest_trigger`
 the hand-built smallest batch that triggers the bug (with the data it needs, :meth:`Bug.trigger_data`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Callable
 
@@ -25,9 +31,11 @@ import torch
 
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.data import BatchData
-from kvfuzz.fuzz.bench.bugs.patching import Patch, PatchDoesNotApply, load_patched, load_source
+from kvfuzz.fuzz.bench.bugs.package_copy import PackageCopy, import_copy
+from kvfuzz.fuzz.bench.bugs.patching import Patch, PatchDoesNotApply, load_patched, load_source, parse_patches
 from kvfuzz.fuzz.bench.paged_torch import small_batch
 from kvfuzz.fuzz.targets.base import Availability, KernelCall, Target
+from kvfuzz.fuzz.targets.flashinfer import FlashInferBatchDecode, FlashInferBatchPrefill
 from kvfuzz.fuzz.targets.sglang_triton import (
     DECODE_MODULE,
     SglangDecodeAttentionFwd,
@@ -41,6 +49,13 @@ from kvfuzz.fuzz.targets.vllm_triton import VllmChunkedPrefillPagedDecode, VllmD
 PATCHES = Path(__file__).parent / "patches"
 
 _HELPERS = "vllm.v1.attention.ops.triton_attention_helpers"
+_FLASHINFER = "https://github.com/flashinfer-ai/flashinfer/"
+
+#: Packages a bug may be re-injected into as a whole patched copy (:mod:`.package_copy`): the environment variable
+#: its JIT reads its workspace from at import, and what the copy leaves out. FlashInfer: flashinfer/jit/env.py
+#: (``FLASHINFER_WORKSPACE_BASE``; ``data/aot``, prebuilt modules ``get_aot_artifacts`` would load instead of the
+#: JIT build of the patched sources).
+PACKAGES = {"flashinfer": ("FLASHINFER_WORKSPACE_BASE", ("data/aot",))}
 
 
 def installed_file(module: str) -> Path | None:
@@ -65,7 +80,9 @@ class Bug:
     query is multiplied by it for the trigger: values kvfuzz's value ranges do not reach), ``big_cache``
     (reached only with ``kvfuzz fuzz --big-cache``: the benchmark runs it so, under the supervisor, since the bug
     crashes the process), ``cpu`` (whether the trigger is reachable on a CPU), ``why_missed`` (why a default
-    campaign misses it; None: it finds it)."""
+    campaign misses it; None: it finds it), ``package`` (the patch edits several files of this installed package,
+    a key of :data:`PACKAGES`, CUDA sources its JIT compiles among them: the target runs a patched copy of the
+    whole package, :meth:`package_copy`, and ``patched_module`` is the package's name, ``entry`` unused)."""
 
     slug: str
     upstream: str
@@ -80,6 +97,7 @@ class Bug:
     big_cache: bool = False
     cpu: bool = True
     why_missed: str | None = None
+    package: str | None = None
 
     @property
     def name(self) -> str:
@@ -95,11 +113,45 @@ class Bug:
         return PATCHES / f"{self.slug}.patch"
 
     def patch(self) -> Patch:
+        """The patch of a one-module bug (ValueError for a package bug's patch of several files: :meth:`patches`)."""
         return Patch.read(self.patch_path)
+
+    def patches(self) -> tuple[Patch, ...]:
+        """The patch file's patches, one per file it edits (the first carries the header)."""
+        return parse_patches(self.patch_path.read_text(), str(self.patch_path))
+
+    def package_copy(self) -> PackageCopy:
+        """A package bug's patched copy (:mod:`.package_copy`; ValueError for a one-module bug)."""
+        if self.package is None:
+            raise ValueError(f"{self.name} re-injects one module ({self.patched_module}), not a package copy")
+        env, exclude = PACKAGES[self.package]
+        return PackageCopy(self.slug, self.package, self.patches(), env, exclude)
+
+    def unreachable(self) -> str | None:
+        """Why this machine cannot run the bug at all, or None. A package bug needs what its base target needs
+        (FlashInfer: CUDA and an importable flashinfer) and no ``flashinfer_jit_cache`` (whose prebuilt modules
+        flashinfer/jit/env.py prefers to any JIT build: the patch would never be compiled). One-module bugs: None
+        (``cpu`` says whether a CPU reaches the trigger)."""
+        if self.package is None:
+            return None
+        a = self.base().installed()
+        if not a.ok:
+            return a.reason
+        if self.package == "flashinfer" and importlib.util.find_spec("flashinfer_jit_cache") is not None:
+            return ("flashinfer_jit_cache is installed: its prebuilt modules win over the JIT build of the patched "
+                    "sources (flashinfer/jit/env.py get_aot_artifacts); uninstall it to run this bug")
+        return None
 
     def check_applies(self) -> None:
         """Raise :class:`PatchDoesNotApply` (naming the patch and the file) when the patch does not apply to
-        the installed source, FileNotFoundError when the module is not installed; nothing is imported."""
+        the installed source, FileNotFoundError when the module is not installed; nothing is imported. A package
+        bug whose package is not installed has nothing to check (:meth:`unreachable` says why it cannot run)."""
+        if self.package is not None:
+            copy = self.package_copy()
+            installed = copy.installed()
+            if installed is not None:
+                copy.patched_sources(installed)
+            return
         f = installed_file(self.patched_module)
         if f is None:
             raise FileNotFoundError(f"{self.name}: {self.patched_module} is not installed (run `make setup`)")
@@ -155,9 +207,45 @@ class _Reinjected:
         return call.output
 
 
+class _ReinjectedPackage:
+    """Mixin over a FlashInfer target class: the same declaration, call and checks, run by a patched copy of the
+    flashinfer package imported in this process (:func:`~.package_copy.import_copy`: its own JIT workspace)."""
+
+    bug: Bug
+
+    def flashinfer(self):
+        fi = getattr(self, "_patched_fi", None)
+        if fi is None:
+            fi = self._patched_fi = import_copy(self.bug.package_copy())
+        return fi
+
+    def availability(self) -> Availability:
+        ready = getattr(self, "_ready", None)  # once imported, the copy stays this process's flashinfer
+        if ready is not None:  # (target.device asks for every example)
+            return ready
+        why = self.bug.unreachable()
+        if why is not None:
+            return Availability(False, why)
+        try:
+            self.bug.check_applies()
+        except (PatchDoesNotApply, FileNotFoundError) as e:
+            return Availability(False, str(e))
+        a = super().availability()  # imports the patched copy (self.flashinfer)
+        if not a.ok:
+            return a
+        self._ready = Availability(True, f"{a.reason}; {self.bug.upstream} re-injected ({self.bug.patch_path.name}) "
+                                         f"in a patched copy with its own JIT workspace: "
+                                         f"{self.flashinfer().__kvfuzz_patched__}", a.device)
+        return self._ready
+
+
 def _target_class(bug: Bug) -> type[Target]:
     attrs_ = {"name": bug.name, "bug": bug,
               "description": f"{bug.base.description}, with {bug.upstream} undone ({bug.patch_path.name})"}
+    if bug.package is not None:
+        cls = type(f"Bug_{bug.slug.replace('-', '_')}", (_ReinjectedPackage, bug.base), attrs_)
+        cls.__module__ = __name__
+        return cls
     if issubclass(bug.base, SglangDecodeAttentionFwd):
         attrs_["_prepare"] = lambda self: prepare_sglang_runtime()
     if issubclass(bug.base, VllmChunkedPrefillPagedDecode) and "freed" not in bug.trigger:
@@ -211,6 +299,33 @@ BUGS: dict[str, Bug] = {b.name: b for b in (
         # W = 1: block 0 (positions 0..15) is freed to the null block, tile 0 holds it and key 16
         smallest=lambda: small_batch([9], [16], head_size=32, block_size=16, table=[[0, 1]], num_blocks=2,
                                      sliding_window=1, freed_window_blocks=True)),
+    # FlashInfer (CUDA only; docs/bugs-research.md has the reading behind each trigger)
+    Bug("flashinfer-1416", _FLASHINFER + "pull/1416", "flashinfer", FlashInferBatchPrefill, "",
+        package="flashinfer", cpu=False,
+        trigger="an fp8 KV cache (e4m3 or e5m2) with v_scale != 1: BatchPrefillWithPagedKVCacheWrapper.run returns "
+                "the output unscaled, reference / v_scale (2x at v_scale 0.5)",
+        # one decode row through the prefill wrapper (FA2: an fp8 cache with a 16-bit query), the smallest head
+        # size and page size flashinfer.batch_prefill declares
+        smallest=lambda: small_batch([1], [0], head_size=64, block_size=1, kv_cache_dtype="fp8_e4m3",
+                                     v_scale=0.5)),
+    Bug("flashinfer-350", _FLASHINFER + "pull/350", "flashinfer", FlashInferBatchDecode, "",
+        package="flashinfer", cpu=False,
+        trigger="a soft cap small enough to see e^-cap (kvfuzz's 4; 50 leaks ~e^-50) and a decode chunk whose kv_len "
+                "is not a multiple of the keys per iteration (bdy * bdz * tile size: 64 at head size 64, 32 at 128, "
+                "16 at 256, 16-bit, group 1): each masked key adds weight e^-cap to the sum, shrinking the output",
+        # kv_len 1 at head size 64: 63 masked keys, output ~ v / (1 + 63 e^-4) ~ 0.46 v
+        smallest=lambda: small_batch([1], [0], head_size=64, block_size=1, softcap=4.0)),
+    Bug("flashinfer-4401", _FLASHINFER + "pull/4401", "flashinfer", FlashInferBatchDecode, "",
+        package="flashinfer", cpu=False,
+        trigger="every valid key of a row with a logit below the finite sentinel: on the CUDA-core decode "
+                "sm_scale * q.k < -5e4 / log2(e) ~ -34,657 (e.g. q = +128, k = -128 at head size 64): output 0 "
+                "instead of softmax . V",
+        smallest=lambda: small_batch([1], [0], head_size=64, block_size=1),
+        why_missed="needs every valid logit of a row below ~-34,657: kvfuzz's value ranges reach |logit| of tens "
+                   "(normal, large, dominant) and 'extreme' (q, k x 64, independent signs: logits of standard "
+                   "deviation ~4096) would need all of a row's keys 8.5 standard deviations low; only correlated "
+                   "signs (q = +c, k = -c) reach it. The fix's other half (clamps for fully masked rows) shows only "
+                   "through the LSE, which kvfuzz does not request"),
 )}
 
 _TARGETS: dict[str, type[Target]] = {n: _target_class(b) for n, b in BUGS.items()}
@@ -220,6 +335,9 @@ Bug_vllm_56579 = _TARGETS["bug.vllm-56579"]
 Bug_sglang_2479 = _TARGETS["bug.sglang-2479"]
 Bug_vllm_47671 = _TARGETS["bug.vllm-47671"]
 Bug_vllm_30887 = _TARGETS["bug.vllm-30887"]
+Bug_flashinfer_1416 = _TARGETS["bug.flashinfer-1416"]
+Bug_flashinfer_350 = _TARGETS["bug.flashinfer-350"]
+Bug_flashinfer_4401 = _TARGETS["bug.flashinfer-4401"]
 
 
 def get_bug(name: str) -> Target:
@@ -238,4 +356,4 @@ def smallest_trigger(name: str) -> Batch:
     return BUGS[full].smallest()
 
 
-__all__ = ["BUGS", "Bug", "PATCHES", "PatchDoesNotApply", "get_bug", "installed_file", "smallest_trigger"]
+__all__ = ["BUGS", "PACKAGES", "Bug", "PATCHES", "PatchDoesNotApply", "get_bug", "installed_file", "smallest_trigger"]

@@ -14,7 +14,13 @@ process (the supervisor survives the crash; one worker, stopped at the first cra
 summary.json; its reproducer is replayed in a child (:func:`~kvfuzz.fuzz.campaign.workers.replay.replay`).
 
 A bug whose trigger this machine cannot reach (``Bug.cpu`` False on a CPU: a multi-GiB cache under Triton's
-interpreter) is listed with ``skipped`` and the reason, unless named explicitly.
+interpreter) is listed with ``skipped`` and the reason, unless named explicitly. A bug this machine cannot run at
+all (:meth:`~kvfuzz.fuzz.bench.bugs.Bug.unreachable`: FlashInfer's without CUDA or flashinfer) is listed with
+``skipped`` and the reason, named or not.
+
+A package bug (FlashInfer's: a patched copy of the package imported as ``flashinfer``, one per process) runs in
+this process when it is the only one asked for and no other flashinfer is imported here; otherwise each runs as
+``kvfuzz bench bugs --bug NAME`` in a child process, whose JSON entry is taken as is.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from hypothesis.database import InMemoryExampleDatabase
 
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.bench.bugs import BUGS, get_bug, smallest_trigger
+from kvfuzz.fuzz.bench.bugs.package_copy import MARK
 from kvfuzz.fuzz.bench.detection import rerun_kinds
 from kvfuzz.fuzz.bench.paged_torch import batch_size
 from kvfuzz.fuzz.campaign.config import CampaignConfig
@@ -174,11 +181,42 @@ def summarize(name: str, runs: list[dict]) -> dict:
     return out
 
 
+def in_own_process(names: list[str]) -> list[str]:
+    """The package bugs of ``names`` that must run in a child process: all of them when there are several (one
+    patched ``flashinfer`` per process), or when this process already imported flashinfer from elsewhere."""
+    package = [n for n in names if BUGS[n].package is not None]
+    if len(package) == 1:
+        (name,) = package
+        bug = BUGS[name]
+        loaded = sys.modules.get(bug.package)
+        if loaded is None or getattr(loaded, MARK, "").startswith(f"{bug.slug} "):
+            return []
+    return package
+
+
+def run_bug_child(name: str, seeds: list[int], duration: float | None, max_examples: int) -> dict:
+    """Bug ``name``'s entry of ``kvfuzz bench bugs --bug NAME`` run in a child process for ``seeds`` (consecutive)
+    (a package bug beside others, :func:`in_own_process`). Raises RuntimeError with the child's stderr when it
+    writes no JSON."""
+    with tempfile.TemporaryDirectory(prefix="kvfuzz-bugs-") as d:
+        out = Path(d) / "bug.json"
+        cmd = [sys.executable, "-m", "kvfuzz.fuzz.cli", "bench", "bugs", "--bug", name, "--seeds", str(len(seeds)),
+               "--first-seed", str(seeds[0]), "--max-examples", str(max_examples), "--json", str(out)]
+        if duration is not None:
+            cmd += ["--duration", f"{duration}s"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if not out.exists():
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode} without its JSON: {p.stderr[-2000:]}")
+        (entry,) = json.loads(out.read_text())["bugs"]
+        return entry
+
+
 def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float | None = 120.0,
                max_examples: int = 100_000, limits: Limits = Limits(),
-               on_result: Callable[[dict], None] = lambda r: None) -> dict:
+               on_result: Callable[[dict], None] = lambda r: None, first_seed: int = 0) -> dict:
     """Run every bug (``names``, default: all, skipping those this machine cannot reach) for seeds
-    ``0..seeds-1``; returns the JSON document. Raises KeyError for an unknown bug name."""
+    ``first_seed .. first_seed + seeds - 1``; returns the JSON document. Raises KeyError for an unknown bug name,
+    ValueError for ``limits`` other than the default with package bugs that run in child processes."""
     explicit = names is not None
     names = list(names or BUGS)
     for n in names:
@@ -186,6 +224,11 @@ def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float |
             raise KeyError(f"unknown bug {n!r}; known: {', '.join(sorted(BUGS))}")
     started = time.time()
     on_gpu = torch.cuda.is_available()
+    seed_list = list(range(first_seed, first_seed + seeds))
+    children = [n for n in in_own_process(names) if BUGS[n].unreachable() is None]
+    if children and limits != Limits():
+        raise ValueError(f"limits other than the default cannot reach {', '.join(children)} (run in child "
+                         "processes): run each package bug alone")
     results = []
     for name in names:
         bug = BUGS[name]
@@ -194,12 +237,26 @@ def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float |
                  "smallest_trigger": batch_size(bug.smallest()), "smallest_trigger_case": bug.smallest().summary(),
                  "smallest_trigger_query_scale": bug.scale_query, "big_cache": bug.big_cache,
                  "why_default_misses": bug.why_missed}
-        if not (bug.cpu or on_gpu or explicit):
-            entry.update(skipped=f"not reachable on this machine: {bug.why_missed}", runs=[], summary=None)
+        if bug.package is not None:
+            entry["patched_files"] = [p.path for p in bug.patches()]
+        why = bug.unreachable()
+        if why is None and not (bug.cpu or on_gpu or explicit):
+            why = bug.why_missed
+        if why is not None:
+            entry.update(skipped=f"not reachable on this machine: {why}", runs=[], summary=None)
+            results.append(entry)
+            continue
+        if name in children:
+            child = run_bug_child(name, seed_list, duration, max_examples)
+            for r in child["runs"]:
+                on_result(r)
+            entry.update({k: child[k] for k in ("summary", "runs") if k in child})
+            if "skipped" in child:
+                entry["skipped"] = child["skipped"]
             results.append(entry)
             continue
         runs = []
-        for seed in range(seeds):
+        for seed in seed_list:
             run = run_bug_supervised if bug.big_cache else run_bug
             r = run(name, seed, duration, max_examples, limits)
             on_result(r)
@@ -214,9 +271,10 @@ def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float |
         except md.PackageNotFoundError:
             return None
 
-    return {"settings": {"seeds": list(range(seeds)), "duration_s": duration, "max_examples": max_examples,
+    return {"settings": {"seeds": seed_list, "duration_s": duration, "max_examples": max_examples,
                          "machine": machine(), "device": "cuda" if on_gpu else "cpu",
                          "torch": torch.__version__, "triton": version("triton"), "vllm": version("vllm"),
+                         "flashinfer": version("flashinfer-python"),
                          "torch_threads": torch.get_num_threads()},
             "wall_seconds": round(time.time() - started, 1),
             "missed": [e["bug"] for e in results if e.get("summary") and e["summary"]["found"] == 0],
@@ -224,4 +282,4 @@ def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float |
             "bugs": results}
 
 
-__all__ = ["bench_bugs", "machine", "run_bug", "run_bug_supervised", "summarize"]
+__all__ = ["bench_bugs", "in_own_process", "machine", "run_bug", "run_bug_child", "run_bug_supervised", "summarize"]

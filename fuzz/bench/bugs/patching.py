@@ -55,47 +55,10 @@ class Patch:
     @classmethod
     def parse(cls, text: str, name: str = "<patch>") -> "Patch":
         """Parse ``text``; raises ValueError naming ``name`` when it is not a one-file unified diff."""
-        lines = text.splitlines()
-        try:
-            first = next(i for i, ln in enumerate(lines) if ln.startswith("--- ")
-                         and i + 1 < len(lines) and lines[i + 1].startswith("+++ "))
-        except StopIteration:
-            raise ValueError(f"patch {name}: no '--- a/FILE' / '+++ b/FILE' lines (not a unified diff)") from None
-        header = "\n".join(lines[:first]).strip()
-        path = lines[first + 1][4:].split("\t")[0].strip()
-        path = path[2:] if path.startswith("b/") else path
-        hunks: list[Hunk] = []
-        i = first + 2
-        while i < len(lines):
-            m = _HUNK.match(lines[i])
-            if not m:
-                if lines[i].startswith("--- "):
-                    raise ValueError(f"patch {name}: more than one file (one patch re-injects one file)")
-                i += 1
-                continue
-            old_n = int(m.group(2) if m.group(2) is not None else 1)
-            new_n = int(m.group(4) if m.group(4) is not None else 1)
-            old, new = [], []
-            i += 1
-            while (len(old) < old_n or len(new) < new_n) and i < len(lines):
-                ln = lines[i]
-                tag, body = (ln[:1], ln[1:]) if ln else (" ", "")
-                if tag == " ":
-                    old.append(body)
-                    new.append(body)
-                elif tag == "-":
-                    old.append(body)
-                elif tag == "+":
-                    new.append(body)
-                elif tag != "\\":  # "\ No newline at end of file"
-                    raise ValueError(f"patch {name}: hunk at old line {m.group(1)}: unexpected line {ln!r}")
-                i += 1
-            if len(old) != old_n or len(new) != new_n:
-                raise ValueError(f"patch {name}: hunk at old line {m.group(1)} is truncated")
-            hunks.append(Hunk(int(m.group(1)), tuple(old), tuple(new)))
-        if not hunks:
-            raise ValueError(f"patch {name}: no hunks")
-        return cls(name, header, path, tuple(hunks))
+        patches = parse_patches(text, name)
+        if len(patches) > 1:
+            raise ValueError(f"patch {name}: more than one file (one patch re-injects one file)")
+        return patches[0]
 
     @classmethod
     def read(cls, path: Path) -> "Patch":
@@ -124,6 +87,64 @@ class Patch:
             lines[at:at + len(want)] = list(h.new)
             offset = at - (h.old_start - 1) + len(h.new) - len(want)
         return "\n".join(lines) + ("\n" if trailing else "")
+
+
+#: git's extended header lines, left out of a patch's header text.
+_GIT_HEADER = ("diff --git ", "index ", "new file mode ", "deleted file mode ", "similarity index ")
+
+
+def _file_start(lines: list[str], i: int) -> bool:
+    return lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
+
+
+def parse_patches(text: str, name: str = "<patch>") -> tuple[Patch, ...]:
+    """Parse a unified diff of one or more files (``git diff`` output included) into one :class:`Patch` per
+    file, in order. The free text before the first ``---`` line (git's ``diff --git``/``index`` lines left out)
+    is the first patch's header; the others have none. Raises ValueError naming ``name`` when ``text`` holds no
+    file, a file no hunk, a hunk is truncated or holds an unexpected line, or a file appears twice."""
+    lines = text.splitlines()
+    starts = [i for i in range(len(lines)) if _file_start(lines, i)]
+    if not starts:
+        raise ValueError(f"patch {name}: no '--- a/FILE' / '+++ b/FILE' lines (not a unified diff)")
+    header = "\n".join(ln for ln in lines[:starts[0]] if not ln.startswith(_GIT_HEADER)).strip()
+    patches: list[Patch] = []
+    i = starts[0]
+    while i < len(lines):
+        path = lines[i + 1][4:].split("\t")[0].strip()
+        path = path[2:] if path.startswith("b/") else path
+        hunks: list[Hunk] = []
+        i += 2
+        while i < len(lines) and not _file_start(lines, i):
+            m = _HUNK.match(lines[i])
+            if not m:  # text between hunks or files (git's "diff --git" and "index" lines)
+                i += 1
+                continue
+            old_n = int(m.group(2) if m.group(2) is not None else 1)
+            new_n = int(m.group(4) if m.group(4) is not None else 1)
+            old, new = [], []
+            i += 1
+            while (len(old) < old_n or len(new) < new_n) and i < len(lines):
+                ln = lines[i]
+                tag, body = (ln[:1], ln[1:]) if ln else (" ", "")
+                if tag == " ":
+                    old.append(body)
+                    new.append(body)
+                elif tag == "-":
+                    old.append(body)
+                elif tag == "+":
+                    new.append(body)
+                elif tag != "\\":  # "\ No newline at end of file"
+                    raise ValueError(f"patch {name}: {path}: hunk at old line {m.group(1)}: unexpected line {ln!r}")
+                i += 1
+            if len(old) != old_n or len(new) != new_n:
+                raise ValueError(f"patch {name}: {path}: hunk at old line {m.group(1)} is truncated")
+            hunks.append(Hunk(int(m.group(1)), tuple(old), tuple(new)))
+        if not hunks:
+            raise ValueError(f"patch {name}: {path}: no hunks")
+        if any(p.path == path for p in patches):
+            raise ValueError(f"patch {name}: {path} appears twice")
+        patches.append(Patch(name, header if not patches else "", path, tuple(hunks)))
+    return tuple(patches)
 
 
 def _find(lines: list[str], want: list[str], near: int) -> int | None:
@@ -179,4 +200,4 @@ def load_source(source: str, private_name: str, package: str, globals_: dict | N
     return module
 
 
-__all__ = ["Hunk", "Patch", "PatchDoesNotApply", "load_patched", "load_source"]
+__all__ = ["Hunk", "Patch", "PatchDoesNotApply", "load_patched", "load_source", "parse_patches"]

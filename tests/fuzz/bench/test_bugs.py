@@ -18,7 +18,7 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench import bugs as bugs_mod
 from kvfuzz.fuzz.bench.bugs import BUGS, get_bug, installed_file, smallest_trigger
-from kvfuzz.fuzz.bench.bugs.patching import Patch, PatchDoesNotApply
+from kvfuzz.fuzz.bench.bugs.patching import Patch, PatchDoesNotApply, parse_patches
 from kvfuzz.fuzz.bench.paged_torch import batch_size
 from kvfuzz.fuzz.harness import attention
 
@@ -26,6 +26,8 @@ from kvfuzz.fuzz.harness import attention
 FOUND_BY_DEFAULT = sorted(n for n, b in BUGS.items() if b.cpu and b.why_missed is None)
 #: The bugs whose trigger runs in this process (vllm-47671's crashes it: tested in a child).
 IN_PROCESS = sorted(n for n, b in BUGS.items() if b.cpu and not b.big_cache)
+#: The bugs re-injected into one Python module (FlashInfer's, into a package copy: test_flashinfer_bugs.py).
+MODULE_BUGS = sorted(n for n, b in BUGS.items() if b.package is None)
 
 
 def _sha(path: Path) -> str:
@@ -33,19 +35,21 @@ def _sha(path: Path) -> str:
 
 
 def test_registry_and_entry_point():
-    assert set(BUGS) == {"bug.vllm-47305", "bug.vllm-56579", "bug.sglang-2479", "bug.vllm-47671", "bug.vllm-30887"}
+    assert set(BUGS) == {"bug.vllm-47305", "bug.vllm-56579", "bug.sglang-2479", "bug.vllm-47671", "bug.vllm-30887",
+                         "bug.flashinfer-1416", "bug.flashinfer-350", "bug.flashinfer-4401"}
     for name, bug in BUGS.items():
-        header = bug.patch().header
-        assert bug.upstream in header and "The fix:" in header and "Undoing it:" in header, name
+        header = bug.patches()[0].header
+        assert bug.upstream in header and "The fix" in header and "Undoing it:" in header, name
         assert get_bug(name).name == name and get_bug(name.removeprefix("bug.")).name == name
-        assert (bug.why_missed is None) == (name in FOUND_BY_DEFAULT) and bug.cpu
-    with pytest.raises(KeyError, match="known: bug.sglang-2479"):
+        assert (bug.why_missed is None) == (name in FOUND_BY_DEFAULT) or not bug.cpu
+        assert bug.cpu == (name in MODULE_BUGS)  # FlashInfer's run on CUDA only
+    with pytest.raises(KeyError, match="known: bug.flashinfer-1416, .*bug.sglang-2479"):
         get_bug("bug.nope")
     eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["kvfuzz.targets"]
     assert eps["bug.*"] == "kvfuzz.fuzz.bench.bugs:get_bug"
 
 
-@pytest.mark.parametrize("name", sorted(BUGS))
+@pytest.mark.parametrize("name", MODULE_BUGS)
 def test_patch_applies_to_the_installed_source(name):
     bug = BUGS[name]
     bug.check_applies()
@@ -84,6 +88,16 @@ def test_hunks_apply_at_an_offset():
         patch.apply("x\na\nb2\nc\n")
     with pytest.raises(ValueError, match="not a unified diff"):
         Patch.parse("no diff here", "q.patch")
+    # several files (git diff output): one patch each; Patch.parse refuses them, a file twice is refused
+    two = ("hdr\ndiff --git a/m.py b/m.py\nindex 1..2\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+A\n"
+           "diff --git a/n.cuh b/n.cuh\n--- a/n.cuh\n+++ b/n.cuh\n@@ -1,2 +1 @@\n--- x\n y\n")
+    m, n = parse_patches(two, "two.patch")
+    assert (m.header, m.path, n.header, n.path) == ("hdr", "m.py", "", "n.cuh")
+    assert n.apply("-- x\ny\n") == "y\n"  # a removed line that looks like a file header stays in its hunk
+    with pytest.raises(ValueError, match="more than one file"):
+        Patch.parse(two, "two.patch")
+    with pytest.raises(ValueError, match="m.py appears twice"):
+        parse_patches(two.replace("n.cuh", "m.py"), "dup.patch")
 
 
 def _outputs(name: str):
