@@ -241,9 +241,9 @@ def _for_family(text: str, fam: str | None) -> str:
     issue inlines the script (:data:`kvfuzz.fuzz.campaign.store.issue.INLINE_LINES`), so it holds only what runs."""
     out, keep = [], True
     for line in text.splitlines(keepends=True):
-        if line.startswith("#@only "):
+        if line.lstrip().startswith("#@only "):
             keep = fam in line.split()[1:]
-        elif line.startswith("#@end"):
+        elif line.lstrip().startswith("#@end"):
             keep = True
         elif keep:
             out.append(line)
@@ -444,6 +444,7 @@ def check_writer(t, kw):
 def call_kernel(kw):
     """The kernel call exactly as kvfuzz's adapter made it (its ``run``)."""
     fam = META["family"]
+    #@only triton sglang module
     if fam in ("triton", "sglang", "module"):
         import importlib
 
@@ -464,7 +465,9 @@ def call_kernel(kw):
             fn = patched_kernel()
         with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison
             ret = fn(**kw)
-    elif fam == "writer_triton":  # reshape_and_cache_flash's launch: one program per token and tile of heads
+    #@end
+    #@only writer_triton
+    if fam == "writer_triton":  # reshape_and_cache_flash's launch: one program per token and tile of heads
         import importlib
 
         import numpy as np
@@ -486,19 +489,27 @@ def call_kernel(kw):
         with np.errstate(all="ignore"):
             kernel[grid](**kw)
         return None
-    elif fam == "flex":
+    #@end
+    #@only flex
+    if fam == "flex":
         ret = flex_call(kw)
-    elif fam in ("flashinfer", "writer_flashinfer"):
+    #@end
+    #@only flashinfer writer_flashinfer
+    if fam in ("flashinfer", "writer_flashinfer"):
         ret = flashinfer_call(kw)
         if fam == "writer_flashinfer":
             return None
-    elif fam == "writer_cpu":
+    #@end
+    #@only writer_cpu
+    if fam == "writer_cpu":
         load_cpu_library()
         torch.ops._C.cpu_attn_reshape_and_cache(kw["key"], kw["value"], kw["key_cache"], kw["value_cache"],
                                                 kw["slot_mapping"], kw["isa"], kw["k_scale"], kw["v_scale"],
                                                 kw["kv_cache_dtype"])
         return None
-    elif fam == "cpu_op":
+    #@end
+    #@only cpu_op
+    if fam == "cpu_op":
         load_cpu_library()
         m = META  # the scheduler metadata as the adapter (and vLLM's CPUAttentionBackendImpl) builds it
         kw["scheduler_metadata"] = torch.ops._C.get_scheduler_metadata(
@@ -506,8 +517,7 @@ def call_kernel(kw):
             kw["query_start_loc"], kw["causal"], kw["sliding_window_size"], SPEC["isa"], False, None,
             kw["kv_cache_dtype"])
         ret = torch.ops._C.cpu_attention_with_kv_cache(**kw)
-    else:
-        raise AssertionError(fam)
+    #@end
     out = kw[SPEC["output_kwarg"]] if SPEC["output_kwarg"] else (ret[0] if isinstance(ret, tuple) else ret)
     return out.reshape(SPEC["output_shape"])
 

@@ -216,17 +216,32 @@ def _scaled(base, factor=1.05, arg="scale"):
     return Planted()
 
 
+def _script_module(d):
+    """``d/standalone.py`` loaded as a module of this process (its main() not run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"standalone_{d.name}", d / "standalone.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
 def _script_in_process(d, capsys):
     """Run ``d/standalone.py``'s main() in this process (where the stand-ins hold ``flashinfer`` / FlashMLA's
     compiled op); returns (exit status, its output)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"standalone_{d.name[-10:]}", d / "standalone.py")
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
+    m = _script_module(d)
     capsys.readouterr()
     rc = m.main()
     return rc, capsys.readouterr().out
+
+
+def _imports(path):
+    """The top-level package of every import statement in a script."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return {(a.name if isinstance(n, ast.Import) else n.module).split(".")[0]
+            for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
 
 
 #: target -> (batch, where its kernel comes from): torch flex runs for real (eager, CPU) in a fresh interpreter;
@@ -286,3 +301,10 @@ def test_scripts_that_rebuild_the_adapters_objects_agree_with_replay(tmp_path, m
         rc, out = (r.returncode, r.stdout + r.stderr) if hasattr(r, "returncode") else r
         assert rc == (1 if reproduces else 0) and (got is not None) == reproduces, out
         assert ("REPRODUCED" in out) == reproduces and "no standalone kernel call" not in out, out
+    kernel_package = {"torch.flex_paged": "torch", "vllm.flashmla_decode": "vllm"}.get(name, "flashinfer")
+    assert _imports(d / "standalone.py") <= {"json", "os", "sys", "pathlib", "importlib", "types", "warnings",
+                                             "numpy", "torch", "safetensors", kernel_package}
+    if "append" not in name:  # the script's plain-torch reference is kvfuzz's fp64 reference on the recorded tensors
+        stored = load_file(str(d / "tensors.safetensors"))
+        ref = _script_module(d).attention(stored, torch.float64)
+        assert torch.allclose(ref, stored["reference"].double(), rtol=0, atol=1e-12)
