@@ -352,6 +352,15 @@ def flashinfer_call(kw):
     if f is None:  # append_paged_kv_cache
         return flashinfer.append_paged_kv_cache(**kw)
     dev = kw["q"].device
+
+    def short(v):  # a small tensor as its values, a big one as its shape
+        if isinstance(v, torch.Tensor):
+            return v.tolist() if v.numel() <= 64 else f"<{v.dtype} {list(v.shape)}>"
+        return v
+
+    extra = "".join(f", {k}={v!r}" for k, v in f["wrapper_kwargs"].items())
+    print(f"  flashinfer.{f['wrapper']}(workspace, {f['kv_layout']!r}{extra}).plan(" +
+          ", ".join(f"{a}={short(kw[a])}" for a in f["plan"]) + ")")
     workspace = torch.zeros(f["workspace_bytes"], dtype=torch.uint8, device=dev)
     w = getattr(flashinfer, f["wrapper"])(workspace, f["kv_layout"], **f["wrapper_kwargs"])
     w.plan(**{a: kw[a] for a in f["plan"]})
