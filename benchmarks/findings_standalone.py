@@ -1,8 +1,10 @@
 """Write the upstream findings of docs/findings.md that a CPU reaches as ready-to-file reproducers (issue 41):
 docs/findings/<finding>/ holds kvfuzz's reproducer (case.json, tensors.safetensors, test_case.py), its
-standalone.py (no kvfuzz needed) and ISSUE.md (``kvfuzz report --issue``). Each case is the one the tests pin.
+standalone.py (no kvfuzz needed) and ISSUE.md (``kvfuzz report --issue``). Each case is the one the tests pin
+(5: a smaller batch of the same class).
 
-    .venv/bin/python benchmarks/findings_standalone.py [OUT]   (default: docs/findings; ~2 minutes on CPU)
+    .venv/bin/python benchmarks/findings_standalone.py [OUT [FINDING...]]   (default: docs/findings, all of them;
+                                                                            ~2 minutes on CPU)
 
 Then checks every standalone.py in ``python -S`` with only site-packages on the path (kvfuzz not importable)
 and prints its exit status (1: the bug reproduces). Exit 1 if one does not reproduce."""
@@ -37,9 +39,17 @@ def batch(lens, block_size=16, **kw) -> Batch:
 FINDINGS = {
     "1-vllm-cpu-nan-tail-slots": ("vllm.cpu_attention", Example(batch(
         [(1, 0)], dtype="float32", head_size=32, num_heads=1, num_kv_heads=1, seed=1), Poison.NAN), False),
+    "2-torch-flex-nan-in-unused-slots": ("torch.flex_paged", Example(Batch(
+        query_lens=[1], ctx_lens=[0], num_heads=1, num_kv_heads=1, head_size=16, block_size=8, num_blocks=1,
+        block_table=[[0]], dtype="float32"), Poison.NAN), False),
     "3-vllm-decode-attention-fp16-scores": ("vllm.decode_attention_fwd", Example(batch(
         [(1, 1)], dtype="float16", head_size=32, num_heads=1, num_kv_heads=1, seed=230, value_range="large"),
         Poison.NAN), False),
+    # smaller than tests/fuzz/targets/test_attention_params.py's pinned case (two sequences, 8 heads): one
+    # two-token prefill, two heads, where row 1's sink weight is off by exp(slope): 0.0151 against a bound of 7.3e-7
+    "5-vllm-unified-attention-alibi-with-sinks": ("vllm.unified_attention", Example(Batch(
+        query_lens=[2], ctx_lens=[0], num_heads=2, num_kv_heads=1, head_size=32, block_size=16, num_blocks=1,
+        block_table=[[0]], dtype="float32", alibi=True, sinks=True), Poison.NAN), True),
     "6-vllm-context-attention-alibi-ignores-window": ("vllm.context_attention_fwd", Example(batch(
         [(1, 9), (4, 6)], dtype="float32", head_size=32, num_heads=4, num_kv_heads=2, alibi=True,
         sliding_window=2), Poison.NAN), True),
@@ -87,9 +97,16 @@ def main() -> int:
     from kvfuzz.fuzz.targets.vllm_cpu import _find_library
 
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/findings")
+    only = sys.argv[2:]
+    unknown = [s for s in only if s not in FINDINGS]
+    if unknown:
+        print(f"error: unknown finding {unknown[0]!r}; one of: {', '.join(FINDINGS)}", file=sys.stderr)
+        return 2
     lib = _find_library()[0]
     bad = 0
     for slug, (name, example, undeclared) in FINDINGS.items():
+        if only and slug not in only:
+            continue
         d = write(out, slug, name, example, undeclared)
         rc = standalone_status(d, lib)
         bad += rc != 1

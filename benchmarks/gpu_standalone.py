@@ -1,13 +1,20 @@
 """Issue 41 on a GPU: reproducers' standalone.py, run where kvfuzz is not importable, agree with ``kvfuzz replay``
-for compiled Triton, FA3 and FlashMLA (benchmarks/gpu_standalone.sh runs it; FlashInfer's reproducers get a
-report-only script, so there is nothing to compare).
+for compiled Triton, FA3, FlashMLA, compiled torch flex and FlashInfer (benchmarks/gpu_standalone.sh runs it).
 
-Cases (each: write the reproducer, replay it, run standalone.py in a fresh python3 whose PYTHONPATH lacks kvfuzz):
-- failing: bug.vllm-47305 and bug.vllm-30887 (re-injected upstream bugs, compiled Triton: the patched copy beside
-  the script), decode_attention_fwd's fp16 scores (findings 3, may pass compiled), FA3 and FlashMLA with a
-  planted fault in the call (softmax_scale x 1.05, a subclass that keeps the built-in ``run``);
-- passing: the built-in FA3 (with a sliding window and a softcap), FlashMLA and unified_attention on a batch they
-  compute right, written with a stand-in finding (what a fixed kernel's reproducer shows: exit 0).
+Cases (each: write the reproducer, replay it, run standalone.py in a fresh python3 whose PYTHONPATH lacks kvfuzz),
+by group (``CASES``, space-separated groups; default "triton fa3 mla"):
+- triton: bug.vllm-47305 and bug.vllm-30887 (re-injected upstream bugs, compiled Triton: the patched copy beside
+  the script) and decode_attention_fwd's fp16 scores (findings 3, may pass compiled), failing; unified_attention
+  passing;
+- fa3, mla: FA3 and FlashMLA with a planted fault in the call (softmax_scale x 1.05, a subclass that keeps the
+  built-in ``run``), and the built-in FA3 (with a sliding window and a softcap) and FlashMLA passing (FlashMLA's
+  scheduler metadata is made again in the script with ``get_mla_metadata``);
+- flex: torch.compile'd flex_attention (its block mask, score_mod with softcap and ALiBi, and kernel_options made
+  in the script), planted (scale x 1.05) and passing;
+- flashinfer: batch_decode, batch_decode_tc and batch_prefill (window and softcap; planted sm_scale x 1.05, and
+  passing) and append_paged_kv_cache (planted: keys written twice as large; and passing), over four cache forms
+  (NHD/HND x 5-D/(k, v), from the seed). First JIT compiles: ~21 s decode, ~86 s prefill, ~19 s append (H100).
+A passing case is written with a stand-in finding (what a fixed kernel's reproducer shows: exit 0).
 
 Prints one line per case: ``<case>: replay=<reproduced|passes> standalone=<exit> agree=<yes|NO>``; exit 1 when one
 disagrees. Usage: python3 benchmarks/gpu_standalone.py OUT NOKV_PYTHONPATH"""
@@ -26,7 +33,14 @@ from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.campaign.workers.replay import TargetUnavailable, replay
 from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.targets.flashinfer import (
+    FlashInferAppendPagedKvCache,
+    FlashInferBatchDecode,
+    FlashInferBatchDecodeTC,
+    FlashInferBatchPrefill,
+)
 from kvfuzz.fuzz.targets.registry import get_target
+from kvfuzz.fuzz.targets.torch_flex import TorchFlexPaged
 from kvfuzz.fuzz.targets.vllm_flash_attn import VllmFlashAttnVarlen
 from kvfuzz.fuzz.targets.vllm_mla import VllmFlashMlaDecode
 
@@ -51,6 +65,53 @@ class PlantedFlashMLA(VllmFlashMlaDecode):
         return call
 
 
+class PlantedFlex(TorchFlexPaged):
+    name = "planted.flex_scale"
+
+    def build_call(self, batch, data, cache):
+        call = super().build_call(batch, data, cache)
+        call.kwargs["scale"] *= 1.05
+        return call
+
+
+class PlantedFIDecode(FlashInferBatchDecode):
+    name = "planted.fi_decode_scale"
+
+    def build_call(self, batch, data, cache):
+        call = super().build_call(batch, data, cache)
+        call.kwargs["sm_scale"] *= 1.05
+        return call
+
+
+class PlantedFIDecodeTC(FlashInferBatchDecodeTC):
+    name = "planted.fi_decode_tc_scale"
+
+    def build_call(self, batch, data, cache):
+        call = super().build_call(batch, data, cache)
+        call.kwargs["sm_scale"] *= 1.05
+        return call
+
+
+class PlantedFIPrefill(FlashInferBatchPrefill):
+    name = "planted.fi_prefill_scale"
+
+    def build_call(self, batch, data, cache):
+        call = super().build_call(batch, data, cache)
+        call.kwargs["sm_scale"] *= 1.05
+        return call
+
+
+class PlantedFIAppend(FlashInferAppendPagedKvCache):
+    """append_paged_kv_cache handed keys twice as large as the tokens' (the cache then differs from the expected)."""
+
+    name = "planted.fi_append_keys"
+
+    def build_call(self, batch, data, cache):
+        call = super().build_call(batch, data, cache)
+        call.kwargs["append_key"] = call.kwargs["append_key"] * 2
+        return call
+
+
 def batch(lens, block_size=16, **kw) -> Batch:
     need = [-(-(q + c) // block_size) for q, c in lens]
     table, j = [], 0
@@ -62,33 +123,54 @@ def batch(lens, block_size=16, **kw) -> Batch:
 
 
 def cases():
+    """``(group, label, target, example, target spec: None, "pass" or module:Class)``."""
     from kvfuzz.fuzz.bench.bugs import get_bug, smallest_trigger
 
     me = f"{Path(__file__).resolve()}"
     mla = dict(dtype="bfloat16", head_size=576, value_head_size=512, num_heads=16, num_kv_heads=1, block_size=64)
-    yield "bug.vllm-47305", get_bug("vllm-47305"), Example(smallest_trigger("vllm-47305"), Poison.NAN), None
-    yield "bug.vllm-30887", get_bug("vllm-30887"), Example(smallest_trigger("vllm-30887"), Poison.NAN), None
-    yield "finding-3 decode fp16", get_target("vllm.decode_attention_fwd"), Example(attrs.evolve(batch(
+    yield "triton", "bug.vllm-47305", get_bug("vllm-47305"), Example(smallest_trigger("vllm-47305"), Poison.NAN), None
+    yield "triton", "bug.vllm-30887", get_bug("vllm-30887"), Example(smallest_trigger("vllm-30887"), Poison.NAN), None
+    yield "triton", "finding-3 decode fp16", get_target("vllm.decode_attention_fwd"), Example(attrs.evolve(batch(
         [(1, 1)], dtype="float16", head_size=32, num_heads=1, num_kv_heads=1, seed=230), value_range="large"),
         Poison.NAN), None
-    yield "planted FA3", PlantedFA3(), Example(batch([(5, 20), (1, 40)], dtype="float16", head_size=128,
-                                                     num_heads=8, num_kv_heads=2), Poison.NAN), f"{me}:PlantedFA3"
-    yield "planted FlashMLA", PlantedFlashMLA(), Example(batch([(1, 70), (1, 5)], **mla), Poison.NAN), \
+    yield "fa3", "planted FA3", PlantedFA3(), Example(batch([(5, 20), (1, 40)], dtype="float16", head_size=128,
+                                                            num_heads=8, num_kv_heads=2), Poison.NAN), \
+        f"{me}:PlantedFA3"
+    yield "mla", "planted FlashMLA", PlantedFlashMLA(), Example(batch([(1, 70), (1, 5)], **mla), Poison.NAN), \
         f"{me}:PlantedFlashMLA"
-    yield "FA3 window+softcap passes", get_target("vllm.flash_attn_varlen"), Example(batch(
+    yield "fa3", "FA3 window+softcap passes", get_target("vllm.flash_attn_varlen"), Example(batch(
         [(7, 30), (1, 50), (3, 0)], dtype="bfloat16", head_size=128, num_heads=8, num_kv_heads=2,
         sliding_window=9, softcap=30.0), Poison.NAN), "pass"
-    yield "FlashMLA passes", get_target("vllm.flashmla_decode"), Example(batch([(1, 70), (1, 5)], **mla),
-                                                                         Poison.NAN), "pass"
-    yield "unified compiled passes", get_target("vllm.unified_attention"), Example(batch(
+    yield "mla", "FlashMLA passes", get_target("vllm.flashmla_decode"), Example(batch([(1, 70), (1, 5)], **mla),
+                                                                                Poison.NAN), "pass"
+    yield "triton", "unified compiled passes", get_target("vllm.unified_attention"), Example(batch(
         [(5, 20), (1, 40)], dtype="float16", head_size=64, num_heads=4, num_kv_heads=2, sliding_window=11),
         Poison.NAN), "pass"
+    flex = batch([(5, 20), (1, 40), (9, 0)], dtype="float16", head_size=64, num_heads=4, num_kv_heads=2,
+                 sliding_window=11, softcap=30.0, alibi=True)
+    yield "flex", "planted compiled flex", PlantedFlex(), Example(flex, Poison.STALE), f"{me}:PlantedFlex"
+    yield "flex", "compiled flex passes", get_target("torch.flex_paged"), Example(flex, Poison.STALE), "pass"
+    fi = dict(dtype="float16", head_size=128, num_heads=8, num_kv_heads=2, sm_scale=128 ** -0.5)
+    feats = dict(sliding_window=6, softcap=30.0)
+    decode = [(1, 13), (1, 20), (1, 9)]
+    mixed = [(5, 8), (1, 20), (4, 0)]
+    for label, planted, name, lens, seed, kw in (
+            ("batch_decode", PlantedFIDecode, "flashinfer.batch_decode", decode, 1, feats),
+            ("batch_decode_tc", PlantedFIDecodeTC, "flashinfer.batch_decode_tc", decode, 2, feats),
+            ("batch_prefill", PlantedFIPrefill, "flashinfer.batch_prefill", mixed, 3, feats),
+            ("append_paged_kv_cache", PlantedFIAppend, "flashinfer.append_paged_kv_cache", mixed, 0, {})):
+        ex = Example(batch(lens, seed=seed, **fi, **kw), Poison.STALE)
+        yield "flashinfer", f"planted {label}", planted(), ex, f"{me}:{planted.__name__}"
+        yield "flashinfer", f"{label} passes", get_target(name), ex, "pass"
 
 
 def main() -> int:
     out, nokv = Path(sys.argv[1]), sys.argv[2]
+    groups = os.environ.get("CASES", "triton fa3 mla").split()
     disagree = 0
-    for label, t, ex, spec in cases():
+    for group, label, t, ex, spec in cases():
+        if group not in groups:
+            continue
         a = t.availability()
         if not a.ok:
             print(f"{label}: skipped ({a.reason})")

