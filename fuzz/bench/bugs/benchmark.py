@@ -282,4 +282,5 @@ def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float |
             "bugs": results}
 
 
-__all__ = ["bench_bugs", "in_own_process", "machine", "run_bug", "run_bug_child", "run_bug_supervised", "summarize"]
+__all__ = ["DEFAULTS", "bench_bugs", "ended_how", "in_own_process", "machine", "run_bug", "run_bug_child",
+           "run_bug_supervised", "summarize"]
