@@ -1,7 +1,9 @@
 """The text of a reproducer's ``standalone.py`` (:func:`kvfuzz.fuzz.campaign.store.standalone.standalone_script`
 fills it in: ``@META@`` the case, ``@SPEC@`` the recorded call, ``@TARGET@``, ``@ARGS@`` the usage line's
-arguments; ``#@only <families>`` .. ``#@end`` blocks are kept for those script families only). It imports only
-the standard library, torch, safetensors and, inside each family's block, the kernel's own package."""
+arguments; ``#@only <families>`` .. ``#@end`` blocks, which nest, are kept for those script families only, ``any``
+for every family that calls a kernel: :func:`~kvfuzz.fuzz.campaign.store.standalone._for_family`). It imports only
+the standard library, torch, safetensors and, inside each family's block, the kernel's own package. A call to a
+family's helper sits in a block of that family (or of a subset of it), so no script calls a helper it lacks."""
 
 SCRIPT = r'''#!/usr/bin/env python3
 """Standalone reproducer for @TARGET@, written by kvfuzz (it needs only torch, safetensors and the kernel's own
@@ -37,7 +39,9 @@ if META["family"] in ("triton", "sglang", "writer_triton"):
             sys.modules["vllm.platforms.rocm"] = stub
 
 import torch  # noqa: E402
+#@only any
 from safetensors.torch import load_file  # noqa: E402
+#@end
 
 DTYPE = getattr(torch, META["dtype"])
 TENSORS = {}  # tensors.safetensors, once main() loaded it
@@ -54,6 +58,7 @@ def show_batch():
     print(f"  values drawn from the {m['value_range']!r} range; unused cache slots hold {m['poison']}")
 
 
+#@only any
 def rebuild(stored, v, device):
     """A recorded argument: a tensor view of a saved storage, a tuple/list, a dtype, or a plain value."""
     if isinstance(v, dict) and "__tensor__" in v:
@@ -99,6 +104,7 @@ def kwargs_of(stored, device):
 CACHES = []  # the key and value caches as the adapter saw them (views of the call's storages), for the writers
 
 
+#@end
 #@only triton
 def patched_kernel():
     """The kernel with an upstream fix undone (kvfuzz's re-injected bug): the patched copies beside this script,
@@ -194,6 +200,7 @@ def check_writer(t, kw):
 
 
 #@end
+#@only any
 def call_kernel(kw):
     """The kernel call exactly as kvfuzz's adapter made it (its ``run``)."""
     fam = META["family"]
@@ -204,9 +211,11 @@ def call_kernel(kw):
         import numpy as np
 
         module, name = META["kernel"]
-        if fam == "sglang":
-            sglang_kernels()
+        #@only sglang
+        sglang_kernels()
+        #@end
         fn = getattr(importlib.import_module(module), name)
+        #@only module
         if "tile_scheduler_metadata" in kw:  # FlashMLA's: an empty FlashMLASchedMeta the first call fills,
             # made as the adapter and vLLM's FlashMLAMetadataBuilder make it: get_mla_metadata(cache_seqlens,
             # q_len * num_heads, 1 (MQA), is_fp8_kvcache)[0]
@@ -214,8 +223,11 @@ def call_kernel(kw):
             q = kw["q"]
             kw["tile_scheduler_metadata"] = get_mla_metadata(kw["cache_seqlens"], q.shape[1] * q.shape[2], 1,
                                                              is_fp8_kvcache=kw["is_fp8_kvcache"])[0]
+        #@end
+        #@only triton
         if SPEC.get("patched") and "--upstream" not in sys.argv:
             fn = patched_kernel()
+        #@end
         with np.errstate(all="ignore"):  # the interpreter's numpy warns on NaN poison
             ret = fn(**kw)
     #@end
@@ -247,11 +259,14 @@ def call_kernel(kw):
     if fam == "flex":
         ret = flex_call(kw)
     #@end
-    #@only flashinfer writer_flashinfer
-    if fam in ("flashinfer", "writer_flashinfer"):
+    #@only flashinfer
+    if fam == "flashinfer":
         ret = flashinfer_call(kw)
-        if fam == "writer_flashinfer":
-            return None
+    #@end
+    #@only writer_flashinfer
+    if fam == "writer_flashinfer":
+        flashinfer_call(kw)
+        return None
     #@end
     #@only writer_cpu
     if fam == "writer_cpu":
@@ -271,10 +286,13 @@ def call_kernel(kw):
             kw["kv_cache_dtype"])
         ret = torch.ops._C.cpu_attention_with_kv_cache(**kw)
     #@end
+    #@only triton sglang cpu_op module flex flashinfer
     out = kw[SPEC["output_kwarg"]] if SPEC["output_kwarg"] else (ret[0] if isinstance(ret, tuple) else ret)
     return out.reshape(SPEC["output_shape"])
+    #@end
 
 
+#@end
 #@only flex
 def flex_call(kw):
     """torch's PagedAttention + flex_attention as kvfuzz's adapter calls it (kvfuzz/fuzz/targets/torch_flex.py):
@@ -420,6 +438,7 @@ def report_only():
 def main():
     if SPEC is None or META["family"] is None:
         return report_only()
+    #@only any
     t = load_file(str(HERE / "tensors.safetensors"))
     TENSORS.update(t)
     device = "cuda" if any(isinstance(v, dict) and v.get("device") == "cuda" for v in SPEC["kwargs"].values()) \
@@ -435,11 +454,13 @@ def main():
             print("error: flashinfer is not installed (pip install flashinfer-python==" +
                   str((META["versions"] or {}).get("flashinfer-python")) + ")", file=sys.stderr)
             return 2
-    if META["family"].startswith("writer"):
-        if "reference" not in t:
-            print("no expected cache in tensors.safetensors (a cache too big to store): replay with kvfuzz")
-            return 2
-        return check_writer(t, kwargs_of(t, device))
+    #@only writer_triton writer_cpu writer_flashinfer
+    if "reference" not in t:
+        print("no expected cache in tensors.safetensors (a cache too big to store): replay with kvfuzz")
+        return 2
+    return check_writer(t, kwargs_of(t, device))
+    #@end
+    #@only triton sglang cpu_op module flex flashinfer
     out = call_kernel(kwargs_of(t, device))
     if device == "cuda":
         torch.cuda.synchronize()
@@ -470,6 +491,8 @@ def main():
         return 1
     print("not reproduced: the output agrees with the fp64 reference")
     return 0
+    #@end
+    #@end
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ FlashMLA's scheduler metadata made again with ``get_mla_metadata``), vLLM's CPU 
 (``torch.ops._C.cpu_attention_with_kv_cache``, library path from ``VLLM_CPU_LIB`` or the first argument; its
 scheduler metadata made again), torch's paged flex_attention (the page table, block mask and score_mod built
 from the batch as torch_flex.py builds them, written out in the script) and FlashInfer's decode/prefill wrappers
-(plan()/run() with the recorded arguments by name). The script holds only its own family's helpers
-(:func:`_for_family`). A kernel on CUDA with no CUDA device, or FlashInfer not installed, exits 2.
+(plan()/run() with the recorded arguments by name). The script holds only its own family's code
+(:func:`_for_family`): it defines every name it calls (tests/fuzz/campaign/test_standalone.py runs pyflakes'
+checks over each family's script). A kernel on CUDA with no CUDA device, or FlashInfer not installed, exits 2.
 Out-of-tree adapters that override ``run`` (or a method the script writes out, :data:`_INLINED`), calls too big
 to record and caller-contract violations get a script that prints what the case recorded (the violated
 invariant, the message) and how to replay it with kvfuzz: :func:`family` is None."""
@@ -240,16 +241,24 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
 
 
 def _for_family(text: str, fam: str | None) -> str:
-    """The script's text without the helpers of other families (``#@only <families>`` .. ``#@end`` blocks): an
-    issue inlines the script (:data:`kvfuzz.fuzz.campaign.store.issue.INLINE_LINES`), so it holds only what runs."""
-    out, keep = [], True
+    """The script's text without the code of other families: a ``#@only <families>`` .. ``#@end`` block is kept
+    for those families only (``any``: every family that calls a kernel, not a report-only script); blocks nest (a
+    block inside a kept one is kept for its own families only), so a kept line never calls a helper that was cut.
+    An issue inlines the script (:data:`kvfuzz.fuzz.campaign.store.issue.INLINE_LINES`), so it holds only what
+    runs. Raises ValueError for an ``#@end`` without its ``#@only`` or an ``#@only`` left open."""
+    out, keep = [], [True]
     for line in text.splitlines(keepends=True):
         if line.lstrip().startswith("#@only "):
-            keep = fam in line.split()[1:]
+            names = line.split()[1:]
+            keep.append(keep[-1] and (fam in names or (fam is not None and "any" in names)))
         elif line.lstrip().startswith("#@end"):
-            keep = True
-        elif keep:
+            if len(keep) == 1:
+                raise ValueError(f"script template: an #@end without its #@only: {line.strip()!r}")
+            keep.pop()
+        elif keep[-1]:
             out.append(line)
+    if len(keep) != 1:
+        raise ValueError("script template: an #@only block is not closed by #@end")
     return "".join(out)
 
 

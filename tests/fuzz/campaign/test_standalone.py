@@ -4,6 +4,7 @@ findings 3), a passing one (the kernel computes the case right: what a fixed ker
 a caller-contract violation (the script shows the invariant, calls nothing)."""
 
 import importlib.machinery
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,37 @@ def _without_kvfuzz(d, tmp_path, *args, env=None):
                           capture_output=True, text=True, timeout=300)
 
 
+def _undefined_names(text):
+    """The global names a script reads that neither it binds nor builtins hold (pyflakes' F821, the part a
+    trimmed script can get wrong: a call left to a helper that was cut), from the stdlib's symtable; compiling
+    it raises SyntaxError first."""
+    import builtins
+    import symtable
+
+    compile(text, "standalone.py", "exec")
+    top = symtable.symtable(text, "standalone.py", "exec")
+    tables, bound, read = [top], set(dir(builtins)) | {"__file__"}, set()
+    while tables:
+        t = tables.pop()
+        tables.extend(t.get_children())
+        for sym in t.get_symbols():
+            if (t is top or sym.is_declared_global()) and (sym.is_assigned() or sym.is_imported()):
+                bound.add(sym.get_name())
+            if sym.is_referenced() and (t is top or sym.is_global()):
+                read.add(sym.get_name())
+    return sorted(read - bound)
+
+
+def _assert_pyflakes_clean(path):
+    """``path`` compiles and reads no undefined name (:func:`_undefined_names`); where ruff is installed (the dev
+    extras), ``ruff check --select F`` (all of pyflakes: unused imports and variables too) passes on it."""
+    assert _undefined_names(path.read_text()) == [], path
+    if importlib.util.find_spec("ruff") is not None:
+        r = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select", "F",
+                            str(path)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
 def _reproducer(tmp_path, target, example, fault=None, finding=None):
     run = properties.prepare(target, example, fault)
     if finding is None:
@@ -48,7 +80,34 @@ def _reproducer(tmp_path, target, example, fault=None, finding=None):
         finding = info.value
     else:
         properties.check(target, example, fault, run=run, run_unsafe=True)  # it passes
-    return write_reproducer(tmp_path / "out", target, example, finding, run, fault.name if fault else None)
+    d = write_reproducer(tmp_path / "out", target, example, finding, run, fault.name if fault else None)
+    _assert_pyflakes_clean(d / "standalone.py")
+    return d
+
+
+def test_every_familys_script_defines_what_it_calls(tmp_path):
+    """Each family's trimmed script (and the report-only one) passes pyflakes' checks: a call to a family's helper
+    sits in that family's block, nested blocks included. A planted call to a helper of another family, and
+    unbalanced markers, are caught."""
+    from kvfuzz.fuzz.campaign.store.script_template import SCRIPT
+    from kvfuzz.fuzz.campaign.store.standalone import _FAMILIES, _for_family
+
+    for fam in sorted(set(_FAMILIES.values())) + [None]:
+        text = _for_family(SCRIPT, fam)
+        for key, value in (("@META@", "'null'"), ("@SPEC@", "'null'"), ("@TARGET@", "x"), ("@ARGS@", "")):
+            text = text.replace(key, value)
+        path = tmp_path / f"{fam}.py"
+        path.write_text(text)
+        _assert_pyflakes_clean(path)
+    assert "def main" in (tmp_path / "None.py").read_text() and "load_file" not in (tmp_path / "None.py").read_text()
+
+    planted = ("def f():\n    #@only a\n    g()\n    #@end\n    return 0\n\n\n"
+               "#@only a b\n#@only b\ndef g():\n    pass\n#@end\n#@end\n")
+    assert _undefined_names(_for_family(planted, "b")) == [] and "    g()" not in _for_family(planted, "b")
+    assert _undefined_names(_for_family(planted, "a")) == ["g"]  # the nested block kept g for b only
+    for unbalanced in ("#@only a\nx = 1\n", "x = 1\n#@end\n"):
+        with pytest.raises(ValueError, match="#@"):
+            _for_family(unbalanced, "a")
 
 
 def _cpu_lib():
