@@ -11,7 +11,7 @@ the contract before the kernel runs, and the output against the fp64 reference a
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
 import attrs
 import torch
@@ -56,6 +56,26 @@ class KernelCall:
     output: torch.Tensor
     key: torch.Tensor | None = None
     value: torch.Tensor | None = None
+
+
+class DeviceCapabilities:
+    """A target's ``capabilities`` that depend on where its kernel runs, read from the class or an instance alike:
+    the ``declared`` :class:`~kvfuzz.contracts.model.capabilities.Capabilities` with the fields ``fields(cls)``
+    returns (field name -> value; asked at each read, so a device chosen after import counts) replaced. Set it as
+    the class attribute ``capabilities``; an instance may still set its own (a non-data descriptor). Examples: the
+    Triton targets' dtypes (kvfuzz.fuzz.targets.triton_runtime), torch flex's CUDA head and page sizes."""
+
+    def __init__(self, declared: Capabilities, fields: Callable[[type], Mapping[str, Any]]) -> None:
+        self.declared = declared
+        self.fields = fields
+        self._made: dict[tuple, Capabilities] = {}
+
+    def __get__(self, obj: object, cls: type) -> Capabilities:
+        fields = dict(self.fields(cls))
+        key = (cls, tuple(sorted(fields.items())))
+        if key not in self._made:
+            self._made[key] = attrs.evolve(self.declared, **fields) if fields else self.declared
+        return self._made[key]
 
 
 class Target(abc.ABC):
@@ -157,4 +177,4 @@ class Target(abc.ABC):
         return "default"
 
 
-__all__ = ["NOT_LOADED", "Availability", "KernelCall", "Target"]
+__all__ = ["NOT_LOADED", "Availability", "DeviceCapabilities", "KernelCall", "Target"]
