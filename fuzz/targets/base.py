@@ -24,7 +24,7 @@ from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.strategies.tiers import TIERS
 
-from .signature import CheckedKernel
+from .signature import CheckedKernel, KernelSignature
 
 
 @attrs.frozen
@@ -91,6 +91,10 @@ class Target(abc.ABC):
     #: runs the runtime guard's argument checks (index dtypes, lengths, block ids, max_seq_len, page lists, ...)
     #: on every call. A name in the guard's table (kvfuzz.fuzz.guard.signatures) works too; None: unchecked.
     checked_kernel: ClassVar[CheckedKernel | str | None] = None
+    #: Where the kernel lives upstream, ``(package, file, function)``, for a kernel whose ``checked_kernel`` does
+    #: not say it (a ``torch.ops`` op, a FlashInfer wrapper, an unchecked kernel); None: :meth:`upstream_source`
+    #: derives it from the ``checked_kernel``'s defining module. ``kvfuzz report --issue`` names it.
+    upstream: ClassVar[tuple[str, str, str] | None] = None
     #: Fields of a kernel configuration (kvfuzz.strategies.configs.RUNTIME_FIELDS: "heads", "block_size",
     #: "window") the kernel takes as run-time arguments instead of compiling for them: a pinned chunk then stays
     #: in one compiled specialization and still draws these freely (FlashInfer: all three).
@@ -116,6 +120,20 @@ class Target(abc.ABC):
 
         return attrs.evolve(self.capabilities,
                             **{s: None if s == "cuda_graph_padding" else False for s in self.gate_states_off})
+
+    @classmethod
+    def upstream_source(cls) -> tuple[str, str, str] | None:
+        """``(package, file, function)`` of the kernel upstream: :attr:`upstream`, else the first defining module of
+        a :class:`~kvfuzz.fuzz.targets.signature.KernelSignature` ``checked_kernel`` as a file, and its function
+        (``("vllm", "vllm/v1/attention/ops/prefix_prefill.py", "context_attention_fwd")``); None when neither
+        says. Imports nothing."""
+        if cls.upstream is not None:
+            return cls.upstream
+        sig = cls.checked_kernel
+        if isinstance(sig, KernelSignature) and sig.modules:
+            module = sig.modules[0]
+            return module.split(".")[0], module.replace(".", "/") + ".py", sig.attr
+        return None
 
     def __new__(cls, *args, **kwargs):
         # A subclass that does not set its own name would share its parent's reproducer directories, database

@@ -126,6 +126,8 @@ class TorchFlexPaged(Target):
     """
 
     name = "torch.flex_paged"
+    upstream = ("torch", "torch/nn/attention/experimental/_paged_attention.py, torch/nn/attention/flex_attention.py",
+                "PagedAttention + flex_attention")
     # Known limitation (docs/findings.md): NaN/inf in unused V slots reaches the output (eager: any slot of the
     # pool; compiled: the tail of the sequence's last page). The gate checks finite poisons; `kvfuzz fuzz`
     # keeps reporting NaN.
