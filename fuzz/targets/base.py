@@ -105,7 +105,8 @@ class Target(abc.ABC):
     #: Value ranges the pre-merge gate draws (kvfuzz.contracts.model.batch.VALUE_RANGES); None: all. Restricted, as
     #: ``gate_poisons``, only for a documented, known kernel limitation that ``kvfuzz fuzz`` keeps reporting.
     gate_value_ranges: ClassVar[tuple[str, ...] | None] = None
-    #: Production states the pre-merge gate leaves undrawn ("freed_window_blocks", "cuda_graph_padding"), as
+    #: Production states (names in kvfuzz.contracts.model.states.PRODUCTION_STATES, e.g. "freed_window_blocks",
+    #: "cuda_graph_padding") the pre-merge gate leaves undrawn (Capabilities.without_states), as
     #: ``gate_poisons``, only for a documented live upstream bug that ``kvfuzz fuzz`` keeps reporting (docs/bugs.md).
     gate_states_off: ClassVar[tuple[str, ...]] = ()
     #: Size tiers (kvfuzz.strategies.tiers.TIERS) this target runs: None declares the default,
@@ -114,12 +115,7 @@ class Target(abc.ABC):
 
     def gate_capabilities(self):
         """``capabilities`` less :attr:`gate_states_off` (the declaration the pre-merge gate draws from)."""
-        if not self.gate_states_off:
-            return self.capabilities
-        import attrs
-
-        return attrs.evolve(self.capabilities,
-                            **{s: None if s == "cuda_graph_padding" else False for s in self.gate_states_off})
+        return self.capabilities.without_states(self.gate_states_off)
 
     @classmethod
     def upstream_source(cls) -> tuple[str, str, str] | None:
