@@ -261,7 +261,7 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     needed = [-(-(q + c) // block_size) for q, c in lens]
     num_blocks, table, _ = draw(cached_strategy(block_tables, tuple(needed), limits.max_spare_blocks))
     # the production states the target declares (kvfuzz.strategies.states): shared prefix blocks, freed window
-    # blocks, CUDA-graph pad sequences (a pad's choices after the table's: shrinks to no pads, then away)
+    # blocks here; CUDA-graph pad sequences last (states.LAST: shrinks to no pads, then away)
     kw = draw_states(draw, capabilities, dict(query_lens=query_lens, ctx_lens=ctx_lens, block_size=block_size,
                                               num_blocks=num_blocks, block_table=table, **params))
     if capabilities.metadata == "csr":
@@ -270,6 +270,7 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
         kw["value_head_size"] = capabilities.value_head_size
         if "v_scale" in kw:  # one latent row, one scale
             kw["v_scale"] = kw["k_scale"]
+    draw_states(draw, capabilities, kw, last=True)
     return Batch(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype,
                  kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **kw)
 

@@ -210,6 +210,7 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
         kw["value_head_size"] = capabilities.value_head_size
         if "v_scale" in kw:
             kw["v_scale"] = kw["k_scale"]
+    draw_states(draw, capabilities, kw, serving=True, last=True)
     return Batch(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype,
                  kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **kw)
 

@@ -2,8 +2,9 @@
 :data:`kvfuzz.contracts.model.states.PRODUCTION_STATES`, whose homes hold the states' models): how the batch
 strategies (:func:`kvfuzz.strategies.batches.batches` and the serving tier's
 :func:`kvfuzz.strategies.serving.serving_batches`) put a batch in a state its target declares. Both call
-:func:`draw_states` once, right after the block table is drawn; a state's draw always makes its choices (whether
-the state ends up on or not), so a lowered choice shifts no other (the rule of kvfuzz.strategies.batches).
+:func:`draw_states` right after the block table is drawn, and again (``last=True``) for the states of :data:`LAST`
+once every other field is; a state's draw always makes its choices (whether the state ends up on or not), so a
+lowered choice shifts no other (the rule of kvfuzz.strategies.batches).
 """
 
 from __future__ import annotations
@@ -114,14 +115,21 @@ DRAWS: dict[str, StateDraw] = {
 }
 
 
-def draw_states(draw, capabilities: Capabilities, kw: dict[str, Any], serving: bool = False) -> dict[str, Any]:
+#: States drawn after every other field of the batch (:func:`draw_states` with ``last=True``): CUDA-graph pads,
+#: whose choices come last so a case shrinks to no pads, then away from them.
+LAST = frozenset({"cuda_graph_padding"})
+
+
+def draw_states(draw, capabilities: Capabilities, kw: dict[str, Any], serving: bool = False,
+                last: bool = False) -> dict[str, Any]:
     """``kw`` (Batch keyword arguments, see :data:`StateDraw`) with every state ``capabilities`` declares drawn
-    into it, in :data:`~kvfuzz.contracts.model.states.PRODUCTION_STATES` order; returns ``kw``."""
+    into it, in :data:`~kvfuzz.contracts.model.states.PRODUCTION_STATES` order: those of :data:`LAST` with
+    ``last``, the others without (right after the block table); returns ``kw``."""
     for name, state in PRODUCTION_STATES.items():
-        if getattr(capabilities, name) != state.off:
+        if (name in LAST) == last and getattr(capabilities, name) != state.off:
             kw.update(DRAWS[name](draw, capabilities, kw, serving))
     return kw
 
 
-__all__ = ["DRAWS", "MAX_PAD_SEQS", "StateDraw", "capture_size", "cuda_graph_pads", "draw_states",
+__all__ = ["DRAWS", "LAST", "MAX_PAD_SEQS", "StateDraw", "capture_size", "cuda_graph_pads", "draw_states",
            "freed_window_table", "shared_prefixes"]
