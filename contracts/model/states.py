@@ -4,10 +4,11 @@ in one registry, :data:`PRODUCTION_STATES` (as :data:`kvfuzz.fuzz.targets.regist
 
 A state is a :class:`ProductionState`: its name, which is the ``Capabilities`` field a target declares it with
 (and the name ``kvfuzz targets``, docs/targets.md and ``Target.gate_states_off`` use); the value that declares
-it off; a label; whether a batch is in the state; what a declaration needs besides it. Everything that knows a
-state's declaration (``Capabilities.accepts``/``outside``/``states``, ``Target.gate_capabilities``, coverage's
-state tags) reads it from here. Each state's home (``home``) holds its model; the rooms above hold the rest,
-each in one place per state, found from the state's name:
+it off; a label; whether a batch is in the state; what a declaration needs besides it. The generic code asking
+whether a state is declared or a batch is in it reads it from here (``Capabilities``' validation, ``accepts``,
+``outside``, ``states``, ``without_states``; ``Target.gate_capabilities``; coverage's state tags). Each state's
+home (``home``) holds its model; the rooms above hold the rest, each in one place per state, found from the
+state's name:
 
 - its draw: :data:`kvfuzz.strategies.states.DRAWS` (strategies: a draw may not live with a kernel or the harness);
 - its oracle's hooks around the call: :data:`kvfuzz.fuzz.harness.states.HOOKS` (the harness: before the call,
@@ -17,6 +18,12 @@ each in one place per state, found from the state's name:
 
 The layering (fuzz -> strategies -> contracts, tests/test_layers.py) is why one state is a module per room and
 not one module: a draw imports Hypothesis (strategies), an oracle's hooks the harness (fuzz).
+
+Still naming a state by its field, where the state changes what another part computes rather than whether it
+applies: the targets that build a padded call (``Padding``), the caller's expected metadata of a padded call
+(kvfuzz.fuzz.harness.caller ``metadata_violations``), the metamorphic relations (run unpadded), the baseline's
+"padding" re-run (kvfuzz.fuzz.campaign.store.baseline ``FEATURES_OFF``) and ``kvfuzz targets``' JSON field
+``shared_prefix_blocks``.
 """
 
 from __future__ import annotations
