@@ -31,6 +31,13 @@ from kvfuzz.contracts.model.poison import Poison
 
 from .configs import GQA_RATIOS, NUM_KV_HEADS, KernelConfig, window_edges
 from .limits import Limits
+from .states import (  # noqa: F401 (re-exported: the states' draws moved to their home, kvfuzz.strategies.states)
+    MAX_PAD_SEQS,
+    cuda_graph_pads,
+    draw_states,
+    freed_window_table,
+    shared_prefixes,
+)
 
 #: Sequence kinds, simplest first.
 KINDS = ("decode", "prefill", "prefill-no-ctx")
@@ -253,76 +260,22 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     # the block tables last: a permutation of blocks has a varying number of choices
     needed = [-(-(q + c) // block_size) for q, c in lens]
     num_blocks, table, _ = draw(cached_strategy(block_tables, tuple(needed), limits.max_spare_blocks))
-    if capabilities.shared_prefix_blocks:
-        table = draw(shared_prefixes(table, ctx_lens, block_size))
-    freed = {}
-    if capabilities.freed_window_blocks:  # drawn whether a window is on or not (no shifts while shrinking)
-        free = draw(sampled((False, True)))
-        if free and params.get("sliding_window") is not None:
-            num_blocks, table = freed_window_table(table, query_lens, ctx_lens, block_size, num_blocks,
-                                                   params["sliding_window"])
-            freed["freed_window_blocks"] = True
-    csr = {}
+    # the production states the target declares (kvfuzz.strategies.states): shared prefix blocks, freed window
+    # blocks here; CUDA-graph pad sequences last (states.LAST: shrinks to no pads, then away)
+    kw = draw_states(draw, capabilities, dict(query_lens=query_lens, ctx_lens=ctx_lens, block_size=block_size,
+                                              num_blocks=num_blocks, block_table=table, **params))
     if capabilities.metadata == "csr":
-        csr["csr_tail"] = draw(csr_tails(num_blocks * block_size))
+        kw["csr_tail"] = draw(csr_tails(kw["num_blocks"] * block_size))
     if capabilities.value_head_size is not None:
-        csr["value_head_size"] = capabilities.value_head_size
-        if "v_scale" in params:  # one latent row, one scale
-            params["v_scale"] = params["k_scale"]
-    if capabilities.cuda_graph_padding is not None:  # drawn last: shrinks to no pads, then away
-        pads = draw(cuda_graph_pads())
-        if all(q == 1 for q in query_lens):  # engines pad decode batches only (kvfuzz.contracts.model.padding)
-            csr["num_pad_seqs"] = pads
-    return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                 head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
-                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **csr, **params,
-                 **freed)
+        kw["value_head_size"] = capabilities.value_head_size
+        if "v_scale" in kw:  # one latent row, one scale
+            kw["v_scale"] = kw["k_scale"]
+    draw_states(draw, capabilities, kw, last=True)
+    return Batch(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype,
+                 kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **kw)
 
 
 SEEDS = st.integers(0, 2**31 - 1)
-
-
-@st.composite
-def shared_prefixes(draw, table: list[list[int]], ctx_lens: list[int], block_size: int) -> list[list[int]]:
-    """``table`` with some sequences sharing leading full-context blocks with an earlier sequence, as a
-    radix (prefix) cache hands a request the pages of a prefix it has seen: sequence ``j`` takes the first
-    ``k`` blocks of sequence ``src < j`` (``k`` at most the full context blocks of both; its own blocks for
-    those columns become unused). Shrinks to no sharing (``k = 0``), then to the previous sequence."""
-    table = [list(r) for r in table]
-    for j in range(1, len(table)):
-        k = draw(st.integers(0, ctx_lens[j] // block_size))
-        if k:  # from the nearest earlier sequence first (shrinks there), with enough full context blocks
-            src = j - draw(st.integers(1, j))
-            k = min(k, ctx_lens[src] // block_size)
-            table[j][:k] = table[src][:k]
-    return table
-
-
-#: The most CUDA-graph pad sequences a batch draws (``Batch.num_pad_seqs``): vLLM's capture sizes step by 8
-#: past 8 (1, 2, 4, 8, 16, ...), so a real batch is at most 7 short of its size; a few find what more would.
-MAX_PAD_SEQS = 3
-
-
-def cuda_graph_pads() -> st.SearchStrategy[int]:
-    """How many CUDA-graph pad sequences follow a decode batch (``Batch.num_pad_seqs``, the "CUDA-graph
-    padding" state of :mod:`kvfuzz.contracts.model.padding`): 0 .. :data:`MAX_PAD_SEQS`, shrinking to 0."""
-    return st.integers(0, MAX_PAD_SEQS)
-
-
-def freed_window_table(table: list[list[int]], query_lens: list[int], ctx_lens: list[int], block_size: int,
-                       num_blocks: int, window: int) -> tuple[int, list[list[int]]]:
-    """``(num_blocks, table)`` in the state of a sliding-window KV manager that frees what no query sees
-    (:attr:`~kvfuzz.contracts.model.batch.Batch.freed_window_blocks`): every used block id moved up by one so
-    that no live position uses the null block (:data:`~kvfuzz.contracts.model.batch.NULL_BLOCK`, id 0, as vLLM's
-    ``BlockPool`` reserves it), then the ``max(0, ctx_len - window + 1) // block_size`` leading columns of each
-    sequence pointed at the null block (vLLM's ``SlidingWindowManager.remove_skipped_blocks``,
-    vllm/v1/core/single_type_kv_cache_manager.py). Padding columns keep 0."""
-    out = []
-    for row, q, c in zip(table, query_lens, ctx_lens):
-        need = -(-(q + c) // block_size)
-        freed = max(0, c - window + 1) // block_size
-        out.append([0 if k < freed else b + 1 if k < need else b for k, b in enumerate(row)])
-    return num_blocks + 1, out
 
 
 def csr_tails(num_slots: int) -> st.SearchStrategy[list[int]]:

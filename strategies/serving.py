@@ -40,7 +40,6 @@ from .batches import (
     cached_strategy,
     choice,
     csr_tails,
-    freed_window_table,
     gqa_heads,
     pinned_field,
     sampled,
@@ -48,6 +47,7 @@ from .batches import (
 from .configs import GQA_RATIOS, KernelConfig
 from .limits import Limits
 from .models import MODEL_WINDOWS, model_shapes
+from .states import capture_size, draw_states
 
 #: Token budgets per step (vLLM's ``max_num_batched_tokens``: 2048 and 8192 are its v1 defaults for online and
 #: offline serving, vllm/engine/arg_utils.py; SGLang's ``chunked_prefill_size`` defaults to 2048 or 8192), smallest
@@ -59,15 +59,6 @@ DECODE_SLOTS, CHUNK_SLOTS = 32, 3
 SPEC_TOKENS = tuple(range(1, 8))
 #: Tile widths whose multiples +- 1 a window is drawn near.
 TILE_EDGES = (16, 32, 64, 128)
-
-
-def capture_size(num_seqs: int) -> int:
-    """The CUDA-graph capture size a pure-decode batch of ``num_seqs`` is padded to (vLLM's default sizes
-    1, 2, 4, then multiples of 8)."""
-    for s in (1, 2, 4):
-        if num_seqs <= s:
-            return s
-    return -(-num_seqs // 8) * 8
 
 
 @functools.lru_cache(maxsize=64)
@@ -211,26 +202,17 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     seed = draw(SEEDS)
     needed = [-(-(q + c) // block_size) for q, c in lens]
     num_blocks, table, _ = draw(cached_strategy(block_tables, tuple(needed), limits.max_spare_blocks))
-    extra = {}
-    if capabilities.freed_window_blocks:
-        free = draw(sampled((False, True)))
-        if free and params.get("sliding_window") is not None:
-            num_blocks, table = freed_window_table(table, query_lens, ctx_lens, block_size, num_blocks,
-                                                   params["sliding_window"])
-            extra["freed_window_blocks"] = True
+    kw = draw_states(draw, capabilities, dict(query_lens=query_lens, ctx_lens=ctx_lens, block_size=block_size,
+                                              num_blocks=num_blocks, block_table=table, **params), serving=True)
     if capabilities.metadata == "csr":
-        extra["csr_tail"] = draw(csr_tails(num_blocks * block_size))
+        kw["csr_tail"] = draw(csr_tails(kw["num_blocks"] * block_size))
     if capabilities.value_head_size is not None:
-        extra["value_head_size"] = capabilities.value_head_size
-        if "v_scale" in params:
-            params["v_scale"] = params["k_scale"]
-    if capabilities.cuda_graph_padding is not None:  # a pure-decode batch padded to its capture size
-        pad = draw(sampled((False, True)))
-        if pad and all(q == 1 for q in query_lens):
-            extra["num_pad_seqs"] = capture_size(len(query_lens)) - len(query_lens)
-    return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                 head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
-                 dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **extra, **params)
+        kw["value_head_size"] = capabilities.value_head_size
+        if "v_scale" in kw:
+            kw["v_scale"] = kw["k_scale"]
+    draw_states(draw, capabilities, kw, serving=True, last=True)
+    return Batch(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype,
+                 kv_cache_dtype=kv_cache_dtype, seed=seed, sm_scale=sm_scale, **kw)
 
 
 def serving_examples(capabilities: Capabilities, limits: Limits, poisons: tuple[Poison, ...] = tuple(Poison),

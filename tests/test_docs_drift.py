@@ -1,9 +1,9 @@
 """Statements in docs and docstrings that name parts of the code, checked against the code so they cannot drift:
 the guard's list of intercepted kernels (fuzz/guard/patching.py) against the families' signatures; the
-production states of docs/targets.md against ``STATES`` and the built-in targets' declarations; the third-party
-packages docs/architecture.md says contracts/ imports; every ``:func:``/``:class:``/... cross-reference to a
-``kvfuzz.`` name in the package's source resolves. Each checker is also fed a planted drift. No kernel runs
-here (the targets' declarations are read without their libraries)."""
+production states of docs/targets.md against the registry (``PRODUCTION_STATES``) and the built-in targets'
+declarations; the third-party packages docs/architecture.md says contracts/ imports; every
+``:func:``/``:class:``/... cross-reference to a ``kvfuzz.`` name in the package's source resolves. Each checker
+is also fed a planted drift. No kernel runs here (the targets' declarations are read without their libraries)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 
 from support import ROOT
 
-from kvfuzz.contracts.model.capabilities import STATES
+from kvfuzz.contracts.model.states import PRODUCTION_STATES
 from kvfuzz.fuzz.guard import patching
 from kvfuzz.fuzz.guard.signatures import SIGNATURES
 from kvfuzz.fuzz.targets.registry import BUILTIN, get_target
@@ -51,9 +51,9 @@ def documented_states(doc: str) -> dict[str, set[str]]:
 
 
 def declared_states() -> dict[str, set[str]]:
-    """Each state of STATES -> the built-in targets whose Capabilities declare it."""
+    """Each registered production state -> the built-in targets whose Capabilities declare it."""
     caps = {name: get_target(name).capabilities for name in BUILTIN}
-    return {s: {n for n, c in caps.items() if getattr(c, s)} for s in STATES}
+    return {s: {n for n, c in caps.items() if getattr(c, s) != state.off} for s, state in PRODUCTION_STATES.items()}
 
 
 def test_the_states_list_in_the_docs_is_the_codes():

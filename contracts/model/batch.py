@@ -18,6 +18,8 @@ from typing import Any
 import attrs
 import torch
 
+from . import freed_window
+from .freed_window import NULL_BLOCK  # noqa: F401 (re-exported: the state's home holds it)
 from .space import DTYPES, FEATURES, FP8_DTYPES, KV_CACHE_DTYPES, VALUE_RANGES, alibi_slopes, positions  # noqa: F401 (re-exported)
 
 
@@ -207,29 +209,13 @@ class Batch:
                         f"block_table[{i}][{col}] = {blk} is outside [0, num_blocks={self.num_blocks})"
                     )
                 if self.freed_window_blocks:
-                    self._check_freed(i, col, blk, freed)
+                    freed_window.check_column(self, i, col, blk, freed)
                     if col < freed:
                         continue  # the null block, aliased by every freed column
                 if blk in used:
                     self._check_shared(blk, used[blk], (i, col))
                 else:
                     used[blk] = (i, col)
-
-    def _check_freed(self, seq: int, col: int, blk: int, freed: int) -> None:
-        """With ``freed_window_blocks``: column ``col`` of ``seq`` is :data:`NULL_BLOCK` iff it is one of the
-        ``freed`` leading columns wholly before the window; raises ValueError naming the column otherwise."""
-        if col < freed and blk != NULL_BLOCK:
-            raise ValueError(
-                f"block_table[{seq}][{col}] = {blk}, but with freed_window_blocks every column wholly before the "
-                f"window (the first {freed} of sequence {seq}: positions < {freed * self.block_size}) points at the "
-                f"null block {NULL_BLOCK}")
-        if col >= freed and blk == NULL_BLOCK:
-            first = max(0, self.ctx_lens[seq] - self.sliding_window + 1)
-            raise ValueError(
-                f"block_table[{seq}][{col}] = {NULL_BLOCK} is the null block, but column {col} holds positions "
-                f"{col * self.block_size}..{(col + 1) * self.block_size - 1} that sequence {seq}'s queries can see "
-                f"(first visible key {first}): only columns wholly before the window may point at the null block; "
-                "give it a block of its own")
 
     def _check_latent(self) -> None:
         """A latent batch (``value_head_size`` set): ``1 <= Dv < head_size``, one kv head, one fp8 scale."""
@@ -370,22 +356,16 @@ class Batch:
         return -(-self.seq_lens[seq] // self.block_size)
 
     def freed_blocks(self, seq: int) -> int:
-        """How many leading columns of ``seq`` are freed to the null block: ``max(0, ctx_len - W + 1) //
-        block_size`` with ``freed_window_blocks``, else 0 (vLLM's ``SlidingWindowManager.remove_skipped_blocks``
-        with ``num_computed_tokens = ctx_len``: ``get_num_skipped_tokens(ctx_len) = ctx_len - W + 1`` tokens no
-        query of this step sees, the blocks wholly among them freed)."""
-        if not self.freed_window_blocks:
-            return 0
-        return max(0, self.ctx_lens[seq] - self.sliding_window + 1) // self.block_size
+        """How many leading columns of ``seq`` are freed to the null block
+        (:func:`kvfuzz.contracts.model.freed_window.freed_blocks`; 0 without ``freed_window_blocks``)."""
+        return freed_window.freed_blocks(self, seq)
 
     def held_positions(self, lens) -> tuple[torch.Tensor, torch.Tensor]:
         """``(seq, pos)`` int64 of positions ``0 .. lens[i]-1`` of every sequence ``i`` that the cache holds:
         all of them, less the positions of freed columns (:meth:`freed_blocks`), which sit on the null block."""
         seq, pos = positions(lens)
         if self.freed_window_blocks:
-            first = torch.tensor([self.freed_blocks(i) * self.block_size for i in range(self.num_seqs)],
-                                 dtype=torch.int64)
-            keep = pos >= first[seq]
+            keep = freed_window.held_mask(self, seq, pos)
             seq, pos = seq[keep], pos[keep]
         return seq, pos
 
@@ -515,11 +495,6 @@ class Batch:
         )
 
 
-#: The block a freed column points at (``freed_window_blocks``): vLLM's ``BlockPool.null_block``, the first block
-#: of the free queue (id 0), popped at start-up and never allocated (vllm/v1/core/block_pool.py, BlockPool.__init__).
-NULL_BLOCK = 0
-
-
 # DTYPES, FEATURES, KV_CACHE_DTYPES, VALUE_RANGES and positions are defined in .space and re-exported here,
-# where the batch's fields are described
+# where the batch's fields are described; NULL_BLOCK in .freed_window (the freed-window state's home)
 __all__ = ["Batch", "DTYPES", "FEATURES", "KV_CACHE_DTYPES", "NULL_BLOCK", "VALUE_RANGES", "positions"]

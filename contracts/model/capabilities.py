@@ -8,12 +8,12 @@ import attrs
 
 from .batch import DTYPES, FEATURES, KV_CACHE_DTYPES
 from .contract import Contract
-from .padding import CONVENTIONS
+from .states import PRODUCTION_STATES, states_off
 
 #: Production states a target may declare (``Capabilities`` fields) and their names in :attr:`Capabilities.states`
-#: (``kvfuzz targets``); strategies draw a state only for targets declaring it.
-STATES = {"shared_prefix_blocks": "shared prefix", "freed_window_blocks": "freed window blocks",
-          "cuda_graph_padding": "cuda-graph padding"}
+#: (``kvfuzz targets``), read from the registry :data:`kvfuzz.contracts.model.states.PRODUCTION_STATES`;
+#: strategies draw a state only for targets declaring it.
+STATES = {name: s.label for name, s in PRODUCTION_STATES.items()}
 
 #: How a kernel's caller describes where each sequence's tokens are (``Capabilities.metadata``).
 METADATA = ("block_table", "csr")
@@ -92,12 +92,8 @@ class Capabilities:
     freed_window_blocks: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if self.cuda_graph_padding is not None and self.cuda_graph_padding not in CONVENTIONS:
-            raise ValueError(f"unknown cuda_graph_padding {self.cuda_graph_padding!r}; known: {list(CONVENTIONS)} "
-                             "(or None)")
-        if self.freed_window_blocks and "sliding_window" not in self.features:
-            raise ValueError("Capabilities.freed_window_blocks needs the feature 'sliding_window' (blocks are freed "
-                             "only behind a window)")
+        for state in PRODUCTION_STATES.values():  # each state's own rules (its home module)
+            state.validate(self)
         if self.value_head_size is not None and not 1 <= self.value_head_size < min(self.head_sizes):
             raise ValueError(f"Capabilities.value_head_size {self.value_head_size} must be in [1, smallest head "
                              f"size {min(self.head_sizes)}): the value is a prefix of the key row")
@@ -149,12 +145,8 @@ class Capabilities:
             out.append(f"GQA group size {batch.gqa_ratio} with kv_cache_dtype {batch.kv_cache_dtype}")
         if batch.sliding_window is not None and batch.sliding_window < self.min_sliding_window:
             out.append(f"sliding_window {batch.sliding_window} (< {self.min_sliding_window})")
-        if any(batch.shared_prefix_blocks) and not self.shared_prefix_blocks:
-            out.append("shared prefix blocks")
-        if batch.num_pad_seqs and self.cuda_graph_padding is None:
-            out.append("CUDA-graph pad sequences")
-        if batch.freed_window_blocks and not self.freed_window_blocks:
-            out.append("freed window blocks")
+        out += [s.outside for s in PRODUCTION_STATES.values()
+                if getattr(self, s.name) == s.off and s.in_batch(batch)]
         if self.decode_only and any(q != 1 for q in batch.query_lens):
             out.append("prefill sequences (decode-only kernel)")
         if batch.value_head_size != self.value_head_size:
@@ -172,9 +164,7 @@ class Capabilities:
                 and batch.block_size in self.block_sizes
                 and self.fp8_accepts_gqa(batch.kv_cache_dtype, batch.gqa_ratio)
                 and (batch.sliding_window is None or batch.sliding_window >= self.min_sliding_window)
-                and (self.shared_prefix_blocks or not any(batch.shared_prefix_blocks))
-                and (self.cuda_graph_padding is not None or not batch.num_pad_seqs)
-                and (self.freed_window_blocks or not batch.freed_window_blocks)
+                and not any(getattr(self, s.name) == s.off and s.in_batch(batch) for s in PRODUCTION_STATES.values())
                 and (not self.decode_only or all(q == 1 for q in batch.query_lens))
                 and batch.value_head_size == self.value_head_size
                 and self.combinable(batch.features))
@@ -185,11 +175,16 @@ class Capabilities:
         with its convention: e.g. ``("shared prefix", "freed window blocks", "cuda-graph padding (vllm)")``;
         ``()`` for none."""
         out = []
-        for field, name in STATES.items():
+        for field, state in PRODUCTION_STATES.items():
             value = getattr(self, field)
-            if value:
-                out.append(name if value is True else f"{name} ({value})")
+            if value != state.off:
+                out.append(state.label if value is True else f"{state.label} ({value})")
         return tuple(out)
+
+    def without_states(self, names) -> "Capabilities":
+        """This declaration with the production states ``names`` (:data:`STATES` keys, e.g.
+        ``("freed_window_blocks",)``) declared off; raises ValueError naming an unknown state."""
+        return attrs.evolve(self, **states_off(self, names)) if names else self
 
     def restrict(self, **kw) -> "Capabilities":
         """A narrower declaration (e.g. ``dtypes=("float32",)``); raises ValueError if a value is not in

@@ -38,6 +38,8 @@ from __future__ import annotations
 import attrs
 import torch
 
+from .state import State
+
 #: The padding conventions a target can declare (``Capabilities.cuda_graph_padding``); see the module docstring.
 CONVENTIONS = ("vllm", "sglang")
 #: vLLM's null block (vllm/v1/attention/backends/utils.py ``NULL_BLOCK_ID``), every pad's block table row.
@@ -148,4 +150,16 @@ def padding(batch, convention: str | None) -> Padding:
     return Padding(batch, convention)
 
 
-__all__ = ["CONVENTIONS", "NULL_BLOCK_ID", "PAD_QUERY_SEED", "PAD_SLOT", "Padding", "padding"]
+def _validate(capabilities) -> None:
+    if capabilities.cuda_graph_padding is not None and capabilities.cuda_graph_padding not in CONVENTIONS:
+        raise ValueError(f"unknown cuda_graph_padding {capabilities.cuda_graph_padding!r}; known: "
+                         f"{list(CONVENTIONS)} (or None)")
+
+
+#: The state's declaration: ``Capabilities.cuda_graph_padding``, a convention of :data:`CONVENTIONS` or None; a
+#: batch is in it with pad sequences (``Batch.num_pad_seqs``). Its oracle's hooks: kvfuzz.fuzz.harness.padding.
+STATE = State("cuda_graph_padding", "cuda-graph padding", None, "CUDA-graph pad sequences", "cuda-graph-padding",
+              __name__, lambda b: b.num_pad_seqs > 0, _validate)
+
+
+__all__ = ["CONVENTIONS", "NULL_BLOCK_ID", "PAD_QUERY_SEED", "PAD_SLOT", "STATE", "Padding", "padding"]

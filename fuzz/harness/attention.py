@@ -18,7 +18,6 @@ from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.harness.caller import call_violations, caller_finding, caller_violations, metadata_violations
 from kvfuzz.fuzz.harness.faults import CallerFault
-from kvfuzz.fuzz.harness.padding import PadSnapshot, fill_pad_slot
 from kvfuzz.fuzz.harness.run import (  # noqa: F401
     GPU_REFERENCE_MIN_KV,
     Run,
@@ -28,6 +27,7 @@ from kvfuzz.fuzz.harness.run import (  # noqa: F401
     reference_device,
     run_kernel,
 )
+from kvfuzz.fuzz.harness.states import active_hooks
 from kvfuzz.fuzz.targets.base import Target
 
 
@@ -53,7 +53,8 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None,
     cache = materialize(batch, data, target.layout(batch), lens, example.poison, device=target.device)
     if after_materialize is not None:
         after_materialize(batch, data, cache)
-    fill_pad_slot(target, batch, data, cache)
+    for hooks in active_hooks(batch):  # the production states' (fuzz/harness/states.py)
+        hooks.prepare(target, batch, data, cache)
     call = target.build_call(batch, data, cache)
     if fault is not None and fault.applies(batch, call.kwargs):
         fault.mutate(batch, data, cache, call)
@@ -112,7 +113,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
                  "tensors; `kvfuzz fuzz` runs such calls in its isolated worker processes")
     else:
         poison_output(run.call.output)
-        pads = PadSnapshot.before(batch, run.call)
+        states = [(hooks, hooks.before(batch, run.call)) for hooks in active_hooks(batch)]
         run.output, crash = run_kernel(target, run.call, on_phase)
     t.kernel = time.perf_counter() - s
 
@@ -129,15 +130,16 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     t.reference = time.perf_counter() - s
 
     s = time.perf_counter()
-    finite_fail = agree_fail = pad_fail = None
+    finite_fail = agree_fail = state_fail = None
     if run.output is not None:
-        real = run.output[:batch.num_tokens] if batch.num_pad_seqs else run.output  # pad rows: pads.after
+        real = run.output[:batch.num_tokens] if batch.num_pad_seqs else run.output  # pad rows: their state's
         finite_fail = check_finite(batch, real)
         if finite_fail is None:  # a non-finite output fails agreement too, and its failure always wins
             agree_fail, run.ratio = agreement(batch, real, reference,
                                               partial(_same_precision_on_cpu, batch, run.data), envelope)
-        if finite_fail is None and agree_fail is None:  # real rows first: a pad's failure is named only alone
-            pad_fail = pads.after(batch, run.output, run.call)
+        if finite_fail is None and agree_fail is None:  # real rows first: a state's failure is named only alone
+            state_fail = next((f for f in (hooks.after(snap, batch, run.output, run.call) for hooks, snap in states)
+                               if f is not None), None)
     run.reference, run.envelope = reference.cpu(), envelope
     t.check_output = time.perf_counter() - s
     kernel = _kernel_summary(run.output, finite_fail, agree_fail, crash, not_run=bool(unsafe and not run_unsafe))
@@ -151,9 +153,9 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
         raise NonFiniteOutput(Oracle.FINITE.value, finite_fail.message(), {**common, "oracle": finite_fail.to_dict()})
     if agree_fail is not None:
         raise KernelMismatch(Oracle.AGREEMENT.value, agree_fail.message(), {**common, "oracle": agree_fail.to_dict()})
-    if pad_fail is not None:
-        kind = NonFiniteOutput if pad_fail.oracle is Oracle.PAD_FINITE else KernelMismatch
-        raise kind(pad_fail.oracle.value, pad_fail.message(), {**common, "oracle": pad_fail.to_dict()})
+    if state_fail is not None:
+        kind = NonFiniteOutput if state_fail.oracle is Oracle.PAD_FINITE else KernelMismatch
+        raise kind(state_fail.oracle.value, state_fail.message(), {**common, "oracle": state_fail.to_dict()})
     return run
 
 

@@ -27,12 +27,12 @@ import torch
 from kvfuzz.contracts.checks.failures import CallerContractViolation
 from kvfuzz.contracts.checks.invariants import check_contract
 from kvfuzz.contracts.checks.violations import Check, Violation, violation
-from kvfuzz.contracts.model.batch import NULL_BLOCK
 from kvfuzz.contracts.model.csr import indptr, page_lists
 from kvfuzz.contracts.model.padding import padding
 from kvfuzz.fuzz.guard.signatures import signature_of
 from kvfuzz.fuzz.harness.faults import page_list_names
 from kvfuzz.fuzz.harness.run import Run
+from kvfuzz.fuzz.harness.states import call_check_args as state_check_args
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.fuzz.targets.signature import CheckedKernel, PageListSignature
 
@@ -121,9 +121,9 @@ def call_violations(target: Target, run: Run) -> list[Violation]:
     if isinstance(sig, PageListSignature):
         found = sig.check(run.call.kwargs, getattr(run.call.layout, "kv_layout", "NHD"), key=key, value=value)
     else:
-        # a batch whose freed window columns point at the null block: the guard checks no visible column does
-        null = NULL_BLOCK if run.example.batch.freed_window_blocks else None
-        found = sig.check(run.call.kwargs, key=key, value=value, vacuity=False, null_block=null)
+        # the production states' arguments (fuzz/harness/states.py), e.g. freed window columns' null block
+        found = sig.check(run.call.kwargs, key=key, value=value, vacuity=False,
+                          **state_check_args(run.example.batch))
     return [v for v in found if v.is_error]
 
 

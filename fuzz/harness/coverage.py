@@ -11,6 +11,7 @@ import attrs
 
 from kvfuzz.contracts.calls.rocm import rocm_custom_paged_attention_selected
 from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.states import PRODUCTION_STATES
 from kvfuzz.fuzz.targets.base import Target
 
 #: ROCm families and the architecture that stands for each in vLLM's selection rule (docs/contracts.md §4).
@@ -42,17 +43,12 @@ def boundary_class(length: int, block_size: int) -> str:
 
 
 def batch_states(batch: Batch) -> str:
-    """The production states a batch models, "+"-joined ("none" for none): "shared-prefix" when sequences share
+    """The production states a batch models, "+"-joined ("none" for none): each state's tag
+    (:data:`~kvfuzz.contracts.model.states.PRODUCTION_STATES`, in its order): "shared-prefix" when sequences share
     full prefix blocks (vLLM's prefix caching, SGLang's radix cache; ``Batch.shared_prefix_blocks``),
     "freed-window" when blocks before the window are on the null block (``Batch.freed_window_blocks``),
     "cuda-graph-padding" when the call carries pad sequences (``Batch.num_pad_seqs``)."""
-    out = []
-    if any(batch.shared_prefix_blocks):
-        out.append("shared-prefix")
-    if batch.freed_window_blocks:
-        out.append("freed-window")
-    if batch.num_pad_seqs:
-        out.append("cuda-graph-padding")
+    out = [s.tag for s in PRODUCTION_STATES.values() if s.in_batch(batch)]
     return "+".join(out) or "none"
 
 

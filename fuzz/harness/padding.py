@@ -7,7 +7,8 @@ does (the rest of the output is NaN, :func:`~kvfuzz.fuzz.harness.attention.poiso
 leaves a pad row alone passes and one that writes NaN or inf there fails. After it: the pad rows are finite
 (``Oracle.PAD_FINITE``) and the paged cache is bitwise as before (``Oracle.PAD_WRITES``: an attention
 kernel writes nothing, the null block and slot 0 included). The real rows are checked against the reference
-as without pads (:func:`~kvfuzz.fuzz.harness.attention.check_example`).
+as without pads (:func:`~kvfuzz.fuzz.harness.attention.check_example`). The attention property reaches these
+through the state's hooks, :class:`~kvfuzz.fuzz.harness.states.PaddingHooks` (:data:`kvfuzz.fuzz.harness.states.HOOKS`).
 """
 
 from __future__ import annotations

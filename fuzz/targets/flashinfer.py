@@ -303,6 +303,7 @@ class FlashInferBatchDecode(FlashInferTarget):
     group sizes 1, 2, 3, 4, 6, 8 and 16 only (:data:`DECODE_GQA_RATIOS`)."""
 
     name = "flashinfer.batch_decode"
+    upstream = ("flashinfer", "flashinfer/decode.py", "BatchDecodeWithPagedKVCacheWrapper.run")
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper over page lists (decode only, unified contract)"
     wrapper_class = "BatchDecodeWithPagedKVCacheWrapper"
     checked_kernel = BATCH_DECODE
@@ -339,6 +340,7 @@ class FlashInferBatchDecodeTC(FlashInferBatchDecode):
     (the guard wraps the same class); compile keys those of a prefill module."""
 
     name = "flashinfer.batch_decode_tc"
+    upstream = ("flashinfer", "flashinfer/decode.py", "BatchDecodeWithPagedKVCacheWrapper.run (use_tensor_cores=True)")
     description = ("FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True): decode through the "
                    "prefill kernels, any GQA group size (unified contract)")
     wrapper_kwargs = {"use_tensor_cores": True}
@@ -360,6 +362,7 @@ class FlashInferBatchPrefill(FlashInferTarget):
     query row) may be mixed in."""
 
     name = "flashinfer.batch_prefill"
+    upstream = ("flashinfer", "flashinfer/prefill.py", "BatchPrefillWithPagedKVCacheWrapper.run")
     description = ("FlashInfer BatchPrefillWithPagedKVCacheWrapper, causal, over page lists with the new tokens "
                    "appended (unified contract)")
     wrapper_class = "BatchPrefillWithPagedKVCacheWrapper"
@@ -407,6 +410,7 @@ class FlashInferAppendPagedKvCache(FlashInferTarget):
     no padding rows, so the writer inputs' padding rows (slot -1) are left out."""
 
     name = "flashinfer.append_paged_kv_cache"
+    upstream = ("flashinfer", "flashinfer/page.py", "append_paged_kv_cache")
     description = "FlashInfer append_paged_kv_cache: new tokens' k/v into the pages via page lists (writer)"
     checked_kernel = APPEND_PAGED_KV_CACHE
     capabilities = Capabilities(

@@ -470,10 +470,6 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
 #: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).
 TARGETS = (SglangExtendAttentionFwd, SglangDecodeAttentionFwd)
 
-__all__ = ["KERNEL_FILES", "SGLANG_VERSION", "TREE_ENV", "SglangDecodeAttentionFwd", "SglangExtendAttentionFwd",
-           "kernel_function", "missing_kernels", "prepare_sglang_runtime", "sglang_tree"]
-
-
 __all__ = ["DECODE_ATTENTION_FWD", "DECODE_MODULE", "EXTEND_ATTENTION_FWD", "EXTEND_MODULE", "KERNEL_FILES",
            "SGLANG_VERSION", "SIGNATURES", "TREE_ENV", "SglangDecodeAttentionFwd", "SglangExtendAttentionFwd",
            "SglangTritonTarget", "kernel_function", "missing_kernels", "prepare_sglang_runtime",

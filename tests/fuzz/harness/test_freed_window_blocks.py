@@ -129,6 +129,9 @@ def test_guard_accepts_freed_columns_and_flags_a_visible_null_column():
     assert not [v for v in sig.check(kw, vacuity=False) if v.check is Check.NULL_BLOCK]
     kw["window_size"] = (-1, -1)  # no window: nothing is freed, nothing to check
     assert not [v for v in sig.check(kw, vacuity=False, null_block=NULL_BLOCK) if v.check is Check.NULL_BLOCK]
+    # the harness's path: the state's hooks (fuzz/harness/states.py) hand the guard the null block
+    run.call.kwargs["block_table"] = kw["block_table"]
+    assert [v.check for v in call_violations(target, run) if v.check is Check.NULL_BLOCK] == [Check.NULL_BLOCK]
 
 
 def test_freed_window_table_reserves_the_null_block():
