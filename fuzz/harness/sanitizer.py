@@ -176,12 +176,30 @@ def selected(example, share: float) -> bool:
 
 def exact_batch(batch):
     """``batch`` with its block table trimmed to the columns its sequences need (the longest one's
-    ``blocks_needed``, pads' rows likewise): no spare column for an overrun to land in. The same batch when
-    nothing is spare."""
+    ``blocks_needed``, pads' rows likewise): no spare column for an overrun to land in; and a longest sequence last
+    (:func:`_longest_last`). The same batch when nothing changes."""
     need = max([batch.blocks_needed(i) for i in range(batch.num_seqs)] + [1])
-    if need >= batch.max_blocks_per_seq:
+    if need < batch.max_blocks_per_seq:
+        batch = attrs.evolve(batch, block_table=[list(r[:need]) for r in batch.block_table])
+    return _longest_last(batch, need)
+
+
+def _longest_last(batch, need: int):
+    """``batch`` with a sequence that needs all ``need`` columns moved to the last row (an overrun of the last row
+    is past the table's allocation; of any other row, inside the next one): the sanitized run checks no output, so
+    the order is free. Unchanged when a longest sequence is last already, when the batch has CUDA-graph pads (their
+    rows come last) or CSR tails, or when the reordered batch is not valid (it is then run as it is)."""
+    n = batch.num_seqs
+    if n < 2 or batch.num_pad_seqs or batch.csr_tail or batch.blocks_needed(n - 1) >= need:
         return batch
-    return attrs.evolve(batch, block_table=[list(r[:need]) for r in batch.block_table])
+    i = max(range(n), key=lambda j: (batch.blocks_needed(j), j))
+    order = [j for j in range(n) if j != i] + [i]
+    try:
+        return attrs.evolve(batch, query_lens=[batch.query_lens[j] for j in order],
+                            ctx_lens=[batch.ctx_lens[j] for j in order],
+                            block_table=[list(batch.block_table[j]) for j in order])
+    except (ValueError, TypeError):
+        return batch
 
 
 def sanitize(target, example, spec: str, sanitizer: str | None = None, timeout: float = TIMEOUT_S) -> None:
@@ -265,8 +283,10 @@ class SanitizedChild:
         self._dir = self._dir or tempfile.mkdtemp(prefix="kvfuzz-sanitize-")
         # --destroy-on-device-error kernel: an invalid access ends the kernel, not the child's CUDA context, so the
         # child answers the next example too (a shrink's candidates would otherwise each start a child)
-        cmd = [exe, "--tool", "memcheck", "--print-limit", "20", "--destroy-on-device-error", "kernel",
-               sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer", "--target", self.spec, "--serve"]
+        # --print-limit 0: memcheck's limit counts for the process's whole life (with 20, a child that had printed
+        # 20 errors printed no more, H200); --show-backtrace no keeps each access to a few lines
+        cmd = [exe, "--tool", "memcheck", "--print-limit", "0", "--show-backtrace", "no",
+               "--destroy-on-device-error", "kernel", sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer", "--target", self.spec, "--serve"]
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, bufsize=1, env=child_environment())
         self._lines = queue.Queue()

@@ -197,3 +197,13 @@ def test_the_time_share_sanitizes_only_while_under_its_budget(monkeypatch):
     assert not off._sanitize_due(ex)
     monkeypatch.setattr(sanitizer, "applies", lambda target: False)  # off CUDA: never
     assert not c._sanitize_due(ex)
+
+
+def test_the_exact_batch_puts_a_longest_sequence_last():
+    """An overrun of the last row is past the table's allocation; of another row, inside the next one: the
+    sanitized run (which checks no output) moves a sequence needing every column to the end."""
+    b = small_batch([1, 4, 1], [40, 12, 3], head_size=32, block_size=16, table=[[0, 5, 6], [1, 2, 0], [3, 0, 0]],
+                    num_blocks=7)
+    e = sanitizer.exact_batch(b)
+    assert e.query_lens == (4, 1, 1) and e.ctx_lens == (12, 3, 40) and e.block_table[-1] == (0, 5, 6)
+    assert sanitizer.exact_batch(e) == e  # already last: unchanged
