@@ -269,14 +269,16 @@ class Campaign:
             if config.fault is None and self._sanitize_due(example):
                 stage = "sanitize"
                 event("sanitized")
-                started = time.monotonic()
+                started, child = time.monotonic(), self._sanitizer_child()
+                fresh = not child.running  # its first example pays its start: not charged to the time share
                 try:
-                    self._sanitizer_child().check(target, example, confirm=not self._sanitize_all)
+                    child.check(target, example, confirm=not self._sanitize_all)
                 except MemorySafetyError:
                     self._sanitize_all = True
                     raise
                 finally:
-                    self._sanitize_spent += time.monotonic() - started
+                    if not fresh:
+                        self._sanitize_spent += time.monotonic() - started
                     self.sanitized += 1
                     self._sanitized_last = True
             return None

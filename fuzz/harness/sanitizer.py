@@ -275,6 +275,11 @@ class SanitizedChild:
         self._dir: str | None = None
         self._n = 0
 
+    @property
+    def running(self) -> bool:
+        """Whether a child is up (the next :meth:`check` does not start one)."""
+        return self._proc is not None and self._proc.poll() is None
+
     def _start(self) -> None:
         exe = self.exe or sanitizer_path()
         if exe is None:
