@@ -44,7 +44,7 @@ from typing import Callable
 
 import attrs
 import hypothesis
-from hypothesis import HealthCheck, Phase, Verbosity, event, given, reject, seed, settings
+from hypothesis import HealthCheck, Phase, Verbosity, currently_in_test_context, event, given, reject, seed, settings
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 
 from kvfuzz.contracts.caches.layouts import LayoutError
@@ -268,7 +268,8 @@ class Campaign:
                              on_phase=self.listener.phase)
             if config.fault is None and self._sanitize_due(example):
                 stage = "sanitize"
-                event("sanitized")
+                if currently_in_test_context():  # not in the structural shrink, which runs outside Hypothesis's test:
+                    event("sanitized")  # there event() raises InvalidArgument (a worker died of it, H200)
                 started, child = time.monotonic(), self._sanitizer_child()
                 fresh = not child.running  # its first example pays its start: not charged to the time share
                 try:
