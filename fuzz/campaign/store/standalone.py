@@ -233,6 +233,7 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
         "sliding_window": b.get("sliding_window"), "kv_cache_dtype": b.get("kv_cache_dtype", "auto"),
         "alibi": bool(b.get("alibi")), "sinks": bool(b.get("sinks")), "value_range": b.get("value_range"),
         "poison": case["example"]["poison"], "versions": case.get("versions"),
+        "num_pad_seqs": int(b.get("num_pad_seqs") or 0),
     }
     return _for_family(SCRIPT, fam).replace("@META@", repr(json.dumps(meta, default=str))).replace(
         "@SPEC@", repr(json.dumps(spec))).replace("@TARGET@", case["target"]).replace(

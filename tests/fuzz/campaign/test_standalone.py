@@ -367,3 +367,15 @@ def test_scripts_that_rebuild_the_adapters_objects_agree_with_replay(tmp_path, m
         stored = load_file(str(d / "tensors.safetensors"))
         ref = _script_module(d).attention(stored, torch.float64)
         assert torch.allclose(ref, stored["reference"].double(), rtol=0, atol=1e-12)
+
+
+def test_a_non_finite_cuda_graph_pad_row_reproduces_without_kvfuzz(tmp_path):
+    """vllm#57017 (TRITON_MLA: a pad of seq_len 0 divides an empty softmax sum): the real row is right, the pad
+    row NaN. The script compared real rows only and exited 0 ("not reproduced") while replay reproduced it."""
+    from kvfuzz.fuzz.bench.bugs.live import LIVE
+
+    t = available("vllm.triton_mla_decode")
+    d = _reproducer(tmp_path, t, Example(LIVE["live.vllm-57017"].smallest(), Poison.NAN))
+    r = _without_kvfuzz(d, tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "non-finite elements in the pad rows" in r.stdout and replay(d).reproduced
