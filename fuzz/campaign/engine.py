@@ -206,15 +206,21 @@ class Campaign:
         (:func:`~kvfuzz.fuzz.harness.sanitizer.applies`); always once a memory-safety failure was seen; when
         ``config.sanitize`` picks it by hash; or, under ``config.sanitize_time_share``, when this process has spent
         less than that share of its time since its first example on sanitized runs (examples over 1 GiB of cache
-        excepted: memcheck's copy of a big cache would double its device memory)."""
+        excepted: memcheck's copy of a big cache would double its device memory). No child is started within
+        :data:`~kvfuzz.fuzz.harness.sanitizer.START_SECONDS` of the deadline."""
         config = self.config
         if not (config.sanitize or config.sanitize_time_share or self._sanitize_all):
             return False
         if not sanitizer.applies(self.target):
             return False
-        if self._sanitize_all or (config.sanitize and sanitizer.selected(example, config.sanitize)):
+        if self._sanitize_all:
             return True
         now = time.monotonic()
+        if (self.deadline is not None and self.deadline - now < sanitizer.START_SECONDS
+                and not (self._sanitizer is not None and self._sanitizer.running)):
+            return False  # a child started now would hold this worker past --duration (~15 s to start, H200)
+        if config.sanitize and sanitizer.selected(example, config.sanitize):
+            return True
         if self._sanitize_since is None:
             self._sanitize_since = now
         return (bool(config.sanitize_time_share) and not memory.is_big(example.batch)

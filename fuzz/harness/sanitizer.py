@@ -68,6 +68,9 @@ TIMEOUT_S = 300.0
 #: kernel's load under memcheck), the long-lived child ~10 ms once warm; a share of the examples by hash with fresh
 #: children cost 33% of the examples/s at 0.002.
 AUTO_TIME_SHARE = 0.1
+#: Seconds a sanitized child takes to start and run its first example (CUDA context, imports, the kernel loaded
+#: under memcheck: 8-16 s on an H200): no child starts closer than this to a campaign's --duration deadline.
+START_SECONDS = 30.0
 #: The persistent child's marker lines on its stdout (:class:`SanitizedChild`).
 MARK = "KVFUZZ-SANITIZED"
 
@@ -406,7 +409,7 @@ def _child(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["AUTO_TIME_SHARE", "CHECK", "MARK", "MemcheckReport", "MemoryAccess", "MemorySafetyError",
+__all__ = ["AUTO_TIME_SHARE", "CHECK", "MARK", "START_SECONDS", "MemcheckReport", "MemoryAccess", "MemorySafetyError",
            "SanitizedChild", "applies", "child_environment", "exact_batch", "parse_memcheck", "sanitize",
            "sanitizer_path", "selected"]
 

@@ -195,6 +195,10 @@ def test_the_time_share_sanitizes_only_while_under_its_budget(monkeypatch):
     assert not c._sanitize_due(big)  # a > 1 GiB cache: never by time share
     c._sanitize_all = True
     assert c._sanitize_due(big)
+    c._sanitize_all = False
+    c.deadline = clock[0] + sanitizer.START_SECONDS - 1  # no child running: starting one would overrun --duration
+    assert not c._sanitize_due(ex)
+    c.deadline = None
     off = engine.Campaign(PagedTorch(), attrs.evolve(config, sanitize_time_share=0.0), Quiet())
     assert not off._sanitize_due(ex)
     monkeypatch.setattr(sanitizer, "applies", lambda target: False)  # off CUDA: never
