@@ -346,16 +346,18 @@ class SanitizedChild:
             return
         if status == "done" and report.accesses and not confirm:
             _raise_accesses(report, text)
-        if status != "done":
-            self.close()  # it raised, died or hung (memcheck may have destroyed its context): a new one next time
+        if status != "done":  # it raised, died or hung (memcheck may have destroyed its context): a new one next time
+            self.close(kill=status == "timed out")
         sanitize(target, example, self.spec, self.exe, self.timeout)
 
-    def close(self) -> None:
-        """End the child (idempotent)."""
+    def close(self, kill: bool = False) -> None:
+        """End the child (idempotent): close its stdin and let it finish (at most 10 s), or ``kill`` it."""
         p, self._proc = self._proc, None
         if p is None:
             return
         try:
+            if kill:
+                raise subprocess.TimeoutExpired(p.args, 0)
             p.stdin.close()
             p.wait(timeout=10)
         except (OSError, subprocess.SubprocessError):

@@ -213,3 +213,16 @@ def test_the_exact_batch_puts_a_longest_sequence_last():
     e = sanitizer.exact_batch(b)
     assert e.query_lens == (4, 1, 1) and e.ctx_lens == (12, 3, 40) and e.block_table[-1] == (0, 5, 6)
     assert sanitizer.exact_batch(e) == e  # already last: unchanged
+
+
+def test_a_hung_long_lived_child_is_replaced_and_the_fresh_one_decides(tmp_path):
+    """A child that answers nothing within the timeout is killed; the fresh child decides (here it hangs too: a
+    harness error, not a finding and not a pass)."""
+    exe = tmp_path / "compute-sanitizer"
+    exe.write_text("#!/bin/sh\nsleep 30\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    child = sanitizer.SanitizedChild("paged.torch", sanitizer=str(exe), timeout=1)
+    ex = Example(small_batch([1], [3], head_size=32, block_size=16), Poison.NAN)
+    with pytest.raises(HarnessError, match="timed out"):
+        child.check(PagedTorch(), ex)
+    assert not child.running
