@@ -204,7 +204,8 @@ class Campaign:
     def _sanitize_due(self, example) -> bool:
         """Whether ``example`` (which passed every other check) runs under memcheck: never off CUDA
         (:func:`~kvfuzz.fuzz.harness.sanitizer.applies`); always once a memory-safety failure was seen; when
-        ``config.sanitize`` picks it by hash; or, under ``config.sanitize_time_share``, when this process has spent
+        ``config.sanitize`` picks it by hash; or, under ``config.sanitize_time_share`` and for a target that declares
+        it (``Target.sanitize_by_default``), when this process has spent
         less than that share of its time since its first example on sanitized runs (examples over 1 GiB of cache
         excepted: memcheck's copy of a big cache would double its device memory). No child is started within
         :data:`~kvfuzz.fuzz.harness.sanitizer.START_SECONDS` of the deadline."""
@@ -223,7 +224,8 @@ class Campaign:
             return True
         if self._sanitize_since is None:
             self._sanitize_since = now
-        return (bool(config.sanitize_time_share) and not memory.is_big(example.batch)
+        return (bool(config.sanitize_time_share) and self.target.sanitize_by_default
+                and not memory.is_big(example.batch)
                 and self._sanitize_spent <= config.sanitize_time_share * (now - self._sanitize_since))
 
     def _sanitizer_child(self) -> sanitizer.SanitizedChild:

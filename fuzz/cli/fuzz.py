@@ -165,8 +165,9 @@ def _sanitize_config(sanitize: float | str) -> dict:
               help="Examples re-run under compute-sanitizer memcheck (CUDA's, on PATH or /usr/local/cuda/bin) in "
                    "a long-lived child with exact-size allocations: an invalid access is a 'memory safety' "
                    "failure, confirmed in a fresh child and shrunk like any other. auto: up to 10% of each "
-                   "worker's time; 0 or none: off; a fraction of the examples (0.1); all. CUDA targets only "
-                   "(off on CPU: the Triton interpreter has no bounds checks).")
+                   "worker's time, on the targets that declare it (vLLM's and SGLang's Triton kernels); 0 or "
+                   "none: off; a fraction of the examples (0.1); all. CUDA targets only (off on CPU: the Triton "
+                   "interpreter has no bounds checks).")
 @click.option("--baseline", "baseline_file", default=None, type=click.Path(dir_okay=False),
               help="A findings baseline (TOML, e.g. kvfuzz-baseline.toml; `kvfuzz baseline add` writes entries): "
                    "failures it accepts are still found, counted and listed as known, but only a new failure (or a "

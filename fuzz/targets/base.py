@@ -109,6 +109,11 @@ class Target(abc.ABC):
     #: "cuda_graph_padding") the pre-merge gate leaves undrawn (Capabilities.without_states), as
     #: ``gate_poisons``, only for a documented live upstream bug that ``kvfuzz fuzz`` keeps reporting (docs/bugs.md).
     gate_states_off: ClassVar[tuple[str, ...]] = ()
+    #: Whether ``kvfuzz fuzz --sanitize auto`` (the default) re-runs this target's examples under compute-sanitizer
+    #: memcheck on CUDA (kvfuzz.fuzz.harness.sanitizer): kernels whose sanitized child starts in seconds (vLLM's and
+    #: SGLang's Triton kernels, :class:`~kvfuzz.fuzz.targets.triton_runtime.VllmTritonTarget`). An explicit
+    #: ``--sanitize SHARE`` applies to every CUDA target.
+    sanitize_by_default: ClassVar[bool] = False
     #: Size tiers (kvfuzz.strategies.tiers.TIERS) this target runs: None declares the default,
     #: :meth:`size_tiers`. ``kvfuzz fuzz`` mixes them on CUDA (``--tier``; docs/fuzzing.md).
     tiers: ClassVar[tuple[str, ...] | None] = None

@@ -15,6 +15,7 @@ import os
 import sys
 import types
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -139,6 +140,10 @@ class VllmTritonTarget(Target):
     default, measured 1.7e-3 error on a single-key decode on an H200, which kvfuzz's fp32 tolerance does
     not model yet).
     """
+
+    #: ``--sanitize auto`` on: a sanitized child loads one Triton kernel under memcheck in 8-16 s (H200), and on
+    #: vllm.unified_attention the oracle found vllm#56862 in a plain campaign (docs/fuzzing.md)
+    sanitize_by_default: ClassVar[bool] = True
 
     cpu_dtypes: tuple[str, ...] = ("float16", "float32")
     cuda_dtypes: tuple[str, ...] = ("float16", "bfloat16")

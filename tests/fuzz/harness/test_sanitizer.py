@@ -183,7 +183,13 @@ def test_the_time_share_sanitizes_only_while_under_its_budget(monkeypatch):
     monkeypatch.setattr(sanitizer, "applies", lambda target: True)
     config = CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=1, sanitize_time_share=0.1,
                             database=InMemoryExampleDatabase())
-    c = engine.Campaign(PagedTorch(), config, Quiet())
+    class Declared(PagedTorch):
+        name = "planted.sanitize_declared"
+        sanitize_by_default = True  # as the Triton targets declare it
+
+    assert not engine.Campaign(PagedTorch(), config, Quiet())._sanitize_due(
+        Example(small_batch([1], [3], head_size=32, block_size=16), Poison.NAN))  # a target that does not declare it
+    c = engine.Campaign(Declared(), config, Quiet())
     ex = Example(small_batch([1], [3], head_size=32, block_size=16), Poison.NAN)
     assert c._sanitize_due(ex)  # the first: nothing spent yet
     c._sanitize_spent = 2.0  # a 2 s run
@@ -199,7 +205,7 @@ def test_the_time_share_sanitizes_only_while_under_its_budget(monkeypatch):
     c.deadline = clock[0] + sanitizer.START_SECONDS - 1  # no child running: starting one would overrun --duration
     assert not c._sanitize_due(ex)
     c.deadline = None
-    off = engine.Campaign(PagedTorch(), attrs.evolve(config, sanitize_time_share=0.0), Quiet())
+    off = engine.Campaign(Declared(), attrs.evolve(config, sanitize_time_share=0.0), Quiet())
     assert not off._sanitize_due(ex)
     monkeypatch.setattr(sanitizer, "applies", lambda target: False)  # off CUDA: never
     assert not c._sanitize_due(ex)
