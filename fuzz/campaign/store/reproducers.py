@@ -219,7 +219,8 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
     verdict = (_VERDICT_REJECTED if finding.kind is FailureKind.CONFIG_REJECTED else
                "The test fails while the failure reproduces and passes once it is fixed.")
     tmp.write_text(_TEST_TEMPLATE.format(
-        kind=case["kind"], check=check_label(case["check"]), target=target.name, message=finding.message[:2000].replace('"""', "'''"),
+        kind=case["kind"], check=check_label(case["check"]), target=target.name,
+        message=finding.message[:2000].replace('"""', "'''"),
         dirname=d.name, verdict=verdict))
     tmp.replace(d / "test_case.py")
     if spec is not None:
