@@ -5,7 +5,8 @@
         --value-range large --examples 800
 
 Examples are drawn by kvfuzz's own strategies (finite poisons by default: NaN/inf poison makes some kernels'
-outputs non-finite, docs/findings.md, Finding 1-2, which the finite oracle reports). Per example, with err = |out - ref|:
+outputs non-finite, docs/findings.md, Finding 1-2, which the finite oracle reports).
+Per example, with err = |out - ref|:
 
   ratio        max over elements of err / bound           the agreement rule (fails above 1)
   envelope     max over elements of err / envelope        the envelope alone (a FlashAttention-family bound)

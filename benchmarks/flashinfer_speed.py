@@ -174,9 +174,11 @@ def markdown(doc: dict) -> str:
             + (f"skipped: {skipped} |" if skipped and not cold else
                f"{_fmt(cold.get('examples'))}, {_fmt(cold.get('examples_per_s'))} |")
             + f" {comp} | {_fmt(cold.get('first_example_s'), ' s')} | "
-            + (f"{_fmt(warm.get('examples'))}, {_fmt(warm.get('examples_per_s'))} | {len(warm.get('modules_built', []))}"
+            + (f"{_fmt(warm.get('examples'))}, {_fmt(warm.get('examples_per_s'))} | "
+               f"{len(warm.get('modules_built', []))}"
                if warm else f"{t.get('warm_skipped', '-')} | -")
-            + f" | {', '.join(never) or 'none'} | {', '.join(sorted(set(cold.get('group_sizes', [])) | set(warm.get('group_sizes', [])))) or '-'}"
+            + f" | {', '.join(never) or 'none'} | "
+            + f"{', '.join(sorted(set(cold.get('group_sizes', [])) | set(warm.get('group_sizes', [])))) or '-'}"
             + f" | {', '.join(sorted(fails)) or 'none'} |")
     r = doc.get("replay")
     if r:
@@ -272,7 +274,8 @@ def _phases(a: argparse.Namespace, plan: dict, phases: list, doc: dict, deadline
         entry = doc["targets"][target]
         if wall < MIN_WALL or (mode == "warm" and not entry.get("cold")):
             entry["skipped" if mode == "cold" else "warm_skipped"] = (
-                "no cold phase" if mode == "warm" and not entry.get("cold") else f"out of time ({wall:.0f} s left for it)")
+                "no cold phase" if mode == "warm" and not entry.get("cold")
+                else f"out of time ({wall:.0f} s left for it)")
             phases.pop(0)
             write(doc, a.out)
             continue

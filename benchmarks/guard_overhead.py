@@ -100,7 +100,9 @@ def main() -> None:
         CLOCK = time.perf_counter
     else:
         torch.set_num_threads(1)
-    print(f"clock: {'wall (perf_counter)' if CLOCK is time.perf_counter else 'thread CPU time (thread_time), torch on 1 thread'}"
+    clock = ("wall (perf_counter)" if CLOCK is time.perf_counter
+             else "thread CPU time (thread_time), torch on 1 thread")
+    print(f"clock: {clock}"
           f"{'; CUDA: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else ''}")
     rows = bench("vllm.cpu_attention", lambda: torch.ops._C.cpu_attention_with_kv_cache,
                  "cpu_attention_with_kv_cache", args.repeat, BATCHES)

@@ -292,8 +292,8 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
     shrinks to the plain call): fp8 ``k_scale``/``v_scale`` (:data:`KV_SCALES`), the features the target
     declares (``sliding_window`` biased to 1, 2 and ``block_size - 1 .. + 1``; ``alibi``; ``sinks``;
     ``softcap`` from :data:`SOFTCAPS`), skipping a feature declared exclusive with one already drawn, and the
-    ``value_range`` (one of ``value_ranges``, :data:`~kvfuzz.contracts.model.batch.VALUE_RANGES` by default). ``pin``: which features are on and the
-    window are those of this configuration (see :func:`batches`)."""
+    ``value_range`` (one of ``value_ranges``, :data:`~kvfuzz.contracts.model.batch.VALUE_RANGES` by default). ``pin``:
+    which features are on and the window are those of this configuration (see :func:`batches`)."""
     # every value is drawn whether it is used or not (module docstring: no shifts while shrinking)
     k_scale, v_scale = draw(sampled(KV_SCALES)), draw(sampled(KV_SCALES))
     wanted = [f for f in FEATURES

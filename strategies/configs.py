@@ -87,7 +87,8 @@ class KernelConfig:
                          for f in FEATURES if f in self.features)
         heads = f"H{self.num_heads}/{self.num_kv_heads}" if self.pins("heads") else "H*"
         block = f"BS{self.block_size}" if self.pins("block_size") else "BS*"
-        return (f"{self.dtype} {heads} D{self.head_size} {self.kv_cache_dtype} {block}" + (f" {feats}" if feats else ""))
+        return (f"{self.dtype} {heads} D{self.head_size} {self.kv_cache_dtype} {block}"
+                + (f" {feats}" if feats else ""))
 
     def to_dict(self) -> dict:
         return {**attrs.asdict(self), "features": sorted(self.features), "free": sorted(self.free)}

@@ -97,8 +97,8 @@ def _used(batch: Batch) -> list[list[int]]:
 def _remap(batch: Batch, ids: Callable[[int], int | None], num_blocks: int, **changes) -> Batch | None:
     """``batch`` with ``changes``, every used block id ``b`` replaced by ``ids(b)`` (rows cut to the blocks the
     new lengths need), ``num_blocks`` blocks, and the CSR tail's pool slots moved with their blocks (dropped
-    when their block or in-block offset is gone or past the new pool; the out-of-pool entry ``num_slots`` follows the pool's size).
-    None when a used block has no new id; ValueError when the result is not a valid batch."""
+    when their block or in-block offset is gone or past the new pool; the out-of-pool entry ``num_slots`` follows the
+    pool's size). None when a used block has no new id; ValueError when the result is not a valid batch."""
     evolved = attrs.evolve(batch, **changes) if changes else batch
     table = []
     for i, row in enumerate(batch.block_table):

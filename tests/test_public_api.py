@@ -286,7 +286,8 @@ def test_no_private_name_is_imported_across_modules():
 # ---- every module says what it exports (``__all__``) ---------------------------------------------------------
 def package_files() -> dict[str, Path]:
     """Every module of the package (``kvfuzz.fuzz.campaign.engine``, packages by their own name) -> its file."""
-    return {module_name(path.relative_to(ROOT))[0]: path for room in ROOMS for path in sorted((ROOT / room).rglob("*.py"))}
+    return {module_name(path.relative_to(ROOT))[0]: path
+            for room in ROOMS for path in sorted((ROOT / room).rglob("*.py"))}
 
 
 #: Every module whose ``__all__`` is checked: all of them but ``python -m`` entry points, which run on import.

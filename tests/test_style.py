@@ -1,5 +1,6 @@
 """The project's style rules run in CI: ruff with the rules pyproject.toml's [tool.ruff] selects (pyflakes: unused
-imports and names; isort: import order, kvfuzz first-party), over every Python file of the repository."""
+imports and names; isort: import order, kvfuzz first-party; E501: lines over 120 characters), over every Python file
+of the repository."""
 
 import subprocess
 import sys
@@ -18,6 +19,7 @@ def test_ruff_passes_on_the_repository():
 
 def test_ruff_fails_on_a_planted_violation(tmp_path):
     (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
-    (tmp_path / "planted.py").write_text("import sys\nimport os\n\nprint(os.sep)\n")  # unsorted, sys unused
+    long_line = f"print({' '.join(['word'] * 30)!r})\n"  # 158 characters (one word alone would be exempt)
+    (tmp_path / "planted.py").write_text("import sys\nimport os\n\nprint(os.sep)\n" + long_line)  # unsorted, sys unused
     r = ruff("check", "--no-cache", "planted.py", cwd=tmp_path)
-    assert r.returncode == 1 and "I001" in r.stdout and "F401" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 1 and "I001" in r.stdout and "F401" in r.stdout and "E501" in r.stdout, r.stdout + r.stderr

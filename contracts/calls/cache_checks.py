@@ -47,7 +47,8 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
     the caller hands the new tokens' key/value to the checker: unified kernels take none): every sequence's
     last query_len positions — the **unified invariant**. Sequences with unreadable blocks are skipped (the
     block checks report them). With an interleaved value cache (``use_interleaved_v_cache``, vLLM's
-    test_prefix_prefill.py ``interleave_v``) only the keys are compared. Returns one record per offending sequence, at its first wrong (position, head).
+    test_prefix_prefill.py ``interleave_v``) only the keys are compared. Returns one record per offending sequence, at
+    its first wrong (position, head).
     """
     if call.new_tokens_cached is NewTokensCached.NONE or not is_tensor(call.key) or not is_tensor(call.value) \
             or call.skip_blocks:
@@ -122,7 +123,8 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
         csr = call.csr is not None  # a token pool: the "block" is the slot
         out.append(violation(check, story, kernel=call.kernel, seq=s, position=p, block=None if csr else int(blk[r]),
             slot=int(slots[r]), head=h, expected=f"{fmt(float(e[d]))} ({desc}, head dim {d})",
-            found=f"{fmt(float(g[d]))} in the cache", count=n_bad, source="cache", fix=CSR_NEW_TOKENS_FIX if csr else None))
+            found=f"{fmt(float(g[d]))} in the cache", count=n_bad, source="cache",
+            fix=CSR_NEW_TOKENS_FIX if csr else None))
     return capped(out, len(offenders))
 
 

@@ -180,8 +180,8 @@ def check_index_tensors(call: PagedCall, *, rocm_arch: str | None = None,
     for arg in ("block_table", "seq_lens", "query_start_loc", "key", "value", "key_cache", "value_cache"):
         t = getattr(call, arg)
         if is_tensor(t) and dev is not None and t.device != dev:
-            out.append(violation(Check.DEVICE, f"{call.name(arg)} is on {t.device}, the query on {dev}", kernel=call.kernel,
-                                 expected=dev, found=t.device))
+            out.append(violation(Check.DEVICE, f"{call.name(arg)} is on {t.device}, the query on {dev}",
+                                 kernel=call.kernel, expected=dev, found=t.device))
     return out
 
 
@@ -203,8 +203,8 @@ def check_lengths(call: PagedCall, lens: Lens) -> list[Violation]:
     trailing = call.declaration.trailing_query_rows and int(qsl[-1]) <= lens.num_tokens  # CUDA-graph pad rows
     if int(qsl[-1]) != lens.num_tokens and not trailing:
         out.append(violation(Check.QUERY_START_LOC,
-                             f"{name}[-1] must equal the number of query tokens ({call.name('query')}.shape[0])", kernel=k,
-                             expected=lens.num_tokens, found=int(qsl[-1])))
+                             f"{name}[-1] must equal the number of query tokens ({call.name('query')}.shape[0])",
+                             kernel=k, expected=lens.num_tokens, found=int(qsl[-1])))
     if call.csr is not None:  # seq_lens are derived from kv_indptr: check_csr words its problems
         return out
     short = (lens.seq_lens < lens.query_lens) & (lens.query_lens >= 0)
@@ -215,8 +215,8 @@ def check_lengths(call: PagedCall, lens: Lens) -> list[Violation]:
     for i in short[:MAX_RECORDS_PER_CHECK].tolist():
         recs.append(violation(Check.SEQ_LEN_GE_QUERY_LEN,
                              f"{call.name('seq_lens')}[{i}] = {int(lens.seq_lens[i])} is shorter than the sequence's "
-                             f"query_len {int(lens.query_lens[i])} (from {name}), so its ctx_len would be negative", kernel=k,
-                             seq=i, expected=f">= {int(lens.query_lens[i])}", found=int(lens.seq_lens[i])))
+                             f"query_len {int(lens.query_lens[i])} (from {name}), so its ctx_len would be negative",
+                             kernel=k, seq=i, expected=f">= {int(lens.query_lens[i])}", found=int(lens.seq_lens[i])))
     return out + capped(recs, len(short))
 
 
@@ -311,12 +311,13 @@ def check_call(call: PagedCall, *, rocm_arch: str | None = None,
                null_block: int | None = None) -> list[Violation]:
     """Every check of this module on one call; ``[]`` when the caller kept the contract.
 
-    ``rocm_arch``: the ROCm architecture the call runs on (:func:`kvfuzz.contracts.calls.rocm.current_rocm_arch`), or None off ROCm (then
-    ROCm-only problems are warnings for ``portability_archs``). ``vacuity``: also run :func:`check_vacuity`.
-    Never raises on odd arguments: a malformed call yields :data:`Check.SHAPES` violations instead. Index arithmetic
-    runs on the CPU whatever ``torch.set_default_device`` says (vLLM's tests set "cuda"). ``null_block``: the
-    block freed sliding-window columns point at (``PagedCall.null_block``; the harness passes vLLM's 0 for a batch
-    with ``freed_window_blocks``), checked by :func:`~kvfuzz.contracts.calls.block_checks.check_null_block`.
+    ``rocm_arch``: the ROCm architecture the call runs on (:func:`kvfuzz.contracts.calls.rocm.current_rocm_arch`), or
+    None off ROCm (then ROCm-only problems are warnings for ``portability_archs``). ``vacuity``: also run
+    :func:`check_vacuity`. Never raises on odd arguments: a malformed call yields :data:`Check.SHAPES` violations
+    instead. Index arithmetic runs on the CPU whatever ``torch.set_default_device`` says (vLLM's tests set "cuda").
+    ``null_block``: the block freed sliding-window columns point at (``PagedCall.null_block``; the harness passes vLLM's
+    0 for a batch with ``freed_window_blocks``), checked by
+    :func:`~kvfuzz.contracts.calls.block_checks.check_null_block`.
     """
     if null_block is not None:
         call = attrs.evolve(call, null_block=null_block)

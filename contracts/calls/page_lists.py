@@ -126,8 +126,9 @@ def make_plan(kind: str, indptr, indices, last_page_len, num_qo_heads, num_kv_he
         return getattr(torch, str(x).replace("torch.", ""), None)
 
     q_dt = dt(q_data_type)
-    return PagePlan(kind, host_tensor(indptr), host_tensor(indices), host_tensor(last_page_len), int(num_qo_heads), int(num_kv_heads),
-                    int(head_dim), int(page_size), host_tensor(qo_indptr), q_dt, dt(kv_data_type) or q_dt, kv_layout,
+    return PagePlan(kind, host_tensor(indptr), host_tensor(indices), host_tensor(last_page_len),
+                    int(num_qo_heads), int(num_kv_heads), int(head_dim), int(page_size), host_tensor(qo_indptr),
+                    q_dt, dt(kv_data_type) or q_dt, kv_layout,
                     int(window_left if window_left is not None else -1), bool(causal))
 
 

@@ -89,14 +89,14 @@ class PagedCall:
     """One paged-attention call, normalized across kernel signatures.
 
     kernel: the kernel's name (a key of the guard's table, ``kvfuzz.fuzz.guard.signatures.SIGNATURES``,
-    whose signatures build PagedCalls from real calls' arguments). contract: :class:`Contract`. layout: the cache layout the kernel
-    reads. query: ``[T, H, D]``. key_cache/value_cache: as passed. block_table ``[N, M]``,
-    query_start_loc ``[N+1]``, seq_lens ``[N]``: as passed (tensors, int32 expected). key/value:
-    ``[T, Hkv, D]`` new tokens or None. max_seq_len/max_query_len: the scalars passed, or None when the kernel
-    takes none. names: the kernel's own argument names, for messages. kv_cache_dtype: the string passed, or
-    None when the kernel takes none. k_scale/v_scale: fp8 scales (tensor or float). new_tokens_cached:
-    which sequences' new tokens must already be in the cache (:class:`NewTokensCached`). cache_reads: which
-    leading positions of each sequence the kernel reads from the cache (:class:`CacheReads`). sliding_window, has_alibi, has_sinks: for the ROCm selection. skip_blocks: the block table
+    whose signatures build PagedCalls from real calls' arguments). contract: :class:`Contract`. layout: the cache layout
+    the kernel reads. query: ``[T, H, D]``. key_cache/value_cache: as passed. block_table ``[N, M]``, query_start_loc
+    ``[N+1]``, seq_lens ``[N]``: as passed (tensors, int32 expected). key/value: ``[T, Hkv, D]`` new tokens or None.
+    max_seq_len/max_query_len: the scalars passed, or None when the kernel takes none. names: the kernel's own argument
+    names, for messages. kv_cache_dtype: the string passed, or None when the kernel takes none. k_scale/v_scale: fp8
+    scales (tensor or float). new_tokens_cached: which sequences' new tokens must already be in the cache
+    (:class:`NewTokensCached`). cache_reads: which leading positions of each sequence the kernel reads from the cache
+    (:class:`CacheReads`). sliding_window, has_alibi, has_sinks: for the ROCm selection. skip_blocks: the block table
     holds pointers, not ids (``is_block_table_ptr``); skip_value_layout: the value cache is interleaved
     (``use_interleaved_v_cache``) and cannot be read through ``layout``.
 

@@ -4,9 +4,9 @@ raises, one class per failure kind (so Hypothesis shrinks each kind separately).
 Every finding names whose fault it is: the caller's (a broken cache contract: the kernel was handed a cache
 that did not hold what its contract requires), the kernel's (it was handed a correct call and got the
 answer wrong, produced NaN/inf, crashed or hung), or the harness's (kvfuzz or the target's adapter raised,
-crashed or hung outside the kernel call: building the call, checking its output). Configurations outside a target's declaration have two
-outcomes of their own: rejected with an error (expected, not a failure) or silently accepted and computed
-wrongly (a failure: wrong answers instead of an error).
+crashed or hung outside the kernel call: building the call, checking its output). Configurations outside a target's
+declaration have two outcomes of their own: rejected with an error (expected, not a failure) or silently accepted and
+computed wrongly (a failure: wrong answers instead of an error).
 """
 
 from __future__ import annotations

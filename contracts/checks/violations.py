@@ -1,10 +1,10 @@
 """One record for every broken caller contract: :class:`Violation`, named by a :class:`Check`.
 
 Two kinds of checker produce them. The ground-truth invariants (:mod:`kvfuzz.contracts.checks.invariants`) know every
-token kvfuzz generated and compare the cache with it bitwise; the call checks (:mod:`kvfuzz.contracts.calls.call_checks`)
-see only one real call's arguments, as the runtime guard does. Both name what broke with a :class:`Check`, say
-where (sequence, position, block, slot, kv head), what was expected and found, and how to fix the caller, from
-one table (:data:`FIX`). Control flow reads the fields, never the message text.
+token kvfuzz generated and compare the cache with it bitwise; the call checks
+(:mod:`kvfuzz.contracts.calls.call_checks`) see only one real call's arguments, as the runtime guard does. Both name
+what broke with a :class:`Check`, say where (sequence, position, block, slot, kv head), what was expected and found, and
+how to fix the caller, from one table (:data:`FIX`). Control flow reads the fields, never the message text.
 """
 
 from __future__ import annotations

@@ -136,7 +136,8 @@ def make_batch_data(batch: Batch, device: str | torch.device | None = None) -> B
     they drew before sharing existed). "dominant" scales one position per sequence, chosen from the seed's
     own stream; "extreme" multiplies queries and keys by
     :data:`~kvfuzz.contracts.model.space.EXTREME_FACTOR` (scaled scores of standard deviation ~4096; an fp8 cache then
-    saturates where ``k / k_scale`` passes the format's largest value). Sinks: fp32 ``[num_heads]`` ``2 * x`` with ``x`` as above when ``batch.sinks``.
+    saturates where ``k / k_scale`` passes the format's largest value). Sinks: fp32 ``[num_heads]`` ``2 * x`` with ``x``
+    as above when ``batch.sinks``.
 
     Raises ValueError if a scale does not dequantize exactly in ``batch.dtype``, or if a tensor has more than
     ``2**28`` elements (the generator's stream length)."""

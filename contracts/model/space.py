@@ -81,4 +81,5 @@ def positions(lens: tuple[int, ...] | list[int], offsets: tuple[int, ...] | list
     return seq, pos
 
 
-__all__ = ["DTYPES", "EXTREME_FACTOR", "FEATURES", "FP8_DTYPES", "KV_CACHE_DTYPES", "VALUE_RANGES", "alibi_slopes", "positions"]
+__all__ = ["DTYPES", "EXTREME_FACTOR", "FEATURES", "FP8_DTYPES", "KV_CACHE_DTYPES", "VALUE_RANGES", "alibi_slopes",
+           "positions"]

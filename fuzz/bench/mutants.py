@@ -1,10 +1,11 @@
 """A zoo of deliberately broken paged-attention kernels, each modeled on a real bug (docs/contracts.md §5).
 
-Every mutant subclasses :class:`~kvfuzz.fuzz.bench.paged_torch.PagedTorch` (fuzz/bench/paged_torch.py), a reference-style torch kernel over the NHD cache layout with the
-unified contract (the same math as ``examples/sdpa_paged_target.py``'s ``SdpaPaged``, written out step by step
-so that one step can be broken): it reads the block table, addresses the cache through flat element offsets
-(``block * BS*Hkv*D + slot_in_block * Hkv*D + kv_head * D + d``, as a CUDA/Triton kernel does), maps query
-heads to kv heads, masks, and combines with a softmax. A mutant overrides exactly one step.
+Every mutant subclasses :class:`~kvfuzz.fuzz.bench.paged_torch.PagedTorch` (fuzz/bench/paged_torch.py), a
+reference-style torch kernel over the NHD cache layout with the unified contract (the same math as
+``examples/sdpa_paged_target.py``'s ``SdpaPaged``, written out step by step so that one step can be broken): it reads
+the block table, addresses the cache through flat element offsets
+(``block * BS*Hkv*D + slot_in_block * Hkv*D + kv_head * D + d``, as a CUDA/Triton kernel does), maps query heads to
+kv heads, masks, and combines with a softmax. A mutant overrides exactly one step.
 
 ``MUTANTS`` maps ``"mutant.<slug>"`` to the class; each class has a ``trigger`` string (when the defect changes
 the output) and a ``bug`` string (the real bug it models). :func:`smallest_trigger` returns a hand-written

@@ -72,13 +72,15 @@ def stage_profile(target: Target, n: int = 30, seed_: int = 0, limits: Limits = 
         "examples_per_s": round(count[0] / wall[0], 3) if wall[0] else 0.0,
         "stages_s": {k: round(v, 4) for k, v in totals.items()},
         "harness_overhead": round((wall[0] - kernel) / wall[0], 3) if wall[0] else 0.0,
-        "materialize_gb_per_s": round(cache_bytes[0] / totals["materialize"] / 1e9, 3) if totals["materialize"] else None,
+        "materialize_gb_per_s": (round(cache_bytes[0] / totals["materialize"] / 1e9, 3) if totals["materialize"]
+                                 else None),
     }
 
 
 def _single_sequence(target: Target, seq_len: int, num_blocks: int | None = None, num_seqs: int = 1) -> Batch:
     caps = target.capabilities
-    bs = max(b for b in caps.block_sizes if b <= 64) if any(b <= 64 for b in caps.block_sizes) else min(caps.block_sizes)
+    bs = (max(b for b in caps.block_sizes if b <= 64) if any(b <= 64 for b in caps.block_sizes)
+          else min(caps.block_sizes))
     per = [seq_len // num_seqs] * num_seqs
     needed = [-(-n // bs) for n in per]
     total = num_blocks or sum(needed)

@@ -150,8 +150,8 @@ def gpu_count() -> int:
 #: Workers per GPU at most by default: Triton compiles on the CPU, one worker at a time per process, while the
 #: GPU runs the small fuzz batches of several workers with room to spare.
 MAX_WORKERS_PER_GPU = 8
-#: Under CUDA MPS (kvfuzz.fuzz.campaign.workers.mps) the workers' kernels run concurrently, so more of them help: per GPU
-#: its share of the CPU cores less two (the supervisor, Triton's compiles), at most this many. The rate follows
+#: Under CUDA MPS (kvfuzz.fuzz.campaign.workers.mps) the workers' kernels run concurrently, so more of them help:
+#: per GPU its share of the CPU cores less two (the supervisor, Triton's compiles), at most this many. The rate follows
 #: the CPU cores, not the GPUs (the harness is Python; a GPU runs these small batches in microseconds). Measured on
 #: an H100 with 16 cores: 14 workers under MPS 296 examples/s against 8 without 161/s and 16 without 187/s; on
 #: one H200 of a 32-core host, warm: 14 workers 943/s, 28 workers 1,353/s (two H200s with 14 each: 1,127/s;
@@ -202,10 +202,10 @@ def default_workers(gpus: int, cpus: int | None = None, mps: bool = False) -> in
     :func:`usable_cpus`: a ``taskset`` or container's affinity mask, not the machine's cores; at most
     :data:`MAX_WORKERS_PER_GPU`, at least 1), or under MPS (``mps``) its share of
     the cores less two for the host (at most :data:`MAX_WORKERS_PER_GPU_MPS`; 14 on a 16-core host with one
-    GPU, 28 on a 32-core host with one, 30 with two: the two cores were taken per GPU, 28); on CPU, one per usable core (``cpus``, default
-    :func:`usable_cpus`), at most :data:`MAX_CPU_WORKERS`: a worker runs one torch thread (``--threads``) and its
-    examples are mostly Python, so each core runs a worker (vllm.cpu_attention on 2 cores: 140 examples/s with 1
-    worker, 290 with 2)."""
+    GPU, 28 on a 32-core host with one, 30 with two: the two cores were taken per GPU, 28); on CPU, one per usable core
+    (``cpus``, default :func:`usable_cpus`), at most :data:`MAX_CPU_WORKERS`: a worker runs one torch thread
+    (``--threads``) and its examples are mostly Python, so each core runs a worker (vllm.cpu_attention on 2 cores: 140
+    examples/s with 1 worker, 290 with 2)."""
     if not gpus:
         return max(1, min(MAX_CPU_WORKERS, cpus or usable_cpus()))
     cpus = cpus or usable_cpus()

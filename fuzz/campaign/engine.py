@@ -16,12 +16,12 @@ signatures of failures already known. A scheduler runs it piece by piece:
   goes on;
 - :meth:`Campaign.check_one` re-runs one given example (one a killed worker had in flight).
 
-Every example is reported to a :class:`~kvfuzz.fuzz.campaign.records.Listener` as it happens: ``begin`` (the example, before anything runs),
-``phase`` ("kernel" right before the kernel call, "check" after it), ``end`` (an :class:`Outcome`, what it adds
-to the counts) and ``failure`` (a new distinct failure, a :class:`FailureRecord`). The supervisor
-(:mod:`kvfuzz.fuzz.campaign.workers.supervisor`) gets these over a pipe, so it knows at every moment which example each
-worker runs and in which phase; :func:`fuzz_target` runs a whole budget in this process for library use (the
-gate, benchmarks, tests), counting with :class:`TargetStats`.
+Every example is reported to a :class:`~kvfuzz.fuzz.campaign.records.Listener` as it happens: ``begin`` (the example,
+before anything runs), ``phase`` ("kernel" right before the kernel call, "check" after it), ``end`` (an
+:class:`Outcome`, what it adds to the counts) and ``failure`` (a new distinct failure, a :class:`FailureRecord`). The
+supervisor (:mod:`kvfuzz.fuzz.campaign.workers.supervisor`) gets these over a pipe, so it knows at every moment which
+example each worker runs and in which phase; :func:`fuzz_target` runs a whole budget in this process for library use
+(the gate, benchmarks, tests), counting with :class:`TargetStats`.
 
 Two Hypothesis details the engine relies on: the settings decorator is applied outside ``@seed`` (``@seed``
 resets the database of the settings it finds to None, so settings applied inside it would lose the database),
@@ -310,7 +310,8 @@ class Campaign:
                 raise OutOfSpace(getattr(e, "filename", None) or f"a file ({stage})",
                                  e if isinstance(e, OSError) else None) from e
             raise HarnessError(f"raised {type(e).__name__} in {stage}",
-                               f"{type(e).__name__} outside the kernel call ({stage}: {'the target built the call' if stage == 'prepare' else 'checking the output'}): {e}",
+                               f"{type(e).__name__} outside the kernel call ({stage}: "
+                               f"{'the target built the call' if stage == 'prepare' else 'checking the output'}): {e}",
                                {"stage": stage, "traceback": traceback.format_exc(limit=-6)}) from None
 
     def past_deadline(self, shrinking: bool = False) -> bool:
@@ -447,7 +448,8 @@ class Campaign:
         if explicit is not None:
             property_ = hypothesis.example(explicit)(property_)
         # settings() outside seed(): @seed replaces the database of the settings it sees with None
-        test = settings(database=self.db if database is None else database, max_examples=max_examples, deadline=None, phases=phases,
+        test = settings(database=self.db if database is None else database, max_examples=max_examples, deadline=None,
+                        phases=phases,
                         suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
                         report_multiple_bugs=True, derandomize=False, print_blob=False,
                         )(seed(chunk_seed)(given(self.strategy if strategy is None else strategy)(property_)))

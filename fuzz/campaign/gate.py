@@ -100,7 +100,8 @@ def write_junit(results: list[CheckResult], path: Path) -> None:
         rs = [r for r in results if r.suite == suite]
         el = ET.SubElement(root, "testsuite", name=f"kvfuzz.{suite}", tests=str(len(rs)),
                            failures=str(sum(r.failure is not None for r in rs)), errors="0",
-                           skipped=str(sum(r.skipped is not None for r in rs)), time=f"{sum(r.seconds for r in rs):.3f}")
+                           skipped=str(sum(r.skipped is not None for r in rs)),
+                           time=f"{sum(r.seconds for r in rs):.3f}")
         for r in rs:
             tc = ET.SubElement(el, "testcase", classname=f"kvfuzz.{suite}", name=r.name, time=f"{r.seconds:.3f}")
             if r.skipped is not None:

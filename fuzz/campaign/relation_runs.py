@@ -54,7 +54,8 @@ def check_relation(target: Target, relation: Relation, max_examples: int = 10, s
     start = time.monotonic()
     if not relation.applies_to_target(target):
         res.outcome = "not applicable"
-        res.message = ("cache writers are checked by the writer property" if not target.capabilities.contract.is_attention
+        res.message = ("cache writers are checked by the writer property"
+                       if not target.capabilities.contract.is_attention
                        else "no batch this target accepts can be checked")
         return res
     memo: dict[str, BaseException | None] = {}

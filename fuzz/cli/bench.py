@@ -127,7 +127,8 @@ def markdown_table(doc: dict) -> str:
 
         def found(x):
             return f"{x['found']}/{x['runs']}" if x else "-"
-        rows.append(f"| {m['mutant'].removeprefix('mutant.')} | {found(k)} | {k.get('median_seconds_to_first') or '-'} | "
+        rows.append(f"| {m['mutant'].removeprefix('mutant.')} | {found(k)} | "
+                    f"{k.get('median_seconds_to_first') or '-'} | "
                     f"{k.get('median_examples_to_first') or '-'} | {size_str(k.get('median_size'))} | "
                     f"{size_str(m['smallest_trigger'])} | {_of_found(k, 'shrunk_to_smallest_trigger')} | "
                     f"{_of_found(k, 'kind_stable')} | {found(g)} | {g.get('median_seconds_to_first') or '-'} | "

@@ -185,7 +185,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     baseline = _baseline(baseline_file)
     budget = parse_duration(duration)
     if budget is not None and budget <= 0:
-        raise click.BadParameter("must be more than 0 seconds (leave it out for no time limit)", param_hint="--duration")
+        raise click.BadParameter("must be more than 0 seconds (leave it out for no time limit)",
+                                 param_hint="--duration")
     if max_examples is None:
         max_examples = UNLIMITED if budget is not None else 30
     out = _out_dir(out_dir)
@@ -361,7 +362,8 @@ def _finish(result, targets, config, out: Path, caller_fault, seed) -> int:
     for w in result.warnings:
         console.print(f"[yellow]warning[/]: {escape(w)}")
     summary = {"targets": results, "caller_fault": caller_fault, "seed": seed, "workers": result.workers,
-               "worker_restarts": result.restarts, "interrupted": result.interrupted, "problems": result.problems, "warnings": result.warnings,
+               "worker_restarts": result.restarts, "interrupted": result.interrupted,
+               "problems": result.problems, "warnings": result.warnings,
                "examples": sum(t["examples"] for t in results), "lost": sum(t["lost"] for t in results),
                "baseline": config.baseline.path if config.baseline is not None else None,
                "new_failures": new, "known_failures": known, "exit_status": code}

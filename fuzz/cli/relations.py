@@ -1,5 +1,5 @@
-"""``kvfuzz relations``: every metamorphic relation (:mod:`kvfuzz.fuzz.harness.relations`, run by :mod:`kvfuzz.fuzz.campaign.relation_runs`) as its own Hypothesis
-property on every target, and a table of which hold.
+"""``kvfuzz relations``: every metamorphic relation (:mod:`kvfuzz.fuzz.harness.relations`, run by
+:mod:`kvfuzz.fuzz.campaign.relation_runs`) as its own Hypothesis property on every target, and a table of which hold.
 
 Each (target, relation) pair is one ``@given`` property over ``kvfuzz.strategies.examples`` (no example
 database, no deadline, seeded by ``--seed``); an example the relation does not apply to is rejected. A

@@ -28,8 +28,8 @@ builds (kvfuzz.fuzz.harness.caller), so a caller fault is reported under the nam
 
 Hooking it in: ``with flashinfer_guard(): ...`` (or ``install()`` ... ``uninstall()``) while a guard is
 active; the guard's own ``__enter__`` does not install it. The pytest plugin (``--kvfuzz-guard``) installs it
-for the session when flashinfer is installed. ``install`` imports flashinfer (or takes ``module=``, e.g. a stand-in in tests) and returns
-False when there is none. Nested installs are counted; the last ``uninstall`` restores the originals.
+for the session when flashinfer is installed. ``install`` imports flashinfer (or takes ``module=``, e.g. a stand-in in
+tests) and returns False when there is none. Nested installs are counted; the last ``uninstall`` restores the originals.
 """
 
 from __future__ import annotations

@@ -167,8 +167,8 @@ class Guard:
     @contextlib.contextmanager
     def new_kv(self, key: Any, value: Any) -> Iterator["Guard"]:
         """Within this block, unified-kernel calls (unified_attention, cpu_attention_with_kv_cache, vLLM's and
-        SGLang's decode_attention_fwd) are also checked for the unified invariant: ``key``/``value`` ``[T, Hkv, D]`` are the new tokens of the call, in
-        query_start_loc order, and must already be in the cache."""
+        SGLang's decode_attention_fwd) are also checked for the unified invariant: ``key``/``value`` ``[T, Hkv, D]`` are
+        the new tokens of the call, in query_start_loc order, and must already be in the cache."""
         prev, self._new_kv = self._new_kv, (key, value)
         try:
             yield self

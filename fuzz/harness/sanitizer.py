@@ -294,7 +294,8 @@ class SanitizedChild:
         # --print-limit 0: memcheck's limit counts for the process's whole life (with 20, a child that had printed
         # 20 errors printed no more, H200); --show-backtrace no keeps each access to a few lines
         cmd = [exe, "--tool", "memcheck", "--print-limit", "0", "--show-backtrace", "no",
-               "--destroy-on-device-error", "kernel", sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer", "--target", self.spec, "--serve"]
+               "--destroy-on-device-error", "kernel", sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer",
+               "--target", self.spec, "--serve"]
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, bufsize=1, env=child_environment())
         self._lines = queue.Queue()

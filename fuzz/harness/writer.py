@@ -147,7 +147,8 @@ def slot_element_offsets(layout: CacheLayout, key_cache: torch.Tensor, value_cac
     for d in range(digits):
         probes = None
         if blocks is not None:
-            probes = (_block_probe(key_cache, blocks, itype, base, d), _block_probe(value_cache, blocks, itype, base, d))
+            probes = (_block_probe(key_cache, blocks, itype, base, d),
+                      _block_probe(value_cache, blocks, itype, base, d))
             probes = None if None in probes else probes
         if probes is None:
             def probe(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -338,7 +339,8 @@ def _expected_after(inputs: WriterInputs, key_cache: torch.Tensor, value_cache: 
     exp_k_store = before.key.clone()
     exp_v_store = exp_k_store if before.value is None else before.value.clone()
     exp_k_store[k_off.reshape(-1)] = _bits(inputs.cache_key[real].to(key_cache.dtype).contiguous()).reshape(-1).to(dev)
-    exp_v_store[v_off.reshape(-1)] = _bits(inputs.cache_value[real].to(value_cache.dtype).contiguous()).reshape(-1).to(dev)
+    exp_v_store[v_off.reshape(-1)] = (_bits(inputs.cache_value[real].to(value_cache.dtype).contiguous())
+                                      .reshape(-1).to(dev))
     ek = torch.as_strided(exp_k_store.view(key_cache.dtype), key_cache.shape, key_cache.stride(),
                           key_cache.storage_offset())
     ev = torch.as_strided(exp_v_store.view(value_cache.dtype), value_cache.shape, value_cache.stride(),

@@ -38,8 +38,9 @@ pos_encoding_mode, use_sliding_window, use_logits_soft_cap) (flashinfer/jit/atte
 runtime arguments. A campaign's pinned configurations (strategies/configs.py) fix those compile keys per chunk
 and leave heads, page size and the window's size free (``runtime_fields``), so one chunk costs at most one
 compile and still draws every page size and GQA group: measured on an H100, 21 s for a decode module, 86 s for
-the sm90 prefill module, 19 s for append's page module (benchmarks/results/flashinfer-first-calls-h100.txt). The JIT cache is ``$FLASHINFER_WORKSPACE_BASE``
-(FlashInfer's own default: the home directory); set it before the first flashinfer import.
+the sm90 prefill module, 19 s for append's page module (benchmarks/results/flashinfer-first-calls-h100.txt). The JIT
+cache is ``$FLASHINFER_WORKSPACE_BASE`` (FlashInfer's own default: the home directory); set it before the first
+flashinfer import.
 """
 
 from __future__ import annotations

@@ -82,7 +82,8 @@ _SETUP_HINT = (f"run `make setup` (extracts sglang=={SGLANG_VERSION}'s kernel fi
 
 
 # ---- the calls this family's kernels take: arguments (bound by parameter name) -> PagedCall, where each kernel
-# lives, and what it needs of its caller (read off sglang 0.5.23; tests/fuzz/targets/test_declarations.py backs the claims) ----
+# lives, and what it needs of its caller (read off sglang 0.5.23; tests/fuzz/targets/test_declarations.py backs the
+# claims) ------------------------------------------------------------------------------------------------------------
 
 def _csr_call(kernel: str, contract: Contract, q: Any, csr: CsrArgs, qsl: Any, key: Any, value: Any,
               names: dict[str, str], **fields: Any) -> PagedCall:

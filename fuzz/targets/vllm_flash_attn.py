@@ -44,13 +44,13 @@ for ``cudagraph_mode=FULL``, which kvfuzz does not model.
 What FA3 accepts (read off the backend): dtypes fp16/bf16 (``supported_dtypes``); ``head_size % 8 == 0`` and
 ``<= 256`` (``supports_head_size``); block sizes multiples of 16 (``get_supported_kernel_block_sizes``); sliding
 window and softcap; sinks (``flash_attn_supports_sinks``: FA3 and 4) in bf16 only (the extension checks "We only
-support bf16 dtype for S aux."; gpt-oss's sinks are a parameter in the model dtype); no ALiBi (``get_flash_attn_version``
-drops to FA2 with ALiBi; ``flash_attn_varlen_func`` asserts ``alibi_slopes is None`` for FA3); int32 index
-tensors (FA3's flash_api.cpp checks them). kv_cache_dtype fp8/fp8_e4m3 (not e5m2) is supported by the backend,
-but FA3's fp8 forward takes the *query* in fp8 too (vLLM's attention layer quantizes it with ``_q_scale``), and
-kvfuzz's reference has no fp8 query: the target does not declare fp8 (its guard signature checks fp8 calls).
-Nor sinks: kvfuzz draws fp32 sink logits, which a bf16 ``s_aux`` rounds by up to 2^-9 relative, more than the
-reference's tolerance allows for a dominant sink; an undeclared sink batch is called with ``s_aux`` in bf16.
+support bf16 dtype for S aux."; gpt-oss's sinks are a parameter in the model dtype); no ALiBi
+(``get_flash_attn_version`` drops to FA2 with ALiBi; ``flash_attn_varlen_func`` asserts ``alibi_slopes is None`` for
+FA3); int32 index tensors (FA3's flash_api.cpp checks them). kv_cache_dtype fp8/fp8_e4m3 (not e5m2) is supported by the
+backend, but FA3's fp8 forward takes the *query* in fp8 too (vLLM's attention layer quantizes it with ``_q_scale``), and
+kvfuzz's reference has no fp8 query: the target does not declare fp8 (its guard signature checks fp8 calls). Nor sinks:
+kvfuzz draws fp32 sink logits, which a bf16 ``s_aux`` rounds by up to 2^-9 relative, more than the reference's tolerance
+allows for a dominant sink; an undeclared sink batch is called with ``s_aux`` in bf16.
 
 The family's home: the signature of ``flash_attn_varlen_func`` for the guard (:data:`FLASH_ATTN_VARLEN_FUNC`,
 listed in :data:`SIGNATURES`), and the target :class:`VllmFlashAttnVarlen`. Importing this module imports
@@ -206,7 +206,8 @@ class VllmFlashAttnVarlen(Target):
     #: compiled ahead of time (the wheel's extension): nothing specializes on heads, block size or the window, so a
     #: pinned chunk draws them freely (a pinned window kept the serving tier's model windows out of FA3's chunks)
     runtime_fields = frozenset({"heads", "block_size", "window"})
-    description = "FlashAttention 3 paged varlen forward as vLLM's FLASH_ATTN backend calls it (Hopper; unified contract)"
+    description = ("FlashAttention 3 paged varlen forward as vLLM's FLASH_ATTN backend calls it "
+                   "(Hopper; unified contract)")
     capabilities = Capabilities(
         contract=Contract.UNIFIED,
         devices=("cuda",),

@@ -133,7 +133,8 @@ def flash_mla_with_kvcache_fp8_call(args: Mapping[str, Any], key: Any = None, va
     return _flash_mla_call(args, key, value, "flash_mla_with_kvcache_fp8", args.get("descale_k"))
 
 
-_FLASHMLA_SOURCE = "vllm/third_party/flashmla/flash_mla_interface.py flash_mla_with_kvcache; FlashMLA csrc/api/dense_decode.cpp"
+_FLASHMLA_SOURCE = ("vllm/third_party/flashmla/flash_mla_interface.py flash_mla_with_kvcache; "
+                    "FlashMLA csrc/api/dense_decode.cpp")
 #: flash_mla_with_kvcache: the dense decode (``dense_decode_fwd``) checks ``block_table`` and ``seqlens_k`` are
 #: int32 (csrc/api/dense_decode.cpp); it takes no max_* scalars.
 FLASH_MLA_WITH_KVCACHE = KernelSignature(

@@ -43,8 +43,9 @@ from .triton_runtime import (  # noqa: F401
 )
 
 # ---- the calls this family's kernels take: arguments (bound by parameter name) -> PagedCall, where each kernel
-# lives, and what it needs of its caller (read off vLLM 0.33.0 vllm/v1/attention/ops/; tests/fuzz/targets/test_declarations.py
-# runs the Triton kernels with int64 indices and MLA head sizes to back the claims that run on CPU) -------------
+# lives, and what it needs of its caller (read off vLLM 0.33.0 vllm/v1/attention/ops/;
+# tests/fuzz/targets/test_declarations.py runs the Triton kernels with int64 indices and MLA head sizes to back the
+# claims that run on CPU) ----------------------------------------------------------------------------------------
 
 def chunked_prefill_paged_decode_call(args: Mapping[str, Any], key: Any = None, value: Any = None) -> PagedCall:
     """``chunked_prefill_paged_decode(query, key, value, output, kv_cache_dtype, key_cache, value_cache,
@@ -374,23 +375,21 @@ class VllmUnifiedAttention(VllmTritonTarget):
     Unified contract: every sequence's ``seq_len`` positions are read from the cache
     (:class:`~kvfuzz.contracts.caches.layouts.NHDLayout`, ``[num_blocks, block_size, num_kv_heads, head_size]``).
     Called as vLLM's TRITON_ATTN backend calls it (vllm/v1/attention/backends/triton_attn.py, eager mode, or
-    a FULL CUDA graph's padded call when the batch has pads, :mod:`kvfuzz.contracts.model.padding`): ``cu_seqlens_q`` = query_start_loc int32, ``seqused_k`` = seq_lens int32,
-    ``window_size = (W - 1, 0)`` for a sliding window of W keys (else ``(-1, -1)``), ``softcap`` (0: off),
-    ``alibi_slopes`` and ``sinks`` float32 ``[H]``, causal; an fp8 cache as an fp8 view with
-    ``kv_quant_mode=FP8_PER_TENSOR`` and ``k_descale``/``v_descale`` = the scale expanded to
+    a FULL CUDA graph's padded call when the batch has pads, :mod:`kvfuzz.contracts.model.padding`): ``cu_seqlens_q`` =
+    query_start_loc int32, ``seqused_k`` = seq_lens int32, ``window_size = (W - 1, 0)`` for a sliding window of W keys
+    (else ``(-1, -1)``), ``softcap`` (0: off), ``alibi_slopes`` and ``sinks`` float32 ``[H]``, causal; an fp8 cache as
+    an fp8 view with ``kv_quant_mode=FP8_PER_TENSOR`` and ``k_descale``/``v_descale`` = the scale expanded to
     ``[num_seqs, num_kv_heads]`` (no descales for ``auto``). (vLLM's TRITON_ATTN views every fp8 cache as
-    ``current_platform.fp8_dtype()``, so its "fp8_e5m2" cache is written and read as e4m3; kvfuzz hands the
-    kernel the format the batch names.) ALiBi with sinks is declared exclusive: the linear ALiBi bias is
-    ``slope * (k_pos - context_len)`` (``apply_alibi_to_score``), which differs from ``slope * (k_pos - q_pos)``
-    by a per-row constant that softmax cancels, except against a sink, whose logit gets no bias: prefill
-    row ``j`` weighs its sink ``exp(slope * j)`` times too little (kvfuzz found it; docs/findings.md). And the
-    split-softmax
-    scratch: ``seq_threshold_3D = 128 // num_kv_heads``, 16 segments, fp32 ``softmax_segm_output
-    [T, H, 16, next_pow2(D)]``, ``softmax_segm_max``/``softmax_segm_expsum [T, H, 16]``. vLLM sizes the
-    scratch for ``min(threshold, max_num_seqs) * max_query_len_3d`` tokens, which is >= T whenever the other
-    3-D conditions hold and speculative decoding allows 8-token queries; kvfuzz allocates exactly T rows,
-    which gives the same kernel choice. The scratch is filled with the example's poison (vLLM reuses it
-    uninitialised across layers).
+    ``current_platform.fp8_dtype()``, so its "fp8_e5m2" cache is written and read as e4m3; kvfuzz hands the kernel the
+    format the batch names.) ALiBi with sinks is declared exclusive: the linear ALiBi bias is ``slope * (k_pos -
+    context_len)`` (``apply_alibi_to_score``), which differs from ``slope * (k_pos - q_pos)`` by a per-row constant that
+    softmax cancels, except against a sink, whose logit gets no bias: prefill row ``j`` weighs its sink ``exp(slope *
+    j)`` times too little (kvfuzz found it; docs/findings.md). And the split-softmax scratch: ``seq_threshold_3D = 128
+    // num_kv_heads``, 16 segments, fp32 ``softmax_segm_output [T, H, 16, next_pow2(D)]``,
+    ``softmax_segm_max``/``softmax_segm_expsum [T, H, 16]``. vLLM sizes the scratch for ``min(threshold, max_num_seqs) *
+    max_query_len_3d`` tokens, which is >= T whenever the other 3-D conditions hold and speculative decoding allows
+    8-token queries; kvfuzz allocates exactly T rows, which gives the same kernel choice. The scratch is filled with the
+    example's poison (vLLM reuses it uninitialised across layers).
 
     Paths (the kernel's own rule, :meth:`path`): "3d" (16-segment split softmax + ``reduce_segments``) for
     small batches with ``max_query_len <= 8``; "2d" otherwise.
@@ -413,7 +412,8 @@ class VllmUnifiedAttention(VllmTritonTarget):
         block_sizes=(16, 32, 48, 64, 544),
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         features=("sliding_window", "alibi", "sinks", "softcap"),
-        # accepted without complaint but position-dependent: see docs/findings.md, Finding 5 (tests/fuzz/targets/test_vllm_triton.py)
+        # accepted without complaint but position-dependent: see docs/findings.md, Finding 5
+        # (tests/fuzz/targets/test_vllm_triton.py)
         exclusive=(("alibi", "sinks"),),
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
         # vLLM's TRITON_ATTN (AttentionCGSupport.ALWAYS) runs decode batches in FULL CUDA graphs, padded

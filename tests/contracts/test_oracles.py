@@ -65,9 +65,10 @@ def emulate(batch, data, *, dot="fp32", exp="exp", pv="fp32", p_dtype="dtype", o
             scores=None, inputs=None):
     """A kernel in torch: fp32 scores (``dot``: "fp32" einsum, "running" fp32 loop over D, or a dtype the
     running sum is kept in), ``scores`` rounded to a dtype, softcap ("tanh", vLLM's cancelling
-    ``c * (1 - 2 / (exp(2s/c) + 1))``, or "exp_ratio": vllm#56579's overflowing ``c (e^y - e^-y) / (e^y + e^-y)``), ``exp`` ("exp" or "exp2" with log2(e) folded), P rounded to ``p_dtype``
-    (default the batch dtype; None keeps fp32), P@V ("fp32" einsum or a dtype the running sum is kept in), the
-    output rounded "nearest" or "toward_zero". ``inputs="tf32"`` rounds q and k to TF32 first. fp64 result."""
+    ``c * (1 - 2 / (exp(2s/c) + 1))``, or "exp_ratio": vllm#56579's overflowing ``c (e^y - e^-y) / (e^y + e^-y)``),
+    ``exp`` ("exp" or "exp2" with log2(e) folded), P rounded to ``p_dtype`` (default the batch dtype; None keeps fp32),
+    P@V ("fp32" einsum or a dtype the running sum is kept in), the output rounded "nearest" or "toward_zero".
+    ``inputs="tf32"`` rounds q and k to TF32 first. fp64 result."""
     dt = batch.torch_dtype
     p_dtype = dt if p_dtype == "dtype" else p_dtype
     res = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=torch.float64)

@@ -1,6 +1,6 @@
-"""Deliberately broken kernels for the metamorphic relations (tests/fuzz/harness/test_relations.py): torch SDPA over a paged
-cache (examples/sdpa_paged_target.py) with one defect each, every one of which the fp64 oracle may miss
-(finite poison, small errors) but exactly one relation catches."""
+"""Deliberately broken kernels for the metamorphic relations (tests/fuzz/harness/test_relations.py): torch SDPA over a
+paged cache (examples/sdpa_paged_target.py) with one defect each, every one of which the fp64 oracle may miss (finite
+poison, small errors) but exactly one relation catches."""
 
 import sys
 from pathlib import Path

@@ -42,8 +42,9 @@ def write_group_size_7_case(out: Path) -> Path:
         "on a CPU): its DISPATCH_GQA_GROUP_SIZE covers 1, 2, 3, 4, 6, 8, 16. Outside the declaration, a clear error "
         "is the expected answer; flashinfer.batch_decode_tc (the tensor-core decode) takes group size 7."), {
         "outside": outside, "undeclared": True,
-        "expected_outcome": f"rejected: RuntimeError: Error in function 'operator()' at batch_decode.cu:<line>: {CHECK}",
+        "expected_outcome": ("rejected: RuntimeError: Error in function 'operator()' at batch_decode.cu:<line>: "
+                             f"{CHECK}"),
         "seen_on": "an H100 (README, FlashInfer: measured 2026-11-23), flashinfer-python 0.7.2.post1, torch 2.11",
-        "written_by": "tests/support/flashinfer_regression_case.py write_group_size_7_case (on a CPU: the call was built, "
-                      "not run)"})
+        "written_by": ("tests/support/flashinfer_regression_case.py write_group_size_7_case "
+                       "(on a CPU: the call was built, not run)")})
     return write_reproducer(out, t, e, finding, None)

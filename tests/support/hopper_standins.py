@@ -228,5 +228,5 @@ class StandInFlashMla(VllmFlashMlaDecode):
         return Availability(True, "vLLM's flash_mla_interface over a torch stand-in", "cpu")
 
 
-__all__ = ["StandInFA3", "StandInFlashMla", "SEEN", "fa3_fwd", "fa3_get_scheduler_metadata", "flashmla_dense_decode_fwd", "install_fa3",
-           "install_flashmla"]
+__all__ = ["StandInFA3", "StandInFlashMla", "SEEN", "fa3_fwd", "fa3_get_scheduler_metadata",
+           "flashmla_dense_decode_fwd", "install_fa3", "install_flashmla"]

@@ -1,5 +1,5 @@
-"""A disk that fills in the middle of a campaign, without mounting anything (tests/fuzz/campaign/test_disk_full.py): loaded as a
-user adapter by path, this module is imported by the supervisor and by every worker, and patches both.
+"""A disk that fills in the middle of a campaign, without mounting anything (tests/fuzz/campaign/test_disk_full.py):
+loaded as a user adapter by path, this module is imported by the supervisor and by every worker, and patches both.
 
 While the flag file named by KVFUZZ_PLANTED_FULL exists, the campaign's --out (KVFUZZ_PLANTED_OUT) is "full":
 every ``os.replace`` into it fails with ENOSPC (how kvfuzz ends each atomic write: state.json, status.json,

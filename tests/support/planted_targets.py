@@ -95,7 +95,7 @@ class SilentOnUndeclaredHeadSizes(SdpaPaged):
         return out
 
 
-# ---- findings-baseline tests (tests/fuzz/campaign/test_baseline.py) ---------------------------------------------------------
+# ---- findings-baseline tests (tests/fuzz/campaign/test_baseline.py) -------------------------------------------------
 from kvfuzz.fuzz.bench.mutants import DecodeMissesOwnToken as _MutantDecodeMissesOwnToken  # noqa: E402
 from kvfuzz.fuzz.bench.mutants import TailVUnmasked as _MutantTailVUnmasked  # noqa: E402
 

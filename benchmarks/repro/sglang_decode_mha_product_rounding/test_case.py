@@ -1,8 +1,10 @@
 """kvfuzz reproducer: kernel mismatch (oracle: agreement with the fp64 reference) on sglang.decode_attention_fwd.
 
-kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 0 (output row 0), head 1, dim 12: |out - ref| = 0.000876 > bound 0.000775
+kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 0 (output row 0), head 1,
+dim 12: |out - ref| = 0.000876 > bound 0.000775
 
-Re-run: pytest sglang_decode_mha_product_rounding/test_case.py   (or: kvfuzz replay sglang_decode_mha_product_rounding)
+Re-run: pytest sglang_decode_mha_product_rounding/test_case.py
+    (or: kvfuzz replay sglang_decode_mha_product_rounding)
 The test fails while the failure reproduces and passes once it is fixed. It replays this directory in a child
 process (a crash or a hang fails the test instead of killing pytest).
 """

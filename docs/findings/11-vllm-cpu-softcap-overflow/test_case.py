@@ -1,8 +1,10 @@
 """kvfuzz reproducer: non-finite output (oracle: finite output) on vllm.cpu_attention.
 
-non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan
+non-finite output: 32 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0:
+nan
 
-Re-run: pytest vllm.cpu_attention-non-finite-finite-output-ef1148ad11/test_case.py   (or: kvfuzz replay vllm.cpu_attention-non-finite-finite-output-ef1148ad11)
+Re-run: pytest vllm.cpu_attention-non-finite-finite-output-ef1148ad11/test_case.py
+    (or: kvfuzz replay vllm.cpu_attention-non-finite-finite-output-ef1148ad11)
 The test fails while the failure reproduces and passes once it is fixed. It replays this directory in a child
 process (a crash or a hang fails the test instead of killing pytest).
 """

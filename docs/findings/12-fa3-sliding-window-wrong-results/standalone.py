@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Standalone reproducer for vllm.flash_attn_varlen, written by kvfuzz (it needs only torch, safetensors and the kernel's own
-package). Run it from anywhere: python standalone.py
+"""Standalone reproducer for vllm.flash_attn_varlen, written by kvfuzz.
+
+It needs only torch, safetensors and the kernel's own package. Run it from anywhere:
+    python standalone.py
 Exit status: 1 while the bug reproduces, 0 once the kernel is fixed, 2 when it cannot run here."""
 
 import json
@@ -9,8 +11,57 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-META = json.loads('{"target": "vllm.flash_attn_varlen", "family": "module", "kind": "kernel mismatch", "check": "agreement with the fp64 reference", "blame": "kernel", "message": "kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 768 (output row 0), head 0, dim 30: |out - ref| = 0.00152 > bound 0.000437", "details": {"path": "splits=1,sched=aot,gqa=1", "kernel": {"outcome": "mismatch", "oracle": "agreement with the fp64 reference", "seq": 0, "position": 768, "token": 0, "head": 0, "dim": 30, "error": 0.0015240746784033372, "bound": 0.00043725232543152576, "bad_rows": 1, "bad_elements": 34, "bad_tokens": [0], "message": "kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 768 (output row 0), head 0, dim 30: |out - ref| = 0.00152 > bound 0.000437"}, "oracle": {"oracle": "agreement with the fp64 reference", "seq": 0, "position": 768, "token": 0, "head": 0, "dim": 30, "error": 0.0015240746784033372, "bound": 0.00043725232543152576, "bad_rows": 1, "bad_elements": 34, "bad_tokens": [0], "message": "kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 768 (output row 0), head 0, dim 30: |out - ref| = 0.00152 > bound 0.000437"}, "structural_shrink": {"from": "1 seqs [p] query_lens=[3] ctx_lens=[768] H=1 Hkv=1 D=72 block_size=544 num_blocks=2 dtype=float16 kv_cache_dtype=auto sliding_window=767", "tried": 29, "taken": 0, "seconds": 0.546, "out_of_time": false}}, "why_not": null, "kernel": ["vllm.vllm_flash_attn", "flash_attn_varlen_func"], "dtype": "float16", "num_heads": 1, "num_kv_heads": 1, "head_size": 72, "block_size": 544, "query_lens": [3], "seq_lens": [771], "scale": 0.11785113019775793, "softcap": null, "sliding_window": 767, "kv_cache_dtype": "auto", "alibi": false, "sinks": false, "value_range": "normal", "poison": "nan", "versions": {"python": "3.12.3", "kvfuzz": "0.2.0", "torch": "2.11.0", "triton": "3.6.0", "vllm": "0.33.0", "hypothesis": "6.170.15", "sglang": null, "flashinfer-python": "0.7.2.post1", "torch_cuda": "13.0", "device": "NVIDIA H200", "driver": "580.159.04"}}')
-SPEC = json.loads('{"kwargs": {"q": {"__tensor__": 0, "dtype": "float16", "size": [3, 1, 72], "stride": [72, 72, 1], "offset": 0, "device": "cuda"}, "k": {"__tensor__": 1, "dtype": "float16", "size": [2, 544, 1, 72], "stride": [78336, 144, 72, 1], "offset": 0, "device": "cuda"}, "v": {"__tensor__": 1, "dtype": "float16", "size": [2, 544, 1, 72], "stride": [78336, 144, 72, 1], "offset": 72, "device": "cuda"}, "out": {"__tensor__": 2, "dtype": "float16", "size": [3, 1, 72], "stride": [72, 72, 1], "offset": 0, "device": "cuda"}, "cu_seqlens_q": {"__tensor__": 3, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cuda"}, "max_seqlen_q": 3, "seqused_k": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cuda"}, "max_seqlen_k": 771, "softmax_scale": 0.11785113019775793, "causal": true, "alibi_slopes": null, "window_size": {"__list__": [766, 0]}, "block_table": {"__tensor__": 5, "dtype": "int32", "size": [1, 2], "stride": [2, 1], "offset": 0, "device": "cuda"}, "softcap": 0, "scheduler_metadata": {"__tensor__": 6, "dtype": "int32", "size": [9], "stride": [1], "offset": 0, "device": "cuda"}, "fa_version": 3, "q_descale": {"__tensor__": 7, "dtype": "float32", "size": [1, 1], "stride": [0, 0], "offset": 0, "device": "cuda"}, "k_descale": {"__tensor__": 7, "dtype": "float32", "size": [1, 1], "stride": [0, 0], "offset": 0, "device": "cuda"}, "v_descale": {"__tensor__": 7, "dtype": "float32", "size": [1, 1], "stride": [0, 0], "offset": 0, "device": "cuda"}, "num_splits": 1, "s_aux": null}, "output_kwarg": "out", "output_shape": [3, 1, 72], "cache_views": [{"__tensor__": 1, "dtype": "float16", "size": [2, 544, 1, 72], "stride": [78336, 144, 72, 1], "offset": 0, "device": "cuda"}, {"__tensor__": 1, "dtype": "float16", "size": [2, 544, 1, 72], "stride": [78336, 144, 72, 1], "offset": 72, "device": "cuda"}], "isa": null}')  # None: no call recorded
+META = json.loads(
+    '{"target": "vllm.flash_attn_varlen", "family": "module", "kind": "kernel mismatch", '
+    '"check": "agreement with the fp64 reference", "blame": "kernel", '
+    '"message": "kernel disagrees with the fp64 reference in 1 (token, '
+    'head) rows; worst at sequence 0 position 768 (output row 0), head 0, '
+    'dim 30: |out - ref| = 0.00152 > bound 0.000437", "details": {"path": "splits=1,sched=aot,gqa=1", '
+    '"kernel": {"outcome": "mismatch", "oracle": "agreement with the fp64 reference", "seq": 0, '
+    '"position": 768, "token": 0, "head": 0, "dim": 30, "error": 0.0015240746784033372, '
+    '"bound": 0.00043725232543152576, "bad_rows": 1, "bad_elements": 34, "bad_tokens": [0], '
+    '"message": "kernel disagrees with the fp64 reference in 1 (token, '
+    'head) rows; worst at sequence 0 position 768 (output row 0), head 0, '
+    'dim 30: |out - ref| = 0.00152 > bound 0.000437"}, "oracle": {"oracle": "agreement with the fp64 reference",'
+    ' "seq": 0, "position": 768, "token": 0, "head": 0, "dim": 30, "error": 0.0015240746784033372, '
+    '"bound": 0.00043725232543152576, "bad_rows": 1, "bad_elements": 34, "bad_tokens": [0], '
+    '"message": "kernel disagrees with the fp64 reference in 1 (token, '
+    'head) rows; worst at sequence 0 position 768 (output row 0), head 0, '
+    'dim 30: |out - ref| = 0.00152 > bound 0.000437"}, "structural_shrink": {"from": "1 seqs [p] query_lens=[3] c'
+    'tx_lens=[768] H=1 Hkv=1 D=72 block_size=544 num_blocks=2 dtype=float16 kv_cache_dtype=auto sliding_window=767", '
+    '"tried": 29, "taken": 0, "seconds": 0.546, "out_of_time": false}}, "why_not": null, '
+    '"kernel": ["vllm.vllm_flash_attn", "flash_attn_varlen_func"], "dtype": "float16", "num_heads": 1, '
+    '"num_kv_heads": 1, "head_size": 72, "block_size": 544, "query_lens": [3], "seq_lens": [771], '
+    '"scale": 0.11785113019775793, "softcap": null, "sliding_window": 767, "kv_cache_dtype": "auto", '
+    '"alibi": false, "sinks": false, "value_range": "normal", "poison": "nan", '
+    '"versions": {"python": "3.12.3", "kvfuzz": "0.2.0", "torch": "2.11.0", "triton": "3.6.0", '
+    '"vllm": "0.33.0", "hypothesis": "6.170.15", "sglang": null, "flashinfer-python": "0.7.2.post1", '
+    '"torch_cuda": "13.0", "device": "NVIDIA H200", "driver": "580.159.04"}}'
+)
+SPEC = json.loads(  # None: no call recorded
+    '{"kwargs": {"q": {"__tensor__": 0, "dtype": "float16", "size": [3, 1, 72], "stride": [72, 72, 1], '
+    '"offset": 0, "device": "cuda"}, "k": {"__tensor__": 1, "dtype": "float16", '
+    '"size": [2, 544, 1, 72], "stride": [78336, 144, 72, 1], "offset": 0, "device": "cuda"}, '
+    '"v": {"__tensor__": 1, "dtype": "float16", "size": [2, 544, 1, 72], "stride": [78336, 144, 72, 1], '
+    '"offset": 72, "device": "cuda"}, "out": {"__tensor__": 2, "dtype": "float16", '
+    '"size": [3, 1, 72], "stride": [72, 72, 1], "offset": 0, "device": "cuda"}, '
+    '"cu_seqlens_q": {"__tensor__": 3, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, '
+    '"device": "cuda"}, "max_seqlen_q": 3, "seqused_k": {"__tensor__": 4, "dtype": "int32", '
+    '"size": [1], "stride": [1], "offset": 0, "device": "cuda"}, "max_seqlen_k": 771, '
+    '"softmax_scale": 0.11785113019775793, "causal": true, "alibi_slopes": null, '
+    '"window_size": {"__list__": [766, 0]}, "block_table": {"__tensor__": 5, "dtype": "int32", '
+    '"size": [1, 2], "stride": [2, 1], "offset": 0, "device": "cuda"}, "softcap": 0, '
+    '"scheduler_metadata": {"__tensor__": 6, "dtype": "int32", "size": [9], "stride": [1], '
+    '"offset": 0, "device": "cuda"}, "fa_version": 3, "q_descale": {"__tensor__": 7, '
+    '"dtype": "float32", "size": [1, 1], "stride": [0, 0], "offset": 0, "device": "cuda"}, '
+    '"k_descale": {"__tensor__": 7, "dtype": "float32", "size": [1, 1], "stride": [0, 0], "offset": 0, '
+    '"device": "cuda"}, "v_descale": {"__tensor__": 7, "dtype": "float32", "size": [1, 1], '
+    '"stride": [0, 0], "offset": 0, "device": "cuda"}, "num_splits": 1, "s_aux": null}, '
+    '"output_kwarg": "out", "output_shape": [3, 1, 72], "cache_views": [{"__tensor__": 1, '
+    '"dtype": "float16", "size": [2, 544, 1, 72], "stride": [78336, 144, 72, 1], "offset": 0, '
+    '"device": "cuda"}, {"__tensor__": 1, "dtype": "float16", "size": [2, 544, 1, 72], '
+    '"stride": [78336, 144, 72, 1], "offset": 72, "device": "cuda"}], "isa": null}'
+)
 
 if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util

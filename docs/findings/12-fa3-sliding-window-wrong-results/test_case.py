@@ -1,8 +1,10 @@
 """kvfuzz reproducer: kernel mismatch (oracle: agreement with the fp64 reference) on vllm.flash_attn_varlen.
 
-kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 768 (output row 0), head 0, dim 30: |out - ref| = 0.00152 > bound 0.000437
+kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 768 (output row 0), head
+0, dim 30: |out - ref| = 0.00152 > bound 0.000437
 
-Re-run: pytest vllm.flash_attn_varlen-kernel-mismatch-agreement-with-the-fp64-reference-f4c5eb13fd/test_case.py   (or: kvfuzz replay vllm.flash_attn_varlen-kernel-mismatch-agreement-with-the-fp64-reference-f4c5eb13fd)
+Re-run: pytest vllm.flash_attn_varlen-kernel-mismatch-agreement-with-the-fp64-reference-f4c5eb13fd/test_case.py
+    (or: kvfuzz replay vllm.flash_attn_varlen-kernel-mismatch-agreement-with-the-fp64-reference-f4c5eb13fd)
 The test fails while the failure reproduces and passes once it is fixed. It replays this directory in a child
 process (a crash or a hang fails the test instead of killing pytest).
 """

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Standalone reproducer for torch.flex_paged, written by kvfuzz (it needs only torch, safetensors and the kernel's own
-package). Run it from anywhere: python standalone.py
+"""Standalone reproducer for torch.flex_paged, written by kvfuzz.
+
+It needs only torch, safetensors and the kernel's own package. Run it from anywhere:
+    python standalone.py
 Exit status: 1 while the bug reproduces, 0 once the kernel is fixed, 2 when it cannot run here."""
 
 import json
@@ -9,8 +11,41 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-META = json.loads('{"target": "torch.flex_paged", "family": "flex", "kind": "non-finite output", "check": "finite output", "blame": "kernel", "message": "non-finite output: 16 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan", "details": {"path": "eager (cpu)", "kernel": {"outcome": "non-finite", "oracle": "finite output", "seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, "bad_elements": 16, "bad_tokens": [0], "message": "non-finite output: 16 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}, "oracle": {"oracle": "finite output", "seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, "bad_elements": 16, "bad_tokens": [0], "message": "non-finite output: 16 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}}, "why_not": null, "kernel": null, "dtype": "float32", "num_heads": 1, "num_kv_heads": 1, "head_size": 16, "block_size": 8, "query_lens": [1], "seq_lens": [1], "scale": 0.25, "softcap": null, "sliding_window": null, "kv_cache_dtype": "auto", "alibi": false, "sinks": false, "value_range": "normal", "poison": "nan", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", "torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", "sglang": null, "flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}')
-SPEC = json.loads('{"kwargs": {"query": {"__tensor__": 0, "dtype": "float32", "size": [1, 1, 1, 16], "stride": [16, 16, 16, 1], "offset": 0, "device": "cpu"}, "key": {"__tensor__": 1, "dtype": "float32", "size": [1, 1, 8, 16], "stride": [128, 128, 16, 1], "offset": 0, "device": "cpu"}, "value": {"__tensor__": 2, "dtype": "float32", "size": [1, 1, 8, 16], "stride": [128, 128, 16, 1], "offset": 0, "device": "cpu"}, "block_mask": {"__rebuilt__": "BlockMask"}, "scale": 0.25, "enable_gqa": true, "kernel_options": null, "score_mod": {"__rebuilt__": "NoneType"}, "block_table": {"__tensor__": 3, "dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "seq_lens": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, "query_start_loc": {"__tensor__": 5, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}}, "output_kwarg": null, "output_shape": [1, 1, 16], "cache_views": [{"__tensor__": 1, "dtype": "float32", "size": [1, 1, 8, 16], "stride": [128, 128, 16, 1], "offset": 0, "device": "cpu"}, {"__tensor__": 2, "dtype": "float32", "size": [1, 1, 8, 16], "stride": [128, 128, 16, 1], "offset": 0, "device": "cpu"}]}')  # None: no call recorded
+META = json.loads(
+    '{"target": "torch.flex_paged", "family": "flex", "kind": "non-finite output", '
+    '"check": "finite output", "blame": "kernel", "message": "non-finite output: 16 elements in 1 (token, '
+    'head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan", '
+    '"details": {"path": "eager (cpu)", "kernel": {"outcome": "non-finite", '
+    '"oracle": "finite output", "seq": 0, "position": 0, "token": 0, "head": 0, "dim": 0, '
+    '"error": "nan", "bound": "nan", "bad_rows": 1, "bad_elements": 16, "bad_tokens": [0], '
+    '"message": "non-finite output: 16 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row '
+    '0), head 0, dim 0: nan"}, "oracle": {"oracle": "finite output", "seq": 0, "position": 0, '
+    '"token": 0, "head": 0, "dim": 0, "error": "nan", "bound": "nan", "bad_rows": 1, '
+    '"bad_elements": 16, "bad_tokens": [0], "message": "non-finite output: 16 elements in 1 (token, '
+    'head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan"}}, "why_not": null, '
+    '"kernel": null, "dtype": "float32", "num_heads": 1, "num_kv_heads": 1, "head_size": 16, '
+    '"block_size": 8, "query_lens": [1], "seq_lens": [1], "scale": 0.25, "softcap": null, '
+    '"sliding_window": null, "kv_cache_dtype": "auto", "alibi": false, "sinks": false, '
+    '"value_range": "normal", "poison": "nan", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", '
+    '"torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", '
+    '"sglang": null, "flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}'
+)
+SPEC = json.loads(  # None: no call recorded
+    '{"kwargs": {"query": {"__tensor__": 0, "dtype": "float32", "size": [1, 1, 1, 16], '
+    '"stride": [16, 16, 16, 1], "offset": 0, "device": "cpu"}, "key": {"__tensor__": 1, '
+    '"dtype": "float32", "size": [1, 1, 8, 16], "stride": [128, 128, 16, 1], "offset": 0, '
+    '"device": "cpu"}, "value": {"__tensor__": 2, "dtype": "float32", "size": [1, 1, 8, 16], '
+    '"stride": [128, 128, 16, 1], "offset": 0, "device": "cpu"}, '
+    '"block_mask": {"__rebuilt__": "BlockMask"}, "scale": 0.25, "enable_gqa": true, '
+    '"kernel_options": null, "score_mod": {"__rebuilt__": "NoneType"}, "block_table": {"__tensor__": 3, '
+    '"dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, '
+    '"seq_lens": {"__tensor__": 4, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, '
+    '"device": "cpu"}, "query_start_loc": {"__tensor__": 5, "dtype": "int32", "size": [2], '
+    '"stride": [1], "offset": 0, "device": "cpu"}}, "output_kwarg": null, "output_shape": [1, 1, 16], '
+    '"cache_views": [{"__tensor__": 1, "dtype": "float32", "size": [1, 1, 8, 16], '
+    '"stride": [128, 128, 16, 1], "offset": 0, "device": "cpu"}, {"__tensor__": 2, "dtype": "float32", '
+    '"size": [1, 1, 8, 16], "stride": [128, 128, 16, 1], "offset": 0, "device": "cpu"}]}'
+)
 
 if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util

@@ -1,8 +1,10 @@
 """kvfuzz reproducer: non-finite output (oracle: finite output) on torch.flex_paged.
 
-non-finite output: 16 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0: nan
+non-finite output: 16 elements in 1 (token, head) rows; first at sequence 0 position 0 (output row 0), head 0, dim 0:
+nan
 
-Re-run: pytest torch.flex_paged-non-finite-finite-output-8d1dad9249/test_case.py   (or: kvfuzz replay torch.flex_paged-non-finite-finite-output-8d1dad9249)
+Re-run: pytest torch.flex_paged-non-finite-finite-output-8d1dad9249/test_case.py
+    (or: kvfuzz replay torch.flex_paged-non-finite-finite-output-8d1dad9249)
 The test fails while the failure reproduces and passes once it is fixed. It replays this directory in a child
 process (a crash or a hang fails the test instead of killing pytest).
 """

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Standalone reproducer for vllm.decode_attention_fwd, written by kvfuzz (it needs only torch, safetensors and the kernel's own
-package). Run it from anywhere: python standalone.py
+"""Standalone reproducer for vllm.decode_attention_fwd, written by kvfuzz.
+
+It needs only torch, safetensors and the kernel's own package. Run it from anywhere:
+    python standalone.py
 Exit status: 1 while the bug reproduces, 0 once the kernel is fixed, 2 when it cannot run here."""
 
 import json
@@ -9,8 +11,52 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-META = json.loads('{"target": "vllm.decode_attention_fwd", "family": "triton", "kind": "kernel mismatch", "check": "agreement with the fp64 reference", "blame": "kernel", "message": "kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 1 (output row 0), head 0, dim 14: |out - ref| = 0.00533 > bound 0.00159", "details": {"path": "normal,splits=4", "kernel": {"outcome": "mismatch", "oracle": "agreement with the fp64 reference", "seq": 0, "position": 1, "token": 0, "head": 0, "dim": 14, "error": 0.005334624339392691, "bound": 0.0015945475451832891, "bad_rows": 1, "bad_elements": 13, "bad_tokens": [0], "message": "kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 1 (output row 0), head 0, dim 14: |out - ref| = 0.00533 > bound 0.00159"}, "oracle": {"oracle": "agreement with the fp64 reference", "seq": 0, "position": 1, "token": 0, "head": 0, "dim": 14, "error": 0.005334624339392691, "bound": 0.0015945475451832891, "bad_rows": 1, "bad_elements": 13, "bad_tokens": [0], "message": "kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 1 (output row 0), head 0, dim 14: |out - ref| = 0.00533 > bound 0.00159"}}, "why_not": null, "kernel": ["vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd"], "dtype": "float16", "num_heads": 1, "num_kv_heads": 1, "head_size": 32, "block_size": 16, "query_lens": [1], "seq_lens": [2], "scale": 0.17677669529663687, "softcap": null, "sliding_window": null, "kv_cache_dtype": "auto", "alibi": false, "sinks": false, "value_range": "large", "poison": "nan", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", "torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", "sglang": null, "flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}')
-SPEC = json.loads('{"kwargs": {"q": {"__tensor__": 0, "dtype": "float16", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "k_buffer": {"__tensor__": 1, "dtype": "float16", "size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}, "v_buffer": {"__tensor__": 2, "dtype": "float16", "size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}, "o": {"__tensor__": 3, "dtype": "float16", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, "lse": {"__tensor__": 4, "dtype": "float32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "req_to_token": {"__tensor__": 5, "dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "b_seq_len": {"__tensor__": 6, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, "attn_logits": {"__tensor__": 7, "dtype": "float32", "size": [1, 1, 4, 33], "stride": [132, 132, 33, 1], "offset": 0, "device": "cpu"}, "num_kv_splits": 4, "sm_scale": 0.17677669529663687, "page_size": 16, "logit_cap": 0.0, "k_scale": {"__tensor__": 8, "dtype": "float32", "size": [], "stride": [], "offset": 0, "device": "cpu"}, "v_scale": {"__tensor__": 9, "dtype": "float32", "size": [], "stride": [], "offset": 0, "device": "cpu"}}, "output_kwarg": "o", "output_shape": [1, 1, 32], "cache_views": [{"__tensor__": 1, "dtype": "float16", "size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}, {"__tensor__": 2, "dtype": "float16", "size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}]}')  # None: no call recorded
+META = json.loads(
+    '{"target": "vllm.decode_attention_fwd", "family": "triton", "kind": "kernel mismatch", '
+    '"check": "agreement with the fp64 reference", "blame": "kernel", '
+    '"message": "kernel disagrees with the fp64 reference in 1 (token, '
+    'head) rows; worst at sequence 0 position 1 (output row 0), head 0, '
+    'dim 14: |out - ref| = 0.00533 > bound 0.00159", "details": {"path": "normal,splits=4", '
+    '"kernel": {"outcome": "mismatch", "oracle": "agreement with the fp64 reference", "seq": 0, '
+    '"position": 1, "token": 0, "head": 0, "dim": 14, "error": 0.005334624339392691, '
+    '"bound": 0.0015945475451832891, "bad_rows": 1, "bad_elements": 13, "bad_tokens": [0], '
+    '"message": "kernel disagrees with the fp64 reference in 1 (token, '
+    'head) rows; worst at sequence 0 position 1 (output row 0), head 0, '
+    'dim 14: |out - ref| = 0.00533 > bound 0.00159"}, "oracle": {"oracle": "agreement with the fp64 reference", '
+    '"seq": 0, "position": 1, "token": 0, "head": 0, "dim": 14, "error": 0.005334624339392691, '
+    '"bound": 0.0015945475451832891, "bad_rows": 1, "bad_elements": 13, "bad_tokens": [0], '
+    '"message": "kernel disagrees with the fp64 reference in 1 (token, '
+    'head) rows; worst at sequence 0 position 1 (output row 0), head 0, '
+    'dim 14: |out - ref| = 0.00533 > bound 0.00159"}}, "why_not": null, '
+    '"kernel": ["vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd"], '
+    '"dtype": "float16", "num_heads": 1, "num_kv_heads": 1, "head_size": 32, "block_size": 16, '
+    '"query_lens": [1], "seq_lens": [2], "scale": 0.17677669529663687, "softcap": null, '
+    '"sliding_window": null, "kv_cache_dtype": "auto", "alibi": false, "sinks": false, '
+    '"value_range": "large", "poison": "nan", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", '
+    '"torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", '
+    '"sglang": null, "flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}'
+)
+SPEC = json.loads(  # None: no call recorded
+    '{"kwargs": {"q": {"__tensor__": 0, "dtype": "float16", "size": [1, 1, 32], "stride": [32, 32, 1], '
+    '"offset": 0, "device": "cpu"}, "k_buffer": {"__tensor__": 1, "dtype": "float16", '
+    '"size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}, '
+    '"v_buffer": {"__tensor__": 2, "dtype": "float16", "size": [1, 16, 1, 32], '
+    '"stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}, "o": {"__tensor__": 3, '
+    '"dtype": "float16", "size": [1, 1, 32], "stride": [32, 32, 1], "offset": 0, "device": "cpu"}, '
+    '"lse": {"__tensor__": 4, "dtype": "float32", "size": [1, 1], "stride": [1, 1], "offset": 0, '
+    '"device": "cpu"}, "req_to_token": {"__tensor__": 5, "dtype": "int32", "size": [1, 1], '
+    '"stride": [1, 1], "offset": 0, "device": "cpu"}, "b_seq_len": {"__tensor__": 6, '
+    '"dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, '
+    '"attn_logits": {"__tensor__": 7, "dtype": "float32", "size": [1, 1, 4, 33], '
+    '"stride": [132, 132, 33, 1], "offset": 0, "device": "cpu"}, "num_kv_splits": 4, '
+    '"sm_scale": 0.17677669529663687, "page_size": 16, "logit_cap": 0.0, "k_scale": {"__tensor__": 8, '
+    '"dtype": "float32", "size": [], "stride": [], "offset": 0, "device": "cpu"}, '
+    '"v_scale": {"__tensor__": 9, "dtype": "float32", "size": [], "stride": [], "offset": 0, '
+    '"device": "cpu"}}, "output_kwarg": "o", "output_shape": [1, 1, 32], '
+    '"cache_views": [{"__tensor__": 1, "dtype": "float16", "size": [1, 16, 1, 32], '
+    '"stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}, {"__tensor__": 2, "dtype": "float16", '
+    '"size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}]}'
+)
 
 if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util

@@ -1,8 +1,10 @@
 """kvfuzz reproducer: kernel mismatch (oracle: agreement with the fp64 reference) on vllm.decode_attention_fwd.
 
-kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 1 (output row 0), head 0, dim 14: |out - ref| = 0.00533 > bound 0.00159
+kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 1 (output row 0), head 0,
+dim 14: |out - ref| = 0.00533 > bound 0.00159
 
-Re-run: pytest vllm.decode_attention_fwd-kernel-mismatch-agreement-with-the-fp64-reference-0dd6fac596/test_case.py   (or: kvfuzz replay vllm.decode_attention_fwd-kernel-mismatch-agreement-with-the-fp64-reference-0dd6fac596)
+Re-run: pytest vllm.decode_attention_fwd-kernel-mismatch-agreement-with-the-fp64-reference-0dd6fac596/test_case.py
+    (or: kvfuzz replay vllm.decode_attention_fwd-kernel-mismatch-agreement-with-the-fp64-reference-0dd6fac596)
 The test fails while the failure reproduces and passes once it is fixed. It replays this directory in a child
 process (a crash or a hang fails the test instead of killing pytest).
 """

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Standalone reproducer for vllm.unified_attention, written by kvfuzz (it needs only torch, safetensors and the kernel's own
-package). Run it from anywhere: python standalone.py
+"""Standalone reproducer for vllm.unified_attention, written by kvfuzz.
+
+It needs only torch, safetensors and the kernel's own package. Run it from anywhere:
+    python standalone.py
 Exit status: 1 while the bug reproduces, 0 once the kernel is fixed, 2 when it cannot run here."""
 
 import json
@@ -9,8 +11,57 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-META = json.loads('{"target": "vllm.unified_attention", "family": "triton", "kind": "silently accepted but unsupported", "check": "agreement with the fp64 reference", "blame": "kernel", "message": "vllm.unified_attention accepted an undeclared configuration (alibi with sinks together) without an error and computed it wrongly: kernel disagrees with the fp64 reference in 2 (token, head) rows; worst at sequence 0 position 1 (output row 1), head 0, dim 1: |out - ref| = 0.0151 > bound 7.29e-07. Either the kernel should reject it or its declaration is too narrow and it has a bug there.", "details": {"path": "3d", "kernel": {"outcome": "mismatch", "oracle": "agreement with the fp64 reference", "seq": 0, "position": 1, "token": 1, "head": 0, "dim": 1, "error": 0.015061971701319232, "bound": 7.286038926726047e-07, "bad_rows": 2, "bad_elements": 64, "bad_tokens": [1], "message": "kernel disagrees with the fp64 reference in 2 (token, head) rows; worst at sequence 0 position 1 (output row 1), head 0, dim 1: |out - ref| = 0.0151 > bound 7.29e-07"}, "oracle": {"oracle": "agreement with the fp64 reference", "seq": 0, "position": 1, "token": 1, "head": 0, "dim": 1, "error": 0.015061971701319232, "bound": 7.286038926726047e-07, "bad_rows": 2, "bad_elements": 64, "bad_tokens": [1], "message": "kernel disagrees with the fp64 reference in 2 (token, head) rows; worst at sequence 0 position 1 (output row 1), head 0, dim 1: |out - ref| = 0.0151 > bound 7.29e-07"}}, "why_not": null, "kernel": ["vllm.v1.attention.ops.triton_unified_attention", "unified_attention"], "dtype": "float32", "num_heads": 2, "num_kv_heads": 1, "head_size": 32, "block_size": 16, "query_lens": [2], "seq_lens": [2], "scale": 0.17677669529663687, "softcap": null, "sliding_window": null, "kv_cache_dtype": "auto", "alibi": true, "sinks": true, "value_range": "normal", "poison": "nan", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", "torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", "sglang": null, "flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}')
-SPEC = json.loads('{"kwargs": {"q": {"__tensor__": 0, "dtype": "float32", "size": [2, 2, 32], "stride": [64, 32, 1], "offset": 0, "device": "cpu"}, "k": {"__tensor__": 1, "dtype": "float32", "size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}, "v": {"__tensor__": 2, "dtype": "float32", "size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}, "out": {"__tensor__": 3, "dtype": "float32", "size": [2, 2, 32], "stride": [64, 32, 1], "offset": 0, "device": "cpu"}, "cu_seqlens_q": {"__tensor__": 4, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "max_seqlen_q": 2, "seqused_k": {"__tensor__": 5, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, "device": "cpu"}, "max_seqlen_k": 2, "softmax_scale": 0.17677669529663687, "causal": true, "window_size": {"__tuple__": [-1, -1]}, "block_table": {"__tensor__": 6, "dtype": "int32", "size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "softcap": 0, "q_descale": null, "k_descale": null, "v_descale": null, "alibi_slopes": {"__tensor__": 7, "dtype": "float32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "sinks": {"__tensor__": 8, "dtype": "float32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "seq_threshold_3D": 128, "num_par_softmax_segments": 16, "softmax_segm_output": {"__tensor__": 9, "dtype": "float32", "size": [2, 2, 16, 32], "stride": [1024, 512, 32, 1], "offset": 0, "device": "cpu"}, "softmax_segm_max": {"__tensor__": 10, "dtype": "float32", "size": [2, 2, 16], "stride": [32, 16, 1], "offset": 0, "device": "cpu"}, "softmax_segm_expsum": {"__tensor__": 11, "dtype": "float32", "size": [2, 2, 16], "stride": [32, 16, 1], "offset": 0, "device": "cpu"}}, "output_kwarg": "out", "output_shape": [2, 2, 32], "cache_views": [{"__tensor__": 1, "dtype": "float32", "size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}, {"__tensor__": 2, "dtype": "float32", "size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}]}')  # None: no call recorded
+META = json.loads(
+    '{"target": "vllm.unified_attention", "family": "triton", '
+    '"kind": "silently accepted but unsupported", "check": "agreement with the fp64 reference", '
+    '"blame": "kernel", "message": "vllm.unified_attention accepted an undeclared configuration (alibi with sink'
+    's together) without an error and computed it wrongly: kernel disagrees with the fp64 reference in 2 (token, '
+    'head) rows; worst at sequence 0 position 1 (output row 1), head 0, '
+    'dim 1: |out - ref| = 0.0151 > bound 7.29e-07. Either the kernel should reject it or its declaration is too narrow '
+    'and it has a bug there.", "details": {"path": "3d", "kernel": {"outcome": "mismatch", '
+    '"oracle": "agreement with the fp64 reference", "seq": 0, "position": 1, "token": 1, "head": 0, '
+    '"dim": 1, "error": 0.015061971701319232, "bound": 7.286038926726047e-07, "bad_rows": 2, '
+    '"bad_elements": 64, "bad_tokens": [1], "message": "kernel disagrees with the fp64 reference in 2 (token, '
+    'head) rows; worst at sequence 0 position 1 (output row 1), head 0, '
+    'dim 1: |out - ref| = 0.0151 > bound 7.29e-07"}, "oracle": {"oracle": "agreement with the fp64 reference", '
+    '"seq": 0, "position": 1, "token": 1, "head": 0, "dim": 1, "error": 0.015061971701319232, '
+    '"bound": 7.286038926726047e-07, "bad_rows": 2, "bad_elements": 64, "bad_tokens": [1], '
+    '"message": "kernel disagrees with the fp64 reference in 2 (token, '
+    'head) rows; worst at sequence 0 position 1 (output row 1), head 0, '
+    'dim 1: |out - ref| = 0.0151 > bound 7.29e-07"}}, "why_not": null, '
+    '"kernel": ["vllm.v1.attention.ops.triton_unified_attention", "unified_attention"], '
+    '"dtype": "float32", "num_heads": 2, "num_kv_heads": 1, "head_size": 32, "block_size": 16, '
+    '"query_lens": [2], "seq_lens": [2], "scale": 0.17677669529663687, "softcap": null, '
+    '"sliding_window": null, "kv_cache_dtype": "auto", "alibi": true, "sinks": true, '
+    '"value_range": "normal", "poison": "nan", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", '
+    '"torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", '
+    '"sglang": null, "flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}'
+)
+SPEC = json.loads(  # None: no call recorded
+    '{"kwargs": {"q": {"__tensor__": 0, "dtype": "float32", "size": [2, 2, 32], "stride": [64, 32, 1], '
+    '"offset": 0, "device": "cpu"}, "k": {"__tensor__": 1, "dtype": "float32", '
+    '"size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}, '
+    '"v": {"__tensor__": 2, "dtype": "float32", "size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], '
+    '"offset": 0, "device": "cpu"}, "out": {"__tensor__": 3, "dtype": "float32", "size": [2, 2, 32], '
+    '"stride": [64, 32, 1], "offset": 0, "device": "cpu"}, "cu_seqlens_q": {"__tensor__": 4, '
+    '"dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "max_seqlen_q": 2, '
+    '"seqused_k": {"__tensor__": 5, "dtype": "int32", "size": [1], "stride": [1], "offset": 0, '
+    '"device": "cpu"}, "max_seqlen_k": 2, "softmax_scale": 0.17677669529663687, "causal": true, '
+    '"window_size": {"__tuple__": [-1, -1]}, "block_table": {"__tensor__": 6, "dtype": "int32", '
+    '"size": [1, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "softcap": 0, "q_descale": null, '
+    '"k_descale": null, "v_descale": null, "alibi_slopes": {"__tensor__": 7, "dtype": "float32", '
+    '"size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "sinks": {"__tensor__": 8, '
+    '"dtype": "float32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, '
+    '"seq_threshold_3D": 128, "num_par_softmax_segments": 16, "softmax_segm_output": {"__tensor__": 9, '
+    '"dtype": "float32", "size": [2, 2, 16, 32], "stride": [1024, 512, 32, 1], "offset": 0, '
+    '"device": "cpu"}, "softmax_segm_max": {"__tensor__": 10, "dtype": "float32", "size": [2, 2, 16], '
+    '"stride": [32, 16, 1], "offset": 0, "device": "cpu"}, "softmax_segm_expsum": {"__tensor__": 11, '
+    '"dtype": "float32", "size": [2, 2, 16], "stride": [32, 16, 1], "offset": 0, "device": "cpu"}}, '
+    '"output_kwarg": "out", "output_shape": [2, 2, 32], "cache_views": [{"__tensor__": 1, '
+    '"dtype": "float32", "size": [1, 16, 1, 32], "stride": [512, 32, 32, 1], "offset": 0, '
+    '"device": "cpu"}, {"__tensor__": 2, "dtype": "float32", "size": [1, 16, 1, 32], '
+    '"stride": [512, 32, 32, 1], "offset": 0, "device": "cpu"}]}'
+)
 
 if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util

@@ -1,8 +1,13 @@
-"""kvfuzz reproducer: silently accepted but unsupported (oracle: agreement with the fp64 reference) on vllm.unified_attention.
+"""kvfuzz reproducer: silently accepted but unsupported (oracle: agreement with the fp64 reference) on
+vllm.unified_attention.
 
-vllm.unified_attention accepted an undeclared configuration (alibi with sinks together) without an error and computed it wrongly: kernel disagrees with the fp64 reference in 2 (token, head) rows; worst at sequence 0 position 1 (output row 1), head 0, dim 1: |out - ref| = 0.0151 > bound 7.29e-07. Either the kernel should reject it or its declaration is too narrow and it has a bug there.
+vllm.unified_attention accepted an undeclared configuration (alibi with sinks together) without an error and computed it
+wrongly: kernel disagrees with the fp64 reference in 2 (token, head) rows; worst at sequence 0 position 1 (output row
+1), head 0, dim 1: |out - ref| = 0.0151 > bound 7.29e-07. Either the kernel should reject it or its declaration is too
+narrow and it has a bug there.
 
-Re-run: pytest vllm.unified_attention-silent-unsupported-agreement-with-the-fp64-reference-1e973d95a9/test_case.py   (or: kvfuzz replay vllm.unified_attention-silent-unsupported-agreement-with-the-fp64-reference-1e973d95a9)
+Re-run: pytest vllm.unified_attention-silent-unsupported-agreement-with-the-fp64-reference-1e973d95a9/test_case.py
+    (or: kvfuzz replay vllm.unified_attention-silent-unsupported-agreement-with-the-fp64-reference-1e973d95a9)
 The test fails while the failure reproduces and passes once it is fixed. It replays this directory in a child
 process (a crash or a hang fails the test instead of killing pytest).
 """

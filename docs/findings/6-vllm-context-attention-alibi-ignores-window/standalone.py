@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Standalone reproducer for vllm.context_attention_fwd, written by kvfuzz (it needs only torch, safetensors and the kernel's own
-package). Run it from anywhere: python standalone.py
+"""Standalone reproducer for vllm.context_attention_fwd, written by kvfuzz.
+
+It needs only torch, safetensors and the kernel's own package. Run it from anywhere:
+    python standalone.py
 Exit status: 1 while the bug reproduces, 0 once the kernel is fixed, 2 when it cannot run here."""
 
 import json
@@ -9,8 +11,58 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-META = json.loads('{"target": "vllm.context_attention_fwd", "family": "triton", "kind": "silently accepted but unsupported", "check": "agreement with the fp64 reference", "blame": "kernel", "message": "vllm.context_attention_fwd accepted an undeclared configuration (alibi with sliding_window together) without an error and computed it wrongly: kernel disagrees with the fp64 reference in 20 (token, head) rows; worst at sequence 1 position 7 (output row 2), head 1, dim 7: |out - ref| = 0.961 > bound 3.67e-07. Either the kernel should reject it or its declaration is too narrow and it has a bug there.", "details": {"path": "_fwd_kernel(prefill+decode)", "kernel": {"outcome": "mismatch", "oracle": "agreement with the fp64 reference", "seq": 1, "position": 7, "token": 2, "head": 1, "dim": 7, "error": 0.9605585328739576, "bound": 3.6689023085350524e-07, "bad_rows": 20, "bad_elements": 640, "bad_tokens": [0, 1, 2, 3, 4], "message": "kernel disagrees with the fp64 reference in 20 (token, head) rows; worst at sequence 1 position 7 (output row 2), head 1, dim 7: |out - ref| = 0.961 > bound 3.67e-07"}, "oracle": {"oracle": "agreement with the fp64 reference", "seq": 1, "position": 7, "token": 2, "head": 1, "dim": 7, "error": 0.9605585328739576, "bound": 3.6689023085350524e-07, "bad_rows": 20, "bad_elements": 640, "bad_tokens": [0, 1, 2, 3, 4], "message": "kernel disagrees with the fp64 reference in 20 (token, head) rows; worst at sequence 1 position 7 (output row 2), head 1, dim 7: |out - ref| = 0.961 > bound 3.67e-07"}}, "why_not": null, "kernel": ["vllm.v1.attention.ops.prefix_prefill", "context_attention_fwd"], "dtype": "float32", "num_heads": 4, "num_kv_heads": 2, "head_size": 32, "block_size": 16, "query_lens": [1, 4], "seq_lens": [10, 10], "scale": 0.17677669529663687, "softcap": null, "sliding_window": 2, "kv_cache_dtype": "auto", "alibi": true, "sinks": false, "value_range": "normal", "poison": "nan", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", "torch": "2.13.0+cpu", "triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", "sglang": null, "flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}')
-SPEC = json.loads('{"kwargs": {"q": {"__tensor__": 0, "dtype": "float32", "size": [5, 4, 32], "stride": [128, 32, 1], "offset": 0, "device": "cpu"}, "k": {"__tensor__": 1, "dtype": "float32", "size": [5, 2, 32], "stride": [64, 32, 1], "offset": 0, "device": "cpu"}, "v": {"__tensor__": 2, "dtype": "float32", "size": [5, 2, 32], "stride": [64, 32, 1], "offset": 0, "device": "cpu"}, "o": {"__tensor__": 3, "dtype": "float32", "size": [5, 4, 32], "stride": [128, 32, 1], "offset": 0, "device": "cpu"}, "kv_cache_dtype": "auto", "k_cache": {"__tensor__": 4, "dtype": "float32", "size": [2, 2, 8, 16, 4], "stride": [1024, 512, 64, 4, 1], "offset": 0, "device": "cpu"}, "v_cache": {"__tensor__": 5, "dtype": "float32", "size": [2, 2, 32, 16], "stride": [1024, 512, 16, 1], "offset": 0, "device": "cpu"}, "b_loc": {"__tensor__": 6, "dtype": "int32", "size": [2, 1], "stride": [1, 1], "offset": 0, "device": "cpu"}, "b_start_loc": {"__tensor__": 7, "dtype": "int32", "size": [3], "stride": [1], "offset": 0, "device": "cpu"}, "b_seq_len": {"__tensor__": 8, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, "device": "cpu"}, "max_seq_len": 10, "max_input_len": 4, "k_scale": {"__tensor__": 9, "dtype": "float32", "size": [], "stride": [], "offset": 0, "device": "cpu"}, "v_scale": {"__tensor__": 10, "dtype": "float32", "size": [], "stride": [], "offset": 0, "device": "cpu"}, "alibi_slopes": {"__tensor__": 11, "dtype": "float32", "size": [4], "stride": [1], "offset": 0, "device": "cpu"}, "sliding_window": 2, "sinks": null, "sm_scale": 0.17677669529663687, "skip_decode": false}, "output_kwarg": "o", "output_shape": [5, 4, 32], "cache_views": [{"__tensor__": 4, "dtype": "float32", "size": [2, 2, 8, 16, 4], "stride": [1024, 512, 64, 4, 1], "offset": 0, "device": "cpu"}, {"__tensor__": 5, "dtype": "float32", "size": [2, 2, 32, 16], "stride": [1024, 512, 16, 1], "offset": 0, "device": "cpu"}]}')  # None: no call recorded
+META = json.loads(
+    '{"target": "vllm.context_attention_fwd", "family": "triton", '
+    '"kind": "silently accepted but unsupported", "check": "agreement with the fp64 reference", '
+    '"blame": "kernel", "message": "vllm.context_attention_fwd accepted an undeclared configuration (alibi with '
+    'sliding_window together) without an error and computed it wrongly: kernel disagrees with the fp64 reference in 20 '
+    '(token, head) rows; worst at sequence 1 position 7 (output row 2), head 1, '
+    'dim 7: |out - ref| = 0.961 > bound 3.67e-07. Either the kernel should reject it or its declaration is too narrow a'
+    'nd it has a bug there.", "details": {"path": "_fwd_kernel(prefill+decode)", '
+    '"kernel": {"outcome": "mismatch", "oracle": "agreement with the fp64 reference", "seq": 1, '
+    '"position": 7, "token": 2, "head": 1, "dim": 7, "error": 0.9605585328739576, '
+    '"bound": 3.6689023085350524e-07, "bad_rows": 20, "bad_elements": 640, "bad_tokens": [0, 1, 2, 3, 4], '
+    '"message": "kernel disagrees with the fp64 reference in 20 (token, '
+    'head) rows; worst at sequence 1 position 7 (output row 2), head 1, '
+    'dim 7: |out - ref| = 0.961 > bound 3.67e-07"}, "oracle": {"oracle": "agreement with the fp64 reference", '
+    '"seq": 1, "position": 7, "token": 2, "head": 1, "dim": 7, "error": 0.9605585328739576, '
+    '"bound": 3.6689023085350524e-07, "bad_rows": 20, "bad_elements": 640, "bad_tokens": [0, 1, 2, 3, 4], '
+    '"message": "kernel disagrees with the fp64 reference in 20 (token, '
+    'head) rows; worst at sequence 1 position 7 (output row 2), head 1, '
+    'dim 7: |out - ref| = 0.961 > bound 3.67e-07"}}, "why_not": null, '
+    '"kernel": ["vllm.v1.attention.ops.prefix_prefill", "context_attention_fwd"], "dtype": "float32", '
+    '"num_heads": 4, "num_kv_heads": 2, "head_size": 32, "block_size": 16, "query_lens": [1, 4], '
+    '"seq_lens": [10, 10], "scale": 0.17677669529663687, "softcap": null, "sliding_window": 2, '
+    '"kv_cache_dtype": "auto", "alibi": true, "sinks": false, "value_range": "normal", '
+    '"poison": "nan", "versions": {"python": "3.11.7", "kvfuzz": "0.2.0", "torch": "2.13.0+cpu", '
+    '"triton": "3.9.0", "vllm": "0.33.0", "hypothesis": "6.170.17", "sglang": null, '
+    '"flashinfer-python": null, "torch_cuda": null, "device": "cpu"}}'
+)
+SPEC = json.loads(  # None: no call recorded
+    '{"kwargs": {"q": {"__tensor__": 0, "dtype": "float32", "size": [5, 4, 32], '
+    '"stride": [128, 32, 1], "offset": 0, "device": "cpu"}, "k": {"__tensor__": 1, '
+    '"dtype": "float32", "size": [5, 2, 32], "stride": [64, 32, 1], "offset": 0, "device": "cpu"}, '
+    '"v": {"__tensor__": 2, "dtype": "float32", "size": [5, 2, 32], "stride": [64, 32, 1], '
+    '"offset": 0, "device": "cpu"}, "o": {"__tensor__": 3, "dtype": "float32", "size": [5, 4, 32], '
+    '"stride": [128, 32, 1], "offset": 0, "device": "cpu"}, "kv_cache_dtype": "auto", '
+    '"k_cache": {"__tensor__": 4, "dtype": "float32", "size": [2, 2, 8, 16, 4], '
+    '"stride": [1024, 512, 64, 4, 1], "offset": 0, "device": "cpu"}, "v_cache": {"__tensor__": 5, '
+    '"dtype": "float32", "size": [2, 2, 32, 16], "stride": [1024, 512, 16, 1], "offset": 0, '
+    '"device": "cpu"}, "b_loc": {"__tensor__": 6, "dtype": "int32", "size": [2, 1], '
+    '"stride": [1, 1], "offset": 0, "device": "cpu"}, "b_start_loc": {"__tensor__": 7, '
+    '"dtype": "int32", "size": [3], "stride": [1], "offset": 0, "device": "cpu"}, '
+    '"b_seq_len": {"__tensor__": 8, "dtype": "int32", "size": [2], "stride": [1], "offset": 0, '
+    '"device": "cpu"}, "max_seq_len": 10, "max_input_len": 4, "k_scale": {"__tensor__": 9, '
+    '"dtype": "float32", "size": [], "stride": [], "offset": 0, "device": "cpu"}, '
+    '"v_scale": {"__tensor__": 10, "dtype": "float32", "size": [], "stride": [], "offset": 0, '
+    '"device": "cpu"}, "alibi_slopes": {"__tensor__": 11, "dtype": "float32", "size": [4], '
+    '"stride": [1], "offset": 0, "device": "cpu"}, "sliding_window": 2, "sinks": null, '
+    '"sm_scale": 0.17677669529663687, "skip_decode": false}, "output_kwarg": "o", '
+    '"output_shape": [5, 4, 32], "cache_views": [{"__tensor__": 4, "dtype": "float32", '
+    '"size": [2, 2, 8, 16, 4], "stride": [1024, 512, 64, 4, 1], "offset": 0, '
+    '"device": "cpu"}, {"__tensor__": 5, "dtype": "float32", "size": [2, 2, 32, 16], '
+    '"stride": [1024, 512, 16, 1], "offset": 0, "device": "cpu"}]}'
+)
 
 if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util

@@ -1,8 +1,13 @@
-"""kvfuzz reproducer: silently accepted but unsupported (oracle: agreement with the fp64 reference) on vllm.context_attention_fwd.
+"""kvfuzz reproducer: silently accepted but unsupported (oracle: agreement with the fp64 reference) on
+vllm.context_attention_fwd.
 
-vllm.context_attention_fwd accepted an undeclared configuration (alibi with sliding_window together) without an error and computed it wrongly: kernel disagrees with the fp64 reference in 20 (token, head) rows; worst at sequence 1 position 7 (output row 2), head 1, dim 7: |out - ref| = 0.961 > bound 3.67e-07. Either the kernel should reject it or its declaration is too narrow and it has a bug there.
+vllm.context_attention_fwd accepted an undeclared configuration (alibi with sliding_window together) without an error
+and computed it wrongly: kernel disagrees with the fp64 reference in 20 (token, head) rows; worst at sequence 1 position
+7 (output row 2), head 1, dim 7: |out - ref| = 0.961 > bound 3.67e-07. Either the kernel should reject it or its
+declaration is too narrow and it has a bug there.
 
-Re-run: pytest vllm.context_attention_fwd-silent-unsupported-agreement-with-the-fp64-reference-b16fc38fb4/test_case.py   (or: kvfuzz replay vllm.context_attention_fwd-silent-unsupported-agreement-with-the-fp64-reference-b16fc38fb4)
+Re-run: pytest vllm.context_attention_fwd-silent-unsupported-agreement-with-the-fp64-reference-b16fc38fb4/test_case.py
+    (or: kvfuzz replay vllm.context_attention_fwd-silent-unsupported-agreement-with-the-fp64-reference-b16fc38fb4)
 The test fails while the failure reproduces and passes once it is fixed. It replays this directory in a child
 process (a crash or a hang fails the test instead of killing pytest).
 """

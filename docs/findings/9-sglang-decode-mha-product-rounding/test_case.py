@@ -1,8 +1,10 @@
 """kvfuzz reproducer: kernel mismatch (oracle: agreement with the fp64 reference) on sglang.decode_attention_fwd.
 
-kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 1 (output row 0), head 0, dim 35: |out - ref| = 0.00666 > bound 0.00143
+kernel disagrees with the fp64 reference in 1 (token, head) rows; worst at sequence 0 position 1 (output row 0), head 0,
+dim 35: |out - ref| = 0.00666 > bound 0.00143
 
-Re-run: pytest sglang.decode_attention_fwd-kernel-mismatch-agreement-with-the-fp64-reference-7986226d2c/test_case.py   (or: kvfuzz replay sglang.decode_attention_fwd-kernel-mismatch-agreement-with-the-fp64-reference-7986226d2c)
+Re-run: pytest sglang.decode_attention_fwd-kernel-mismatch-agreement-with-the-fp64-reference-7986226d2c/test_case.py
+    (or: kvfuzz replay sglang.decode_attention_fwd-kernel-mismatch-agreement-with-the-fp64-reference-7986226d2c)
 The test fails while the failure reproduces and passes once it is fixed. It replays this directory in a child
 process (a crash or a hang fails the test instead of killing pytest).
 """

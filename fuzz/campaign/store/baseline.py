@@ -332,7 +332,8 @@ def _passes_with_finite(entry: KnownFinding, target, example, run=None, others=(
 
     try:
         if entry.slots == "none" or entry.values:  # the same example, features off (match checked they are on)
-            off = attrs.evolve(example, batch=attrs.evolve(example.batch, **dict(FEATURES_OFF[f] for f in entry.features)))
+            off = attrs.evolve(example,
+                               batch=attrs.evolve(example.batch, **dict(FEATURES_OFF[f] for f in entry.features)))
             try:
                 properties.check(target, off)
             except Finding as f:  # features off, it may still show a known finding of its own (``others``)
@@ -488,5 +489,5 @@ def append_entry(path: str | Path, entry: KnownFinding) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["FEATURES_OFF", "Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "append_entry", "classify",
-           "entry_from_case", "load_baseline", "match", "parse_baseline", "tail_slots"]
+__all__ = ["FEATURES_OFF", "Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "append_entry",
+           "classify", "entry_from_case", "load_baseline", "match", "parse_baseline", "tail_slots"]

@@ -41,8 +41,8 @@ def claims(db: ExampleDatabase, target: str) -> list[dict]:
 
 def claim(db: ExampleDatabase, out: Path, target: str, kind: str, check: str, reproducer: str | None) -> dict | None:
     """Claim failure ``(kind, check)`` of ``target`` for the campaign in ``out``; returns the claim of another
-    campaign that recorded it first (then nothing is saved), or None (then this campaign's claim is saved, unless it has one). A
-    claim of the same host and ``out`` (an earlier run of this campaign, resumed) is not another's."""
+    campaign that recorded it first (then nothing is saved), or None (then this campaign's claim is saved, unless it has
+    one). A claim of the same host and ``out`` (an earlier run of this campaign, resumed) is not another's."""
     me = this_campaign(out)
     mine = False
     for c in claims(db, target):

@@ -156,7 +156,8 @@ def write_report(out: Path) -> Path:
                          f"{f.get('count', 1)} | {link} |")
     lines += ["", "## Failures" + (" (new)" if summary.get("baseline") else ""), ""]
     if failures:
-        lines += ["| target | kind | blame | check | count | minimal batch | reproducer |", "|---|---|---|---|---|---|---|"]
+        lines += ["| target | kind | blame | check | count | minimal batch | reproducer |",
+                  "|---|---|---|---|---|---|---|"]
         for name, f in failures:
             repro = f.get("reproducer")
             link = f"[{Path(repro).name}]({Path(repro).name})" if repro else "-"

@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import shutil
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,8 @@ _TEST_TEMPLATE = '''"""kvfuzz reproducer: {kind} ({check}) on {target}.
 
 {message}
 
-Re-run: pytest {dirname}/test_case.py   (or: kvfuzz replay {dirname})
+Re-run: pytest {dirname}/test_case.py
+    (or: kvfuzz replay {dirname})
 {verdict} It replays this directory in a child
 process (a crash or a hang fails the test instead of killing pytest).
 """
@@ -161,6 +163,13 @@ def test_case():
 #: What a case recording a refused undeclared configuration tests (test_case.py's docstring).
 _VERDICT_REJECTED = ("An undeclared configuration: the test passes while the kernel refuses it with an error (or\n"
                      "computes it right) and fails if it computes it wrongly.")
+
+
+def _wrapped(text: str, width: int = 120) -> str:
+    """``text`` with every line longer than ``width`` broken at spaces (test_case.py's docstring: the message
+    and the names it quotes); a word longer than a line is kept whole."""
+    return "\n".join(textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False)
+                     if len(line) > width else line for line in text.split("\n"))
 
 
 def write_reproducer(out: Path, target: Target, example: Example, finding: Finding, run: Run | None,
@@ -218,9 +227,12 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
     tmp = d / f".test_case.py.{os.getpid()}.tmp"
     verdict = (_VERDICT_REJECTED if finding.kind is FailureKind.CONFIG_REJECTED else
                "The test fails while the failure reproduces and passes once it is fixed.")
-    tmp.write_text(_TEST_TEMPLATE.format(
-        kind=case["kind"], check=check_label(case["check"]), target=target.name, message=finding.message[:2000].replace('"""', "'''"),
-        dirname=d.name, verdict=verdict))
+    text = _TEST_TEMPLATE.format(
+        kind=case["kind"], check=check_label(case["check"]), target=target.name,
+        message=finding.message[:2000].replace('"""', "'''"),
+        dirname=d.name, verdict=verdict)
+    doc, end, code = text.partition('\n"""\n')
+    tmp.write_text(_wrapped(doc) + end + code)
     tmp.replace(d / "test_case.py")
     if spec is not None:
         _write_patched(d, target, spec)

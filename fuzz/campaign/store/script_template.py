@@ -1,13 +1,16 @@
 """The text of a reproducer's ``standalone.py`` (:func:`kvfuzz.fuzz.campaign.store.standalone.standalone_script`
-fills it in: ``@META@`` the case, ``@SPEC@`` the recorded call, ``@TARGET@``, ``@ARGS@`` the usage line's
+fills it in: ``@META@`` the case and ``@SPEC@`` the recorded call, each a JSON text as string literals of one
+line each (:func:`~kvfuzz.fuzz.campaign.store.standalone.string_lines`), ``@TARGET@``, ``@ARGS@`` the usage line's
 arguments; ``#@only <families>`` .. ``#@end`` blocks, which nest, are kept for those script families only, ``any``
 for every family that calls a kernel: :func:`~kvfuzz.fuzz.campaign.store.standalone._for_family`). It imports only
 the standard library, torch, safetensors and, inside each family's block, the kernel's own package. A call to a
 family's helper sits in a block of that family (or of a subset of it), so no script calls a helper it lacks."""
 
 SCRIPT = r'''#!/usr/bin/env python3
-"""Standalone reproducer for @TARGET@, written by kvfuzz (it needs only torch, safetensors and the kernel's own
-package). Run it from anywhere: python standalone.py@ARGS@
+"""Standalone reproducer for @TARGET@, written by kvfuzz.
+
+It needs only torch, safetensors and the kernel's own package. Run it from anywhere:
+    python standalone.py@ARGS@
 Exit status: 1 while the bug reproduces, 0 once the kernel is fixed, 2 when it cannot run here."""
 
 import json
@@ -16,8 +19,12 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-META = json.loads(@META@)
-SPEC = json.loads(@SPEC@)  # None: no call recorded
+META = json.loads(
+@META@
+)
+SPEC = json.loads(  # None: no call recorded
+@SPEC@
+)
 
 if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util

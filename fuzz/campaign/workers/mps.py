@@ -158,4 +158,5 @@ def start_mps(mode: str, gpus: int) -> Mps:
     return mps
 
 
-__all__ = ["CONTROL", "MODES", "PER_GPU_ENV", "PIPES_ENV", "SHARED_ENV", "Mps", "MpsError", "start_mps", "visible_devices"]
+__all__ = ["CONTROL", "MODES", "PER_GPU_ENV", "PIPES_ENV", "SHARED_ENV", "Mps", "MpsError", "start_mps",
+           "visible_devices"]

@@ -658,5 +658,5 @@ class Supervisor:
             self.on_progress([t.stats for t in self.targets])
 
 
-__all__ = ["FULL_BELOW_BYTES", "MAX_BYSTANDER_RERUNS", "MAX_ENDED_EXAMPLES", "POLL_SECONDS", "SNAPSHOT_SECONDS", "STOP_GRACE_SECONDS",
-           "Supervisor", "log_tail"]
+__all__ = ["FULL_BELOW_BYTES", "MAX_BYSTANDER_RERUNS", "MAX_ENDED_EXAMPLES", "POLL_SECONDS", "SNAPSHOT_SECONDS",
+           "STOP_GRACE_SECONDS", "Supervisor", "log_tail"]

@@ -235,7 +235,8 @@ def test_the_bug_target_runs_its_copy_and_1416s_smallest_trigger_shows_it(monkey
     install_standin(monkeypatch)
     copy = standin_flashinfer(compute=True)
     run = copy.BatchPrefillWithPagedKVCacheWrapper.run
-    copy.BatchPrefillWithPagedKVCacheWrapper.run = lambda self, q, kv, *a, v_scale=None, **kw: run(self, q, kv, *a, **kw)
+    copy.BatchPrefillWithPagedKVCacheWrapper.run = (
+        lambda self, q, kv, *a, v_scale=None, **kw: run(self, q, kv, *a, **kw))
     setattr(copy, MARK, "flashinfer-1416 (stand-in)")
     monkeypatch.setattr(bugs_mod, "import_copy", lambda c: copy if c.name == "flashinfer-1416" else None)
     example = Example(smallest_trigger("flashinfer-1416"), Poison.NAN)

@@ -77,12 +77,13 @@ def test_a_phase_record_lists_the_modules_it_built_and_when_it_first_counted():
 
 
 def test_the_table_reads_a_partial_document(tmp_path):
+    cold = {"workers": 8, "examples": 120, "examples_per_s": 3.5,
+            "modules_built": [{"compile_s": 20.0}, {"compile_s": 30.0}],
+            "first_example_s": 28.0, "group_sizes": ["1", "16"],
+            "declared_never_drawn": ["block_size 3"],
+            "failures": [("kernel crash", "raised RuntimeError", 2)]}
     doc = {"settings": {"budget_s": 400, "seed": 1, "cpus": 16, "device": "H100", "flashinfer": "0.7.2.post1"},
-           "targets": {"flashinfer.batch_decode": {"cold": {"workers": 8, "examples": 120, "examples_per_s": 3.5,
-                                                             "modules_built": [{"compile_s": 20.0}, {"compile_s": 30.0}],
-                                                             "first_example_s": 28.0, "group_sizes": ["1", "16"],
-                                                             "declared_never_drawn": ["block_size 3"],
-                                                             "failures": [("kernel crash", "raised RuntimeError", 2)]}},
+           "targets": {"flashinfer.batch_decode": {"cold": cold},
                        "flashinfer.batch_prefill": {"skipped": "out of time (12 s left for it)"}},
            "finished": False, "elapsed_s": 100.0}
     md = fs.markdown(doc)

@@ -443,8 +443,8 @@ def test_a_bad_baseline_file_exits_2_naming_the_field(tmp_path):
 # ---- the real kernels and the shipped baseline ---------------------------------------------------------------------
 @pytest.mark.kernel
 def test_the_shipped_baseline_knows_finding_1_and_a_planted_defect_on_the_cpu_op_is_red(tmp_path):
-    """docs/findings.md, Finding 1's minimal case is finding-1; a campaign on the real op with the shipped baseline exits 0,
-    and the same op with a planted new NaN (head size 64, whatever the cache holds) exits 1."""
+    """docs/findings.md, Finding 1's minimal case is finding-1; a campaign on the real op with the shipped baseline
+    exits 0, and the same op with a planted new NaN (head size 64, whatever the cache holds) exits 1."""
     available("vllm.cpu_attention")
     target = get_target("vllm.cpu_attention")
     shipped = load_baseline(SHIPPED)
@@ -469,7 +469,8 @@ def test_the_shipped_baseline_knows_finding_1_and_a_planted_defect_on_the_cpu_op
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("name, entry_id, batch", [
-    # docs/findings.md, Finding 3's pinned case (tests/fuzz/targets/test_vllm_triton.py): 5.33e-3 against a bound of 1.59e-3
+    # docs/findings.md, Finding 3's pinned case (tests/fuzz/targets/test_vllm_triton.py): 5.33e-3 against a bound of
+    # 1.59e-3
     ("vllm.decode_attention_fwd", "finding-3", dict(query_lens=[1], ctx_lens=[1], head_size=32, block_size=16,
                                                      num_blocks=1, block_table=[[0]], seed=230)),
     # docs/findings.md, Finding 9's pinned case (tests/fuzz/targets/test_sglang_triton.py): 6.66e-3 against 1.43e-3

@@ -1,9 +1,9 @@
 """--duration holds whatever the findings (issue 40): with no shrink grace (KVFUZZ_SHRINK_GRACE=0), a failure found
 early, whose shrinks (Hypothesis's, then the structural one) would take minutes at 0.4 s per call, is recorded as
 shrunk so far when the time runs out, and the campaign ends within its allowance (max(10%, 15 s)) past --duration;
-with the default grace a shrink goes on past --duration (no new example is drawn) and the summary says so. Measured against the campaign's own clock
-(summary.json's elapsed_s, from the target's first task), with the allowance as margin: not against the machine's
-speed."""
+with the default grace a shrink goes on past --duration (no new example is drawn) and the summary says so. Measured
+against the campaign's own clock (summary.json's elapsed_s, from the target's first task), with the allowance as margin:
+not against the machine's speed."""
 
 import json
 import os

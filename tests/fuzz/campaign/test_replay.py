@@ -273,7 +273,8 @@ def stored_import_problems(paths: list[Path]) -> list[str]:
 def test_stored_test_cases_import_the_campaign_rooms_face_not_its_modules(tmp_path):
     """A reproducer's test_case.py is stored data (regressions/, benchmarks/repro/, every campaign's reproducers):
     it imports replay from kvfuzz.fuzz.campaign, never a module path inside the room, so moving the room's modules
-    leaves stored cases runnable. (tests/fuzz/guard/test_flashinfer_regression.py checks the template writes the same.)"""
+    leaves stored cases runnable. (tests/fuzz/guard/test_flashinfer_regression.py checks the template writes the
+    same.)"""
     root = ROOT
     stored = sorted(root.glob("regressions/*/test_case.py")) + sorted(root.glob("benchmarks/repro/*/test_case.py"))
     assert len(stored) >= 2 and stored_import_problems(stored) == []

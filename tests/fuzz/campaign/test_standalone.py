@@ -82,7 +82,19 @@ def _reproducer(tmp_path, target, example, fault=None, finding=None):
         properties.check(target, example, fault, run=run, run_unsafe=True)  # it passes
     d = write_reproducer(tmp_path / "out", target, example, finding, run, fault.name if fault else None)
     _assert_pyflakes_clean(d / "standalone.py")
+    for name in ("standalone.py", "test_case.py"):  # the project's line length (issue 42: ruff's E501)
+        assert [line for line in (d / name).read_text().splitlines() if len(line) > 120] == [], name
     return d
+
+
+def test_string_lines_concatenate_back_to_the_text_within_the_width():
+    from kvfuzz.fuzz.campaign.store.standalone import string_lines
+
+    odd = "it's \"quoted\", \\ back\tslashed, é, " * 40  # quotes and backslashes take two characters each
+    for text in ("", "null", odd, ", ".join(map(str, range(200)))):
+        lines = string_lines(text).split("\n")
+        assert all(len(line) <= 120 and line.startswith("    ") for line in lines), lines
+        assert eval("(" + "\n".join(lines) + ")") == text  # the script's json.loads( ... ) reads the same text
 
 
 def test_every_familys_script_defines_what_it_calls(tmp_path):

@@ -1,7 +1,7 @@
-"""The supervisor (kvfuzz.fuzz.campaign.workers.supervisor, endings, worker): every way a kernel or a worker can end, run through `kvfuzz
-fuzz` as a user would (planted adapters in tests/support/planted_endings.py misbehave on head size 64): each test checks
-the exit status, the reproducer's kind, the counts (examples = kernel calls, every call logged by the planted
-kernel) and that no process is left."""
+"""The supervisor (kvfuzz.fuzz.campaign.workers.supervisor, endings, worker): every way a kernel or a worker can end,
+run through `kvfuzz fuzz` as a user would (planted adapters in tests/support/planted_endings.py misbehave on head size
+64): each test checks the exit status, the reproducer's kind, the counts (examples = kernel calls, every call logged by
+the planted kernel) and that no process is left."""
 
 import json
 import os
@@ -290,7 +290,8 @@ def test_the_supervisor_reads_its_workers_in_batches_not_once_per_message(tmp_pa
     monkeypatch.setattr(sup, "POLL_SECONDS", 0.2)
     monkeypatch.setattr(sup, "wait", lambda *a, real=sup.wait, **k: waits.append(1) or real(*a, **k))
     monkeypatch.setattr(sup.Supervisor, "_message",
-                        lambda self, s, msg, real=sup.Supervisor._message: messages.append(msg[0]) or real(self, s, msg))
+                        lambda self, s, msg, real=sup.Supervisor._message:
+                            messages.append(msg[0]) or real(self, s, msg))
     spec = f"{PLANTED}:Correct"
     monkeypatch.setenv("KVFUZZ_PLANTED_LOG", str(tmp_path / "calls.log"))
     config = CampaignConfig(out=tmp_path / "out", max_examples=300, structural_shrink=0)

@@ -91,7 +91,8 @@ def test_targets_lists_the_sglang_targets_with_csr_metadata():
     rows = {row["name"]: row for row in json.loads(kvfuzz("targets", "--json").stdout)}
     assert rows["sglang.extend_attention_fwd"]["contract"] == "prefix [CSR]"
     assert rows["sglang.decode_attention_fwd"]["contract"] == "unified (decode-only) [CSR]"
-    assert all(rows[n]["metadata"] == "csr" and rows[n]["shared_prefix_blocks"] for n in rows if n.startswith("sglang."))
+    assert all(rows[n]["metadata"] == "csr" and rows[n]["shared_prefix_blocks"]
+               for n in rows if n.startswith("sglang."))
     assert rows[TRITON]["metadata"] == "block_table" and rows[TRITON]["shared_prefix_blocks"]  # vLLM's prefix caching
 
 

@@ -51,7 +51,8 @@ def test_its_test_case_skips_and_the_gate_skips_it(tmp_path):
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(CASE / "test_case.py")],
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        str(CASE / "test_case.py")],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0 and "1 skipped" in p.stdout and "CUDA only" in p.stdout, p.stdout + p.stderr
     from kvfuzz.fuzz.campaign.gate import check_corpus, write_junit
@@ -74,7 +75,8 @@ def test_an_adapter_that_only_loading_finds_unusable_is_unavailable_too(tmp_path
         "class LooksInstalled(FlashInferBatchDecode):\n"
         "    name = 'flashinfer.batch_decode'\n"
         "    def installed(self):\n        return Availability(True, 'installed, not loaded')\n"
-        "    def availability(self):\n        return Availability(False, 'importing flashinfer failed: nvcc missing')\n")
+        "    def availability(self):\n"
+        "        return Availability(False, 'importing flashinfer failed: nvcc missing')\n")
     with pytest.raises(TargetUnavailable, match="nvcc missing"):
         replay(CASE, target_spec=f"{adapter}:LooksInstalled")
 
@@ -93,7 +95,8 @@ def decode(monkeypatch):
 
     def modes(mode):
         monkeypatch.setattr(cls, "plan", refusing_plan if mode == "refuses" else plan)
-        monkeypatch.setattr(cls, "run", (lambda self, q, *a, **kw: run(self, q, *a, **kw) * 0) if mode == "wrong" else run)
+        monkeypatch.setattr(cls, "run",
+                            (lambda self, q, *a, **kw: run(self, q, *a, **kw) * 0) if mode == "wrong" else run)
         return FlashInferBatchDecode()
 
     return modes

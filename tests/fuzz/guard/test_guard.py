@@ -424,8 +424,8 @@ def test_guard_on_rocm_arch_stops_fp8_e5m2_before_the_kernel(make_batch):
     from vllm.v1.attention.ops import chunked_prefill_paged_decode as mod
 
     kw = _rocm_call(make_batch, "fp8_e5m2")
-    with guard("raise", rocm_arch="gfx942"), pytest.raises(CallerContractError,
-                                                           match=r"the ROCm custom kernel \(.*\) does not support fp8_e5m2"):
+    with guard("raise", rocm_arch="gfx942"), pytest.raises(
+            CallerContractError, match=r"the ROCm custom kernel \(.*\) does not support fp8_e5m2"):
         mod.chunked_prefill_paged_decode(**kw)
 
 
@@ -436,7 +436,8 @@ def test_modes_warn_and_record(make_batch):
     table = call.kwargs["block_table"].clone()
     table[1, 1] = table[0, 0]  # seq 1's new token into seq 0's block: the op runs, on a wrong table
     bad = call.kwargs | {"block_table": table}
-    with pytest.warns(KvfuzzGuardWarning, match=r"(?s)\[caller contract violation\].*block sharing warning \(realism\)"):
+    with pytest.warns(KvfuzzGuardWarning,
+                      match=r"(?s)\[caller contract violation\].*block sharing warning \(realism\)"):
         with guard("warn") as g:
             torch.ops._C.cpu_attention_with_kv_cache(**bad)
     assert len(g.records) == 1
@@ -559,8 +560,9 @@ def test_seeds_scenario_fails_under_the_plugin_and_its_fix_passes():
     r = _run_scenario("-p", "kvfuzz.fuzz.guard.plugin", "--kvfuzz-guard")
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
-    assert "FAILED tests/fuzz/guard/seeds_scenario/test_prefix_prefill_like.py::test_contexted_kv_attention_as_in_the_seeds" in out
-    assert "PASSED tests/fuzz/guard/seeds_scenario/test_prefix_prefill_like.py::test_contexted_kv_attention_with_the_seeds_fix" in out
+    scenario = "tests/fuzz/guard/seeds_scenario/test_prefix_prefill_like.py"
+    assert f"FAILED {scenario}::test_contexted_kv_attention_as_in_the_seeds" in out
+    assert f"PASSED {scenario}::test_contexted_kv_attention_with_the_seeds_fix" in out
     assert "this test passed, but 1 of its kernel calls broke the kernel's caller contract (1 violation;" in out
     assert "decode invariant violated in chunked_prefill_paged_decode at sequence 9, position" in out
     assert "write the decode token's k/v into the cache (reshape_and_cache) before calling" in out
@@ -596,7 +598,8 @@ def test_seeds_scenario_is_not_collected_by_the_normal_run():
     env = {k: v for k, v in os.environ.items() if k != "KVFUZZ_SEEDS_SCENARIO"}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                        "tests/fuzz/guard/seeds_scenario"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                        "tests/fuzz/guard/seeds_scenario"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "no tests collected" in r.stdout and r.returncode == 5, r.stdout + r.stderr
 
 

@@ -71,4 +71,5 @@ def test_context_attention_fwd_alibi_window_and_sinks(make_batch):
     with pytest.raises(SilentlyUnsupported) as info:
         properties.check_undeclared(t, Example(attrs.evolve(b, alibi=True, sliding_window=2), Poison.NAN))
     assert "alibi with sliding_window together" in info.value.message
-    properties.check_undeclared(t, Example(attrs.evolve(b, alibi=True, sliding_window=16), Poison.NAN))  # window > seq: same
+    # window > seq: same
+    properties.check_undeclared(t, Example(attrs.evolve(b, alibi=True, sliding_window=16), Poison.NAN))

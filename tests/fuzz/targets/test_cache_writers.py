@@ -151,7 +151,8 @@ def broken(cls, how):
             out = super().run(call)
             if how == "pad-before-start":  # slot -1 taken C-style: the row just before the cache
                 st, row = _storage_elements(call.key_cache), call.key_cache.shape[-1]
-                st[call.key_cache.storage_offset() - row : call.key_cache.storage_offset()] = inp.key[inp.token < 0][0, 0]
+                start = call.key_cache.storage_offset()
+                st[start - row : start] = inp.key[inp.token < 0][0, 0]
             elif how == "clobber-context":  # a padding row also lands on slot 0 of sequence 0's context
                 ctx_slot = torch.tensor([self._ctx_slot])
                 call.layout.write(call.key_cache, call.value_cache, ctx_slot, inp.key[inp.token < 0][:1],

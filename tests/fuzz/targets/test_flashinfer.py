@@ -212,7 +212,8 @@ def test_the_decode_paths_declare_the_group_sizes_their_kernels_dispatch():
     assert attrs.evolve(tc, gqa_ratios=cuda_core.gqa_ratios) == cuda_core  # nothing else differs
     b = decode_batch(num_heads=28, num_kv_heads=4)  # group size 7
     assert tc.accepts(b) and cuda_core.outside(b) == ["GQA group size 7"]
-    assert FlashInferBatchDecodeTC.wrapper_kwargs == {"use_tensor_cores": True} and not FlashInferBatchDecode.wrapper_kwargs
+    assert FlashInferBatchDecodeTC.wrapper_kwargs == {"use_tensor_cores": True}
+    assert not FlashInferBatchDecode.wrapper_kwargs
     assert FlashInferBatchDecodeTC.checked_kernel == FlashInferBatchDecode.checked_kernel
 
 

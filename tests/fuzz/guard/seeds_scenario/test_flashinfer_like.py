@@ -8,8 +8,8 @@ token's ``k_new``/``v_new``, which the test never appends to the pages, so the k
 current token's slot (``last_page_len - 1`` of the last page) holds. Under ``--kvfuzz-guard`` the test hands
 the new tokens to the guard (``kvfuzz_guard.new_kv``) and fails with the unified invariant at each sequence's
 last position (plain pytest passes it: with values normal(0.1, 0.2) and kv_len 127 the missing token moves
-the output less than atol 1e-2). ``test_decode_with_the_seeds_fix`` appends them first with ``flashinfer.append_paged_kv_cache``
-(batch_indices/positions from ``get_batch_indices_positions``) and passes clean.
+the output less than atol 1e-2). ``test_decode_with_the_seeds_fix`` appends them first with
+``flashinfer.append_paged_kv_cache`` (batch_indices/positions from ``get_batch_indices_positions``) and passes clean.
 
 The guard's FlashInfer hooks (kvfuzz.fuzz.guard.flashinfer) are installed by this module's autouse fixture
 while the kvfuzz plugin is on (the plugin installs them too when flashinfer is installed; nested installs are

@@ -9,9 +9,9 @@ missing from the cache (the decode kernel reads it from there), and ``max_seq_le
 sequences reach ctx_len + query_len. With inputs of magnitude 1e-3 the missing token moves the output by less
 than atol, so the test passes on a kernel that reads the zeroed slot; with ``--kvfuzz-guard`` it fails,
 naming the decode invariant. (The understated ``max_seq_len`` is not reported here: vLLM 0.33.0's Triton path
-never reads it, and at head size 32 the ROCm custom kernel, which does, would not be selected.) ``test_contexted_kv_attention_with_the_seeds_fix``
-applies the seeds' fix (decode sequences cached up to seq_len, ``max_seq_len = max(seq_lens)``) and passes
-clean under the guard.
+never reads it, and at head size 32 the ROCm custom kernel, which does, would not be selected.)
+``test_contexted_kv_attention_with_the_seeds_fix`` applies the seeds' fix (decode sequences cached up to seq_len,
+``max_seq_len = max(seq_lens)``) and passes clean under the guard.
 
 Collected only with KVFUZZ_SEEDS_SCENARIO=1 (see conftest.py); tests/fuzz/guard/test_guard.py runs it.
 """
