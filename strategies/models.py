@@ -4,7 +4,12 @@ no Hypothesis at import).
 :data:`MODELS` lists published model configurations (each row cites its ``config.json`` on the Hugging Face hub):
 query heads (``num_attention_heads``), kv heads (``num_key_value_heads``), ``head_dim``, the sliding window and
 which layers use it, ``attn_logit_softcapping``, attention sinks and MLA's latent ranks. Only values checked
-against the cited config (or a source quoting it) are listed; a field the config does not set is None.
+against the cited config (or a source quoting it) are listed; a field the config does not set is None. Each row's
+:attr:`ModelAttention.checked` names where its values were checked (2026-11-27; huggingface.co itself was not
+reachable then): the vendor's own code or configs where it publishes them (meta-llama/llama-models,
+google/gemma_pytorch, openai/gpt-oss, deepseek-ai/DeepSeek-V3), else copies of the config.json on the hub (a pull
+request branch of the official repo, or fine-tunes and quantizations whose config names the model in
+``_name_or_path`` and keeps its attention fields). Every row matched; none was changed.
 
 :func:`shard_heads` divides the heads by a tensor-parallel size as vLLM does
 (vllm/model_executor/models/llama.py ``LlamaAttention.__init__``: ``num_heads = total_num_heads // tp_size``;
@@ -27,11 +32,14 @@ _HF = "https://huggingface.co/{}/blob/main/config.json"
 @attrs.frozen
 class ModelAttention:
     """One model's attention layers. name: the hub id. num_heads, num_kv_heads: ``num_attention_heads``,
-    ``num_key_value_heads`` (for MLA: the query heads, one latent kv head). head_size: ``head_dim`` (MLA: the
-    cache row, ``kv_lora_rank + qk_rope_head_dim``). sliding_window: keys of the windowed layers (None: full
-    attention everywhere); window_layers: which layers use it, in words. softcap: ``attn_logit_softcapping``.
-    sinks: learned per-head attention sinks. kv_lora_rank, qk_rope_head_dim: MLA's latent ranks (None: not MLA).
-    source: the config.json it was read from."""
+    ``num_key_value_heads`` (for MLA: the query heads and one latent kv head, not the config's
+    ``num_key_value_heads``, which equals ``num_attention_heads``: vLLM caches MLA as one head,
+    vllm/config/model.py ``ModelConfig.get_num_kv_heads`` returns 1 when ``use_mla``). head_size: ``head_dim``, or
+    ``hidden_size // num_attention_heads`` where the config has none (transformers' default; MLA: the cache row,
+    ``kv_lora_rank + qk_rope_head_dim``). sliding_window: keys of the windowed layers (None: full attention
+    everywhere); window_layers: which layers use it, in words. softcap: ``attn_logit_softcapping``. sinks: learned
+    per-head attention sinks. kv_lora_rank, qk_rope_head_dim: MLA's latent ranks (None: not MLA). source: the
+    config.json the values are from. checked: where they were checked against it (module docstring)."""
 
     name: str
     num_heads: int
@@ -43,6 +51,7 @@ class ModelAttention:
     sinks: bool = False
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    checked: str = ""
 
     @property
     def source(self) -> str:
@@ -53,25 +62,60 @@ class ModelAttention:
         return self.kv_lora_rank is not None
 
 
-#: Published configurations (every value from the config.json at :attr:`ModelAttention.source`).
+#: Published configurations (every value from the config.json at :attr:`ModelAttention.source`, checked where
+#: :attr:`ModelAttention.checked` says).
+_LLAMA = ("meta-llama/llama-models models/sku_list.py @364ed4e, llama3_1_base_models arch_args: dim {}, n_heads {}, "
+          "n_kv_heads 8; head_dim = dim // n_heads (models/llama3/model.py Attention)")
+_GEMMA = ("google/gemma_pytorch gemma/config.py {}: num_attention_heads, num_key_value_heads, head_dim, attn_types "
+          "({}), sliding_window_size {}, attn_logit_softcapping {}")
+_GPT_OSS = ("openai/gpt-oss gpt_oss/torch/model.py: ModelConfig (head_dim 64, 64/8 heads, sliding_window 128), "
+            "AttentionBlock (window on even layers, one sink per query head); ")
 MODELS: tuple[ModelAttention, ...] = (
-    ModelAttention("meta-llama/Llama-3.1-8B", 32, 8, 128),
-    ModelAttention("meta-llama/Llama-3.1-70B", 64, 8, 128),
-    ModelAttention("mistralai/Mistral-7B-v0.1", 32, 8, 128, sliding_window=4096, window_layers="all"),
-    ModelAttention("mistralai/Mixtral-8x7B-v0.1", 32, 8, 128),
-    ModelAttention("Qwen/Qwen2.5-7B", 28, 4, 128),
-    ModelAttention("Qwen/Qwen2.5-72B", 64, 8, 128),
-    ModelAttention("Qwen/Qwen3-8B", 32, 8, 128),
+    ModelAttention("meta-llama/Llama-3.1-8B", 32, 8, 128, checked=_LLAMA.format(4096, 32)),
+    ModelAttention("meta-llama/Llama-3.1-70B", 64, 8, 128, checked=_LLAMA.format(8192, 64)),
+    ModelAttention("mistralai/Mistral-7B-v0.1", 32, 8, 128, sliding_window=4096, window_layers="all",
+                   checked="hub config.json of bartowski/OpenOrca-Zephyr-7B-exl2 (_name_or_path a "
+                   "mistralai/Mistral-7B-v0.1 snapshot): 32/8 heads, hidden_size 4096, sliding_window 4096; "
+                   "mlx-community/mistral-7B-v0.1 params.json: n_heads 32, n_kv_heads 8, head_dim 128, "
+                   "sliding_window 4096"),
+    ModelAttention("mistralai/Mixtral-8x7B-v0.1", 32, 8, 128,
+                   checked="hub mistralai/Mixtral-8x7B-v0.1 discussion #19 (Mistral AI, merged): config.json "
+                   "sliding_window null, 'Doesn't use sliding window attention'; config.json of "
+                   "YeungNLP/firefly-mixtral-8x7b (_name_or_path the base): 32/8 heads, hidden_size 4096"),
+    ModelAttention("Qwen/Qwen2.5-7B", 28, 4, 128,
+                   checked="hub config.json of EVA-UNIT-01/EVA-Qwen2.5-7B-v0.0 (_name_or_path the base): 28/4 "
+                   "heads, hidden_size 3584, use_sliding_window false"),
+    ModelAttention("Qwen/Qwen2.5-72B", 64, 8, 128,
+                   checked="hub config.json of sumuks/purple-wintermute-0.2-72b (_name_or_path the base): 64/8 "
+                   "heads, hidden_size 8192, use_sliding_window false"),
+    ModelAttention("Qwen/Qwen3-8B", 32, 8, 128,
+                   checked="hub thejaminator/qwen-hook-layer-9 commit 'Copy config.json from Qwen/Qwen3-8B': 32/8 "
+                   "heads, head_dim 128, use_sliding_window false"),
     ModelAttention("google/gemma-2-9b", 16, 8, 256, sliding_window=4096, window_layers="every other",
-                   softcap=50.0),
+                   softcap=50.0, checked=_GEMMA.format("get_config_for_9b", "LOCAL_SLIDING, GLOBAL alternating",
+                                                       4096, 50.0)),
     ModelAttention("google/gemma-2-27b", 32, 16, 128, sliding_window=4096, window_layers="every other",
-                   softcap=50.0),
-    ModelAttention("google/gemma-3-27b-pt", 32, 16, 128, sliding_window=1024, window_layers="5 of every 6"),
-    ModelAttention("openai/gpt-oss-20b", 64, 8, 64, sliding_window=128, window_layers="every other", sinks=True),
-    ModelAttention("openai/gpt-oss-120b", 64, 8, 64, sliding_window=128, window_layers="every other", sinks=True),
-    ModelAttention("microsoft/phi-4", 40, 10, 128),
-    ModelAttention("deepseek-ai/DeepSeek-V3", 128, 1, 576, kv_lora_rank=512, qk_rope_head_dim=64),
-    ModelAttention("deepseek-ai/DeepSeek-V2-Lite", 16, 1, 576, kv_lora_rank=512, qk_rope_head_dim=64),
+                   softcap=50.0, checked=_GEMMA.format("get_config_for_27b", "LOCAL_SLIDING, GLOBAL alternating",
+                                                       4096, 50.0)),
+    ModelAttention("google/gemma-3-27b-pt", 32, 16, 128, sliding_window=1024, window_layers="5 of every 6",
+                   checked=_GEMMA.format("get_config_for_27b_v3", "5 LOCAL_SLIDING, then GLOBAL", 1024,
+                                         "unset")),
+    ModelAttention("openai/gpt-oss-20b", 64, 8, 64, sliding_window=128, window_layers="every other", sinks=True,
+                   checked=_GPT_OSS + "hub keras/gpt_oss_20b_en task.json: 24 layers, 64/8 heads, head_dim 64, "
+                   "sliding_window 128"),
+    ModelAttention("openai/gpt-oss-120b", 64, 8, 64, sliding_window=128, window_layers="every other", sinks=True,
+                   checked=_GPT_OSS + "its defaults are the 120b's (36 layers, 128 experts), as in hub "
+                   "witflag/AlphaMind original/config.json, duplicated from openai/gpt-oss-120b"),
+    ModelAttention("microsoft/phi-4", 40, 10, 128,
+                   checked="hub microsoft/phi-4 config.json on refs/pr/10: 40/10 heads, hidden_size 5120, "
+                   "sliding_window null"),
+    ModelAttention("deepseek-ai/DeepSeek-V3", 128, 1, 576, kv_lora_rank=512, qk_rope_head_dim=64,
+                   checked="deepseek-ai/DeepSeek-V3 inference/configs/config_671B.json: n_heads 128, kv_lora_rank "
+                   "512, qk_rope_head_dim 64; inference/model.py MLA caches kv_lora_rank + qk_rope_head_dim"),
+    ModelAttention("deepseek-ai/DeepSeek-V2-Lite", 16, 1, 576, kv_lora_rank=512, qk_rope_head_dim=64,
+                   checked="deepseek-ai/DeepSeek-V3 inference/configs/config_16B.json (the V2-Lite shape: 27 "
+                   "layers, 64 experts): n_heads 16, kv_lora_rank 512, qk_rope_head_dim 64; hub config.json of "
+                   "ModelCloud/DeepSeek-V2-Lite-gptq-4bit: the same, q_lora_rank null"),
 )
 
 

@@ -32,6 +32,13 @@ def test_heads_are_sharded_as_vllm_shards_them():
     assert all(m.source == f"https://huggingface.co/{m.name}/blob/main/config.json" for m in MODELS)
 
 
+def test_every_model_row_says_where_it_was_checked():
+    assert all(m.checked for m in MODELS)  # strategies/models.py: only values checked against a source are listed
+    assert all(m.num_heads % m.num_kv_heads == 0 for m in MODELS)
+    latent = [m for m in MODELS if m.mla]
+    assert latent and all(m.num_kv_heads == 1 and m.head_size == m.kv_lora_rank + m.qk_rope_head_dim for m in latent)
+
+
 def test_model_shapes_keep_what_the_target_accepts():
     shapes = model_shapes(CAPS)
     assert {s.head_size for s in shapes} == {64, 128, 256}
