@@ -197,9 +197,7 @@ class Campaign:
         self._sanitize_spent = 0.0  # seconds spent on sanitized runs (config.sanitize_time_share's budget)
         self._sanitize_since: float | None = None  # when this campaign's first example was checked
         self._sanitizer: sanitizer.SanitizedChild | None = None
-        #: examples sanitized in this process; whether the one being checked was (its "sanitize" coverage label)
-        self.sanitized = 0
-        self._sanitized_last = False
+        self._sanitized_last = False  # the example being checked was sanitized (its "sanitize" coverage label)
 
     def _sanitize_due(self, example) -> bool:
         """Whether ``example`` (which passed every other check) runs under memcheck: never off CUDA
@@ -288,7 +286,6 @@ class Campaign:
                 finally:
                     if not fresh:
                         self._sanitize_spent += time.monotonic() - started
-                    self.sanitized += 1
                     self._sanitized_last = True
             return None
         except Finding:

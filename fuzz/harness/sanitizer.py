@@ -268,8 +268,9 @@ class SanitizedChild:
 
     :meth:`check` is a screen: an example it passes is clean; anything else (an invalid access, an error, a child
     that died or hung) is decided by :func:`sanitize` in a fresh child, whose whole report (with its ERROR
-    SUMMARY) cannot belong to another example, and the long-lived child is restarted (memcheck may have destroyed
-    its CUDA context). :meth:`close` ends it; so does this process's end (its stdin closes)."""
+    SUMMARY) cannot belong to another example. A child that still answered is kept (``--destroy-on-device-error
+    kernel``); one that raised, died or hung is replaced on the next check. :meth:`close` ends it and removes its
+    folder; this process's end ends it too (its stdin closes)."""
 
     def __init__(self, spec: str, sanitizer: str | None = None, timeout: float = TIMEOUT_S):
         self.spec, self.exe, self.timeout = spec, sanitizer, timeout
@@ -330,7 +331,7 @@ class SanitizedChild:
         campaign's first memory-safety failure), without it from the segment itself (the shrink of a confirmed
         one, whose candidates would each cost a fresh child). A child that raised, died or hung is replaced and
         :func:`sanitize` decides."""
-        if self._proc is None or self._proc.poll() is not None:
+        if not self.running:
             self._start()
         self._n += 1
         path = Path(self._dir) / f"example-{self._n % 2}.json"
@@ -352,18 +353,23 @@ class SanitizedChild:
         sanitize(target, example, self.spec, self.exe, self.timeout)
 
     def close(self, kill: bool = False) -> None:
-        """End the child (idempotent): close its stdin and let it finish (at most 10 s), or ``kill`` it."""
+        """End the child (idempotent): close its stdin and let it finish (at most 10 s, then it is killed), or
+        ``kill`` it at once; remove its folder of example files."""
         p, self._proc = self._proc, None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
         if p is None:
             return
-        try:
-            if kill:
-                raise subprocess.TimeoutExpired(p.args, 0)
-            p.stdin.close()
-            p.wait(timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            p.kill()
-            p.wait()
+        if not kill:
+            try:
+                p.stdin.close()
+                p.wait(timeout=10)
+                return
+            except (OSError, subprocess.SubprocessError):
+                pass
+        p.kill()
+        p.wait()
 
 
 def _run_example(target, path: str) -> None:

@@ -41,11 +41,12 @@ SHARED_ENV = "KVFUZZ_MPS_SHARED"
 PER_GPU_ENV = "KVFUZZ_MPS_PER_GPU"
 
 
-def visible_devices(gpus: int) -> list[str]:
+def visible_devices(gpus: int, env=None) -> list[str]:
     """The CUDA device of each GPU index ``0 .. gpus - 1`` of the campaign, as ``CUDA_VISIBLE_DEVICES`` names it:
-    the entries of this process's own ``CUDA_VISIBLE_DEVICES`` when it is set (a campaign on GPUs 2,3 puts its
-    GPU 0 on device "2"), else the indices themselves."""
-    mine = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    the entries of ``env``'s (default this process's) own ``CUDA_VISIBLE_DEVICES`` when it is set (a campaign on
+    GPUs 2,3 puts its GPU 0 on device "2"), else the indices themselves."""
+    env = os.environ if env is None else env
+    mine = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     return [mine[i] if i < len(mine) else str(i) for i in range(gpus)]
 
 

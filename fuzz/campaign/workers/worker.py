@@ -24,7 +24,7 @@ from pathlib import Path
 import attrs
 
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
-from kvfuzz.fuzz.campaign.workers.mps import PIPES_ENV, SHARED_ENV
+from kvfuzz.fuzz.campaign.workers.mps import PIPES_ENV, SHARED_ENV, visible_devices
 
 # This module is what a spawned worker imports first (it unpickles worker_main): it imports neither torch nor
 # Hypothesis nor kvfuzz's harness, so that the worker sets up (its log, dying with its parent, ignoring Ctrl-C,
@@ -121,8 +121,7 @@ def gpu_environment(gpu: int, env) -> None:
     "3" its workers found no GPU; found on a 4-GPU H200 host, one campaign per GPU). ``KVFUZZ_DEVICE`` keeps the
     physical device in every case (a sanitized child runs outside MPS: kvfuzz.fuzz.harness.sanitizer)."""
     pipes = [p for p in env.get(PIPES_ENV, "").split(",") if p]
-    mine = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    env["KVFUZZ_DEVICE"] = mine[gpu] if gpu < len(mine) else str(gpu)  # its physical GPU, outside MPS too
+    env["KVFUZZ_DEVICE"] = visible_devices(gpu + 1, env)[gpu]  # its physical GPU, outside MPS too
     if gpu < len(pipes):
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipes[gpu]
         env.pop("CUDA_VISIBLE_DEVICES", None)

@@ -152,8 +152,10 @@ def test_the_long_lived_child_runs_many_examples_and_a_hit_is_confirmed_in_a_fre
         child._proc.wait()
         child.check(target, odd[1])  # a child that died is replaced
         assert child._proc.pid != pid
+        folder = Path(child._dir)
     finally:
         child.close()
+    assert not folder.exists() and not child.running  # its example files go with it
 
 
 def test_a_campaign_finds_the_planted_overrun_through_the_long_lived_child_and_shrinks_it(tmp_path, monkeypatch):
