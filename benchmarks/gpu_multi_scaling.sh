@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 40's two-GPU goal: does one host's second GPU (and third, fourth) add its share? Same seed, the target's
 # default size-tier mix and kvfuzz fuzz's defaults (workers, placement, MPS: one daemon per GPU now), on one GPU
-# (CUDA_VISIBLE_DEVICES=first) and then on all of them, RUN_SECONDS each (default 90), after a warm-up campaign on all
+# (CUDA_VISIBLE_DEVICES=first), on the first two where the host has more, and then on all of them, RUN_SECONDS
+# each (default 90), after a warm-up campaign on all
 # GPUs (WARMUP seconds, default 30) that fills the shared Triton cache, so neither timed run pays for compiles the
 # other does not. AB=1 (default) adds a third run on all GPUs with KVFUZZ_MPS_PER_GPU=0 (one MPS daemon for all
 # GPUs, as before issue 40): the before/after of the per-GPU daemons on the same machine.
@@ -12,7 +13,8 @@
 # scaling.json (the table), log.txt. Needs the .device/ bundle (benchmarks/gpu_env.sh); no network.
 # Start-up and shutdown cost ~25 s per run, the install ~40 s: WARMUP + 3 x RUN_SECONDS + ~2.5 min (~7.5 min with
 # the defaults; AB=0 saves a run), within one 10-minute device call.
-# Usage: OUT=dir [RUN_SECONDS=90] [WARMUP=30] [AB=1] bash benchmarks/gpu_multi_scaling.sh [TARGET] [-- kvfuzz fuzz args]
+# SKIP_ONE=1 leaves out the one-GPU run (one measured in an earlier call on the same kind of host).
+# Usage: OUT=dir [RUN_SECONDS=90] [WARMUP=30] [AB=1] [SKIP_ONE=1] bash benchmarks/gpu_multi_scaling.sh [TARGET] [-- kvfuzz fuzz args]
 set -uo pipefail
 T=${1:-vllm.unified_attention}
 shift 1 2>/dev/null; [ "${1:-}" = "--" ] && shift
@@ -79,8 +81,15 @@ EXTRA=("$@")
   : > "$R/rows.jsonl"
   echo "== warm-up on $ALL for ${WARMUP:-30}s (fills the shared Triton cache)"
   run warmup "$ALL" "${WARMUP:-30}"
-  echo "== one GPU ($FIRST)"
-  run one "$FIRST" "$S"
+  if [ "${SKIP_ONE:-0}" != 1 ]; then
+    echo "== one GPU ($FIRST)"
+    run one "$FIRST" "$S"
+  fi
+  TWO=$(echo "$ALL" | cut -d, -f1-2)
+  if [ "$TWO" != "$ALL" ]; then
+    echo "== two GPUs ($TWO), one MPS daemon per GPU"
+    run two "$TWO" "$S"
+  fi
   echo "== all GPUs ($ALL), one MPS daemon per GPU"
   run all "$ALL" "$S"
   if [ "${AB:-1}" = 1 ]; then
@@ -93,7 +102,7 @@ r = sys.argv[1]
 rows = {x["run"]: x for x in map(json.loads, open(os.path.join(r, "rows.jsonl")))}
 one = rows.get("one", {})
 out = {"rows": rows}
-for k in ("all", "all-one-daemon"):
+for k in ("two", "all", "all-one-daemon"):
     if k in rows and one.get("examples_per_s") and one.get("kv_tokens_per_s"):
         out[f"{k}_vs_one"] = {"examples_per_s": round(rows[k]["examples_per_s"] / one["examples_per_s"], 2),
                               "kv_tokens_per_s": round(rows[k]["kv_tokens_per_s"] / one["kv_tokens_per_s"], 2),

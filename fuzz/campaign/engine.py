@@ -48,7 +48,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, currently_in_test_context,
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 
 from kvfuzz.contracts.caches.layouts import LayoutError
-from kvfuzz.contracts.checks.failures import Finding, HarnessError, MemorySafetyError
+from kvfuzz.contracts.checks.failures import FailureKind, Finding, HarnessError, MemorySafetyError
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.chunks import (
     CHUNK_SEED_STRIDE,
@@ -193,7 +193,7 @@ class Campaign:
         self.deadline: float | None = None
         #: what the deadline cut short in this process ("shrinking <kind> (<check>)", "generating"), for the summary
         self.cut_short: list[str] = []
-        self._sanitize_all = False  # a memory-safety failure seen: every example is sanitized (shrinking sees it)
+        self._sanitize_all = False  # a new memory-safety failure is being shrunk: every example is sanitized
         self._sanitize_spent = 0.0  # seconds spent on sanitized runs (config.sanitize_time_share's budget)
         self._sanitize_since: float | None = None  # when this campaign's first example was checked
         self._sanitizer: sanitizer.SanitizedChild | None = None
@@ -276,17 +276,21 @@ class Campaign:
                 stage = "sanitize"
                 if currently_in_test_context():  # not in the structural shrink, which runs outside Hypothesis's test:
                     event("sanitized")  # there event() raises InvalidArgument (a worker died of it, H200)
-                started, child = time.monotonic(), self._sanitizer_child()
-                fresh = not child.running  # its first example pays its start: not charged to the time share
-                try:
-                    child.check(target, example, confirm=not self._sanitize_all)
-                except MemorySafetyError:
-                    self._sanitize_all = True
-                    raise
-                finally:
-                    if not fresh:
-                        self._sanitize_spent += time.monotonic() - started
-                    self._sanitized_last = True
+                with sanitizer.gpu_slot(config.out, wait=self._sanitize_all) as slot:
+                    if not slot:  # another worker's sanitized run has this GPU: skipped, not charged
+                        return None
+                    started, child = time.monotonic(), self._sanitizer_child()
+                    fresh = not child.running  # its first example pays its start: not charged to the time share
+                    try:
+                        child.check(target, example, confirm=not self._sanitize_all)
+                    except MemorySafetyError as e:
+                        if e.signature not in self.known:
+                            self._sanitize_all = True
+                        raise
+                    finally:
+                        if not fresh:
+                            self._sanitize_spent += time.monotonic() - started
+                        self._sanitized_last = True
             return None
         except Finding:
             raise
@@ -506,6 +510,7 @@ class Campaign:
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
         self._drop_early(signature, keep=path)
         self._forget_run(signature)
+        self._sanitize_all &= signature[0] != FailureKind.MEMORY_SAFETY.value  # recorded: back to the time share
         record = FailureRecord.of(self.target.name, finding, example, self.fault_name, path)
         self._new.append(record)
         self.listener.failure(record)

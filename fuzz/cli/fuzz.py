@@ -43,11 +43,21 @@ UNLIMITED = 2**62
 
 
 def _sanitize_share(ctx, param, value: str) -> float | str:
-    """``--sanitize``: "auto" stays "auto" (a time share on CUDA: :func:`_sanitize_config`), "0"/"none"/"off" ->
-    0.0, "all" -> 1.0, a number in [0, 1]; else exit 2 naming the option."""
+    """``--sanitize``: "auto" stays "auto" and "auto:SHARE" (a time share in (0, 1]) stays as given (a time share
+    on CUDA: :func:`_sanitize_config`), "0"/"none"/"off" -> 0.0, "all" -> 1.0, a number in [0, 1]; else exit 2
+    naming the option."""
     v = str(value).strip().lower()
     if v == "auto":
         return v
+    if v.startswith("auto:"):
+        try:
+            share = float(v[5:])
+        except ValueError:
+            share = -1.0
+        if not 0.0 < share <= 1.0:
+            raise click.BadParameter(f"{value!r}: auto:SHARE takes a share of each worker's time in (0, 1], "
+                                     "e.g. auto:0.05")
+        return f"auto:{share}"
     if v in ("none", "off"):
         return 0.0
     if v == "all":
@@ -69,6 +79,8 @@ def _sanitize_config(sanitize: float | str) -> dict:
 
     if sanitize == "auto":
         return {"sanitize": 0.0, "sanitize_time_share": AUTO_TIME_SHARE}
+    if isinstance(sanitize, str) and sanitize.startswith("auto:"):
+        return {"sanitize": 0.0, "sanitize_time_share": float(sanitize[5:])}
     return {"sanitize": float(sanitize), "sanitize_time_share": 0.0}
 
 
@@ -165,7 +177,8 @@ def _sanitize_config(sanitize: float | str) -> dict:
               help="Examples re-run under compute-sanitizer memcheck (CUDA's, on PATH or /usr/local/cuda/bin) in "
                    "a long-lived child with exact-size allocations: an invalid access is a 'memory safety' "
                    "failure, confirmed in a fresh child and shrunk like any other. auto: up to 10% of each "
-                   "worker's time, on the targets that declare it (vLLM's and SGLang's Triton kernels); 0 or "
+                   "worker's time (auto:0.05: 5%), on the targets that declare it (vLLM's and SGLang's Triton "
+                   "kernels), one sanitized run at a time per GPU; 0 or "
                    "none: off; a fraction of the examples (0.1); all. CUDA targets only (off on CPU: the Triton "
                    "interpreter has no bounds checks).")
 @click.option("--baseline", "baseline_file", default=None, type=click.Path(dir_okay=False),
@@ -222,7 +235,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                             pin_configs={"auto": None, "pinned": True, "free": False}[configs],
                             chunk_examples=chunk_examples, warmup=warmup, structural_shrink=structural_shrink,
                             baseline=baseline, **_sanitize_config(sanitize))
-    if sanitize not in ("auto", 0.0) and not any(t.device == "cuda" for t in chosen):
+    if not str(sanitize).startswith("auto") and sanitize != 0.0 and not any(t.device == "cuda" for t in chosen):
         console.print("--sanitize: no target runs on CUDA here, so no example is sanitized (compute-sanitizer "
                       "checks GPU kernels; the Triton interpreter has no bounds checks)", highlight=False)
     from kvfuzz.fuzz.campaign.chunks import campaign_tiers

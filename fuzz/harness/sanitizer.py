@@ -30,14 +30,17 @@ past a tensor returns what lies there, or crashes the process on an unmapped pag
 ``InterpreterOptions.sanitize_overflow``, concerns integer overflow, not memory. So ``--sanitize`` is off on CPU
 (docs/fuzzing.md).
 
-Cost: one child process (CUDA context, Triton load, the kernel under memcheck) per sanitized example, seconds
-each; the share keeps it bounded. Once a worker has seen a memory-safety failure it sanitizes every example of that
-target, so Hypothesis's shrinker sees the failure on every candidate (a share drawn by the example's key would
-skip most of them).
+Cost: a long-lived child per worker (:class:`SanitizedChild`; its CUDA context, Triton load and the kernel under
+memcheck, ~15 s to start, ~10 ms an example once warm); the time share keeps it bounded, and :func:`gpu_slot` lets
+one sanitized run at a time use each GPU. While a worker shrinks a new memory-safety failure it sanitizes every
+example of that target, so Hypothesis's shrinker sees the failure on every candidate (a share drawn by the
+example's key would skip most of them); once the failure is recorded it returns to the share.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -50,6 +53,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import attrs
 
@@ -246,6 +250,35 @@ def _raise_accesses(report: MemcheckReport, text: str):
                                                             "report": text[-4000:]})
 
 
+@contextlib.contextmanager
+def gpu_slot(directory, wait: bool = False) -> Iterator[bool]:
+    """At most one sanitized run at a time per GPU of a campaign: holds the exclusive lock
+    ``directory/sanitize-gpu-<device>.lock`` (``fcntl.flock``, released by the kernel when the holder dies; device:
+    ``KVFUZZ_DEVICE``, the worker's physical GPU, else ``CUDA_VISIBLE_DEVICES``) and yields True; when another
+    worker holds it, yields False at once (the caller skips sanitizing this example), or waits for it with
+    ``wait`` (a shrink, which must sanitize every candidate). ``directory`` None (no campaign folder): yields True.
+
+    Why: a sanitized child is a CUDA context of its own beside the campaign's MPS server, so while its kernel runs
+    under memcheck (10-100x slower) the GPU time-slices between them and every worker's kernel waits. With up to
+    14 children per GPU, each within its 10% time share, a default campaign of vllm.unified_attention lost 32-36%
+    of its examples/s on an H200 before any finding (benchmarks/results/sanitize-cost-h200.txt)."""
+    if directory is None:
+        yield True
+        return
+    device = os.environ.get("KVFUZZ_DEVICE") or os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    path = Path(directory) / f"sanitize-gpu-{re.sub(r'[^A-Za-z0-9_-]', '_', device)}.lock"
+    with open(path, "a+b") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def child_environment(env=None) -> dict:
     """The environment of a sanitized child: ``env`` (default ``os.environ``) without the campaign's MPS daemon
     (compute-sanitizer does not attach to MPS clients), with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` (every tensor
@@ -419,7 +452,7 @@ def _child(argv: list[str]) -> int:
 
 
 __all__ = ["AUTO_TIME_SHARE", "CHECK", "MARK", "START_SECONDS", "MemcheckReport", "MemoryAccess", "MemorySafetyError",
-           "SanitizedChild", "applies", "child_environment", "exact_batch", "parse_memcheck", "sanitize",
+           "SanitizedChild", "applies", "child_environment", "exact_batch", "gpu_slot", "parse_memcheck", "sanitize",
            "sanitizer_path", "selected"]
 
 if __name__ == "__main__":

@@ -513,11 +513,13 @@ class Supervisor:
         into an input that crashes or hangs the kernel must not take the failure it was shrinking with it.
         ``note``: why it ended, instead of the ending's."""
         pending, s.pending = s.pending, {}
-        if ending.kind is EndingKind.FINISHED:
+        if ending.kind is EndingKind.FINISHED and not self.stopping:
             return
         for record in pending.values():
             if note is not None:
                 why = note
+            elif self.stopping:  # a worker stopped mid-shrink says goodbye (FINISHED): the failure stays found
+                why = " (not shrunk: the campaign was stopped while shrinking it)"
             elif record.stage == "hypothesis":
                 why = f" (shrunk by Hypothesis; the worker {ending.kind.value} during the structural shrink)"
             else:

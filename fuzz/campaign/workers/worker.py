@@ -113,9 +113,11 @@ def gpu_environment(gpu: int, env) -> None:
     """Put a worker on the campaign's GPU ``gpu`` in ``env`` (os.environ): ``CUDA_VISIBLE_DEVICES`` that GPU's
     device (the ``gpu``-th of the campaign's own ``CUDA_VISIBLE_DEVICES`` when it has one: a campaign on devices
     2,3 puts GPU 0 on "2"; it had put it on "0"), and under per-GPU MPS daemons (kvfuzz.fuzz.campaign.workers.mps,
-    ``KVFUZZ_MPS_PIPES``) that GPU's daemon's pipe as ``CUDA_MPS_PIPE_DIRECTORY`` and no ``CUDA_VISIBLE_DEVICES``:
-    the daemon was started seeing only its GPU, and its clients see the server's devices (NVIDIA's MPS guide,
-    "Starting MPS client application": CUDA_VISIBLE_DEVICES should not be set in the client's environment).
+    ``KVFUZZ_MPS_PIPES``) that GPU's daemon's pipe as ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_VISIBLE_DEVICES=0``:
+    the daemon was started seeing only its GPU, which is its clients' device 0. Without a mask the client's torch
+    counted the host's GPUs through NVML (4 on a 4-GPU host) while CUDA gave it one, and every worker not on the
+    first GPU died at CUDA's lazy init ("device=1, num_gpus=1", torch.cuda._check_capability; a two- and a
+    four-GPU campaign on an H200 host ran 10 examples each).
     Under one daemon kvfuzz started for all the campaign's GPUs (``KVFUZZ_MPS_SHARED``), which sees only the
     campaign's devices, the index ``gpu`` itself: a one-GPU campaign on device "3" is the server's device 0 (with
     "3" its workers found no GPU; found on a 4-GPU H200 host, one campaign per GPU). ``KVFUZZ_DEVICE`` keeps the
@@ -124,7 +126,7 @@ def gpu_environment(gpu: int, env) -> None:
     env["KVFUZZ_DEVICE"] = visible_devices(gpu + 1, env)[gpu]  # its physical GPU, outside MPS too
     if gpu < len(pipes):
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipes[gpu]
-        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env["CUDA_VISIBLE_DEVICES"] = "0"
         return
     if env.get(SHARED_ENV) and env.get("CUDA_MPS_PIPE_DIRECTORY"):
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)

@@ -138,8 +138,9 @@ def test_several_gpus_get_a_daemon_each_and_workers_their_gpus_pipe(tmp_path, mo
         assert started == [f"args=-d pipe={p}" for p in mps.pipes]
         env = dict(os.environ)
         gpu_environment(1, env)
-        # the daemon sees only its GPU; its client sets no CUDA_VISIBLE_DEVICES (NVIDIA's MPS guide)
-        assert "CUDA_VISIBLE_DEVICES" not in env and env[ENV[0]] == mps.pipes[1]
+        # the daemon sees only its GPU, its clients' device 0: without the mask a client's torch counted the
+        # host's 4 GPUs (NVML) against CUDA's 1 and died at lazy init ("device=1, num_gpus=1", H200 host)
+        assert env["CUDA_VISIBLE_DEVICES"] == "0" and env[ENV[0]] == mps.pipes[1]
         assert env["KVFUZZ_DEVICE"] == "3"  # the physical GPU, for a child outside MPS (the sanitizer's)
     finally:
         mps.stop()

@@ -300,3 +300,23 @@ def test_the_supervisor_reads_its_workers_in_batches_not_once_per_message(tmp_pa
     assert examples == 300 and messages.count("end") == 300 and "phase" in messages
     assert messages.count("phase") == 2 * examples  # kernel and check; begin says "prepare"
     assert len(waits) < examples / 4, (len(waits), len(messages))
+
+
+def test_a_campaign_stopped_while_shrinking_keeps_the_failure_unshrunk(tmp_path):
+    """SIGTERM while a worker shrinks a failure (its provisional reproducer written): the worker finishes its
+    example and says goodbye, and the failure is still in the summary, said to be unshrunk; the campaign exits 1 (a
+    failure found outranks interrupted). Before, a goodbye dropped it: an interrupted H200 campaign's summary
+    listed no failure beside a first_failure_s."""
+    p, log = _start("SlowWrong", tmp_path, "--max-examples", "500", "--workers", "1")
+    out = tmp_path / "out"
+    deadline = time.monotonic() + 240
+    while not [d for d in out.iterdir() if (d / "case.json").exists()] if out.exists() else True:
+        assert time.monotonic() < deadline and p.poll() is None, "no provisional reproducer"
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    stdout, _ = p.communicate(timeout=120)
+    summary = json.loads((out / "summary.json").read_text())
+    (failure,) = summary["targets"][0]["failures"]
+    assert failure["kind"] == "kernel mismatch" and "campaign was stopped while shrinking" in failure["message"]
+    assert summary["interrupted"] is True and p.returncode == 1, stdout
+    assert_no_process_left(log.read_text().split())

@@ -105,6 +105,18 @@ def test_the_exact_batch_has_no_spare_block_table_column():
 def test_a_bad_share_exits_2_naming_the_option():
     r = kvfuzz("fuzz", "--sanitize", "most", "--target", "vllm.cpu_attention")
     assert r.returncode == 2 and "--sanitize" in r.stderr and "all" in r.stderr
+    r = kvfuzz("fuzz", "--sanitize", "auto:2", "--target", "vllm.cpu_attention")
+    assert r.returncode == 2 and "auto:SHARE" in r.stderr
+
+
+def test_auto_with_a_share_sets_the_time_share():
+    from kvfuzz.fuzz.cli.fuzz import _sanitize_config, _sanitize_share
+
+    assert _sanitize_config(_sanitize_share(None, None, "auto:0.05")) == {"sanitize": 0.0,
+                                                                           "sanitize_time_share": 0.05}
+    assert _sanitize_config(_sanitize_share(None, None, "auto")) == {"sanitize": 0.0,
+                                                                      "sanitize_time_share": sanitizer.AUTO_TIME_SHARE}
+    assert _sanitize_config(_sanitize_share(None, None, "0.1")) == {"sanitize": 0.1, "sanitize_time_share": 0.0}
 
 
 def _running_sanitizer(tmp: Path) -> str:
@@ -234,3 +246,71 @@ def test_a_hung_long_lived_child_is_replaced_and_the_fresh_one_decides(tmp_path)
     with pytest.raises(HarnessError, match="timed out"):
         child.check(PagedTorch(), ex)
     assert not child.running
+
+
+def test_one_sanitized_run_at_a_time_per_gpu(tmp_path, monkeypatch):
+    """gpu_slot: a second worker asking for the same GPU's slot while it is held is told no at once (its example
+    is not sanitized); another GPU's slot is its own; a released slot is free again; no campaign folder: yes."""
+    monkeypatch.setenv("KVFUZZ_DEVICE", "3")
+    with sanitizer.gpu_slot(tmp_path) as first:
+        with sanitizer.gpu_slot(tmp_path) as second:
+            assert first and not second
+        monkeypatch.setenv("KVFUZZ_DEVICE", "2")
+        with sanitizer.gpu_slot(tmp_path) as other_gpu:
+            assert other_gpu
+        monkeypatch.setenv("KVFUZZ_DEVICE", "3")
+    with sanitizer.gpu_slot(tmp_path) as again:
+        assert again
+    with sanitizer.gpu_slot(None) as no_folder:
+        assert no_folder
+
+
+def test_a_busy_gpu_slot_skips_the_sanitized_run_uncharged(tmp_path, monkeypatch):
+    """An example that finds its GPU's slot held is checked without the sanitizer and costs no time share."""
+    from kvfuzz.fuzz.campaign import engine
+    from kvfuzz.fuzz.campaign.records import Quiet
+
+    monkeypatch.setenv(sanitizer.ENV, _running_sanitizer(tmp_path))
+    monkeypatch.setattr(sanitizer, "applies", lambda target: True)
+    config = CampaignConfig(out=tmp_path, max_examples=1, sanitize=1.0, database=InMemoryExampleDatabase())
+    c = engine.Campaign(_overrun_target(), config, Quiet())
+    hit = Example(small_batch([1], [1], head_size=32, block_size=16), Poison.NAN)  # an odd seq_len overruns
+    try:
+        with sanitizer.gpu_slot(tmp_path):  # another worker's sanitized run holds this GPU
+            assert c._run_example(hit) is None and not c._sanitized_last and c._sanitize_spent == 0.0
+        with pytest.raises(MemorySafetyError):
+            c._run_example(hit)
+    finally:
+        c.close()
+
+
+def test_after_recording_a_memory_safety_failure_the_campaign_returns_to_its_share(tmp_path, monkeypatch):
+    """While a new memory-safety failure is shrunk every example is sanitized; once it is recorded the campaign
+    samples again (sanitizing everything for the rest of a campaign cost 76% of its examples/s on an H200), and a
+    later hit of the recorded failure does not switch it back."""
+    from kvfuzz.fuzz.campaign import engine
+    from kvfuzz.fuzz.campaign.records import Quiet
+
+    monkeypatch.setenv(sanitizer.ENV, _running_sanitizer(tmp_path))
+    monkeypatch.setattr(sanitizer, "applies", lambda target: True)
+    config = CampaignConfig(out=tmp_path / "out", max_examples=30, seed=0, database=InMemoryExampleDatabase(),
+                            sanitize=1.0, structural_shrink=30)
+    config.out.mkdir()
+    c = engine.Campaign(_overrun_target(), config, Quiet())
+    seen = []
+    real_check = sanitizer.SanitizedChild.check
+
+    def check(self, target, example, confirm=True):
+        seen.append(c._sanitize_all)
+        return real_check(self, target, example, confirm=confirm)
+
+    monkeypatch.setattr(sanitizer.SanitizedChild, "check", check)
+    try:
+        (rec,) = c.run_chunk(0, 30)
+        assert rec.kind == "memory safety" and True in seen  # the shrink sanitized with the failure pending
+        assert not c._sanitize_all
+        with pytest.raises(MemorySafetyError):
+            c._run_example(Example(small_batch([1], [1], head_size=32, block_size=16), Poison.NAN))
+        assert not c._sanitize_all  # a hit of the recorded failure
+    finally:
+        c.close()
