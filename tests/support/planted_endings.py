@@ -179,6 +179,27 @@ class Hangs(_Planted):
             time.sleep(0.5)
 
 
+class CompilesSlowly(_Planted):
+    """Correct, but its first call on head size 64 in each process runs a 'ninja' (a shell script of that name that
+    sleeps KVFUZZ_PLANTED_COMPILE_S seconds, default 6) as FlashInfer's JIT compile does: slow, not hung."""
+
+    name = "planted.compiles_slowly"
+    description = "a 6 s 'ninja' child on its first head-size-64 call"
+    compiled = False
+
+    def misbehave(self, call) -> None:
+        if CompilesSlowly.compiled:
+            return
+        import subprocess
+        import tempfile
+
+        ninja = Path(tempfile.mkdtemp()) / "ninja"
+        ninja.write_text(f"#!/bin/sh\nsleep {os.environ.get('KVFUZZ_PLANTED_COMPILE_S', '6')}\n")
+        ninja.chmod(0o755)
+        subprocess.run([str(ninja)], check=True)
+        CompilesSlowly.compiled = True
+
+
 class SwallowsInterrupts(_Planted):
     """Correct, but its run sleeps 0.5 s and swallows KeyboardInterrupt (as code inside a kernel library can)."""
 

@@ -10,7 +10,9 @@ ending, how it shows, and the finding for the example in flight:
 - stopped: the user stopped the campaign and the parent ended the worker. Finding: none (the campaign is
   interrupted).
 - hung: the parent killed it: an example ran past its timeout. Finding: phase kernel: kernel hang; else harness
-  error.
+  error. While a compiler runs under the process (:func:`compiler_running`: FlashInfer's JIT runs ninja and nvcc,
+  Triton runs ptxas) the example is compiling, not hung: the parent gives it the timeout again, up to
+  :data:`MAX_COMPILE_WAITS` times, and only then calls it a hang, with check "compile timeout".
 - crashed: died by SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGSYS or SIGTRAP. Finding: phase kernel: kernel crash
   (the signal); else harness error.
 - crashed: exited with :data:`~kvfuzz.fuzz.harness.isolation.DEVICE_ERROR_EXIT` without saying goodbye: the kernel
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import enum
 import signal
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -52,6 +55,44 @@ DEVICE_ERROR = "CUDA error"
 #: The detail of a process that found the CUDA MPS server not accepting clients (exit status
 #: :data:`~kvfuzz.fuzz.harness.isolation.MPS_BUSY_EXIT`): killed from outside, in effect; its example is run again.
 MPS_BUSY = "MPS server not ready"
+
+
+#: Process names (``/proc/PID/stat``'s comm, at most 15 characters) of the compilers a kernel's first call may run:
+#: FlashInfer's JIT (ninja, nvcc and what nvcc runs), Triton (ptxas) and host compilers.
+COMPILERS = frozenset({"ninja", "nvcc", "cicc", "ptxas", "cudafe++", "fatbinary", "nvlink", "cc1plus", "cc1", "c++",
+                       "g++", "gcc", "ld", "clang", "clang++"})
+#: How many times an example that runs past its timeout while compiling gets the timeout again (a FlashInfer
+#: batch_prefill campaign, three campaigns sharing 16 cores on an H200 host, had two workers "hang" 300 s in their
+#: first call of a new sliding-window specialization: its JIT compile).
+MAX_COMPILE_WAITS = 4
+
+
+def compiler_running(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The name of a compiler (:data:`COMPILERS`) among the descendants of process ``pid``, or None (none, or no
+    ``/proc``). Reads each ``/proc/N/stat`` once (its comm and parent)."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    try:
+        entries = [d for d in proc.iterdir() if d.name.isdigit()]
+    except OSError:
+        return None
+    for d in entries:
+        try:
+            stat = (d / "stat").read_text()
+            comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            children.setdefault(int(rest[1]), []).append(int(d.name))
+            names[int(d.name)] = comm
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    stack, seen = [pid], {pid}
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in seen:
+                if names[child] in COMPILERS:
+                    return names[child]
+                seen.add(child)
+                stack.append(child)
+    return None
 
 
 class EndingKind(enum.Enum):
@@ -120,6 +161,10 @@ def finding_for(ending: Ending, phase: str | None, details: dict[str, Any] | Non
     if ending.kind is EndingKind.HUNG:
         details["timeout_s"] = timeout  # what a replay waits before it calls the same case a hang
         after = f" after {timeout:g} s" if timeout is not None else ""
+        if in_kernel and details.get("compiling"):
+            waited = f" after {(MAX_COMPILE_WAITS + 1) * timeout:g} s" if timeout is not None else ""
+            return KernelHang("compile timeout", f"the kernel's first call was still compiling ({details['compiling']})"
+                              f"{waited}; its process was killed", details)
         if in_kernel:
             return KernelHang("timeout", f"the kernel did not return{after}; its process was killed", details)
         return HarnessError(f"hung in {phase}", f"the process hung outside the kernel call (in {phase}){after}: "
@@ -133,5 +178,5 @@ def finding_for(ending: Ending, phase: str | None, details: dict[str, Any] | Non
                         "kvfuzz or the target's adapter, not the kernel", details)
 
 
-__all__ = ["CRASH_SIGNALS", "DEVICE_ERROR", "MPS_BUSY", "Ending", "EndingKind", "classify", "finding_for",
-           "signal_name"]
+__all__ = ["COMPILERS", "CRASH_SIGNALS", "DEVICE_ERROR", "MAX_COMPILE_WAITS", "MPS_BUSY", "Ending", "EndingKind",
+           "classify", "compiler_running", "finding_for", "signal_name"]

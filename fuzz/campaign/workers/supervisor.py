@@ -56,7 +56,15 @@ from kvfuzz.fuzz.campaign.store import ledger
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState, Task
-from kvfuzz.fuzz.campaign.workers.endings import DEVICE_ERROR, MPS_BUSY, EndingKind, classify, finding_for
+from kvfuzz.fuzz.campaign.workers.endings import (
+    DEVICE_ERROR,
+    MAX_COMPILE_WAITS,
+    MPS_BUSY,
+    EndingKind,
+    classify,
+    compiler_running,
+    finding_for,
+)
 from kvfuzz.fuzz.campaign.workers.worker import WorkerSpec, worker_main
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.caller import caller_finding, caller_violations
@@ -571,7 +579,8 @@ class Supervisor:
             self.on_event(f"worker {s.index}: a CUDA error ended it in {flight['phase']}; other workers share its "
                           f"GPU, so its example of {t.name} is re-run by a new worker before anyone is blamed")
             return
-        finding = finding_for(ending, flight["phase"], {"worker": s.index}, timeout=self.policy.example_timeout)
+        details = {"worker": s.index, **({"compiling": flight["compiling"]} if flight.get("compiling") else {})}
+        finding = finding_for(ending, flight["phase"], details, timeout=self.policy.example_timeout)
         if finding is None:
             return
         example = Example.from_dict(flight["example"])
@@ -609,11 +618,21 @@ class Supervisor:
         return caller_finding(violations, outcome, {"path": target.path(example.batch)})
 
     def _check_hangs(self) -> None:
-        now = time.monotonic()
+        """Kill a worker whose example ran past --example-timeout (a hang), unless a compiler runs under it: then
+        it is compiling the kernel (endings.compiler_running), and gets the timeout again, MAX_COMPILE_WAITS times."""
+        now, timeout = time.monotonic(), self.policy.example_timeout
         for s in self.slots:
             f = s.in_flight
-            if s.proc is not None and f is not None and not s.killed_for_hang \
-                    and now - f["since"] > self.policy.example_timeout:
+            if s.proc is not None and f is not None and not s.killed_for_hang and now - f["since"] > timeout:
+                tool = compiler_running(s.proc.pid)
+                if tool is not None and f.get("compile_waits", 0) < MAX_COMPILE_WAITS:
+                    f["compile_waits"], f["since"] = f.get("compile_waits", 0) + 1, now
+                    note = (f"{f['target']}: an example ran past --example-timeout ({timeout:g} s) while its worker "
+                            f"was compiling ({tool}): given the timeout again, not called a hang")
+                    if note not in self.warnings:
+                        self.warnings.append(note)
+                    continue
+                f["compiling"] = tool
                 s.killed_for_hang = True
                 s.proc.kill()
 

@@ -320,3 +320,41 @@ def test_a_campaign_stopped_while_shrinking_keeps_the_failure_unshrunk(tmp_path)
     assert failure["kind"] == "kernel mismatch" and "campaign was stopped while shrinking" in failure["message"]
     assert summary["interrupted"] is True and p.returncode == 1, stdout
     assert_no_process_left(log.read_text().split())
+
+
+def test_an_example_compiling_past_its_timeout_is_given_more_time_not_called_a_hang(tmp_path):
+    """A first call that runs a compiler (here a 6 s 'ninja' against --example-timeout 4; FlashInfer's JIT on a
+    busy H200 host took over 300 s) is not a kernel hang: the timeout starts again and the summary says why."""
+    r, summary, calls = fuzz_planted("CompilesSlowly", tmp_path, "--max-examples", "24", "--workers", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert summary["targets"][0]["failures"] == [] and summary["worker_restarts"] == 0
+    assert any("while its worker was compiling (ninja)" in w for w in summary["warnings"]), summary["warnings"]
+
+
+def test_a_compile_past_every_wait_is_a_compile_timeout(tmp_path, monkeypatch):
+    """The waits are bounded (endings.MAX_COMPILE_WAITS): a compile that never ends is a kernel hang with check
+    "compile timeout", apart from the kernel's own hangs."""
+    monkeypatch.setenv("KVFUZZ_PLANTED_COMPILE_S", "600")
+    r, summary, calls = fuzz_planted("CompilesSlowly", tmp_path, "--max-examples", "24", "--workers", "1",
+                                     "--example-timeout", "1", "--max-crashes", "1")
+    (f,) = summary["targets"][0]["failures"]
+    assert (f["kind"], f["check"]) == ("kernel hang", "compile timeout") and "ninja" in f["message"], f
+    assert r.returncode == 1
+
+
+def test_compiler_running_finds_a_compiler_among_the_descendants(tmp_path):
+    from kvfuzz.fuzz.campaign.workers.endings import compiler_running
+
+    def proc(pid, comm, ppid):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0 -1\n")
+
+    proc(10, "python3", 1)
+    proc(11, "sh (x)", 10)  # a comm with a space and parentheses
+    proc(12, "ninja", 11)
+    proc(20, "python3", 1)
+    proc(21, "nvcc", 1)  # not a descendant of 20
+    (tmp_path / "self").mkdir()
+    assert compiler_running(10, tmp_path) == "ninja"
+    assert compiler_running(20, tmp_path) is None
+    assert compiler_running(10, tmp_path / "missing") is None
