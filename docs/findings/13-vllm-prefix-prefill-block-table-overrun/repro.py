@@ -2,11 +2,12 @@
 the block table without a mask: ``_paged_kv_cache_offsets(..., MASK_BLOCK_TABLE=False)`` at prefix_prefill.py:91.
 The loop's comment says the context tile "never steps past this batch's block-table row" because the current
 chunk follows the context, but the tile is BLOCK_SIZE tokens (32 or more) and the row holds only
-ceil(seq_len / block_size) entries: one decode token after one cached token at block size 1 reads 30 entries past
-a 2-entry row. The K/V loads are masked, so the output is right and only a memory checker sees it. Found by
+ceil(seq_len / block_size) entries: one decode token after one cached token at block size 1 reads a whole tile's
+entries from a 2-entry row (memcheck counted 64 invalid 4-byte reads). The K/V loads are masked, so the output is right and only a memory checker sees it. Found by
 kvfuzz's memory-safety oracle (`kvfuzz fuzz --target vllm.context_attention_fwd`, H200, 2026-11-27).
 
-Run without kvfuzz, on a CUDA GPU with vLLM 0.33.0's Python files importable:
+Run without kvfuzz, on a CUDA GPU with vLLM 0.33.0's Python files importable (measured on an H200:
+benchmarks/results/finding13-prefix-prefill-h200.txt):
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 repro.py exact   # invalid reads
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 repro.py padded  # none
@@ -15,7 +16,8 @@ Run without kvfuzz, on a CUDA GPU with vLLM 0.33.0's Python files importable:
 exact: the block table has exactly the row the sequence needs (2 entries); padded: the same row with 62 spare
 columns, as vLLM's persistent block table has (the read lands inside the allocation, unseen); filled: 64 cached
 tokens, so the last context tile ends inside the row. Prints the output's finiteness; the verdict is
-compute-sanitizer's "ERROR SUMMARY".
+compute-sanitizer's "ERROR SUMMARY" (exact: 64 invalid reads at prefix_prefill.py:91; memcheck then stops the
+kernel, so the script ends with "unspecified launch failure"; padded and filled: 0 errors).
 """
 
 import sys
