@@ -70,3 +70,23 @@ class PadWritesNullBlock(PaddedTorch):
         if 0 in call.kwargs["seq_lens"].tolist():
             call.kwargs["value_cache"][0, 0] = 0.5
         return out
+
+
+class PadNaNAndMagnitudes(PadRowNaN):
+    """PadRowNaN's pad rows (vllm#57017's 0/0) plus a precision bug that only larger magnitudes show, as Finding 3
+    on vllm.triton_mla_decode's one-head batches: NaN in every real row when a query element passes 16 (only the
+    "extreme" range draws one: "normal" stays within 3.46, "large" within 13.9), else the real rows off by 1/4
+    when a written key passes 3.5 ("large", "dominant")."""
+
+    name = "planted.pad_nan_and_magnitudes"
+    description = "NaN pad rows, NaN real rows at extreme queries, real rows off by 1/4 at large keys"
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        out = super().run(call)
+        real = int(call.kwargs["query_start_loc"][-1])
+        keys = torch.nan_to_num(call.kwargs["key_cache"].float(), nan=0.0, posinf=0.0, neginf=0.0)
+        if float(call.kwargs["query"].float().abs().max()) > 16:
+            out[:real] = float("nan")
+        elif float(keys.abs().max()) > 3.5:
+            out[:real] += 0.25
+        return out

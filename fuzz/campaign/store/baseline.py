@@ -34,13 +34,15 @@ A failing example matches an entry only when all of these hold (:func:`match`):
   (``Batch.freed_window_blocks``) points the columns wholly before each window (so only such a batch can match).
   So the NaN came from there, as the documented bug says, and from nowhere else.
   ``slots = "none"``: the batch's value range is one of ``values``, it has every feature of ``features``, and
-  the same example passes with those features off (e.g. no softcap; ``"padding"``: no CUDA-graph pads): the NaN
-  comes from that feature at those magnitudes, as the documented bug says;
+  the same example passes with those features off (e.g. no softcap; ``"padding"``: no CUDA-graph pads), or fails
+  there only with findings other entries accept, each matching that re-run itself (scoped ones re-run it again
+  with their own features off): the NaN comes from that feature at those magnitudes, as the documented bug says.
+  A re-run failing the same check, or another check no entry accepts (a failure of its own), keeps it new;
 - a kernel mismatch: ``error / bound`` at the worst element is at most ``max_ratio``. Above it the finding is
   new (the known bug changed: it got worse), and its details say which entry it outgrew. An entry with ``values``
   and ``features`` (instead of, or with, ``max_ratio``) matches as ``slots = "none"`` does: the value range is one
-  of ``values`` and the same example passes with the features off (or fails there only with a finding another,
-  unscoped entry accepts: Finding 3 at normal values). The feature ``"magnitudes"`` re-runs the same
+  of ``values`` and the same example passes with the features off (or fails there only with findings other
+  entries accept: Finding 3 at normal values, a pad row's NaN). The feature ``"magnitudes"`` re-runs the same
   batch at the ``"normal"`` value range: a precision bug that only large magnitudes expose (an fp16 score that
   overflows, a rounding error that grows with the score) and that stays inside the bound at normal values.
 
@@ -308,7 +310,7 @@ def _reusable(target, example, run) -> bool:
             and run.example.batch == example.batch)
 
 
-def _passes_with_finite(entry: KnownFinding, target, example, run=None, others=()) -> bool:
+def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
     """Whether ``example`` passes every check (no finding, nothing raised) with the entry's slot class holding
     zeros instead of its poison, in this process. ``run``: the example's failing Run; its data, reference and
     envelope are reused (:func:`_reusable`) and the cache, the call, the kernel and the output checks are done
@@ -331,14 +333,6 @@ def _passes_with_finite(entry: KnownFinding, target, example, run=None, others=(
         return fresh
 
     try:
-        if entry.slots == "none" or entry.values:  # the same example, features off (match checked they are on)
-            off = attrs.evolve(example,
-                               batch=attrs.evolve(example.batch, **dict(FEATURES_OFF[f] for f in entry.features)))
-            try:
-                properties.check(target, off)
-            except Finding as f:  # features off, it may still show a known finding of its own (``others``)
-                return any(match(o, target, off, f)[0] for o in others)
-            return True
         if entry.slots == "unwritten":
             zeros = attrs.evolve(example, poison=Poison.ZEROS)
             if reuse:
@@ -374,8 +368,8 @@ def match(entry: KnownFinding, target, example, finding, run=None, others=()) ->
     non-finite output not explained by the entry's slots). A non-finite entry re-runs the example once, in
     this process (module docstring), reusing ``run``'s ground truth, reference and envelope when ``run`` is
     the failing :class:`~kvfuzz.fuzz.harness.run.Run` of this example (the same answer, computed once).
-    ``others``: entries without ``values`` whose findings a scoped entry's re-run may still show (:func:`classify`
-    passes the baseline's)."""
+    ``others``: entries whose findings a scoped entry's re-run (its features off) may still show, each of which
+    must match that re-run itself (:func:`classify` passes the target's entries; :func:`_off_failure`)."""
     if (entry.target, entry.kind, entry.check) != (target.name, finding.kind.value, finding.check):
         return False, ""
     b = example.batch
@@ -385,7 +379,7 @@ def match(entry: KnownFinding, target, example, finding, run=None, others=()) ->
         if example.poison.value not in entry.poisons:
             return False, f"baseline {entry.id} covers poisons {', '.join(entry.poisons)}, not {example.poison.value}"
         if entry.slots == "none":
-            return _scoped_match(entry, target, example, run, others)
+            return _scoped_match(entry, target, example, finding, others)
         if not _passes_with_finite(entry, target, example, run):
             return False, (f"baseline {entry.id}: the example still fails with zeros in its {entry.slots} slots, so "
                            "the non-finite output does not come (only) from there")
@@ -399,24 +393,55 @@ def match(entry: KnownFinding, target, example, finding, run=None, others=()) ->
         if not ratio <= entry.max_ratio:
             return False, (f"baseline {entry.id} accepts |out - ref| up to {entry.max_ratio:g}x the bound; this one "
                            f"is {ratio:.3g}x: the known bug changed")
-    return _scoped_match(entry, target, example, run, others) if entry.values else (True, "")
+    return _scoped_match(entry, target, example, finding, others) if entry.values else (True, "")
 
 
-def _scoped_match(entry: KnownFinding, target, example, run, others=()) -> tuple[bool, str]:
+def _off_failure(entry: KnownFinding, target, example, others=()):
+    """What ``example`` re-run with the entry's features off (:data:`FEATURES_OFF`) fails with that no entry
+    accepts: None when the re-run passes or fails only with a finding one of ``others`` (not ``entry``), scoped
+    or not, matches on the re-run itself (:func:`match`, so a scoped one's own re-run decides too: vllm#57017's
+    pad-row NaN at normal values, known while the batch without pads passes); else its Finding, or the
+    exception it raised. Each nested match turns more features off and is handed fewer entries, so it ends."""
+    from kvfuzz.contracts.checks.failures import Finding
+    from kvfuzz.fuzz.harness import properties
+
+    off = attrs.evolve(example, batch=attrs.evolve(example.batch, **dict(FEATURES_OFF[f] for f in entry.features)))
+    try:
+        properties.check(target, off)
+    except Finding as f:
+        rest = tuple(o for o in others if o is not entry)
+        if any(match(o, target, off, f, others=tuple(x for x in rest if x is not o))[0] for o in rest):
+            return None
+        return f
+    except Exception as e:  # anything unexpected: not shown to be the known bug, so it stays new
+        return e
+    return None
+
+
+def _scoped_match(entry: KnownFinding, target, example, finding, others=()) -> tuple[bool, str]:
     """An entry with ``values`` and ``features``: the batch's value range is one of them, it has the features,
-    and the same example passes with them off, or fails there only with a finding one of ``others`` (the
-    baseline's entries without ``values``) accepts: the precision bug at normal values that the larger values
-    magnify."""
+    and the same example passes with them off, or fails there only with findings ``others`` accept
+    (:func:`_off_failure`): the precision bug at normal values that the larger values magnify, a CUDA-graph pad
+    row's known NaN. A re-run failing the finding's own check, or another check that no entry accepts, keeps
+    the finding new (the latter is a failure of its own, which accepting this one would hide)."""
+    from kvfuzz.contracts.checks.failures import Finding
+
     b = example.batch
     missing = [f for f in entry.features if getattr(b, FEATURES_OFF[f][0]) in (None, 0)]  # padding: no pads
     if b.value_range not in entry.values or missing:
         return False, (f"baseline {entry.id} covers values {', '.join(entry.values)} with "
                        f"{', '.join(entry.features)}, not values {b.value_range}"
                        + (f" without {', '.join(missing)}" if missing else ""))
-    if not _passes_with_finite(entry, target, example, run, others):
-        return False, (f"baseline {entry.id}: the example still fails with {', '.join(entry.features)} off, so the "
-                       f"{entry.kind} does not come (only) from there")
-    return True, ""
+    failure = _off_failure(entry, target, example, others)
+    if failure is None:
+        return True, ""
+    off = ", ".join(entry.features)
+    if isinstance(failure, Finding) and failure.check == finding.check:
+        return False, (f"baseline {entry.id}: the example still fails with {off} off, so the {entry.kind} does not "
+                       "come (only) from there")
+    what = failure.check if isinstance(failure, Finding) else f"raised {type(failure).__name__}"
+    return False, (f"baseline {entry.id}: with {off} off the example fails another check ({what}), which no "
+                   "baseline entry accepts")
 
 
 def classify(baseline: Baseline | None, target, example, finding, run=None) -> str | None:
@@ -429,9 +454,8 @@ def classify(baseline: Baseline | None, target, example, finding, run=None) -> s
         return None
     misses = []
     entries = baseline.for_target(target.name)
-    unscoped = tuple(e for e in entries if not e.values)
     for entry in entries:
-        ok, why = match(entry, target, example, finding, run, others=unscoped)
+        ok, why = match(entry, target, example, finding, run, others=entries)
         if ok:
             finding.known = entry.id
             finding.details["baseline"] = {"known": entry.id, "reason": entry.reason, "reference": entry.reference}
