@@ -509,6 +509,22 @@ def test_a_memory_safety_entry_round_trips():
     assert "kernels" not in bare.to_toml() and parse_baseline(bare.to_toml()).entries == (bare,)
 
 
+def test_the_shipped_baseline_knows_vllm_56862_and_finding_13_only_at_their_lines():
+    """vllm#56862 (unified_attention's unmasked block-table load, triton_unified_attention.py:432) and Finding 13
+    (prefix_prefill's context loop, prefix_prefill.py:91), as the memory-safety oracle reports them on a GPU; an
+    access on another line of the same kernel stays new."""
+    shipped = load_baseline(SHIPPED)
+    unified = SimpleNamespace(name="vllm.unified_attention")
+    prefix = SimpleNamespace(name="vllm.context_attention_fwd")
+    f = memory_finding(*[("kernel_unified_attention", UNIFIED, 432)] * 2)
+    assert classify(shipped, unified, EXAMPLE, f) == "vllm-56862"
+    pp = "/venv/vllm/attention/ops/prefix_prefill.py"
+    assert classify(shipped, prefix, EXAMPLE, memory_finding(("_fwd_kernel", pp, 91))) == (
+        "finding-13-prefix-block-table")
+    assert classify(shipped, prefix, EXAMPLE, memory_finding(("_fwd_kernel", pp, 91), ("_fwd_kernel", pp, 140))) is None
+    assert classify(shipped, unified, EXAMPLE, memory_finding(("_fwd_kernel", pp, 91))) is None
+
+
 def test_entry_from_a_memory_safety_case_takes_its_accesses_locations_and_kernels(tmp_path):
     f = memory_finding(("kernel_unified_attention", UNIFIED, 432), ("kernel_unified_attention", UNIFIED, 432),
                        ("kernel_unified_attention", UNIFIED, 440))
