@@ -579,6 +579,32 @@ def test_baseline_add_of_a_memory_safety_reproducer_makes_the_same_campaign_gree
     assert any(r.known is None and r.kind == "memory safety" for r in records), records
 
 
+def test_a_known_memory_safety_finding_keeps_the_sanitized_share(tmp_path, monkeypatch):
+    """A worker sanitizes every example only while it shrinks a new memory-safety failure; a baseline's is not
+    shrunk, so its hits leave the share as it was (before, the first known hit sanitized all the rest: 38 of 40)."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from kvfuzz.fuzz.bench.paged_torch import PagedTorch
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.campaign.engine import fuzz_target
+    from kvfuzz.fuzz.campaign.store.baseline import Baseline
+
+    (tmp_path / "report.txt").write_text(memcheck_report(("kernel_unified_attention", UNIFIED, 432)))
+    exe = tmp_path / "compute-sanitizer"
+    exe.write_text(f"#!/bin/sh\ncat '{tmp_path / 'report.txt'}'\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv(sanitizer.ENV, str(exe))
+    monkeypatch.setattr(sanitizer, "applies", lambda target: True)  # the planted sanitizer stands in for CUDA
+    calls, real = [], sanitizer.SanitizedChild.check
+    monkeypatch.setattr(sanitizer.SanitizedChild, "check", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    baseline = Baseline("b.toml", (memory_entry(target=PagedTorch.name),))
+    config = CampaignConfig(out=tmp_path / "o", max_examples=40, duration=120, seed=0, sanitize=0.2,
+                            database=InMemoryExampleDatabase(), structural_shrink=0, baseline=baseline)
+    stats = fuzz_target(PagedTorch(), config)
+    assert [r.known for r in stats.failures.values()] == ["m1"]
+    assert stats.examples == 40 and 1 <= len(calls) <= 20, len(calls)
+
+
 def test_a_bad_memory_safety_entry_exits_2_naming_the_field(tmp_path):
     (tmp_path / "b.toml").write_text(MEMORY.replace('"triton_unified_attention.py:432"', '"432"'))
     r = kvfuzz("fuzz", "--target", "mutant.tail_v_unmasked", "--baseline", str(tmp_path / "b.toml"),
