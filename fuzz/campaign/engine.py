@@ -283,10 +283,6 @@ class Campaign:
                     fresh = not child.running  # its first example pays its start: not charged to the time share
                     try:
                         child.check(target, example, confirm=not self._sanitize_all)
-                    except MemorySafetyError as e:
-                        if e.signature not in self.known:
-                            self._sanitize_all = True
-                        raise
                     finally:
                         if not fresh:
                             self._sanitize_spent += time.monotonic() - started
@@ -408,6 +404,9 @@ class Campaign:
             except Finding as f:
                 finding = f
                 classify(self.config.baseline, self.target, example, finding, self._run)
+                if isinstance(finding, MemorySafetyError) and finding.known is None and (
+                        finding.signature not in self.known):  # a new one: shrunk on every example (a known one: not)
+                    self._sanitize_all = True
             finally:
                 self._locked = False
                 memory.RETRIES_OUT_OF_MEMORY.clear()

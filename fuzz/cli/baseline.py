@@ -42,8 +42,9 @@ def baseline() -> None:
 @click.option("--heads", type=click.Choice(["any", "equal"]), default="any", show_default=True,
               help="equal: the entry covers batches with num_heads == num_kv_heads only (an MHA-path bug).")
 def add(directory, baseline_file, entry_id, reason, reference, slots, tail_tokens, max_ratio, heads) -> None:
-    """Append an entry for the reproducer in DIRECTORY (its case.json: target, kind, check, poison, error) to
-    the baseline. Only non-finite output and kernel mismatch reproducers can be accepted."""
+    """Append an entry for the reproducer in DIRECTORY (its case.json: target, kind, check, poison, error, invalid
+    accesses) to the baseline. Only non-finite output, kernel mismatch and memory safety reproducers can be
+    accepted (a memory safety entry takes the source lines and kernels of the reproducer's invalid accesses)."""
     from kvfuzz.fuzz.campaign.store.baseline import BaselineError, append_entry, entry_from_case
     from kvfuzz.fuzz.campaign.store.cases import BadReproducer, load_case
 

@@ -6,8 +6,9 @@ The file is TOML (read with the standard library's ``tomllib``), one ``[[known]]
     [[known]]
     id = "finding-1"                    # unique; summaries and reports name the finding by it
     target = "vllm.cpu_attention"       # the target's registered name
-    kind = "non-finite output"          # a failure kind: "non-finite output" or "kernel mismatch"
-    check = "finite output"             # the oracle (contracts.oracles.Oracle value; or "finite pad rows")
+    kind = "non-finite output"          # a failure kind: "non-finite output", "kernel mismatch" or "memory safety"
+    check = "finite output"             # the oracle (contracts.oracles.Oracle value; or "finite pad rows"; or
+                                        # sanitizer.CHECK, "memory safety (compute-sanitizer memcheck)")
     reason = "V rows past seq_len ..."  # why it is accepted
     reference = "README.md Findings 1"  # where it is documented upstream or here
     # non-finite output: what decides "the same bug"
@@ -20,6 +21,9 @@ The file is TOML (read with the standard library's ``tomllib``), one ``[[known]]
     # kernel mismatch: what decides "the same bug"
     max_ratio = 10.0                    # the worst element's |out - ref| / bound may be at most this; or (and)
     # values = ["extreme"], features = ["magnitudes"]: the value ranges and features it shows with (as above)
+    # memory safety (kvfuzz fuzz --sanitize on CUDA): what decides "the same bug"
+    locations = ["triton_unified_attention.py:432"]  # the source lines (file basename:line) its invalid accesses are at
+    kernels = ["kernel_unified_attention"]            # optional: the kernels they are in
     heads = "equal"                     # optional: "equal" (num_heads == num_kv_heads only) or "any"
 
 A failing example matches an entry only when all of these hold (:func:`match`):
@@ -45,6 +49,12 @@ A failing example matches an entry only when all of these hold (:func:`match`):
   entries accept: Finding 3 at normal values, a pad row's NaN). The feature ``"magnitudes"`` re-runs the same
   batch at the ``"normal"`` value range: a precision bug that only large magnitudes expose (an fp16 score that
   overflows, a rounding error that grows with the score) and that stays inside the bound at normal values.
+- a memory safety finding (compute-sanitizer memcheck, :mod:`kvfuzz.fuzz.harness.sanitizer`): it lists at least
+  one invalid access (``details["accesses"]``), and **every** access it lists is at one of ``locations`` (the
+  access's source file's basename and line, as :meth:`~kvfuzz.fuzz.harness.sanitizer.MemoryAccess.describe` prints
+  them) and, with ``kernels``, in one of those kernels. One access anywhere else is a new bug (it is not the
+  documented overrun), and so is a memcheck error with no access listed (a launch failure). Nothing is re-run:
+  the report already names where the kernel read or wrote.
 
 Anything else the same target does stays a new failure: a crash, a caller violation, NaN with finite poison
 or from other slots, a larger error. ``kvfuzz baseline add DIR`` writes an entry from a reproducer
@@ -56,6 +66,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -63,7 +74,7 @@ from typing import Any
 import attrs
 
 #: Failure kinds an entry may name (and what decides "the same bug" for each).
-KINDS = ("non-finite output", "kernel mismatch")
+KINDS = ("non-finite output", "kernel mismatch", "memory safety")
 #: Where the poison a known non-finite output reads sits (module docstring).
 SLOT_CLASSES = ("tail", "unwritten", "freed", "none")
 #: Features a ``slots = "none"`` entry may name, and how a re-run turns each off (a Batch field's value).
@@ -72,6 +83,9 @@ SLOT_CLASSES = ("tail", "unwritten", "freed", "none")
 #: "padding": the re-run drops the CUDA-graph pad sequences (``num_pad_seqs`` 0: a NaN that only pads cause).
 FEATURES_OFF = {"softcap": ("softcap", None), "magnitudes": ("value_range", "normal"), "padding": ("num_pad_seqs", 0)}
 HEADS = ("any", "equal")
+#: A memory safety entry's fields (module docstring); a ``locations`` entry: a file's basename and a line.
+MEMORY_FIELDS = ("locations", "kernels")
+LOCATION = re.compile(r"[^/\\:\s]+:[1-9]\d*")
 POISONS = ("nan", "inf", "stale", "zeros")
 
 
@@ -102,6 +116,8 @@ class KnownFinding:
     heads: str = "any"
     values: tuple[str, ...] = ()
     features: tuple[str, ...] = ()
+    locations: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
 
     def to_toml(self) -> str:
         """This entry as a ``[[known]]`` table (strings as TOML basic strings, via JSON's escapes, which TOML's
@@ -117,6 +133,10 @@ class KnownFinding:
             if self.slots == "none":
                 lines += [f"values = [{', '.join(s(v) for v in self.values)}]",
                           f"features = [{', '.join(s(f) for f in self.features)}]"]
+        elif self.kind == "memory safety":
+            lines.append(f"locations = [{', '.join(s(loc) for loc in self.locations)}]")
+            if self.kernels:
+                lines.append(f"kernels = [{', '.join(s(k) for k in self.kernels)}]")
         else:
             if self.max_ratio is not None:
                 lines.append(f"max_ratio = {self.max_ratio!r}")
@@ -198,6 +218,10 @@ def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
         # a non-finite output: the finite-output oracle, or the pad rows' (a NaN only CUDA-graph pads show)
         want = (Oracle.FINITE.value, Oracle.PAD_FINITE.value) if kind == "non-finite output" else (
             Oracle.AGREEMENT.value,)
+        if kind == "memory safety":
+            from kvfuzz.fuzz.harness.sanitizer import CHECK as MEMCHECK
+
+            want = (MEMCHECK,)
         if check not in want:
             raise BaselineError(path, f"known[{i}].check", f"is {check!r}, not the oracle of a {kind}",
                                 " or ".join(f"check = {w!r}" for w in want))
@@ -207,7 +231,12 @@ def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
         if heads not in HEADS:
             raise BaselineError(path, f"known[{i}].heads", f"is {heads!r}", f"one of {', '.join(map(repr, HEADS))}")
         kw: dict[str, Any] = {}
-        if kind == "non-finite output":
+        if kind != "memory safety" and (name := next((n for n in MEMORY_FIELDS if n in t), None)):
+            raise BaselineError(path, f"known[{i}].{name}", f"is a field of a memory safety entry, not of a {kind}",
+                                f"remove {name} (a {kind} entry's fields: the module docstring)")
+        if kind == "memory safety":
+            kw = _memory_fields(path, i, t)
+        elif kind == "non-finite output":
             poisons = _field(path, i, t, "poisons", list, 'the poisons it shows with, e.g. ["nan", "inf"]')
             if not poisons or any(p not in POISONS for p in poisons):
                 raise BaselineError(path, f"known[{i}].poisons", f"is {poisons!r}",
@@ -253,6 +282,29 @@ def _values_and_features(path, i: int, t: dict) -> dict:
         raise BaselineError(path, f"known[{i}].values", "lists 'normal' with the feature 'magnitudes' (whose re-run "
                             "is at 'normal': the same example)", "list only the larger value ranges")
     return dict(values=tuple(values), features=tuple(features))
+
+
+def _memory_fields(path, i: int, t: dict) -> dict:
+    """A memory safety entry's ``locations`` (required) and ``kernels`` (optional), validated; no field of the
+    other kinds."""
+    other = next((n for n in ("poisons", "slots", "tail_tokens", "max_ratio", "values", "features") if n in t), None)
+    if other:
+        raise BaselineError(path, f"known[{i}].{other}", "is not a field of a memory safety entry",
+                            "remove it: the invalid accesses' locations (and kernels) decide the same bug")
+    locations = _field(path, i, t, "locations", list,
+                       'the source lines of its invalid accesses, e.g. ["triton_unified_attention.py:432"]')
+    bad = next((loc for loc in locations if not (isinstance(loc, str) and LOCATION.fullmatch(loc))), None)
+    if not locations or bad is not None:
+        raise BaselineError(path, f"known[{i}].locations", f"is {locations!r}" + (
+            f" ({bad!r} is not file:line)" if bad is not None else ""),
+            'a non-empty list of "file:line", the file\'s basename as the accesses report it, e.g. '
+            '"triton_unified_attention.py:432"')
+    kernels = _field(path, i, t, "kernels", list, 'the kernels of its invalid accesses, e.g. ["_fwd_kernel"]',
+                     required=False, default=[])
+    if "kernels" in t and (not kernels or any(not isinstance(k, str) or not k.strip() for k in kernels)):
+        raise BaselineError(path, f"known[{i}].kernels", f"is {kernels!r}",
+                            'a non-empty list of kernel names, e.g. ["kernel_unified_attention"] (or no kernels)')
+    return dict(locations=tuple(locations), kernels=tuple(kernels))
 
 
 def load_baseline(path: str | Path) -> Baseline:
@@ -375,6 +427,8 @@ def match(entry: KnownFinding, target, example, finding, run=None, others=()) ->
     b = example.batch
     if entry.heads == "equal" and b.num_heads != b.num_kv_heads:
         return False, f"baseline {entry.id} covers num_heads == num_kv_heads only ({b.num_heads} != {b.num_kv_heads})"
+    if entry.kind == "memory safety":
+        return _memory_match(entry, finding)
     if entry.kind == "non-finite output":
         if example.poison.value not in entry.poisons:
             return False, f"baseline {entry.id} covers poisons {', '.join(entry.poisons)}, not {example.poison.value}"
@@ -444,6 +498,30 @@ def _scoped_match(entry: KnownFinding, target, example, finding, others=()) -> t
                    "baseline entry accepts")
 
 
+def access_location(access) -> str | None:
+    """Where an invalid access of a memory safety finding's ``details["accesses"]`` (a dict of
+    :class:`~kvfuzz.fuzz.harness.sanitizer.MemoryAccess`'s fields) is: ``"file:line"``, the file's basename, as an
+    entry's ``locations`` name it; None when the report printed no source line."""
+    if not isinstance(access, dict) or not access.get("file") or access.get("line") is None:
+        return None
+    return f"{Path(str(access['file'])).name}:{access['line']}"
+
+
+def _memory_match(entry: KnownFinding, finding) -> tuple[bool, str]:
+    """A memory safety entry (module docstring): the finding lists an invalid access, and every one it lists is at
+    one of the entry's locations (and, with ``kernels``, in one of its kernels)."""
+    accesses = finding.details.get("accesses") or []
+    if not accesses:
+        return False, f"baseline {entry.id}: the memcheck errors list no invalid access, so not its accesses"
+    covers = ", ".join(entry.locations) + (f" in {', '.join(entry.kernels)}" if entry.kernels else "")
+    for a in accesses:
+        where, kernel = access_location(a), a.get("kernel") if isinstance(a, dict) else None
+        if where not in entry.locations or (entry.kernels and kernel not in entry.kernels):
+            return False, (f"baseline {entry.id} covers invalid accesses at {covers}; this finding has one in "
+                           f"{kernel} at {where or '(no source line)'}: a new bug")
+    return True, ""
+
+
 def classify(baseline: Baseline | None, target, example, finding, run=None) -> str | None:
     """The id of the first entry of ``baseline`` that ``finding`` matches (:func:`match`, handed ``run``, the
     example's failing Run when the caller has it), or None. Sets
@@ -473,9 +551,10 @@ def entry_from_case(case, entry_id: str, reason: str, reference: str, slots: str
                     tail_tokens: int = 32, max_ratio: float | None = None, heads: str = "any") -> KnownFinding:
     """An entry for a reproducer (a loaded :class:`~kvfuzz.fuzz.campaign.store.cases.Case`): its target, kind
     and check; for a non-finite output its poison and ``slots``; for a mismatch ``max_ratio`` (default: 10 times
-    the reproducer's own error/bound, so only a tenfold worse error counts as the bug changing). Raises
-    :class:`BaselineError` (naming case.json) for a kind a baseline cannot accept or a case without an error
-    and bound."""
+    the reproducer's own error/bound, so only a tenfold worse error counts as the bug changing); for a memory
+    safety finding the ``locations`` and ``kernels`` of its invalid accesses. Raises :class:`BaselineError` (naming
+    case.json) for a kind a baseline cannot accept, a mismatch case without an error and bound, or a memory safety
+    case without an invalid access with a source line."""
     path = Path(case.directory) / "case.json"
     if case.kind not in KINDS:
         raise BaselineError(path, "kind", f"is {case.kind!r}, which a baseline cannot accept",
@@ -484,6 +563,14 @@ def entry_from_case(case, entry_id: str, reason: str, reference: str, slots: str
                   reference=reference, heads=heads)
     if case.kind == "non-finite output":
         return KnownFinding(**common, poisons=(case.example.poison.value,), slots=slots, tail_tokens=tail_tokens)
+    if case.kind == "memory safety":
+        accesses = (case.raw.get("details") or {}).get("accesses") or []
+        where = [access_location(a) for a in accesses]
+        kernels = [a.get("kernel") if isinstance(a, dict) else None for a in accesses]
+        if not accesses or None in where or None in kernels:
+            raise BaselineError(path, "details.accesses", "lists no invalid access, or one without its kernel and "
+                                "source line", "write the entry by hand, with locations = [\"file.py:LINE\"]")
+        return KnownFinding(**common, locations=tuple(dict.fromkeys(where)), kernels=tuple(dict.fromkeys(kernels)))
     if max_ratio is None:
         oracle = (case.raw.get("details") or {}).get("oracle") or {}
         try:
@@ -513,5 +600,5 @@ def append_entry(path: str | Path, entry: KnownFinding) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["FEATURES_OFF", "Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "append_entry",
-           "classify", "entry_from_case", "load_baseline", "match", "parse_baseline", "tail_slots"]
+__all__ = ["FEATURES_OFF", "Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "access_location",
+           "append_entry", "classify", "entry_from_case", "load_baseline", "match", "parse_baseline", "tail_slots"]

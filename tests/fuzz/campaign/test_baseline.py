@@ -8,7 +8,7 @@ import attrs
 import pytest
 from support import ROOT, SUPPORT, available, kvfuzz
 
-from kvfuzz.contracts.checks.failures import KernelMismatch, NonFiniteOutput
+from kvfuzz.contracts.checks.failures import KernelMismatch, MemorySafetyError, NonFiniteOutput
 from kvfuzz.contracts.checks.oracles import Oracle
 from kvfuzz.contracts.model.batch import positions
 from kvfuzz.contracts.model.example import Example
@@ -26,7 +26,7 @@ from kvfuzz.fuzz.campaign.store.baseline import (
     parse_baseline,
 )
 from kvfuzz.fuzz.campaign.store.cases import Case
-from kvfuzz.fuzz.harness import properties
+from kvfuzz.fuzz.harness import properties, sanitizer
 from kvfuzz.fuzz.targets import BUILTIN, get_target
 
 PLANTED = SUPPORT / "planted_targets.py"
@@ -59,6 +59,19 @@ max_ratio = 4
 '''
 
 
+MEMORY = f'''
+[[known]]
+id = "m1"
+target = "vllm.unified_attention"
+kind = "memory safety"
+check = "{sanitizer.CHECK}"
+reason = "r"
+reference = "x"
+locations = ["triton_unified_attention.py:432"]
+kernels = ["kernel_unified_attention"]
+'''
+
+
 @pytest.mark.parametrize("text, field, fix", [
     ("[[known]\n", None, "fix the syntax"),
     (GOOD.replace('id = "f1"\n', ""), "known[0].id", "add id"),
@@ -82,6 +95,27 @@ max_ratio = 4
     (GOOD.replace("max_ratio = 4", 'values = ["normal", "extreme"]\nfeatures = ["magnitudes"]'), "known[0].values",
      "only the larger value ranges"),
     (GOOD.replace("max_ratio = 4", 'values = ["extreme"]'), "known[0].features", "add features"),
+    # memory safety: locations required, each "basename:line"; its fields on no other kind, theirs not on it
+    (MEMORY.replace('locations = ["triton_unified_attention.py:432"]\n', ""), "known[0].locations",
+     "add locations"),
+    (MEMORY.replace('"triton_unified_attention.py:432"', '"triton_unified_attention.py"'), "known[0].locations",
+     "not file:line"),
+    (MEMORY.replace('"triton_unified_attention.py:432"', '"/venv/ops/triton_unified_attention.py:432"'),
+     "known[0].locations", "basename"),
+    (MEMORY.replace('"triton_unified_attention.py:432"', '"prefix_prefill.py:0"'), "known[0].locations",
+     "not file:line"),
+    (MEMORY.replace('locations = ["triton_unified_attention.py:432"]', "locations = []"), "known[0].locations",
+     "a non-empty list"),
+    (MEMORY.replace('locations = ["triton_unified_attention.py:432"]', "locations = [432]"), "known[0].locations",
+     "not file:line"),
+    (MEMORY.replace('kernels = ["kernel_unified_attention"]', "kernels = []"), "known[0].kernels",
+     "kernel names"),
+    (MEMORY.replace("memory safety (compute-sanitizer memcheck)", "finite output"), "known[0].check",
+     "check = 'memory safety (compute-sanitizer memcheck)'"),
+    (MEMORY + "max_ratio = 4\n", "known[0].max_ratio", "locations (and kernels) decide"),
+    (GOOD + 'locations = ["triton_unified_attention.py:432"]\n', "known[0].locations",
+     "a field of a memory safety entry"),
+    (GOOD + 'kernels = ["_fwd_kernel"]\n', "known[0].kernels", "a field of a memory safety entry"),
 ])
 def test_a_bad_baseline_names_the_file_the_field_and_the_fix(text, field, fix):
     with pytest.raises(BaselineError) as info:
@@ -490,6 +524,195 @@ def test_entry_from_a_mismatch_case_takes_ten_times_its_ratio(tmp_path):
     crash = attrs.evolve(case, kind="kernel crash", check="raised RuntimeError")
     with pytest.raises(BaselineError, match="cannot accept"):
         entry_from_case(crash, "c", "r", "x")
+
+
+# ---- memory safety -------------------------------------------------------------------------------------------------
+UNIFIED = "/venv/vllm/v1/attention/ops/triton_unified_attention.py"
+
+
+def memcheck_report(*accesses: tuple[str, str, int]) -> str:
+    """A compute-sanitizer memcheck report (tests/fuzz/harness/test_sanitizer.py's form) of an invalid read for each
+    (kernel, source file, line)."""
+    lines = ["========= COMPUTE-SANITIZER"]
+    for n, (kernel, file, line) in enumerate(accesses):
+        lines += ["========= Invalid __global__ read of size 4 bytes",
+                  f"=========     at {kernel}+0x1b70 in {file}:{line}",
+                  f"=========     by thread ({n},0,0) in block (0,0,0)",
+                  f"=========     Address 0x7f5e2a{n:06x} is out of bounds",
+                  "=========     and is 4 bytes after the nearest allocation at 0x7f5e2a000200 of size 64 bytes"]
+    return "\n".join([*lines, f"========= ERROR SUMMARY: {len(accesses)} errors", ""])
+
+
+def memory_finding(*accesses: tuple[str, str, int]) -> MemorySafetyError:
+    """The MemorySafetyError the oracle raises for such a report (its details["accesses"] as the sanitizer
+    writes them)."""
+    text = memcheck_report(*accesses)
+    with pytest.raises(MemorySafetyError) as info:
+        sanitizer._raise_accesses(sanitizer.parse_memcheck(text), text)
+    return info.value
+
+
+def memory_entry(**kw) -> KnownFinding:
+    return KnownFinding(**{**dict(id="m1", target="vllm.unified_attention", kind="memory safety",
+                                  check=sanitizer.CHECK, reason="r", reference="x",
+                                  locations=("triton_unified_attention.py:432",)), **kw})
+
+
+EXAMPLE = Example(_batch([9], [24], block_size=48), Poison.NAN)
+
+
+def test_a_memory_safety_entry_takes_a_finding_whose_every_access_is_at_its_locations():
+    target = SimpleNamespace(name="vllm.unified_attention")
+    entry = memory_entry()
+    f = memory_finding(*[("kernel_unified_attention", UNIFIED, 432)] * 3)  # three lanes of the same load
+    assert match(entry, target, EXAMPLE, f) == (True, "")
+    assert classify(SimpleNamespace(for_target=lambda name: (entry,)), target, EXAMPLE, f) == "m1"
+    assert f.signature == ("memory safety", sanitizer.CHECK, "m1")
+    two = memory_entry(locations=("prefix_prefill.py:91", "triton_unified_attention.py:432"))
+    assert match(two, target, EXAMPLE, memory_finding(("kernel_unified_attention", UNIFIED, 432),
+                                                      ("_fwd_kernel", "/x/prefix_prefill.py", 91))) == (True, "")
+    # another target, or another kind of finding: not this entry's
+    assert match(entry, SimpleNamespace(name="vllm.context_attention_fwd"), EXAMPLE, f) == (False, "")
+
+
+def test_one_access_elsewhere_makes_a_memory_safety_finding_new():
+    target = SimpleNamespace(name="vllm.unified_attention")
+    entry = memory_entry()
+    g = memory_finding(("kernel_unified_attention", UNIFIED, 432), ("kernel_unified_attention", UNIFIED, 433))
+    ok, why = match(entry, target, EXAMPLE, g)
+    assert not ok and "triton_unified_attention.py:433" in why and "a new bug" in why, why
+    assert classify(SimpleNamespace(for_target=lambda name: (entry,)), target, EXAMPLE, g) is None
+    assert g.known is None and "new: baseline m1" in g.message
+    # the same line of another file, and a memcheck error with no access listed (a launch failure), are new too
+    ok, why = match(entry, target, EXAMPLE, memory_finding(("kernel_unified_attention", "/x/other.py", 432)))
+    assert not ok and "other.py:432" in why
+    launch = MemorySafetyError(sanitizer.CHECK, "1 memcheck error(s): Program hit cudaErrorLaunchFailure",
+                               {"accesses": [], "error_count": 1})
+    ok, why = match(entry, target, EXAMPLE, launch)
+    assert not ok and "no invalid access" in why
+
+
+def test_a_memory_safety_entry_with_kernels_takes_only_accesses_in_them():
+    target = SimpleNamespace(name="vllm.unified_attention")
+    entry = memory_entry(kernels=("kernel_unified_attention",))
+    assert match(entry, target, EXAMPLE, memory_finding(("kernel_unified_attention", UNIFIED, 432))) == (True, "")
+    ok, why = match(entry, target, EXAMPLE, memory_finding(("kernel_unified_attention", UNIFIED, 432),
+                                                           ("other_kernel", UNIFIED, 432)))
+    assert not ok and "in other_kernel at triton_unified_attention.py:432" in why, why
+    assert match(memory_entry(), target, EXAMPLE, memory_finding(("other_kernel", UNIFIED, 432))) == (True, "")
+
+
+def test_a_memory_safety_entry_round_trips():
+    (e,) = parse_baseline(MEMORY, "b.toml").entries
+    assert (e.kind, e.locations, e.kernels) == ("memory safety", ("triton_unified_attention.py:432",),
+                                                ("kernel_unified_attention",))
+    assert parse_baseline(e.to_toml(), "again.toml").entries == (e,)
+    bare = attrs.evolve(e, kernels=(), locations=("a.py:1", "b.py:2"))
+    assert "kernels" not in bare.to_toml() and parse_baseline(bare.to_toml()).entries == (bare,)
+
+
+def test_the_shipped_baseline_knows_vllm_56862_and_finding_13_only_at_their_lines():
+    """vllm#56862 (unified_attention's unmasked block-table load, triton_unified_attention.py:432) and Finding 13
+    (prefix_prefill's context loop, prefix_prefill.py:91), as the memory-safety oracle reports them on a GPU; an
+    access on another line of the same kernel stays new."""
+    shipped = load_baseline(SHIPPED)
+    unified = SimpleNamespace(name="vllm.unified_attention")
+    prefix = SimpleNamespace(name="vllm.context_attention_fwd")
+    f = memory_finding(*[("kernel_unified_attention", UNIFIED, 432)] * 2)
+    assert classify(shipped, unified, EXAMPLE, f) == "vllm-56862"
+    pp = "/venv/vllm/attention/ops/prefix_prefill.py"
+    assert classify(shipped, prefix, EXAMPLE, memory_finding(("_fwd_kernel", pp, 91))) == (
+        "finding-13-prefix-block-table")
+    assert classify(shipped, prefix, EXAMPLE, memory_finding(("_fwd_kernel", pp, 91), ("_fwd_kernel", pp, 140))) is None
+    assert classify(shipped, unified, EXAMPLE, memory_finding(("_fwd_kernel", pp, 91))) is None
+
+
+def test_entry_from_a_memory_safety_case_takes_its_accesses_locations_and_kernels(tmp_path):
+    f = memory_finding(("kernel_unified_attention", UNIFIED, 432), ("kernel_unified_attention", UNIFIED, 432),
+                       ("kernel_unified_attention", UNIFIED, 440))
+    case = Case(tmp_path, "vllm.unified_attention", None, "memory safety", sanitizer.CHECK, EXAMPLE, None,
+                {"details": json.loads(json.dumps(f.details))})
+    e = entry_from_case(case, "m", "r", "x")
+    assert (e.kind, e.check, e.locations, e.kernels) == (
+        "memory safety", sanitizer.CHECK, ("triton_unified_attention.py:432", "triton_unified_attention.py:440"),
+        ("kernel_unified_attention",))
+    assert parse_baseline(e.to_toml()).entries == (e,)
+    with pytest.raises(BaselineError, match="details.accesses"):
+        entry_from_case(attrs.evolve(case, raw={"details": {"accesses": [], "error_count": 1}}), "m", "r", "x")
+
+
+def test_baseline_add_of_a_memory_safety_reproducer_makes_the_same_campaign_green(tmp_path, monkeypatch):
+    """A campaign with a planted sanitizer (tests/fuzz/harness/test_sanitizer.py's) finds a memory-safety failure;
+    `kvfuzz baseline add` of its reproducer writes an entry that the same campaign then counts as known; a report
+    with one more access elsewhere stays new."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from kvfuzz.fuzz.bench.paged_torch import PagedTorch
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.campaign.engine import fuzz_target
+
+    monkeypatch.setattr(sanitizer, "applies", lambda target: True)  # the planted sanitizer stands in for CUDA
+
+    def campaign(report: str, out: str, baseline=None):
+        (tmp_path / "report.txt").write_text(report)
+        exe = tmp_path / "compute-sanitizer"
+        exe.write_text(f"#!/bin/sh\ncat '{tmp_path / 'report.txt'}'\n")
+        exe.chmod(0o755)
+        monkeypatch.setenv(sanitizer.ENV, str(exe))
+        config = CampaignConfig(out=tmp_path / out, max_examples=6, duration=120, seed=0,
+                                database=InMemoryExampleDatabase(), stop_at_first_failure=True, sanitize=1.0,
+                                structural_shrink=0, baseline=baseline)
+        return list(fuzz_target(PagedTorch(), config).failures.values())
+
+    known_bug = memcheck_report(("kernel_unified_attention", UNIFIED, 432))
+    (rec,) = campaign(known_bug, "plain")
+    assert rec.kind == "memory safety" and rec.known is None
+    base = tmp_path / "b.toml"
+    r = kvfuzz("baseline", "add", str(rec.reproducer), "--baseline", str(base), "--id", "oob", "--reason", "r",
+               "--reference", "x")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (entry,) = load_baseline(base).entries
+    assert (entry.kind, entry.locations, entry.kernels) == (
+        "memory safety", ("triton_unified_attention.py:432",), ("kernel_unified_attention",))
+    records = campaign(known_bug, "known", load_baseline(base))
+    assert records and all(r.known == "oob" for r in records), records
+    records = campaign(memcheck_report(("kernel_unified_attention", UNIFIED, 432), ("_fwd_kernel", "/x/pp.py", 91)),
+                       "new", load_baseline(base))
+    assert any(r.known is None and r.kind == "memory safety" for r in records), records
+
+
+def test_a_known_memory_safety_finding_keeps_the_sanitized_share(tmp_path, monkeypatch):
+    """A worker sanitizes every example only while it shrinks a new memory-safety failure; a baseline's is not
+    shrunk, so its hits leave the share as it was (before, the first known hit sanitized all the rest: 38 of 40)."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from kvfuzz.fuzz.bench.paged_torch import PagedTorch
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.campaign.engine import fuzz_target
+    from kvfuzz.fuzz.campaign.store.baseline import Baseline
+
+    (tmp_path / "report.txt").write_text(memcheck_report(("kernel_unified_attention", UNIFIED, 432)))
+    exe = tmp_path / "compute-sanitizer"
+    exe.write_text(f"#!/bin/sh\ncat '{tmp_path / 'report.txt'}'\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv(sanitizer.ENV, str(exe))
+    monkeypatch.setattr(sanitizer, "applies", lambda target: True)  # the planted sanitizer stands in for CUDA
+    calls, real = [], sanitizer.SanitizedChild.check
+    monkeypatch.setattr(sanitizer.SanitizedChild, "check", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    baseline = Baseline("b.toml", (memory_entry(target=PagedTorch.name),))
+    config = CampaignConfig(out=tmp_path / "o", max_examples=40, duration=120, seed=0, sanitize=0.2,
+                            database=InMemoryExampleDatabase(), structural_shrink=0, baseline=baseline)
+    stats = fuzz_target(PagedTorch(), config)
+    assert [r.known for r in stats.failures.values()] == ["m1"]
+    assert stats.examples == 40 and 1 <= len(calls) <= 20, len(calls)
+
+
+def test_a_bad_memory_safety_entry_exits_2_naming_the_field(tmp_path):
+    (tmp_path / "b.toml").write_text(MEMORY.replace('"triton_unified_attention.py:432"', '"432"'))
+    r = kvfuzz("fuzz", "--target", "mutant.tail_v_unmasked", "--baseline", str(tmp_path / "b.toml"),
+               "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "known[0].locations" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
 
 
 # ---- the command ---------------------------------------------------------------------------------------------------
