@@ -3,8 +3,9 @@ the block table without a mask: ``_paged_kv_cache_offsets(..., MASK_BLOCK_TABLE=
 The loop's comment says the context tile "never steps past this batch's block-table row" because the current
 chunk follows the context, but the tile is BLOCK_SIZE tokens (32 or more) and the row holds only
 ceil(seq_len / block_size) entries: one decode token after one cached token at block size 1 reads a whole tile's
-entries from a 2-entry row (memcheck counted 64 invalid 4-byte reads). The K/V loads are masked, so the output is right and only a memory checker sees it. Found by
-kvfuzz's memory-safety oracle (`kvfuzz fuzz --target vllm.context_attention_fwd`, H200, 2026-11-27).
+entries from a 2-entry row (memcheck counted 64 invalid 4-byte reads). The K/V loads are masked, so the output is
+right and only a memory checker sees it. Found by kvfuzz's memory-safety oracle (`kvfuzz fuzz --target
+vllm.context_attention_fwd`, H200, 2026-11-27).
 
 Run without kvfuzz, on a CUDA GPU with vLLM 0.33.0's Python files importable (measured on an H200:
 benchmarks/results/finding13-prefix-prefill-h200.txt):
