@@ -256,7 +256,8 @@ def gpu_slot(directory, wait: bool = False) -> Iterator[bool]:
     ``directory/sanitize-gpu-<device>.lock`` (``fcntl.flock``, released by the kernel when the holder dies; device:
     ``KVFUZZ_DEVICE``, the worker's physical GPU, else ``CUDA_VISIBLE_DEVICES``) and yields True; when another
     worker holds it, yields False at once (the caller skips sanitizing this example), or waits for it with
-    ``wait`` (a shrink, which must sanitize every candidate). ``directory`` None (no campaign folder): yields True.
+    ``wait`` (a shrink, which must sanitize every candidate). ``directory`` None, or a lock file that cannot be
+    opened there: yields True.
 
     Why: a sanitized child is a CUDA context of its own beside the campaign's MPS server, so while its kernel runs
     under memcheck (10-100x slower) the GPU time-slices between them and every worker's kernel waits. With up to
@@ -267,7 +268,12 @@ def gpu_slot(directory, wait: bool = False) -> Iterator[bool]:
         return
     device = os.environ.get("KVFUZZ_DEVICE") or os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
     path = Path(directory) / f"sanitize-gpu-{re.sub(r'[^A-Za-z0-9_-]', '_', device)}.lock"
-    with open(path, "a+b") as f:
+    try:
+        f = open(path, "a+b")
+    except OSError:  # no folder to coordinate in (a campaign's --out not made yet): run, as without one
+        yield True
+        return
+    with f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:

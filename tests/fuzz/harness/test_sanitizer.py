@@ -263,6 +263,8 @@ def test_one_sanitized_run_at_a_time_per_gpu(tmp_path, monkeypatch):
         assert again
     with sanitizer.gpu_slot(None) as no_folder:
         assert no_folder
+    with sanitizer.gpu_slot(tmp_path / "not-made") as no_lock_file:
+        assert no_lock_file
 
 
 def test_a_busy_gpu_slot_skips_the_sanitized_run_uncharged(tmp_path, monkeypatch):
