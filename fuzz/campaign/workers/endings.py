@@ -12,7 +12,8 @@ ending, how it shows, and the finding for the example in flight:
 - hung: the parent killed it: an example ran past its timeout. Finding: phase kernel: kernel hang; else harness
   error. While a compiler runs under the process (:func:`compiler_running`: FlashInfer's JIT runs ninja and nvcc,
   Triton runs ptxas) the example is compiling, not hung: the parent gives it the timeout again, up to
-  :data:`MAX_COMPILE_WAITS` times, and only then calls it a hang, with check "compile timeout".
+  :data:`MAX_COMPILE_WAITS` times (once seen compiling, all of them: its first run may still be finishing when the
+  compiler exits), and only then calls it a hang: check "compile timeout" while a compiler still runs.
 - crashed: died by SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGSYS or SIGTRAP. Finding: phase kernel: kernel crash
   (the signal); else harness error.
 - crashed: exited with :data:`~kvfuzz.fuzz.harness.isolation.DEVICE_ERROR_EXIT` without saying goodbye: the kernel

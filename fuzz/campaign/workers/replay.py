@@ -22,7 +22,7 @@ import attrs
 from kvfuzz.contracts.checks.failures import FailureKind, Finding
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.store.cases import Case, load_case
-from kvfuzz.fuzz.campaign.workers.endings import classify, finding_for
+from kvfuzz.fuzz.campaign.workers.endings import MAX_COMPILE_WAITS, classify, compiler_running, finding_for
 from kvfuzz.fuzz.harness import attention, properties
 from kvfuzz.fuzz.harness.faults import get_fault
 from kvfuzz.fuzz.harness.isolation import ISOLATED
@@ -201,7 +201,8 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
     """Re-run a reproducer directory in a child process and compare with what it recorded. A child that dies
     inside the kernel gives got = ("kernel crash", "<signal or exit status>"); one whose kernel call runs past
     ``timeout`` seconds (None: the campaign's own example timeout for a hang case, :func:`hang_timeout`, else
-    :data:`REPLAY_TIMEOUT`) is killed and gives ("kernel hang", "timeout"); outside the kernel (the whole
+    :data:`REPLAY_TIMEOUT`) is killed and gives ("kernel hang", "timeout"), unless a compiler runs under it (the
+    kernel's JIT compile: the timeout starts again, up to MAX_COMPILE_WAITS times); outside the kernel (the whole
     replay past :data:`REPLAY_TIMEOUT`, or ``timeout`` when larger), ("harness error", ...).
 
     Raises BadReproducer (a broken file), UntrustedTarget (an adapter the user did not name), or ValueError
@@ -220,10 +221,17 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
     phase, result, goodbye, hung = None, None, False, False
     kernel_timeout = timeout if timeout is not None else (hang_timeout(case) or REPLAY_TIMEOUT)
     deadline = time.monotonic() + max(REPLAY_TIMEOUT, kernel_timeout)
+    waits, compiling = 0, None  # a kernel call past its timeout while a compiler runs under the child: compiling
     try:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
+                compiling = compiler_running(proc.pid) if phase == "kernel" else None
+                # as a campaign's supervisor does: once seen compiling, the call may still be finishing its first
+                # run when the compiler has just exited, so the waits go on to their end
+                if (compiling is not None or waits) and waits < MAX_COMPILE_WAITS:
+                    waits, deadline = waits + 1, time.monotonic() + kernel_timeout
+                    continue
                 hung = True
                 proc.kill()
                 break
@@ -257,7 +265,7 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
         return ReplayResult(case.directory, expected, None if got is None else tuple(got), message, inputs_match,
                             outcome)
     ending = classify(proc.exitcode, said_goodbye=goodbye, killed_for_hang=hung)
-    finding = finding_for(ending, phase or "prepare",
+    finding = finding_for(ending, phase or "prepare", {"compiling": compiling} if compiling else None,
                           timeout=kernel_timeout if phase == "kernel" else max(REPLAY_TIMEOUT, kernel_timeout))
     if finding is None:  # killed from outside
         return ReplayResult(case.directory, expected, ("harness error", f"replay {ending.detail}"),

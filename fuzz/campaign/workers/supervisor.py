@@ -624,8 +624,9 @@ class Supervisor:
         for s in self.slots:
             f = s.in_flight
             if s.proc is not None and f is not None and not s.killed_for_hang and now - f["since"] > timeout:
-                tool = compiler_running(s.proc.pid)
-                if tool is not None and f.get("compile_waits", 0) < MAX_COMPILE_WAITS:
+                tool = compiler_running(s.proc.pid)  # once seen compiling, the waits go on to their end (the first
+                # run after a compile may not have returned the moment the compiler exits)
+                if (tool is not None or f.get("compile_waits")) and f.get("compile_waits", 0) < MAX_COMPILE_WAITS:
                     f["compile_waits"], f["since"] = f.get("compile_waits", 0) + 1, now
                     note = (f"{f['target']}: an example ran past --example-timeout ({timeout:g} s) while its worker "
                             f"was compiling ({tool}): given the timeout again, not called a hang")

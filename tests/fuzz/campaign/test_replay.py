@@ -284,3 +284,14 @@ def test_stored_test_cases_import_the_campaign_rooms_face_not_its_modules(tmp_pa
     assert stored_import_problems([old]) == [
         "test_case.py: kvfuzz.fuzz.campaign.reproducers (import from kvfuzz.fuzz.campaign)",
         "test_case.py: kvfuzz.fuzz.campaign.no_such_name"]
+
+
+def test_a_replay_whose_kernel_compiles_past_the_timeout_waits_for_it(cases, tmp_path, monkeypatch):
+    """A replay on a machine with a cold JIT cache compiles first (FlashInfer's ninja/nvcc): a 4 s 'ninja' against
+    --timeout 2 is compiling, not hung; the fixed kernel then passes."""
+    fixed = tmp_path / "compiling_adapter.py"
+    fixed.write_text(f"import sys\nsys.path.insert(0, {str(SUPPORT)!r})\nfrom planted_endings import CompilesSlowly\n\n"
+                     "class Hangs(CompilesSlowly):\n    name = 'planted.hangs'\n")
+    monkeypatch.setenv("KVFUZZ_PLANTED_COMPILE_S", "4")
+    r = kvfuzz("replay", str(cases["Hangs"]), "--target", f"{fixed}:Hangs", "--timeout", "2")
+    assert r.returncode == 0 and "passes now" in r.stdout, r.stdout + r.stderr
