@@ -96,6 +96,15 @@ def compiler_running(pid: int, proc: Path = Path("/proc")) -> str | None:
     return None
 
 
+def compile_wait(pid: int, waits: int) -> tuple[bool, str | None]:
+    """At the timeout of an example whose process is ``pid`` and that has had ``waits`` compile waits: whether it
+    gets the timeout again (a compiler runs under it, or one did at an earlier timeout: its first run may not have
+    returned the moment the compiler exits; at most :data:`MAX_COMPILE_WAITS` waits), and the compiler running now
+    (None: none). The one rule of a campaign's supervisor and of ``kvfuzz replay``."""
+    tool = compiler_running(pid)
+    return (tool is not None or waits > 0) and waits < MAX_COMPILE_WAITS, tool
+
+
 class EndingKind(enum.Enum):
     FINISHED = "finished"
     STOPPED = "stopped"
@@ -180,4 +189,4 @@ def finding_for(ending: Ending, phase: str | None, details: dict[str, Any] | Non
 
 
 __all__ = ["COMPILERS", "CRASH_SIGNALS", "DEVICE_ERROR", "MAX_COMPILE_WAITS", "MPS_BUSY", "Ending", "EndingKind",
-           "classify", "compiler_running", "finding_for", "signal_name"]
+           "classify", "compile_wait", "compiler_running", "finding_for", "signal_name"]

@@ -22,7 +22,7 @@ import attrs
 from kvfuzz.contracts.checks.failures import FailureKind, Finding
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.store.cases import Case, load_case
-from kvfuzz.fuzz.campaign.workers.endings import MAX_COMPILE_WAITS, classify, compiler_running, finding_for
+from kvfuzz.fuzz.campaign.workers.endings import classify, compile_wait, finding_for
 from kvfuzz.fuzz.harness import attention, properties
 from kvfuzz.fuzz.harness.faults import get_fault
 from kvfuzz.fuzz.harness.isolation import ISOLATED
@@ -202,8 +202,9 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
     inside the kernel gives got = ("kernel crash", "<signal or exit status>"); one whose kernel call runs past
     ``timeout`` seconds (None: the campaign's own example timeout for a hang case, :func:`hang_timeout`, else
     :data:`REPLAY_TIMEOUT`) is killed and gives ("kernel hang", "timeout"), unless a compiler runs under it (the
-    kernel's JIT compile: the timeout starts again, up to MAX_COMPILE_WAITS times); outside the kernel (the whole
-    replay past :data:`REPLAY_TIMEOUT`, or ``timeout`` when larger), ("harness error", ...).
+    kernel's JIT compile: the timeout starts again, :func:`~kvfuzz.fuzz.campaign.workers.endings.compile_wait`);
+    outside the kernel (the whole replay past :data:`REPLAY_TIMEOUT`, or ``timeout`` when larger), ("harness error",
+    ...).
 
     Raises BadReproducer (a broken file), UntrustedTarget (an adapter the user did not name), or ValueError
     (the named target cannot be loaded) before anything runs; TargetUnavailable when the target cannot run
@@ -226,10 +227,8 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                compiling = compiler_running(proc.pid) if phase == "kernel" else None
-                # as a campaign's supervisor does: once seen compiling, the call may still be finishing its first
-                # run when the compiler has just exited, so the waits go on to their end
-                if (compiling is not None or waits) and waits < MAX_COMPILE_WAITS:
+                again, compiling = compile_wait(proc.pid, waits) if phase == "kernel" else (False, None)
+                if again:  # compiling its kernel, as a campaign's supervisor sees it
                     waits, deadline = waits + 1, time.monotonic() + kernel_timeout
                     continue
                 hung = True

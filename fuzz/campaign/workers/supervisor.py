@@ -58,11 +58,10 @@ from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState, Task
 from kvfuzz.fuzz.campaign.workers.endings import (
     DEVICE_ERROR,
-    MAX_COMPILE_WAITS,
     MPS_BUSY,
     EndingKind,
     classify,
-    compiler_running,
+    compile_wait,
     finding_for,
 )
 from kvfuzz.fuzz.campaign.workers.worker import WorkerSpec, worker_main
@@ -619,18 +618,17 @@ class Supervisor:
 
     def _check_hangs(self) -> None:
         """Kill a worker whose example ran past --example-timeout (a hang), unless a compiler runs under it: then
-        it is compiling the kernel (endings.compiler_running), and gets the timeout again, MAX_COMPILE_WAITS times."""
+        it is compiling the kernel, and gets the timeout again (endings.compile_wait)."""
         now, timeout = time.monotonic(), self.policy.example_timeout
         for s in self.slots:
             f = s.in_flight
             if s.proc is not None and f is not None and not s.killed_for_hang and now - f["since"] > timeout:
-                tool = compiler_running(s.proc.pid)  # once seen compiling, the waits go on to their end (the first
-                # run after a compile may not have returned the moment the compiler exits)
-                if (tool is not None or f.get("compile_waits")) and f.get("compile_waits", 0) < MAX_COMPILE_WAITS:
+                again, tool = compile_wait(s.proc.pid, f.get("compile_waits", 0))
+                if again:
                     f["compile_waits"], f["since"] = f.get("compile_waits", 0) + 1, now
                     note = (f"{f['target']}: an example ran past --example-timeout ({timeout:g} s) while its worker "
                             f"was compiling ({tool}): given the timeout again, not called a hang")
-                    if note not in self.warnings:
+                    if tool is not None and note not in self.warnings:
                         self.warnings.append(note)
                     continue
                 f["compiling"] = tool
