@@ -46,16 +46,28 @@ def is_big(batch: Batch) -> bool:
 
 
 @contextlib.contextmanager
-def device_memory_lock(directory: Path) -> Iterator[None]:
-    """Hold the exclusive lock ``directory/device-memory.lock`` (``fcntl.flock``: released by the kernel when
-    the holder dies, so a worker killed while holding it blocks nobody). Waits for it; OSError if the file cannot
-    be opened."""
-    with open(Path(directory) / LOCK_NAME, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+def file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
+    """Hold the exclusive lock on file ``path`` (``fcntl.flock``: released by the kernel when the holder dies, so a
+    worker killed while holding it blocks nobody) and yield True; ``wait`` False: yield False at once when another
+    process holds it. OSError if the file cannot be opened."""
+    with open(path, "a+b") as f:
         try:
-            yield
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def device_memory_lock(directory: Path) -> Iterator[None]:
+    """Hold the exclusive lock ``directory/device-memory.lock`` (:func:`file_lock`). Waits for it; OSError if the
+    file cannot be opened."""
+    with file_lock(Path(directory) / LOCK_NAME):
+        yield
 
 
 #: Set while a campaign (kvfuzz.fuzz.campaign.engine) runs an example without the device-memory lock, which it
@@ -80,5 +92,5 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError)
 
 
-__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes", "device_memory_lock", "is_big",
-           "is_out_of_memory", "release_device_memory"]
+__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes", "device_memory_lock", "file_lock",
+           "is_big", "is_out_of_memory", "release_device_memory"]

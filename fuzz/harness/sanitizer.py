@@ -40,7 +40,6 @@ example's key would skip most of them); once the failure is recorded it returns 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -253,7 +252,7 @@ def _raise_accesses(report: MemcheckReport, text: str):
 @contextlib.contextmanager
 def gpu_slot(directory, wait: bool = False) -> Iterator[bool]:
     """At most one sanitized run at a time per GPU of a campaign: holds the exclusive lock
-    ``directory/sanitize-gpu-<device>.lock`` (``fcntl.flock``, released by the kernel when the holder dies; device:
+    ``directory/sanitize-gpu-<device>.lock`` (:func:`kvfuzz.fuzz.harness.memory.file_lock`; device:
     ``KVFUZZ_DEVICE``, the worker's physical GPU, else ``CUDA_VISIBLE_DEVICES``) and yields True; when another
     worker holds it, yields False at once (the caller skips sanitizing this example), or waits for it with
     ``wait`` (a shrink, which must sanitize every candidate). ``directory`` None, or a lock file that cannot be
@@ -267,22 +266,15 @@ def gpu_slot(directory, wait: bool = False) -> Iterator[bool]:
         yield True
         return
     device = os.environ.get("KVFUZZ_DEVICE") or os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    from kvfuzz.fuzz.harness.memory import file_lock  # imports torch: not at this module's import (baseline.py)
+
     path = Path(directory) / f"sanitize-gpu-{re.sub(r'[^A-Za-z0-9_-]', '_', device)}.lock"
-    try:
-        f = open(path, "a+b")
-    except OSError:  # no folder to coordinate in (a campaign's --out not made yet): run, as without one
-        yield True
-        return
-    with f:
+    with contextlib.ExitStack() as stack:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            held = stack.enter_context(file_lock(path, wait))
+        except OSError:  # no folder to coordinate in (a campaign's --out not made yet): run, as without one
+            held = True
+        yield held
 
 
 def child_environment(env=None) -> dict:
