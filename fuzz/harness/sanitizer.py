@@ -97,8 +97,14 @@ class MemoryAccess:
     side: str | None = None
     allocation_size: int | None = None
 
+    @property
+    def location(self) -> str | None:
+        """``"file:line"`` with the file's basename (as a baseline entry's ``locations`` name it), or None when the
+        report printed no source line."""
+        return f"{Path(self.file).name}:{self.line}" if self.file and self.line is not None else None
+
     def describe(self) -> str:
-        where = f"{Path(self.file).name}:{self.line}" if self.file else "(no source line)"
+        where = self.location or "(no source line)"
         near = (f", {self.offset} bytes {self.side} the nearest allocation of {self.allocation_size} bytes"
                 if self.offset is not None else "")
         return f"invalid {self.space} {self.access} of {self.size} bytes in {self.kernel} at {where}{near}"

@@ -502,9 +502,12 @@ def access_location(access) -> str | None:
     """Where an invalid access of a memory safety finding's ``details["accesses"]`` (a dict of
     :class:`~kvfuzz.fuzz.harness.sanitizer.MemoryAccess`'s fields) is: ``"file:line"``, the file's basename, as an
     entry's ``locations`` name it; None when the report printed no source line."""
-    if not isinstance(access, dict) or not access.get("file") or access.get("line") is None:
+    from kvfuzz.fuzz.harness.sanitizer import MemoryAccess
+
+    try:
+        return MemoryAccess(**access).location
+    except TypeError:  # not a dict of MemoryAccess's fields
         return None
-    return f"{Path(str(access['file'])).name}:{access['line']}"
 
 
 def _memory_match(entry: KnownFinding, finding) -> tuple[bool, str]:
