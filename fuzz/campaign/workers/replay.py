@@ -196,6 +196,26 @@ def hang_timeout(case: Case) -> float | None:
     return float(t) if hang and isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 else None
 
 
+class _Deadlines:
+    """When a replay's child is called hung: a kernel call (phase "kernel") ``kernel_timeout`` seconds after it
+    began, as the campaign timed it; every other phase (prepare, check) when the whole replay's time is up
+    (``max(REPLAY_TIMEOUT, kernel_timeout)`` from ``start``), never at a kernel call's deadline: a check slower
+    than what was left of it is not hung (a replay with --timeout 2 had its check called "hung" on a busy machine).
+    A compile wait gives the call its timeout again and moves the whole replay's end past it."""
+
+    def __init__(self, start: float, kernel_timeout: float):
+        self.kernel_timeout = kernel_timeout
+        self.end = start + max(REPLAY_TIMEOUT, kernel_timeout)
+        self.deadline = self.end
+
+    def enter(self, phase: str | None, now: float) -> None:
+        self.deadline = min(self.end, now + self.kernel_timeout) if phase == "kernel" else self.end
+
+    def wait_again(self, now: float) -> None:
+        self.deadline = now + self.kernel_timeout
+        self.end = max(self.end, self.deadline)
+
+
 def replay(directory: str | Path, *, target_spec: str | None = None, trust_target: bool = False,
            timeout: float | None = None) -> ReplayResult:
     """Re-run a reproducer directory in a child process and compare with what it recorded. A child that dies
@@ -221,15 +241,16 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
     child.close()
     phase, result, goodbye, hung = None, None, False, False
     kernel_timeout = timeout if timeout is not None else (hang_timeout(case) or REPLAY_TIMEOUT)
-    deadline = time.monotonic() + max(REPLAY_TIMEOUT, kernel_timeout)
+    clock = _Deadlines(time.monotonic(), kernel_timeout)
     waits, compiling = 0, None  # a kernel call past its timeout while a compiler runs under the child: compiling
     try:
         while True:
-            left = deadline - time.monotonic()
+            left = clock.deadline - time.monotonic()
             if left <= 0:
                 again, compiling = compile_wait(proc.pid, waits) if phase == "kernel" else (False, None)
                 if again:  # compiling its kernel, as a campaign's supervisor sees it
-                    waits, deadline = waits + 1, time.monotonic() + kernel_timeout
+                    waits = waits + 1
+                    clock.wait_again(time.monotonic())
                     continue
                 hung = True
                 proc.kill()
@@ -241,8 +262,7 @@ def replay(directory: str | Path, *, target_spec: str | None = None, trust_targe
                     break
                 if msg[0] == "phase":
                     phase = msg[1]
-                    if phase == "kernel":  # the campaign timed the kernel call: so does the replay
-                        deadline = min(deadline, time.monotonic() + kernel_timeout)
+                    clock.enter(phase, time.monotonic())
                 elif msg[0] == "result":
                     result = msg[1:]
                 elif msg[0] == "unavailable":

@@ -295,3 +295,25 @@ def test_a_replay_whose_kernel_compiles_past_the_timeout_waits_for_it(cases, tmp
     monkeypatch.setenv("KVFUZZ_PLANTED_COMPILE_S", "4")
     r = kvfuzz("replay", str(cases["Hangs"]), "--target", f"{fixed}:Hangs", "--timeout", "2")
     assert r.returncode == 0 and "passes now" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_replays_check_is_not_held_to_the_kernel_calls_deadline():
+    """The kernel call's --timeout times the kernel call alone: a check that starts 1.9 s into a 2 s call's budget
+    has the whole replay's time (a busy CI machine had a replay's check called "hung in check" 2 s in); a compile
+    wait gives the call its timeout again and moves the replay's end past it."""
+    from kvfuzz.fuzz.campaign.workers.replay import REPLAY_TIMEOUT, _Deadlines
+
+    clock = _Deadlines(0.0, 2.0)
+    assert clock.deadline == REPLAY_TIMEOUT
+    clock.enter("kernel", 1.0)
+    assert clock.deadline == 3.0
+    clock.enter("check", 2.9)
+    assert clock.deadline == REPLAY_TIMEOUT
+    clock.enter("kernel", REPLAY_TIMEOUT - 1)  # a kernel call's deadline never passes the replay's end
+    assert clock.deadline == REPLAY_TIMEOUT
+    clock.wait_again(REPLAY_TIMEOUT)  # compiling at the end: the call, and so the replay, get 2 s more
+    assert clock.deadline == clock.end == REPLAY_TIMEOUT + 2
+    clock.enter("check", REPLAY_TIMEOUT + 1)
+    assert clock.deadline == REPLAY_TIMEOUT + 2
+    long = _Deadlines(10.0, REPLAY_TIMEOUT * 2)  # a hang case's own timeout past REPLAY_TIMEOUT
+    assert long.end == 10.0 + REPLAY_TIMEOUT * 2
