@@ -6,7 +6,7 @@ campaign of vllm.unified_attention with 14 workers raised ``torch.OutOfMemoryErr
 two big-cache examples. Three things put it there: several workers in a big-cache chunk at once, PyTorch's caching
 allocator keeping each worker's freed caches reserved for that process, and the CUDA-graph padding snapshot's full
 copy of both caches. So an example whose caches exceed :data:`BIG_EXAMPLE_BYTES` runs holding the campaign's
-device-memory lock (:func:`device_memory_lock`: one such example at a time per ``--out``) and gives its memory
+device-memory lock (:func:`device_memory_lock`: one such example at a time per GPU of a ``--out``) and gives its memory
 back to the device after it passes (:func:`release_device_memory`); the padding snapshot digests a big cache
 instead of copying it (:mod:`kvfuzz.fuzz.harness.padding`).
 """
@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gc
+import os
+import re
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -28,8 +30,8 @@ from kvfuzz.contracts.model.batch import Batch
 #: Caches (keys and values together) above this many bytes make an example big: the size above which
 #: materialization poisons only the referenced blocks (1 GiB).
 BIG_EXAMPLE_BYTES = FULL_POISON_MAX_BYTES
-#: The lock file, in the campaign's ``--out``.
-LOCK_NAME = "device-memory.lock"
+#: The lock file of each GPU (:func:`device_label`), in the campaign's ``--out``.
+LOCK_NAME = "device-memory-gpu-{}.lock"
 
 
 def cache_bytes(batch: Batch) -> int:
@@ -62,11 +64,30 @@ def file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def device_label(env=None) -> str:
+    """This worker's physical GPU, as a file-name-safe label: ``KVFUZZ_DEVICE`` (set for each campaign worker by
+    kvfuzz.fuzz.campaign.workers.worker.gpu_environment; under MPS ``CUDA_VISIBLE_DEVICES`` is 0 in every worker),
+    else the first of ``CUDA_VISIBLE_DEVICES``, else "0". ``env``: default ``os.environ``."""
+    env = os.environ if env is None else env
+    device = env.get("KVFUZZ_DEVICE") or env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    return re.sub(r"[^A-Za-z0-9_-]", "_", device)
+
+
+def lock_path(directory: Path, env=None) -> Path:
+    """The device-memory lock file of this worker's GPU (:func:`device_label`) in ``directory``."""
+    return Path(directory) / LOCK_NAME.format(device_label(env))
+
+
 @contextlib.contextmanager
 def device_memory_lock(directory: Path) -> Iterator[None]:
-    """Hold the exclusive lock ``directory/device-memory.lock`` (:func:`file_lock`). Waits for it; OSError if the
-    file cannot be opened."""
-    with file_lock(Path(directory) / LOCK_NAME):
+    """Hold the exclusive lock of this worker's GPU, ``directory/device-memory-gpu-<device>.lock``
+    (:func:`lock_path`, :func:`file_lock`). Waits for it; OSError if the file cannot be opened.
+
+    Per GPU, not per campaign: a big example fills its own GPU's memory, not another's. One lock for all GPUs of a
+    campaign had its big examples wait on each other across GPUs: on a 4x H200 host (16 cores a GPU,
+    benchmarks/results/gpu-multi-scaling-h200x4.txt) four GPUs ran 3.1x one GPU's examples/s but 0.85x its KV
+    tokens/s, the big-cache tier's share of each worker's time going to the wait."""
+    with file_lock(lock_path(directory)):
         yield
 
 
@@ -92,5 +113,5 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError)
 
 
-__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes", "device_memory_lock", "file_lock",
-           "is_big", "is_out_of_memory", "release_device_memory"]
+__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes", "device_label",
+           "device_memory_lock", "file_lock", "is_big", "is_out_of_memory", "lock_path", "release_device_memory"]

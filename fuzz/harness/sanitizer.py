@@ -271,10 +271,9 @@ def gpu_slot(directory, wait: bool = False) -> Iterator[bool]:
     if directory is None:
         yield True
         return
-    device = os.environ.get("KVFUZZ_DEVICE") or os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-    from kvfuzz.fuzz.harness.memory import file_lock  # imports torch: not at this module's import (baseline.py)
+    from kvfuzz.fuzz.harness.memory import device_label, file_lock  # imports torch: not at import (baseline.py)
 
-    path = Path(directory) / f"sanitize-gpu-{re.sub(r'[^A-Za-z0-9_-]', '_', device)}.lock"
+    path = Path(directory) / f"sanitize-gpu-{device_label()}.lock"
     with contextlib.ExitStack() as stack:
         try:
             held = stack.enter_context(file_lock(path, wait))

@@ -31,19 +31,33 @@ def test_cache_bytes_and_is_big():
     assert memory.is_big(attrs.evolve(_batch(dtype="float32"), num_blocks=n))
 
 
-def test_the_device_memory_lock_admits_one_holder_at_a_time(tmp_path):
-    def try_lock():
-        with open(tmp_path / memory.LOCK_NAME, "a+b") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            fcntl.flock(f, fcntl.LOCK_UN)
-            return True
+def _try_lock(path):
+    with open(path, "a+b") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
 
+
+def test_the_device_memory_lock_admits_one_holder_at_a_time(tmp_path):
     with memory.device_memory_lock(tmp_path):
-        assert not try_lock()  # another open file (another worker): must wait
-    assert try_lock()
+        assert not _try_lock(memory.lock_path(tmp_path))  # another open file (another worker): must wait
+    assert _try_lock(memory.lock_path(tmp_path))
+
+
+def test_the_device_memory_lock_is_per_gpu(tmp_path, monkeypatch):
+    """A worker on GPU 1 holding its lock does not stop one on GPU 3 (each GPU's memory is its own), nor one whose
+    CUDA_VISIBLE_DEVICES says 3 without KVFUZZ_DEVICE; another worker on GPU 1 waits."""
+    monkeypatch.setenv("KVFUZZ_DEVICE", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # under MPS every worker sees its GPU as 0
+    with memory.device_memory_lock(tmp_path):
+        assert not _try_lock(memory.lock_path(tmp_path, {"KVFUZZ_DEVICE": "1"}))
+        assert _try_lock(memory.lock_path(tmp_path, {"KVFUZZ_DEVICE": "3"}))
+        assert _try_lock(memory.lock_path(tmp_path, {"CUDA_VISIBLE_DEVICES": "3,1"}))
+    assert memory.lock_path(tmp_path, {"KVFUZZ_DEVICE": "GPU-1a/2"}).name == "device-memory-gpu-GPU-1a_2.lock"
+    assert memory.lock_path(tmp_path, {}).name == "device-memory-gpu-0.lock"
 
 
 class _OutOfMemoryUnlessAlone(SdpaPaged):
@@ -57,7 +71,7 @@ class _OutOfMemoryUnlessAlone(SdpaPaged):
 
     def build_call(self, batch, data, cache):
         type(self).attempts += 1
-        with open(self.out / memory.LOCK_NAME, "a+b") as f:
+        with open(memory.lock_path(self.out), "a+b") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 fcntl.flock(f, fcntl.LOCK_UN)
