@@ -14,11 +14,14 @@
 # Start-up and shutdown cost ~25 s per run, the install ~40 s: WARMUP + 3 x RUN_SECONDS + ~2.5 min (~7.5 min with
 # the defaults; AB=0 saves a run), within one 10-minute device call.
 # SKIP_ONE=1 leaves out the one-GPU run (one measured in an earlier call on the same kind of host).
+# CORES_PER_GPU=N gives each run N cores per GPU it uses (taskset 0 .. N*GPUs-1), as the lent machines are sized
+# (16 cores a GPU): one GPU is then measured on a one-GPU machine's share of the host, not on all its cores; the
+# defaults (workers) count that affinity mask. Unset: every run sees all the host's cores.
 # Usage: OUT=dir [RUN_SECONDS=90] [WARMUP=30] [AB=1] [SKIP_ONE=1] bash benchmarks/gpu_multi_scaling.sh [TARGET] [-- kvfuzz fuzz args]
 set -uo pipefail
 T=${1:-vllm.unified_attention}
 shift 1 2>/dev/null; [ "${1:-}" = "--" ] && shift
-S=${RUN_SECONDS:-90}  # not $SECONDS: bash counts its own seconds there
+export S=${RUN_SECONDS:-90}  # not $SECONDS: bash counts its own seconds there
 R=${OUT:?set OUT}
 mkdir -p "$R"
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
@@ -33,7 +36,12 @@ run() {  # name devices seconds [env...]
   nvidia-smi --query-gpu=index,utilization.gpu --format=csv,noheader,nounits -l 1 > "$R/util-$name.txt" 2>/dev/null &
   local smi=$!
   read -r b0 t0 <<< "$(cpu_ticks)"
-  env "$@" CUDA_VISIBLE_DEVICES=$devs timeout $((secs + 150)) $KV fuzz --target "$T" --seed 0 \
+  local pin=()
+  if [ -n "${CORES_PER_GPU:-}" ]; then
+    local n; n=$(echo "$devs" | tr ',' '\n' | wc -l)
+    pin=(taskset -c "0-$((n * CORES_PER_GPU - 1))")
+  fi
+  env "$@" CUDA_VISIBLE_DEVICES=$devs "${pin[@]}" timeout $((secs + 150)) $KV fuzz --target "$T" --seed 0 \
     --triton-cache "$W/tc" --out "$W/$name" --duration "${secs}s" "${EXTRA[@]}" > "$W/$name.log" 2>&1 &
   local pid=$! sup_cpu=0
   while kill -0 $pid 2>/dev/null; do  # the supervisor: the python child of timeout
@@ -61,9 +69,13 @@ try:
     t = d["targets"][0]
 except (OSError, ValueError, KeyError, IndexError):
     d, t = {}, {}
-row = {"run": name, "devices": devs, "exit": int(rc), "workers": d.get("workers"),
+row = {"run": name, "devices": devs, "cores": os.environ.get("CORES_PER_GPU") and
+       int(os.environ["CORES_PER_GPU"]) * len(devs.split(",")) or os.cpu_count(), "exit": int(rc),
+       "workers": d.get("workers"),
        "examples": t.get("examples"), "examples_per_s": t.get("examples_per_s"),
        "kv_tokens": t.get("kv_tokens"), "kv_tokens_per_s": t.get("kv_tokens_per_s"), "elapsed_s": t.get("elapsed_s"),
+       # examples over --duration alone: an overrun (examples running at the deadline) draws no new ones
+       "examples_per_s_in_duration": round((t.get("examples") or 0) / int(os.environ["S"]), 1),
        "gpu_busy_pct": {i: round(sum(v) / len(v), 1) for i, v in sorted(u.items()) if i in devs.split(",")},
        "supervisor_cpu_s": sup, "host_cpu_busy_pct": round(100 * int(busy) / max(1, int(total)), 1),
        "failures": sorted(f"{f['kind']}: {f['check']}" + (" (known)" if f.get("known") else "")
@@ -106,6 +118,8 @@ for k in ("two", "all", "all-one-daemon"):
     if k in rows and one.get("examples_per_s") and one.get("kv_tokens_per_s"):
         out[f"{k}_vs_one"] = {"examples_per_s": round(rows[k]["examples_per_s"] / one["examples_per_s"], 2),
                               "kv_tokens_per_s": round(rows[k]["kv_tokens_per_s"] / one["kv_tokens_per_s"], 2),
+                              "examples_per_s_in_duration": round(rows[k]["examples_per_s_in_duration"]
+                                                                  / max(1e-9, one["examples_per_s_in_duration"]), 2),
                               "same_findings": rows[k]["failures"] == one["failures"]}
 json.dump(out, open(os.path.join(r, "scaling.json"), "w"), indent=2)
 print(json.dumps({k: v for k, v in out.items() if k != "rows"}))
