@@ -23,11 +23,11 @@ supervisor (:mod:`kvfuzz.fuzz.campaign.workers.supervisor`) gets these over a pi
 example each worker runs and in which phase; :func:`fuzz_target` runs a whole budget in this process for library use
 (the gate, benchmarks, tests), counting with :class:`TargetStats`.
 
-Two Hypothesis details the engine relies on: the settings decorator is applied outside ``@seed`` (``@seed``
-resets the database of the settings it finds to None, so settings applied inside it would lose the database),
-and the database key is set with the private attribute ``_hypothesis_internal_database_key`` so that the key
-is ``kvfuzz:<target>:<fault>`` instead of a digest of this file's source (which would change, and orphan
-every saved failure, with each kvfuzz release). tests/fuzz/campaign/test_database.py checks saved failures replay.
+Two Hypothesis details the engine relies on: the settings decorator is applied outside ``@seed`` (``@seed`` resets the
+database of the settings it finds to None, so settings applied inside it would lose the database), and the database key
+is set with the private attribute ``_hypothesis_internal_database_key`` so that the key is ``kvfuzz:<target>:<fault>``
+instead of a digest of this file's source (which would change, and orphan every saved failure, with each kvfuzz
+release). tests/fuzz/campaign/test_database.py checks saved failures replay.
 """
 
 from __future__ import annotations
@@ -140,17 +140,24 @@ def duration_allowance(duration: float) -> float:
 SHRINK_GRACE_SECONDS = float(os.environ.get("KVFUZZ_SHRINK_GRACE", "120"))
 
 
+def _event(text: str) -> None:
+    """``hypothesis.event(text)`` inside Hypothesis's test; nothing in the structural shrink, which runs outside it
+    and where event() raises InvalidArgument (two workers died of it on an H200, each leaving a harness error)."""
+    if currently_in_test_context():
+        event(text)
+
+
 class PastDeadline(BaseException):
-    """The campaign's ``--duration`` ran out (:attr:`Campaign.deadline`): raised from the property body, it ends
-    the Hypothesis run in progress at once, in generation or in shrinking (Hypothesis lets a BaseException that
-    is not Exception, SystemExit or GeneratorExit through: ``hypothesis.core.failure_exceptions_to_catch``);
-    :meth:`Campaign._execute` records each failure found so far as it stands (shrunk as far as it got)."""
+    """The campaign's ``--duration`` ran out (:attr:`Campaign.deadline`): raised from the property body, it ends the
+    Hypothesis run at once, generating or shrinking (a BaseException not Exception, SystemExit or GeneratorExit
+    gets through: ``hypothesis.core.failure_exceptions_to_catch``); :meth:`Campaign._execute` records each failure
+    found so far as it stands."""
 
 
 class _OutOfMemory(Exception):
-    """The device ran out of memory outside the kernel call (kvfuzz's prepare or check, whatever the adapter
-    overrides): :meth:`Campaign._attempt` runs it again holding the device-memory lock, after each of
-    :data:`OUT_OF_MEMORY_PAUSES`, and counts it as skipped (:data:`SKIPPED_FOR_MEMORY`) if it never fits."""
+    """The device ran out of memory (kvfuzz.fuzz.harness.memory.is_out_of_memory) outside the kernel call, or in
+    it while other processes filled the device: :meth:`Campaign._attempt` runs it again holding the device-memory
+    lock, after each of :data:`OUT_OF_MEMORY_PAUSES`; skipped (:data:`SKIPPED_FOR_MEMORY`) if it never fits."""
 
 
 #: Seconds :meth:`Campaign._attempt` waits, holding the device-memory lock, before each re-run of an example that
@@ -197,20 +204,19 @@ class Campaign:
         self._sanitize_spent = 0.0  # seconds spent on sanitized runs (config.sanitize_time_share's budget)
         self._sanitize_since: float | None = None  # when this campaign's first example was checked
         self._sanitizer: sanitizer.SanitizedChild | None = None
-        self._sanitized_last = False  # the example being checked was sanitized (its "sanitize" coverage label)
+        self._sanitized_last: str | None = None  # the example being checked was sanitized: its "sanitize" label
 
     def _sanitize_due(self, example) -> bool:
         """Whether ``example`` (which passed every other check) runs under memcheck: never off CUDA
-        (:func:`~kvfuzz.fuzz.harness.sanitizer.applies`); always once a memory-safety failure was seen; when
+        (:func:`~kvfuzz.fuzz.harness.sanitizer.applies`); always while a new memory-safety failure is shrunk; when
         ``config.sanitize`` picks it by hash; or, under ``config.sanitize_time_share`` and for a target that declares
-        it (``Target.sanitize_by_default``), when this process has spent
-        less than that share of its time since its first example on sanitized runs (examples over 1 GiB of cache
-        excepted: memcheck's copy of a big cache would double its device memory). No child is started within
-        :data:`~kvfuzz.fuzz.harness.sanitizer.START_SECONDS` of the deadline."""
+        it (``Target.sanitize_by_default``), when this process has spent less than that share of its time since its
+        first example on sanitized runs (examples over 1 GiB of cache excepted: memcheck's copy of a big cache would
+        double its device memory). No child is started within :data:`~kvfuzz.fuzz.harness.sanitizer.START_SECONDS`
+        of the deadline."""
         config = self.config
-        if not (config.sanitize or config.sanitize_time_share or self._sanitize_all):
-            return False
-        if not sanitizer.applies(self.target):
+        if not (config.sanitize or config.sanitize_time_share or self._sanitize_all) or not sanitizer.applies(
+                self.target):
             return False
         if self._sanitize_all:
             return True
@@ -220,15 +226,13 @@ class Campaign:
             return False  # a child started now would hold this worker past --duration (~15 s to start, H200)
         if config.sanitize and sanitizer.selected(example, config.sanitize):
             return True
-        if self._sanitize_since is None:
-            self._sanitize_since = now
+        self._sanitize_since = now if self._sanitize_since is None else self._sanitize_since
         return (bool(config.sanitize_time_share) and self.target.sanitize_by_default
                 and not memory.is_big(example.batch)
                 and self._sanitize_spent <= config.sanitize_time_share * (now - self._sanitize_since))
 
     def _sanitizer_child(self) -> sanitizer.SanitizedChild:
-        if self._sanitizer is None:
-            self._sanitizer = sanitizer.SanitizedChild(spec_of(self.target) or self.target.name)
+        self._sanitizer = self._sanitizer or sanitizer.SanitizedChild(spec_of(self.target) or self.target.name)
         return self._sanitizer
 
     def close(self) -> None:
@@ -268,25 +272,25 @@ class Campaign:
             stage = "check"
             if config.undeclared:
                 self._run, outcome = properties.check_undeclared(target, example, run=self._run)
-                event(f"undeclared: {outcome.split(':')[0]}")
+                _event(f"undeclared: {outcome.split(':')[0]}")
                 return outcome
             properties.check(target, example, config.fault, run=self._run, run_unsafe=config.run_unsafe,
                              on_phase=self.listener.phase)
             if config.fault is None and self._sanitize_due(example):
                 stage = "sanitize"
-                if currently_in_test_context():  # not in the structural shrink, which runs outside Hypothesis's test:
-                    event("sanitized")  # there event() raises InvalidArgument (a worker died of it, H200)
                 with sanitizer.gpu_slot(config.out, wait=self._sanitize_all) as slot:
                     if not slot:  # another worker's sanitized run has this GPU: skipped, not charged
                         return None
                     started, child = time.monotonic(), self._sanitizer_child()
                     fresh = not child.running  # its first example pays its start: not charged to the time share
                     try:
+                        self._sanitized_last = "memcheck"
                         child.check(target, example, confirm=not self._sanitize_all)
+                    except sanitizer.DeviceFull:  # the sanitized run found no device memory: not sanitized
+                        self._sanitized_last = "skipped: device full"
                     finally:
                         if not fresh:
                             self._sanitize_spent += time.monotonic() - started
-                        self._sanitized_last = True
             return None
         except Finding:
             raise
@@ -333,9 +337,9 @@ class Campaign:
                 self.cut_short.append(note)
         lab = self._labels(example)
         for k, v in lab.items():
-            event(f"{k}: {v}")
+            _event(f"{k}: {v}")
         if self.ended and example_key(example) in self.ended:  # it crashed or hung a worker: already counted
-            event("skipped: ended a worker before")
+            _event("skipped: ended a worker before")
             return
         finding = self._attempt(example, lab)
         run = self._run
@@ -381,7 +385,7 @@ class Campaign:
             else:  # kvfuzz cannot fit it: counted as skipped, never the kernel's finding nor a harness error
                 self._run = None
                 memory.release_device_memory(collect=True)
-                event("skipped: out of device memory")
+                _event("skipped: out of device memory")
                 self.listener.end(self.target.name, Outcome(lab, 0.0, time.perf_counter() - started,
                                                             skipped=SKIPPED_FOR_MEMORY))
                 return None
@@ -393,8 +397,7 @@ class Campaign:
         (fuzz/harness/memory.py), the memory it left given back then. Raises _OutOfMemory when the device ran out
         of memory outside the kernel call, or in it unless ``last`` (the last re-run: then it is the kernel's
         finding); nothing is counted then."""
-        self._run = None
-        finding = undeclared = None
+        self._run = finding = undeclared = None
         with memory.device_memory_lock(self.config.out) if locked else contextlib.nullcontext():
             self._locked = locked
             if not last:  # a kernel's out-of-memory error comes here, to be re-run (the last try: the kernel's)
@@ -412,8 +415,7 @@ class Campaign:
                 memory.RETRIES_OUT_OF_MEMORY.clear()
             self._end(example, lab, started, None if finding is None else finding.signature, undeclared)
             if locked:  # give back what the example left (a failing one's Run is kept: _forget_run drops it)
-                if finding is None:
-                    self._run = None
+                self._run = self._run if finding is not None else None
                 memory.release_device_memory()
         return finding, undeclared
 
@@ -428,8 +430,7 @@ class Campaign:
         rejection = undeclared.removeprefix("rejected: ") if undeclared and undeclared.startswith("rejected") \
             else None
         if self._sanitized_last:
-            lab["sanitize"] = "memcheck"
-            self._sanitized_last = False
+            lab["sanitize"], self._sanitized_last = self._sanitized_last, None
         batch = example.batch
         self.listener.end(self.target.name, Outcome(lab, kernel_s, max(0.0, total - kernel_s),
                                                     run.ratio if run is not None else 0.0, signature, rejection,

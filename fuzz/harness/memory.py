@@ -109,9 +109,34 @@ def release_device_memory(collect: bool = False) -> None:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is the device running out of memory (``torch.OutOfMemoryError``)."""
-    return isinstance(error, torch.OutOfMemoryError)
+    """Whether ``error`` is the device running out of memory: ``torch.OutOfMemoryError``, or a RuntimeError whose
+    text says CUDA ran out of memory where it is not one: Triton's module load ("CUDA driver error: out of
+    memory", a flex_attention kernel on an H200 other processes had filled), torch's AcceleratorError
+    ("CUDA error: out of memory")."""
+    text = str(error)
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "CUDA" in text and "out of memory" in text.lower())
 
 
-__all__ = ["BIG_EXAMPLE_BYTES", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes", "device_label",
-           "device_memory_lock", "file_lock", "is_big", "is_out_of_memory", "lock_path", "release_device_memory"]
+#: A kernel call that ran out of memory on its last retry (holding the device-memory lock) is the kernel's finding
+#: only while at least this share of its GPU is free (:func:`device_full`): less, and other processes (another
+#: campaign, a test suite) had filled the device, which the kernel cannot be blamed for.
+DEVICE_FULL_FREE_SHARE = 0.1
+
+
+def device_full() -> bool:
+    """Whether less than :data:`DEVICE_FULL_FREE_SHARE` of this process's GPU is free once this process has given
+    back its cached memory (``torch.cuda.mem_get_info``); False off CUDA or when CUDA cannot say."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return False
+    try:
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+    except RuntimeError:
+        return False
+    return free < DEVICE_FULL_FREE_SHARE * total
+
+
+__all__ = ["BIG_EXAMPLE_BYTES", "DEVICE_FULL_FREE_SHARE", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes",
+           "device_full", "device_label", "device_memory_lock", "file_lock", "is_big", "is_out_of_memory", "lock_path",
+           "release_device_memory"]

@@ -16,6 +16,7 @@ import torch
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.model.data import BatchData, make_batch_data
 from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.harness import memory
 from kvfuzz.fuzz.harness.isolation import STOP, exit_if_device_unusable
 from kvfuzz.fuzz.harness.memory import RETRIES_OUT_OF_MEMORY
 from kvfuzz.fuzz.targets.base import KernelCall, Target
@@ -90,10 +91,11 @@ def run_kernel(target: Target, call: KernelCall,
     """Run the kernel (synchronizing CUDA so its errors surface here); returns ``(output, None)``, or
     ``(None, "<ExceptionType>: <message>\n<last frames>")`` when it raised anything: an Exception, SystemExit
     (a kernel must not end the process), MemoryError, or a KeyboardInterrupt that no stop request explains.
-    A ``torch.OutOfMemoryError`` while a campaign runs the example without the device-memory lock
-    (:data:`kvfuzz.fuzz.harness.memory.RETRIES_OUT_OF_MEMORY`) propagates instead: other workers' memory may have
-    filled the device, and the campaign re-runs the example holding the lock; alone on the device, it is the
-    kernel's.
+    Running out of device memory (:func:`kvfuzz.fuzz.harness.memory.is_out_of_memory`) while a campaign runs the
+    example without the device-memory lock (:data:`kvfuzz.fuzz.harness.memory.RETRIES_OUT_OF_MEMORY`) propagates
+    instead: other workers' memory may have filled the device, and the campaign re-runs the example holding the
+    lock; alone on the device, it is the kernel's, unless the device is full all the same
+    (:func:`~kvfuzz.fuzz.harness.memory.device_full`: other processes' memory), when it propagates too.
     ``on_phase`` is told "kernel" right before the call and "check" right after it."""
     if on_phase is not None:
         on_phase("kernel")
@@ -108,8 +110,10 @@ def run_kernel(target: Target, call: KernelCall,
         return None, (f"{type(e).__name__} raised by the kernel (no stop was requested)\n"
                       f"{traceback.format_exc(limit=-3)}")
     except (Exception, SystemExit) as e:  # the kernel's own error, reported as a finding
-        if isinstance(e, torch.OutOfMemoryError) and RETRIES_OUT_OF_MEMORY.is_set():
-            raise  # without the device-memory lock: the campaign re-runs it alone on the device (campaign.engine)
+        if memory.is_out_of_memory(e) and (RETRIES_OUT_OF_MEMORY.is_set() or memory.device_full()):
+            # without the device-memory lock: the campaign re-runs it alone on the device (campaign.engine); on the
+            # last retry too while other processes keep the device full (skipped, never the kernel's finding)
+            raise
         crash = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
         # still in phase "kernel" (the finally below does not run): the parent decides whose fault it is
         exit_if_device_unusable(e, "the kernel", crash)

@@ -123,6 +123,13 @@ class MemcheckReport:
     def clean(self) -> bool:
         return self.error_count == 0 and not self.accesses
 
+    @property
+    def out_of_memory(self) -> bool:
+        """No invalid access, and every other error an allocation that failed ("Program hit
+        cudaErrorMemoryAllocation (error 2) due to "out of memory" on CUDA API call to ..."): the device was full,
+        so the example never ran under memcheck; nothing about the kernel's accesses."""
+        return not self.accesses and bool(self.other) and all(_OUT_OF_MEMORY.search(o) for o in self.other)
+
 
 _PREFIX = re.compile(r"^=+\s?")
 _INVALID = re.compile(r"Invalid (__\w+__|\w+) (\w+) of size (\d+) bytes?")
@@ -130,6 +137,16 @@ _AT = re.compile(r"^\s*at (?:0x[0-9a-f]+ in )?(\S+?)(?:\+0x[0-9a-f]+)?(?: in (.+
 _ADDRESS = re.compile(r"Address (0x[0-9a-f]+)")
 _NEAR = re.compile(r"is (\d+) bytes? (after|before) the nearest allocation at 0x[0-9a-f]+ of size (\d+) bytes?")
 _SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+_OUT_OF_MEMORY = re.compile(r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|out of memory")
+
+
+class DeviceFull(Exception):
+    """The sanitized run could not get device memory (:attr:`MemcheckReport.out_of_memory`: other processes had
+    filled the GPU, e.g. several campaigns sharing it): the example was not sanitized. Not a finding: a
+    campaign counts the example with the coverage label ``sanitize: skipped: device full``
+    (kvfuzz.fuzz.campaign.engine). Seen on an H200 shared by four campaigns and an upstream test suite: memcheck's
+    "Program hit cudaErrorMemoryAllocation ... on CUDA API call to cudaDeviceGetStreamPriorityRange" had been
+    reported as a memory-safety failure of vllm.flashmla_decode."""
 
 
 def parse_memcheck(text: str) -> MemcheckReport:
@@ -216,10 +233,11 @@ def _longest_last(batch, need: int):
 
 def sanitize(target, example, spec: str, sanitizer: str | None = None, timeout: float = TIMEOUT_S) -> None:
     """Run ``example`` on ``target`` (loadable in a child as ``spec``: a registered name, ``module:CLASS`` or
-    ``path.py:CLASS``) under ``compute-sanitizer --tool memcheck`` in a child process. Returns when the report
-    says 0 errors; raises :class:`MemorySafetyError` naming the first invalid access (kernel, file:line, size,
-    offset) when it reports any, or :class:`~kvfuzz.contracts.checks.failures.HarnessError` when there is no
-    sanitizer, the child timed out, or the report is not one (no ERROR SUMMARY: nothing shown either way)."""
+    ``path.py:CLASS``) under ``compute-sanitizer --tool memcheck`` in a child process. Returns when the report says
+    0 errors; raises :class:`MemorySafetyError` naming the first invalid access (kernel, file:line, size, offset)
+    when it reports any, :class:`DeviceFull` when its only errors are failed allocations, or
+    :class:`~kvfuzz.contracts.checks.failures.HarnessError` when there is no sanitizer, the child timed out, or the
+    report is not one (no ERROR SUMMARY: nothing shown either way)."""
     exe = sanitizer or sanitizer_path()
     if exe is None:
         raise HarnessError("compute-sanitizer not found", "kvfuzz fuzz --sanitize needs compute-sanitizer (CUDA's, "
@@ -239,6 +257,8 @@ def sanitize(target, example, spec: str, sanitizer: str | None = None, timeout: 
         return
     if report.accesses:
         _raise_accesses(report, text)
+    if report.out_of_memory:
+        raise DeviceFull(f"{' '.join(cmd[:3])}: {'; '.join(report.other)[:500]}")
     if report.error_count:  # errors that are not invalid accesses (a launch failure, a leak): the kernel's too
         raise MemorySafetyError(CHECK, f"{report.error_count} memcheck error(s): {'; '.join(report.other) or '?'}",
                                 {"accesses": [], "error_count": report.error_count, "report": text[-4000:]})
@@ -454,9 +474,9 @@ def _child(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["AUTO_TIME_SHARE", "CHECK", "MARK", "START_SECONDS", "MemcheckReport", "MemoryAccess", "MemorySafetyError",
-           "SanitizedChild", "applies", "child_environment", "exact_batch", "gpu_slot", "parse_memcheck", "sanitize",
-           "sanitizer_path", "selected"]
+__all__ = ["AUTO_TIME_SHARE", "CHECK", "MARK", "START_SECONDS", "DeviceFull", "MemcheckReport", "MemoryAccess",
+           "MemorySafetyError", "SanitizedChild", "applies", "child_environment", "exact_batch", "gpu_slot",
+           "parse_memcheck", "sanitize", "sanitizer_path", "selected"]
 
 if __name__ == "__main__":
     sys.exit(_child(sys.argv[1:]))

@@ -124,10 +124,11 @@ class _KernelOutOfMemoryUnlessAlone(SdpaPaged):
 
     name = "planted.kernel_oom_unless_alone"
     always = False
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (planted, in the kernel)")
 
     def run(self, call):
         if self.always or memory.RETRIES_OUT_OF_MEMORY.is_set():
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (planted, in the kernel)")
+            raise self.error
         return super().run(call)
 
 
@@ -147,3 +148,44 @@ def test_a_kernel_out_of_memory_runs_again_alone(tmp_path, always, monkeypatch):
         return
     (failure,) = stats.failures.values()
     assert failure.blame == "kernel" and "OutOfMemoryError" in failure.check
+
+
+def test_out_of_memory_is_told_by_type_and_by_cudas_words():
+    assert memory.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert memory.is_out_of_memory(RuntimeError("CUDA driver error: out of memory"))  # Triton's module load
+    assert memory.is_out_of_memory(RuntimeError("CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation'"))
+    assert not memory.is_out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not memory.is_out_of_memory(RuntimeError("the cache is out of memory order"))  # no CUDA in it
+    assert not memory.is_out_of_memory(ValueError("CUDA out of memory"))
+    assert not memory.device_full()  # no CUDA here: never full
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_kernel_out_of_memory_on_a_device_others_filled_is_skipped_not_the_kernels(tmp_path, full, monkeypatch):
+    """Triton's "CUDA driver error: out of memory" is out of memory too: re-run alone; still out of memory alone,
+    it is the kernel's finding while the device has room (a kernel asking for too much), and skipped, never a
+    finding, while the device is full all the same (a flex_attention call of one decode token on an H200 that
+    other campaigns and a test suite had filled had been reported as a kernel crash)."""
+    monkeypatch.setattr(engine, "OUT_OF_MEMORY_PAUSES", (0.0,))
+    monkeypatch.setattr(_KernelOutOfMemoryUnlessAlone, "always", True)
+    monkeypatch.setattr(_KernelOutOfMemoryUnlessAlone, "error", RuntimeError("CUDA driver error: out of memory"))
+    monkeypatch.setattr(memory, "device_full", lambda: full)
+    stats = fuzz_target(_KernelOutOfMemoryUnlessAlone(), CampaignConfig(
+        out=tmp_path, max_examples=3, poisons=(Poison.ZEROS,), seed=1, stop_at_first_failure=True,
+        structural_shrink=0))
+    if full:
+        assert not stats.failures and stats.examples == 0 and stats.skipped_memory == 3
+        return
+    (failure,) = stats.failures.values()
+    assert failure.blame == "kernel" and "RuntimeError" in failure.check and not stats.skipped_memory
+
+
+def test_an_event_outside_hypothesiss_test_is_dropped_not_raised():
+    """The structural shrink runs examples outside Hypothesis's test, where hypothesis.event() raises
+    InvalidArgument: an out-of-memory skip there had ended two workers on an H200 (a harness error each)."""
+    import hypothesis
+    from hypothesis.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument):
+        hypothesis.event("skipped: out of device memory")
+    engine._event("skipped: out of device memory")  # no error

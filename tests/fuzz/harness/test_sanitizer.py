@@ -316,3 +316,41 @@ def test_after_recording_a_memory_safety_failure_the_campaign_returns_to_its_sha
         assert not c._sanitize_all  # a hit of the recorded failure
     finally:
         c.close()
+
+
+#: what memcheck printed on an H200 that other processes had filled (the sanitized child could not make its context)
+DEVICE_FULL = ("""========= COMPUTE-SANITIZER
+========= Program hit cudaErrorMemoryAllocation (error 2) due to "out of memory" on CUDA API call to """
+               """cudaDeviceGetStreamPriorityRange.
+=========     Saved host backtrace up to driver entry point at error
+=========
+========= Program hit cudaErrorMemoryAllocation (error 2) due to "out of memory" on CUDA API call to cudaMalloc.
+=========
+========= ERROR SUMMARY: 2 errors
+""")
+
+
+def test_a_sanitized_run_that_found_the_device_full_is_not_a_finding(tmp_path, monkeypatch):
+    """Failed allocations alone say nothing about the kernel's accesses: DeviceFull, and a campaign counts the
+    example as not sanitized (label "skipped: device full"), with no failure. An invalid access beside a failed
+    allocation, or another API error, stays a memory-safety failure."""
+    r = sanitizer.parse_memcheck(DEVICE_FULL)
+    assert r.out_of_memory and not r.clean and r.error_count == 2
+    assert not sanitizer.parse_memcheck(REPORT).out_of_memory and not sanitizer.parse_memcheck(CLEAN).out_of_memory
+    both = DEVICE_FULL.replace("========= ERROR SUMMARY: 2 errors\n", "") + REPORT.split("\n", 1)[1]
+    assert not sanitizer.parse_memcheck(both).out_of_memory
+    launch = DEVICE_FULL.replace('cudaErrorMemoryAllocation (error 2) due to "out of memory"',
+                                 "cudaErrorLaunchFailure (error 719) due to \"unspecified launch failure\"", 1)
+    assert not sanitizer.parse_memcheck(launch).out_of_memory
+    ex = Example(small_batch([4], [12], head_size=32, block_size=16), Poison.NAN)
+    with pytest.raises(sanitizer.DeviceFull):
+        sanitizer.sanitize(PagedTorch(), ex, "paged.torch", sanitizer=_fake(tmp_path, DEVICE_FULL))
+    (tmp_path / "launch").mkdir()
+    with pytest.raises(MemorySafetyError):
+        sanitizer.sanitize(PagedTorch(), ex, "paged.torch", sanitizer=_fake(tmp_path / "launch", launch))
+    monkeypatch.setenv(sanitizer.ENV, _fake(tmp_path, DEVICE_FULL))
+    monkeypatch.setattr(sanitizer, "applies", lambda target: True)
+    stats = fuzz_target(PagedTorch(), CampaignConfig(out=tmp_path / "out", max_examples=4, seed=0, sanitize=1.0,
+                                                     database=InMemoryExampleDatabase()))
+    assert not stats.failures and stats.examples == 4
+    assert stats.coverage.counts["sanitize"] == {"skipped: device full": 4}
