@@ -166,7 +166,8 @@ class Supervisor:
         if skipped:
             self.problems.append(f"{skipped} example(s) skipped: {SKIPPED_FOR_MEMORY} even alone on the device "
                                  "(holding the device-memory lock, after retries); neither findings nor harness "
-                                 "errors, but not checked (fewer workers, or a GPU with more memory, fits them)")
+                                 "errors, but not checked (fewer workers, a GPU with more memory, or one no other "
+                                 "process fills, fits them)")
         if self.fatal:
             self.problems.insert(0, self.fatal)
         full = self._disk_full_report() if self.disk_full else None
