@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 
 from .state import State
@@ -64,6 +65,41 @@ def check_column(batch: Any, seq: int, col: int, blk: int, freed: int) -> None:
             "give it a block of its own")
 
 
+def without_window(batch: Any) -> Any:
+    """``batch`` with no sliding window (``sliding_window`` None): the findings baseline's ``"sliding_window"``
+    re-run (:data:`kvfuzz.fuzz.campaign.store.baseline.FEATURES_OFF`). Without a window every position is visible,
+    so a batch with freed window blocks leaves that state too: each freed column gets a block of its own, appended
+    after ``num_blocks`` (the null block stays unused), or, where the sequence shares a kept block with others (a
+    shared prefix), the block a sharer keeps at that column, else one fresh block for all of them. Those positions
+    were outside every window, so no output of the windowed batch depended on them. Raises ValueError (Batch's)
+    where the result is not a valid batch."""
+    if not batch.freed_window_blocks:
+        return attrs.evolve(batch, sliding_window=None)
+    n, need = batch.num_seqs, [batch.blocks_needed(i) for i in range(batch.num_seqs)]
+    freed = [min(freed_blocks(batch, i), need[i]) for i in range(n)]
+    group = list(range(n))  # sequences sharing a kept block at the same column: one prefix
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    first: dict[tuple[int, int], int] = {}
+    for i, row in enumerate(batch.block_table):
+        for col in range(freed[i], need[i]):
+            j = first.setdefault((col, row[col]), i)
+            group[root(i)] = root(j)
+    rows, fresh = [list(r) for r in batch.block_table], {}
+    for i, row in enumerate(rows):
+        for col in range(freed[i]):
+            kept = next((r[col] for j, r in enumerate(batch.block_table)
+                         if root(j) == root(i) and freed[j] <= col < need[j]), None)
+            row[col] = kept if kept is not None else fresh.setdefault(
+                (root(i), col), batch.num_blocks + len(fresh))
+    return attrs.evolve(batch, sliding_window=None, freed_window_blocks=False, num_blocks=batch.num_blocks + len(fresh),
+                   block_table=rows)
+
+
 def _validate(capabilities: Any) -> None:
     if capabilities.freed_window_blocks and "sliding_window" not in capabilities.features:
         raise ValueError("Capabilities.freed_window_blocks needs the feature 'sliding_window' (blocks are freed "
@@ -75,4 +111,4 @@ STATE = State("freed_window_blocks", "freed window blocks", False, "freed window
               lambda b: b.freed_window_blocks, _validate)
 
 
-__all__ = ["NULL_BLOCK", "STATE", "check_column", "freed_blocks", "held_mask"]
+__all__ = ["NULL_BLOCK", "STATE", "check_column", "freed_blocks", "held_mask", "without_window"]

@@ -14,7 +14,9 @@ table, masks the scores by causality and window) declaring the state:
   ``V = tl.where(sw_mask_v, V, 0.0)``), so it never uses what the null block holds.
 
 And :class:`WindowStraddledAtLargeHeads`, wrong only on serving-sized batches: the serving tier's test
-(tests/fuzz/campaign/test_tiers_campaign.py).
+(tests/fuzz/campaign/test_tiers_campaign.py). :class:`IgnoresWindow` (wrong only with a window, Finding 12's shape)
+and :class:`IgnoresWindowAndScales` (wrong with or without one): the baseline's ``"sliding_window"`` feature
+(tests/fuzz/campaign/test_baseline.py).
 """
 
 import attrs
@@ -67,3 +69,26 @@ class WindowStraddledAtLargeHeads(PagedTorch):
             if q >= 2 and seq_len - q >= window:
                 out[qsl[i]:qsl[i + 1]] *= 1.5
         return out
+
+
+class IgnoresWindow(PagedTorch):
+    """Finding 12's shape (FA3's wrong output past a sliding window): correct torch paged attention that attends to
+    every causal key, the window ignored, so only query positions past a window come out wrong; declares the
+    freed-window state (a freed block's keys then reach the output too)."""
+
+    name = "planted.window_ignored"
+    description = "torch paged attention that ignores the sliding window (wrong only with one)"
+    capabilities = _CAPS
+
+    def in_window(self, qpos: torch.Tensor, kpos: torch.Tensor, window: int, decode: bool) -> torch.Tensor:
+        return torch.ones(len(qpos), len(kpos), dtype=torch.bool)
+
+
+class IgnoresWindowAndScales(IgnoresWindow):
+    """:class:`IgnoresWindow` whose output is also scaled by 1.5: wrong with or without a window."""
+
+    name = "planted.window_ignored_and_scaled"
+    description = "torch paged attention that ignores the sliding window and scales its output by 1.5"
+
+    def run(self, call):
+        return super().run(call).mul_(1.5)

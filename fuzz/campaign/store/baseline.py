@@ -17,7 +17,8 @@ The file is TOML (read with the standard library's ``tomllib``), one ``[[known]]
                                         # NaN comes from the batch's own values (needs values and features)
     tail_tokens = 32                    # slots = "tail": the kernel's token group
     values = ["extreme"]                # slots = "none": the value ranges it shows with
-    features = ["softcap"]              # slots = "none": the features that cause it (the batch has them)
+    features = ["softcap"]              # slots = "none": the features that cause it (the batch has them): "softcap",
+                                        # "magnitudes", "padding" or "sliding_window" (FEATURES_OFF)
     # kernel mismatch: what decides "the same bug"
     max_ratio = 10.0                    # the worst element's |out - ref| / bound may be at most this; or (and)
     # values = ["extreme"], features = ["magnitudes"]: the value ranges and features it shows with (as above)
@@ -38,7 +39,8 @@ A failing example matches an entry only when all of these hold (:func:`match`):
   (``Batch.freed_window_blocks``) points the columns wholly before each window (so only such a batch can match).
   So the NaN came from there, as the documented bug says, and from nowhere else.
   ``slots = "none"``: the batch's value range is one of ``values``, it has every feature of ``features``, and
-  the same example passes with those features off (e.g. no softcap; ``"padding"``: no CUDA-graph pads), or fails
+  the same example passes with those features off (e.g. no softcap; ``"padding"``: no CUDA-graph pads;
+  ``"sliding_window"``: no window, a freed-window batch's freed columns given blocks of their own), or fails
   there only with findings other entries accept, each matching that re-run itself (scoped ones re-run it again
   with their own features off): the NaN comes from that feature at those magnitudes, as the documented bug says.
   A re-run failing the same check, or another check no entry accepts (a failure of its own), keeps it new;
@@ -48,7 +50,8 @@ A failing example matches an entry only when all of these hold (:func:`match`):
   of ``values`` and the same example passes with the features off (or fails there only with findings other
   entries accept: Finding 3 at normal values, a pad row's NaN). The feature ``"magnitudes"`` re-runs the same
   batch at the ``"normal"`` value range: a precision bug that only large magnitudes expose (an fp16 score that
-  overflows, a rounding error that grows with the score) and that stays inside the bound at normal values.
+  overflows, a rounding error that grows with the score) and that stays inside the bound at normal values. The
+  feature ``"sliding_window"`` re-runs it without a window: a kernel wrong only with a window (Finding 12).
 - a memory safety finding (compute-sanitizer memcheck, :mod:`kvfuzz.fuzz.harness.sanitizer`): it lists at least
   one invalid access (``details["accesses"]``), and **every** access it lists is at one of ``locations`` (the
   access's source file's basename and line, as :meth:`~kvfuzz.fuzz.harness.sanitizer.MemoryAccess.describe` prints
@@ -81,7 +84,10 @@ SLOT_CLASSES = ("tail", "unwritten", "freed", "none")
 #: "magnitudes": the re-run draws the same batch at the "normal" value range (the failure comes from the batch's
 #: magnitudes alone, as a documented precision bug of an input-dtype score says).
 #: "padding": the re-run drops the CUDA-graph pad sequences (``num_pad_seqs`` 0: a NaN that only pads cause).
-FEATURES_OFF = {"softcap": ("softcap", None), "magnitudes": ("value_range", "normal"), "padding": ("num_pad_seqs", 0)}
+#: "sliding_window": the re-run has no window (``sliding_window`` None; a batch with freed window blocks gets blocks
+#: of its own for the freed columns, :func:`~kvfuzz.contracts.model.freed_window.without_window`).
+FEATURES_OFF = {"softcap": ("softcap", None), "magnitudes": ("value_range", "normal"), "padding": ("num_pad_seqs", 0),
+                "sliding_window": ("sliding_window", None)}
 HEADS = ("any", "equal")
 #: A memory safety entry's fields (module docstring); a ``locations`` entry: a file's basename and a line.
 MEMORY_FIELDS = ("locations", "kernels")
@@ -450,6 +456,21 @@ def match(entry: KnownFinding, target, example, finding, run=None, others=()) ->
     return _scoped_match(entry, target, example, finding, others) if entry.values else (True, "")
 
 
+class _NoBatchOff(Exception):
+    """The example has no valid batch with an entry's features off (:func:`features_off` raised ValueError)."""
+
+
+def features_off(batch, features):
+    """``batch`` with ``features`` off (:data:`FEATURES_OFF`); ``"sliding_window"`` through
+    :func:`~kvfuzz.contracts.model.freed_window.without_window` (a freed-window batch's freed columns need blocks of
+    their own once every position is visible). Raises ValueError where that is no valid batch."""
+    from kvfuzz.contracts.model.freed_window import without_window
+
+    fields = dict(FEATURES_OFF[f] for f in features if f != "sliding_window")
+    batch = attrs.evolve(batch, **fields) if fields else batch
+    return without_window(batch) if "sliding_window" in features else batch
+
+
 def _off_failure(entry: KnownFinding, target, example, others=()):
     """What ``example`` re-run with the entry's features off (:data:`FEATURES_OFF`) fails with that no entry
     accepts: None when the re-run passes or fails only with a finding one of ``others`` (not ``entry``), scoped
@@ -459,7 +480,10 @@ def _off_failure(entry: KnownFinding, target, example, others=()):
     from kvfuzz.contracts.checks.failures import Finding
     from kvfuzz.fuzz.harness import properties
 
-    off = attrs.evolve(example, batch=attrs.evolve(example.batch, **dict(FEATURES_OFF[f] for f in entry.features)))
+    try:
+        off = attrs.evolve(example, batch=features_off(example.batch, entry.features))
+    except ValueError as e:  # no valid batch without them: nothing shows the feature caused it
+        return _NoBatchOff(str(e))
     try:
         properties.check(target, off)
     except Finding as f:
@@ -493,6 +517,8 @@ def _scoped_match(entry: KnownFinding, target, example, finding, others=()) -> t
     if isinstance(failure, Finding) and failure.check == finding.check:
         return False, (f"baseline {entry.id}: the example still fails with {off} off, so the {entry.kind} does not "
                        "come (only) from there")
+    if isinstance(failure, _NoBatchOff):
+        return False, f"baseline {entry.id}: the example has no valid batch with {off} off ({failure})"
     what = failure.check if isinstance(failure, Finding) else f"raised {type(failure).__name__}"
     return False, (f"baseline {entry.id}: with {off} off the example fails another check ({what}), which no "
                    "baseline entry accepts")
@@ -604,4 +630,5 @@ def append_entry(path: str | Path, entry: KnownFinding) -> None:
 
 
 __all__ = ["FEATURES_OFF", "Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "access_location",
-           "append_entry", "classify", "entry_from_case", "load_baseline", "match", "parse_baseline", "tail_slots"]
+           "append_entry", "classify", "entry_from_case", "features_off", "load_baseline", "match", "parse_baseline",
+           "tail_slots"]

@@ -10,16 +10,18 @@ from support import ROOT, SUPPORT, available, kvfuzz
 
 from kvfuzz.contracts.checks.failures import KernelMismatch, MemorySafetyError, NonFiniteOutput
 from kvfuzz.contracts.checks.oracles import Oracle
-from kvfuzz.contracts.model.batch import positions
+from kvfuzz.contracts.model.batch import VALUE_RANGES, positions
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.bench.paged_torch import small_batch as _batch
 from kvfuzz.fuzz.campaign.store.baseline import (
+    Baseline,
     BaselineError,
     KnownFinding,
     append_entry,
     classify,
     entry_from_case,
+    features_off,
     freed_slots,
     load_baseline,
     match,
@@ -31,6 +33,7 @@ from kvfuzz.fuzz.targets import BUILTIN, get_target
 
 PLANTED = SUPPORT / "planted_targets.py"
 PADDED = SUPPORT / "planted_padding.py"
+WINDOW = SUPPORT / "planted_window.py"
 SHIPPED = ROOT / "kvfuzz-baseline.toml"
 
 
@@ -216,6 +219,62 @@ def test_a_magnitudes_entry_does_not_take_a_nan_that_stays_at_normal_values():
     assert not ok and "still fails with magnitudes off" in why
     ok, why = match(entry, target, attrs.evolve(example, batch=attrs.evolve(example.batch, value_range="large")), f)
     assert not ok and "not values large" in why
+
+
+def _finding_12(target: str) -> KnownFinding:
+    """The shipped finding-12 entry (FA3's wrong output past a sliding window), on ``target``."""
+    return attrs.evolve(load_baseline(SHIPPED).get("finding-12"), target=target)
+
+
+@pytest.mark.parametrize("values", VALUE_RANGES)
+def test_a_sliding_window_entry_takes_a_mismatch_only_while_the_example_without_a_window_passes(values):
+    """Finding 12's entry (features = ["sliding_window"]) at every value range the strategies draw: a kernel wrong
+    only past a window is known; one wrong with or without a window stays new, and so does its failure without a
+    window (nothing to turn off)."""
+    past_window = get_target(f"{WINDOW}:IgnoresWindow")
+    example = Example(_batch([8], [0], head_size=32, block_size=8, sliding_window=3, value_range=values), Poison.ZEROS)
+    f = failing(past_window, example)
+    assert isinstance(f, KernelMismatch) and f.check == Oracle.AGREEMENT.value
+    entry = _finding_12(past_window.name)
+    assert match(entry, past_window, example, f) == (True, "")
+    assert classify(Baseline("b.toml", (entry,)), past_window, example, f) == "finding-12" == f.known
+    no_window = attrs.evolve(example, batch=attrs.evolve(example.batch, sliding_window=None))
+    properties.check(past_window, no_window)
+    # a planted defect wrong with or without a window: not the window's
+    always = get_target(f"{WINDOW}:IgnoresWindowAndScales")
+    entry = _finding_12(always.name)
+    g = failing(always, example)
+    ok, why = match(entry, always, example, g)
+    assert not ok and "still fails with sliding_window off" in why
+    assert classify(Baseline("b.toml", (entry,)), always, example, g) is None and g.known is None
+    assert "new: baseline finding-12" in g.message
+    h = failing(always, no_window)
+    ok, why = match(entry, always, no_window, h)
+    assert not ok and "without sliding_window" in why
+
+
+def test_a_sliding_window_entry_re_runs_a_freed_window_batch_with_blocks_of_its_own():
+    """Without a window every position is visible, so the re-run of a batch with freed window blocks gives each
+    freed column a block of its own (or, in a shared prefix, the block a sharer keeps there): a valid batch, and
+    the kernel wrong only past the window passes it, so the entry takes the freed-window batch's mismatch."""
+    batch = attrs.evolve(_batch([4], [16], head_size=32, block_size=8, sliding_window=4), freed_window_blocks=True)
+    assert batch.block_table == ((0, 1, 2),) and batch.freed_blocks(0) == 1
+    off = features_off(batch, ("sliding_window",))
+    assert off.sliding_window is None and not off.freed_window_blocks
+    assert off.block_table == ((3, 1, 2),) and off.num_blocks == 4
+    target = get_target(f"{WINDOW}:IgnoresWindow")
+    example = Example(batch, Poison.ZEROS)
+    f = failing(target, example)
+    assert isinstance(f, KernelMismatch)
+    assert match(_finding_12(target.name), target, example, f) == (True, "")
+    # a shared prefix (block 2 at column 3) whose users freed 2 and 3 columns: the freed columns become one prefix
+    shared = _batch([1, 1], [32, 40], head_size=32, block_size=8, sliding_window=12, num_blocks=6,
+                    table=[[0, 0, 1, 2, 3, 0], [0, 0, 0, 2, 4, 5]], freed_window_blocks=True)
+    assert [shared.freed_blocks(i) for i in (0, 1)] == [2, 3] and shared.shared_prefix_blocks == (0, 4)
+    off = features_off(shared, ("sliding_window",))
+    assert off.block_table == ((6, 7, 1, 2, 3, 0), (6, 7, 1, 2, 4, 5)) and off.num_blocks == 8
+    assert off.shared_prefix_blocks == (0, 4)
+    properties.check(get_target(f"{WINDOW}:SkipsFreedBlocks"), Example(off, Poison.NAN))
 
 
 def _padded_entries(target: str, pad_values=("normal", "large", "dominant", "extreme", "equal")):
