@@ -96,8 +96,8 @@ def without_window(batch: Any) -> Any:
                          if root(j) == root(i) and freed[j] <= col < need[j]), None)
             row[col] = kept if kept is not None else fresh.setdefault(
                 (root(i), col), batch.num_blocks + len(fresh))
-    return attrs.evolve(batch, sliding_window=None, freed_window_blocks=False, num_blocks=batch.num_blocks + len(fresh),
-                   block_table=rows)
+    return attrs.evolve(batch, sliding_window=None, freed_window_blocks=False,
+                        num_blocks=batch.num_blocks + len(fresh), block_table=rows)
 
 
 def _validate(capabilities: Any) -> None:
