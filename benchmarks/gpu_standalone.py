@@ -27,7 +27,7 @@ from pathlib import Path
 import attrs
 
 from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
-from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.batch import Batch, contiguous_batch
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
@@ -112,14 +112,10 @@ class PlantedFIAppend(FlashInferAppendPagedKvCache):
         return call
 
 
-def batch(lens, block_size=16, **kw) -> Batch:
-    need = [-(-(q + c) // block_size) for q, c in lens]
-    table, j = [], 0
-    for n in need:
-        table.append(list(range(j, j + n)) + [0] * (max(need) - n))
-        j += n
-    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
-                 num_blocks=sum(need) + 2, block_table=table, **kw)
+def batch(lens, **kw) -> Batch:
+    """:func:`~kvfuzz.contracts.model.batch.contiguous_batch` of ``(query_len, ctx_len)`` pairs: block size 16
+    (``kw`` may set another), two spare blocks."""
+    return contiguous_batch(*zip(*lens), **{"block_size": 16, "spare_blocks": 2, **kw})
 
 
 def cases():
