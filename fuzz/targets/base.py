@@ -11,6 +11,7 @@ the contract before the kernel runs, and the output against the fp64 reference a
 from __future__ import annotations
 
 import abc
+import importlib
 from typing import Any, Callable, ClassVar, Mapping
 
 import attrs
@@ -36,6 +37,18 @@ class Availability:
 
 #: What an answer of :meth:`Target.installed` says it did not do (``kvfuzz targets`` without ``--check``).
 NOT_LOADED = "installed, not loaded (--check loads it)"
+
+
+def try_import(what: str, load: Callable[[], Any] | None = None, fix: str = "") -> tuple[Any, Availability | None]:
+    """``(load(), None)`` (``load`` default: import the module ``what``), or, when it raises anything (a bad install
+    raises ImportError, RuntimeError, OSError: a wrong torch ABI, a missing CUDA library), ``(None, why)`` with
+    ``why = Availability(False, "importing WHAT failed: TYPE: MESSAGE (FIX)")``: what a target's
+    :meth:`~Target.availability` returns instead of raising."""
+    try:
+        return (importlib.import_module(what) if load is None else load()), None
+    except Exception as e:
+        return None, Availability(False, f"importing {what} failed: {type(e).__name__}: {e}" + (f" ({fix})" if fix
+                                                                                              else ""))
 
 
 @attrs.define
@@ -196,4 +209,4 @@ class Target(abc.ABC):
         return "default"
 
 
-__all__ = ["NOT_LOADED", "Availability", "DeviceCapabilities", "KernelCall", "Target"]
+__all__ = ["NOT_LOADED", "Availability", "DeviceCapabilities", "KernelCall", "Target", "try_import"]

@@ -64,7 +64,7 @@ from kvfuzz.contracts.model.csr import page_lists
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.writer import WriterInputs, writer_inputs
 
-from .base import NOT_LOADED, Availability, KernelCall, Target
+from .base import NOT_LOADED, Availability, KernelCall, Target, try_import
 from .signature import PageListSignature
 
 #: The release kvfuzz reads FlashInfer's API from (benchmarks/flashinfer_bundle.sh carries it).
@@ -221,10 +221,9 @@ class FlashInferTarget(Target):
             return Availability(False, CUDA_ONLY)
         if importlib.util.find_spec("flashinfer") is None:
             return Availability(False, _not_installed())
-        try:
-            fi = self.flashinfer()
-        except Exception as e:  # flashinfer raises RuntimeError/ImportError on a bad install
-            return Availability(False, f"importing flashinfer failed: {type(e).__name__}: {e}")
+        fi, why = try_import("flashinfer", self.flashinfer)
+        if why:
+            return why
         version = getattr(fi, "__version__", "?")
         note = "" if version == FLASHINFER_VERSION else f" (kvfuzz read the API of {FLASHINFER_VERSION})"
         return Availability(True, f"CUDA, JIT-compiled; flashinfer {version}{note}", "cuda")

@@ -74,7 +74,7 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
-from .base import Availability, KernelCall, Target
+from .base import Availability, KernelCall, Target, try_import
 from .signature import KernelSignature
 from .triton_runtime import hopper_installed, quiet_vllm
 
@@ -234,14 +234,18 @@ class VllmFlashAttnVarlen(Target):
         pre = self.installed()
         if not pre.ok:
             return pre
-        try:
-            quiet_vllm()
-            fa = importlib.import_module("vllm.vllm_flash_attn")
-        except Exception as e:  # the extension fails to load: a wrong torch ABI, a missing CUDA library
-            return Availability(False, f"importing vllm.vllm_flash_attn failed: {type(e).__name__}: {e}")
+        fa, why = try_import("vllm.vllm_flash_attn", self.module)
+        if why:
+            return why
         if not fa.is_fa_version_supported(3):
             return Availability(False, f"FA3 unsupported here: {fa.fa_version_unsupported_reason(3)}")
         return Availability(True, "CUDA (SM 9.x); vllm.vllm_flash_attn FA3", "cuda")
+
+    @staticmethod
+    def module() -> Any:
+        """``vllm.vllm_flash_attn``, imported with vLLM's loggers quieted."""
+        quiet_vllm()
+        return importlib.import_module("vllm.vllm_flash_attn")
 
     def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """``(flash_attn_varlen_func, get_scheduler_metadata)`` from ``vllm.vllm_flash_attn``."""

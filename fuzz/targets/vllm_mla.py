@@ -73,7 +73,7 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
-from .base import Availability, KernelCall, Target
+from .base import Availability, KernelCall, Target, try_import
 from .signature import KernelSignature
 from .triton_runtime import hopper_installed, poisoned_scratch, quiet_vllm, scales
 from .vllm_triton import DECODE_ATTENTION_FWD, VllmDecodeAttentionFwd
@@ -310,15 +310,20 @@ class VllmFlashMlaDecode(Target):
         pre = self.installed()
         if not pre.ok:
             return pre
-        try:
-            quiet_vllm()
-            ops = importlib.import_module("vllm.v1.attention.ops.flashmla")
-            ok, reason = ops.is_flashmla_dense_supported()
-        except Exception as e:  # the extension fails to load: a wrong torch ABI, a missing CUDA library
-            return Availability(False, f"importing vllm.v1.attention.ops.flashmla failed: {type(e).__name__}: {e}")
+        supported, why = try_import("vllm.v1.attention.ops.flashmla",
+                                    lambda: self.module().is_flashmla_dense_supported())
+        if why:
+            return why
+        ok, reason = supported
         if not ok:
             return Availability(False, f"FlashMLA dense unsupported here: {reason}")
         return Availability(True, "CUDA (SM 9.x); vllm._flashmla_C", "cuda")
+
+    @staticmethod
+    def module() -> Any:
+        """``vllm.v1.attention.ops.flashmla``, imported with vLLM's loggers quieted."""
+        quiet_vllm()
+        return importlib.import_module("vllm.v1.attention.ops.flashmla")
 
     def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """``(flash_mla_with_kvcache, get_mla_metadata)`` from vllm/v1/attention/ops/flashmla.py."""
