@@ -216,10 +216,15 @@ def exact_batch(batch):
 def _longest_last(batch, need: int):
     """``batch`` with a sequence that needs all ``need`` columns moved to the last row (an overrun of the last row
     is past the table's allocation; of any other row, inside the next one): the sanitized run checks no output, so
-    the order is free. Unchanged when a longest sequence is last already, when the batch has CUDA-graph pads (their
-    rows come last) or CSR tails, or when the reordered batch is not valid (it is then run as it is)."""
+    the order is free. Unchanged when a longest sequence is last already, when a state appends rows after the real
+    ones (``StateHooks.appends_rows``: they come last) or the batch has CSR tails, or when the reordered batch is not
+    valid (it is then run as it is)."""
+    from kvfuzz.fuzz.harness.states import active_hooks
+
     n = batch.num_seqs
-    if n < 2 or batch.num_pad_seqs or batch.csr_tail or batch.blocks_needed(n - 1) >= need:
+    if n < 2 or batch.csr_tail or batch.blocks_needed(n - 1) >= need:
+        return batch
+    if any(h.appends_rows for h in active_hooks(batch)):
         return batch
     i = max(range(n), key=lambda j: (batch.blocks_needed(j), j))
     order = [j for j in range(n) if j != i] + [i]
