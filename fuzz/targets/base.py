@@ -71,6 +71,14 @@ class KernelCall:
     value: torch.Tensor | None = None
 
 
+def require_decode(name: str, batch: Batch) -> None:
+    """Raise ValueError naming target ``name`` and the sequences when ``batch`` has a prefill (query_len > 1): a
+    decode-only kernel's call cannot be built for it."""
+    if batch.prefill_seqs:
+        raise ValueError(f"{name} takes decode sequences only (query_len == 1); sequences "
+                         f"{list(batch.prefill_seqs)} have query_len > 1")
+
+
 class DeviceCapabilities:
     """A target's ``capabilities`` that depend on where its kernel runs, read from the class or an instance alike:
     the ``declared`` :class:`~kvfuzz.contracts.model.capabilities.Capabilities` with the fields ``fields(cls)``
@@ -209,4 +217,4 @@ class Target(abc.ABC):
         return "default"
 
 
-__all__ = ["NOT_LOADED", "Availability", "DeviceCapabilities", "KernelCall", "Target", "try_import"]
+__all__ = ["NOT_LOADED", "Availability", "DeviceCapabilities", "KernelCall", "Target", "require_decode", "try_import"]

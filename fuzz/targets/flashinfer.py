@@ -64,7 +64,7 @@ from kvfuzz.contracts.model.csr import page_lists
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.writer import WriterInputs, writer_inputs
 
-from .base import NOT_LOADED, Availability, KernelCall, Target, try_import
+from .base import NOT_LOADED, Availability, KernelCall, Target, require_decode, try_import
 from .signature import PageListSignature
 
 #: The release kvfuzz reads FlashInfer's API from (benchmarks/flashinfer_bundle.sh carries it).
@@ -314,9 +314,7 @@ class FlashInferBatchDecode(FlashInferTarget):
     )
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
-        if batch.prefill_seqs:
-            raise ValueError(f"{self.name} takes decode sequences only (query_len == 1); sequences "
-                             f"{list(batch.prefill_seqs)} have query_len > 1")
+        require_decode(self.name, batch)
         dev = cache.key_cache.device
         indptr, indices, last = page_list_tensors(batch, batch.seq_lens, dev)
         kw = dict(indptr=indptr, indices=indices, last_page_len=last, head_dim=batch.head_size,

@@ -15,7 +15,7 @@ import os
 import sys
 import types
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.data import BatchData
 
-from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall, Target
+from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall, Target, try_import
 from .signature import KernelSignature
 
 
@@ -125,6 +125,27 @@ def hopper_installed(files: tuple[str, ...], no_cuda: str, kernel: str, loaded_f
     if major != 9:
         return Availability(False, f"{kernel} needs a Hopper GPU (SM 9.x); this one is SM {major}.{minor}")
     return Availability(True, f"CUDA (SM 9.x); {loaded_from}: {NOT_LOADED}", "cuda")
+
+
+def hopper_availability(installed: Availability, module: str, unsupported: Callable[[Any], str | None],
+                        loaded_from: str) -> Availability:
+    """The ``availability()`` of a vLLM kernel compiled for Hopper only (FA3, FlashMLA): its ``installed`` answer
+    when that is no (:func:`hopper_installed`); else vLLM's ``module`` imported (loggers quieted) and asked
+    ``unsupported(module)``, the reason it cannot run here or None; ``loaded_from`` names it when it can. Never
+    raises: a module that fails to load (a wrong torch ABI, a missing CUDA library) is a no that says so."""
+    if not installed.ok:
+        return installed
+
+    def ask() -> str | None:
+        quiet_vllm()
+        return unsupported(importlib.import_module(module))
+
+    why_not, failed = try_import(module, ask)
+    if failed is not None:
+        return failed
+    if why_not:
+        return Availability(False, why_not)
+    return Availability(True, f"CUDA (SM 9.x); {loaded_from}", "cuda")
 
 
 def _device_dtypes(cls: type) -> dict[str, tuple[str, ...]]:
@@ -241,6 +262,7 @@ def poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int
     return t
 
 
-__all__ = ["TRITON_TOO_EARLY", "VllmTritonTarget", "fp8_storage", "hopper_installed", "missing_module", "module_file",
+__all__ = ["TRITON_TOO_EARLY", "VllmTritonTarget", "fp8_storage", "hopper_availability", "hopper_installed",
+           "missing_module", "module_file",
            "on_cuda", "poisoned_scratch", "prepare_triton_runtime", "quiet_vllm", "scales", "sinks",
            "triton_imported_too_early", "vllm_files_missing"]
