@@ -144,9 +144,9 @@ class DeviceFull(Exception):
     """The sanitized run could not get device memory (:attr:`MemcheckReport.out_of_memory`: other processes had
     filled the GPU, e.g. several campaigns sharing it): the example was not sanitized. Not a finding: a
     campaign counts the example with the coverage label ``sanitize: skipped: device full``
-    (kvfuzz.fuzz.campaign.engine). Seen on an H200 shared by four campaigns and an upstream test suite: memcheck's
-    "Program hit cudaErrorMemoryAllocation ... on CUDA API call to cudaDeviceGetStreamPriorityRange" had been
-    reported as a memory-safety failure of vllm.flashmla_decode."""
+    (kvfuzz.fuzz.campaign.engine). memcheck reports it as an error of a CUDA API call ("Program hit
+    cudaErrorMemoryAllocation ... on CUDA API call to ..."), which is the device being full, not the kernel's
+    access."""
 
 
 def parse_memcheck(text: str) -> MemcheckReport:
@@ -290,9 +290,9 @@ def gpu_slot(directory, wait: bool = False) -> Iterator[bool]:
     opened there: yields True.
 
     Why: a sanitized child is a CUDA context of its own beside the campaign's MPS server, so while its kernel runs
-    under memcheck (10-100x slower) the GPU time-slices between them and every worker's kernel waits. With up to
-    14 children per GPU, each within its 10% time share, a default campaign of vllm.unified_attention lost 32-36%
-    of its examples/s on an H200 before any finding (benchmarks/results/sanitize-cost-h200.txt)."""
+    under memcheck (10-100x slower) the GPU time-slices between them and every worker's kernel waits: one child per
+    worker, each within its time share, still slows the whole campaign by a third (measured: docs/fuzzing.md,
+    "Memory safety")."""
     if directory is None:
         yield True
         return
@@ -353,8 +353,8 @@ class SanitizedChild:
         self._dir = self._dir or tempfile.mkdtemp(prefix="kvfuzz-sanitize-")
         # --destroy-on-device-error kernel: an invalid access ends the kernel, not the child's CUDA context, so the
         # child answers the next example too (a shrink's candidates would otherwise each start a child)
-        # --print-limit 0: memcheck's limit counts for the process's whole life (with 20, a child that had printed
-        # 20 errors printed no more, H200); --show-backtrace no keeps each access to a few lines
+        # --print-limit 0: memcheck's limit counts for the process's whole life (with a limit, a long-lived child
+        # goes silent once it has printed that many errors); --show-backtrace no keeps each access to a few lines
         cmd = [exe, "--tool", "memcheck", "--print-limit", "0", "--show-backtrace", "no",
                "--destroy-on-device-error", "kernel", sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer",
                "--target", self.spec, "--serve"]

@@ -37,8 +37,7 @@ pos_encoding_mode, use_sliding_window, use_logits_soft_cap) (flashinfer/jit/atte
 ``gen_batch_decode_module``/``gen_batch_prefill_module``); heads, GQA group, page size and the window's size are
 runtime arguments. A campaign's pinned configurations (strategies/configs.py) fix those compile keys per chunk
 and leave heads, page size and the window's size free (``runtime_fields``), so one chunk costs at most one
-compile and still draws every page size and GQA group: measured on an H100, 21 s for a decode module, 86 s for
-the sm90 prefill module, 19 s for append's page module (benchmarks/results/flashinfer-first-calls-h100.txt). The JIT
+compile (tens of seconds; docs/benchmarks.md, "FlashInfer") and still draws every page size and GQA group. The JIT
 cache is ``$FLASHINFER_WORKSPACE_BASE`` (FlashInfer's own default: the home directory); set it before the first
 flashinfer import.
 """
@@ -281,7 +280,7 @@ def _common(batch: Batch, data: BatchData, cache: CacheState) -> dict:
 #: Group sizes FlashInfer's CUDA-core decode kernels are compiled for: flashinfer-python 0.7.2.post1's
 #: flashinfer/data/include/flashinfer/utils.cuh ``DISPATCH_GQA_GROUP_SIZE`` (used by csrc/batch_decode.cu's plan
 #: and run) dispatches 1, 2, 3, 4, 6, 8 and 16 (flashinfer-ai/flashinfer main, 2026-08: 1, 2, 3, 4, 6, 8); any
-#: other raises "Unsupported group_size: N" (seen on an H100: group size 7, a RuntimeError from the JIT module;
+#: other raises "Unsupported group_size: N" (a RuntimeError from the JIT module;
 #: regressions/flashinfer.batch_decode-configuration-rejected-* replays it). SGLang switches to the tensor-core
 #: decode for such models (:class:`FlashInferBatchDecodeTC`).
 DECODE_GQA_RATIOS = (1, 2, 3, 4, 6, 8, 16)

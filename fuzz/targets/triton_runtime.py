@@ -158,12 +158,11 @@ class VllmTritonTarget(Target):
 
     dtypes depend on where the kernel runs: interpreted on CPU, fp16 and fp32 (the interpreter computes
     bf16 wrongly); compiled on CUDA, fp16 and bf16 (Triton's ``tl.dot`` takes fp32 inputs as TF32 by
-    default, measured 1.7e-3 error on a single-key decode on an H200, which kvfuzz's fp32 tolerance does
-    not model yet).
+    default, an error kvfuzz's fp32 tolerance does not model yet; docs/targets.md gives the measurement).
     """
 
-    #: ``--sanitize auto`` on: a sanitized child loads one Triton kernel under memcheck in 8-16 s (H200), and on
-    #: vllm.unified_attention the oracle found vllm#56862 in a plain campaign (docs/fuzzing.md)
+    #: ``--sanitize auto`` on: a sanitized child loads one Triton kernel under memcheck in seconds, and these kernels
+    #: have had real memory-safety bugs (vllm#56862; docs/fuzzing.md)
     sanitize_by_default: ClassVar[bool] = True
 
     cpu_dtypes: tuple[str, ...] = ("float16", "float32")

@@ -112,16 +112,14 @@ class PipeListener:
 def gpu_environment(gpu: int, env) -> None:
     """Put a worker on the campaign's GPU ``gpu`` in ``env`` (os.environ): ``CUDA_VISIBLE_DEVICES`` that GPU's
     device (the ``gpu``-th of the campaign's own ``CUDA_VISIBLE_DEVICES`` when it has one: a campaign on devices
-    2,3 puts GPU 0 on "2"; it had put it on "0"), and under per-GPU MPS daemons (kvfuzz.fuzz.campaign.workers.mps,
-    ``KVFUZZ_MPS_PIPES``) that GPU's daemon's pipe as ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_VISIBLE_DEVICES=0``:
-    the daemon was started seeing only its GPU, which is its clients' device 0. Without a mask the client's torch
-    counted the host's GPUs through NVML (4 on a 4-GPU host) while CUDA gave it one, and every worker not on the
-    first GPU died at CUDA's lazy init ("device=1, num_gpus=1", torch.cuda._check_capability; a two- and a
-    four-GPU campaign on an H200 host ran 10 examples each).
-    Under one daemon kvfuzz started for all the campaign's GPUs (``KVFUZZ_MPS_SHARED``), which sees only the
-    campaign's devices, the index ``gpu`` itself: a one-GPU campaign on device "3" is the server's device 0 (with
-    "3" its workers found no GPU; found on a 4-GPU H200 host, one campaign per GPU). ``KVFUZZ_DEVICE`` keeps the
-    physical device in every case (a sanitized child runs outside MPS: kvfuzz.fuzz.harness.sanitizer)."""
+    2,3 puts GPU 0 on "2"), and under per-GPU MPS daemons (kvfuzz.fuzz.campaign.workers.mps, ``KVFUZZ_MPS_PIPES``)
+    that GPU's daemon's pipe as ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_VISIBLE_DEVICES=0``: the daemon was started
+    seeing only its GPU, which is its clients' device 0. Without that mask the client's torch counts the host's
+    GPUs through NVML while CUDA gives it one, and a worker not on the first GPU dies at CUDA's lazy init
+    (torch.cuda._check_capability). Under one daemon kvfuzz started for all the campaign's GPUs
+    (``KVFUZZ_MPS_SHARED``), which sees only the campaign's devices, the index ``gpu`` itself: a one-GPU campaign
+    on device "3" is the server's device 0 (naming "3" there, its workers would find no GPU). ``KVFUZZ_DEVICE``
+    keeps the physical device in every case (a sanitized child runs outside MPS: kvfuzz.fuzz.harness.sanitizer)."""
     pipes = [p for p in env.get(PIPES_ENV, "").split(",") if p]
     env["KVFUZZ_DEVICE"] = visible_devices(gpu + 1, env)[gpu]  # its physical GPU, outside MPS too
     if gpu < len(pipes):
