@@ -132,7 +132,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     s = time.perf_counter()
     finite_fail = agree_fail = state_fail = None
     if run.output is not None:
-        real = run.output[:batch.num_tokens] if batch.num_pad_seqs else run.output  # pad rows: their state's
+        real = run.output[:batch.num_tokens]  # rows past the real tokens are a state's (pads), its hooks check them
         finite_fail = check_finite(batch, real)
         if finite_fail is None:  # a non-finite output fails agreement too, and its failure always wins
             agree_fail, run.ratio = agreement(batch, real, reference,

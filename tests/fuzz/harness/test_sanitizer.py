@@ -233,6 +233,10 @@ def test_the_exact_batch_puts_a_longest_sequence_last():
     e = sanitizer.exact_batch(b)
     assert e.query_lens == (4, 1, 1) and e.ctx_lens == (12, 3, 40) and e.block_table[-1] == (0, 5, 6)
     assert sanitizer.exact_batch(e) == e  # already last: unchanged
+    # CUDA-graph pads (a state that appends rows) come last whatever the real rows' order: the order is kept
+    padded = small_batch([1, 1, 1], [40, 12, 3], head_size=32, block_size=16,
+                         table=[[0, 5, 6], [1, 2, 0], [3, 0, 0]], num_blocks=7, num_pad_seqs=2)
+    assert sanitizer.exact_batch(padded) is padded
 
 
 def test_a_hung_long_lived_child_is_replaced_and_the_fresh_one_decides(tmp_path):
