@@ -40,7 +40,7 @@ class Outcome:
 
 #: :attr:`Outcome.skipped` of an example that ran out of device memory in kvfuzz's own phases (prepare, check)
 #: even holding the campaign's device-memory lock, after the retries, or in the kernel call while the GPU stayed
-#: full (kvfuzz.fuzz.harness.memory.device_full) (kvfuzz.fuzz.campaign.engine): it could not be fit, so it is
+#: full (kvfuzz.fuzz.harness.memory.device_full) (kvfuzz.fuzz.campaign.runner): it could not be fit, so it is
 #: neither a finding nor a harness error; the campaign counts it and exits 3.
 SKIPPED_FOR_MEMORY = "out of device memory in kvfuzz's own phases, or in the kernel call on a full GPU"
 

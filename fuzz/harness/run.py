@@ -111,7 +111,7 @@ def run_kernel(target: Target, call: KernelCall,
                       f"{traceback.format_exc(limit=-3)}")
     except (Exception, SystemExit) as e:  # the kernel's own error, reported as a finding
         if memory.is_out_of_memory(e) and (RETRIES_OUT_OF_MEMORY.is_set() or memory.device_full()):
-            # without the device-memory lock: the campaign re-runs it alone on the device (campaign.engine); on the
+            # without the device-memory lock: the campaign re-runs it alone on the device (campaign.runner); on the
             # last retry too while other processes keep the device full (skipped, never the kernel's finding)
             raise
         crash = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"

@@ -44,6 +44,7 @@ from kvfuzz.fuzz.campaign.chunks import (
     WARMUP_EXAMPLES,
     campaign_tiers,
     chunk_size,
+    chunk_tier,
     examples_per_chunk,
     pins_configs,
     record_tier_time,
@@ -68,7 +69,6 @@ from kvfuzz.fuzz.campaign.workers.worker import WorkerSpec, worker_main
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.caller import caller_finding, caller_violations
 from kvfuzz.fuzz.harness.isolation import MPS_NOT_READY
-from kvfuzz.strategies.tiers import tier_of_chunk
 
 #: Seconds between status/state snapshots.
 SNAPSHOT_SECONDS = 2.0
@@ -291,7 +291,7 @@ class Supervisor:
             if done >= self.config.max_examples:
                 continue
             k = self.state.chunks.get(t.name, 0)
-            tier = tier_of_chunk(t.tiers, k)
+            tier = chunk_tier(t.tiers, k)
             per_chunk = examples_per_chunk(t.target, self.config)
             time_left = None if self.config.duration is None else self.config.duration - elapsed
             n = tier_chunk_size(tier, t.tiers, per_chunk, t.tier_times, time_left)

@@ -204,7 +204,6 @@ def _run_tasks(conn, campaign) -> None:
     knowing the signatures found and the examples that ended workers elsewhere and the deadline; then what it cut
     short and ``done``."""
     from kvfuzz.contracts.model.example import Example  # loaded with the engine already
-    from kvfuzz.fuzz.campaign.records import example_key
 
     while True:
         task = conn.recv()
@@ -212,8 +211,7 @@ def _run_tasks(conn, campaign) -> None:
             return
         kind, tid, name, *args = task
         c = campaign(name)
-        c.known |= {tuple(s) for s in args[-1]["signatures"]}
-        c.ended.update((example_key(e), tuple(sig)) for sig, e in args[-1]["ended"])
+        c.ledger.learn(args[-1]["signatures"], args[-1]["ended"])
         c.deadline = args[-1].get("deadline")
         cut = len(c.cut_short)
         if kind == "replay":
