@@ -11,6 +11,7 @@ import-linter contract "campaign's rooms" in pyproject.toml):
     observability,        shrink, Hypothesis observability output, the failure signatures a campaign process
     failure_ledger        keeps (:class:`~.failure_ledger.FailureLedger`)
     config, records       what a campaign is configured with, and what it counts and reports
+    stages                where a campaign's time goes (the stage table)
     store/                what a campaign keeps on disk and reads back: the example database, the journal
                           (state, locks, atomic writes, a full disk), reproducers and cases, the findings
                           baseline, the report

@@ -125,7 +125,7 @@ class Campaign:
         self.config = config
         self.listener = listener or Quiet()
         self.ledger = FailureLedger(known)
-        self.runner = ExampleRunner(target, config, self.listener, self.ledger)
+        self.runner = ExampleRunner(target, config, self.listener, self.ledger)  # its clock starts: the set-up counts
         self.db = config.db()
         #: the size tiers the chunks rotate through (campaign_tiers), each with its own config: the small tier's is
         #: ``config`` itself, big-cache's sets ``big_cache``, long's and wide's have their limits (tier_limits)
@@ -194,8 +194,12 @@ class Campaign:
         """Run ``test``; write each new distinct failure it raises as a reproducer (``record``) or only keep
         its signature in the ledger's run (a pinned chunk: recorded once widened)."""
         self.ledger.start_run()
+        self.runner.new_run()
         try:
-            test()
+            try:
+                test()
+            finally:
+                self.runner.end_run()
         except PastDeadline:
             # --duration ran out mid-run: each failure seen and not yet recorded is recorded as it stands
             pending = self.ledger.pending()
@@ -244,6 +248,10 @@ class Campaign:
         candidate that kills the worker leaves it behind. Returns the smallest ``(example, finding, run)`` that
         fails the same way, the finding's details saying what the shrink did (``structural_shrink``: the case it
         started from, the candidates tried and taken, seconds)."""
+        with self.runner.shrinking():
+            return self._reduced(signature, failing)
+
+    def _reduced(self, signature: tuple[str, ...], failing: Failing) -> Failing:
         kept: list = []
 
         def attempt(candidate: Example) -> Finding | None:
@@ -268,18 +276,23 @@ class Campaign:
         """Replay (and re-shrink) what the database holds for this target, tier by tier (each tier's key);
         returns the new failures."""
         new: list[FailureRecord] = []
-        for tier in self.tiers:
-            self._use(tier)
-            if next(iter(self.db.fetch(self.key)), None) is not None:
-                new += self._execute(self._test([Phase.reuse, Phase.shrink], self.config.seed, 1))
-        self._use(self.tiers[0])
+        with self.runner.task():
+            for tier in self.tiers:
+                self._use(tier)
+                if next(iter(self.db.fetch(self.key)), None) is not None:
+                    new += self._execute(self._test([Phase.reuse, Phase.shrink], self.config.seed, 1))
+            self._use(self.tiers[0])
         return new
 
     def run_chunk(self, chunk: int, n: int) -> list[FailureRecord]:
         """Explore ``n`` examples from chunk ``chunk``'s seed (generate, shrink) inside the chunk's kernel
         configuration (:func:`chunk_config`), widening each new failure across configurations; returns the new
         failures found. The chunk draws from its size tier (:func:`chunk_tier`)."""
-        self._use(chunk_tier(self.tiers, chunk))
+        with self.runner.task():
+            self._use(chunk_tier(self.tiers, chunk))
+            return self._chunk(chunk, n)
+
+    def _chunk(self, chunk: int, n: int) -> list[FailureRecord]:
         chunk_seed = self.config.seed * CHUNK_SEED_STRIDE + chunk
         pin = chunk_config(self.target, self.config, chunk)
         if pin is None:
@@ -307,6 +320,10 @@ class Campaign:
         key meanwhile, so a worker lost while widening loses nothing (a later replay widens them); the
         widened ones go to its primary key. A signature the free strategy does not reproduce keeps its pinned
         example."""
+        with self.runner.shrinking():
+            return self._widened(pinned, found)
+
+    def _widened(self, pinned: InMemoryExampleDatabase, found: list[tuple[str, ...]]) -> list[FailureRecord]:
         saved = list(pinned.fetch(self.key))
         secondary = self.key + b".secondary"
         widen_db = InMemoryExampleDatabase()
@@ -331,7 +348,8 @@ class Campaign:
         if it is new."""
         deadline, self.deadline = self.deadline, None  # a re-run (a killed worker's example) is owed an answer
         try:
-            return self._execute(self._test([Phase.explicit], self.config.seed, 1, explicit=example))
+            with self.runner.task():
+                return self._execute(self._test([Phase.explicit], self.config.seed, 1, explicit=example))
         finally:
             self.deadline = deadline
 
@@ -347,6 +365,9 @@ class _Counting(Quiet):
 
     def failure(self, record) -> None:
         self.stats.add_failure(record)
+
+    def spent(self, target, tier, seconds) -> None:
+        self.stats.add_spent(tier, seconds)
 
 
 def fuzz_target(target: Target, config: CampaignConfig,

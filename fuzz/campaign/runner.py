@@ -15,6 +15,13 @@ the structural shrink runs each candidate through :meth:`ExampleRunner.attempt`.
   and keeps its verdict in the :class:`~kvfuzz.fuzz.campaign.failure_ledger.FailureLedger`: a new failure gets a
   provisional reproducer and is raised for Hypothesis to shrink; a known one is counted; one the baseline accepts
   is recorded once, unshrunk.
+
+It also says where the time goes (:mod:`kvfuzz.fuzz.campaign.stages`): each example's Outcome carries its seconds
+per stage, its draw included (Hypothesis's ``draw_times`` of the test case); the time between examples is
+Hypothesis's engine; every second of Hypothesis's shrink phase (read from the runner of the Hypothesis run in
+progress), of the widening and of the structural shrink (:meth:`ExampleRunner.shrinking`) is ``shrink``; the
+rest of a piece of work (:meth:`ExampleRunner.task`) is ``other``. Seconds outside examples are reported with the
+listener's ``spent``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -29,6 +37,7 @@ from pathlib import Path
 import attrs
 import hypothesis
 from hypothesis import currently_in_test_context, event, reject
+from hypothesis.control import current_build_context
 
 from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.contracts.checks.failures import FailureKind, Finding, HarnessError, MemorySafetyError
@@ -36,12 +45,14 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.failure_ledger import Failing, FailureLedger
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Listener, Outcome
+from kvfuzz.fuzz.campaign.stages import TIMED, Clock
 from kvfuzz.fuzz.campaign.store.baseline import classify
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import memory, properties, sanitizer
 from kvfuzz.fuzz.harness.coverage import labels
 from kvfuzz.fuzz.harness.isolation import STOP, exit_if_device_unusable
+from kvfuzz.fuzz.harness.kernel_clock import COMPILES
 from kvfuzz.fuzz.harness.run import Run
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.fuzz.targets.registry import spec_of
@@ -62,6 +73,10 @@ SHRINK_GRACE_SECONDS = float(os.environ.get("KVFUZZ_SHRINK_GRACE", "120"))
 #: Environment: KVFUZZ_OOM_PAUSES (comma-separated seconds; the tests' planted out-of-memory wait 0).
 OUT_OF_MEMORY_PAUSES = tuple(float(x) for x in os.environ.get("KVFUZZ_OOM_PAUSES", "0,1,3").split(","))
 
+#: Seconds outside examples a runner keeps before it reports them (``spent``), besides at the end of each piece of
+#: work: a worker that dies loses at most this much of its accounting.
+FLUSH_SECONDS = 5.0
+
 
 def note(text: str) -> None:
     """``hypothesis.event(text)`` inside Hypothesis's test; nothing outside it (the structural shrink runs its
@@ -75,6 +90,22 @@ class PastDeadline(BaseException):
     the Hypothesis run at once, generating or shrinking (a BaseException not Exception, SystemExit or GeneratorExit
     gets through: ``hypothesis.core.failure_exceptions_to_catch``); the campaign records each failure found so far as
     it stands."""
+
+
+def _conjecture_runner():
+    """The ``ConjectureRunner`` of the Hypothesis run that called the property, found up the stack (its
+    ``_current_phase`` says whether Hypothesis is generating or shrinking), or None (an explicit example, an example
+    run outside Hypothesis)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        runner = frame.f_locals.get("self")
+        if type(runner).__name__ == "ConjectureRunner":
+            return runner
+        frame = frame.f_back
+    return None
+
+
+_UNSEARCHED = object()
 
 
 class _OutOfMemory(Exception):
@@ -162,6 +193,17 @@ class ExampleRunner:
         self.deadline: float | None = None
         #: what the deadline cut short in this process ("shrinking <kind> (<check>)", "generating"), for the summary
         self.cut_short: list[str] = []
+        self.clock = Clock()  # the time outside examples, per stage (kvfuzz.fuzz.campaign.stages), from now on
+        COMPILES.listen()  # a kernel call's compiles are told apart from its time (kvfuzz.fuzz.harness.kernel_clock)
+        self._tasks = 0  # pieces of work begun (the first one's time includes the campaign's set-up)
+        self._shrinks = 0  # depth of shrinking() contexts
+        self._hypothesis = _UNSEARCHED  # the ConjectureRunner of the Hypothesis run in progress (found on demand)
+        self._phase: str | None = None  # its phase at the last example
+        self._draw = self._waited = self._sanitized = 0.0  # the example in progress: its draw, waits, sanitized run
+        #: ``time.perf_counter()`` when the example in progress entered the body (None: run outside it) and when the
+        #: last one left it (None: accounted since)
+        self._entered: float | None = None
+        self._left: float | None = None
 
     def use(self, tier: str, config: CampaignConfig) -> None:
         """Run the examples of size tier ``tier``, drawn with ``config`` (the tier's limits), from now on."""
@@ -179,44 +221,51 @@ class ExampleRunner:
             return budget
         return max(0.0, min(budget, self.deadline + SHRINK_GRACE_SECONDS - time.monotonic()))
 
-    def labels(self, example: Example) -> dict[str, str]:
-        """Coverage labels of ``example`` (:func:`~kvfuzz.fuzz.harness.coverage.labels`) and its size tier."""
-        return {**labels(self.target, example.batch), "tier": self.tier}
-
     # ---- Hypothesis's property body ------------------------------------------------------------------------
     def body(self, example: Example) -> None:
         """Run ``example`` and give Hypothesis its verdict: return (it passed, its failure is known or accepted by
         the baseline, or it ended a worker before) or raise its new Finding (shrunk by Hypothesis). Raises
         :class:`PastDeadline` past ``--duration`` (and its shrink grace while a new failure is shrunk), and
         KeyboardInterrupt on a stop request."""
-        if STOP.is_set():
-            raise KeyboardInterrupt
-        if self.past_deadline():
-            if not self.ledger.pending() or self.past_deadline(shrinking=True):
-                raise PastDeadline()
-            grace = "shrinking past --duration (up to KVFUZZ_SHRINK_GRACE, %g s)" % SHRINK_GRACE_SECONDS
-            if grace not in self.cut_short:
-                self.cut_short.append(grace)
-        lab = self.labels(example)
-        for k, v in lab.items():
-            note(f"{k}: {v}")
-        if self.ledger.ended_a_worker(example):  # it crashed or hung a worker: already counted
-            note("skipped: ended a worker before")
-            return
-        finding = self.attempt(example, lab)
-        run = self.run
-        if finding is None and run is not None and math.isfinite(run.ratio):
-            # guidance: Hypothesis's targeted phase mutates towards a higher agreement error / bound, so a near
-            # miss (a ratio close to 1, as a serving-sized batch's partial defect gives) climbs towards a failure
-            hypothesis.target(run.ratio, label=TARGET_LABEL)
-        if finding is None or self.ledger.is_known(finding.signature):
-            return
-        if finding.known is not None:  # accepted in the baseline: listed once (unshrunk), counted, not shrunk
-            self.record_known(example, finding)
-            return
-        if self.ledger.saw(finding.signature, (example, finding, self.run)):
-            self.seen(finding.signature)
-        raise finding
+        self._entered = time.perf_counter()  # the time accounting: when, what Hypothesis is doing, how long it drew
+        if self._hypothesis is _UNSEARCHED:
+            self._hypothesis = _conjecture_runner()
+        self._phase = getattr(self._hypothesis, "_current_phase", None)
+        try:
+            self._draw = math.fsum(current_build_context().data.draw_times.values())
+        except Exception:  # no build context: an example run outside Hypothesis
+            self._draw = 0.0
+        try:
+            if STOP.is_set():
+                raise KeyboardInterrupt
+            if self.past_deadline():
+                if not self.ledger.pending() or self.past_deadline(shrinking=True):
+                    raise PastDeadline()
+                grace = "shrinking past --duration (up to KVFUZZ_SHRINK_GRACE, %g s)" % SHRINK_GRACE_SECONDS
+                if grace not in self.cut_short:
+                    self.cut_short.append(grace)
+            lab = {**labels(self.target, example.batch), "tier": self.tier}
+            for k, v in lab.items():
+                note(f"{k}: {v}")
+            if self.ledger.ended_a_worker(example):  # it crashed or hung a worker: already counted
+                note("skipped: ended a worker before")
+                return
+            finding = self.attempt(example, lab)
+            run = self.run
+            if finding is None and run is not None and math.isfinite(run.ratio):
+                # guidance: Hypothesis's targeted phase mutates towards a higher agreement error / bound, so a near
+                # miss (a ratio close to 1, as a serving-sized batch's partial defect gives) climbs towards a failure
+                hypothesis.target(run.ratio, label=TARGET_LABEL)
+            if finding is None or self.ledger.is_known(finding.signature):
+                return
+            if finding.known is not None:  # accepted in the baseline: listed once (unshrunk), counted, not shrunk
+                self.record_known(example, finding)
+                return
+            if self.ledger.saw(finding.signature, (example, finding, self.run)):
+                self.seen(finding.signature)
+            raise finding
+        finally:
+            self._left = time.perf_counter()  # what follows the example's report (its verdict) is "other"
 
     # ---- one example, retried when the device's memory runs out ------------------------------------------
     def attempt(self, example: Example, lab: dict | None = None) -> Finding | None:
@@ -226,9 +275,10 @@ class ExampleRunner:
         (holding the lock) after each of :data:`OUT_OF_MEMORY_PAUSES`; skipped if it never fits."""
         if STOP.is_set():
             raise KeyboardInterrupt
-        lab = self.labels(example) if lab is None else lab
+        lab = {**labels(self.target, example.batch), "tier": self.tier} if lab is None else lab
         self.listener.begin(self.target.name, example)  # the example is being prepared
         started = time.perf_counter()
+        self._waited = self._sanitized = 0.0
         try:
             return self._once(example, lab, started, memory.is_big(example.batch))
         except _OutOfMemory:  # other workers' memory (fuzz/harness/memory.py): again, alone on the device
@@ -237,6 +287,7 @@ class ExampleRunner:
             self.run = None
             memory.release_device_memory(collect=True)
             time.sleep(pause)  # the other workers' examples end meanwhile (a big one waits for the lock)
+            self._waited += pause
             try:
                 return self._once(example, lab, started, True, last=i == len(OUT_OF_MEMORY_PAUSES) - 1)
             except _OutOfMemory:
@@ -245,8 +296,7 @@ class ExampleRunner:
         self.run = None
         memory.release_device_memory(collect=True)
         note("skipped: out of device memory")
-        self.listener.end(self.target.name, Outcome(lab, 0.0, time.perf_counter() - started,
-                                                    skipped=SKIPPED_FOR_MEMORY))
+        self._report(example, lab, started, None, None, skipped=SKIPPED_FOR_MEMORY)
         return None
 
     def _once(self, example: Example, lab: dict, started: float, locked: bool, last: bool = False) -> Finding | None:
@@ -255,7 +305,9 @@ class ExampleRunner:
         nothing, when the device ran out of memory outside the kernel call, or in it unless ``last`` (the last re-run:
         then it is the kernel's finding)."""
         self.run = finding = undeclared = None
+        asked = time.perf_counter()
         with memory.device_memory_lock(self.config.out) if locked else contextlib.nullcontext():
+            self._waited += time.perf_counter() - asked if locked else 0.0
             if not last:  # a kernel's out-of-memory error comes here, to be re-run (the last try: the kernel's)
                 memory.RETRIES_OUT_OF_MEMORY.set()
             try:
@@ -296,8 +348,11 @@ class ExampleRunner:
             self._check(target, example, config.fault, run=self.run, run_unsafe=config.run_unsafe,
                         on_phase=self.listener.phase)
             if config.fault is None and self.sanitizer.due(example, self.deadline):
-                stage = "sanitize"
-                self.sanitizer.run(example)
+                stage, began = "sanitize", time.perf_counter()
+                try:
+                    self.sanitizer.run(example)
+                finally:
+                    self._sanitized += time.perf_counter() - began
             return None
         except (Finding, OutOfSpace):
             raise
@@ -328,10 +383,26 @@ class ExampleRunner:
                             f"{'the target built the call' if stage == 'prepare' else 'checking the output'}): {e}",
                             {"stage": stage, "traceback": traceback.format_exc(limit=-6)})
 
-    def _report(self, example: Example, lab: dict, started: float, signature, undeclared: str | None) -> None:
-        """Report one answered example to the listener (its Outcome)."""
+    def _report(self, example: Example, lab: dict, started: float, signature, undeclared: str | None,
+                skipped: str | None = None) -> None:
+        """Report one answered (or ``skipped``) example to the listener: its Outcome, with its seconds since the last
+        charge per stage (its Run's Timings, its draw, sanitized run and waits; Hypothesis's engine before its draw,
+        ``hypothesis``; the rest, the last example's verdict among it, ``other``; all ``shrink`` while shrinking).
+        The clock moves past them."""
         run, total = self.run, time.perf_counter() - started
         kernel_s = run.timings.kernel if run is not None else 0.0
+        span = self.clock.skip_to(time.perf_counter())
+        since, entered, left = self.clock.mark - span, self._entered, self._left
+        self._entered = self._left = None
+        stages = {"draw": self._draw, "sanitize": self._sanitized, "memory_wait": self._waited}
+        if run is not None:
+            stages.update((k, getattr(run.timings, k)) for k in TIMED)
+        if entered is not None:
+            since = max(since, left or since)
+            stages["draw"] = min(self._draw, max(0.0, entered - since))
+            stages["hypothesis"] = entered - stages["draw"] - since
+        stages["other"] = max(0.0, span - sum(stages.values()))
+        self._draw = 0.0
         if undeclared is not None:
             lab["undeclared"] = undeclared.split(":")[0]
         elif self.config.undeclared and signature is not None:
@@ -341,9 +412,66 @@ class ExampleRunner:
         if self.sanitizer.last:
             lab["sanitize"], self.sanitizer.last = self.sanitizer.last, None
         batch = example.batch
-        self.listener.end(self.target.name, Outcome(lab, kernel_s, max(0.0, total - kernel_s),
-                                                    run.ratio if run is not None else 0.0, signature, rejection,
-                                                    kv_tokens=sum(batch.ctx_lens) + sum(batch.query_lens)))
+        self.listener.end(self.target.name, Outcome(
+            lab, kernel_s, max(0.0, total - kernel_s), run.ratio if run is not None else 0.0, signature, rejection,
+            skipped, 0 if skipped else sum(batch.ctx_lens) + sum(batch.query_lens),
+            {"shrink": span} if self._shrinking() else stages))
+
+    # ---- where the time goes (kvfuzz.fuzz.campaign.stages) ----------------------------------------------------
+    @contextlib.contextmanager
+    def task(self):
+        """One piece of the campaign's work (a replay, a chunk, a re-run): its time starts now (the first one's at the
+        runner's creation: the campaign's set-up, its strategies, is its own); at its end what no example or charge
+        took is ``other``, and every pending second is reported."""
+        if self._tasks:
+            self.clock.mark = time.perf_counter()
+        self._tasks += 1
+        try:
+            yield
+        finally:
+            self.charge("other")
+            self.flush()
+
+    @contextlib.contextmanager
+    def shrinking(self):
+        """Every second inside (the widening, the structural shrink), its examples included, is ``shrink``."""
+        self.charge("other")
+        self._shrinks += 1
+        try:
+            yield
+        finally:
+            self.charge("shrink")
+            self._shrinks -= 1
+
+    def new_run(self) -> None:
+        """A Hypothesis run starts: the time before it is the engine's own (``other``)."""
+        self.charge("other")
+        self._hypothesis, self._phase = _UNSEARCHED, None
+
+    def end_run(self) -> None:
+        """The Hypothesis run ended: the time since its last example is Hypothesis's (its shrink's, when it ended
+        shrinking)."""
+        self.charge("hypothesis")
+        self._phase = None
+
+    def charge(self, stage: str) -> None:
+        """Charge the time since the last charge to ``stage`` (to ``shrink`` while shrinking; what followed the last
+        example's report to ``other``); report what is pending once it passes :data:`FLUSH_SECONDS`."""
+        shrinking, self._entered = self._shrinking(), None
+        if self._left is not None:
+            self.clock.charge(self.tier, "shrink" if shrinking else "other", until=self._left)
+            self._left = None
+        self.clock.charge(self.tier, "shrink" if shrinking else stage)
+        if self.clock.pending_seconds > FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Report the pending seconds outside examples (``spent``)."""
+        for tier, seconds in self.clock.take().items():
+            self.listener.spent(self.target.name, tier, seconds)
+
+    def _shrinking(self) -> bool:
+        return self._shrinks > 0 or self._phase == "shrink"
 
     # ---- reproducers of a verdict --------------------------------------------------------------------------
     def write(self, failing: Failing) -> Path:
@@ -393,6 +521,7 @@ class ExampleRunner:
     def close(self) -> None:
         """End what the runner keeps running beside it (the long-lived sanitized child; idempotent)."""
         self.sanitizer.close()
+
 
 
 __all__ = ["OUT_OF_MEMORY_PAUSES", "SHRINK_GRACE_SECONDS", "TARGET_LABEL", "ExampleRunner", "PastDeadline",

@@ -45,6 +45,7 @@ from kvfuzz.fuzz.campaign.chunks import campaign_tiers, pins_configs, record_tie
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
 from kvfuzz.fuzz.campaign.engine import duration_allowance
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats, example_key
+from kvfuzz.fuzz.campaign.stages import time_table
 from kvfuzz.fuzz.campaign.store import ledger
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
@@ -161,7 +162,10 @@ class Supervisor:
             self.problems.insert(0, full)
         return SupervisorResult([t.stats for t in self.targets], self.problems,
                                 self.stopping and not self.fatal and not self.disk_full,
-                                self.pool.workers, self.restarts, self.warnings, full)
+                                self.pool.workers, self.restarts, self.warnings, full,
+                                time_table([(t.name, t.stats.stages) for t in self.targets],
+                                           sum(s.wall for s in self.slots), sum(s.startup for s in self.slots),
+                                           self.pool.workers))
 
     def _overruns(self) -> None:
         """A target whose examples ran on past ``--duration`` by more than its allowance (max(10%, 15 s)) gets a
@@ -213,6 +217,7 @@ class Supervisor:
         slot.ready = slot.goodbye = slot.killed_for_hang = False
         slot.task = slot.in_flight = None
         slot.starts += 1
+        slot.started = time.monotonic()
 
     def _loop(self) -> None:
         stop_sent_at = None
@@ -289,6 +294,7 @@ class Supervisor:
         if kind == "ready":
             s.ready = True
             s.startup_failures = 0
+            s.ready_at = time.monotonic()
         elif kind == "begin":
             s.in_flight = {"target": msg[1], "example": msg[2], "phase": "prepare", "since": time.monotonic()}
         elif kind == "phase":
@@ -301,7 +307,7 @@ class Supervisor:
             o = msg[2]
             t.stats.add(Outcome(o["labels"], o["kernel_s"], o["harness_s"], o["ratio"],
                                 None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
-                                o.get("skipped"), o.get("kv_tokens", 0)),
+                                o.get("skipped"), o.get("kv_tokens", 0), o.get("stages", {})),
                         time.monotonic() - (t.start or time.monotonic()))
             if s.task is not None:
                 s.task.counted += 1
@@ -313,6 +319,8 @@ class Supervisor:
             record = FailureRecord(**msg[2])
             s.pending.pop(record.signature, None)
             self._failure(record)
+        elif kind == "spent":
+            self.by_name[msg[1]].stats.add_spent(msg[2], msg[3])
         elif kind == "done":
             self._finish_task(s)
         elif kind == "fatal":
@@ -379,6 +387,7 @@ class Supervisor:
         self.stopping = True  # each worker's example in flight is kept as it ends (_ended)
 
     def _ended(self, s: Slot) -> None:
+        s.clock_out(time.monotonic())
         proc, flight, task = s.proc, s.in_flight, s.task
         ending = classify(proc.exitcode, said_goodbye=s.goodbye, killed_for_hang=s.killed_for_hang,
                           stopping=self.stopping)
@@ -555,6 +564,7 @@ class Supervisor:
                 s.proc.kill()
             if s.proc is not None:
                 s.proc.join()
+                s.clock_out(time.monotonic())
 
     def _snapshot(self, force: bool = False, final: bool = False) -> None:
         """state.json and status.json (:class:`~kvfuzz.fuzz.campaign.workers.status.Snapshots`); a full disk stops the

@@ -5,8 +5,8 @@ runs the tasks the supervisor sends over its pipe (replay the database for a tar
 re-run one example), reporting every example as it happens (begin, phase, end, new failures: a
 :class:`PipeListener`). It dies with its supervisor (``PR_SET_PDEATHSIG`` plus a watchdog on its parent pid),
 ignores Ctrl-C (the supervisor stops it) and stops on SIGTERM after the example in flight. The pipe's messages,
-worker to supervisor: ``ready``, ``begin``, ``phase``, ``end``, ``seen``, ``failure``, ``done``, ``warning``,
-``fatal``, ``disk_full``, ``bye``; supervisor to worker: ``replay``, ``chunk``, ``retry``, ``stop``.
+worker to supervisor: ``ready``, ``begin``, ``phase``, ``end``, ``seen``, ``failure``, ``spent``, ``done``,
+``warning``, ``fatal``, ``disk_full``, ``bye``; supervisor to worker: ``replay``, ``chunk``, ``retry``, ``stop``.
 """
 
 from __future__ import annotations
@@ -108,6 +108,9 @@ class PipeListener:
     def seen(self, record) -> None:
         self.conn.send(("seen", record.target, attrs.asdict(record)))
 
+    def spent(self, target, tier, seconds) -> None:
+        self.conn.send(("spent", target, tier, seconds))
+
 
 def gpu_environment(gpu: int, env) -> None:
     """Put a worker on the campaign's GPU ``gpu`` in ``env`` (os.environ): ``CUDA_VISIBLE_DEVICES`` that GPU's
@@ -155,6 +158,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         from kvfuzz.fuzz.targets import get_target
 
         torch.set_num_threads(spec.threads)
+        if spec.gpu is not None:  # a CUDA campaign: listen for Triton's compiles from the first kernel call on
+            _import_triton()
         config = config_from_dict(spec.config)
         targets = {t.name: t for t in (get_target(n) for n in spec.targets)}
         try:
@@ -254,6 +259,18 @@ def _broke(spec: WorkerSpec, conn, e: Exception) -> None:
         traceback.print_exc()
     except OSError:
         pass
+
+
+def _import_triton() -> None:
+    """Import Triton where it is installed, so that the first kernel call's compiles are told apart from its time
+    (kvfuzz.fuzz.harness.kernel_clock hooks Triton once it is imported)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+    from kvfuzz.fuzz.harness.kernel_clock import COMPILES
+
+    COMPILES.listen()
 
 
 def _quiet_streams() -> None:
