@@ -47,6 +47,8 @@ class Slot:
     #: seconds its processes lived (spawn to end), and of those, spent starting (spawn to ready), summed
     wall: float = 0.0
     startup: float = 0.0
+    #: (reserved, allocated) bytes of CUDA memory, as its process last reported them (None: not on CUDA, or not yet)
+    gpu_memory: tuple | None = None
 
     def clock_out(self, now: float) -> None:
         """Its process ended (or the campaign did) at ``now``: add its lifetime and its start-up."""

@@ -123,7 +123,7 @@ class Supervisor:
         self.fatal: str | None = None
         #: what could not be written when the disk filled (None: it did not); the campaign then stops
         self.disk_full: str | None = None
-        self.snapshots = Snapshots(self.out, self.state)
+        self.snapshots = Snapshots(self.out, self.state, config.duration)
         self.scheduler = Scheduler(config, self.state.chunks, pool.workers)
         self.restarts = 0
         self.mps_waits = 0
@@ -217,7 +217,7 @@ class Supervisor:
         slot.ready = slot.goodbye = slot.killed_for_hang = False
         slot.task = slot.in_flight = None
         slot.starts += 1
-        slot.started = time.monotonic()
+        slot.started, slot.gpu_memory = time.monotonic(), None
 
     def _loop(self) -> None:
         stop_sent_at = None
@@ -321,6 +321,8 @@ class Supervisor:
             self._failure(record)
         elif kind == "spent":
             self.by_name[msg[1]].stats.add_spent(msg[2], msg[3])
+        elif kind == "memory":
+            s.gpu_memory = (msg[1], msg[2])
         elif kind == "done":
             self._finish_task(s)
         elif kind == "fatal":

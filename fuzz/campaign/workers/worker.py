@@ -5,8 +5,9 @@ runs the tasks the supervisor sends over its pipe (replay the database for a tar
 re-run one example), reporting every example as it happens (begin, phase, end, new failures: a
 :class:`PipeListener`). It dies with its supervisor (``PR_SET_PDEATHSIG`` plus a watchdog on its parent pid),
 ignores Ctrl-C (the supervisor stops it) and stops on SIGTERM after the example in flight. The pipe's messages,
-worker to supervisor: ``ready``, ``begin``, ``phase``, ``end``, ``seen``, ``failure``, ``spent``, ``done``,
-``warning``, ``fatal``, ``disk_full``, ``bye``; supervisor to worker: ``replay``, ``chunk``, ``retry``, ``stop``.
+worker to supervisor: ``ready``, ``begin``, ``phase``, ``end``, ``seen``, ``failure``, ``spent``,
+``memory``, ``done``, ``warning``, ``fatal``, ``disk_full``, ``bye``; supervisor to worker: ``replay``, ``chunk``,
+``retry``, ``stop``.
 """
 
 from __future__ import annotations
@@ -87,11 +88,26 @@ def tune_malloc() -> bool:
     return all([mallopt(param, value) == 1 for param, value in MALLOC_SETTINGS.values()])
 
 
+#: Seconds between a worker's reports of the CUDA memory it holds (``memory``, after an example ends).
+MEMORY_SECONDS = 5.0
+
+
+def gpu_memory() -> tuple[int, int] | None:
+    """The bytes of CUDA memory this process's caching allocator reserves and has allocated
+    (``torch.cuda.memory_reserved``, ``memory_allocated``), or None where CUDA is not in use here."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+
+
 class PipeListener:
-    """The Campaign listener of a worker: every event goes to the supervisor."""
+    """The Campaign listener of a worker: every event goes to the supervisor, and after an example, at most every
+    :data:`MEMORY_SECONDS`, the CUDA memory it holds (``memory``; nothing off CUDA)."""
 
     def __init__(self, conn) -> None:
         self.conn = conn
+        self._memory_at = -MEMORY_SECONDS
 
     def begin(self, target, example) -> None:
         self.conn.send(("begin", target, example.to_dict()))
@@ -101,6 +117,12 @@ class PipeListener:
 
     def end(self, target, outcome) -> None:
         self.conn.send(("end", target, attrs.asdict(outcome)))
+        now = time.monotonic()
+        if now - self._memory_at >= MEMORY_SECONDS:
+            self._memory_at = now
+            held = gpu_memory()
+            if held is not None:
+                self.conn.send(("memory", *held))
 
     def failure(self, record) -> None:
         self.conn.send(("failure", record.target, attrs.asdict(record)))
@@ -306,4 +328,4 @@ def _observing(spec: WorkerSpec):
     return observe_to(Path(spec.observe_dir), prefix=f"w{spec.index}_")
 
 
-__all__ = ["PipeListener", "WorkerSpec", "gpu_environment", "worker_main"]
+__all__ = ["MEMORY_SECONDS", "PipeListener", "WorkerSpec", "gpu_environment", "gpu_memory", "worker_main"]
