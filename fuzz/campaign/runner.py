@@ -95,7 +95,8 @@ class PastDeadline(BaseException):
 def _conjecture_runner():
     """The ``ConjectureRunner`` of the Hypothesis run that called the property, found up the stack (its
     ``_current_phase`` says whether Hypothesis is generating or shrinking), or None (an explicit example, an example
-    run outside Hypothesis)."""
+    run outside Hypothesis). Both are Hypothesis's internals (6.170): where they change, the phase reads as None
+    and Hypothesis's shrink phase counts as exploring; tests/fuzz/campaign/test_stages.py would see it."""
     frame = sys._getframe(2)
     while frame is not None:
         runner = frame.f_locals.get("self")

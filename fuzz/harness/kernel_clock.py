@@ -14,7 +14,9 @@ of ``Target.run`` and the device synchronization after it, split into
 - ``kernel``: the rest, the call's own time.
 
 A first call that compiles is not the kernel's speed, and a synchronization that waits for the harness's own queued
-work is not the kernel's either: both used to be counted as kernel time.
+work is not the kernel's either: both used to be counted as kernel time. The compile hooks are installed only in a
+process that asks (:meth:`Compiles.listen`: a campaign's worker); elsewhere (``kvfuzz.check_example`` in a user's
+test) only TorchDynamo's own metrics are read.
 """
 
 from __future__ import annotations

@@ -4,10 +4,16 @@ the workers' wall time, and a compile during the kernel call is a compile, not k
 
 import json
 import os
+import tempfile
 import time
+from pathlib import Path
 
 from support import SUPPORT, kvfuzz
+from support.planted_targets import DecodeMissesOwnToken
 
+from kvfuzz.contracts.model.poison import Poison
+from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.campaign.stages import STAGES, WORKER_STAGES, StageTable, time_line, time_table
 from kvfuzz.fuzz.campaign.store.report import time_section
 
@@ -51,6 +57,23 @@ def test_a_campaign_accounts_for_every_worker_second_and_tells_a_compile_from_th
     report = (tmp_path / "out" / "report.md").read_text()
     assert "## Where the time went" in report and "| planted.compiles_on_first_call | wide |" in report
     assert "time: 2 worker(s)" in r.stdout
+
+
+def test_a_shrink_is_shrink_time_and_every_second_of_the_campaign_is_accounted():
+    """In one process (fuzz_target): a planted kernel bug is found and Hypothesis shrinks it; the shrink phase's
+    seconds are shrink, the examples drawn before it carry their own stages, and the table holds the campaign's
+    time, never more."""
+    config = CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=200, seed=3, poisons=(Poison.ZEROS,),
+                            stop_at_first_failure=True, structural_shrink=0)
+    began = time.perf_counter()
+    stats = fuzz_target(DecodeMissesOwnToken(), config)
+    lasted = time.perf_counter() - began
+    assert stats.failures, "the planted bug was not found"
+    (row,) = stats.stages.to_dict().values()
+    seconds = row["seconds"]
+    assert seconds["shrink"] > 0 and {"draw", "generate", "kernel", "reference", "hypothesis"} <= set(seconds)
+    assert set(seconds) <= set(STAGES)
+    assert 0.5 * lasted <= stats.stages.total() <= lasted
 
 
 def test_the_table_adds_idle_time_and_shares_from_the_wall_time():
