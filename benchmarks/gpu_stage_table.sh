@@ -10,12 +10,12 @@ set -uo pipefail
 T=${1:-vllm.unified_attention}
 S=${2:-90}
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
-R=${OUT:-$(mktemp -d)} TC=$(mktemp -d)
-mkdir -p "$R"
+gpu_out
+gpu_machine | tee "$R/machine.txt"
 run() {
   local name=$1
-  timeout $((S + 300)) $KV fuzz --target "$T" --seed 0 --duration "${S}s" --triton-cache "$TC" --out "$R/$name" \
-    > "$R/$name.log" 2>&1
+  timeout $((S + 300)) $KV fuzz --target "$T" --seed 0 --duration "${S}s" --triton-cache "$W/triton" \
+    --out "$R/$name" > "$R/$name.log" 2>&1
   python3 - "$R" "$name" <<'PY'
 import json, pathlib, sys
 r, name = sys.argv[1:]
@@ -38,4 +38,3 @@ PY
 }
 run cold
 run warm
-echo "results in $R"
