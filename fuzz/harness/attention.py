@@ -114,8 +114,8 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     else:
         poison_output(run.call.output)
         states = [(hooks, hooks.before(batch, run.call)) for hooks in active_hooks(batch)]
-        run.output, crash = run_kernel(target, run.call, on_phase)
-    t.kernel = time.perf_counter() - s
+        t.materialize += time.perf_counter() - s  # the call made ready: the output's poison, the states' snapshots
+        run.output, crash = run_kernel(target, run.call, on_phase, timings=t)
 
     s = time.perf_counter()
     # on the reference device (a large batch of a CUDA target on its GPU, asynchronously until the checks);

@@ -91,7 +91,7 @@ def device_memory_lock(directory: Path) -> Iterator[None]:
         yield
 
 
-#: Set while a campaign (kvfuzz.fuzz.campaign.engine) runs an example without the device-memory lock, which it
+#: Set while a campaign (kvfuzz.fuzz.campaign.runner) runs an example without the device-memory lock, which it
 #: re-runs holding the lock if the device runs out of memory: a kernel's ``torch.OutOfMemoryError`` then goes to
 #: the campaign instead of becoming a finding (kvfuzz.fuzz.harness.run.run_kernel); alone on the device (the
 #: lock held, this clear) it is the kernel's finding. Clear everywhere else (a replay, a user's own check).

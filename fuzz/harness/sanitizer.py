@@ -144,7 +144,7 @@ class DeviceFull(Exception):
     """The sanitized run could not get device memory (:attr:`MemcheckReport.out_of_memory`: other processes had
     filled the GPU, e.g. several campaigns sharing it): the example was not sanitized. Not a finding: a
     campaign counts the example with the coverage label ``sanitize: skipped: device full``
-    (kvfuzz.fuzz.campaign.engine). memcheck reports it as an error of a CUDA API call ("Program hit
+    (kvfuzz.fuzz.campaign.runner). memcheck reports it as an error of a CUDA API call ("Program hit
     cudaErrorMemoryAllocation ... on CUDA API call to ..."), which is the device being full, not the kernel's
     access."""
 

@@ -5,8 +5,9 @@ runs the tasks the supervisor sends over its pipe (replay the database for a tar
 re-run one example), reporting every example as it happens (begin, phase, end, new failures: a
 :class:`PipeListener`). It dies with its supervisor (``PR_SET_PDEATHSIG`` plus a watchdog on its parent pid),
 ignores Ctrl-C (the supervisor stops it) and stops on SIGTERM after the example in flight. The pipe's messages,
-worker to supervisor: ``ready``, ``begin``, ``phase``, ``end``, ``seen``, ``failure``, ``done``, ``warning``,
-``fatal``, ``disk_full``, ``bye``; supervisor to worker: ``replay``, ``chunk``, ``retry``, ``stop``.
+worker to supervisor: ``ready``, ``begin``, ``phase``, ``end``, ``seen``, ``failure``, ``spent``,
+``memory``, ``done``, ``warning``, ``fatal``, ``disk_full``, ``bye``; supervisor to worker: ``replay``, ``chunk``,
+``retry``, ``stop``.
 """
 
 from __future__ import annotations
@@ -87,11 +88,26 @@ def tune_malloc() -> bool:
     return all([mallopt(param, value) == 1 for param, value in MALLOC_SETTINGS.values()])
 
 
+#: Seconds between a worker's reports of the CUDA memory it holds (``memory``, after an example ends).
+MEMORY_SECONDS = 5.0
+
+
+def gpu_memory() -> tuple[int, int] | None:
+    """The bytes of CUDA memory this process's caching allocator reserves and has allocated
+    (``torch.cuda.memory_reserved``, ``memory_allocated``), or None where CUDA is not in use here."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+
+
 class PipeListener:
-    """The Campaign listener of a worker: every event goes to the supervisor."""
+    """The Campaign listener of a worker: every event goes to the supervisor, and after an example, at most every
+    :data:`MEMORY_SECONDS`, the CUDA memory it holds (``memory``; nothing off CUDA)."""
 
     def __init__(self, conn) -> None:
         self.conn = conn
+        self._memory_at = -MEMORY_SECONDS
 
     def begin(self, target, example) -> None:
         self.conn.send(("begin", target, example.to_dict()))
@@ -101,12 +117,21 @@ class PipeListener:
 
     def end(self, target, outcome) -> None:
         self.conn.send(("end", target, attrs.asdict(outcome)))
+        now = time.monotonic()
+        if now - self._memory_at >= MEMORY_SECONDS:
+            self._memory_at = now
+            held = gpu_memory()
+            if held is not None:
+                self.conn.send(("memory", *held))
 
     def failure(self, record) -> None:
         self.conn.send(("failure", record.target, attrs.asdict(record)))
 
     def seen(self, record) -> None:
         self.conn.send(("seen", record.target, attrs.asdict(record)))
+
+    def spent(self, target, tier, seconds) -> None:
+        self.conn.send(("spent", target, tier, seconds))
 
 
 def gpu_environment(gpu: int, env) -> None:
@@ -155,6 +180,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         from kvfuzz.fuzz.targets import get_target
 
         torch.set_num_threads(spec.threads)
+        if spec.gpu is not None:  # a CUDA campaign: listen for Triton's compiles from the first kernel call on
+            _import_triton()
         config = config_from_dict(spec.config)
         targets = {t.name: t for t in (get_target(n) for n in spec.targets)}
         try:
@@ -204,7 +231,6 @@ def _run_tasks(conn, campaign) -> None:
     knowing the signatures found and the examples that ended workers elsewhere and the deadline; then what it cut
     short and ``done``."""
     from kvfuzz.contracts.model.example import Example  # loaded with the engine already
-    from kvfuzz.fuzz.campaign.records import example_key
 
     while True:
         task = conn.recv()
@@ -212,8 +238,7 @@ def _run_tasks(conn, campaign) -> None:
             return
         kind, tid, name, *args = task
         c = campaign(name)
-        c.known |= {tuple(s) for s in args[-1]["signatures"]}
-        c.ended.update((example_key(e), tuple(sig)) for sig, e in args[-1]["ended"])
+        c.ledger.learn(args[-1]["signatures"], args[-1]["ended"])
         c.deadline = args[-1].get("deadline")
         cut = len(c.cut_short)
         if kind == "replay":
@@ -258,6 +283,18 @@ def _broke(spec: WorkerSpec, conn, e: Exception) -> None:
         pass
 
 
+def _import_triton() -> None:
+    """Import Triton where it is installed, so that the first kernel call's compiles are told apart from its time
+    (kvfuzz.fuzz.harness.kernel_clock hooks Triton once it is imported)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+    from kvfuzz.fuzz.harness.kernel_clock import COMPILES
+
+    COMPILES.listen()
+
+
 def _quiet_streams() -> None:
     """After a full disk: the log (stdout, stderr) cannot take what it still buffers; drop it, so the worker's
     exit does not fail flushing it."""
@@ -291,4 +328,4 @@ def _observing(spec: WorkerSpec):
     return observe_to(Path(spec.observe_dir), prefix=f"w{spec.index}_")
 
 
-__all__ = ["PipeListener", "WorkerSpec", "gpu_environment", "worker_main"]
+__all__ = ["MEMORY_SECONDS", "PipeListener", "WorkerSpec", "gpu_environment", "gpu_memory", "worker_main"]

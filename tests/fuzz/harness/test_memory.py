@@ -1,4 +1,4 @@
-"""Device memory around big examples (kvfuzz.fuzz.harness.memory, kvfuzz.fuzz.campaign.engine): the size that
+"""Device memory around big examples (kvfuzz.fuzz.harness.memory, kvfuzz.fuzz.campaign.runner): the size that
 makes an example big, the campaign's device-memory lock, and an example that ran out of device memory outside
 the kernel: run again alone on the device, a harness error only if it runs out again."""
 
@@ -11,7 +11,7 @@ import torch
 from support.planted_targets import SdpaPaged
 
 from kvfuzz import Batch, Poison
-from kvfuzz.fuzz.campaign import engine
+from kvfuzz.fuzz.campaign import engine, runner
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness import memory
@@ -85,7 +85,7 @@ class _OutOfMemoryUnlessAlone(SdpaPaged):
 
 @pytest.mark.parametrize("always", [False, True])
 def test_an_example_out_of_device_memory_runs_again_alone(tmp_path, always, monkeypatch):
-    monkeypatch.setattr(engine, "OUT_OF_MEMORY_PAUSES", (0.0, 0.0, 0.0))  # the waits, not their length
+    monkeypatch.setattr(runner, "OUT_OF_MEMORY_PAUSES", (0.0, 0.0, 0.0))  # the waits, not their length
     target = _OutOfMemoryUnlessAlone()
     type(target).out, type(target).always, type(target).attempts = tmp_path, always, 0
     stats = fuzz_target(target, CampaignConfig(out=tmp_path, max_examples=5, poisons=(Poison.ZEROS,), seed=1,
@@ -96,7 +96,7 @@ def test_an_example_out_of_device_memory_runs_again_alone(tmp_path, always, monk
     # out of memory alone on the device too, every retry: kvfuzz's, so never a finding nor a harness error; each
     # example is counted as skipped (the campaign exits 3 on it: tests/fuzz/campaign/test_memory_campaign.py)
     assert not stats.failures and stats.examples == 0
-    assert stats.skipped_memory > 0 and target.attempts == stats.skipped_memory * (1 + len(engine.OUT_OF_MEMORY_PAUSES))
+    assert stats.skipped_memory > 0 and target.attempts == stats.skipped_memory * (1 + len(runner.OUT_OF_MEMORY_PAUSES))
     assert stats.to_dict()["skipped_for_memory"] == stats.skipped_memory
 
 
@@ -114,8 +114,8 @@ def test_a_recorded_failure_lets_go_of_its_run(tmp_path):
                                                            structural_shrink=0))
     (record,) = c.run_chunk(0, 3)
     assert record.reproducer and (tmp_path / record.reproducer).exists() or Path(record.reproducer).exists()
-    assert c._latest and all(run is None for _, _, run in c._latest.values())
-    assert c._run is None
+    assert c.ledger.latest(record.signature)[2] is None
+    assert c.runner.run is None
 
 
 class _KernelOutOfMemoryUnlessAlone(SdpaPaged):
@@ -137,7 +137,7 @@ def test_a_kernel_out_of_memory_runs_again_alone(tmp_path, always, monkeypatch):
     """A kernel that ran out of device memory without the lock is re-run holding it: no finding (and no Hypothesis
     FlakyFailure from a first call that hit a full GPU). Out of memory alone on the device too, it is the
     kernel's finding."""
-    monkeypatch.setattr(engine, "OUT_OF_MEMORY_PAUSES", (0.0,))
+    monkeypatch.setattr(runner, "OUT_OF_MEMORY_PAUSES", (0.0,))
     monkeypatch.setattr(_KernelOutOfMemoryUnlessAlone, "always", always)
     stats = fuzz_target(_KernelOutOfMemoryUnlessAlone(), CampaignConfig(
         out=tmp_path, max_examples=4, poisons=(Poison.ZEROS,), seed=1, stop_at_first_failure=True,
@@ -166,7 +166,7 @@ def test_a_kernel_out_of_memory_on_a_device_others_filled_is_skipped_not_the_ker
     it is the kernel's finding while the device has room (a kernel asking for too much), and skipped, never a
     finding, while the device is full all the same (a flex_attention call of one decode token on an H200 that
     other campaigns and a test suite had filled had been reported as a kernel crash)."""
-    monkeypatch.setattr(engine, "OUT_OF_MEMORY_PAUSES", (0.0,))
+    monkeypatch.setattr(runner, "OUT_OF_MEMORY_PAUSES", (0.0,))
     monkeypatch.setattr(_KernelOutOfMemoryUnlessAlone, "always", True)
     monkeypatch.setattr(_KernelOutOfMemoryUnlessAlone, "error", RuntimeError("CUDA driver error: out of memory"))
     monkeypatch.setattr(memory, "device_full", lambda: full)
@@ -188,4 +188,4 @@ def test_an_event_outside_hypothesiss_test_is_dropped_not_raised():
 
     with pytest.raises(InvalidArgument):
         hypothesis.event("skipped: out of device memory")
-    engine._event("skipped: out of device memory")  # no error
+    runner.note("skipped: out of device memory")  # no error
