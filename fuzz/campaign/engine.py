@@ -62,6 +62,7 @@ from kvfuzz.fuzz.campaign.failure_ledger import Failing, FailureLedger
 from kvfuzz.fuzz.campaign.records import FailureRecord, Listener, Quiet, TargetStats
 from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.campaign.runner import ExampleRunner, PastDeadline
+from kvfuzz.fuzz.harness import memory
 from kvfuzz.fuzz.harness.isolation import STOP
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
@@ -120,12 +121,14 @@ class Campaign:
     :attr:`ledger` (:class:`~kvfuzz.fuzz.campaign.failure_ledger.FailureLedger`)."""
 
     def __init__(self, target: Target, config: CampaignConfig, listener: Listener | None = None,
-                 known: set[tuple[str, str]] | frozenset = frozenset()) -> None:
+                 known: set[tuple[str, str]] | frozenset = frozenset(),
+                 releases: memory.Releases | None = None) -> None:
         self.target = target
         self.config = config
         self.listener = listener or Quiet()
         self.ledger = FailureLedger(known)
-        self.runner = ExampleRunner(target, config, self.listener, self.ledger)  # its clock starts: the set-up counts
+        # its clock starts: the set-up counts
+        self.runner = ExampleRunner(target, config, self.listener, self.ledger, releases)
         self.db = config.db()
         #: the size tiers the chunks rotate through (campaign_tiers), each with its own config: the small tier's is
         #: ``config`` itself, big-cache's sets ``big_cache``, long's and wide's have their limits (tier_limits)

@@ -27,6 +27,7 @@ listener's ``spent``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import sys
@@ -181,8 +182,11 @@ class ExampleRunner:
     """Runs the examples of one target's campaign in this process (see the module docstring). ``ledger``: the
     campaign's failure signatures; ``config`` and ``tier`` follow the chunk in progress (:meth:`use`)."""
 
-    def __init__(self, target: Target, config: CampaignConfig, listener: Listener, ledger: FailureLedger) -> None:
+    def __init__(self, target: Target, config: CampaignConfig, listener: Listener, ledger: FailureLedger,
+                 releases: memory.Releases | None = None) -> None:
         self.target, self.config, self.listener, self.ledger = target, config, listener, ledger
+        #: the cached device memory of the workers of this GPU, given back on request (fuzz/harness/memory.py)
+        self.releases = releases or memory.Releases(config.out, release=self._release)
         self.tier = "small"
         self.fault_name = config.fault.name if config.fault else None
         self.sanitizer = SanitizerSchedule(target, config)
@@ -284,11 +288,16 @@ class ExampleRunner:
             return self._once(example, lab, started, memory.is_big(example.batch))
         except _OutOfMemory:  # other workers' memory (fuzz/harness/memory.py): again, alone on the device
             pass
+        finally:
+            self.releases.poll()  # another worker asked for room: give back what this one keeps cached
+            self.releases.trim()
         for i, pause in enumerate(OUT_OF_MEMORY_PAUSES):
             self.run = None
-            memory.release_device_memory(collect=True)
+            asked = time.perf_counter()
+            gc.collect()
             time.sleep(pause)  # the other workers' examples end meanwhile (a big one waits for the lock)
-            self._waited += pause
+            self.releases.request()  # every worker of the GPU gives its cached memory back first
+            self._waited += time.perf_counter() - asked
             try:
                 return self._once(example, lab, started, True, last=i == len(OUT_OF_MEMORY_PAUSES) - 1)
             except _OutOfMemory:
@@ -296,6 +305,8 @@ class ExampleRunner:
         # kvfuzz cannot fit it: counted as skipped, never the kernel's finding nor a harness error
         self.run = None
         memory.release_device_memory(collect=True)
+        print(f"kvfuzz: {self.target.name}: an example skipped for device memory after {len(OUT_OF_MEMORY_PAUSES)} "
+              f"re-runs: {memory.footprint(example.batch)}", file=sys.stderr)
         note("skipped: out of device memory")
         self._report(example, lab, started, None, None, skipped=SKIPPED_FOR_MEMORY)
         return None
@@ -307,7 +318,11 @@ class ExampleRunner:
         then it is the kernel's finding)."""
         self.run = finding = undeclared = None
         asked = time.perf_counter()
+        if locked:
+            self.releases.idle()  # holding nothing while it waits for the lock
         with memory.device_memory_lock(self.config.out) if locked else contextlib.nullcontext():
+            if locked:
+                self.releases.request()  # the other workers' cached memory back, for this example
             self._waited += time.perf_counter() - asked if locked else 0.0
             if not last:  # a kernel's out-of-memory error comes here, to be re-run (the last try: the kernel's)
                 memory.RETRIES_OUT_OF_MEMORY.set()
@@ -518,6 +533,12 @@ class ExampleRunner:
         del run
         if big:
             memory.release_device_memory(collect=True)
+
+    def _release(self) -> None:
+        """Give back the device memory this process keeps cached, the target's kernel library's pools included
+        (``Target.release_memory``)."""
+        memory.release_device_memory()
+        self.target.release_memory()
 
     def close(self) -> None:
         """End what the runner keeps running beside it (the long-lived sanitized child; idempotent)."""

@@ -167,6 +167,11 @@ class Target(abc.ABC):
                             f"unique one, e.g. name = \"mykernels.{cls.__name__.lower()}\"")
         return super().__new__(cls)
 
+    def release_memory(self) -> None:
+        """Give back device memory the kernel's library keeps pooled (a CuPy or JAX memory pool, a workspace it
+        caches); kvfuzz calls it whenever it gives its own cached device memory back (between tasks, when another
+        worker of the GPU needs room: kvfuzz.fuzz.harness.memory.Releases). Default: nothing. Never raise."""
+
     @abc.abstractmethod
     def availability(self) -> Availability:
         """Whether the kernel can run here and, if not, why (say what to install)."""

@@ -209,6 +209,7 @@ class Supervisor:
         spec = WorkerSpec(tuple(self.names), config_to_dict(self.config), slot.index, os.getpid(),
                           str(self.out / "workers" / f"w{slot.index}.log"),
                           gpu=(slot.index % self.pool.gpus) if self.pool.gpus else None, threads=self.pool.threads,
+                          gpu_workers=-(-self.pool.workers // self.pool.gpus) if self.pool.gpus else 1,
                           observe_dir=str(self.out / "observed") if self.pool.observe else None)
         proc = self.ctx.Process(target=worker_main, args=(spec, child), name=f"kvfuzz-worker-{slot.index}")
         proc.start()

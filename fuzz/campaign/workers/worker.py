@@ -46,6 +46,8 @@ class WorkerSpec:
     gpu: int | None = None
     threads: int = 1
     observe_dir: str | None = None
+    #: the campaign's workers on this worker's GPU (memory.Releases: the share of the GPU each may keep cached)
+    gpu_workers: int = 1
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -170,13 +172,14 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, term)
-    config = None
+    config = releases = None
     try:
         import torch
 
         from kvfuzz.fuzz.campaign.config import config_from_dict
         from kvfuzz.fuzz.campaign.engine import Campaign
         from kvfuzz.fuzz.campaign.store.database import DatabaseError
+        from kvfuzz.fuzz.harness.memory import Releases, release_device_memory
         from kvfuzz.fuzz.targets import get_target
 
         torch.set_num_threads(spec.threads)
@@ -192,13 +195,21 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         listener = PipeListener(conn)
         campaigns: dict[str, Campaign] = {}
 
+        def release() -> None:  # this process's cached device memory, and every target's kernel library's pools
+            release_device_memory()
+            for t in targets.values():
+                t.release_memory()
+
+        releases = Releases(config.out, release=release)
+
         def campaign(name: str) -> Campaign:
-            return campaigns.get(name) or campaigns.setdefault(name, Campaign(targets[name], config, listener))
+            return campaigns.get(name) or campaigns.setdefault(name, Campaign(targets[name], config, listener,
+                                                                               releases=releases))
 
         observing = _observing(spec)
         conn.send(("ready", os.getpid()))
         with observing:
-            _run_tasks(conn, campaign)
+            _run_tasks(conn, campaign, releases)
     except KeyboardInterrupt:
         pass  # stopped: say goodbye below
     except OutOfSpace as e:  # a full disk: the supervisor ends the campaign (exit 3), keeping what was written
@@ -208,6 +219,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         _broke(spec, conn, e)
         return
     _report_database_errors(conn, config)
+    if releases is not None:
+        releases.close()
     conn.send(("bye",))
 
 
@@ -223,16 +236,18 @@ def _set_up(spec: WorkerSpec) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     if spec.gpu is not None:
         gpu_environment(spec.gpu, os.environ)
+        os.environ["KVFUZZ_GPU_WORKERS"] = str(spec.gpu_workers)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _run_tasks(conn, campaign) -> None:
+def _run_tasks(conn, campaign, releases) -> None:
     """Run the supervisor's tasks until it says ``stop``: each on its target's Campaign (``campaign(name)``),
     knowing the signatures found and the examples that ended workers elsewhere and the deadline; then what it cut
     short and ``done``."""
     from kvfuzz.contracts.model.example import Example  # loaded with the engine already
 
     while True:
+        releases.idle()  # waiting for a task: nothing kept cached, and nobody waits on this worker
         task = conn.recv()
         if task[0] == "stop":
             return

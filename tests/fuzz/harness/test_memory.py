@@ -3,6 +3,7 @@ makes an example big, the campaign's device-memory lock, and an example that ran
 the kernel: run again alone on the device, a harness error only if it runs out again."""
 
 import fcntl
+import os
 from pathlib import Path
 
 import attrs
@@ -189,3 +190,54 @@ def test_an_event_outside_hypothesiss_test_is_dropped_not_raised():
     with pytest.raises(InvalidArgument):
         hypothesis.event("skipped: out of device memory")
     runner.note("skipped: out of device memory")  # no error
+
+
+def test_releases_a_request_reaches_every_worker_of_the_gpu_and_waits_for_their_answers(tmp_path, monkeypatch):
+    """memory.Releases: a worker asks; another of the same GPU gives its cache back at its next poll and answers;
+    one on another GPU is not asked; the asker waits for the answer, not for a dead worker's file."""
+    monkeypatch.setattr(memory, "RELEASE_WAIT_SECONDS", 0.2)
+    given = []
+    other = memory.Releases(tmp_path, release=lambda: given.append("other"), env={"KVFUZZ_DEVICE": "0"})
+    far = memory.Releases(tmp_path, release=lambda: given.append("far"), env={"KVFUZZ_DEVICE": "1"})
+    me = memory.Releases(tmp_path, release=lambda: given.append("me"), env={"KVFUZZ_DEVICE": "0"})
+    assert not other.poll() and not far.poll() and given == []  # nothing asked yet
+    # a live worker's answer file that has not seen the request: the asker waits, then goes on, counting it late
+    (tmp_path / memory.ACK_NAME.format("0", os.getppid())).write_text("0 1")
+    (tmp_path / memory.ACK_NAME.format("0", 2**22 + 7)).write_text("0 1")  # no such process: ignored
+    assert me.request() == 1 and given == ["me"]
+    assert not (tmp_path / memory.ACK_NAME.format("0", 2**22 + 7)).exists()  # the dead worker's file: removed
+    assert other.poll() and given == ["me", "other"] and not other.poll()  # once per request
+    assert not far.poll() and "far" not in given
+    (tmp_path / memory.ACK_NAME.format("0", os.getppid())).write_text("1 0")  # it holds nothing now: not waited on
+    assert me.request() == 0
+    other.close()
+    assert not (tmp_path / memory.ACK_NAME.format("0", os.getpid())).exists()
+
+
+def test_releases_an_idle_worker_holds_nothing_and_a_missing_out_asks_nobody(tmp_path):
+    given = []
+    r = memory.Releases(tmp_path, release=lambda: given.append(1), env={})
+    r.idle()
+    assert given == [1] and (tmp_path / memory.ACK_NAME.format("0", os.getpid())).read_text() == "0 0"
+    assert not r.poll() and (tmp_path / memory.ACK_NAME.format("0", os.getpid())).read_text() == "0 1"
+    assert memory.Releases(None, release=lambda: given.append(2)).request() == 0 and given == [1, 2]
+
+
+def test_releases_trim_gives_back_what_is_cached_past_the_workers_share(monkeypatch):
+    """Between examples a worker keeps at most WORKER_CACHE_SHARE of the GPU over its workers cached, unused;
+    nothing off CUDA."""
+    given = []
+    r = memory.Releases(None, release=lambda: given.append(1), workers=4)
+    assert not r.trim()  # CUDA never used here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 << 30}))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 1 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: (1 << 30) + (10 << 30))  # cap: 0.5 * 80 / 4 = 10
+    assert not r.trim() and given == []
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: (1 << 30) + (11 << 30))
+    assert r.trim() and given == [1]
+
+
+def test_footprint_says_the_caches_and_nothing_of_a_device_never_used():
+    assert memory.footprint(_batch(dtype="float32")) == {"cache_bytes": memory.cache_bytes(_batch(dtype="float32"))}
