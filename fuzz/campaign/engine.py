@@ -490,7 +490,8 @@ class Campaign:
         the failure. It replaces an earlier provisional one; :meth:`_record` removes it once the final one is
         written."""
         example, finding, run = latest or self._latest[signature]
-        path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
+        path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name,
+                                stage=stage)
         self._drop_early(signature, keep=path)
         self._early[signature] = path
         self.listener.seen(attrs.evolve(FailureRecord.of(self.target.name, finding, example, self.fault_name, path),

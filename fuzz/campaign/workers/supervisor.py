@@ -121,6 +121,8 @@ class Supervisor:
         self.on_event = on_event
         self.on_progress = on_progress
         self.out = Path(config.out)
+        if len({t.name for t in targets}) != len(targets) or len(set(self.names)) != len(self.names):
+            raise ValueError(f"a target is named twice in {self.names}: name each once")
         self.targets = [TargetState(t, TargetStats(t.name), tiers=campaign_tiers(t, config)) for t in targets]
         self.by_name = {t.name: t for t in self.targets}
         self.slots = [Slot(i) for i in range(pool.workers)]
@@ -146,7 +148,7 @@ class Supervisor:
 
     def run(self) -> SupervisorResult:
         self._resume()
-        old = {s: signal.signal(s, self._stop_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, self._stop_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             self._snapshot(force=True)
             for slot in self.slots if self.disk_full is None else ():
@@ -360,12 +362,16 @@ class Supervisor:
         elif kind == "end":
             t = self.by_name[msg[1]]
             o = msg[2]
+            # a chunk draws its n examples first; what it runs past them shrinks a failure, as a database replay does:
+            # counted apart, so --max-examples bounds the examples (TargetStats.shrink_runs)
+            task = s.task
+            shrink = task is not None and (task.kind == "replay" or (task.kind == "chunk" and task.counted >= task.n))
             t.stats.add(Outcome(o["labels"], o["kernel_s"], o["harness_s"], o["ratio"],
                                 None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
                                 o.get("skipped"), o.get("kv_tokens", 0)),
-                        time.monotonic() - (t.start or time.monotonic()))
-            if s.task is not None:
-                s.task.counted += 1
+                        time.monotonic() - (t.start or time.monotonic()), shrink=shrink)
+            if task is not None and not shrink:
+                task.counted += 1
             s.in_flight = None
         elif kind == "seen":
             record = FailureRecord(**msg[2])
@@ -593,7 +599,7 @@ class Supervisor:
             fault = self.config.fault.name if self.config.fault else None
             finding = self._blame_caller(t.target, example, finding)
             try:
-                path = write_reproducer(self.out, t.target, example, finding, None, fault_name=fault)
+                path = write_reproducer(self.out, t.target, example, finding, None, fault_name=fault, stage="unshrunk")
             except OutOfSpace as e:  # not recorded: kept in state.json, so a rerun with space finds it again
                 self._out_of_space(str(e))
                 self._keep_unfinished(s, flight)

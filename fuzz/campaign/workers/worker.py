@@ -145,18 +145,39 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     if spec.gpu is not None:
         gpu_environment(spec.gpu, os.environ)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
+    for s in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C, a closed terminal: they reach the supervisor, which stops us
+        signal.signal(s, signal.SIG_IGN)
 
     # set up: the heavy imports may come (the comment at the top)
-    from kvfuzz.fuzz.harness.isolation import ISOLATED, STOP, exit_if_mps_busy
+    from kvfuzz.fuzz.harness.isolation import ISOLATED, STOP
 
     ISOLATED.set()  # a kernel that breaks the device ends this process (harness.isolation)
+    signal.signal(signal.SIGTERM, stop_on_term(STOP))
+    try:
+        _serve(spec, conn)
+    finally:  # a SIGTERM now (the group's, then the supervisor's) must not raise in an atexit callback
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def stop_on_term(stop):
+    """The worker's SIGTERM handler: set ``stop`` (checked at every example, in case kernel code swallows the
+    KeyboardInterrupt) and raise KeyboardInterrupt, once: a second SIGTERM (the process group's, then the
+    supervisor's own) finds the worker already stopping and only sets ``stop``, so it never lands in the handling
+    of the first or in an atexit callback ("Exception ignored in atexit callback ... KeyboardInterrupt")."""
 
     def term(signum, frame):
-        STOP.set()  # checked at every example, in case kernel code swallows the KeyboardInterrupt
+        if stop.is_set():
+            return
+        stop.set()
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, term)
+    return term
+
+
+def _serve(spec: WorkerSpec, conn) -> None:
+    """Set up, say ready, run tasks until told to stop, say goodbye (:func:`worker_main`'s body)."""
+    from kvfuzz.fuzz.harness.isolation import exit_if_mps_busy
+
     try:
         import torch
 
@@ -260,4 +281,4 @@ def _observing(spec: WorkerSpec):
     return observe_to(Path(spec.observe_dir), prefix=f"w{spec.index}_")
 
 
-__all__ = ["PipeListener", "WorkerSpec", "gpu_environment", "worker_main"]
+__all__ = ["PipeListener", "WorkerSpec", "gpu_environment", "stop_on_term", "worker_main"]
