@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from kvfuzz.fuzz.cli.common import (
@@ -21,6 +22,7 @@ from kvfuzz.fuzz.cli.common import (
     unique,
     writable_dir_option,
     writable_file_option,
+    write_output,
 )
 from kvfuzz.strategies.limits import Limits
 
@@ -116,7 +118,7 @@ def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, mar
     if json_path:
         _save_json(json_path, doc)
     if markdown_path:
-        Path(markdown_path).write_text(markdown_table(doc))
+        write_output(markdown_path, markdown_table(doc), "--markdown")
         console.print(f"Markdown: {markdown_path}")
 
 
@@ -248,16 +250,19 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
     if json_path:
         console.print(f"JSON: {json_path}")
     if plot_path:
-        console.print(f"plot: {plot(doc, Path(plot_path))}")
+        from kvfuzz.fuzz.campaign.store.journal import disk_full
+
+        try:
+            console.print(f"plot: {plot(doc, Path(plot_path))}")
+        except OSError as e:  # the JSON (written after every run) holds what the plot would show
+            console.print(f"[red]cannot write[/] --plot {escape(plot_path)}: {escape(e.strerror or str(e))}")
+            sys.exit(3 if disk_full(e) else 2)
 
 
 def _save_json(json_path: str, doc: dict, quiet: bool = False) -> None:
     """Write a benchmark's JSON document to ``json_path`` atomically (kvfuzz.fuzz.campaign.store.journal.write_json;
     the folder created), and say where unless ``quiet``."""
-    from kvfuzz.fuzz.campaign.store.journal import write_json
-
-    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-    write_json(Path(json_path), doc)
+    write_output(json_path, doc, "--json")
     if not quiet:
         console.print(f"JSON: {json_path}")
 

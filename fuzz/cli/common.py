@@ -246,6 +246,25 @@ def next_steps(reproducers: list[str], replays: list[str] = (), corpus: str = "r
     console.print(escape("\n".join(lines)), highlight=False)
 
 
+def write_output(path, content, option: str) -> None:
+    """Write a command's output file (``content``: text, or a JSON-ready object) to ``path`` atomically
+    (kvfuzz.fuzz.campaign.store.journal); when it cannot be written, one line naming ``option`` and the file, and
+    exit 3 for a full disk, 2 otherwise (never a traceback after the work is done; the old file stays whole)."""
+    from kvfuzz.fuzz.campaign.store.journal import disk_full, write_json, write_text
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, str):
+            write_text(path, content)
+        else:
+            write_json(path, content)
+    except OSError as e:
+        console.print(f"[red]cannot write[/] {option} {escape(str(path))}: {escape(e.strerror or str(e))}"
+                      + ("; free some space" if disk_full(e) else "; name a writable file"), highlight=False)
+        sys.exit(EXIT_INTERRUPTED if disk_full(e) else 2)
+
+
 def nonempty_option(ctx, param, value):
     """Click callback for a text option that must say something (a baseline entry's id, reason, reference):
     ``value`` unchanged; click.BadParameter (exit 2) when it is empty or only spaces."""
@@ -317,4 +336,4 @@ def available_targets(target_names) -> list:
 __all__ = ["EXIT_INTERRUPTED", "Interrupted", "MAX_DURATION", "REDIS_URL_SCHEMES", "UNWRAPPED_WIDTH", "URL_LIKE",
            "available_targets", "console", "db_option", "duration_option", "errors", "finite_range", "make_console",
            "named_targets", "next_steps", "nonempty_option", "out_dir_option", "parse_duration", "say", "set_verbosity",
-           "signals_interrupt", "unique", "verbosity", "writable_dir_option", "writable_file_option"]
+           "signals_interrupt", "unique", "verbosity", "writable_dir_option", "writable_file_option", "write_output"]

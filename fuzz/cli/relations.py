@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.cli.common import console, unique, writable_file_option
+from kvfuzz.fuzz.cli.common import console, unique, writable_file_option, write_output
 
 
 def _cell(r) -> str:
@@ -112,8 +112,7 @@ def relations(target_names, relation_names, max_examples, seed, poison_names, sh
                               highlight=False)
             console.print(f"  {escape(x.message)}", highlight=False)
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps([x.to_dict() for x in results], indent=2))
+        write_output(json_path, json.dumps([x.to_dict() for x in results], indent=2), "--json")
     failed = [x for x in results if x.outcome == "error" or
               (x.outcome == "violated" and not (no_design and x.design_property))]
     sys.exit(1 if failed else 0)

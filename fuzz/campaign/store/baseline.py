@@ -68,13 +68,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import attrs
+
+from kvfuzz.fuzz.campaign.store.journal import write_text
 
 #: Failure kinds an entry may name (and what decides "the same bug" for each).
 KINDS = ("non-finite output", "kernel mismatch", "memory safety")
@@ -613,7 +614,8 @@ def entry_from_case(case, entry_id: str, reason: str, reference: str, slots: str
 def append_entry(path: str | Path, entry: KnownFinding) -> None:
     """Append ``entry`` to the baseline at ``path`` (created if missing), atomically (a temporary file in the
     same folder, fsynced, renamed over it). Raises :class:`BaselineError` when the existing file is invalid or
-    already has the entry's id, or when the result would not parse (nothing is written then)."""
+    already has the entry's id, or when the result would not parse (nothing is written then), OSError when the
+    file cannot be written (the old one kept whole)."""
     path = Path(path)
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     existing = parse_baseline(old, path)
@@ -621,12 +623,7 @@ def append_entry(path: str | Path, entry: KnownFinding) -> None:
         raise BaselineError(path, "id", f"{entry.id!r} is already in the baseline", "choose another --id")
     text = (old.rstrip("\n") + "\n\n" if old.strip() else "") + entry.to_toml()
     parse_baseline(text, path)  # what we write must read back
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text(path, text, fsync=True)  # atomic: a full disk leaves the old file whole and no temporary one
 
 
 __all__ = ["FEATURES_OFF", "Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "access_location",

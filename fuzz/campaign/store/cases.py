@@ -54,11 +54,13 @@ def _need(case: dict, path: Path, field: str, typ: type | tuple, what: str) -> A
     return v
 
 
-def read_example(raw: dict, path: Path, where: str = "example") -> Example:
-    """The Example of ``raw`` (case.json's ``example``), each field checked on its own so that a bad value is named
-    by its innermost field ("example.batch.query_lens: is 'one': invalid literal for int()"), not by the whole
-    example. Raises :class:`BadReproducer`."""
-    fix = "restore case.json from the campaign's output (kvfuzz writes every field)"
+def read_example(raw: dict, path: Path, where: str = "example",
+                 fix: str = "restore case.json from the campaign's output (kvfuzz writes every field)") -> Example:
+    """The Example of ``raw`` (case.json's ``example``; ``where`` its field in ``path``), each field checked on its
+    own so that a bad value is named by its innermost field ("example.batch.query_lens: is 'one': invalid literal
+    for int()"), not by the whole example. Raises :class:`BadReproducer` (its message ending in ``fix``)."""
+    if not isinstance(raw, dict):
+        raise BadReproducer(path, where, f"is {type(raw).__name__}, expected an object with batch and poison", fix)
     for key in ("batch", "poison"):
         if key not in raw:
             raise BadReproducer(path, f"{where}.{key}", "is missing", fix)

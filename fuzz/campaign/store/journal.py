@@ -77,11 +77,17 @@ def write_json(path: Path, obj: Any, *, fsync: bool = False) -> None:
 
     Raises OSError when the file cannot be written (a full disk: ENOSPC, see :func:`disk_full`); ``path`` then
     keeps its previous version and the temporary file is removed."""
+    write_text(path, json.dumps(json_safe(obj), indent=1, allow_nan=False) + "\n", fsync=fsync)
+
+
+def write_text(path: Path, text: str, *, fsync: bool = False) -> None:
+    """Write ``text`` to ``path`` atomically, as :func:`write_json` writes JSON (a temporary file in the same folder,
+    flushed, then ``os.replace``). Raises OSError when it cannot be written; ``path`` then keeps its previous
+    version and the temporary file is removed."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    text = json.dumps(json_safe(obj), indent=1, allow_nan=False) + "\n"
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()  # inside the try: a full disk shows here (or at close), not in a later, silent close
             if fsync:
@@ -215,4 +221,4 @@ class CampaignState:
 
 
 __all__ = ["CampaignState", "DISK_FULL_ERRNOS", "OutLock", "OutLocked", "OutOfSpace", "StateFileWarning", "disk_full",
-           "json_safe", "read_json", "stop_when_full", "write_json"]
+           "json_safe", "read_json", "stop_when_full", "write_json", "write_text"]

@@ -53,6 +53,7 @@ from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool,
 from kvfuzz.fuzz.campaign.engine import duration_allowance
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats, example_key
 from kvfuzz.fuzz.campaign.store import ledger
+from kvfuzz.fuzz.campaign.store.cases import BadReproducer, read_example
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState, Task
@@ -208,9 +209,15 @@ class Supervisor:
         if not (self.state.running and self.state.in_flight):
             return
         n = 0
-        for entry in self.state.in_flight.values():
+        for key, entry in self.state.in_flight.items():
+            try:  # an edited state.json's example would end the worker that retries it, on every run
+                read_example(entry["example"] if isinstance(entry, dict) else None, self.state.path,
+                             f"in_flight.{key}.example", fix="it is not retried")
+            except BadReproducer as e:
+                self.on_event(str(e))
+                continue
             t = self.by_name.get(entry.get("target"))
-            if t is not None and isinstance(entry.get("example"), dict):
+            if t is not None:
                 t.retries.append(entry["example"])
                 n += 1
         if n:
