@@ -51,7 +51,7 @@ CONFIG = "kvfuzz.project_config"
 
 
 @click.group(cls=KvfuzzGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(None, "-V", "--version", package_name="kvfuzz", message="%(prog)s %(version)s")
+@click.version_option(None, "-V", "--version", package_name="kvfuzz", message="kvfuzz %(version)s")
 @click.option("-v", "--verbose", count=True, help="Say more (repeatable): -v prints coverage in full.")
 @click.option("-q", "--quiet", count=True,
               help="Say less (repeatable): -q no progress, start-up or coverage lines; -qq no summary table either "

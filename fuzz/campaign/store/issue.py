@@ -135,8 +135,8 @@ def _title(raw: dict, pkg: str, fn: str) -> str:
     if raw["check"] == "finite pad rows" and pads:  # the NaN is in the pad rows, not in the real sequences'
         n = sum(b["query_lens"])
         rows = f"row {n}" if pads == 1 else f"rows {n}-{n + pads - 1}"
-        where = (f"{what} in CUDA-graph pad {rows} ({pads} pad sequence(s) of seq_len 0 on the null block, after "
-                 f"{seqs})")
+        where = (f"NaN/inf in CUDA-graph pad {rows} of the output ({pads} pad sequence(s) of seq_len 0 on the null "
+                 f"block) after {seqs}")
     else:
         where = f"{what} with {seqs}"
     return (f"[{pkg}] {fn}: {where}, num_heads={b['num_heads']}, num_kv_heads={b['num_kv_heads']}, "

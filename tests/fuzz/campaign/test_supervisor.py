@@ -212,6 +212,22 @@ def test_torn_state_files_are_set_aside_with_a_warning(tmp_path):
     assert json.loads((out / "state.json").read_text())["chunks"] == {"planted.correct": 1}
 
 
+@pytest.mark.cli_text
+def test_an_in_flight_example_state_json_cannot_read_is_named_and_not_retried(tmp_path):
+    """A state.json of a killed campaign whose in-flight example does not read (edited, or from another kvfuzz): the
+    worker that retried it died ("TypeError: Batch.__init__() missing ...") and the campaign exited 3, each run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    bad = {"batch": {"query_lens": "one"}, "poison": "nan"}
+    (out / "state.json").write_text(json.dumps({"seed": 0, "chunks": {}, "running": True, "in_flight": {
+        "0": {"target": "planted.correct", "example": bad, "phase": "kernel"}, "1": 5}}))
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--max-examples", "3", "--poison", "stale",
+               "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "field 'in_flight.0.example.batch.query_lens': is 'one'" in r.stdout and "it is not retried" in r.stdout
+    assert "field 'in_flight.1.example': is NoneType" in r.stdout and "problem" not in r.stdout
+
+
 def test_a_worker_lost_in_the_structural_shrink_leaves_the_hypothesis_shrunk_reproducer(tmp_path):
     """The structural shrink's candidate (a smaller head size, block ids scaled) exits the process: the failure
     keeps the reproducer Hypothesis shrank, and says so."""
