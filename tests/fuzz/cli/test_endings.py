@@ -398,3 +398,33 @@ def test_baseline_add_on_a_full_disk_exits_3_and_keeps_the_baseline_whole(tmp_pa
     r = CliRunner().invoke(main, [*args, "--id", "two"])
     assert r.exit_code == 3 and "No space left on device" in r.output, r.output
     assert baseline.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == ["b.toml"]
+
+
+@pytest.mark.cli_text
+def test_ctrl_c_of_a_replay_exits_3_without_a_traceback(tmp_path):
+    """Ctrl-C reaches the whole process group. kvfuzz replay ended in click's "Aborted!" with exit status 1, as
+    every command did; now one line and 3 (interrupted). The replay's child leaves the signal to its parent, which
+    kills it (here mid-kernel), so no KeyboardInterrupt traceback of the child's can reach the output."""
+    from support import batch_of
+
+    from kvfuzz.contracts.checks.failures import KernelHang
+    from kvfuzz.contracts.model.example import Example
+    from kvfuzz.contracts.model.poison import Poison
+    from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
+    from kvfuzz.fuzz.targets.registry import load_spec
+
+    spec = f"{PLANTED}:Hangs"
+    t = load_spec(spec)
+    example = Example(batch_of([(1, 4)], head_size=64, num_heads=2, num_kv_heads=2, dtype="float32"), Poison.NAN)
+    d = write_reproducer(tmp_path / "out", t, example, KernelHang("timeout", "hung"), None)
+    log = tmp_path / "calls.log"
+    p = subprocess.Popen([sys.executable, "-m", "kvfuzz.fuzz.cli", "replay", str(d), "--target", spec, "--timeout",
+                          "600"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                         env=dict(os.environ, KVFUZZ_PLANTED_LOG=str(log)), start_new_session=True)
+    _wait_for(log.exists, "the kernel call", p)  # the child is inside the hanging kernel
+    os.killpg(p.pid, signal.SIGINT)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 3 and "interrupted (SIGINT)" in out, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    child = int(log.read_text().split()[0])
+    assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()
