@@ -9,6 +9,9 @@ they run, so ``kvfuzz --help`` is fast.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import click
 from rich.markup import escape
 
@@ -29,7 +32,8 @@ class KvfuzzGroup(click.Group):
     """The ``kvfuzz`` group: every subcommand runs with SIGTERM and SIGHUP raised as :class:`Interrupted`
     (:func:`~kvfuzz.fuzz.cli.common.signals_interrupt`), and an interruption that reaches the top (Ctrl-C or a
     signal outside a campaign, which stops its workers itself and reports) ends the command with exit status 3 and
-    one line, never click's "Aborted!" with status 1. A bad value that came from the project config
+    one line, never click's "Aborted!" with status 1; so does a stdout whose reader went away (``| head``). A bad
+    value that came from the project config
     (:mod:`~kvfuzz.fuzz.cli.project`) is reported with the file and the key it came from."""
 
     def invoke(self, ctx: click.Context):
@@ -43,6 +47,10 @@ class KvfuzzGroup(click.Group):
                 what = e.args[0] if isinstance(e, Interrupted) and e.args else "SIGINT"
                 console.print(f"[yellow]interrupted ({escape(what)})[/]: stopped before it finished (exit "
                               f"{EXIT_INTERRUPTED})", highlight=False)
+                ctx.exit(EXIT_INTERRUPTED)
+            except BrokenPipeError:  # stdout's reader went away (`| head`): stopped, as SIGPIPE ends a Unix tool,
+                devnull = os.open(os.devnull, os.O_WRONLY)  # but with 3, not 1 (which says "a failure")
+                os.dup2(devnull, sys.stdout.fileno())
                 ctx.exit(EXIT_INTERRUPTED)
 
 

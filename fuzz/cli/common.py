@@ -20,6 +20,17 @@ from rich.markup import escape
 UNWRAPPED_WIDTH = 100_000
 
 
+class _Console(Console):
+    """rich's Console, but a stdout whose reader went away (``kvfuzz fuzz | head``) raises BrokenPipeError (its
+    further output going to /dev/null), which the ``kvfuzz`` group ends with exit status 3, after every ``finally``
+    ran (a campaign's workers stopped, its state saved): rich's own raised SystemExit(1), which says "a failure"."""
+
+    def on_broken_pipe(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise BrokenPipeError("stdout's reader went away")
+
+
 def make_console(file=None) -> Console:
     """A console for ``file`` (default: stdout, looked up at each print). On a terminal, rich's layout (the
     terminal's width). Anywhere else (a log file, a pipe, CI) nothing is ever hard-wrapped, whatever ``COLUMNS``
@@ -30,8 +41,8 @@ def make_console(file=None) -> Console:
     except (AttributeError, ValueError):  # a closed or foreign stream
         terminal = False
     if terminal:
-        return Console(file=file)
-    return Console(file=file, width=UNWRAPPED_WIDTH, soft_wrap=True)
+        return _Console(file=file)
+    return _Console(file=file, width=UNWRAPPED_WIDTH, soft_wrap=True)
 
 
 console = make_console()

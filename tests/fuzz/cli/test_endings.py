@@ -428,3 +428,17 @@ def test_ctrl_c_of_a_replay_exits_3_without_a_traceback(tmp_path):
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     child = int(log.read_text().split()[0])
     assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()
+
+
+@pytest.mark.cli_text
+def test_a_stdout_whose_reader_went_away_exits_3_not_1(tmp_path):
+    """`kvfuzz fuzz ... | head -2`: rich's console ended the process with exit 1 ("a failure was found") at its next
+    line, silently. It stops as interrupted (3), workers stopped and state saved, with nothing on stderr."""
+    p = start_kvfuzz("fuzz", "--target", f"{PLANTED}:Slow", "--max-examples", "400", "--out", tmp_path / "o",
+                     cwd=tmp_path)
+    first = [p.stdout.readline() for _ in range(2)]
+    assert first[0].startswith("fuzzing planted.slow"), first
+    p.stdout.close()  # as head does after its lines
+    assert p.wait(timeout=600) == 3
+    assert p.stderr.read() == ""
+    assert json.loads((tmp_path / "o" / "state.json").read_text())["running"] is False
