@@ -145,6 +145,13 @@ def test_the_supervisor_refuses_a_target_named_twice(tmp_path):
         Supervisor([t, t], ["x", "x"], CampaignConfig(out=tmp_path))
 
 
+@pytest.mark.cli_text
+def test_conflicting_replay_options_exit_2_naming_both(tmp_path):
+    case = next((ROOT / "regressions").glob("vllm.cpu_attention-*"))
+    r = CliRunner().invoke(main, ["replay", str(case), "--target", "vllm.cpu_attention", "--trust-target"])
+    assert r.exit_code == 2 and "--target" in r.output and "--trust-target" in r.output, r.output
+
+
 # ---- --db: a directory or a Redis URL, nothing else ---------------------------------------------------------------
 @pytest.mark.cli_text
 @pytest.mark.parametrize("command", ["fuzz", "check"])
