@@ -112,7 +112,36 @@ def readme_command_drift(text: str) -> list[str]:
     return [f"{c}: not in the README's command list" for c in leaf_commands() if c not in listed]
 
 
+def exit_status_drift(text: str) -> list[str]:
+    """Commands whose docs/cli.md section has no "Exit status:" table, or whose table leaves out status 0 or the
+    interrupted ending (3, which every command has: Ctrl-C, SIGTERM, SIGHUP); empty when every command has one."""
+    problems = []
+    for name in leaf_commands():
+        head = f"## `{name}`"
+        if head not in text:
+            continue  # cli_doc_drift reports the missing section
+        section = text.split(head, 1)[1].split("\n## ", 1)[0]
+        if "Exit status:" not in section:
+            problems.append(f"{name}: no exit status table")
+            continue
+        table = section.split("Exit status:", 1)[1]
+        statuses = set(re.findall(r"^\| `(\d)` \|", table, re.M))
+        problems += [f"{name}: exit status {s} not listed" for s in ("0", "3") if s not in statuses]
+        if "interrupted" not in table:
+            problems.append(f"{name}: the interrupted ending is not listed")
+    return problems
+
+
 # ---- docs/cli.md and the README against the code ----
+def test_cli_doc_lists_every_commands_exit_statuses():
+    assert exit_status_drift(CLI_DOC) == []
+    section = CLI_DOC.split("## `kvfuzz replay`", 1)[1].split("\n## ", 1)[0]
+    planted = CLI_DOC.replace(section, section.split("Exit status:", 1)[0])
+    assert exit_status_drift(planted) == ["kvfuzz replay: no exit status table"]
+    row = "| `3` | interrupted: Ctrl-C, SIGTERM or SIGHUP"  # kvfuzz targets' only status 3
+    planted = CLI_DOC.replace(row, row.replace("`3`", "`4`"))
+    assert exit_status_drift(planted) == ["kvfuzz targets: exit status 3 not listed"]
+
 
 def test_cli_doc_lists_every_command_and_option_with_the_codes_default():
     assert cli_doc_drift(CLI_DOC) == []

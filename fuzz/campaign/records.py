@@ -123,18 +123,30 @@ class TargetStats:
     #: Seconds per stage and examples, per size tier (:class:`~kvfuzz.fuzz.campaign.stages.StageTable`): every
     #: example's :attr:`Outcome.stages` and the time its workers spent on it outside examples (:meth:`add_spent`).
     stages: StageTable = attrs.Factory(StageTable)
+    #: Kernel runs that replayed the example database or shrank a failure: not examples (``--max-examples`` bounds
+    #: the examples drawn), so counted apart; their time is in kernel_seconds, harness_seconds and the stages.
+    shrink_runs: int = 0
 
     @property
     def examples_per_second(self) -> float:
         return self.examples / self.elapsed if self.elapsed else 0.0
 
-    def add(self, outcome: Outcome, elapsed: float) -> None:
-        """Count one example, ``elapsed`` seconds after the target's start."""
+    def add(self, outcome: Outcome, elapsed: float, shrink: bool = False) -> None:
+        """Count one example, ``elapsed`` seconds after the target's start; ``shrink``: a run that replayed the
+        database or shrank a failure, counted in :attr:`shrink_runs` and its time only."""
         self.stages.add(outcome.labels.get("tier", "small"), outcome.stages,
-                        examples=int(outcome.skipped is None))
+                        examples=int(outcome.skipped is None and not shrink))
         if outcome.skipped is not None:  # not checked: counted apart
             self.skipped_memory += 1
             self.elapsed = max(self.elapsed, elapsed)
+            return
+        if shrink:
+            self.shrink_runs += 1
+            self.elapsed = max(self.elapsed, elapsed)
+            self.kernel_seconds += outcome.kernel_s
+            self.harness_seconds += outcome.harness_s
+            if outcome.signature is not None and self.first_failure_s is None:  # a database replay's failure
+                self.first_failure_s, self.first_failure_examples = round(elapsed, 3), self.examples
             return
         self.examples += 1
         self.kv_tokens += outcome.kv_tokens
@@ -188,6 +200,7 @@ class TargetStats:
             "first_failure_examples": self.first_failure_examples,
             "lost": self.lost,
             "skipped_for_memory": self.skipped_memory,
+            "shrink_runs": self.shrink_runs,
             "stopped": self.stopped,
             "failures": [f.to_dict() for f in self.failures.values()],
         }

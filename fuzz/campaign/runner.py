@@ -490,10 +490,12 @@ class ExampleRunner:
         return self._shrinks > 0 or self._phase == "shrink"
 
     # ---- reproducers of a verdict --------------------------------------------------------------------------
-    def write(self, failing: Failing) -> Path:
-        """Write ``failing``'s reproducer directory in ``--out``; returns its path."""
+    def write(self, failing: Failing, stage: str = "final") -> Path:
+        """Write ``failing``'s reproducer directory in ``--out`` (``stage``: how far it was shrunk, case.json's
+        ``stage``); returns its path."""
         example, finding, run = failing
-        return write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
+        return write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name,
+                                stage=stage)
 
     def record_of(self, failing: Failing, path: Path | None) -> FailureRecord:
         return FailureRecord.of(self.target.name, failing[1], failing[0], self.fault_name, path)
@@ -504,7 +506,7 @@ class ExampleRunner:
         the worker (a crash or hang of another kind), and the supervisor then keeps this one instead of losing the
         failure. It replaces an earlier provisional one; recording the final one removes it."""
         failing = failing or self.ledger.latest(signature)
-        path = self.write(failing)
+        path = self.write(failing, stage)
         self.ledger.keep_provisional(signature, path)
         self.listener.seen(attrs.evolve(self.record_of(failing, path), stage=stage))
 

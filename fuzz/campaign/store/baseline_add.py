@@ -49,7 +49,7 @@ def append_entry(path: str | Path, entry: KnownFinding) -> None:
     """Append ``entry`` to the baseline at ``path`` (created if missing), atomically
     (:func:`~kvfuzz.fuzz.campaign.store.journal.write_text`, fsynced). Raises :class:`BaselineError` when the
     existing file is invalid or already has the entry's id, or when the result would not parse (nothing is written
-    then)."""
+    then), OSError when the file cannot be written (the old one kept whole)."""
     path = Path(path)
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     existing = parse_baseline(old, path)

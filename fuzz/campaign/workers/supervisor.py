@@ -47,6 +47,7 @@ from kvfuzz.fuzz.campaign.engine import duration_allowance
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats, example_key
 from kvfuzz.fuzz.campaign.stages import time_table
 from kvfuzz.fuzz.campaign.store import ledger
+from kvfuzz.fuzz.campaign.store.cases import BadReproducer, read_example
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState
@@ -111,6 +112,8 @@ class Supervisor:
         self.on_event = on_event
         self.on_progress = on_progress
         self.out = Path(config.out)
+        if len({t.name for t in targets}) != len(targets) or len(set(self.names)) != len(self.names):
+            raise ValueError(f"a target is named twice in {self.names}: name each once")
         self.targets = [TargetState(t, TargetStats(t.name), tiers=campaign_tiers(t, config)) for t in targets]
         self.by_name = {t.name: t for t in self.targets}
         self.slots = [Slot(i) for i in range(pool.workers)]
@@ -133,7 +136,7 @@ class Supervisor:
 
     def run(self) -> SupervisorResult:
         self._resume()
-        old = {s: signal.signal(s, self._stop_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, self._stop_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             self._snapshot(force=True)
             for slot in self.slots if self.disk_full is None else ():
@@ -196,9 +199,15 @@ class Supervisor:
         if not (self.state.running and self.state.in_flight):
             return
         n = 0
-        for entry in self.state.in_flight.values():
+        for key, entry in self.state.in_flight.items():
+            try:  # an edited state.json's example would end the worker that retries it, on every run
+                read_example(entry["example"] if isinstance(entry, dict) else None, self.state.path,
+                             f"in_flight.{key}.example", fix="it is not retried")
+            except BadReproducer as e:
+                self.on_event(str(e))
+                continue
             t = self.by_name.get(entry.get("target"))
-            if t is not None and isinstance(entry.get("example"), dict):
+            if t is not None:
                 t.retries.append(entry["example"])
                 n += 1
         if n:
@@ -306,12 +315,16 @@ class Supervisor:
         elif kind == "end":
             t = self.by_name[msg[1]]
             o = msg[2]
+            # a chunk draws its n examples first; what it runs past them shrinks a failure, as a database replay does:
+            # counted apart, so --max-examples bounds the examples (TargetStats.shrink_runs)
+            task = s.task
+            shrink = task is not None and (task.kind == "replay" or (task.kind == "chunk" and task.counted >= task.n))
             t.stats.add(Outcome(o["labels"], o["kernel_s"], o["harness_s"], o["ratio"],
                                 None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
                                 o.get("skipped"), o.get("kv_tokens", 0), o.get("stages", {})),
-                        time.monotonic() - (t.start or time.monotonic()))
-            if s.task is not None:
-                s.task.counted += 1
+                        time.monotonic() - (t.start or time.monotonic()), shrink=shrink)
+            if task is not None and not shrink:
+                task.counted += 1
             s.in_flight = None
         elif kind == "seen":
             record = FailureRecord(**msg[2])
@@ -518,7 +531,7 @@ class Supervisor:
             fault = self.config.fault.name if self.config.fault else None
             finding = self._blame_caller(t.target, example, finding)
             try:
-                path = write_reproducer(self.out, t.target, example, finding, None, fault_name=fault)
+                path = write_reproducer(self.out, t.target, example, finding, None, fault_name=fault, stage="unshrunk")
             except OutOfSpace as e:  # not recorded: kept in state.json, so a rerun with space finds it again
                 self._out_of_space(str(e))
                 self.snapshots.keep_unfinished(s.index, flight)

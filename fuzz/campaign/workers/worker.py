@@ -166,46 +166,47 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     from kvfuzz.fuzz.harness.isolation import ISOLATED, STOP
 
     ISOLATED.set()  # a kernel that breaks the device ends this process (harness.isolation)
+    signal.signal(signal.SIGTERM, stop_on_term(STOP))
+    try:
+        _serve(spec, conn)
+    finally:  # a SIGTERM now (the group's, then the supervisor's) must not raise in an atexit callback
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def stop_on_term(stop):
+    """The worker's SIGTERM handler: set ``stop`` (checked at every example, in case kernel code swallows the
+    KeyboardInterrupt) and raise KeyboardInterrupt, once: a second SIGTERM (the process group's, then the
+    supervisor's own) finds the worker already stopping and only sets ``stop``, so it never lands in the handling
+    of the first or in an atexit callback ("Exception ignored in atexit callback ... KeyboardInterrupt")."""
 
     def term(signum, frame):
-        STOP.set()  # checked at every example, in case kernel code swallows the KeyboardInterrupt
+        if stop.is_set():
+            return
+        stop.set()
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, term)
+    return term
+
+
+def _serve(spec: WorkerSpec, conn) -> None:
+    """Load the campaign, say ready, run tasks until told to stop, say goodbye (:func:`worker_main`'s body)."""
     config = releases = None
     try:
         import torch
 
         from kvfuzz.fuzz.campaign.config import config_from_dict
-        from kvfuzz.fuzz.campaign.engine import Campaign
         from kvfuzz.fuzz.campaign.store.database import DatabaseError
-        from kvfuzz.fuzz.harness.memory import Releases, release_device_memory
-        from kvfuzz.fuzz.targets import get_target
 
         torch.set_num_threads(spec.threads)
         if spec.gpu is not None:  # a CUDA campaign: listen for Triton's compiles from the first kernel call on
             _import_triton()
         config = config_from_dict(spec.config)
-        targets = {t.name: t for t in (get_target(n) for n in spec.targets)}
         try:
             config.db()
         except DatabaseError as e:
             conn.send(("fatal", str(e)))
             return
-        listener = PipeListener(conn)
-        campaigns: dict[str, Campaign] = {}
-
-        def release() -> None:  # this process's cached device memory, and every target's kernel library's pools
-            release_device_memory()
-            for t in targets.values():
-                t.release_memory()
-
-        releases = Releases(config.out, release=release)
-
-        def campaign(name: str) -> Campaign:
-            return campaigns.get(name) or campaigns.setdefault(name, Campaign(targets[name], config, listener,
-                                                                               releases=releases))
-
+        campaign, releases = _campaigns(spec, config, PipeListener(conn))
         observing = _observing(spec)
         conn.send(("ready", os.getpid()))
         with observing:
@@ -224,6 +225,31 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     conn.send(("bye",))
 
 
+def _campaigns(spec: WorkerSpec, config, listener):
+    """``(campaign, releases)``: ``campaign(name)``, the worker's one Campaign per target (made on first use), and
+    the worker's :class:`~kvfuzz.fuzz.harness.memory.Releases`, shared by them (it gives back this process's
+    cached device memory and every target's kernel library's pools)."""
+    from kvfuzz.fuzz.campaign.engine import Campaign
+    from kvfuzz.fuzz.harness.memory import Releases, release_device_memory
+    from kvfuzz.fuzz.targets import get_target
+
+    targets = {t.name: t for t in (get_target(n) for n in spec.targets)}
+    campaigns: dict = {}
+
+    def release() -> None:
+        release_device_memory()
+        for t in targets.values():
+            t.release_memory()
+
+    releases = Releases(config.out, release=release)
+
+    def campaign(name: str):
+        return campaigns.get(name) or campaigns.setdefault(name, Campaign(targets[name], config, listener,
+                                                                           releases=releases))
+
+    return campaign, releases
+
+
 def _set_up(spec: WorkerSpec) -> None:
     """Before anything heavy loads: die with the supervisor, write stdout and stderr to the worker's log, take
     the campaign's GPU, leave Ctrl-C to the supervisor (which stops the worker)."""
@@ -237,7 +263,8 @@ def _set_up(spec: WorkerSpec) -> None:
     if spec.gpu is not None:
         gpu_environment(spec.gpu, os.environ)
         os.environ["KVFUZZ_GPU_WORKERS"] = str(spec.gpu_workers)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C, a closed terminal: they reach the supervisor, which stops us
+        signal.signal(s, signal.SIG_IGN)
 
 
 def _run_tasks(conn, campaign, releases) -> None:
@@ -343,4 +370,5 @@ def _observing(spec: WorkerSpec):
     return observe_to(Path(spec.observe_dir), prefix=f"w{spec.index}_")
 
 
-__all__ = ["MEMORY_SECONDS", "PipeListener", "WorkerSpec", "gpu_environment", "gpu_memory", "worker_main"]
+__all__ = ["MEMORY_SECONDS", "PipeListener", "WorkerSpec", "gpu_environment", "gpu_memory", "stop_on_term",
+           "worker_main"]
