@@ -1,8 +1,8 @@
 """The documentation stays true to the code: every command and option of docs/cli.md (and the README's command list)
 against the click commands of kvfuzz.fuzz.cli, with the defaults the code gives them; the documented chunk sizes
-against the campaign's constants; every file of benchmarks/results/ in docs/benchmarks.md's index; the README a
-front door (at most 250 lines, none over 160 characters). Each checker is also fed a planted drift to show it fails.
-No kernel runs here."""
+against the campaign's constants; every file of benchmarks/results/ in docs/benchmarks.md's index, every script of
+benchmarks/ in its README; the README a front door (at most 250 lines, none over 160 characters). Each checker is
+also fed a planted drift to show it fails. No kernel runs here."""
 
 from __future__ import annotations
 
@@ -264,6 +264,22 @@ def test_every_benchmark_result_is_in_the_index():
     assert files and unindexed_results(index, files) == []
     assert unindexed_results(index, [*files, "curve-b300.json"]) == ["curve-b300.json"]
 
+
+
+def unnamed_scripts(readme: str, folder: Path) -> list[str]:
+    """Scripts of ``folder`` (benchmarks/: its .py and .sh files, those of adapters/, and repro/) that ``readme``
+    does not name in backticks."""
+    names = set(re.findall(r"`([^`\s]+)`", readme))
+    scripts = [p.name for p in folder.iterdir() if p.suffix in (".py", ".sh")]
+    scripts += [f"adapters/{p.name}" for p in (folder / "adapters").glob("*.py")] + ["repro/"]
+    return sorted(s for s in scripts if s not in names)
+
+
+def test_the_benchmarks_readme_names_every_script():
+    readme = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    assert unnamed_scripts(readme, ROOT / "benchmarks") == []
+    assert unnamed_scripts(readme.replace("`pyspy_top.py`", "pyspy_top"), ROOT / "benchmarks") == ["pyspy_top.py"]
+    assert history_in_prose(readme) == []
 
 # ---- defaults stated in the prose of other pages ----
 

@@ -45,7 +45,8 @@ def add(directory, baseline_file, entry_id, reason, reference, slots, tail_token
     """Append an entry for the reproducer in DIRECTORY (its case.json: target, kind, check, poison, error, invalid
     accesses) to the baseline. Only non-finite output, kernel mismatch and memory safety reproducers can be
     accepted (a memory safety entry takes the source lines and kernels of the reproducer's invalid accesses)."""
-    from kvfuzz.fuzz.campaign.store.baseline import BaselineError, append_entry, entry_from_case
+    from kvfuzz.fuzz.campaign.store.baseline import BaselineError
+    from kvfuzz.fuzz.campaign.store.baseline_add import append_entry, entry_from_case
     from kvfuzz.fuzz.campaign.store.cases import BadReproducer, load_case
 
     try:

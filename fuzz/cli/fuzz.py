@@ -370,6 +370,7 @@ def _supervise(chosen, specs, config, pool, policy):
 
 def _finish(result, targets, config, out: Path) -> int:
     """Print and write the summary and the report; returns the exit status."""
+    from kvfuzz.fuzz.campaign.stages import time_line
     from kvfuzz.fuzz.campaign.store.journal import disk_full, write_json
     from kvfuzz.fuzz.campaign.store.report import ReportError, write_report
     from kvfuzz.fuzz.cli.summary import print_next_steps, print_summary
@@ -379,6 +380,7 @@ def _finish(result, targets, config, out: Path) -> int:
     results = [s.to_dict() | {"declared": declared_space(by_name[s.target], s.coverage.to_dict())}
                for s in result.targets]
     print_summary(results, config.baseline)
+    say(escape(time_line(result.time)))
     new = sum(1 for t in results for f in t["failures"] if not f.get("known"))
     known = sum(1 for t in results for f in t["failures"] if f.get("known"))
     code = EXIT_FAILURE if new else (EXIT_CANNOT_RUN if result.problems or result.interrupted else EXIT_OK)
@@ -396,7 +398,7 @@ def _finish(result, targets, config, out: Path) -> int:
                "examples": sum(t["examples"] for t in results), "lost": sum(t["lost"] for t in results),
                "shrink_runs": sum(t.get("shrink_runs", 0) for t in results),
                "baseline": config.baseline.path if config.baseline is not None else None,
-               "new_failures": new, "known_failures": known, "exit_status": code}
+               "new_failures": new, "known_failures": known, "exit_status": code, "time": result.time}
     try:
         write_json(out / "summary.json", summary, fsync=True)
     except OSError as e:

@@ -114,8 +114,8 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     else:
         poison_output(run.call.output)
         states = [(hooks, hooks.before(batch, run.call)) for hooks in active_hooks(batch)]
-        run.output, crash = run_kernel(target, run.call, on_phase)
-    t.kernel = time.perf_counter() - s
+        t.materialize += time.perf_counter() - s  # the call made ready: the output's poison, the states' snapshots
+        run.output, crash = run_kernel(target, run.call, on_phase, timings=t)
 
     s = time.perf_counter()
     # on the reference device (a large batch of a CUDA target on its GPU, asynchronously until the checks);
@@ -132,7 +132,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     s = time.perf_counter()
     finite_fail = agree_fail = state_fail = None
     if run.output is not None:
-        real = run.output[:batch.num_tokens] if batch.num_pad_seqs else run.output  # pad rows: their state's
+        real = run.output[:batch.num_tokens]  # rows past the real tokens are a state's (pads), its hooks check them
         finite_fail = check_finite(batch, real)
         if finite_fail is None:  # a non-finite output fails agreement too, and its failure always wins
             agree_fail, run.ratio = agreement(batch, real, reference,

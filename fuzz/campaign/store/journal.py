@@ -72,18 +72,18 @@ def stop_when_full(path: Path | str):
 
 
 def write_json(path: Path, obj: Any, *, fsync: bool = False) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (``fsync``: also survive a machine crash, at ~ms cost).
-    Non-finite floats are written as the strings "nan", "inf", "-inf" (JSON has no NaN).
+    """Write ``obj`` as JSON to ``path`` atomically (:func:`write_text`; ``fsync``: also survive a machine crash, at
+    ~ms cost). Non-finite floats are written as the strings "nan", "inf", "-inf" (JSON has no NaN).
 
     Raises OSError when the file cannot be written (a full disk: ENOSPC, see :func:`disk_full`); ``path`` then
     keeps its previous version and the temporary file is removed."""
     write_text(path, json.dumps(json_safe(obj), indent=1, allow_nan=False) + "\n", fsync=fsync)
 
 
-def write_text(path: Path, text: str, *, fsync: bool = False) -> None:
-    """Write ``text`` to ``path`` atomically, as :func:`write_json` writes JSON (a temporary file in the same folder,
-    flushed, then ``os.replace``). Raises OSError when it cannot be written; ``path`` then keeps its previous
-    version and the temporary file is removed."""
+def write_text(path: Path | str, text: str, *, fsync: bool = False) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically: a temporary file in the same folder, renamed over it
+    (``fsync``: flushed to the disk first, so it also survives a machine crash). Raises OSError when it cannot be
+    written; ``path`` then keeps its previous version and the temporary file is removed."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

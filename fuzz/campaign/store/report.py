@@ -125,6 +125,31 @@ def plot_shapes(target: dict, path: Path) -> Path | None:
     return path
 
 
+def time_section(summary: dict) -> list[str]:
+    """The report's "Where the time went" section, from summary.json's ``time`` (written by the supervisor:
+    kvfuzz.fuzz.campaign.stages.time_table): per target and size tier, its share of the workers' wall time, its
+    examples and the mean milliseconds per example of each stage; then the workers' start-up and idle time. Empty
+    for a summary without it."""
+    time = summary.get("time") or {}
+    wall, rows = time.get("wall_s") or 0.0, time.get("rows") or []
+    if not wall:
+        return []
+    stages = [s for s in time.get("stages", []) if any(s in r.get("ms", {}) for r in rows)]
+    lines = ["", "## Where the time went", "",
+             f"{time.get('workers', 1)} worker(s), {wall:.1f} s of worker time (each worker from its start to its "
+             "end). Per target and size tier: its share of that time, its examples, and the mean milliseconds per "
+             "example of each stage (docs/campaigns.md, \"Where the time goes\").", "",
+             "| target | tier | share | examples | " + " | ".join(stages) + " |", "|---" * (4 + len(stages)) + "|"]
+    for r in rows:
+        ms = r.get("ms", {})
+        lines.append(f"| {r['target']} | {r['tier']} | {100 * r.get('share', 0.0):.1f}% | {r.get('examples', 0)} | "
+                     + " | ".join(f"{ms[s]:.2f}" if s in ms else "-" for s in stages) + " |")
+    rest = [f"{s} {100 * time['seconds'][s] / wall:.1f}%" for s in ("startup", "idle") if s in time.get("seconds", {})]
+    if rest:
+        lines += ["", "Outside any target: " + ", ".join(rest) + " of the workers' time."]
+    return lines
+
+
 class ReportError(Exception):
     """The report cannot be written: summary.json is missing or malformed, or the folder cannot take the files
     (``full``: the disk is full, exit 3 in the CLI; otherwise the input or the folder is at fault, exit 2). The
@@ -260,6 +285,7 @@ def _report_lines(summary: dict, out: Path) -> list[str]:
         share = f"{100 * t['kernel_s'] / total:.0f}%" if total else "-"
         lines.append(f"| {t['target']} | {t['examples']} | {t['examples_per_s']:.2f} | {share} | "
                      f"{len(t['failures'])} |")
+    lines += time_section(summary)
     failures = [(t["target"], f) for t in summary["targets"] for f in t["failures"] if not f.get("known")]
     known = [(t["target"], f) for t in summary["targets"] for f in t["failures"] if f.get("known")]
     if known:

@@ -209,10 +209,8 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
     except BaseException:
         if not existed:
             shutil.rmtree(d, ignore_errors=True)
-        else:  # an earlier write of the same example stands, whole
+        else:  # an earlier write of the same example stands, whole (write_json and write_text remove their own)
             (d / f".tensors.safetensors.{os.getpid()}.tmp").unlink(missing_ok=True)
-            (d / f".test_case.py.{os.getpid()}.tmp").unlink(missing_ok=True)
-            (d / f".standalone.py.{os.getpid()}.tmp").unlink(missing_ok=True)
         raise
     return d
 
@@ -220,7 +218,7 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
 def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run | None) -> None:
     from safetensors.torch import save_file
 
-    from kvfuzz.fuzz.campaign.store.journal import write_json
+    from kvfuzz.fuzz.campaign.store.journal import write_json, write_text
 
     d.mkdir(parents=True, exist_ok=True)
     spec, why_not, call_tensors = None, case.get("tensors"), {}
@@ -235,7 +233,6 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
         save_file({**_tensors(run), **call_tensors}, str(tmp))
         tmp.replace(d / "tensors.safetensors")
     write_json(d / "case.json", case)
-    tmp = d / f".test_case.py.{os.getpid()}.tmp"
     verdict = (_VERDICT_REJECTED if finding.kind is FailureKind.CONFIG_REJECTED else
                "The test fails while the failure reproduces and passes once it is fixed.")
     text = _TEST_TEMPLATE.format(
@@ -243,15 +240,12 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
         message=finding.message[:2000].replace('"""', "'''"),
         dirname=d.name, verdict=verdict)
     doc, end, code = text.partition('\n"""\n')
-    tmp.write_text(_wrapped(doc) + end + code)
-    tmp.replace(d / "test_case.py")
+    write_text(d / "test_case.py", _wrapped(doc) + end + code)
     if spec is not None:
         _write_patched(d, target, spec)
     if family(target) is None:
         why_not = f"kvfuzz writes no standalone call for {target.name}'s family yet"
-    tmp = d / f".standalone.py.{os.getpid()}.tmp"
-    tmp.write_text(standalone_script(target, case, spec, why_not))
-    tmp.replace(d / "standalone.py")
+    write_text(d / "standalone.py", standalone_script(target, case, spec, why_not))
 
 
 def _recorded_call(target: Target, run: Run) -> tuple[dict, dict | None]:
