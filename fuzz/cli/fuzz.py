@@ -380,7 +380,7 @@ def _finish(result, targets, config, out: Path) -> int:
     results = [s.to_dict() | {"declared": declared_space(by_name[s.target], s.coverage.to_dict())}
                for s in result.targets]
     print_summary(results, config.baseline)
-    say(escape(time_line(result.time)), highlight=False)
+    say(escape(time_line(result.time)))
     new = sum(1 for t in results for f in t["failures"] if not f.get("known"))
     known = sum(1 for t in results for f in t["failures"] if f.get("known"))
     code = EXIT_FAILURE if new else (EXIT_CANNOT_RUN if result.problems or result.interrupted else EXIT_OK)

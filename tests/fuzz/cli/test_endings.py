@@ -425,9 +425,8 @@ def test_ctrl_c_of_a_replay_exits_3_without_a_traceback(tmp_path):
     example = Example(batch_of([(1, 4)], head_size=64, num_heads=2, num_kv_heads=2, dtype="float32"), Poison.NAN)
     d = write_reproducer(tmp_path / "out", t, example, KernelHang("timeout", "hung"), None)
     log = tmp_path / "calls.log"
-    p = subprocess.Popen([sys.executable, "-m", "kvfuzz.fuzz.cli", "replay", str(d), "--target", spec, "--timeout",
-                          "600"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                         env=dict(os.environ, KVFUZZ_PLANTED_LOG=str(log)), start_new_session=True)
+    p = start_kvfuzz("replay", d, "--target", spec, "--timeout", "600", cwd=tmp_path, stderr=subprocess.STDOUT,
+                     env=dict(os.environ, KVFUZZ_PLANTED_LOG=str(log)), new_session=True)
     _wait_for(log.exists, "the kernel call", p)  # the child is inside the hanging kernel
     os.killpg(p.pid, signal.SIGINT)
     out, _ = p.communicate(timeout=120)
