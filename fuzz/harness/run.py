@@ -41,19 +41,33 @@ class Run:
     ``[num_tokens, num_heads, head_size]``, are set by the attention property; a run handed to it with both set
     is checked against them instead of computing them again. ``data`` is on the reference device
     (:func:`reference_device`; any device when a caller hands it over). ``fault``: the caller fault
-    (:class:`~kvfuzz.fuzz.harness.faults.CallerFault`) it was prepared with, None for none."""
+    (:class:`~kvfuzz.fuzz.harness.faults.CallerFault`) it was prepared with, None for none.
+
+    The reference stays where it was computed (``device_reference``, the reference device) until ``reference`` is
+    read, which copies it to the CPU once: a passing example of a large batch never pays for the copy."""
 
     example: Example
     data: BatchData
     cache: CacheState
     call: KernelCall
     output: torch.Tensor | None = None
-    reference: torch.Tensor | None = None
+    device_reference: torch.Tensor | None = attrs.field(default=None, alias="reference")
     envelope: torch.Tensor | None = None
     timings: Timings = attrs.Factory(Timings)
     path: str = ""
     ratio: float = 0.0
     fault: Any = None
+
+    @property
+    def reference(self) -> torch.Tensor | None:
+        """The fp64 reference on the CPU (None until the attention property set it)."""
+        if self.device_reference is not None and self.device_reference.device.type != "cpu":
+            self.device_reference = self.device_reference.cpu()
+        return self.device_reference
+
+    @reference.setter
+    def reference(self, value: torch.Tensor | None) -> None:
+        self.device_reference = value
 
 
 #: Batches of a CUDA target with at least this many KV elements (``Batch.kv_elements``)
