@@ -23,7 +23,13 @@ each is a kernel launch on a GPU unless it is a view or a CPU tensor's), the hos
 sync each when the tensor is on a GPU; on the CPU they cost nothing but are counted all the same), the copies
 between devices, and on CUDA the synchronizations CUDA reports (``torch.cuda.set_sync_debug_mode``). The stages
 are the Timings fields: ``generate``, ``materialize``, ``check_caller``, ``kernel``, ``reference``,
-``check_output`` (attributed by the harness functions each stage calls: see :data:`MARKS`).
+``check_output`` (attributed by the harness functions each stage calls: see :data:`MARKS`). ``--where N``: the N
+busiest (stage, operator, kvfuzz source line) triples. ``--gpu-layout``: on the CPU, chunk the reference and the data
+draw as a GPU does, so the counts are a GPU's (a large batch of a CUDA target draws its data and computes its
+reference on the GPU: kvfuzz.fuzz.harness.run.reference_device).
+
+On a GPU, both trees side by side: benchmarks/gpu_harness_speed.sh. Results: docs/benchmarks.md ("A harness at the
+kernel's pace").
 """
 
 from __future__ import annotations
@@ -317,6 +323,16 @@ def counted_pass(target, exs: list[Example], fault, device: str, where: int = 0)
     return out
 
 
+def gpu_layout() -> None:
+    """Count as a GPU would run the stages that chunk their work by device: the reference with the GPU's chunk budget
+    (kvfuzz.contracts.checks.reference_chunks.GPU), the data drawn in one chunk (counter_rng.CHUNK)."""
+    from kvfuzz.contracts.checks import reference_chunks
+    from kvfuzz.contracts.model import counter_rng
+
+    reference_chunks.CPU = reference_chunks.GPU
+    counter_rng.CHUNK = counter_rng.MAX_STREAM_ELEMENTS * 16
+
+
 def measure(target_name: str, tier: str, exs: list[Example], args) -> dict:
     target = get_target(target_name)
     plant(target, args.plant)
@@ -343,46 +359,64 @@ def measure(target_name: str, tier: str, exs: list[Example], args) -> dict:
 VERDICT_FIELDS = ("verdict", "check", "message")
 
 
-def compare(a_path: str, b_path: str) -> int:
-    """Print the two runs side by side; exit 1 when an example's verdict differs (or the examples do)."""
+def _verdicts(ra: dict, rb: dict) -> dict:
+    """Example by example: verdicts that differ, and how many references, envelopes and pass ratios are equal."""
+    out = {"verdicts": dict(Counter(c["verdict"] for c in ra["cases"])), "differing": [], "same_reference": 0,
+           "same_ratio": 0}
+    for i, (ca, cb) in enumerate(zip(ra["cases"], rb["cases"])):
+        if ca["example"] != cb["example"]:
+            out["differing"].append(f"example {i}: not the same example (use --replay)")
+            continue
+        if any(ca.get(k) != cb.get(k) for k in VERDICT_FIELDS):
+            out["differing"].append(f"example {i}: {[ca.get(k) for k in VERDICT_FIELDS]} != "
+                                    f"{[cb.get(k) for k in VERDICT_FIELDS]}")
+        out["same_reference"] += ca.get("reference_sha1") == cb.get("reference_sha1") and \
+            ca.get("envelope_sha1") == cb.get("envelope_sha1")
+        out["same_ratio"] += ca.get("ratio") == cb.get("ratio")
+    return out
+
+
+def _stage_table(ra: dict, rb: dict) -> dict:
+    """Per stage: ms, torch operators, host reads (and CUDA syncs when counted there), before and after."""
+    ka, kb = ra.get("counts", {}), rb.get("counts", {})
+    kinds = ("ops", "host_reads") + (("cuda_syncs",) if "cuda_syncs" in ka or "cuda_syncs" in kb else ())
+    table = {}
+    for stage in (*STAGES, "other"):
+        row = {"ms": [ra["timing"]["stages_ms"].get(stage, 0.0), rb["timing"]["stages_ms"].get(stage, 0.0)]}
+        for kind in kinds:
+            row[kind] = [ka.get(kind, {}).get(stage, 0), kb.get(kind, {}).get(stage, 0)]
+        table[stage] = row
+    return table
+
+
+def compare(a_path: str, b_path: str, out: str | None = None) -> int:
+    """Print the two runs side by side (and with ``out``, write it as JSON); exit 1 when an example's verdict
+    differs (or the examples do)."""
     a, b = (json.loads(Path(p).read_text()) for p in (a_path, b_path))
-    bad = 0
+    bad, doc = 0, {"before": a_path, "after": b_path, "devices": [a["device"], b["device"]], "records": []}
     for ra, rb in zip(a["records"], b["records"]):
         name = f"{ra['target']} {ra['tier']}" + (f" plant={ra['plant']}" if ra.get("plant") else "") + \
             (f" fault={ra['fault']}" if ra.get("fault") else "")
-        print(f"== {name}: {ra['examples']} examples; {a['device']} | {b['device']}")
-        diff = same_ref = ratios = 0
-        kinds = Counter(c["verdict"] for c in ra["cases"])
-        for i, (ca, cb) in enumerate(zip(ra["cases"], rb["cases"])):
-            if ca["example"] != cb["example"]:
-                print(f"  example {i} differs between the runs (use --replay)")
-                diff += 1
-                continue
-            if any(ca.get(k) != cb.get(k) for k in VERDICT_FIELDS):
-                diff += 1
-                print(f"  example {i}: {[ca.get(k) for k in VERDICT_FIELDS]} != {[cb.get(k) for k in VERDICT_FIELDS]}")
-            same_ref += ca.get("reference_sha1") == cb.get("reference_sha1") and \
-                ca.get("envelope_sha1") == cb.get("envelope_sha1")
-            ratios += ca.get("ratio") == cb.get("ratio")
-        bad += diff
-        print(f"  verdicts: {dict(kinds)}; differing: {diff}; reference and envelope bitwise equal: {same_ref}/"
-              f"{len(ra['cases'])}; pass ratios equal: {ratios}/{len(ra['cases'])}")
-        ta, tb = ra["timing"], rb["timing"]
-        print(f"  ms per example: {ta['ms_per_example']} -> {tb['ms_per_example']}; harness (stages but the kernel): "
-              f"{ta['harness_ms']} -> {tb['harness_ms']}")
-        rows = [("stage", "ms", "ms", "ops", "ops", "host reads", "host reads")]
-        ka, kb = ra.get("counts", {}), rb.get("counts", {})
-        for s in (*STAGES, "other"):
-            cell = lambda d, k: d.get(k, {}).get(s, 0)  # noqa: E731
-            rows.append((s, ta["stages_ms"].get(s, ""), tb["stages_ms"].get(s, ""), cell(ka, "ops"), cell(kb, "ops"),
-                         cell(ka, "host_reads"), cell(kb, "host_reads")))
-        if "cuda_syncs" in ka or "cuda_syncs" in kb:
-            rows[0] += ("cuda syncs", "cuda syncs")
-            for r, s in zip(rows[1:], (*STAGES, "other")):
-                rows[rows.index(r)] = r + (ka.get("cuda_syncs", {}).get(s, 0), kb.get("cuda_syncs", {}).get(s, 0))
-        for r in rows:
-            print("  " + "".join(f"{str(x):>13}" for x in r))
+        v, table = _verdicts(ra, rb), _stage_table(ra, rb)
+        bad += len(v["differing"])
+        n = len(ra["cases"])
+        timing = {k: [ra["timing"][k], rb["timing"][k]] for k in ("ms_per_example", "median_ms", "harness_ms")}
+        doc["records"].append({"name": name, "examples": n, "counted": ra.get("counts", {}).get("examples", 0),
+                               "median_kv_elements": ra.get("median_kv_elements"), **v, **timing, "stages": table})
+        print(f"== {name}: {n} examples; {a['device']} | {b['device']}")
+        for line in v["differing"]:
+            print("  " + line)
+        print(f"  verdicts: {v['verdicts']}; differing: {len(v['differing'])}; reference and envelope bitwise equal: "
+              f"{v['same_reference']}/{n}; pass ratios equal: {v['same_ratio']}/{n}")
+        print(f"  ms per example: {timing['ms_per_example'][0]} -> {timing['ms_per_example'][1]}; harness (stages "
+              f"but the kernel): {timing['harness_ms'][0]} -> {timing['harness_ms'][1]}")
+        kinds = list(next(iter(table.values())))
+        print("  " + f"{'stage':>13}" + "".join(f"{k:>22}" for k in kinds))
+        for stage, row in table.items():
+            print("  " + f"{stage:>13}" + "".join(f"{f'{x[0]} -> {x[1]}':>22}" for x in row.values()))
     print("verdicts identical" if not bad else f"{bad} examples differ")
+    if out:
+        Path(out).write_text(json.dumps(doc, indent=1))
     return 1 if bad else 0
 
 
@@ -394,6 +428,8 @@ def main() -> None:
     ap.add_argument("--per-config", type=int, default=25, help="examples per kernel configuration")
     ap.add_argument("--count", type=int, default=0, help="count operators over the first N examples")
     ap.add_argument("--where", type=int, default=0, help="with --count: the N busiest call sites (stage, op, line)")
+    ap.add_argument("--gpu-layout", action="store_true", help="on the CPU, chunk the reference and the data "
+                    "draw as on a GPU (op counts as a GPU's; the reference's bits may differ from the CPU's)")
     ap.add_argument("--plant", choices=("nan", "off", "mixed"), help="every third kernel output made wrong")
     ap.add_argument("--fault", help="a caller fault (kvfuzz.fuzz.harness.faults)")
     ap.add_argument("--poisons", default=",".join(p.value for p in Poison),
@@ -401,15 +437,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (campaign workers use 1)")
     ap.add_argument("--replay", help="run the examples recorded in this output of an earlier run")
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="the run's JSON; with --compare, the comparison's")
     a = ap.parse_args()
     if a.compare:
-        sys.exit(compare(*a.compare))
+        sys.exit(compare(*a.compare, out=a.out))
     if not a.out:
         ap.error("--out is required (or --compare BEFORE AFTER)")
     torch.set_num_threads(a.threads)
+    if a.gpu_layout:
+        gpu_layout()
     doc = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-           "torch": torch.__version__, "kvfuzz": str(Path(attention.__file__).resolve().parents[2]), "records": []}
+           "torch": torch.__version__, "kvfuzz": str(Path(attention.__file__).resolve().parents[2]),
+           "gpu_layout": a.gpu_layout, "records": []}
     if a.replay:
         old = json.loads(Path(a.replay).read_text())
         jobs = [(r["target"], r["tier"], [Example.from_dict(c["example"]) for c in r["cases"]], r.get("plant"),
