@@ -48,7 +48,8 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None,
     (:func:`~kvfuzz.fuzz.harness.run.reference_device`: a large batch of a CUDA target on its GPU), so it is
     copied to that device once, if at all."""
     batch = example.batch
-    if data is None:
+    own = data is None  # the data drawn here: with nothing changed after materializing, Run.prepared is set
+    if own:
         data, t = generate(example, reference_device(target, batch))
     else:
         t = Timings()
@@ -65,7 +66,10 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None,
     if fault is not None and fault.applies(batch, call.kwargs):
         fault.mutate(batch, data, cache, call)
     t.materialize = time.perf_counter() - s
-    return Run(example, data, cache, call, timings=t, path=target.path(batch), fault=fault)
+    run = Run(example, data, cache, call, timings=t, path=target.path(batch), fault=fault)
+    if own and after_materialize is None:
+        run.prepared = run.fingerprint()
+    return run
 
 
 def poison_output(output) -> None:
@@ -95,9 +99,10 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     """Run one example end to end; returns the :class:`Run` or raises a
     :class:`~kvfuzz.contracts.checks.failures.Finding`:
 
-    - CallerContractViolation when the call breaks the target's contract (checked before the kernel runs when
-      :func:`~kvfuzz.fuzz.harness.caller.caller_checks_due` says so, and after it on every example that fails
-      otherwise; the kernel still runs and its outcome is in ``details["kernel"]``);
+    - CallerContractViolation when the call breaks the target's contract (checked before the kernel runs, unless
+      ``run`` is exactly as :func:`prepare` built it (``Run.prepared``) and
+      :func:`~kvfuzz.fuzz.harness.caller.caller_checks_due` says no: then only on a failing example, on the call
+      as it was before the kernel; the kernel still runs and its outcome is in ``details["kernel"]``);
     - KernelCrash when the kernel raises on a call that keeps the contract;
     - NonFiniteOutput / KernelMismatch when its output has NaN/inf or disagrees with the fp64 reference.
 
@@ -108,7 +113,9 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     __tracebackhide__ = hide_frame_for_finding  # kvfuzz.check_example in a user's test: the Finding, not this frame
     run = run or prepare(target, example, fault)
     batch, t = example.batch, run.timings
-    due = not caller_checked and caller_checks_due(target, batch, fault)
+    # sampled only on a run exactly as prepare built it (a run changed since, by whoever handed it over, is checked)
+    pristine = run.prepared is not None and run.prepared == run.fingerprint()
+    due = not caller_checked and (not pristine or caller_checks_due(target, batch, fault))
     s = time.perf_counter()
     violations = caller_violations(target, run) if due else []
     t.check_caller = time.perf_counter() - s
@@ -144,10 +151,20 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     t.check_output = time.perf_counter() - s
     if not due and not caller_checked and (crash is not None or any(f is not None for f in fails)):
         s = time.perf_counter()  # a failing example is never named the kernel's before the caller checks ran
-        violations = caller_violations(target, run)
+        violations = _violations_before_the_kernel(target, run)
         t.check_caller += time.perf_counter() - s
     _raise_finding(run, violations, crash, *fails, not_run=bool(unsafe and not run_unsafe))
     return run
+
+
+def _violations_before_the_kernel(target: Target, run: Run) -> list:
+    """The caller checks of a pristine run (``Run.prepared``) whose checks did not run before the kernel: on the run
+    as the kernel left it, and when they find anything, again on the run prepare builds afresh for the example (the
+    same call, as it was before the kernel ran), whose violations are the answer: a kernel that wrote into its own
+    cache or arguments is not the caller's fault."""
+    if not caller_violations(target, run):
+        return []
+    return caller_violations(target, prepare(target, run.example, run.fault))
 
 
 def _output_failures(batch: Batch, run: Run, reference: torch.Tensor, envelope: torch.Tensor, states: list):

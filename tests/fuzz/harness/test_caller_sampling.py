@@ -7,7 +7,7 @@ import pytest
 import torch
 from support import batch_of
 
-from kvfuzz.contracts.checks.failures import CallerContractViolation
+from kvfuzz.contracts.checks.failures import CallerContractViolation, NonFiniteOutput
 from kvfuzz.contracts.checks.violations import Check
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
@@ -77,22 +77,75 @@ def test_a_passing_example_whose_checks_are_not_due_runs_none(fresh, monkeypatch
     assert run.output is not None and not seen and run.timings.check_caller < 1.0
 
 
-def test_a_failing_example_runs_the_checks_it_skipped(fresh, monkeypatch):
-    """A NaN written over a token the contract requires: the kernel's output is non-finite, and the checks that did
-    not run before the kernel name the caller (what the kernel computed is in the finding)."""
-    t = _target()
+def _break(batch, cache, seq=1, pos=4):
+    """NaN over dim 0 of one held position's key, by a torch in-place write (the CPU op's "vec" packing: the K slab
+    of a block is [D, block_size])."""
+    slot = int(batch.slots(torch.tensor([seq]), torch.tensor([pos])))
+    blk, off = divmod(slot, batch.block_size)
+    kc = cache.key_cache
+    kc.flatten(2).unflatten(2, (batch.head_size, batch.block_size))[blk, :, 0, off] = float("nan")
+
+
+def _sampled_out(monkeypatch):
     monkeypatch.setattr(attention, "caller_checks_due", lambda *a: False)
-    b = _batch(2)
 
-    def break_cache(batch, data, cache):
-        slot = batch.slots(torch.tensor([1]), torch.tensor([4]))  # sequence 1, a context position
-        nan = torch.full((1, batch.num_kv_heads, batch.head_size), float("nan"))
-        cache.layout.write(cache.key_cache, cache.value_cache, slot, nan, nan)
 
-    run = attention.prepare(t, Example(b, Poison.STALE), after_materialize=break_cache)
+def test_a_run_changed_after_prepare_is_checked_before_the_kernel(fresh, monkeypatch):
+    """A test (or any caller) that breaks a prepared run before handing it over: the checks run before the kernel,
+    sampled or not, as every call's did."""
+    t = _target()
+    _sampled_out(monkeypatch)
+    order = []
+    checks = attention.caller_violations
+    monkeypatch.setattr(attention, "caller_violations", lambda *a: order.append("checks") or checks(*a))
+    run = attention.prepare(t, Example(_batch(2), Poison.STALE))
+    assert run.prepared == run.fingerprint()
+    _break(run.example.batch, run.cache)
+    assert run.prepared != run.fingerprint()
+    kernel = attention.run_kernel
+    monkeypatch.setattr(attention, "run_kernel", lambda *a, **k: order.append("kernel") or kernel(*a, **k))
     with pytest.raises(CallerContractViolation) as info:
         attention.check_example(t, run.example, run=run)
+    assert order == ["checks", "kernel"]
+    assert info.value.check == Check.UNIFIED.value and info.value.details["kernel"]["outcome"] == "non-finite"
+
+
+def test_a_failing_pristine_run_is_checked_as_it_was_before_the_kernel(fresh, monkeypatch):
+    """kvfuzz's own call breaks the contract (here: its build_call writes NaN over a token), the checks were sampled
+    out, the kernel's output is non-finite: the finding is the caller's, with what the kernel computed."""
+    t = _target()
+    _sampled_out(monkeypatch)
+    build = t.build_call
+
+    def broken_build(batch, data, cache):
+        _break(batch, cache)
+        return build(batch, data, cache)
+
+    monkeypatch.setattr(t, "build_call", broken_build)
+    with pytest.raises(CallerContractViolation) as info:
+        attention.check_example(t, Example(_batch(2), Poison.STALE))
     f = info.value
     assert f.check == Check.UNIFIED.value
     assert (f.details["violations"][0]["seq"], f.details["violations"][0]["position"]) == (1, 4)
     assert f.details["kernel"]["outcome"] == "non-finite"
+
+
+def test_a_kernel_that_writes_into_its_cache_is_not_the_callers_fault(fresh, monkeypatch):
+    """The kernel overwrites a token of its own cache and returns NaN: the call was correct before it ran, so the
+    finding is the kernel's non-finite output, as when the checks ran before the kernel."""
+    t = _target()
+    _sampled_out(monkeypatch)
+    run_op = t.run
+
+    def writes_cache(call):
+        out = run_op(call)
+        _break(b, run.cache)
+        out[0, 0, 0] = float("nan")
+        return out
+
+    b = _batch(3)
+    run = attention.prepare(t, Example(b, Poison.STALE))
+    monkeypatch.setattr(t, "run", writes_cache)
+    with pytest.raises(NonFiniteOutput):
+        attention.check_example(t, run.example, run=run)
+    assert caller.caller_violations(t, run)  # the cache as the kernel left it does break the contract
