@@ -16,13 +16,15 @@ purpose (a NaN or a wrong element in the kernel's output, every third example), 
 (``kvfuzz.fuzz.harness.faults``), so the failure paths are compared too.
 
 Two passes over the examples, after one warm-up example: the timed pass reads each run's own
-``kvfuzz.fuzz.harness.run.Timings``; the counted pass (``--count N``: the first N examples; slower, its times are not
-used) counts, per stage, the torch operators dispatched (``TorchDispatchMode``: every aten call, views included;
-each is a kernel launch on a GPU unless it is a view or a CPU tensor's), the host reads (``item``, ``bool``, ``tolist``,
-``nonzero``, ``equal``, boolean indexing, ``unique``, ``repeat_interleave`` without a size and copies to the CPU: a
-sync each when the tensor is on a GPU; on the CPU they cost nothing but are counted all the same), the copies
-between devices, and on CUDA the synchronizations CUDA reports (``torch.cuda.set_sync_debug_mode``). The stages
-are the Timings fields: ``generate``, ``materialize``, ``check_caller``, ``kernel``, ``reference``,
+``kvfuzz.fuzz.harness.run.Timings`` (``--clock``: wall-clock, or on a CPU target by default this thread's CPU
+time, which other processes on a shared machine do not inflate); the counted pass (``--count N``: the first N
+examples; slower, its times are not used) counts, per stage, the torch operators dispatched (``TorchDispatchMode``:
+every aten call but views; each is a kernel launch on a GPU unless its tensors are on the CPU), the host reads
+(``item``, ``bool``, ``tolist``, ``nonzero``, ``equal``, boolean indexing, ``unique``, ``repeat_interleave`` without
+a size and copies to the CPU: a sync each when the tensor is on a GPU; on the CPU they cost nothing but are counted
+all the same), the copies between devices, and on CUDA the synchronizations CUDA reports
+(``torch.cuda.set_sync_debug_mode``). The stages are the Timings fields: ``generate``, ``materialize``,
+``check_caller``, ``kernel``, ``reference``,
 ``check_output`` (attributed by the harness functions each stage calls: see :data:`MARKS`). ``--where N``: the N
 busiest (stage, operator, kvfuzz source line) triples. ``--gpu-layout``: on the CPU, chunk the reference and the data
 draw as a GPU does, so the counts are a GPU's (a large batch of a CUDA target draws its data and computes its
@@ -278,11 +280,26 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+@contextlib.contextmanager
+def clock(name: str):
+    """``thread``: the harness's own stage clock (``time.perf_counter``) reads this thread's CPU time instead, so
+    other processes on a shared machine do not count (the CPU only: a GPU's work is not this thread's)."""
+    if name != "thread":
+        yield
+        return
+    wall = time.perf_counter
+    time.perf_counter = time.thread_time
+    try:
+        yield
+    finally:
+        time.perf_counter = wall
+
+
 def timed_pass(target, exs: list[Example], fault, device: str) -> tuple[list[dict], dict]:
     verdicts, tot, walls = [], Counter(), []
     for e in exs:
         sync(device)
-        s = time.perf_counter()
+        s = time.perf_counter()  # the clock of the pass (:func:`clock`)
         v, run = one(target, e, fault)
         sync(device)
         walls.append(time.perf_counter() - s)
@@ -342,8 +359,10 @@ def measure(target_name: str, tier: str, exs: list[Example], args) -> dict:
         fault = get_fault(args.fault)
     device = target.device
     one(target, exs[0], fault)  # warm: lazy modules, the STALE pool, first compiles
-    verdicts, timing = timed_pass(target, exs, fault, device)
-    rec = {"target": target_name, "tier": tier, "device": device, "examples": len(exs), "plant": args.plant,
+    with clock(args.job_clock):
+        verdicts, timing = timed_pass(target, exs, fault, device)
+    rec = {"target": target_name, "tier": tier, "device": device, "clock": args.job_clock, "examples": len(exs),
+           "plant": args.plant,
            "fault": args.fault, "timing": timing,
            "median_kv_elements": int(statistics.median(e.batch.kv_elements for e in exs)),
            "median_num_seqs": int(statistics.median(e.batch.num_seqs for e in exs)),
@@ -434,6 +453,8 @@ def main() -> None:
     ap.add_argument("--fault", help="a caller fault (kvfuzz.fuzz.harness.faults)")
     ap.add_argument("--poisons", default=",".join(p.value for p in Poison),
                     help="comma-separated poisons of the drawn examples (default all)")
+    ap.add_argument("--clock", choices=("wall", "thread"), help="what the stage times count: wall-clock, or this "
+                    "thread's CPU time (default: thread on a CPU target, wall on a GPU)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (campaign workers use 1)")
     ap.add_argument("--replay", help="run the examples recorded in this output of an earlier run")
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
@@ -463,6 +484,7 @@ def main() -> None:
             print(f"{name}: unavailable: {get_target(name).availability().reason}", flush=True)
             continue
         a.plant, a.fault = planted, fault
+        a.job_clock = a.clock or ("wall" if get_target(name).device != "cpu" else "thread")
         exs = exs or draw_examples(get_target(name), tier, a.examples, a.per_config,
                                   tuple(Poison(p) for p in a.poisons.split(",")))
         s = time.perf_counter()
