@@ -146,6 +146,12 @@ def check_finite(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
     not finite."""
     if bool(torch.isfinite(out.sum(dtype=torch.float32))):
         return None
+    return _non_finite(batch, out)
+
+
+def _non_finite(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
+    """:func:`check_finite`'s element-by-element pass (on the CPU), in the rows whose fp32 sums are not finite: its
+    answer for any ``out`` (None when every element is finite)."""
     out = out.cpu()
     rows = torch.nonzero(~torch.isfinite(out.sum(dim=-1, dtype=torch.float32)))  # [k, 2] (token, head), sorted
     bad = ~torch.isfinite(out[rows[:, 0], rows[:, 1]])  # [k, head_size]: exact, in those rows only
@@ -293,13 +299,13 @@ def check_output(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPr
     finite output: a non-finite one fails it too, and its failure wins; ``(None, None, 0.0)`` skipped). Shapes and
     dtypes as in :func:`agreement`, ``out`` on any device. One host sync when both pass: ``out`` goes to ``ref``'s
     device once, the finiteness of its fp32 sum (:func:`check_finite`'s first pass) and :func:`over_envelope` are
-    read back together, and only a failure computes its details (by :func:`check_finite` and :func:`agreement`
-    themselves, so a failure reads exactly as theirs)."""
+    read back together, and only a failure computes its details (by :func:`check_finite`'s element pass and
+    :func:`agreement` themselves, so a failure reads exactly as theirs)."""
     here = out.to(ref.device)
     over = over_envelope(here, ref, envelope)
     finite, over = torch.stack([torch.isfinite(here.sum(dtype=torch.float32)).to(over.dtype), over]).tolist()
-    if not finite:  # decided element by element where out is (a sum that overflowed is not a failure)
-        fail = check_finite(batch, out)
+    if not finite:  # decided element by element (a sum that overflowed is not a failure)
+        fail = _non_finite(batch, here)
         if fail is not None:
             return fail, None, 0.0
     fail, ratio = agreement(batch, here, ref, lowp, envelope, rtol, over=over)
