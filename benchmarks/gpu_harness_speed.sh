@@ -13,10 +13,11 @@ R=${OUT:?set OUT}
 OLD=${OLD:-.main}
 mkdir -p "$R"
 [ -f "$OLD/setup.py" ] || { echo "no earlier tree in $OLD (carry main's tree there)"; exit 1; }
-rm -rf /tmp/kv-old && (cd "$OLD" && python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/kv-old .) \
-  || exit 1
+rm -rf /tmp/kv-old
+(cd "$OLD" && python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/kv-old .) \
+  > /tmp/kv-old.log 2>&1 || { echo "installing $OLD failed:"; tail -5 /tmp/kv-old.log; exit 1; }
 NEW_PATH=$PYTHONPATH
-OLD_PATH=$(echo "$PYTHONPATH" | sed 's#/tmp/kv:#/tmp/kv-old:#')  # gpu_env.sh installed this tree in /tmp/kv
+OLD_PATH=$(echo ":$PYTHONPATH:" | sed 's#:/tmp/kv:#:/tmp/kv-old:#; s#^:##; s#:$##')  # gpu_env.sh installed this tree in /tmp/kv
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tc-harness-speed}
 S=benchmarks/harness_speed.py
 for T in ${TARGETS:-vllm.flash_attn_varlen vllm.unified_attention}; do
@@ -32,7 +33,9 @@ for T in ${TARGETS:-vllm.flash_attn_varlen vllm.unified_attention}; do
         > "$R/$tag-$side.log" 2>&1 || { echo "$tag $side failed"; tail -3 "$R/$tag-$side.log"; }
     done
     echo "######## $tag (first pair: old then new)"
-    python3 $S --compare "$R/$tag-old.json" "$R/$tag-new.json"
+    python3 $S --compare "$R/$tag-old.json" "$R/$tag-new.json" --out "$R/$tag-compare.json"
+    python3 -c "import json, sys; print('trees:', *(json.load(open(p))['kvfuzz'] for p in sys.argv[1:]))" \
+      "$R/$tag-old.json" "$R/$tag-new.json"
     echo "######## $tag (second pair: new then old)"
     python3 $S --compare "$R/$tag-old2.json" "$R/$tag-new2.json" | grep -E "verdicts|ms per example"
   done

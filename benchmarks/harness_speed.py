@@ -295,7 +295,16 @@ def clock(name: str):
         time.perf_counter = wall
 
 
+def forget_checked_shapes() -> None:
+    """Start a pass as a fresh process does: no call shape's caller checks done yet (a tree that samples them,
+    kvfuzz.fuzz.harness.caller), so each pass counts the first call of every shape."""
+    shapes = getattr(sys.modules.get("kvfuzz.fuzz.harness.caller"), "_SHAPES_CHECKED", None)
+    if shapes is not None:
+        shapes.clear()
+
+
 def timed_pass(target, exs: list[Example], fault, device: str) -> tuple[list[dict], dict]:
+    forget_checked_shapes()
     verdicts, tot, walls = [], Counter(), []
     for e in exs:
         sync(device)
@@ -318,6 +327,7 @@ def timed_pass(target, exs: list[Example], fault, device: str) -> tuple[list[dic
 
 
 def counted_pass(target, exs: list[Example], fault, device: str, where: int = 0) -> dict:
+    forget_checked_shapes()
     counter = Counting(where=bool(where))
     cuda = device.startswith("cuda")
     syncs = CudaSyncs(counter) if cuda else contextlib.nullcontext()
