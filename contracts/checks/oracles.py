@@ -293,17 +293,23 @@ def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPreci
 
 
 def check_output(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPrecision, envelope: torch.Tensor,
-                 rtol: float = LOWP_RTOL) -> tuple[OracleFailure | None, OracleFailure | None, float]:
+                 rtol: float = LOWP_RTOL, one_read: bool | None = None
+                 ) -> tuple[OracleFailure | None, OracleFailure | None, float]:
     """Both oracles of an attention output, as the harness runs them on every example: ``(finite failure,
     agreement failure, ratio)``, :func:`check_finite`'s and :func:`agreement`'s results (agreement only for a
     finite output: a non-finite one fails it too, and its failure wins; ``(None, None, 0.0)`` skipped). Shapes and
     dtypes as in :func:`agreement`, ``out`` on any device. One host sync when both pass: ``out`` goes to ``ref``'s
     device once, the finiteness of its fp32 sum (:func:`check_finite`'s first pass) and :func:`over_envelope` are
-    read back together, and only a failure computes its details (by :func:`check_finite`'s element pass and
-    :func:`agreement` themselves, so a failure reads exactly as theirs)."""
+    read back together (``one_read``; by default off the CPU: on the CPU, where a read costs nothing, one after the
+    other, so a non-finite output skips the agreement's pass), and only a failure computes its details (by
+    :func:`check_finite`'s element pass and :func:`agreement` themselves, so a failure reads exactly as theirs)."""
     here = out.to(ref.device)
-    over = over_envelope(here, ref, envelope)
-    finite, over = torch.stack([torch.isfinite(here.sum(dtype=torch.float32)).to(over.dtype), over]).tolist()
+    finite = torch.isfinite(here.sum(dtype=torch.float32))
+    if not (ref.device.type != "cpu" if one_read is None else one_read):
+        finite, over = bool(finite), None  # agreement only for an output that may be finite
+    else:  # one read of both
+        over = over_envelope(here, ref, envelope)
+        finite, over = torch.stack([finite.to(over.dtype), over]).tolist()
     if not finite:  # decided element by element (a sum that overflowed is not a failure)
         fail = _non_finite(batch, here)
         if fail is not None:

@@ -271,14 +271,12 @@ def _place(rows: torch.Tensor | None, x: torch.Tensor, c: Chunk, num_tokens: int
 
 
 def _unpack(rows: torch.Tensor, dv: int) -> dict[str, torch.Tensor]:
-    """:func:`_chunk`'s packed rows ``[T, H, W]`` as the tensors of :data:`PACKED` (views), the reference contiguous."""
+    """:func:`_chunk`'s packed rows ``[T, H, W]`` as the tensors of :data:`PACKED` (views), the reference
+    contiguous."""
     out, at = {}, 0
     for name, (per_dv, extra) in PACKED.items():
-        width = per_dv * dv + extra
-        if at == 0 and width == rows.shape[-1]:  # the reference alone
-            return {name: rows.contiguous()}
-        out[name] = rows[..., at : at + width]
-        at += width
+        out[name] = rows[..., at : at + per_dv * dv + extra]
+        at += per_dv * dv + extra
     out["reference"] = out["reference"].contiguous()
     return out
 
@@ -307,7 +305,7 @@ def _exact(batch: Batch, data: BatchData, names: tuple[str, ...]) -> dict[str, t
     rows = None  # per query row of the batch
     for c in layout(batch, dev):
         rows = _place(rows, _chunk(batch, data, c, slopes, envelope), c, batch.num_tokens)
-    out = _unpack(rows, batch.head_size_v)
+    out = _unpack(rows, batch.head_size_v) if envelope else {"reference": rows.contiguous()}
     if envelope:
         out |= _envelope(batch, out["reference"], out)
         # the terms are >= 0, so no -0.0 makes this differ from sum() (which starts from 0)

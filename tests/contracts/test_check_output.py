@@ -37,12 +37,13 @@ def _planted(kind, ref, dtype):
     return out
 
 
+@pytest.mark.parametrize("one_read", [False, True])  # True: as on a GPU, both values read back at once
 @pytest.mark.parametrize("kind", ["pass", "nan", "inf", "off", "huge"])
-def test_check_output_is_check_finite_then_agreement(make_batch, kind):
+def test_check_output_is_check_finite_then_agreement(make_batch, kind, one_read):
     dtype = "float32" if kind == "huge" else "float16"
     b, ref, env, lowp = _case(make_batch, dtype)
     out = _planted(kind, ref, b.torch_dtype)
-    got = check_output(b, out, ref, lowp, env)
+    got = check_output(b, out, ref, lowp, env, one_read=one_read)
     want = _separately(b, out, ref, lowp, env)
     assert repr(got) == repr(want)  # repr: a failure's error is NaN, which equals nothing
     failed = {"pass": (False, False), "nan": (True, False), "inf": (True, False), "off": (False, True),
