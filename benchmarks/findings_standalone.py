@@ -16,7 +16,7 @@ import sysconfig
 from pathlib import Path
 
 from kvfuzz.contracts.checks.failures import Finding
-from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.batch import Batch, contiguous_batch
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.store.issue import write_issue
@@ -24,41 +24,32 @@ from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.targets.registry import get_target
 
-
-def batch(lens, block_size=16, **kw) -> Batch:
-    need = [-(-(q + c) // block_size) for q, c in lens]
-    table, j = [], 0
-    for n in need:
-        table.append(list(range(j, j + n)) + [0] * (max(need) - n))
-        j += n
-    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
-                 num_blocks=sum(need), block_table=table, **kw)
-
-
 #: finding -> (target, example, undeclared): the cases the tests pin (docs/findings.md numbers).
 FINDINGS = {
-    "1-vllm-cpu-nan-tail-slots": ("vllm.cpu_attention", Example(batch(
-        [(1, 0)], dtype="float32", head_size=32, num_heads=1, num_kv_heads=1, seed=1), Poison.NAN), False),
+    "1-vllm-cpu-nan-tail-slots": ("vllm.cpu_attention", Example(contiguous_batch(
+        [1], [0], block_size=16, dtype="float32", head_size=32, num_heads=1, num_kv_heads=1, seed=1), Poison.NAN),
+        False),
     "2-torch-flex-nan-in-unused-slots": ("torch.flex_paged", Example(Batch(
         query_lens=[1], ctx_lens=[0], num_heads=1, num_kv_heads=1, head_size=16, block_size=8, num_blocks=1,
         block_table=[[0]], dtype="float32"), Poison.NAN), False),
-    "3-vllm-decode-attention-fp16-scores": ("vllm.decode_attention_fwd", Example(batch(
-        [(1, 1)], dtype="float16", head_size=32, num_heads=1, num_kv_heads=1, seed=230, value_range="large"),
+    "3-vllm-decode-attention-fp16-scores": ("vllm.decode_attention_fwd", Example(contiguous_batch(
+        [1], [1], block_size=16, dtype="float16", head_size=32, num_heads=1, num_kv_heads=1, seed=230,
+        value_range="large"),
         Poison.NAN), False),
     # smaller than tests/fuzz/targets/test_attention_params.py's pinned case (two sequences, 8 heads): one
     # two-token prefill, two heads, where row 1's sink weight is off by exp(slope): 0.0151 against a bound of 7.3e-7
     "5-vllm-unified-attention-alibi-with-sinks": ("vllm.unified_attention", Example(Batch(
         query_lens=[2], ctx_lens=[0], num_heads=2, num_kv_heads=1, head_size=32, block_size=16, num_blocks=1,
         block_table=[[0]], dtype="float32", alibi=True, sinks=True), Poison.NAN), True),
-    "6-vllm-context-attention-alibi-ignores-window": ("vllm.context_attention_fwd", Example(batch(
-        [(1, 9), (4, 6)], dtype="float32", head_size=32, num_heads=4, num_kv_heads=2, alibi=True,
+    "6-vllm-context-attention-alibi-ignores-window": ("vllm.context_attention_fwd", Example(contiguous_batch(
+        [1, 4], [9, 6], block_size=16, dtype="float32", head_size=32, num_heads=4, num_kv_heads=2, alibi=True,
         sliding_window=2), Poison.NAN), True),
     "9-sglang-decode-mha-product-rounding": ("sglang.decode_attention_fwd", Example(Batch(
         query_lens=[1], ctx_lens=[1], num_heads=1, num_kv_heads=1, head_size=128, block_size=1, num_blocks=2,
         block_table=[[0, 1]], dtype="float16", seed=39, value_range="large"), Poison.NAN), False),
-    "11-vllm-cpu-softcap-overflow": ("vllm.cpu_attention", Example(batch(
-        [(1, 0)], dtype="float32", head_size=32, num_heads=1, num_kv_heads=1, seed=3, value_range="extreme",
-        softcap=4.0), Poison.ZEROS), False),
+    "11-vllm-cpu-softcap-overflow": ("vllm.cpu_attention", Example(contiguous_batch(
+        [1], [0], block_size=16, dtype="float32", head_size=32, num_heads=1, num_kv_heads=1, seed=3,
+        value_range="extreme", softcap=4.0), Poison.ZEROS), False),
 }
 
 

@@ -10,13 +10,10 @@ set -uo pipefail
 T=${1:-vllm.unified_attention}
 S=${2:-120}
 shift 2 2>/dev/null; [ "${1:-}" = "--" ] && shift
-R=${OUT:?set OUT}
-mkdir -p "$R"
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
-W=$(mktemp -d)
+gpu_out
 {
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  echo "cpus $(nproc)"
+  gpu_machine
   for n in ${CHUNKS:-200 1000 3000}; do
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -l 1 > "$W/util-$n.txt" 2>/dev/null &
     SMI=$!
@@ -29,5 +26,4 @@ W=$(mktemp -d)
     rm -rf "$W/c$n"
   done
 } > "$R/log.txt" 2>&1
-rm -rf "$W"
 tail -c 9000 "$R/log.txt"

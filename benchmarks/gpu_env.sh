@@ -8,6 +8,19 @@
 # (benchmarks/flashinfer_bundle.sh); optionally .device/hopper/ (benchmarks/hopper_bundle.sh: FA3's and FlashMLA's
 # extensions, xz-packed, and FlashMLA's Python interface), unpacked into the vllm tree. Defines KV (the kvfuzz CLI).
 export PYTHONUNBUFFERED=1
+# The start every run driver that writes under OUT shares (call it right after sourcing this file): R=$OUT (the script
+# stops, naming OUT, when it is unset), made; W a scratch folder, removed when the script exits.
+gpu_out() {
+  R=${OUT:?set OUT to the folder the results go to}
+  mkdir -p "$R" || exit 1
+  W=$(mktemp -d)
+  trap 'rm -rf "$W"' EXIT
+}
+# The head of a run's log: the GPUs (name, driver version; $1: nvidia-smi fields before them, e.g. index) and the cores.
+gpu_machine() {
+  nvidia-smi --query-gpu="${1:+$1,}name,driver_version" --format=csv,noheader
+  echo "cpus $(nproc)"
+}
 # Sourced again under a script that already did it (benchmarks/gpu_lanes.sh runs scripts that source it, in
 # parallel): keep what is installed, set KV, and install nothing (a second install would race the first's users)
 if [ -n "${KVFUZZ_GPU_ENV:-}" ]; then

@@ -17,10 +17,8 @@ set -uo pipefail
 T=${1:-vllm.unified_attention}
 S=${2:-120}
 shift 2 2>/dev/null; [ "${1:-}" = "--" ] && shift
-R=${OUT:?set OUT}
-mkdir -p "$R"
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
-W=$(mktemp -d)
+gpu_out
 ALL=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
 {
   nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
@@ -92,5 +90,4 @@ PY
     done
   fi
 } > "$R/log.txt" 2>&1
-rm -rf "$W"
 tail -c 9000 "$R/log.txt"

@@ -22,10 +22,8 @@ set -uo pipefail
 T=${1:-vllm.unified_attention}
 shift 1 2>/dev/null; [ "${1:-}" = "--" ] && shift
 export S=${RUN_SECONDS:-90}  # not $SECONDS: bash counts its own seconds there
-R=${OUT:?set OUT}
-mkdir -p "$R"
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
-W=$(mktemp -d)
+gpu_out
 ALL=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
 FIRST=${ALL%%,*}
 
@@ -125,5 +123,4 @@ json.dump(out, open(os.path.join(r, "scaling.json"), "w"), indent=2)
 print(json.dumps({k: v for k, v in out.items() if k != "rows"}))
 PY
 } > "$R/log.txt" 2>&1
-rm -rf "$W"
 tail -c 9000 "$R/log.txt"

@@ -15,13 +15,11 @@
 # reproducers without tensors or the Hypothesis database).
 # Usage: OUT=dir [FUZZ_SECONDS=60] bash benchmarks/gpu_padding.sh
 set -uo pipefail
-R=${OUT:?set OUT}
 S=${FUZZ_SECONDS:-60}
-mkdir -p "$R"
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1 || { echo "gpu_env.sh failed (carry .device/)"; exit 1; }
-W=$(mktemp -d)
+gpu_out
 {
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  gpu_machine
   [ -f /tmp/vllm/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so ] || echo "gpu_padding: no FA3 extension (build .device with FA3=1)"
   t0=$(date +%s)
   timeout 150 python3 benchmarks/hopper_smoke.py "$R/smoke.json" 2>&1 | grep -v "^ *$" | cut -c1-600
@@ -45,5 +43,4 @@ PY
   done
   echo "total: $(( $(date +%s) - t0 )) s"
 } > "$R/log.txt" 2>&1
-rm -rf "$W"
 tail -c 11000 "$R/log.txt"

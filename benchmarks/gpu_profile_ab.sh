@@ -7,8 +7,7 @@
 # Usage: OUT=dir [OLD=.device/old.tgz] [REPS=3] bash benchmarks/gpu_profile_ab.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
-R=${OUT:?set OUT}
-mkdir -p "$R"
+gpu_out
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tc-profile-ab}
 rm -rf /tmp/ab-old /tmp/ab-kvold && mkdir -p /tmp/ab-old && tar xzf "${OLD:-.device/old.tgz}" -C /tmp/ab-old || exit 1
 (cd /tmp/ab-old && python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/ab-kvold .) || exit 1

@@ -13,14 +13,11 @@
 # FA3_ONLY=1: only (a), with each seed's summary.json and its reproducers (no tensors) back as OUT/fa3-S.*.
 # Usage: OUT=dir [SECONDS_FA3=120] [SECONDS_UNIFIED=120] [GRACE=40] [SEEDS="0 1 2"] [FA3_ONLY=1] bash benchmarks/gpu_serving.sh
 set -uo pipefail
-R=${OUT:?set OUT}
-mkdir -p "$R"
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1 || { echo "gpu_env.sh failed (carry .device/)"; exit 1; }
+gpu_out
 SF=${SECONDS_FA3:-120}; SU=${SECONDS_UNIFIED:-120}; G=${GRACE:-40}
-W=$(mktemp -d)
 {
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  echo "cpus $(nproc)"
+  gpu_machine
   for s in ${SEEDS:-0 1 2}; do
     o="$W/fa3-$s"
     $KV fuzz --target vllm.flash_attn_varlen --seed "$s" --duration "${SF}s" --out "$o" \

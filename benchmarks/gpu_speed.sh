@@ -11,15 +11,12 @@ set -uo pipefail
 T=${1:-vllm.unified_attention}
 S=${2:-150}
 shift 2 2>/dev/null; [ "${1:-}" = "--" ] && shift
-R=${OUT:?set OUT}
 MODES=${CURVE_MODES:-warm}  # the runs after the cold one: warm and/or warm-capped (kvfuzz bench curve --mode)
 M=${MODES%% *}              # the one nvidia-smi's samples are split at and py-spy profiles
-mkdir -p "$R"
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
-W=$(mktemp -d)
+gpu_out
 {
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  echo "cpus $(nproc)"
+  gpu_machine
   nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -l 1 > "$W/util.txt" 2>/dev/null &
   SMI=$!
   (  # split the samples at the warm run's start, and py-spy one of its workers 20 s in
@@ -50,5 +47,4 @@ W=$(mktemp -d)
     --out "$R/profile.json" 2>&1 | cut -c1-600
   head -40 "$R/worker-warm.top.txt"
 } > "$R/log.txt" 2>&1
-rm -rf "$W"
 cat "$R/log.txt" | tail -c 9000

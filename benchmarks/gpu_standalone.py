@@ -27,7 +27,7 @@ from pathlib import Path
 import attrs
 
 from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
-from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.batch import Batch, contiguous_batch
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
@@ -45,81 +45,35 @@ from kvfuzz.fuzz.targets.vllm_flash_attn import VllmFlashAttnVarlen
 from kvfuzz.fuzz.targets.vllm_mla import VllmFlashMlaDecode
 
 
-class PlantedFA3(VllmFlashAttnVarlen):
-    """FA3 called with softmax_scale 5% too large (the caller's arguments otherwise as the built-in's)."""
-
-    name = "planted.fa3_scale"
-
-    def build_call(self, batch, data, cache):
-        call = super().build_call(batch, data, cache)
-        call.kwargs["softmax_scale"] *= 1.05
-        return call
-
-
-class PlantedFlashMLA(VllmFlashMlaDecode):
-    name = "planted.flashmla_scale"
+def planted(base: type, cls_name: str, name: str, kwarg: str, factor: float) -> type:
+    """A subclass ``cls_name`` of target class ``base``, registered as ``name``, whose call has argument ``kwarg``
+    multiplied by ``factor`` (the caller's arguments otherwise as the built-in's): a planted fault."""
 
     def build_call(self, batch, data, cache):
-        call = super().build_call(batch, data, cache)
-        call.kwargs["softmax_scale"] *= 1.05
+        call = base.build_call(self, batch, data, cache)
+        call.kwargs[kwarg] = call.kwargs[kwarg] * factor
         return call
 
-
-class PlantedFlex(TorchFlexPaged):
-    name = "planted.flex_scale"
-
-    def build_call(self, batch, data, cache):
-        call = super().build_call(batch, data, cache)
-        call.kwargs["scale"] *= 1.05
-        return call
+    doc = f"{base.__name__} called with {kwarg} x {factor}."
+    return type(cls_name, (base,), {"name": name, "build_call": build_call, "__doc__": doc, "__module__": __name__})
 
 
-class PlantedFIDecode(FlashInferBatchDecode):
-    name = "planted.fi_decode_scale"
-
-    def build_call(self, batch, data, cache):
-        call = super().build_call(batch, data, cache)
-        call.kwargs["sm_scale"] *= 1.05
-        return call
-
-
-class PlantedFIDecodeTC(FlashInferBatchDecodeTC):
-    name = "planted.fi_decode_tc_scale"
-
-    def build_call(self, batch, data, cache):
-        call = super().build_call(batch, data, cache)
-        call.kwargs["sm_scale"] *= 1.05
-        return call
+# softmax scales 5% too large; append_paged_kv_cache handed keys twice as large as the tokens' (the cache then
+# differs from the expected). Module attributes: a reproducer names them as "gpu_standalone.py:CLASS".
+PlantedFA3 = planted(VllmFlashAttnVarlen, "PlantedFA3", "planted.fa3_scale", "softmax_scale", 1.05)
+PlantedFlashMLA = planted(VllmFlashMlaDecode, "PlantedFlashMLA", "planted.flashmla_scale", "softmax_scale", 1.05)
+PlantedFlex = planted(TorchFlexPaged, "PlantedFlex", "planted.flex_scale", "scale", 1.05)
+PlantedFIDecode = planted(FlashInferBatchDecode, "PlantedFIDecode", "planted.fi_decode_scale", "sm_scale", 1.05)
+PlantedFIDecodeTC = planted(FlashInferBatchDecodeTC, "PlantedFIDecodeTC", "planted.fi_decode_tc_scale", "sm_scale",
+                            1.05)
+PlantedFIPrefill = planted(FlashInferBatchPrefill, "PlantedFIPrefill", "planted.fi_prefill_scale", "sm_scale", 1.05)
+PlantedFIAppend = planted(FlashInferAppendPagedKvCache, "PlantedFIAppend", "planted.fi_append_keys", "append_key", 2)
 
 
-class PlantedFIPrefill(FlashInferBatchPrefill):
-    name = "planted.fi_prefill_scale"
-
-    def build_call(self, batch, data, cache):
-        call = super().build_call(batch, data, cache)
-        call.kwargs["sm_scale"] *= 1.05
-        return call
-
-
-class PlantedFIAppend(FlashInferAppendPagedKvCache):
-    """append_paged_kv_cache handed keys twice as large as the tokens' (the cache then differs from the expected)."""
-
-    name = "planted.fi_append_keys"
-
-    def build_call(self, batch, data, cache):
-        call = super().build_call(batch, data, cache)
-        call.kwargs["append_key"] = call.kwargs["append_key"] * 2
-        return call
-
-
-def batch(lens, block_size=16, **kw) -> Batch:
-    need = [-(-(q + c) // block_size) for q, c in lens]
-    table, j = [], 0
-    for n in need:
-        table.append(list(range(j, j + n)) + [0] * (max(need) - n))
-        j += n
-    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
-                 num_blocks=sum(need) + 2, block_table=table, **kw)
+def batch(lens, **kw) -> Batch:
+    """:func:`~kvfuzz.contracts.model.batch.contiguous_batch` of ``(query_len, ctx_len)`` pairs: block size 16
+    (``kw`` may set another), two spare blocks."""
+    return contiguous_batch(*zip(*lens), **{"block_size": 16, "spare_blocks": 2, **kw})
 
 
 def cases():

@@ -14,13 +14,10 @@ set -uo pipefail
 T=${1:-vllm.unified_attention}
 S=${2:-180}
 shift 2 2>/dev/null; [ "${1:-}" = "--" ] && shift
-R=${OUT:?set OUT}
-mkdir -p "$R"
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
-W=$(mktemp -d)
+gpu_out
 {
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  echo "cpus $(nproc)"
+  gpu_machine
   for mode in ${MODES:-auto small}; do
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -l 1 > "$R/util-$mode.txt" 2>/dev/null &
     SMI=$!
@@ -66,5 +63,4 @@ PY
     python3 benchmarks/gpu_profile.py --target "$T" --examples "${PROFILE_EXAMPLES:-20}" --configs 1 --tokens \
     --out "$R/profile.json" 2>&1 | cut -c1-600
 } > "$R/log.txt" 2>&1
-rm -rf "$W"
 tail -c 9000 "$R/log.txt"

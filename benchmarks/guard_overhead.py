@@ -22,7 +22,7 @@ import time
 import torch
 
 from kvfuzz.contracts.caches.materialize import materialize
-from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.batch import contiguous_batch
 from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.guard import guard
@@ -32,15 +32,8 @@ from kvfuzz.fuzz.targets import get_target
 
 def make_batch(lens, *, num_heads=4, num_kv_heads=2, head_size=64, block_size=16,
                dtype="float16" if torch.cuda.is_available() else "float32", seed=0):
-    needed = [-(-(q + c) // block_size) for q, c in lens]
-    width = max(needed)
-    table, k = [], 0
-    for n in needed:
-        table.append(list(range(k, k + n)) + [0] * (width - n))
-        k += n
-    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], num_heads=num_heads,
-                 num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size, num_blocks=k + 1,
-                 block_table=table, dtype=dtype, seed=seed)
+    return contiguous_batch([q for q, _ in lens], [c for _, c in lens], block_size=block_size, spare_blocks=1,
+                            num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype, seed=seed)
 
 
 BATCHES = {

@@ -15,7 +15,7 @@ import sys
 import time
 
 from kvfuzz.contracts.checks.failures import Finding
-from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.batch import Batch, contiguous_batch
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.harness.attention import check_example
@@ -23,17 +23,10 @@ from kvfuzz.fuzz.targets.registry import get_target
 
 
 def batch(lens, *, block_size, **kw) -> Batch:
-    """A batch with a contiguous block table for ``(query_len, ctx_len)`` pairs (blocks handed out in reverse; with
-    CUDA-graph pads, from block 1: block 0 is vLLM's null block, the pads' block-table rows)."""
-    need = [-(-(q + c) // block_size) for q, c in lens]
-    first = 1 if kw.get("num_pad_seqs") else 0
-    ids = list(range(first, first + sum(need)))[::-1]
-    table, j = [], 0
-    for n in need:
-        table.append(ids[j : j + n] + [0] * (max(need) - n))
-        j += n
-    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
-                 num_blocks=first + sum(need), block_table=table, **kw)
+    """:func:`~kvfuzz.contracts.model.batch.contiguous_batch` of ``(query_len, ctx_len)`` pairs, blocks handed out
+    in reverse; with CUDA-graph pads, from block 1: block 0 is vLLM's null block, the pads' block-table rows."""
+    return contiguous_batch(*zip(*lens), block_size=block_size, reverse=True,
+                            first_block=1 if kw.get("num_pad_seqs") else 0, **kw)
 
 
 MIXED = [(1, 33), (1, 100), (7, 57), (20, 0)]

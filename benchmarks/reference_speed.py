@@ -20,20 +20,14 @@ import time
 import torch
 
 from kvfuzz.contracts.checks.reference import reference_and_envelope, reference_attention
-from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.batch import Batch, contiguous_batch
 from kvfuzz.contracts.model.data import make_batch_data
 
 
 def make_batch(lens, *, num_heads, num_kv_heads, head_size, dtype, block_size=16, **features) -> Batch:
-    """A batch with a contiguous block table for ``(query_len, ctx_len)`` pairs."""
-    needed = [-(-(q + c) // block_size) for q, c in lens]
-    table, k = [], 0
-    for n in needed:
-        table.append(list(range(k, k + n)) + [0] * (max(needed) - n))
-        k += n
-    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], num_heads=num_heads,
-                 num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size, num_blocks=k,
-                 block_table=table, dtype=dtype, **features)
+    """:func:`~kvfuzz.contracts.model.batch.contiguous_batch` of ``(query_len, ctx_len)`` pairs."""
+    return contiguous_batch([q for q, _ in lens], [c for _, c in lens], block_size=block_size, num_heads=num_heads,
+                            num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype, **features)
 
 
 FEATURES = dict(sliding_window=11, alibi=True)

@@ -1,8 +1,8 @@
 """The documentation stays true to the code: every command and option of docs/cli.md (and the README's command list)
 against the click commands of kvfuzz.fuzz.cli, with the defaults the code gives them; the documented chunk sizes
-against the campaign's constants; every file of benchmarks/results/ in docs/benchmarks.md's index; the README a
-front door (at most 250 lines, none over 160 characters). Each checker is also fed a planted drift to show it fails.
-No kernel runs here."""
+against the campaign's constants; every file of benchmarks/results/ in docs/benchmarks.md's index, every script of
+benchmarks/ in its README; the README a front door (at most 250 lines, none over 160 characters). Each checker is
+also fed a planted drift to show it fails. No kernel runs here."""
 
 from __future__ import annotations
 
@@ -112,7 +112,36 @@ def readme_command_drift(text: str) -> list[str]:
     return [f"{c}: not in the README's command list" for c in leaf_commands() if c not in listed]
 
 
+def exit_status_drift(text: str) -> list[str]:
+    """Commands whose docs/cli.md section has no "Exit status:" table, or whose table leaves out status 0 or the
+    interrupted ending (3, which every command has: Ctrl-C, SIGTERM, SIGHUP); empty when every command has one."""
+    problems = []
+    for name in leaf_commands():
+        head = f"## `{name}`"
+        if head not in text:
+            continue  # cli_doc_drift reports the missing section
+        section = text.split(head, 1)[1].split("\n## ", 1)[0]
+        if "Exit status:" not in section:
+            problems.append(f"{name}: no exit status table")
+            continue
+        table = section.split("Exit status:", 1)[1]
+        statuses = set(re.findall(r"^\| `(\d)` \|", table, re.M))
+        problems += [f"{name}: exit status {s} not listed" for s in ("0", "3") if s not in statuses]
+        if "interrupted" not in table:
+            problems.append(f"{name}: the interrupted ending is not listed")
+    return problems
+
+
 # ---- docs/cli.md and the README against the code ----
+def test_cli_doc_lists_every_commands_exit_statuses():
+    assert exit_status_drift(CLI_DOC) == []
+    section = CLI_DOC.split("## `kvfuzz replay`", 1)[1].split("\n## ", 1)[0]
+    planted = CLI_DOC.replace(section, section.split("Exit status:", 1)[0])
+    assert exit_status_drift(planted) == ["kvfuzz replay: no exit status table"]
+    row = "| `3` | interrupted: Ctrl-C, SIGTERM or SIGHUP"  # kvfuzz targets' only status 3
+    planted = CLI_DOC.replace(row, row.replace("`3`", "`4`"))
+    assert exit_status_drift(planted) == ["kvfuzz targets: exit status 3 not listed"]
+
 
 def test_cli_doc_lists_every_command_and_option_with_the_codes_default():
     assert cli_doc_drift(CLI_DOC) == []
@@ -235,6 +264,22 @@ def test_every_benchmark_result_is_in_the_index():
     assert files and unindexed_results(index, files) == []
     assert unindexed_results(index, [*files, "curve-b300.json"]) == ["curve-b300.json"]
 
+
+
+def unnamed_scripts(readme: str, folder: Path) -> list[str]:
+    """Scripts of ``folder`` (benchmarks/: its .py and .sh files, those of adapters/, and repro/) that ``readme``
+    does not name in backticks."""
+    names = set(re.findall(r"`([^`\s]+)`", readme))
+    scripts = [p.name for p in folder.iterdir() if p.suffix in (".py", ".sh")]
+    scripts += [f"adapters/{p.name}" for p in (folder / "adapters").glob("*.py")] + ["repro/"]
+    return sorted(s for s in scripts if s not in names)
+
+
+def test_the_benchmarks_readme_names_every_script():
+    readme = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    assert unnamed_scripts(readme, ROOT / "benchmarks") == []
+    assert unnamed_scripts(readme.replace("`pyspy_top.py`", "pyspy_top"), ROOT / "benchmarks") == ["pyspy_top.py"]
+    assert history_in_prose(readme) == []
 
 # ---- defaults stated in the prose of other pages ----
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = {
     "__version__",
     # the model of one call, its data and its cache
-    "Batch", "BatchData", "Example", "Poison", "Capabilities", "Contract",
+    "Batch", "contiguous_batch", "BatchData", "Example", "Poison", "Capabilities", "Contract",
     "CacheLayout", "NHDLayout", "VllmPagedLayout", "LayoutError", "CacheState",
     # what a check finds
     "Check", "Violation", "FailureKind", "Finding",

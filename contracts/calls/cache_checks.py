@@ -10,6 +10,8 @@ fp8), SGLang's triton_backend.py (the current token written to the pool before d
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -55,7 +57,38 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
         return []
     if call.key.shape[0] != int(lens.qsl[-1]):
         return []  # Check.PREFILL_ROWS reports it; rows cannot be matched to tokens
-    # the index arithmetic in numpy on the host (small arrays; a torch operator costs microseconds of dispatch)
+    where = _new_token_slots(call, lens, readable)
+    if where is None:
+        return []
+    compared = _compare(call, where, rocm_arch)
+    if compared is None:
+        return []
+    bad_rows = (compared.kbad | compared.vbad).any(axis=1)
+    if not bad_rows.any():
+        return []
+    offenders = np.unique(where.seq[bad_rows])
+    out = [_missing_token(call, lens, where, compared, bad_rows & (where.seq == s), s)
+           for s in offenders[:MAX_RECORDS_PER_CHECK].tolist()]
+    return capped(out, len(offenders))
+
+
+class _Slots(NamedTuple):
+    """Where the invariant looks, one entry per new token it covers (numpy, host): its sequence, position, row of
+    the call's key/value, block and slot; the check (decode or unified) and every sequence's query_len."""
+
+    check: Check
+    ql: np.ndarray
+    seq: np.ndarray
+    pos: np.ndarray
+    rows: np.ndarray
+    blk: np.ndarray
+    slots: np.ndarray
+
+
+def _new_token_slots(call: PagedCall, lens: Lens, readable: torch.Tensor) -> _Slots | None:
+    """The new tokens the invariant covers (decode sequences, or every sequence's), readable ones only; None: none.
+    The index arithmetic runs in numpy on the host (small arrays; a torch operator costs microseconds of
+    dispatch)."""
     query_lens, ctx_lens, qsl = (x.numpy() for x in (lens.query_lens, lens.ctx_lens, lens.qsl))
     ql = np.maximum(query_lens, 0)
     include = readable.numpy() & (query_lens >= 0) & (ctx_lens >= 0)
@@ -67,18 +100,37 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
     counts = np.where(include, ql, 0)
     total = int(counts.sum())
     if total == 0:
-        return []
+        return None
     seq = np.repeat(np.arange(len(counts)), counts)
     j = np.arange(total) - (np.cumsum(counts) - counts)[seq]
     pos = ctx_lens[seq] + j
-    rows = qsl[seq] + j
     bt = index_values(call.block_table).numpy()
     bs = call.block_size
     blk = bt[seq, pos // bs]
-    slots = blk * bs + pos % bs
+    return _Slots(check, ql, seq, pos, qsl[seq] + j, blk, blk * bs + pos % bs)
+
+
+class _Compared(NamedTuple):
+    """The cache's rows at the slots and the rows expected there (cache representation), per key and value, and
+    which ``[token, head]`` differ (numpy bool)."""
+
+    found_k: torch.Tensor
+    found_v: torch.Tensor
+    exp_k: torch.Tensor
+    exp_v: torch.Tensor
+    fp8: torch.dtype | None
+    desc: str
+    kbad: np.ndarray
+    vbad: np.ndarray
+
+
+def _compare(call: PagedCall, where: _Slots, rocm_arch: str | None) -> _Compared | None:
+    """The cache at ``where``'s slots against the call's key/value rows for those tokens, cast as a writer stores
+    them; None for per-head scales or a mismatched cache dtype (Check.KV_CACHE_DTYPE reports it)."""
     dev = call.key_cache.device
-    kc_rows, vc_rows = call.layout.gather(call.key_cache, call.value_cache, torch.from_numpy(slots).to(dev))
-    if total == call.key.shape[0] and rows[0] == 0 and (np.diff(rows) == 1).all():  # every row, in order
+    kc_rows, vc_rows = call.layout.gather(call.key_cache, call.value_cache, torch.from_numpy(where.slots).to(dev))
+    rows = where.rows
+    if len(rows) == call.key.shape[0] and rows[0] == 0 and (np.diff(rows) == 1).all():  # every row, in order
         key_rows, value_rows = call.key, call.value
     else:
         rows_d = torch.from_numpy(rows).to(call.key.device)
@@ -86,46 +138,46 @@ def check_new_tokens_cached(call: PagedCall, lens: Lens, readable: torch.Tensor,
     exp_k, fp8, desc = as_cache_repr(call, key_rows.to(dev), scale_value(call.k_scale), rocm_arch)
     exp_v, _, _ = as_cache_repr(call, value_rows.to(dev), scale_value(call.v_scale), rocm_arch)
     if (fp8 is not None and scale_value(call.k_scale) is None) or (fp8 is None and kc_rows.dtype != exp_k.dtype):
-        return []  # per-head scales or a mismatched cache dtype (Check.KV_CACHE_DTYPE reports it)
+        return None
     kbad = _differs(kc_rows, exp_k, fp8)
     # an interleaved value cache (use_interleaved_v_cache) cannot be read through the layout: keys only
     vbad = torch.zeros_like(kbad) if call.skip_value_layout else _differs(vc_rows, exp_v, fp8)
     kbad, vbad = torch.stack([kbad, vbad]).cpu().numpy()  # one device-to-host copy (one sync on a GPU)
-    bad = kbad | vbad
-    bad_rows = bad.any(axis=1)
-    if not bad_rows.any():
-        return []
-    offenders = np.unique(seq[bad_rows])
-    out = []
-    for s in offenders[:MAX_RECORDS_PER_CHECK].tolist():
-        in_s = bad_rows & (seq == s)
-        r = int(np.flatnonzero(in_s)[0])
-        is_k = bool(kbad[r].any())
-        h = int(np.flatnonzero(kbad[r] if is_k else vbad[r])[0])
-        got, exp = (kc_rows, exp_k) if is_k else (vc_rows, exp_v)
-        g = got[r, h].view(fp8) if fp8 is not None else got[r, h]
-        e = exp[r, h]
-        d = int(torch.nonzero(bits(g) != bits(e)).flatten()[0]) if (bits(g) != bits(e)).any() else 0
-        n_bad = int(in_s.sum())
-        p = int(pos[r])
-        which = "key" if is_k else "value"
-        if check == Check.DECODE:
-            sl = int(lens.seq_lens[s])
-            story = (f"sequence {s} is a decode (query_len 1, seq_len {sl}), so the decode kernel reads "
-                     f"{'all ' + str(sl) + ' positions' if sl > 1 else 'its 1 position'} from the cache, but its "
-                     f"current token's {which} "
-                     f"({call.name(which)} row {int(rows[r])}) is not in the cache at position {p}")
-        else:
-            story = (f"the unified kernel reads all {int(lens.seq_lens[s])} positions of sequence {s} from the cache, "
-                     f"but the {which} of its new token at position {p} (row {int(rows[r])} of the {which} handed "
-                     f"to the guard) is not there" + (f"; {n_bad} of its {int(ql[s])} new positions are missing"
-                                                      if n_bad > 1 else ""))
-        csr = call.csr is not None  # a token pool: the "block" is the slot
-        out.append(violation(check, story, kernel=call.kernel, seq=s, position=p, block=None if csr else int(blk[r]),
-            slot=int(slots[r]), head=h, expected=f"{fmt(float(e[d]))} ({desc}, head dim {d})",
-            found=f"{fmt(float(g[d]))} in the cache", count=n_bad, source="cache",
-            fix=CSR_NEW_TOKENS_FIX if csr else None))
-    return capped(out, len(offenders))
+    return _Compared(kc_rows, vc_rows, exp_k, exp_v, fp8, desc, kbad, vbad)
+
+
+def _missing_token(call: PagedCall, lens: Lens, where: _Slots, cmp: _Compared, in_s: np.ndarray,
+                   s: int) -> Violation:
+    """The record of sequence ``s``, whose tokens ``in_s`` (a mask over ``where``) are not in the cache: at its
+    first wrong (position, head), key before value."""
+    r = int(np.flatnonzero(in_s)[0])
+    is_k = bool(cmp.kbad[r].any())
+    h = int(np.flatnonzero(cmp.kbad[r] if is_k else cmp.vbad[r])[0])
+    got, exp = (cmp.found_k, cmp.exp_k) if is_k else (cmp.found_v, cmp.exp_v)
+    g = got[r, h].view(cmp.fp8) if cmp.fp8 is not None else got[r, h]
+    e = exp[r, h]
+    d = int(torch.nonzero(bits(g) != bits(e)).flatten()[0]) if (bits(g) != bits(e)).any() else 0
+    n_bad = int(in_s.sum())
+    p = int(where.pos[r])
+    row = int(where.rows[r])
+    which = "key" if is_k else "value"
+    if where.check == Check.DECODE:
+        sl = int(lens.seq_lens[s])
+        story = (f"sequence {s} is a decode (query_len 1, seq_len {sl}), so the decode kernel reads "
+                 f"{'all ' + str(sl) + ' positions' if sl > 1 else 'its 1 position'} from the cache, but its "
+                 f"current token's {which} "
+                 f"({call.name(which)} row {row}) is not in the cache at position {p}")
+    else:
+        story = (f"the unified kernel reads all {int(lens.seq_lens[s])} positions of sequence {s} from the cache, "
+                 f"but the {which} of its new token at position {p} (row {row} of the {which} handed "
+                 f"to the guard) is not there" + (f"; {n_bad} of its {int(where.ql[s])} new positions are missing"
+                                                  if n_bad > 1 else ""))
+    csr = call.csr is not None  # a token pool: the "block" is the slot
+    return violation(where.check, story, kernel=call.kernel, seq=s, position=p,
+                     block=None if csr else int(where.blk[r]), slot=int(where.slots[r]), head=h,
+                     expected=f"{fmt(float(e[d]))} ({cmp.desc}, head dim {d})",
+                     found=f"{fmt(float(g[d]))} in the cache", count=n_bad, source="cache",
+                     fix=CSR_NEW_TOKENS_FIX if csr else None)
 
 
 #: Vacuity samples this many rows of the read region first; only a constant sample triggers a full pass.

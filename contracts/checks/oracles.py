@@ -324,13 +324,6 @@ def check_agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: Lo
     return agreement(batch, out, ref, lowp, envelope, rtol)[0]
 
 
-def error_ratio(out: torch.Tensor, ref: torch.Tensor, lowp: torch.Tensor, envelope: torch.Tensor) -> float:
-    """``max over elements of |out - ref| / bound``: how much of the agreement bound a passing kernel used
-    (fails above 1; the calibration statistic of docs/tolerance.md). Exact (``lowp`` always counts)."""
-    err = (out.to(ref.device, torch.float64) - ref).abs()
-    return float((err / agreement_bound(ref, lowp, envelope)).nan_to_num(float("inf")).max())
-
-
 # ---- the decode-prefill relation's bound (fuzz/harness/relations.py) -------------------------------------
 # The relation compares two kernel outputs with each other, not with the reference, and still uses the per-row
 # rule kvfuzz's agreement oracle had before the envelope: RTOL[dtype] * max_d |out_lp - ref| + row_floor. Kept
@@ -367,4 +360,4 @@ def row_floor(batch: Batch, ref: torch.Tensor) -> torch.Tensor:
 __all__ = ["DIGEST_MESSAGE", "DIGEST_SLICE_ELEMENTS", "FLOOR_MAGNITUDE", "LEGACY_NAMES", "LOWP_RTOL", "MESSAGES",
            "RTOL", "LowPrecision", "Oracle", "OracleFailure", "agreement", "agreement_bound", "atol_floor",
            "block_digests", "check_agreement", "check_cache_digests", "check_cache_unchanged", "check_finite",
-           "check_label", "check_output", "check_pad_rows", "error_ratio", "over_envelope", "row_floor"]
+           "check_label", "check_output", "check_pad_rows", "over_envelope", "row_floor"]

@@ -506,6 +506,40 @@ class Batch:
         )
 
 
+
+def contiguous_batch(query_lens, ctx_lens, *, block_size: int, spare_blocks: int = 0, first_block: int = 0,
+                     reverse: bool = False, pad_columns: int = 0, block_ids=None, pad_ids=None, **fields) -> Batch:
+    """A :class:`Batch` whose block table hands each sequence, in order, its ``ceil(seq_len / block_size)``
+    blocks: a fixed case for a test, a benchmark or a reproducer, without drawing one.
+
+    ``query_lens``, ``ctx_lens``: per sequence (as the fields). The pool has ``num_blocks = first_block +
+    blocks used + spare_blocks`` blocks; the used ones are handed out from ``block_ids`` (default ids
+    ``first_block .. num_blocks - 1``, lowest first, highest first with ``reverse``; ids below ``first_block`` stay
+    unused, e.g. vLLM's null block 0 that CUDA-graph pad rows point at), ``spare_blocks`` never referenced. Each
+    row is as wide as the longest sequence's blocks plus ``pad_columns``; its unused columns hold 0, or the next
+    ``pad_ids`` entries row by row (in range: unused columns are padding no kernel may read). ``fields``: every
+    other :class:`Batch` field (``num_heads``, ``num_kv_heads``, ``head_size`` at least).
+    Raises ValueError when ``block_ids`` or ``pad_ids`` run short, or as :class:`Batch` does."""
+    query_lens, ctx_lens = list(query_lens), list(ctx_lens)
+    need = [-(-(q + c) // block_size) for q, c in zip(query_lens, ctx_lens)]
+    num_blocks = first_block + sum(need) + spare_blocks
+    if block_ids is None:
+        block_ids = range(first_block, num_blocks)[::-1] if reverse else range(first_block, num_blocks)
+    ids, pads = list(block_ids), iter(() if pad_ids is None else pad_ids)
+    if len(ids) < sum(need):
+        raise ValueError(f"block_ids has {len(ids)} ids; the sequences use {sum(need)} blocks of {block_size}")
+    width = max(need, default=0) + pad_columns
+    table, j = [], 0
+    for n in need:
+        row_pads = [0 if pad_ids is None else next(pads, None) for _ in range(width - n)]
+        if None in row_pads:
+            raise ValueError(f"pad_ids ran short: the table has {width} columns and needs more pad ids")
+        table.append(ids[j : j + n] + row_pads)
+        j += n
+    return Batch(query_lens=query_lens, ctx_lens=ctx_lens, block_size=block_size, num_blocks=num_blocks,
+                 block_table=table, **fields)
+
 # DTYPES, FEATURES, KV_CACHE_DTYPES, VALUE_RANGES and positions are defined in .space and re-exported here,
 # where the batch's fields are described; NULL_BLOCK in .freed_window (the freed-window state's home)
-__all__ = ["Batch", "DTYPES", "FEATURES", "KV_CACHE_DTYPES", "NULL_BLOCK", "VALUE_RANGES", "positions"]
+__all__ = ["Batch", "DTYPES", "FEATURES", "KV_CACHE_DTYPES", "NULL_BLOCK", "VALUE_RANGES", "contiguous_batch",
+           "positions"]

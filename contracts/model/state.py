@@ -4,18 +4,20 @@ every state is :data:`kvfuzz.contracts.model.states.PRODUCTION_STATES`. Apart fr
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable
 
 import attrs
 
 
-@runtime_checkable
-class ProductionState(Protocol):
+@attrs.frozen
+class ProductionState:
     """One production state's declaration. name: the ``Capabilities`` field declaring it (a bool, or a value
     such as a padding convention), stable: reports, baselines and ``gate_states_off`` carry it. label: its name
     in ``kvfuzz targets``' "states". off: the field's value when not declared. outside: the phrase
     ``Capabilities.outside`` gives a batch in the state that the declaration lacks. tag: coverage's tag of a
-    batch in the state. home: the module holding its model."""
+    batch in the state. home: the module holding its model. A state says which batches are in it
+    (:meth:`in_batch`) and may check its declaration (:meth:`validate`); :class:`State` builds one from two
+    functions."""
 
     name: str
     label: str
@@ -26,22 +28,21 @@ class ProductionState(Protocol):
 
     def in_batch(self, batch: Any) -> bool:
         """Whether ``batch`` (a :class:`~kvfuzz.contracts.model.batch.Batch`) is in this state."""
+        raise NotImplementedError(f"{type(self).__name__} does not say which batches are in the state")
 
     def validate(self, capabilities: Any) -> None:
         """Raise ValueError naming the field and fix when ``capabilities`` declares the state wrongly."""
 
+    def declared(self, capabilities: Any) -> Any:
+        """The declared value (``off`` when not declared)."""
+        return getattr(capabilities, self.name)
+
 
 @attrs.frozen
-class State:
-    """A :class:`ProductionState` from its parts (see there); ``in_batch(batch) -> bool``; ``validate(caps)``
-    raises ValueError (None: any declared value is valid)."""
+class State(ProductionState):
+    """A :class:`ProductionState` from its parts (see there) and two functions: ``predicate(batch) -> bool``
+    (:meth:`in_batch`); ``check(caps)`` raises ValueError (None: any declared value is valid)."""
 
-    name: str
-    label: str
-    off: Any
-    outside: str
-    tag: str
-    home: str
     predicate: Callable[[Any], bool]
     check: Callable[[Any], None] | None = None
 
@@ -51,10 +52,6 @@ class State:
     def validate(self, capabilities: Any) -> None:
         if self.check is not None:
             self.check(capabilities)
-
-    def declared(self, capabilities: Any) -> Any:
-        """The declared value (``off`` when not declared)."""
-        return getattr(capabilities, self.name)
 
 
 __all__ = ["ProductionState", "State"]

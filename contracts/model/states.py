@@ -11,19 +11,21 @@ home (``home``) holds its model; the rooms above hold the rest, each in one plac
 state's name:
 
 - its draw: :data:`kvfuzz.strategies.states.DRAWS` (strategies: a draw may not live with a kernel or the harness);
-- its oracle's hooks around the call: :data:`kvfuzz.fuzz.harness.states.HOOKS` (the harness: before the call,
-  a snapshot, after it);
+- its hooks around the call: :data:`kvfuzz.fuzz.harness.states.HOOKS` (the harness: before the call, a
+  snapshot, after it, its oracle; the rows a call carries past the real sequences, which the caller's metadata
+  check and the sanitizer read; the batch the metamorphic relations run in its place);
 - the generic consequences stay in contracts/ (``check_cache_unchanged``: "these columns hold no data";
   ``check_pad_rows``: "these rows are pads").
 
 The layering (fuzz -> strategies -> contracts, tests/test_layers.py) is why one state is a module per room and
 not one module: a draw imports Hypothesis (strategies), an oracle's hooks the harness (fuzz).
 
-Still naming a state by its field, where the state changes what another part computes rather than whether it
-applies: the targets that build a padded call (``Padding``), the caller's expected metadata of a padded call
-(kvfuzz.fuzz.harness.caller ``metadata_violations``), the metamorphic relations (run unpadded), the baseline's
-"padding" re-run (kvfuzz.fuzz.campaign.store.baseline ``FEATURES_OFF``) and ``kvfuzz targets``' JSON field
-``shared_prefix_blocks``.
+Still naming a state by its field, where no hook can stand in: the targets that build a padded call
+(``Padding``: the call is the target's own, as each engine lays its pads out); the reproducer's standalone.py
+(kvfuzz.fuzz.campaign.store.standalone: it runs without kvfuzz, so it rebuilds the padded call from case.json's
+``num_pad_seqs`` in code of its own); the baseline's ``"padding"`` feature (kvfuzz.fuzz.campaign.store.baseline
+``FEATURES_OFF``: a word of the baseline file's format, mapped to the Batch field its re-run clears); and
+``kvfuzz targets``' JSON field ``shared_prefix_blocks``.
 """
 
 from __future__ import annotations

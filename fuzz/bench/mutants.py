@@ -53,6 +53,11 @@ class DecodeMissesOwnToken(PagedTorch):
         return ok & (kpos[None, :] < seq_len - 1) if decode else ok
 
 
+def _whole_blocks(self, seq_len, block_size, decode):
+    """``keys_read`` of a kernel that loads whole blocks: every slot up to the end of the sequence's last block."""
+    return -(-seq_len // block_size) * block_size
+
+
 class TailVUnmasked(PagedTorch):
     """Tail slots read unmasked: the kernel loads whole blocks and masks the scores of positions past seq_len
     with -inf, but multiplies their V by the resulting 0 — ``0 * NaN = NaN``. Correct for zeroed or stale
@@ -64,8 +69,7 @@ class TailVUnmasked(PagedTorch):
     bug = "§5.3 NaN from unmasked V tail (vllm PR 936, PR 53856: ctx 4090 fails / 4096 passes; FA issue 2374)"
     smallest = staticmethod(lambda: small_batch([1], [0]))
 
-    def keys_read(self, seq_len, block_size, decode):
-        return -(-seq_len // block_size) * block_size
+    keys_read = _whole_blocks
 
 
 class DecodeTailUnmasked(PagedTorch):
@@ -79,8 +83,7 @@ class DecodeTailUnmasked(PagedTorch):
     bug = "§5.3 / §5.5 unmasked partial final block (vllm PR 936, flash-attention PR 2711)"
     smallest = staticmethod(lambda: small_batch([1], [0]))
 
-    def keys_read(self, seq_len, block_size, decode):
-        return -(-seq_len // block_size) * block_size
+    keys_read = _whole_blocks
 
     def allowed(self, qpos, kpos, seq_len, decode, num_seqs):
         if decode:

@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 
 from kvfuzz.contracts.caches.layouts import NHDLayout
-from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.batch import Batch, contiguous_batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.fuzz.targets.base import Availability, KernelCall, Target
@@ -153,16 +153,14 @@ class PagedTorch(Target):
 
 def small_batch(query_lens, ctx_lens, heads=(1, 1), head_size=24, block_size=8, num_blocks=None, table=None,
                 **kw) -> Batch:
-    """A small batch (a mutant's smallest trigger, a test's case), contiguous block table by default."""
-    seq_lens = [q + c for q, c in zip(query_lens, ctx_lens)]
-    need = [-(-s // block_size) for s in seq_lens]
+    """A small batch (a mutant's smallest trigger, a test's case): ``heads`` is ``(num_heads, num_kv_heads)``;
+    ``table`` the block table (default: contiguous, :func:`~kvfuzz.contracts.model.batch.contiguous_batch`) and
+    ``num_blocks`` the pool (default: one past the largest used id)."""
+    need = [-(-(q + c) // block_size) for q, c in zip(query_lens, ctx_lens)]
     if table is None:
-        table, k = [], 0
-        for n in need:
-            table.append(list(range(k, k + n)))
-            k += n
-        w = max(need)
-        table = [r + [0] * (w - len(r)) for r in table]
+        return contiguous_batch(query_lens, ctx_lens, block_size=block_size, num_heads=heads[0],
+                                num_kv_heads=heads[1], head_size=head_size,
+                                spare_blocks=0 if num_blocks is None else num_blocks - sum(need), **kw)
     if num_blocks is None:
         num_blocks = max(max(r[:n]) for r, n in zip(table, need)) + 1
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=heads[0], num_kv_heads=heads[1],

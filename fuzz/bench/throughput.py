@@ -2,7 +2,8 @@
 
 For each target, examples drawn by kvfuzz's strategies run through the property and their per-stage times
 (:class:`~kvfuzz.fuzz.harness.run.Timings`: generation, cache materialization, caller checks, kernel,
-reference, output checks) are summed; the harness overhead ratio is (time outside the kernel) / total.
+reference, output checks, and the kernel call's compiles and queued device work) are summed; the harness
+overhead ratio is (time outside the kernel) / total.
 Materialization bandwidth is the bytes of both caches (poison fill plus token writes) over the
 materialization time. Two sweeps show how time per example grows with total tokens and with num_blocks (a
 single sequence, spare blocks added: the poison fill touches the whole cache).

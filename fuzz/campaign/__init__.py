@@ -6,9 +6,12 @@ import-linter contract "campaign's rooms" in pyproject.toml):
     workers/              the processes that run examples and how they end: the supervisor and its workers,
                           their bookkeeping, the endings, CUDA MPS, a reproducer's isolated replay
     engine                one target's Hypothesis campaign, a chunk at a time (:class:`~.engine.Campaign`)
-    chunks, reduce,       chunk arithmetic (seeds, pinned configurations, sizes), the structural shrink,
-    observability         Hypothesis observability output
+    runner                one example from Hypothesis's body to its verdict (:class:`~.runner.ExampleRunner`)
+    chunks, reduce,       chunk arithmetic (seeds, pinned configurations, sizes, a chunk's tier), the structural
+    observability,        shrink, Hypothesis observability output, the failure signatures a campaign process
+    failure_ledger        keeps (:class:`~.failure_ledger.FailureLedger`)
     config, records       what a campaign is configured with, and what it counts and reports
+    stages                where a campaign's time goes (the stage table)
     store/                what a campaign keeps on disk and reads back: the example database, the journal
                           (state, locks, atomic writes, a full disk), reproducers and cases, the findings
                           baseline, the report

@@ -7,6 +7,7 @@ from __future__ import annotations
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.configs import KernelConfig, config_for
+from kvfuzz.strategies.tiers import tier_of_chunk
 
 #: Chunk k of a campaign with seed s explores Hypothesis seed ``s * CHUNK_SEED_STRIDE + k``.
 CHUNK_SEED_STRIDE = 100_003
@@ -71,6 +72,13 @@ def chunk_config(target: Target, config: CampaignConfig, chunk: int) -> KernelCo
                       free=target.runtime_fields)
 
 
+def chunk_tier(tiers: tuple[str, ...], chunk: int) -> str:
+    """The size tier chunk ``chunk`` of a campaign of ``tiers`` draws from (a warm-up chunk ``-1 - i`` as chunk
+    ``i``): the one place the engine and the supervisor choose it, today the fixed rotation
+    :func:`~kvfuzz.strategies.tiers.tier_of_chunk`."""
+    return tier_of_chunk(tiers, chunk)
+
+
 def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int = 1,
                per_chunk: int = CHUNK_EXAMPLES) -> int:
     """Examples in the next chunk: at most ``per_chunk`` (:func:`examples_per_chunk`) and what is left of the
@@ -120,5 +128,5 @@ def record_tier_time(times: dict[str, list[float]], tier: str, examples: int, se
 
 
 __all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "TIER_PROBE_EXAMPLES", "WARMUP_EXAMPLES",
-           "campaign_tiers", "chunk_config", "chunk_size", "examples_per_chunk", "pins_configs", "record_tier_time",
-           "tier_chunk_size"]
+           "campaign_tiers", "chunk_config", "chunk_size", "chunk_tier", "examples_per_chunk", "pins_configs",
+           "record_tier_time", "tier_chunk_size"]

@@ -13,6 +13,7 @@ import attrs
 
 from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.campaign.stages import StageTable
 from kvfuzz.fuzz.harness.coverage import Coverage
 
 
@@ -24,7 +25,8 @@ class Outcome:
     kernel and outside it. ratio: how close a passing kernel came to the tolerance bound. signature: the
     finding's (kind, check) when the example failed. rejection: ``--undeclared``: the error a kernel rejected
     an undeclared configuration with. skipped: why the example was not checked (``SKIPPED_FOR_MEMORY``): it is
-    counted apart, not as an example."""
+    counted apart, not as an example. stages: its seconds per stage (:data:`kvfuzz.fuzz.campaign.stages.STAGES`),
+    adding up to its time in the worker, its draw included."""
 
     labels: dict[str, str]
     kernel_s: float = 0.0
@@ -36,11 +38,12 @@ class Outcome:
     #: KV tokens the example's kernel call attended over: its cached context plus its new tokens
     #: (``sum(ctx_lens) + sum(query_lens)``), for KV tokens checked per second.
     kv_tokens: int = 0
+    stages: dict = attrs.field(factory=dict)
 
 
 #: :attr:`Outcome.skipped` of an example that ran out of device memory in kvfuzz's own phases (prepare, check)
 #: even holding the campaign's device-memory lock, after the retries, or in the kernel call while the GPU stayed
-#: full (kvfuzz.fuzz.harness.memory.device_full) (kvfuzz.fuzz.campaign.engine): it could not be fit, so it is
+#: full (kvfuzz.fuzz.harness.memory.device_full) (kvfuzz.fuzz.campaign.runner): it could not be fit, so it is
 #: neither a finding nor a harness error; the campaign counts it and exits 3.
 SKIPPED_FOR_MEMORY = "out of device memory in kvfuzz's own phases, or in the kernel call on a full GPU"
 
@@ -117,16 +120,33 @@ class TargetStats:
     skipped_memory: int = 0
     #: KV tokens of the examples checked (:attr:`Outcome.kv_tokens`).
     kv_tokens: int = 0
+    #: Seconds per stage and examples, per size tier (:class:`~kvfuzz.fuzz.campaign.stages.StageTable`): every
+    #: example's :attr:`Outcome.stages` and the time its workers spent on it outside examples (:meth:`add_spent`).
+    stages: StageTable = attrs.Factory(StageTable)
+    #: Kernel runs that replayed the example database or shrank a failure: not examples (``--max-examples`` bounds
+    #: the examples drawn), so counted apart; their time is in kernel_seconds, harness_seconds and the stages.
+    shrink_runs: int = 0
 
     @property
     def examples_per_second(self) -> float:
         return self.examples / self.elapsed if self.elapsed else 0.0
 
-    def add(self, outcome: Outcome, elapsed: float) -> None:
-        """Count one example, ``elapsed`` seconds after the target's start."""
+    def add(self, outcome: Outcome, elapsed: float, shrink: bool = False) -> None:
+        """Count one example, ``elapsed`` seconds after the target's start; ``shrink``: a run that replayed the
+        database or shrank a failure, counted in :attr:`shrink_runs` and its time only."""
+        self.stages.add(outcome.labels.get("tier", "small"), outcome.stages,
+                        examples=int(outcome.skipped is None and not shrink))
         if outcome.skipped is not None:  # not checked: counted apart
             self.skipped_memory += 1
             self.elapsed = max(self.elapsed, elapsed)
+            return
+        if shrink:
+            self.shrink_runs += 1
+            self.elapsed = max(self.elapsed, elapsed)
+            self.kernel_seconds += outcome.kernel_s
+            self.harness_seconds += outcome.harness_s
+            if outcome.signature is not None and self.first_failure_s is None:  # a database replay's failure
+                self.first_failure_s, self.first_failure_examples = round(elapsed, 3), self.examples
             return
         self.examples += 1
         self.kv_tokens += outcome.kv_tokens
@@ -146,6 +166,10 @@ class TargetStats:
             known = self.failures.get(tuple(outcome.signature))
             if known is not None:
                 known.count += 1
+
+    def add_spent(self, tier: str, seconds: dict[str, float]) -> None:
+        """Add a worker's seconds on this target outside its examples (``{stage: seconds}``, of size tier ``tier``)."""
+        self.stages.add(tier, seconds)
 
     def add_failure(self, record: FailureRecord) -> bool:
         """Keep a new distinct failure; returns False when its signature is already known (then its count
@@ -167,6 +191,7 @@ class TargetStats:
             "harness_s": round(self.harness_seconds, 3),
             "tiers": {t: {"examples": n, "kernel_s": round(k, 3), "harness_s": round(h, 3)}
                       for t, (n, k, h) in self.tier_seconds.items()},
+            "stages": self.stages.to_dict(),
             "paths": dict(self.paths),
             "coverage": self.coverage.to_dict(),
             "rejections": dict(self.rejections.most_common(20)),
@@ -175,6 +200,7 @@ class TargetStats:
             "first_failure_examples": self.first_failure_examples,
             "lost": self.lost,
             "skipped_for_memory": self.skipped_memory,
+            "shrink_runs": self.shrink_runs,
             "stopped": self.stopped,
             "failures": [f.to_dict() for f in self.failures.values()],
         }
@@ -184,7 +210,9 @@ class Listener(Protocol):
     """Told about every example of a :class:`~kvfuzz.fuzz.campaign.engine.Campaign` as it happens: ``begin``
     (the example, before anything runs), ``phase`` ("kernel" right before the kernel call, "check" after it),
     ``end`` (an :class:`Outcome`, what it adds to the counts), ``failure`` (a new distinct failure, a
-    :class:`FailureRecord`) and ``seen`` (the same, before it is shrunk)."""
+    :class:`FailureRecord`) and ``seen`` (the same, before it is shrunk); and ``spent``: seconds of the campaign's
+    time outside its examples, per stage (``{stage: seconds}`` of one size tier: Hypothesis's engine, shrinking,
+    recording; :mod:`kvfuzz.fuzz.campaign.stages`)."""
 
     def begin(self, target: str, example: Example) -> None: ...
 
@@ -196,6 +224,8 @@ class Listener(Protocol):
 
     def seen(self, record: FailureRecord) -> None:
         """A new distinct failure, unshrunk (its reproducer already written): the worker may die shrinking it."""
+
+    def spent(self, target: str, tier: str, seconds: dict[str, float]) -> None: ...
 
 
 class Quiet:
@@ -214,6 +244,9 @@ class Quiet:
         pass
 
     def seen(self, record) -> None:
+        pass
+
+    def spent(self, target, tier, seconds) -> None:
         pass
 
 

@@ -2,7 +2,7 @@
 
 ``kvfuzz baseline add DIR`` turns a reproducer directory into a ``[[known]]`` entry of the baseline file. Exit 0
 when the entry was written, 2 when the reproducer or the baseline cannot be used, or the entry cannot be written
-(the message names the file, the field and the fix).
+(the message names the file, the field and the fix), 3 when the disk is full (the file is kept whole).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def add(directory, baseline_file, entry_id, reason, reference, slots, tail_token
     """Append an entry for the reproducer in DIRECTORY (its case.json: target, kind, check, poison, error, invalid
     accesses) to the baseline. Only non-finite output, kernel mismatch and memory safety reproducers can be
     accepted (a memory safety entry takes the source lines and kernels of the reproducer's invalid accesses)."""
-    from kvfuzz.fuzz.campaign.store.baseline import BaselineError, append_entry, entry_from_case
+    from kvfuzz.fuzz.campaign.store.baseline import BaselineError
+    from kvfuzz.fuzz.campaign.store.baseline_add import append_entry, entry_from_case
     from kvfuzz.fuzz.campaign.store.cases import BadReproducer, load_case
 
     try:
@@ -56,10 +57,12 @@ def add(directory, baseline_file, entry_id, reason, reference, slots, tail_token
     except (BadReproducer, BaselineError) as e:
         console.print(f"[red]cannot add[/]: {escape(str(e))}")
         sys.exit(2)
-    except OSError as e:
-        console.print(f"[red]cannot add[/]: writing {escape(baseline_file)} failed ({escape(str(e))}); name a "
-                      "writable file")
-        sys.exit(2)
+    except OSError as e:  # the old file is kept whole (append_entry writes atomically)
+        from kvfuzz.fuzz.campaign.store.journal import disk_full
+
+        console.print(f"[red]cannot add[/]: writing {escape(baseline_file)} failed ({escape(e.strerror or str(e))}); "
+                      + ("free some space" if disk_full(e) else "name a writable file"))
+        sys.exit(3 if disk_full(e) else 2)
     console.print(f"added {escape(entry.id)} to {escape(baseline_file)}:\n{escape(entry.to_toml())}")
 
 

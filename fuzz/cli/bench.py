@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from kvfuzz.fuzz.cli.common import (
@@ -18,10 +19,20 @@ from kvfuzz.fuzz.cli.common import (
     console,
     duration_option,
     parse_duration,
+    unique,
     writable_dir_option,
     writable_file_option,
+    write_output,
 )
 from kvfuzz.strategies.limits import Limits
+
+
+def output_file(flag: str = "--json", what: str = "Write the JSON here."):
+    """The option of a file a benchmark writes (``--json``, ``--markdown``, ``--plot``): its folder created or
+    refused before the benchmark runs (:func:`~kvfuzz.fuzz.cli.common.writable_file_option`, exit 2); the value
+    goes to the parameter ``<name>_path`` (``json_path``, ``markdown_path``, ``plot_path``)."""
+    return click.option(flag, f"{flag.lstrip('-')}_path", default=None, type=click.Path(dir_okay=False),
+                        callback=writable_file_option, help=what)
 
 
 def _worker_counts(ctx, param, values):
@@ -85,13 +96,11 @@ def print_table(doc: dict) -> None:
 @click.option("--no-grid", is_flag=True, help="Skip the vLLM test-grid baseline.")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="Processes (each with one torch thread) running (mutant, seed) pairs.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
-              help="Write the JSON here.")
-@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
-              help="Write the results table as Markdown here.")
+@output_file()
+@output_file("--markdown", "Write the results table as Markdown here.")
 @click.option("--configs", type=click.Choice(["auto", "pinned", "free"]), default="auto", show_default=True,
               help="As kvfuzz fuzz --configs: chunks pinned to one kernel configuration (auto: on CUDA).")
-def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, md_path, configs) -> None:
+def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, markdown_path, configs) -> None:
     """How fast kvfuzz finds each mutant kernel, next to vLLM's parametrized test grids."""
     from kvfuzz.fuzz.bench.detection import detect as run_detect
     from kvfuzz.fuzz.bench.mutants import MUTANTS
@@ -108,9 +117,9 @@ def detect(mutants, seeds, max_examples, duration, no_grid, jobs, json_path, md_
     print_table(doc)
     if json_path:
         _save_json(json_path, doc)
-    if md_path:
-        Path(md_path).write_text(markdown_table(doc))
-        console.print(f"Markdown: {md_path}")
+    if markdown_path:
+        write_output(markdown_path, markdown_table(doc), "--markdown")
+        console.print(f"Markdown: {markdown_path}")
 
 
 def markdown_table(doc: dict) -> str:
@@ -144,8 +153,7 @@ def markdown_table(doc: dict) -> str:
 @click.option("--examples", "n", default=30, show_default=True, type=click.IntRange(min=1),
               help="Generated examples per target for the stage profile.")
 @click.option("--no-scaling", is_flag=True, help="Skip the sweeps over total tokens and num_blocks.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
-              help="Write the JSON here.")
+@output_file()
 def throughput(target_names, n, no_scaling, json_path) -> None:
     """Examples/s per target, split into generation, materialization, caller checks, kernel, reference and
     output checks; harness overhead; materialization GB/s; time per example vs tokens and num_blocks."""
@@ -195,10 +203,8 @@ def throughput(target_names, n, no_scaling, json_path) -> None:
               help="Seconds between samples of status.json and the Triton cache.")
 @click.option("--dir", "root", default=None, type=click.Path(file_okay=False), callback=writable_dir_option,
               help="Keep each campaign's --out and Triton cache here (default: a temporary directory).")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
-              help="Write the JSON here.")
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
-              help="Write a PNG plot here.")
+@output_file()
+@output_file("--plot", "Write a PNG plot here.")
 @click.option("--mode", "modes", multiple=True, type=click.Choice(["warm", "warm-capped"]),
               help="Runs after the cold one (repeatable; default: warm). warm: the cache the cold run left; "
                    "warm-capped: the same, capped at the cold run's example count, so it stays within the "
@@ -215,7 +221,7 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
 
     if cold_only and modes:
         raise click.UsageError("--cold-only runs no --mode: give one or the other")
-    names = list(target_names) or [n for n in BUILTIN if get_target(n).device == "cuda"
+    names = list(unique(target_names, "--target")) or [n for n in BUILTIN if get_target(n).device == "cuda"
                                    and get_target(n).capabilities.contract.is_attention]
     for name in target_names:
         try:
@@ -225,7 +231,8 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
     if not names:
         raise click.UsageError("no compiled target is available here (the curve measures GPU campaigns); name "
                                "targets with --target to run it anyway")
-    counts = [None if w == "default" else int(w) for w in worker_counts]  # checked by _worker_counts
+    counts = [None if w == "default" else int(w) for w in unique(worker_counts, "--workers")]  # _worker_counts
+    modes = unique(modes, "--mode")
 
     def show(r: dict) -> None:
         pm = " ".join(f"{p['examples_per_s']:g}" for p in r["per_minute"])
@@ -243,16 +250,19 @@ def curve(target_names, duration, worker_counts, seed, interval, root, json_path
     if json_path:
         console.print(f"JSON: {json_path}")
     if plot_path:
-        console.print(f"plot: {plot(doc, Path(plot_path))}")
+        from kvfuzz.fuzz.campaign.store.journal import disk_full
+
+        try:
+            console.print(f"plot: {plot(doc, Path(plot_path))}")
+        except OSError as e:  # the JSON (written after every run) holds what the plot would show
+            console.print(f"[red]cannot write[/] --plot {escape(plot_path)}: {escape(e.strerror or str(e))}")
+            sys.exit(3 if disk_full(e) else 2)
 
 
 def _save_json(json_path: str, doc: dict, quiet: bool = False) -> None:
     """Write a benchmark's JSON document to ``json_path`` atomically (kvfuzz.fuzz.campaign.store.journal.write_json;
     the folder created), and say where unless ``quiet``."""
-    from kvfuzz.fuzz.campaign.store.journal import write_json
-
-    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-    write_json(Path(json_path), doc)
+    write_output(json_path, doc, "--json")
     if not quiet:
         console.print(f"JSON: {json_path}")
 
@@ -262,7 +272,7 @@ def _bug_names(given: tuple[str, ...], known, unknown_says: str, prefix: str = "
     """``option``'s values as registered names (``<prefix><slug>``; a bare slug gets the prefix: ``bug.``,
     ``live.``, ``mutant.``). Raises BadParameter naming ``option`` for a name not in ``known``: "``unknown_says``
     NAMES; known: ..."."""
-    names = [b if b.startswith(prefix) else f"{prefix}{b}" for b in given]
+    names = list(unique([b if b.startswith(prefix) else f"{prefix}{b}" for b in given], option))
     unknown = [b for b in names if b not in known]
     if unknown:
         raise click.BadParameter(f"{unknown_says} {', '.join(unknown)}; known: {', '.join(sorted(known))}",
@@ -292,8 +302,7 @@ def _check_patches(names) -> None:
               help="Campaign time budget per bug and seed.")
 @click.option("--max-examples", default=100_000, show_default=True, type=click.IntRange(min=1),
               help="Campaign example budget per bug and seed.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
-              help="Write the JSON here.")
+@output_file()
 @click.option("--live", is_flag=True,
               help="The live upstream bugs instead (open in the pinned versions; kvfuzz.fuzz.bench.bugs.live): a "
                    "plain campaign of each one's unpatched target; --bug takes live.<slug> or <slug>.")
@@ -383,8 +392,7 @@ def _live_bugs(bugs, seeds, duration, max_examples, json_path) -> None:
               help="pytest-xdist workers per run (0: none).")
 @click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds each pytest run may take.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), callback=writable_file_option,
-              help="Write the JSON here.")
+@output_file()
 def upstream(tree, bugs, workers, timeout, json_path) -> None:
     """The anchor column of `kvfuzz bench bugs`: each bug's upstream test file (its kernel's own tests, from the
     pinned release) run plainly and with the bug re-injected (the pytest plugin kvfuzz.fuzz.bench.bugs.upstream

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvfuzz.contracts.model.poison import Poison
-from kvfuzz.fuzz.cli.common import console, writable_file_option
+from kvfuzz.fuzz.cli.common import console, unique, writable_file_option, write_output
 
 
 def _cell(r) -> str:
@@ -61,6 +61,8 @@ def relations(target_names, relation_names, max_examples, seed, poison_names, sh
     from kvfuzz.fuzz.harness.relations import RELATIONS
     from kvfuzz.fuzz.targets import BUILTIN, get_target
 
+    relation_names = unique(relation_names, "--relation")
+    target_names = unique(target_names, "--target")
     unknown = [r for r in relation_names if r not in RELATIONS]
     if unknown:
         raise click.BadParameter(f"unknown relation(s) {unknown}; relations: {', '.join(RELATIONS)}",
@@ -77,10 +79,13 @@ def relations(target_names, relation_names, max_examples, seed, poison_names, sh
                 continue
             if not t.capabilities.contract.is_attention and not target_names:
                 continue
+            if any(x.name == t.name for x in targets):
+                raise click.BadParameter(f"{name} loads target {t.name!r}, named already; name it once",
+                                         param_hint="--target")
             targets.append(t)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--target") from None
-    poisons = tuple(Poison(p) for p in poison_names) or (Poison.STALE,)
+    poisons = tuple(Poison(p) for p in unique(poison_names, "--poison")) or (Poison.STALE,)
     results = []
     for t in targets:
         for r in rels:
@@ -107,8 +112,7 @@ def relations(target_names, relation_names, max_examples, seed, poison_names, sh
                               highlight=False)
             console.print(f"  {escape(x.message)}", highlight=False)
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps([x.to_dict() for x in results], indent=2))
+        write_output(json_path, json.dumps([x.to_dict() for x in results], indent=2), "--json")
     failed = [x for x in results if x.outcome == "error" or
               (x.outcome == "violated" and not (no_design and x.design_property))]
     sys.exit(1 if failed else 0)

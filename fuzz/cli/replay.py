@@ -27,6 +27,9 @@ def replay(directory: str, target_spec: str | None, trust_target: bool, timeout:
     0 once it passes (for a configuration outside the target's declaration: rejected with an error, or computed
     right), 2 when the directory or its target cannot be used (the message says which file and field), 3 when
     the target cannot run on this machine (e.g. a CUDA-only kernel on a CPU machine: nothing was replayed)."""
+    if target_spec is not None and trust_target:
+        raise click.UsageError("--target names the adapter to replay with and --trust-target takes the case's own: "
+                               "give one of them")
     from kvfuzz.contracts.checks.oracles import check_label
     from kvfuzz.fuzz.campaign.store.cases import BadReproducer
     from kvfuzz.fuzz.campaign.workers.replay import TargetUnavailable

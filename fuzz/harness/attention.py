@@ -130,8 +130,8 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     else:
         poison_output(run.call.output)
         states = [(hooks, hooks.before(batch, run.call)) for hooks in active_hooks(batch)]
-        run.output, crash = run_kernel(target, run.call, on_phase)
-    t.kernel = time.perf_counter() - s
+        t.materialize += time.perf_counter() - s  # the call made ready: the output's poison, the states' snapshots
+        run.output, crash = run_kernel(target, run.call, on_phase, timings=t)
 
     s = time.perf_counter()
     # on the reference device (a large batch of a CUDA target on its GPU, asynchronously until the checks);
@@ -174,7 +174,7 @@ def _output_failures(batch: Batch, run: Run, reference: torch.Tensor, envelope: 
     rows pass (:func:`~kvfuzz.contracts.checks.oracles.check_output`), plus the states' own."""
     if run.output is None:
         return None, None, None
-    real = run.output[:batch.num_tokens] if batch.num_pad_seqs else run.output  # pad rows: their state's
+    real = run.output[:batch.num_tokens]  # rows past the real tokens are a state's (pads), its hooks check them
     finite_fail, agree_fail, run.ratio = check_output(batch, real, reference,
                                                       partial(_same_precision_on_cpu, batch, run.data), envelope)
     state_fail = None

@@ -35,10 +35,10 @@ from kvfuzz.contracts.checks.failures import CallerContractViolation
 from kvfuzz.contracts.checks.invariants import check_contract
 from kvfuzz.contracts.checks.violations import Check, Violation, violation
 from kvfuzz.contracts.model.csr import indptr, page_lists
-from kvfuzz.contracts.model.padding import padding
 from kvfuzz.fuzz.guard.signatures import signature_of
 from kvfuzz.fuzz.harness.faults import page_list_names
 from kvfuzz.fuzz.harness.run import Run
+from kvfuzz.fuzz.harness.states import active_hooks
 from kvfuzz.fuzz.harness.states import call_check_args as state_check_args
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.fuzz.targets.registry import BUILTIN
@@ -102,14 +102,14 @@ def metadata_violations(target: Target, run: Run) -> list[Violation]:
         return _page_list_metadata(sig.name, run) if page_list_names(run.call.kwargs) else []
     call = sig.build_call(run.call.kwargs)
     batch = run.example.batch
-    pad = padding(batch, target.capabilities.cuda_graph_padding) if batch.num_pad_seqs else None
-    pads = () if pad is None else (pad.pad_seq_len,) * pad.num_pads  # CUDA-graph pads, as the engine pads
+    # rows a state appends after the real sequences (CUDA-graph pads), as the engine builds them
+    pads, qsl = next(filter(None, (h.call_rows(target, batch) for h in active_hooks(batch))),
+                     ((), batch.query_start_loc))
     lengths = (Check.SEQ_LENS, call.seq_lens, batch.seq_lens + pads, "sequence lengths")
     if call.csr is not None:  # CSR: kv_indptr lists what the contract says the kernel reads
         listed = target.capabilities.contract.cached_lens(batch)
         lengths = (Check.KV_INDPTR, call.csr.kv_indptr, tuple(indptr(tuple(listed) + pads).tolist()),
                    "positions the kernel reads (" + ("ctx_lens" if listed == batch.ctx_lens else "seq_lens") + ")")
-    qsl = batch.query_start_loc if pad is None else pad.query_start_loc(target.capabilities.decode_only)
     out = _mismatch(Check.QUERY_START_LOC, call.query_start_loc, qsl, "query tokens", sig.name)
     return out + _mismatch(*lengths, sig.name)
 

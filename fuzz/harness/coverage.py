@@ -103,11 +103,6 @@ class Coverage:
     def to_dict(self) -> dict[str, dict[str, int]]:
         return {k: dict(v.most_common()) for k, v in self.counts.items()}
 
-    def rarity(self, lab: dict[str, str]) -> float:
-        """Higher for examples whose path and ROCm routing were seen less: the Hypothesis target() score."""
-        keys = [k for k in lab if k == "path" or k.startswith("rocm")]
-        return sum(1.0 / (1 + self.counts[k][lab[k]]) for k in keys)
-
 
 #: Coverage dimensions that correspond to a declared set of values, and the Capabilities field declaring it.
 DECLARED_DIMENSIONS = {"dtype": "dtypes", "kv_cache_dtype": "kv_cache_dtypes", "head_size": "head_sizes",

@@ -249,9 +249,6 @@ class CallerFault:
             return
         self.mutate_call(batch, data, cache, call)
 
-    def supports(self, kwargs: dict) -> bool:
-        return self.needs_kwarg is None or self.needs_kwarg in kwargs
-
 
 FAULTS: dict[str, CallerFault] = {
     f.name: f

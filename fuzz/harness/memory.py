@@ -19,6 +19,7 @@ import gc
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -91,7 +92,7 @@ def device_memory_lock(directory: Path) -> Iterator[None]:
         yield
 
 
-#: Set while a campaign (kvfuzz.fuzz.campaign.engine) runs an example without the device-memory lock, which it
+#: Set while a campaign (kvfuzz.fuzz.campaign.runner) runs an example without the device-memory lock, which it
 #: re-runs holding the lock if the device runs out of memory: a kernel's ``torch.OutOfMemoryError`` then goes to
 #: the campaign instead of becoming a finding (kvfuzz.fuzz.harness.run.run_kernel); alone on the device (the
 #: lock held, this clear) it is the kernel's finding. Clear everywhere else (a replay, a user's own check).
@@ -137,6 +138,177 @@ def device_full() -> bool:
     return free < DEVICE_FULL_FREE_SHARE * total
 
 
-__all__ = ["BIG_EXAMPLE_BYTES", "DEVICE_FULL_FREE_SHARE", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes",
+#: The release-request file of each GPU (:func:`device_label`), in the campaign's ``--out``: its size is the number
+#: of requests made so far (:class:`Releases`).
+RELEASE_NAME = "device-memory-gpu-{}.release"
+#: Each worker's answer to the requests of its GPU: ``device-memory-gpu-<gpu>.ack-<pid>`` holds "<requests seen>
+#: <holding>" (holding 0: it keeps no cached device memory now, as between tasks).
+ACK_NAME = "device-memory-gpu-{}.ack-{}"
+#: Seconds a worker that asked for memory waits for every other live worker of its GPU to answer (one finishing a
+#: long example answers after it); past it, it goes on with what was given back.
+RELEASE_WAIT_SECONDS = float(os.environ.get("KVFUZZ_RELEASE_WAIT", "20"))
+#: Share of its GPU's memory the workers on it may keep cached between examples, all together
+#: (:meth:`Releases.trim`): each keeps at most ``WORKER_CACHE_SHARE * total / workers``.
+WORKER_CACHE_SHARE = 0.5
+
+
+class Releases:
+    """The cached device memory of a campaign's workers sharing one GPU, given back on request.
+
+    PyTorch's caching allocator keeps what a worker's largest example used reserved for that worker, freed or
+    not; with 14 workers on one GPU, memory that nobody is using fills the device and an example that needs
+    room finds none, although the GPU is idle (issue 49). So a worker that needs room (before it takes the
+    device-memory lock, and before it runs again an example that ran out of memory) :meth:`request` s it:
+    every other worker of the GPU gives its cached memory back at its next :meth:`poll` (between examples, and
+    when it waits for a task or the lock) and says so; the requester waits for their answers (at most
+    :data:`RELEASE_WAIT_SECONDS`). And between examples each worker keeps at most its share of the GPU cached
+    (:meth:`trim`).
+
+    ``directory``: the campaign's ``--out`` (None: no other worker to ask; only this process's memory is given
+    back). ``release``: what giving back means for this process (default :func:`release_device_memory`; a
+    target whose kernel library pools memory of its own adds its own). ``workers``: the campaign's workers on
+    this GPU (the supervisor's ``KVFUZZ_GPU_WORKERS``). The files: :data:`RELEASE_NAME`, :data:`ACK_NAME`
+    (each worker removes its own when it ends; a dead worker's is ignored)."""
+
+    def __init__(self, directory: Path | None, release=None, workers: int | None = None, env=None) -> None:
+        env = os.environ if env is None else env
+        self.directory = None if directory is None else Path(directory)
+        self.release = release or release_device_memory
+        self.workers = max(1, workers or int(env.get("KVFUZZ_GPU_WORKERS") or 1))
+        self.label = device_label(env)
+        self.seen = self._requests()
+        self._holding = True
+        self._cap: int | None = None
+
+    def _path(self, name: str) -> Path | None:
+        return None if self.directory is None else self.directory / name
+
+    def _requests(self) -> int:
+        path = self._path(RELEASE_NAME.format(self.label))
+        try:
+            return 0 if path is None else path.stat().st_size
+        except OSError:
+            return 0
+
+    def _answer(self, holding: bool) -> None:
+        path = self._path(ACK_NAME.format(self.label, os.getpid()))
+        if path is None:
+            return
+        self._holding = holding
+        try:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(f"{self.seen} {int(holding)}")
+            os.replace(tmp, path)
+        except OSError:
+            pass  # no --out yet, or a full disk: nobody waits on this worker for long (RELEASE_WAIT_SECONDS)
+
+    def poll(self) -> bool:
+        """Between examples: give this process's cached memory back if another worker asked since the last poll,
+        and answer; returns whether it gave memory back."""
+        requests = self._requests()
+        if requests == self.seen:
+            if not self._holding:
+                self._answer(True)  # it runs examples again
+            return False
+        self.seen = requests
+        self.release()
+        self._answer(True)
+        return True
+
+    def idle(self) -> None:
+        """Waiting (for a task, for the lock): give everything cached back and say so, so that no request waits
+        on this worker while it runs nothing."""
+        self.seen = self._requests()
+        self.release()
+        self._answer(False)
+
+    def request(self, wait: bool = True) -> int:
+        """Ask every other worker of this GPU to give its cached memory back, give this process's back, and (with
+        ``wait``) wait until each live one has answered or holds nothing, for at most
+        :data:`RELEASE_WAIT_SECONDS`; returns how many did not answer in time."""
+        self.release()
+        path = self._path(RELEASE_NAME.format(self.label))
+        if path is None:
+            return 0
+        try:
+            with open(path, "ab") as f:  # one byte a request: the file's size counts them
+                f.write(b".")
+        except OSError:
+            return 0
+        wanted = self.seen = self._requests()
+        self._answer(True)
+        deadline = time.monotonic() + (RELEASE_WAIT_SECONDS if wait else 0.0)
+        while True:
+            late = self._late(wanted)
+            if not late or time.monotonic() >= deadline:
+                return len(late)
+            time.sleep(0.02)
+
+    def _late(self, wanted: int) -> list[Path]:
+        """The answer files of other live workers of this GPU that saw fewer than ``wanted`` requests while
+        holding memory."""
+        late = []
+        for path in self.directory.glob(ACK_NAME.format(self.label, "*")):
+            pid = path.name.rsplit("-", 1)[-1]
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            if not _alive(int(pid)):  # a worker killed before it could remove its answer
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            try:
+                seen, holding = (int(x) for x in path.read_text().split())
+            except (OSError, ValueError):
+                continue  # being replaced, or a partial file of a worker that died writing it
+            if holding and seen < wanted:
+                late.append(path)
+        return late
+
+    def trim(self) -> bool:
+        """Between examples: give this process's cached device memory back when it keeps more than its share
+        (:data:`WORKER_CACHE_SHARE` of the GPU over its workers) unused; returns whether it did. Nothing off
+        CUDA."""
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return False
+        if self._cap is None:
+            self._cap = int(WORKER_CACHE_SHARE * torch.cuda.get_device_properties(0).total_memory / self.workers)
+        if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() <= self._cap:
+            return False
+        self.release()
+        return True
+
+    def close(self) -> None:
+        """Remove this worker's answer file (it holds nothing once it ends)."""
+        path = self._path(ACK_NAME.format(self.label, os.getpid()))
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def footprint(batch: Batch) -> dict[str, int]:
+    """What an example of ``batch`` holds on the device, in bytes, for the skipped-for-memory diagnosis: its caches
+    (:func:`cache_bytes`) and this process's allocator (``reserved``, ``allocated``) and device (``free``,
+    ``total``) when CUDA is in use."""
+    out = {"cache_bytes": cache_bytes(batch)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        with contextlib.suppress(RuntimeError):
+            free, total = torch.cuda.mem_get_info()
+            out |= {"reserved": torch.cuda.memory_reserved(), "allocated": torch.cuda.memory_allocated(),
+                    "free": free, "total": total}
+    return out
+
+
+__all__ = ["ACK_NAME", "RELEASE_NAME", "RELEASE_WAIT_SECONDS", "WORKER_CACHE_SHARE", "Releases", "footprint",
+           "BIG_EXAMPLE_BYTES", "DEVICE_FULL_FREE_SHARE", "LOCK_NAME", "RETRIES_OUT_OF_MEMORY", "cache_bytes",
            "device_full", "device_label", "device_memory_lock", "file_lock", "is_big", "is_out_of_memory", "lock_path",
            "release_device_memory"]

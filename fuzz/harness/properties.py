@@ -32,12 +32,21 @@ def is_writer(target: Target) -> bool:
     return target.capabilities.contract is Contract.WRITER
 
 
+def property_of(target: Target) -> tuple[Callable[..., Run], Callable[..., Run]]:
+    """``target``'s property as ``(prepare, check)``, chosen by its contract: the writer property's
+    (:func:`~kvfuzz.fuzz.harness.writer.prepare_writer`, :func:`~kvfuzz.fuzz.harness.writer.check_writer_example`)
+    for :attr:`~kvfuzz.contracts.model.contract.Contract.WRITER`, else the attention property's
+    (:func:`~kvfuzz.fuzz.harness.attention.prepare`, :func:`~kvfuzz.fuzz.harness.attention.check_example`). Both
+    take the arguments :func:`prepare` and :func:`check` take, by keyword; a campaign chooses once per target."""
+    if is_writer(target):
+        return writer.prepare_writer, writer.check_writer_example
+    return attention.prepare, attention.check_example
+
+
 def prepare(target: Target, example: Example, fault: CallerFault | None = None) -> Run:
     """Generate the example's data, materialize the cache its (possibly faulty) caller holds and build the
     call, by the target's contract. Raises LayoutError when the target's layout cannot hold the batch."""
-    if is_writer(target):
-        return writer.prepare_writer(target, example, fault)
-    return attention.prepare(target, example, fault)
+    return property_of(target)[0](target, example, fault)
 
 
 def check(target: Target, example: Example, fault: CallerFault | None = None, run: Run | None = None,
@@ -47,9 +56,7 @@ def check(target: Target, example: Example, fault: CallerFault | None = None, ru
     the kernel read or write outside its tensors (isolated worker processes only). ``on_phase``: told "kernel"
     and "check" around the kernel call (a campaign's journal)."""
     __tracebackhide__ = hide_frame_for_finding  # a user's test shows its own frame and the Finding, not ours
-    if is_writer(target):
-        return writer.check_writer_example(target, example, fault, run=run, on_phase=on_phase, run_unsafe=run_unsafe)
-    return attention.check_example(target, example, fault, run=run, run_unsafe=run_unsafe, on_phase=on_phase)
+    return property_of(target)[1](target, example, fault, run=run, run_unsafe=run_unsafe, on_phase=on_phase)
 
 
 def rejection_text(message: str) -> str:
@@ -127,4 +134,4 @@ def check_example(target: Target, example: Example, *, fault: CallerFault | None
     return check(target, example, fault)
 
 
-__all__ = ["check", "check_example", "check_undeclared", "is_writer", "prepare", "rejection_text"]
+__all__ = ["check", "check_example", "check_undeclared", "is_writer", "prepare", "property_of", "rejection_text"]

@@ -43,6 +43,7 @@ from kvfuzz.contracts.model.data import BatchData, make_batch_data
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.harness.run import error_name, run_kernel
+from kvfuzz.fuzz.harness.states import active_hooks
 from kvfuzz.fuzz.targets.base import Target
 
 
@@ -176,8 +177,8 @@ class Relation:
         apply."""
         if not self.applies(target, example.batch):
             raise ValueError(f"relation {self.name} does not apply to {target.name} on {example.batch.summary()}")
-        if example.batch.num_pad_seqs:  # the relations compare real rows of unpadded calls; pads: the property's
-            example = attrs.evolve(example, batch=attrs.evolve(example.batch, num_pad_seqs=0))
+        for hooks in active_hooks(example.batch):  # a state the relations leave to the property (the pads)
+            example = attrs.evolve(example, batch=hooks.for_relations(example.batch))
         self._check(target, example)
 
 

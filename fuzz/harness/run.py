@@ -18,13 +18,16 @@ from kvfuzz.contracts.model.data import BatchData, make_batch_data
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.harness import memory
 from kvfuzz.fuzz.harness.isolation import STOP, exit_if_device_unusable
+from kvfuzz.fuzz.harness.kernel_clock import KernelClock
 from kvfuzz.fuzz.harness.memory import RETRIES_OUT_OF_MEMORY
 from kvfuzz.fuzz.targets.base import KernelCall, Target
 
 
 @attrs.define
 class Timings:
-    """Seconds spent per stage of one example."""
+    """Seconds spent per stage of one example. ``kernel`` is the kernel call's own time; ``compile`` (JIT compiles
+    and kernel loads during the call) and ``queued`` (the call waiting on the device for work queued before it)
+    are apart (:class:`~kvfuzz.fuzz.harness.kernel_clock.KernelClock`)."""
 
     generate: float = 0.0
     materialize: float = 0.0
@@ -32,6 +35,8 @@ class Timings:
     kernel: float = 0.0
     reference: float = 0.0
     check_output: float = 0.0
+    compile: float = 0.0
+    queued: float = 0.0
 
 
 @attrs.define
@@ -119,8 +124,8 @@ def generate(example: Example, device: str | torch.device = "cpu") -> tuple[Batc
 PHASES = ("prepare", "kernel", "check")
 
 
-def run_kernel(target: Target, call: KernelCall,
-               on_phase: Callable[[str], None] | None = None) -> tuple[torch.Tensor | None, str | None]:
+def run_kernel(target: Target, call: KernelCall, on_phase: Callable[[str], None] | None = None,
+               timings: Timings | None = None) -> tuple[torch.Tensor | None, str | None]:
     """Run the kernel (synchronizing CUDA so its errors surface here); returns ``(output, None)``, or
     ``(None, "<ExceptionType>: <message>\n<last frames>")`` when it raised anything: an Exception, SystemExit
     (a kernel must not end the process), MemoryError, or a KeyboardInterrupt that no stop request explains.
@@ -129,12 +134,16 @@ def run_kernel(target: Target, call: KernelCall,
     instead: other workers' memory may have filled the device, and the campaign re-runs the example holding the
     lock; alone on the device, it is the kernel's, unless the device is full all the same
     (:func:`~kvfuzz.fuzz.harness.memory.device_full`: other processes' memory), when it propagates too.
-    ``on_phase`` is told "kernel" right before the call and "check" right after it."""
+    ``on_phase`` is told "kernel" right before the call and "check" right after it. ``timings``: gets the call's
+    ``kernel``, ``compile`` and ``queued`` seconds (:class:`~kvfuzz.fuzz.harness.kernel_clock.KernelClock`)."""
     if on_phase is not None:
         on_phase("kernel")
+    clock = KernelClock(call.key_cache.is_cuda) if timings is not None else None
     try:
         out = target.run(call)
         if call.key_cache.is_cuda:
+            if clock is not None:
+                clock.ran()
             torch.cuda.synchronize()
         return out, None
     except KeyboardInterrupt as e:
@@ -144,7 +153,7 @@ def run_kernel(target: Target, call: KernelCall,
                       f"{traceback.format_exc(limit=-3)}")
     except (Exception, SystemExit) as e:  # the kernel's own error, reported as a finding
         if memory.is_out_of_memory(e) and (RETRIES_OUT_OF_MEMORY.is_set() or memory.device_full()):
-            # without the device-memory lock: the campaign re-runs it alone on the device (campaign.engine); on the
+            # without the device-memory lock: the campaign re-runs it alone on the device (campaign.runner); on the
             # last retry too while other processes keep the device full (skipped, never the kernel's finding)
             raise
         crash = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
@@ -152,6 +161,8 @@ def run_kernel(target: Target, call: KernelCall,
         exit_if_device_unusable(e, "the kernel", crash)
         return None, crash
     finally:
+        if clock is not None:
+            clock.stop(timings)
         if on_phase is not None:
             on_phase("check")
 

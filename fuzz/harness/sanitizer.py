@@ -144,9 +144,9 @@ class DeviceFull(Exception):
     """The sanitized run could not get device memory (:attr:`MemcheckReport.out_of_memory`: other processes had
     filled the GPU, e.g. several campaigns sharing it): the example was not sanitized. Not a finding: a
     campaign counts the example with the coverage label ``sanitize: skipped: device full``
-    (kvfuzz.fuzz.campaign.engine). Seen on an H200 shared by four campaigns and an upstream test suite: memcheck's
-    "Program hit cudaErrorMemoryAllocation ... on CUDA API call to cudaDeviceGetStreamPriorityRange" had been
-    reported as a memory-safety failure of vllm.flashmla_decode."""
+    (kvfuzz.fuzz.campaign.runner). memcheck reports it as an error of a CUDA API call ("Program hit
+    cudaErrorMemoryAllocation ... on CUDA API call to ..."), which is the device being full, not the kernel's
+    access."""
 
 
 def parse_memcheck(text: str) -> MemcheckReport:
@@ -216,10 +216,15 @@ def exact_batch(batch):
 def _longest_last(batch, need: int):
     """``batch`` with a sequence that needs all ``need`` columns moved to the last row (an overrun of the last row
     is past the table's allocation; of any other row, inside the next one): the sanitized run checks no output, so
-    the order is free. Unchanged when a longest sequence is last already, when the batch has CUDA-graph pads (their
-    rows come last) or CSR tails, or when the reordered batch is not valid (it is then run as it is)."""
+    the order is free. Unchanged when a longest sequence is last already, when a state appends rows after the real
+    ones (``StateHooks.appends_rows``: they come last) or the batch has CSR tails, or when the reordered batch is not
+    valid (it is then run as it is)."""
+    from kvfuzz.fuzz.harness.states import active_hooks
+
     n = batch.num_seqs
-    if n < 2 or batch.num_pad_seqs or batch.csr_tail or batch.blocks_needed(n - 1) >= need:
+    if n < 2 or batch.csr_tail or batch.blocks_needed(n - 1) >= need:
+        return batch
+    if any(h.appends_rows for h in active_hooks(batch)):
         return batch
     i = max(range(n), key=lambda j: (batch.blocks_needed(j), j))
     order = [j for j in range(n) if j != i] + [i]
@@ -285,9 +290,9 @@ def gpu_slot(directory, wait: bool = False) -> Iterator[bool]:
     opened there: yields True.
 
     Why: a sanitized child is a CUDA context of its own beside the campaign's MPS server, so while its kernel runs
-    under memcheck (10-100x slower) the GPU time-slices between them and every worker's kernel waits. With up to
-    14 children per GPU, each within its 10% time share, a default campaign of vllm.unified_attention lost 32-36%
-    of its examples/s on an H200 before any finding (benchmarks/results/sanitize-cost-h200.txt)."""
+    under memcheck (10-100x slower) the GPU time-slices between them and every worker's kernel waits: one child per
+    worker, each within its time share, still slows the whole campaign by a third (measured: docs/fuzzing.md,
+    "Memory safety")."""
     if directory is None:
         yield True
         return
@@ -348,8 +353,8 @@ class SanitizedChild:
         self._dir = self._dir or tempfile.mkdtemp(prefix="kvfuzz-sanitize-")
         # --destroy-on-device-error kernel: an invalid access ends the kernel, not the child's CUDA context, so the
         # child answers the next example too (a shrink's candidates would otherwise each start a child)
-        # --print-limit 0: memcheck's limit counts for the process's whole life (with 20, a child that had printed
-        # 20 errors printed no more, H200); --show-backtrace no keeps each access to a few lines
+        # --print-limit 0: memcheck's limit counts for the process's whole life (with a limit, a long-lived child
+        # goes silent once it has printed that many errors); --show-backtrace no keeps each access to a few lines
         cmd = [exe, "--tool", "memcheck", "--print-limit", "0", "--show-backtrace", "no",
                "--destroy-on-device-error", "kernel", sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer",
                "--target", self.spec, "--serve"]

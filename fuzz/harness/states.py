@@ -13,7 +13,13 @@ A state's hooks (:class:`StateHooks`; every one optional):
 - ``before(batch, call)``: right before the kernel runs, a snapshot of what the state's oracle compares;
 - ``after(snapshot, batch, output, call)``: the state's oracle, an
   :class:`~kvfuzz.contracts.checks.oracles.OracleFailure` or None, run once the real rows passed (a state's
-  failure is named only alone).
+  failure is named only alone);
+- ``call_rows(target, batch)``: the sequences the engine's call carries after the real ones, as their seq_lens
+  and the whole call's query_start_loc, for the caller's metadata check
+  (:func:`~kvfuzz.fuzz.harness.caller.metadata_violations`); ``appends_rows`` says a state has them (the
+  sanitizer then keeps the real rows' order: :func:`~kvfuzz.fuzz.harness.sanitizer.exact_batch`);
+- ``for_relations(batch)``: the batch the metamorphic relations run in its place (they compare the real rows of
+  two plain calls, :mod:`kvfuzz.fuzz.harness.relations`; CUDA-graph padding: without its pads).
 
 The oracles themselves are contracts/'s generic checks (``check_pad_rows``: "these rows are pads";
 ``check_cache_unchanged``: "these columns hold no data"); a state's model and declaration are in its home in
@@ -24,11 +30,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.checks.oracles import OracleFailure
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.freed_window import NULL_BLOCK
+from kvfuzz.contracts.model.padding import padding
 from kvfuzz.contracts.model.states import PRODUCTION_STATES
 from kvfuzz.fuzz.harness.padding import PadSnapshot, fill_pad_slot
 from kvfuzz.fuzz.targets.base import KernelCall, Target
@@ -36,6 +45,9 @@ from kvfuzz.fuzz.targets.base import KernelCall, Target
 
 class StateHooks:
     """A state's hooks around one call (see the module docstring); each does nothing by default."""
+
+    #: Whether the call carries rows after the real sequences' (:meth:`call_rows`).
+    appends_rows = False
 
     def prepare(self, target: Target, batch: Batch, data: BatchData, cache: CacheState) -> None:
         return None
@@ -48,6 +60,12 @@ class StateHooks:
 
     def after(self, snapshot: Any, batch: Batch, output: Any, call: KernelCall) -> OracleFailure | None:
         return None
+
+    def call_rows(self, target: Target, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        return None
+
+    def for_relations(self, batch: Batch) -> Batch:
+        return batch
 
 
 class PaddingHooks(StateHooks):
@@ -62,6 +80,17 @@ class PaddingHooks(StateHooks):
 
     def after(self, snapshot: PadSnapshot, batch: Batch, output: Any, call: KernelCall) -> OracleFailure | None:
         return snapshot.after(batch, output, call)
+
+    appends_rows = True
+
+    def call_rows(self, target: Target, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The pads' seq_lens and the padded query_start_loc, in the target's convention (a decode-only kernel
+        computes row ``i`` for sequence ``i``: each pad owns a row)."""
+        pad = padding(batch, target.capabilities.cuda_graph_padding)
+        return (pad.pad_seq_len,) * pad.num_pads, pad.query_start_loc(target.capabilities.decode_only)
+
+    def for_relations(self, batch: Batch) -> Batch:
+        return attrs.evolve(batch, num_pad_seqs=0)
 
 
 class FreedWindowHooks(StateHooks):

@@ -391,9 +391,7 @@ def check_writer_example(target: Target, example: Example, fault: CallerFault | 
                                         inputs.slot_mapping[inputs.token >= 0], batch.block_size)
     t.check_caller += time.perf_counter() - s
 
-    s = time.perf_counter()
-    _, crash = run_kernel(target, call, on_phase)
-    t.kernel = time.perf_counter() - s
+    _, crash = run_kernel(target, call, on_phase, timings=t)
 
     s = time.perf_counter()
     ek, ev = _expected_after(inputs, call.key_cache, call.value_cache, before, k_off, v_off)

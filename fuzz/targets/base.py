@@ -11,6 +11,7 @@ the contract before the kernel runs, and the output against the fp64 reference a
 from __future__ import annotations
 
 import abc
+import importlib
 from typing import Any, Callable, ClassVar, Mapping
 
 import attrs
@@ -38,6 +39,18 @@ class Availability:
 NOT_LOADED = "installed, not loaded (--check loads it)"
 
 
+def try_import(what: str, load: Callable[[], Any] | None = None, fix: str = "") -> tuple[Any, Availability | None]:
+    """``(load(), None)`` (``load`` default: import the module ``what``), or, when it raises anything (a bad install
+    raises ImportError, RuntimeError, OSError: a wrong torch ABI, a missing CUDA library), ``(None, why)`` with
+    ``why = Availability(False, "importing WHAT failed: TYPE: MESSAGE (FIX)")``: what a target's
+    :meth:`~Target.availability` returns instead of raising."""
+    try:
+        return (importlib.import_module(what) if load is None else load()), None
+    except Exception as e:
+        return None, Availability(False, f"importing {what} failed: {type(e).__name__}: {e}" + (f" ({fix})" if fix
+                                                                                              else ""))
+
+
 @attrs.define
 class KernelCall:
     """One call's arguments, by the kernel's own parameter names, plus the tensors the contract checkers read.
@@ -56,6 +69,14 @@ class KernelCall:
     output: torch.Tensor
     key: torch.Tensor | None = None
     value: torch.Tensor | None = None
+
+
+def require_decode(name: str, batch: Batch) -> None:
+    """Raise ValueError naming target ``name`` and the sequences when ``batch`` has a prefill (query_len > 1): a
+    decode-only kernel's call cannot be built for it."""
+    if batch.prefill_seqs:
+        raise ValueError(f"{name} takes decode sequences only (query_len == 1); sequences "
+                         f"{list(batch.prefill_seqs)} have query_len > 1")
 
 
 class DeviceCapabilities:
@@ -146,6 +167,11 @@ class Target(abc.ABC):
                             f"unique one, e.g. name = \"mykernels.{cls.__name__.lower()}\"")
         return super().__new__(cls)
 
+    def release_memory(self) -> None:
+        """Give back device memory the kernel's library keeps pooled (a CuPy or JAX memory pool, a workspace it
+        caches); kvfuzz calls it whenever it gives its own cached device memory back (between tasks, when another
+        worker of the GPU needs room: kvfuzz.fuzz.harness.memory.Releases). Default: nothing. Never raise."""
+
     @abc.abstractmethod
     def availability(self) -> Availability:
         """Whether the kernel can run here and, if not, why (say what to install)."""
@@ -196,4 +222,4 @@ class Target(abc.ABC):
         return "default"
 
 
-__all__ = ["NOT_LOADED", "Availability", "DeviceCapabilities", "KernelCall", "Target"]
+__all__ = ["NOT_LOADED", "Availability", "DeviceCapabilities", "KernelCall", "Target", "require_decode", "try_import"]

@@ -36,7 +36,7 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.writer import writer_inputs
 
-from .base import Availability, KernelCall
+from .base import Availability, KernelCall, try_import
 from .triton_runtime import VllmTritonTarget, on_cuda, prepare_triton_runtime, scales
 from .vllm_cpu import VllmCpuOp
 
@@ -130,11 +130,8 @@ class VllmReshapeAndCacheFlash(VllmTritonTarget):
         avail = super().availability()
         if not avail.ok:
             return avail
-        try:
-            _kernel_module()
-        except Exception as e:
-            return Availability(False, f"importing {_KERNEL_MODULE} failed: {type(e).__name__}: {e}")
-        return avail
+        _, why = try_import(_KERNEL_MODULE, _kernel_module)
+        return why or avail
 
     def layout(self, batch: Batch) -> CacheLayout:
         return NHDLayout()

@@ -37,8 +37,7 @@ pos_encoding_mode, use_sliding_window, use_logits_soft_cap) (flashinfer/jit/atte
 ``gen_batch_decode_module``/``gen_batch_prefill_module``); heads, GQA group, page size and the window's size are
 runtime arguments. A campaign's pinned configurations (strategies/configs.py) fix those compile keys per chunk
 and leave heads, page size and the window's size free (``runtime_fields``), so one chunk costs at most one
-compile and still draws every page size and GQA group: measured on an H100, 21 s for a decode module, 86 s for
-the sm90 prefill module, 19 s for append's page module (benchmarks/results/flashinfer-first-calls-h100.txt). The JIT
+compile (tens of seconds; docs/benchmarks.md, "FlashInfer") and still draws every page size and GQA group. The JIT
 cache is ``$FLASHINFER_WORKSPACE_BASE`` (FlashInfer's own default: the home directory); set it before the first
 flashinfer import.
 """
@@ -64,7 +63,7 @@ from kvfuzz.contracts.model.csr import page_lists
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.writer import WriterInputs, writer_inputs
 
-from .base import NOT_LOADED, Availability, KernelCall, Target
+from .base import NOT_LOADED, Availability, KernelCall, Target, require_decode, try_import
 from .signature import PageListSignature
 
 #: The release kvfuzz reads FlashInfer's API from (benchmarks/flashinfer_bundle.sh carries it).
@@ -221,10 +220,9 @@ class FlashInferTarget(Target):
             return Availability(False, CUDA_ONLY)
         if importlib.util.find_spec("flashinfer") is None:
             return Availability(False, _not_installed())
-        try:
-            fi = self.flashinfer()
-        except Exception as e:  # flashinfer raises RuntimeError/ImportError on a bad install
-            return Availability(False, f"importing flashinfer failed: {type(e).__name__}: {e}")
+        fi, why = try_import("flashinfer", self.flashinfer)
+        if why:
+            return why
         version = getattr(fi, "__version__", "?")
         note = "" if version == FLASHINFER_VERSION else f" (kvfuzz read the API of {FLASHINFER_VERSION})"
         return Availability(True, f"CUDA, JIT-compiled; flashinfer {version}{note}", "cuda")
@@ -282,7 +280,7 @@ def _common(batch: Batch, data: BatchData, cache: CacheState) -> dict:
 #: Group sizes FlashInfer's CUDA-core decode kernels are compiled for: flashinfer-python 0.7.2.post1's
 #: flashinfer/data/include/flashinfer/utils.cuh ``DISPATCH_GQA_GROUP_SIZE`` (used by csrc/batch_decode.cu's plan
 #: and run) dispatches 1, 2, 3, 4, 6, 8 and 16 (flashinfer-ai/flashinfer main, 2026-08: 1, 2, 3, 4, 6, 8); any
-#: other raises "Unsupported group_size: N" (seen on an H100: group size 7, a RuntimeError from the JIT module;
+#: other raises "Unsupported group_size: N" (a RuntimeError from the JIT module;
 #: regressions/flashinfer.batch_decode-configuration-rejected-* replays it). SGLang switches to the tensor-core
 #: decode for such models (:class:`FlashInferBatchDecodeTC`).
 DECODE_GQA_RATIOS = (1, 2, 3, 4, 6, 8, 16)
@@ -315,9 +313,7 @@ class FlashInferBatchDecode(FlashInferTarget):
     )
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
-        if batch.prefill_seqs:
-            raise ValueError(f"{self.name} takes decode sequences only (query_len == 1); sequences "
-                             f"{list(batch.prefill_seqs)} have query_len > 1")
+        require_decode(self.name, batch)
         dev = cache.key_cache.device
         indptr, indices, last = page_list_tensors(batch, batch.seq_lens, dev)
         kw = dict(indptr=indptr, indices=indices, last_page_len=last, head_dim=batch.head_size,

@@ -49,7 +49,7 @@ from kvfuzz.contracts.model.csr import token_slot_lists, token_table
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
-from .base import NOT_LOADED, Availability, KernelCall
+from .base import NOT_LOADED, Availability, KernelCall, require_decode
 from .signature import KernelSignature
 from .triton_runtime import (
     TRITON_TOO_EARLY,
@@ -442,9 +442,7 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
         return [1 + (n - 1) % self.max_kv_splits for n in batch.seq_lens]
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
-        if batch.prefill_seqs:
-            raise ValueError(f"{self.name} takes decode sequences only (query_len == 1); sequences "
-                             f"{list(batch.prefill_seqs)} have query_len > 1")
+        require_decode(self.name, batch)
         dev = cache.key_cache.device
         pad = padding(batch, self.capabilities.cuda_graph_padding)  # CUDA-graph pads, as SGLang's runner pads
         n, h, d, s = pad.num_seqs, batch.num_heads, batch.head_size, self.max_kv_splits

@@ -51,7 +51,7 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.poison import Poison
 
-from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall, Target
+from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall, Target, try_import
 
 
 class FlexPagedLayout:
@@ -77,6 +77,12 @@ class FlexPagedLayout:
 
 def on_cuda() -> bool:
     return torch.cuda.is_available()
+
+
+def _flex_api() -> None:
+    """Import what the target calls: torch's ``PagedAttention`` and ``flex_attention`` (torch >= 2.6)."""
+    from torch.nn.attention.experimental._paged_attention import PagedAttention  # noqa: F401
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
 
 
 def _keep_triton_interpretable() -> None:
@@ -150,12 +156,10 @@ class TorchFlexPaged(Target):
 
     def availability(self) -> Availability:
         _keep_triton_interpretable()
-        try:
-            from torch.nn.attention.experimental._paged_attention import PagedAttention  # noqa: F401
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
-        except Exception as e:
-            return Availability(False, f"torch {torch.__version__} has no paged flex attention "
-                                       f"({type(e).__name__}: {e}); it needs torch >= 2.6")
+        _, why = try_import("torch's paged flex attention", _flex_api, fix=f"torch {torch.__version__}; it needs "
+                                                                           "torch >= 2.6")
+        if why:
+            return why
         if not torch._dynamo.is_dynamo_supported():
             return Availability(False, "flex_attention needs dynamo, which this Python/torch does not support")
         return Availability(True, "torch.compile'd flex_attention (CUDA)" if on_cuda()

@@ -15,7 +15,7 @@ import os
 import sys
 import types
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.data import BatchData
 
-from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall, Target
+from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall, Target, try_import
 from .signature import KernelSignature
 
 
@@ -127,6 +127,27 @@ def hopper_installed(files: tuple[str, ...], no_cuda: str, kernel: str, loaded_f
     return Availability(True, f"CUDA (SM 9.x); {loaded_from}: {NOT_LOADED}", "cuda")
 
 
+def hopper_availability(installed: Availability, module: str, unsupported: Callable[[Any], str | None],
+                        loaded_from: str) -> Availability:
+    """The ``availability()`` of a vLLM kernel compiled for Hopper only (FA3, FlashMLA): its ``installed`` answer
+    when that is no (:func:`hopper_installed`); else vLLM's ``module`` imported (loggers quieted) and asked
+    ``unsupported(module)``, the reason it cannot run here or None; ``loaded_from`` names it when it can. Never
+    raises: a module that fails to load (a wrong torch ABI, a missing CUDA library) is a no that says so."""
+    if not installed.ok:
+        return installed
+
+    def ask() -> str | None:
+        quiet_vllm()
+        return unsupported(importlib.import_module(module))
+
+    why_not, failed = try_import(module, ask)
+    if failed is not None:
+        return failed
+    if why_not:
+        return Availability(False, why_not)
+    return Availability(True, f"CUDA (SM 9.x); {loaded_from}", "cuda")
+
+
 def _device_dtypes(cls: type) -> dict[str, tuple[str, ...]]:
     """A Triton target's dtypes where Triton runs here: its class's ``cuda_dtypes`` on CUDA, else ``cpu_dtypes``."""
     return {"dtypes": tuple(cls.cuda_dtypes if on_cuda() else cls.cpu_dtypes)}
@@ -137,12 +158,11 @@ class VllmTritonTarget(Target):
 
     dtypes depend on where the kernel runs: interpreted on CPU, fp16 and fp32 (the interpreter computes
     bf16 wrongly); compiled on CUDA, fp16 and bf16 (Triton's ``tl.dot`` takes fp32 inputs as TF32 by
-    default, measured 1.7e-3 error on a single-key decode on an H200, which kvfuzz's fp32 tolerance does
-    not model yet).
+    default, an error kvfuzz's fp32 tolerance does not model yet; docs/targets.md gives the measurement).
     """
 
-    #: ``--sanitize auto`` on: a sanitized child loads one Triton kernel under memcheck in 8-16 s (H200), and on
-    #: vllm.unified_attention the oracle found vllm#56862 in a plain campaign (docs/fuzzing.md)
+    #: ``--sanitize auto`` on: a sanitized child loads one Triton kernel under memcheck in seconds, and these kernels
+    #: have had real memory-safety bugs (vllm#56862; docs/fuzzing.md)
     sanitize_by_default: ClassVar[bool] = True
 
     cpu_dtypes: tuple[str, ...] = ("float16", "float32")
@@ -241,6 +261,7 @@ def poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int
     return t
 
 
-__all__ = ["TRITON_TOO_EARLY", "VllmTritonTarget", "fp8_storage", "hopper_installed", "missing_module", "module_file",
+__all__ = ["TRITON_TOO_EARLY", "VllmTritonTarget", "fp8_storage", "hopper_availability", "hopper_installed",
+           "missing_module", "module_file",
            "on_cuda", "poisoned_scratch", "prepare_triton_runtime", "quiet_vllm", "scales", "sinks",
            "triton_imported_too_early", "vllm_files_missing"]

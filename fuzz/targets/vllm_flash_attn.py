@@ -76,7 +76,7 @@ from kvfuzz.contracts.model.padding import padding
 
 from .base import Availability, KernelCall, Target
 from .signature import KernelSignature
-from .triton_runtime import hopper_installed, quiet_vllm
+from .triton_runtime import hopper_availability, hopper_installed
 
 #: The extension's file inside the vllm package (vLLM 0.33.0's wheel; 172 MB).
 FA3_EXTENSION = "vllm_flash_attn/_vllm_fa3_C.abi3.so"
@@ -176,6 +176,11 @@ FLASH_ATTN_VARLEN_FUNC = KernelSignature(
 SIGNATURES = (FLASH_ATTN_VARLEN_FUNC,)
 
 
+def _fa3_unsupported(fa: Any) -> str | None:
+    """Why ``vllm.vllm_flash_attn`` cannot run FA3 here (``is_fa_version_supported(3)``), or None."""
+    return None if fa.is_fa_version_supported(3) else f"FA3 unsupported here: {fa.fa_version_unsupported_reason(3)}"
+
+
 class VllmFlashAttnVarlen(Target):
     """FlashAttention 3's paged varlen forward, ``flash_attn_varlen_func(..., fa_version=3)``, called as vLLM
     0.33.0's FLASH_ATTN backend calls it (module docstring): the strided views of one ``[NB, Hkv, BS, 2D]``
@@ -231,17 +236,8 @@ class VllmFlashAttnVarlen(Target):
         return hopper_installed((FA3_EXTENSION,), HOPPER_ONLY, "FlashAttention 3", "vllm.vllm_flash_attn FA3")
 
     def availability(self) -> Availability:
-        pre = self.installed()
-        if not pre.ok:
-            return pre
-        try:
-            quiet_vllm()
-            fa = importlib.import_module("vllm.vllm_flash_attn")
-        except Exception as e:  # the extension fails to load: a wrong torch ABI, a missing CUDA library
-            return Availability(False, f"importing vllm.vllm_flash_attn failed: {type(e).__name__}: {e}")
-        if not fa.is_fa_version_supported(3):
-            return Availability(False, f"FA3 unsupported here: {fa.fa_version_unsupported_reason(3)}")
-        return Availability(True, "CUDA (SM 9.x); vllm.vllm_flash_attn FA3", "cuda")
+        return hopper_availability(self.installed(), "vllm.vllm_flash_attn", _fa3_unsupported,
+                                   "vllm.vllm_flash_attn FA3")
 
     def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """``(flash_attn_varlen_func, get_scheduler_metadata)`` from ``vllm.vllm_flash_attn``."""

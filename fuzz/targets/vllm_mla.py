@@ -73,10 +73,10 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
-from .base import Availability, KernelCall, Target
+from .base import Availability, KernelCall, Target, require_decode
 from .signature import KernelSignature
-from .triton_runtime import hopper_installed, poisoned_scratch, quiet_vllm, scales
-from .vllm_triton import DECODE_ATTENTION_FWD, VllmDecodeAttentionFwd
+from .triton_runtime import hopper_availability, hopper_installed, poisoned_scratch, scales
+from .vllm_triton import VllmDecodeAttentionFwd
 
 #: DeepSeek-V2/V3's latent cache: ``kv_lora_rank`` (the value and the output) and the rope dims after it.
 KV_LORA_RANK = 512
@@ -165,9 +165,7 @@ SIGNATURES = (FLASH_MLA_WITH_KVCACHE, FLASH_MLA_WITH_KVCACHE_FP8)
 def latent_decode_only(name: str, batch: Batch) -> None:
     """Raise ValueError naming target ``name`` unless ``batch`` is all decode sequences over a latent cache (what
     both MLA decode calls take)."""
-    if batch.prefill_seqs:
-        raise ValueError(f"{name} takes decode sequences only (query_len == 1); sequences "
-                         f"{list(batch.prefill_seqs)} have query_len > 1")
+    require_decode(name, batch)
     if batch.value_head_size is None:
         raise ValueError(f"{name} reads a latent cache: the batch needs value_head_size ({KV_LORA_RANK}), got None")
 
@@ -195,13 +193,10 @@ class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
     """
 
     name = "vllm.triton_mla_decode"
-    #: live vllm#57017 (docs/bugs.md): the gate draws no CUDA-graph pads; `kvfuzz fuzz` does
-    gate_states_off = ("cuda_graph_padding",)
-    checked_kernel = DECODE_ATTENTION_FWD
-    #: docs/findings.md, Finding 3: group size 1 takes the MHA kernel, whose input-dtype q.k sum "extreme" values
-    #: overflow (NaN output) and "large"/"dominant" ones round past the envelope (head size 576; the shipped
-    #: baseline's finding-3-mla-magnitudes); the gate draws normal and equal values, `kvfuzz fuzz` all
-    gate_value_ranges = ("normal", "equal")
+    # inherited: checked_kernel (the same decode_attention_fwd), gate_states_off (live vllm#57017: no CUDA-graph pads
+    # in the gate) and gate_value_ranges (docs/findings.md, Finding 3: group size 1 takes the MHA kernel, whose
+    # input-dtype q.k sum "extreme" values overflow and "large"/"dominant" ones round past the envelope, head size 576
+    # too: the shipped baseline's finding-3-mla-magnitudes)
     description = "vLLM TRITON_MLA decode over the 576/512 latent cache (decode only, MQA, unified contract)"
     capabilities = Capabilities(
         contract=Contract.UNIFIED,
@@ -259,6 +254,13 @@ FLASHMLA_HOPPER_ONLY = ("FlashMLA's dense decode runs on a Hopper GPU (SM 9.x) o
                         "and vllm/third_party/flashmla/, e.g. `make device-bundle FA3=1`)")
 
 
+def _dense_unsupported(ops: Any) -> str | None:
+    """Why vllm/v1/attention/ops/flashmla.py's dense decode cannot run here (``is_flashmla_dense_supported``), or
+    None."""
+    ok, reason = ops.is_flashmla_dense_supported()
+    return None if ok else f"FlashMLA dense unsupported here: {reason}"
+
+
 class VllmFlashMlaDecode(Target):
     """FlashMLA's dense decode, ``flash_mla_with_kvcache``, called as vLLM 0.33.0's FLASHMLA backend calls it
     (``FlashMLAImpl.forward_mqa``, module docstring) over the latent cache.
@@ -307,18 +309,8 @@ class VllmFlashMlaDecode(Target):
         return hopper_installed(FLASHMLA_FILES, FLASHMLA_HOPPER_ONLY, "FlashMLA's dense decode", "vllm._flashmla_C")
 
     def availability(self) -> Availability:
-        pre = self.installed()
-        if not pre.ok:
-            return pre
-        try:
-            quiet_vllm()
-            ops = importlib.import_module("vllm.v1.attention.ops.flashmla")
-            ok, reason = ops.is_flashmla_dense_supported()
-        except Exception as e:  # the extension fails to load: a wrong torch ABI, a missing CUDA library
-            return Availability(False, f"importing vllm.v1.attention.ops.flashmla failed: {type(e).__name__}: {e}")
-        if not ok:
-            return Availability(False, f"FlashMLA dense unsupported here: {reason}")
-        return Availability(True, "CUDA (SM 9.x); vllm._flashmla_C", "cuda")
+        return hopper_availability(self.installed(), "vllm.v1.attention.ops.flashmla", _dense_unsupported,
+                                   "vllm._flashmla_C")
 
     def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """``(flash_mla_with_kvcache, get_mla_metadata)`` from vllm/v1/attention/ops/flashmla.py."""

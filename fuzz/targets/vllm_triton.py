@@ -29,7 +29,7 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
-from .base import KernelCall
+from .base import KernelCall, require_decode
 from .signature import KernelSignature
 from .triton_runtime import (  # noqa: F401
     VllmTritonTarget,
@@ -232,7 +232,34 @@ SIGNATURES = (CHUNKED_PREFILL_PAGED_DECODE, CONTEXT_ATTENTION_FWD, UNIFIED_ATTEN
 
 
 # ---- the targets ----------------------------------------------------------------------------------------------
-class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
+#: What the two prefix-prefill kernels declare alike (ROCm's ROCM_ATTN backend calls both): both devices, fp8
+#: caches, the window, ALiBi and sinks, ALiBi exclusive with the other two.
+PREFIX_PREFILL_FAMILY = dict(
+    devices=("cpu", "cuda"),
+    dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
+    kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+    features=("sliding_window", "alibi", "sinks"),
+    exclusive=(("alibi", "sinks"), ("alibi", "sliding_window")),
+    shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
+    # vLLM's SlidingWindowManager.remove_skipped_blocks (vllm/v1/core/single_type_kv_cache_manager.py) frees the
+    # blocks wholly before the window whatever the backend; the ROCm backend (ROCM_ATTN,
+    # vllm/v1/attention/backends/rocm_attn.py) calls these kernels on them (vllm#53628)
+    freed_window_blocks=True,
+)
+
+
+class _PrefixPrefillKernel(VllmTritonTarget):
+    """What ``chunked_prefill_paged_decode`` and its prefill half ``context_attention_fwd`` share besides their
+    declaration (:data:`PREFIX_PREFILL_FAMILY`): the 5-D paged cache, and the live bug the gate leaves undrawn."""
+
+    #: live vllm#53628 (docs/bugs.md): the gate leaves the freed-window state undrawn; `kvfuzz fuzz` draws it
+    gate_states_off = ("freed_window_blocks",)
+
+    def layout(self, batch: Batch) -> CacheLayout:
+        return VllmPagedLayout()
+
+
+class VllmChunkedPrefillPagedDecode(_PrefixPrefillKernel):
     """``chunked_prefill_paged_decode`` (vllm/v1/attention/ops/chunked_prefill_paged_decode.py, vllm 0.33.0).
 
     Split contract: prefill sequences are computed by ``context_attention_fwd(..., skip_decode=True)`` from
@@ -248,28 +275,14 @@ class VllmChunkedPrefillPagedDecode(VllmTritonTarget):
     """
 
     name = "vllm.chunked_prefill_paged_decode"
-    #: live vllm#53628 (docs/bugs.md): the gate leaves the freed-window state undrawn; `kvfuzz fuzz` draws it
-    gate_states_off = ("freed_window_blocks",)
     checked_kernel = CHUNKED_PREFILL_PAGED_DECODE
     description = "vLLM Triton prefix-prefill + paged decode (split contract)"
     capabilities = Capabilities(
         contract=Contract.SPLIT,
-        devices=("cpu", "cuda"),
-        dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
         head_sizes=(32, 64, 128),  # context_attention_fwd pads other sizes; the 5-D cache needs D % x == 0
         block_sizes=(16, 32),
-        kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
-        features=("sliding_window", "alibi", "sinks"),
-        exclusive=(("alibi", "sinks"), ("alibi", "sliding_window")),
-        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
-        # vLLM's SlidingWindowManager.remove_skipped_blocks (vllm/v1/core/single_type_kv_cache_manager.py) frees
-        # the blocks wholly before the window whatever the backend; the ROCm backend (ROCM_ATTN,
-        # vllm/v1/attention/backends/rocm_attn.py) calls this kernel on them (vllm#53628)
-        freed_window_blocks=True,
+        **PREFIX_PREFILL_FAMILY,
     )
-
-    def layout(self, batch: Batch) -> CacheLayout:
-        return VllmPagedLayout()
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         return _split_family_call(batch, data, cache, sm_scale=batch.sm_scale)
@@ -309,7 +322,7 @@ def _split_family_call(batch: Batch, data: BatchData, cache: CacheState, names: 
                       key=values["key"], value=values["value"])
 
 
-class VllmContextAttentionFwd(VllmTritonTarget):
+class VllmContextAttentionFwd(_PrefixPrefillKernel):
     """``context_attention_fwd`` (vllm/v1/attention/ops/prefix_prefill.py, vllm 0.33.0) called directly with
     ``skip_decode=False``.
 
@@ -329,29 +342,15 @@ class VllmContextAttentionFwd(VllmTritonTarget):
     """
 
     name = "vllm.context_attention_fwd"
-    #: live vllm#53628 (docs/bugs.md): the gate leaves the freed-window state undrawn; `kvfuzz fuzz` draws it
-    gate_states_off = ("freed_window_blocks",)
     checked_kernel = CONTEXT_ATTENTION_FWD
     description = "vLLM Triton prefix-prefill kernel for every sequence, decode included (prefix contract)"
     capabilities = Capabilities(
         contract=Contract.PREFIX,
-        devices=("cpu", "cuda"),
-        dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
         head_sizes=(32, 40, 64, 80, 128),  # padded to a power of 2 inside; the 5-D cache needs D % x == 0
         block_sizes=(1, 16, 32, 48, 544),
-        kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         fp8_head_sizes=(32, 64, 128),  # x = 16 one-byte elements
-        features=("sliding_window", "alibi", "sinks"),
-        exclusive=(("alibi", "sinks"), ("alibi", "sliding_window")),
-        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
-        # vLLM's SlidingWindowManager.remove_skipped_blocks (vllm/v1/core/single_type_kv_cache_manager.py) frees
-        # the blocks wholly before the window whatever the backend; the ROCm backend (ROCM_ATTN,
-        # vllm/v1/attention/backends/rocm_attn.py) calls this kernel on them (vllm#53628)
-        freed_window_blocks=True,
+        **PREFIX_PREFILL_FAMILY,
     )
-
-    def layout(self, batch: Batch) -> CacheLayout:
-        return VllmPagedLayout()
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         return _split_family_call(batch, data, cache, names=PREFIX_PREFILL_NAMES, sm_scale=batch.scale,
@@ -550,9 +549,7 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         return NHDLayout()
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
-        if batch.prefill_seqs:
-            raise ValueError(f"{self.name} takes decode sequences only (query_len == 1); sequences "
-                             f"{list(batch.prefill_seqs)} have query_len > 1")
+        require_decode(self.name, batch)
         dev = cache.key_cache.device
         pad = padding(batch, self.capabilities.cuda_graph_padding)  # CUDA-graph pads: one row each, after the real
         n, h, d = pad.num_rows, batch.num_heads, batch.head_size

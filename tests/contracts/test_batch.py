@@ -3,7 +3,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvfuzz.contracts.model.batch import Batch, positions
+from kvfuzz.contracts.model.batch import Batch, contiguous_batch, positions
 
 
 def test_derived_quantities(make_batch):
@@ -65,3 +65,27 @@ def test_round_trips_through_a_dict(make_batch):
     assert Batch.from_dict(b.to_dict()) == b
     with pytest.raises(ValueError, match="unknown Batch fields"):
         Batch.from_dict({**b.to_dict(), "bogus": 1})
+
+
+def test_a_contiguous_batch_hands_out_blocks_sequence_after_sequence():
+    heads = dict(num_heads=2, num_kv_heads=1, head_size=32)
+    b = contiguous_batch([5, 1], [20, 0], block_size=16, **heads)
+    assert b.block_table == ((0, 1), (2, 0)) and b.num_blocks == 3
+    # spare blocks, ids from the highest down above a reserved block 0, a padding column
+    b = contiguous_batch([5, 1], [20, 0], block_size=16, spare_blocks=2, first_block=1, reverse=True,
+                         pad_columns=1, **heads)
+    assert b.block_table == ((5, 4, 0), (3, 0, 0)) and b.num_blocks == 6
+    # ids and padding given: handed out in order, row by row
+    b = contiguous_batch([5, 1], [20, 0], block_size=16, block_ids=[2, 0, 1], pad_ids=[2, 1, 0], pad_columns=1,
+                         **heads)
+    assert b.block_table == ((2, 0, 2), (1, 1, 0))
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(block_ids=[0, 1]), "block_ids has 2 ids; the sequences use 3 blocks"),
+    (dict(pad_ids=[0, 0], pad_columns=1), "pad_ids ran short"),
+    (dict(spare_blocks=-1, block_ids=[0, 1, 2]), "outside"),  # a pool too small for the ids: the Batch says so
+])
+def test_a_contiguous_batch_rejects_ids_that_run_short(change, match):
+    with pytest.raises(ValueError, match=match):
+        contiguous_batch([5, 1], [20, 0], block_size=16, num_heads=2, num_kv_heads=1, head_size=32, **change)

@@ -16,7 +16,7 @@ from kvfuzz.contracts.caches.cpu_layout import CpuAttnLayout, _op, cpu_attn_isa
 from kvfuzz.contracts.caches.layouts import CacheLayout, LayoutError
 from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.checks.reference import reference_attention
-from kvfuzz.contracts.model.batch import Batch
+from kvfuzz.contracts.model.batch import Batch, contiguous_batch
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import make_batch_data
 from kvfuzz.contracts.model.poison import Poison
@@ -50,17 +50,14 @@ def make_batch(rng: random.Random, *, dtype: str, head_size: int, block_size: in
     g = group or rng.choice([1, 2, 4])
     seq_lens = [q + c for q, c in zip(query_lens, ctx_lens)]
     need = [-(-s // block_size) for s in seq_lens]
-    width = max(need) + rng.randint(0, 1)
-    num_blocks = sum(need) + (rng.randint(1, 4) if spare_blocks is None else spare_blocks)
-    ids = list(range(num_blocks))
+    pad_columns = rng.randint(0, 1)
+    spare = rng.randint(1, 4) if spare_blocks is None else spare_blocks
+    ids = list(range(sum(need) + spare))
     rng.shuffle(ids)
-    table, i = [], 0
-    for k in need:
-        table.append(ids[i:i + k] + [rng.randrange(num_blocks) for _ in range(width - k)])
-        i += k
-    return Batch(query_lens=query_lens, ctx_lens=ctx_lens, num_heads=hkv * g, num_kv_heads=hkv,
-                 head_size=head_size, block_size=block_size, num_blocks=num_blocks, block_table=table,
-                 dtype=dtype, seed=rng.randrange(2**31))
+    pads = [rng.randrange(len(ids)) for k in need for _ in range(max(need) + pad_columns - k)]
+    return contiguous_batch(query_lens, ctx_lens, block_size=block_size, spare_blocks=spare, pad_columns=pad_columns,
+                            block_ids=ids, pad_ids=pads, num_heads=hkv * g, num_kv_heads=hkv, head_size=head_size,
+                            dtype=dtype, seed=rng.randrange(2**31))
 
 
 # ---- isa selection (no library needed) -------------------------------------------------------------

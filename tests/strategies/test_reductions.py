@@ -170,7 +170,7 @@ def _campaign(mutant: str, seed: int, structural_shrink: float, listener=None):
     stats = TargetStats(mutant)
     campaign = engine.Campaign(get_mutant(mutant), config, listener or engine._Counting(stats, 0.0, lambda s: None))
     chunk = 0
-    while not campaign._new and chunk < 40:
+    while not campaign.ledger.records() and chunk < 40:
         campaign.run_chunk(chunk, 25)
         chunk += 1
     return campaign, config
@@ -209,7 +209,7 @@ def test_a_campaign_shrinks_a_zoo_mutant_to_its_smallest_trigger(mutant, seed):
 @pytest.mark.kernel
 def test_the_structural_shrink_can_be_turned_off():
     campaign, config = _campaign("mutant.int32_offset_overflow", 0, 0.0)
-    records = campaign._new
+    records = campaign.ledger.records()
     assert records
     assert all(size_key(Example.from_dict(r.example).batch)
                > size_key(smallest_trigger("mutant.int32_offset_overflow")) for r in records)

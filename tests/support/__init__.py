@@ -47,20 +47,11 @@ def available(target, *args):
 
 
 def batch_of(lens, *, block_size=16, spare=0, reverse=False, pad_columns=0, **kw):
-    """A Batch with a contiguous block table for ``(query_len, ctx_len)`` pairs: sequence after sequence, each
-    its ceil(seq_len / block_size) blocks. ``spare``: unused blocks past them; ``reverse``: block ids handed out
-    from the highest down (the same table, mirrored ids); ``pad_columns``: extra all-zero columns in every row.
-    ``kw``: any other Batch field. The conftest's ``make_batch`` fixture is this with its own defaults."""
-    from kvfuzz.contracts.model.batch import Batch
+    """:func:`kvfuzz.contiguous_batch` of ``(query_len, ctx_len)`` pairs: sequence after sequence, each its
+    ceil(seq_len / block_size) blocks. ``spare``: unused blocks past them; ``reverse``: block ids handed out from the
+    highest down (the same table, mirrored ids); ``pad_columns``: extra all-zero columns in every row. ``kw``: any
+    other Batch field. The conftest's ``make_batch`` fixture is this with its own defaults."""
+    from kvfuzz.contracts.model.batch import contiguous_batch
 
-    need = [-(-(q + c) // block_size) for q, c in lens]
-    ids = list(range(sum(need) + spare))
-    if reverse:
-        ids = ids[::-1]
-    width = max(need) + pad_columns
-    table, j = [], 0
-    for n in need:
-        table.append(ids[j : j + n] + [0] * (width - n))
-        j += n
-    return Batch(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], block_size=block_size,
-                 num_blocks=sum(need) + spare, block_table=table, **kw)
+    return contiguous_batch([q for q, _ in lens], [c for _, c in lens], block_size=block_size, spare_blocks=spare,
+                            reverse=reverse, pad_columns=pad_columns, **kw)

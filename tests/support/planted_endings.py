@@ -334,3 +334,41 @@ class PrepareFaultsTwice(Correct):
                 f.write(repr(batch) + "\n")
             raise RuntimeError(STICKY)
         return super().build_call(batch, data, cache)
+
+
+class FillsUnlessReleased(Correct):
+    """A device of 10 units shared by a campaign's workers (the files of directory $KVFUZZ_PLANTED_DEVICE), with a
+    caching allocator's habit: what a worker's largest example took stays held by that worker until kvfuzz gives
+    its cached memory back (``release_memory``). Each worker's first example takes 6 units, every later one 1, so
+    a second worker's first example finds the device full of the first's cache, though nothing is running on it:
+    build_call raises ``torch.OutOfMemoryError`` (kvfuzz's own phase). Correct otherwise. Each worker's held units
+    are in ``held-<pid>``; the check and the claim are one step (a lock on ``device.lock``)."""
+
+    name = "planted.fills_unless_released"
+    description = "a 10-unit device: each worker's first example caches 6 units until its memory is released"
+    CAPACITY, FIRST, LATER = 10, 6, 1
+    examples = 0
+
+    def _held(self) -> Path:
+        return Path(os.environ["KVFUZZ_PLANTED_DEVICE"]) / f"held-{os.getpid()}"
+
+    def build_call(self, batch, data, cache):
+        import fcntl
+
+        import torch
+
+        need = self.FIRST if type(self).examples == 0 else self.LATER
+        device = Path(os.environ["KVFUZZ_PLANTED_DEVICE"])
+        with open(device / "device.lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            others = sum(int(p.read_text() or 0) for p in device.glob("held-*") if p != self._held())
+            if others + need > self.CAPACITY:
+                raise torch.OutOfMemoryError(f"CUDA out of memory: {need} units wanted, {others} cached by other "
+                                             f"workers of a {self.CAPACITY}-unit device (planted)")
+            mine = int(self._held().read_text() or 0) if self._held().exists() else 0
+            self._held().write_text(str(max(mine, need)))
+        type(self).examples += 1
+        return super().build_call(batch, data, cache)
+
+    def release_memory(self):
+        self._held().write_text("0")

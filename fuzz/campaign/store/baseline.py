@@ -61,18 +61,16 @@ A failing example matches an entry only when all of these hold (:func:`match`):
 
 Anything else the same target does stays a new failure: a crash, a caller violation, NaN with finite poison
 or from other slots, a larger error. ``kvfuzz baseline add DIR`` writes an entry from a reproducer
-(:func:`entry_from_case`, :func:`append_entry`).
+(:mod:`kvfuzz.fuzz.campaign.store.baseline_add`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import attrs
 
@@ -189,8 +187,6 @@ def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
     missing or mistyped field, a kind or slot class kvfuzz does not know, a duplicate id, a non-finite entry
     without poisons and slots or a mismatch entry without ``max_ratio``. Targets are not resolved here (a
     baseline may list targets not installed on this machine)."""
-    from kvfuzz.contracts.checks.oracles import LEGACY_NAMES, Oracle
-
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -203,74 +199,95 @@ def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
     if not isinstance(tables, list):
         raise BaselineError(path, "known", "is not an array of tables", "write each entry as [[known]]")
     entries: list[KnownFinding] = []
-    keys = {f.name for f in attrs.fields(KnownFinding)}
     for i, t in enumerate(tables):
-        unknown = sorted(set(t) - keys)
-        if unknown:
-            raise BaselineError(path, f"known[{i}].{unknown[0]}", "is not a field of a baseline entry",
-                                f"use only {', '.join(sorted(keys))}")
-        entry_id = _field(path, i, t, "id", str, 'a unique name, e.g. "finding-1"')
-        if not entry_id.strip() or any(e.id == entry_id for e in entries):
-            raise BaselineError(path, f"known[{i}].id", f"{entry_id!r} is empty or used twice",
-                                "give every entry its own id")
-        target = _field(path, i, t, "target", str, 'the target\'s name, e.g. "vllm.cpu_attention"')
-        kind = _field(path, i, t, "kind", str, f"one of {', '.join(map(repr, KINDS))}")
-        if kind not in KINDS:
-            raise BaselineError(path, f"known[{i}].kind", f"is {kind!r}, which a baseline cannot accept",
-                                f"one of {', '.join(map(repr, KINDS))} (crashes, hangs and caller violations "
-                                "are never baselined)")
-        check = _field(path, i, t, "check", str, f"an oracle: {', '.join(repr(o.value) for o in Oracle)}")
-        check = LEGACY_NAMES.get(check, check)
-        # a non-finite output: the finite-output oracle, or the pad rows' (a NaN only CUDA-graph pads show)
-        want = (Oracle.FINITE.value, Oracle.PAD_FINITE.value) if kind == "non-finite output" else (
-            Oracle.AGREEMENT.value,)
-        if kind == "memory safety":
-            from kvfuzz.fuzz.harness.sanitizer import CHECK as MEMCHECK
-
-            want = (MEMCHECK,)
-        if check not in want:
-            raise BaselineError(path, f"known[{i}].check", f"is {check!r}, not the oracle of a {kind}",
-                                " or ".join(f"check = {w!r}" for w in want))
-        reason = _field(path, i, t, "reason", str, "why the finding is accepted (a string)")
-        reference = _field(path, i, t, "reference", str, "where it is documented (an issue, a README section)")
-        heads = _field(path, i, t, "heads", str, f"one of {HEADS}", required=False, default="any")
-        if heads not in HEADS:
-            raise BaselineError(path, f"known[{i}].heads", f"is {heads!r}", f"one of {', '.join(map(repr, HEADS))}")
-        kw: dict[str, Any] = {}
-        if kind != "memory safety" and (name := next((n for n in MEMORY_FIELDS if n in t), None)):
-            raise BaselineError(path, f"known[{i}].{name}", f"is a field of a memory safety entry, not of a {kind}",
-                                f"remove {name} (a {kind} entry's fields: the module docstring)")
-        if kind == "memory safety":
-            kw = _memory_fields(path, i, t)
-        elif kind == "non-finite output":
-            poisons = _field(path, i, t, "poisons", list, 'the poisons it shows with, e.g. ["nan", "inf"]')
-            if not poisons or any(p not in POISONS for p in poisons):
-                raise BaselineError(path, f"known[{i}].poisons", f"is {poisons!r}",
-                                    f"a non-empty list of {', '.join(map(repr, POISONS))}")
-            slots = _field(path, i, t, "slots", str, f"one of {', '.join(map(repr, SLOT_CLASSES))}")
-            if slots not in SLOT_CLASSES:
-                raise BaselineError(path, f"known[{i}].slots", f"is {slots!r}",
-                                    f"one of {', '.join(map(repr, SLOT_CLASSES))}")
-            tail = _field(path, i, t, "tail_tokens", int, "a positive token count, e.g. 32", required=False,
-                          default=32)
-            if tail < 1:
-                raise BaselineError(path, f"known[{i}].tail_tokens", f"is {tail}", "a positive token count")
-            kw = dict(poisons=tuple(poisons), slots=slots, tail_tokens=tail)
-            if slots == "none":
-                kw |= _values_and_features(path, i, t)
-        else:
-            scoped = "values" in t or "features" in t
-            if scoped:
-                kw = _values_and_features(path, i, t)
-            if "max_ratio" in t or not scoped:
-                ratio = _field(path, i, t, "max_ratio", float,
-                               "the largest |out - ref| / bound accepted, e.g. 10.0 (or values and features)")
-                if not (math.isfinite(ratio) and ratio >= 1.0):
-                    raise BaselineError(path, f"known[{i}].max_ratio", f"is {ratio}",
-                                        "a finite number >= 1 (a failure exceeds its bound: ratio > 1)")
-                kw["max_ratio"] = ratio
-        entries.append(KnownFinding(entry_id, target, kind, check, reason, reference, heads=heads, **kw))
+        entries.append(_entry(path, i, t, {e.id for e in entries}))
     return Baseline(str(path), tuple(entries))
+
+
+def _entry(path, i: int, t: dict, taken: set[str]) -> KnownFinding:
+    """The ``i``-th ``[[known]]`` table ``t``, validated (``taken``: the ids of the entries before it): the fields
+    every entry has, then its kind's."""
+    keys = {f.name for f in attrs.fields(KnownFinding)}
+    unknown = sorted(set(t) - keys)
+    if unknown:
+        raise BaselineError(path, f"known[{i}].{unknown[0]}", "is not a field of a baseline entry",
+                            f"use only {', '.join(sorted(keys))}")
+    entry_id = _field(path, i, t, "id", str, 'a unique name, e.g. "finding-1"')
+    if not entry_id.strip() or entry_id in taken:
+        raise BaselineError(path, f"known[{i}].id", f"{entry_id!r} is empty or used twice",
+                            "give every entry its own id")
+    target = _field(path, i, t, "target", str, 'the target\'s name, e.g. "vllm.cpu_attention"')
+    kind = _field(path, i, t, "kind", str, f"one of {', '.join(map(repr, KINDS))}")
+    if kind not in KINDS:
+        raise BaselineError(path, f"known[{i}].kind", f"is {kind!r}, which a baseline cannot accept",
+                            f"one of {', '.join(map(repr, KINDS))} (crashes, hangs and caller violations "
+                            "are never baselined)")
+    check = _check(path, i, t, kind)
+    reason = _field(path, i, t, "reason", str, "why the finding is accepted (a string)")
+    reference = _field(path, i, t, "reference", str, "where it is documented (an issue, a README section)")
+    heads = _field(path, i, t, "heads", str, f"one of {HEADS}", required=False, default="any")
+    if heads not in HEADS:
+        raise BaselineError(path, f"known[{i}].heads", f"is {heads!r}", f"one of {', '.join(map(repr, HEADS))}")
+    if kind != "memory safety" and (name := next((n for n in MEMORY_FIELDS if n in t), None)):
+        raise BaselineError(path, f"known[{i}].{name}", f"is a field of a memory safety entry, not of a {kind}",
+                            f"remove {name} (a {kind} entry's fields: the module docstring)")
+    if kind == "memory safety":
+        kw = _memory_fields(path, i, t)
+    elif kind == "non-finite output":
+        kw = _non_finite_fields(path, i, t)
+    else:
+        kw = _mismatch_fields(path, i, t)
+    return KnownFinding(entry_id, target, kind, check, reason, reference, heads=heads, **kw)
+
+
+def _check(path, i: int, t: dict, kind: str) -> str:
+    """The entry's ``check`` (an old name read as its new one), which must be the oracle of its ``kind``: a
+    non-finite output's is the finite-output oracle or the pad rows' (a NaN only CUDA-graph pads show)."""
+    from kvfuzz.contracts.checks.oracles import LEGACY_NAMES, Oracle
+
+    check = _field(path, i, t, "check", str, f"an oracle: {', '.join(repr(o.value) for o in Oracle)}")
+    check = LEGACY_NAMES.get(check, check)
+    want = (Oracle.FINITE.value, Oracle.PAD_FINITE.value) if kind == "non-finite output" else (
+        Oracle.AGREEMENT.value,)
+    if kind == "memory safety":
+        from kvfuzz.fuzz.harness.sanitizer import CHECK as MEMCHECK
+
+        want = (MEMCHECK,)
+    if check not in want:
+        raise BaselineError(path, f"known[{i}].check", f"is {check!r}, not the oracle of a {kind}",
+                            " or ".join(f"check = {w!r}" for w in want))
+    return check
+
+
+def _non_finite_fields(path, i: int, t: dict) -> dict:
+    """A non-finite output entry's ``poisons``, ``slots`` and ``tail_tokens`` (and, for ``slots = "none"``,
+    ``values`` and ``features``), validated."""
+    poisons = _field(path, i, t, "poisons", list, 'the poisons it shows with, e.g. ["nan", "inf"]')
+    if not poisons or any(p not in POISONS for p in poisons):
+        raise BaselineError(path, f"known[{i}].poisons", f"is {poisons!r}",
+                            f"a non-empty list of {', '.join(map(repr, POISONS))}")
+    slots = _field(path, i, t, "slots", str, f"one of {', '.join(map(repr, SLOT_CLASSES))}")
+    if slots not in SLOT_CLASSES:
+        raise BaselineError(path, f"known[{i}].slots", f"is {slots!r}", f"one of {', '.join(map(repr, SLOT_CLASSES))}")
+    tail = _field(path, i, t, "tail_tokens", int, "a positive token count, e.g. 32", required=False, default=32)
+    if tail < 1:
+        raise BaselineError(path, f"known[{i}].tail_tokens", f"is {tail}", "a positive token count")
+    kw = dict(poisons=tuple(poisons), slots=slots, tail_tokens=tail)
+    return kw | _values_and_features(path, i, t) if slots == "none" else kw
+
+
+def _mismatch_fields(path, i: int, t: dict) -> dict:
+    """A kernel mismatch entry's ``max_ratio`` (required unless it has ``values`` and ``features``), validated."""
+    scoped = "values" in t or "features" in t
+    kw = _values_and_features(path, i, t) if scoped else {}
+    if "max_ratio" in t or not scoped:
+        ratio = _field(path, i, t, "max_ratio", float,
+                       "the largest |out - ref| / bound accepted, e.g. 10.0 (or values and features)")
+        if not (math.isfinite(ratio) and ratio >= 1.0):
+            raise BaselineError(path, f"known[{i}].max_ratio", f"is {ratio}",
+                                "a finite number >= 1 (a failure exceeds its bound: ratio > 1)")
+        kw["max_ratio"] = ratio
+    return kw
 
 
 def _values_and_features(path, i: int, t: dict) -> dict:
@@ -575,60 +592,5 @@ def classify(baseline: Baseline | None, target, example, finding, run=None) -> s
     return None
 
 
-# ---- writing entries --------------------------------------------------------------------------------------------
-def entry_from_case(case, entry_id: str, reason: str, reference: str, slots: str = "tail",
-                    tail_tokens: int = 32, max_ratio: float | None = None, heads: str = "any") -> KnownFinding:
-    """An entry for a reproducer (a loaded :class:`~kvfuzz.fuzz.campaign.store.cases.Case`): its target, kind
-    and check; for a non-finite output its poison and ``slots``; for a mismatch ``max_ratio`` (default: 10 times
-    the reproducer's own error/bound, so only a tenfold worse error counts as the bug changing); for a memory
-    safety finding the ``locations`` and ``kernels`` of its invalid accesses. Raises :class:`BaselineError` (naming
-    case.json) for a kind a baseline cannot accept, a mismatch case without an error and bound, or a memory safety
-    case without an invalid access with a source line."""
-    path = Path(case.directory) / "case.json"
-    if case.kind not in KINDS:
-        raise BaselineError(path, "kind", f"is {case.kind!r}, which a baseline cannot accept",
-                            f"only {' and '.join(KINDS)} reproducers can be baselined; fix the others")
-    common = dict(id=entry_id, target=case.target, kind=case.kind, check=case.check, reason=reason,
-                  reference=reference, heads=heads)
-    if case.kind == "non-finite output":
-        return KnownFinding(**common, poisons=(case.example.poison.value,), slots=slots, tail_tokens=tail_tokens)
-    if case.kind == "memory safety":
-        accesses = (case.raw.get("details") or {}).get("accesses") or []
-        where = [access_location(a) for a in accesses]
-        kernels = [a.get("kernel") if isinstance(a, dict) else None for a in accesses]
-        if not accesses or None in where or None in kernels:
-            raise BaselineError(path, "details.accesses", "lists no invalid access, or one without its kernel and "
-                                "source line", "write the entry by hand, with locations = [\"file.py:LINE\"]")
-        return KnownFinding(**common, locations=tuple(dict.fromkeys(where)), kernels=tuple(dict.fromkeys(kernels)))
-    if max_ratio is None:
-        oracle = (case.raw.get("details") or {}).get("oracle") or {}
-        try:
-            max_ratio = math.ceil(10 * float(oracle["error"]) / float(oracle["bound"]) * 10) / 10
-        except (KeyError, TypeError, ValueError, ZeroDivisionError):
-            raise BaselineError(path, "details.oracle", "has no error and bound",
-                                "pass --max-ratio to say how far above its bound the finding may go") from None
-    return KnownFinding(**common, max_ratio=float(max_ratio))
-
-
-def append_entry(path: str | Path, entry: KnownFinding) -> None:
-    """Append ``entry`` to the baseline at ``path`` (created if missing), atomically (a temporary file in the
-    same folder, fsynced, renamed over it). Raises :class:`BaselineError` when the existing file is invalid or
-    already has the entry's id, or when the result would not parse (nothing is written then)."""
-    path = Path(path)
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
-    existing = parse_baseline(old, path)
-    if existing.get(entry.id) is not None:
-        raise BaselineError(path, "id", f"{entry.id!r} is already in the baseline", "choose another --id")
-    text = (old.rstrip("\n") + "\n\n" if old.strip() else "") + entry.to_toml()
-    parse_baseline(text, path)  # what we write must read back
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 __all__ = ["FEATURES_OFF", "Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "access_location",
-           "append_entry", "classify", "entry_from_case", "features_off", "load_baseline", "match", "parse_baseline",
-           "tail_slots"]
+           "classify", "features_off", "load_baseline", "match", "parse_baseline", "tail_slots"]

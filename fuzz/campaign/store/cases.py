@@ -13,7 +13,9 @@ import attrs
 
 from kvfuzz.contracts.checks.failures import FailureKind
 from kvfuzz.contracts.checks.oracles import LEGACY_NAMES
+from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.harness.faults import FAULTS
 
 CASE_FORMAT = 1
@@ -52,6 +54,48 @@ def _need(case: dict, path: Path, field: str, typ: type | tuple, what: str) -> A
     return v
 
 
+def read_example(raw: dict, path: Path, where: str = "example",
+                 fix: str = "restore case.json from the campaign's output (kvfuzz writes every field)") -> Example:
+    """The Example of ``raw`` (case.json's ``example``; ``where`` its field in ``path``), each field checked on its
+    own so that a bad value is named by its innermost field ("example.batch.query_lens: is 'one': invalid literal
+    for int()"), not by the whole example. Raises :class:`BadReproducer` (its message ending in ``fix``)."""
+    if not isinstance(raw, dict):
+        raise BadReproducer(path, where, f"is {type(raw).__name__}, expected an object with batch and poison", fix)
+    for key in ("batch", "poison"):
+        if key not in raw:
+            raise BadReproducer(path, f"{where}.{key}", "is missing", fix)
+    b = raw["batch"]
+    if not isinstance(b, dict):
+        raise BadReproducer(path, f"{where}.batch", f"is {type(b).__name__}, expected an object of the batch's fields",
+                            fix)
+    if raw["poison"] not in {p.value for p in Poison}:
+        raise BadReproducer(path, f"{where}.poison", f"is {raw['poison']!r}, not a poison",
+                            f"one of {', '.join(p.value for p in Poison)}")
+    fields = {f.name: f for f in attrs.fields(Batch)}
+    unknown = sorted(set(b) - set(fields))
+    if unknown:
+        raise BadReproducer(path, f"{where}.batch.{unknown[0]}", "is not a field of a batch",
+                            f"the fields are {', '.join(fields)}")
+    for name, f in fields.items():
+        if name not in b:
+            if f.default is attrs.NOTHING:
+                raise BadReproducer(path, f"{where}.batch.{name}", "is missing", fix)
+            continue
+        v = b[name]
+        try:
+            if f.type == "int" and f.converter is None and (not isinstance(v, int) or isinstance(v, bool)):
+                raise TypeError(f"expected an integer, got {type(v).__name__}")
+            v = f.converter(v) if f.converter is not None else v
+            if f.validator is not None:
+                f.validator(None, f, v)
+        except (TypeError, ValueError) as e:
+            raise BadReproducer(path, f"{where}.batch.{name}", f"is {str(b[name])[:60]!r} ({e})", fix) from None
+    try:
+        return Example.from_dict(raw)
+    except (TypeError, ValueError, KeyError) as e:  # the fields together: lengths that differ, a short table
+        raise BadReproducer(path, f"{where}.batch", f"is not a valid batch ({type(e).__name__}: {e})", fix) from None
+
+
 def load_case(directory: str | Path) -> Case:
     """Read and validate ``directory/case.json`` (and that tensors.safetensors, if present, is a readable
     safetensors file). Raises :class:`BadReproducer` naming the file, the field and the fix."""
@@ -87,13 +131,7 @@ def load_case(directory: str | Path) -> Case:
                             f"one of {', '.join(k.value for k in FailureKind)}")
     check = _need(case, path, "check", str, "the check that failed (a string)")
     check = LEGACY_NAMES.get(check, check)  # an oracle by the bare name older reproducers recorded
-    raw_example = _need(case, path, "example", dict, "the example: an object with batch and poison")
-    try:
-        example = Example.from_dict(raw_example)
-    except KeyError as e:
-        raise BadReproducer(path, f"example.{e.args[0]}", "is missing") from None
-    except (TypeError, ValueError) as e:
-        raise BadReproducer(path, "example", f"is not a valid example ({type(e).__name__}: {e})") from None
+    example = read_example(_need(case, path, "example", dict, "the example: an object with batch and poison"), path)
     fault = case.get("caller_fault")
     if fault is not None and fault not in FAULTS:
         raise BadReproducer(path, "caller_fault", f"is {fault!r}, not a caller fault this kvfuzz knows",
@@ -112,4 +150,4 @@ def load_case(directory: str | Path) -> Case:
     return Case(d, target, spec, kind, check, example, fault, case)
 
 
-__all__ = ["BadReproducer", "CASE_FORMAT", "Case", "load_case"]
+__all__ = ["BadReproducer", "CASE_FORMAT", "Case", "load_case", "read_example"]

@@ -72,16 +72,22 @@ def stop_when_full(path: Path | str):
 
 
 def write_json(path: Path, obj: Any, *, fsync: bool = False) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (``fsync``: also survive a machine crash, at ~ms cost).
-    Non-finite floats are written as the strings "nan", "inf", "-inf" (JSON has no NaN).
+    """Write ``obj`` as JSON to ``path`` atomically (:func:`write_text`; ``fsync``: also survive a machine crash, at
+    ~ms cost). Non-finite floats are written as the strings "nan", "inf", "-inf" (JSON has no NaN).
 
     Raises OSError when the file cannot be written (a full disk: ENOSPC, see :func:`disk_full`); ``path`` then
     keeps its previous version and the temporary file is removed."""
+    write_text(path, json.dumps(json_safe(obj), indent=1, allow_nan=False) + "\n", fsync=fsync)
+
+
+def write_text(path: Path | str, text: str, *, fsync: bool = False) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically: a temporary file in the same folder, renamed over it
+    (``fsync``: flushed to the disk first, so it also survives a machine crash). Raises OSError when it cannot be
+    written; ``path`` then keeps its previous version and the temporary file is removed."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    text = json.dumps(json_safe(obj), indent=1, allow_nan=False) + "\n"
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()  # inside the try: a full disk shows here (or at close), not in a later, silent close
             if fsync:
@@ -215,4 +221,4 @@ class CampaignState:
 
 
 __all__ = ["CampaignState", "DISK_FULL_ERRNOS", "OutLock", "OutLocked", "OutOfSpace", "StateFileWarning", "disk_full",
-           "json_safe", "read_json", "stop_when_full", "write_json"]
+           "json_safe", "read_json", "stop_when_full", "write_json", "write_text"]

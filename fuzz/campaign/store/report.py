@@ -3,15 +3,23 @@
 table: kernel paths, batch mixes, GQA ratios, lengths against block boundaries and the modeled ROCm routing,
 one bar chart per target, and the shapes each target reached (longest context by longest query, head size by window,
 on log2 bins) as tables, with heat maps where matplotlib is installed. Failures and rejections are tables with links
-to their reproducers."""
+to their reproducers.
+
+summary.json is validated before anything is written (:func:`read_summary`: a missing, torn or foreign file names the
+field and the fix), and every file is written atomically (a temporary file beside it, then ``os.replace``): a full
+disk or a read-only folder leaves the previous report.md and PNGs whole, never a truncated one, and raises
+:class:`ReportError`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from pathlib import Path
 
 from kvfuzz.contracts.checks.oracles import check_label
+from kvfuzz.fuzz.campaign.store.journal import disk_full
 from kvfuzz.fuzz.harness.coverage import SHAPE_DIMENSIONS
 
 PLOTTED = ("path", "mix", "gqa", "seq_len", "rocm gfx90a/gfx942/gfx950", "rocm gfx11/gfx12", "undeclared")
@@ -117,14 +125,148 @@ def plot_shapes(target: dict, path: Path) -> Path | None:
     return path
 
 
-def write_report(out: Path) -> Path:
-    """Write ``out/report.md`` (and ``out/coverage-<target>.png``) from ``out/summary.json``.
+def time_section(summary: dict) -> list[str]:
+    """The report's "Where the time went" section, from summary.json's ``time`` (written by the supervisor:
+    kvfuzz.fuzz.campaign.stages.time_table): per target and size tier, its share of the workers' wall time, its
+    examples and the mean milliseconds per example of each stage; then the workers' start-up and idle time. Empty
+    for a summary without it."""
+    time = summary.get("time") or {}
+    wall, rows = time.get("wall_s") or 0.0, time.get("rows") or []
+    if not wall:
+        return []
+    stages = [s for s in time.get("stages", []) if any(s in r.get("ms", {}) for r in rows)]
+    lines = ["", "## Where the time went", "",
+             f"{time.get('workers', 1)} worker(s), {wall:.1f} s of worker time (each worker from its start to its "
+             "end). Per target and size tier: its share of that time, its examples, and the mean milliseconds per "
+             "example of each stage (docs/campaigns.md, \"Where the time goes\").", "",
+             "| target | tier | share | examples | " + " | ".join(stages) + " |", "|---" * (4 + len(stages)) + "|"]
+    for r in rows:
+        ms = r.get("ms", {})
+        lines.append(f"| {r['target']} | {r['tier']} | {100 * r.get('share', 0.0):.1f}% | {r.get('examples', 0)} | "
+                     + " | ".join(f"{ms[s]:.2f}" if s in ms else "-" for s in stages) + " |")
+    rest = [f"{s} {100 * time['seconds'][s] / wall:.1f}%" for s in ("startup", "idle") if s in time.get("seconds", {})]
+    if rest:
+        lines += ["", "Outside any target: " + ", ".join(rest) + " of the workers' time."]
+    return lines
 
-    Raises FileNotFoundError naming the missing summary (run ``kvfuzz fuzz --out DIR`` first)."""
-    summary_file = out / "summary.json"
-    if not summary_file.exists():
-        raise FileNotFoundError(f"{summary_file} does not exist: run `kvfuzz fuzz --out {out}` first")
-    summary = json.loads(summary_file.read_text())
+
+class ReportError(Exception):
+    """The report cannot be written: summary.json is missing or malformed, or the folder cannot take the files
+    (``full``: the disk is full, exit 3 in the CLI; otherwise the input or the folder is at fault, exit 2). The
+    message names the file, the field and the fix."""
+
+    def __init__(self, message: str, full: bool = False) -> None:
+        super().__init__(message)
+        self.full = full
+
+
+#: What each target entry of summary.json must hold for a report: field -> (types, what it is).
+_TARGET_FIELDS = {"target": (str, "the target's name"), "examples": (int, "a count"),
+                  "examples_per_s": ((int, float), "a number"), "kernel_s": ((int, float), "seconds"),
+                  "harness_s": ((int, float), "seconds"), "failures": (list, "a list of failures")}
+_FIX = "write it again with `kvfuzz fuzz --out DIR` (a campaign writes summary.json when it ends)"
+
+
+def _bad(path: Path, field: str, problem: str) -> ReportError:
+    return ReportError(f"{path}, field {field!r}: {problem}; {_FIX}")
+
+
+def read_summary(out: Path) -> dict:
+    """``out/summary.json`` read and checked for what a report needs (every target's name, counts, times and
+    failures; the coverage and the declared space, when present, objects of counts). Raises ReportError naming
+    the file, the field and the fix."""
+    path = Path(out) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReportError(f"{path} does not exist: run `kvfuzz fuzz --out {out}` first") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportError(f"{path} cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    except ValueError as e:
+        raise ReportError(f"{path} is not valid JSON ({e}): torn or edited; {_FIX}") from None
+    if not isinstance(summary, dict):
+        raise ReportError(f"{path} holds a JSON {type(summary).__name__}, not an object; {_FIX}")
+    if not isinstance(summary.get("targets"), list):
+        raise _bad(path, "targets", "is missing" if "targets" not in summary else "is not a list")
+    for i, t in enumerate(summary["targets"]):
+        if not isinstance(t, dict):
+            raise _bad(path, f"targets[{i}]", "is not an object")
+        for field, (types, what) in _TARGET_FIELDS.items():
+            if field not in t:
+                raise _bad(path, f"targets[{i}].{field}", "is missing")
+            if not isinstance(t[field], types) or isinstance(t[field], bool):
+                raise _bad(path, f"targets[{i}].{field}", f"is {type(t[field]).__name__}, expected {what}")
+        for j, f in enumerate(t["failures"]):
+            if not isinstance(f, dict) or not isinstance(f.get("kind"), str):
+                raise _bad(path, f"targets[{i}].failures[{j}].kind", "is missing or not a string")
+        for field in ("coverage", "declared"):
+            dims = t.get(field, {})
+            if not isinstance(dims, dict) or not all(
+                    isinstance(c, dict) and all(isinstance(n, int) for n in c.values()) for c in dims.values()):
+                raise _bad(path, f"targets[{i}].{field}", "is not an object of {value: count} objects")
+        if not isinstance(t.get("paths", {}), dict) or not isinstance(t.get("rejections", {}), dict):
+            raise _bad(path, f"targets[{i}].paths", "is not an object of counts")
+    return summary
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path):
+    """Yield a temporary path beside ``path`` (same suffix: matplotlib picks the format from it) to write, then put
+    it in place with ``os.replace``; the temporary file is removed if anything fails. A full disk or a folder that
+    cannot be written raises ReportError."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        if tmp.exists():
+            os.replace(tmp, path)
+    except OSError as e:
+        raise ReportError(f"cannot write {path}: {e.strerror or e}" + (
+            "; free some space and run `kvfuzz report` again (the previous report is kept whole)" if disk_full(e)
+            else "; make the folder writable, or copy the campaign's folder somewhere writable"),
+            full=disk_full(e)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _plot(plot, target: dict, path: Path, lines: list[str]) -> Path | None:
+    """``plot(target, path)`` drawn atomically (:func:`atomic_file`); a plot that fails otherwise (matplotlib) is left
+    out with a line in the report, never the report's end."""
+    try:
+        with atomic_file(path) as tmp:
+            drawn = plot(target, tmp)
+    except ReportError:
+        raise
+    except ImportError:
+        lines.append(f"(plot {path.name} not drawn: matplotlib is not installed; pip install 'kvfuzz[report]')")
+        return None
+    except Exception as e:  # a plotting problem: the tables stand without the picture
+        lines.append(f"(plot {path.name} not drawn: {type(e).__name__}: {e})")
+        return None
+    return path if drawn is not None else None
+
+
+def write_report(out: Path) -> Path:
+    """Write ``out/report.md`` (and ``out/coverage-<target>.png``, ``out/shapes-<target>.png``) from
+    ``out/summary.json``, each file atomically.
+
+    Raises ReportError: summary.json missing or malformed (the field named), or a file that cannot be written
+    (``full`` for a full disk)."""
+    out = Path(out)
+    summary = read_summary(out)
+    try:
+        lines = _report_lines(summary, out)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # what read_summary does not check in detail
+        raise ReportError(f"{out / 'summary.json'} holds something a report cannot read ({type(e).__name__}: "
+                          f"{e}); {_FIX}") from None
+    report = out / "report.md"
+    with atomic_file(report) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+    return report
+
+
+def _report_lines(summary: dict, out: Path) -> list[str]:
+    """report.md's lines, the plots drawn beside it (:func:`write_report`)."""
     lines = ["# kvfuzz campaign report", ""]
     flags = [f"seed {summary.get('seed')}", f"workers {summary.get('workers', 1)}"]
     if summary.get("caller_fault"):
@@ -143,6 +285,7 @@ def write_report(out: Path) -> Path:
         share = f"{100 * t['kernel_s'] / total:.0f}%" if total else "-"
         lines.append(f"| {t['target']} | {t['examples']} | {t['examples_per_s']:.2f} | {share} | "
                      f"{len(t['failures'])} |")
+    lines += time_section(summary)
     failures = [(t["target"], f) for t in summary["targets"] for f in t["failures"] if not f.get("known")]
     known = [(t["target"], f) for t in summary["targets"] for f in t["failures"] if f.get("known")]
     if known:
@@ -173,13 +316,13 @@ def write_report(out: Path) -> Path:
         lines += ["", f"Warning: {w}"]
     for t in summary["targets"]:
         lines += ["", f"## {t['target']}", ""]
-        png = plot_coverage(t, out / f"coverage-{_slug(t['target'])}.png")
+        png = _plot(plot_coverage, t, out / f"coverage-{_slug(t['target'])}.png", lines)
         if png is not None:
             lines.append(f"![coverage of {t['target']}]({png.name})")
         for dim in SHAPE_DIMENSIONS:
             if t.get("coverage", {}).get(dim):
                 lines += _shape_table(dim, t["coverage"][dim])
-        shapes = plot_shapes(t, out / f"shapes-{_slug(t['target'])}.png")
+        shapes = _plot(plot_shapes, t, out / f"shapes-{_slug(t['target'])}.png", lines)
         if shapes is not None:
             lines += ["", f"![shapes of {t['target']}]({shapes.name})"]
         if t.get("declared"):
@@ -192,9 +335,8 @@ def write_report(out: Path) -> Path:
             lines += ["", "Undeclared configurations rejected with an error (expected):", "",
                       "| error | count |", "|---|---|"]
             lines += [f"| `{m}` | {n} |" for m, n in t["rejections"].items()]
-    report = out / "report.md"
-    report.write_text("\n".join(lines) + "\n")
-    return report
+    return lines
 
 
-__all__ = ["PLOTTED", "plot_coverage", "plot_shapes", "shape_grid", "write_report"]
+__all__ = ["PLOTTED", "ReportError", "atomic_file", "plot_coverage", "plot_shapes", "read_summary", "shape_grid",
+           "time_section", "write_report"]

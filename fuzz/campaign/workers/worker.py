@@ -5,8 +5,9 @@ runs the tasks the supervisor sends over its pipe (replay the database for a tar
 re-run one example), reporting every example as it happens (begin, phase, end, new failures: a
 :class:`PipeListener`). It dies with its supervisor (``PR_SET_PDEATHSIG`` plus a watchdog on its parent pid),
 ignores Ctrl-C (the supervisor stops it) and stops on SIGTERM after the example in flight. The pipe's messages,
-worker to supervisor: ``ready``, ``begin``, ``phase``, ``end``, ``seen``, ``failure``, ``done``, ``warning``,
-``fatal``, ``disk_full``, ``bye``; supervisor to worker: ``replay``, ``chunk``, ``retry``, ``stop``.
+worker to supervisor: ``ready``, ``begin``, ``phase``, ``end``, ``seen``, ``failure``, ``spent``,
+``memory``, ``done``, ``warning``, ``fatal``, ``disk_full``, ``bye``; supervisor to worker: ``replay``, ``chunk``,
+``retry``, ``stop``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class WorkerSpec:
     gpu: int | None = None
     threads: int = 1
     observe_dir: str | None = None
+    #: the campaign's workers on this worker's GPU (memory.Releases: the share of the GPU each may keep cached)
+    gpu_workers: int = 1
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -87,11 +90,26 @@ def tune_malloc() -> bool:
     return all([mallopt(param, value) == 1 for param, value in MALLOC_SETTINGS.values()])
 
 
+#: Seconds between a worker's reports of the CUDA memory it holds (``memory``, after an example ends).
+MEMORY_SECONDS = 5.0
+
+
+def gpu_memory() -> tuple[int, int] | None:
+    """The bytes of CUDA memory this process's caching allocator reserves and has allocated
+    (``torch.cuda.memory_reserved``, ``memory_allocated``), or None where CUDA is not in use here."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+
+
 class PipeListener:
-    """The Campaign listener of a worker: every event goes to the supervisor."""
+    """The Campaign listener of a worker: every event goes to the supervisor, and after an example, at most every
+    :data:`MEMORY_SECONDS`, the CUDA memory it holds (``memory``; nothing off CUDA)."""
 
     def __init__(self, conn) -> None:
         self.conn = conn
+        self._memory_at = -MEMORY_SECONDS
 
     def begin(self, target, example) -> None:
         self.conn.send(("begin", target, example.to_dict()))
@@ -101,6 +119,12 @@ class PipeListener:
 
     def end(self, target, outcome) -> None:
         self.conn.send(("end", target, attrs.asdict(outcome)))
+        now = time.monotonic()
+        if now - self._memory_at >= MEMORY_SECONDS:
+            self._memory_at = now
+            held = gpu_memory()
+            if held is not None:
+                self.conn.send(("memory", *held))
 
     def failure(self, record) -> None:
         self.conn.send(("failure", record.target, attrs.asdict(record)))
@@ -108,20 +132,21 @@ class PipeListener:
     def seen(self, record) -> None:
         self.conn.send(("seen", record.target, attrs.asdict(record)))
 
+    def spent(self, target, tier, seconds) -> None:
+        self.conn.send(("spent", target, tier, seconds))
+
 
 def gpu_environment(gpu: int, env) -> None:
     """Put a worker on the campaign's GPU ``gpu`` in ``env`` (os.environ): ``CUDA_VISIBLE_DEVICES`` that GPU's
     device (the ``gpu``-th of the campaign's own ``CUDA_VISIBLE_DEVICES`` when it has one: a campaign on devices
-    2,3 puts GPU 0 on "2"; it had put it on "0"), and under per-GPU MPS daemons (kvfuzz.fuzz.campaign.workers.mps,
-    ``KVFUZZ_MPS_PIPES``) that GPU's daemon's pipe as ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_VISIBLE_DEVICES=0``:
-    the daemon was started seeing only its GPU, which is its clients' device 0. Without a mask the client's torch
-    counted the host's GPUs through NVML (4 on a 4-GPU host) while CUDA gave it one, and every worker not on the
-    first GPU died at CUDA's lazy init ("device=1, num_gpus=1", torch.cuda._check_capability; a two- and a
-    four-GPU campaign on an H200 host ran 10 examples each).
-    Under one daemon kvfuzz started for all the campaign's GPUs (``KVFUZZ_MPS_SHARED``), which sees only the
-    campaign's devices, the index ``gpu`` itself: a one-GPU campaign on device "3" is the server's device 0 (with
-    "3" its workers found no GPU; found on a 4-GPU H200 host, one campaign per GPU). ``KVFUZZ_DEVICE`` keeps the
-    physical device in every case (a sanitized child runs outside MPS: kvfuzz.fuzz.harness.sanitizer)."""
+    2,3 puts GPU 0 on "2"), and under per-GPU MPS daemons (kvfuzz.fuzz.campaign.workers.mps, ``KVFUZZ_MPS_PIPES``)
+    that GPU's daemon's pipe as ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_VISIBLE_DEVICES=0``: the daemon was started
+    seeing only its GPU, which is its clients' device 0. Without that mask the client's torch counts the host's
+    GPUs through NVML while CUDA gives it one, and a worker not on the first GPU dies at CUDA's lazy init
+    (torch.cuda._check_capability). Under one daemon kvfuzz started for all the campaign's GPUs
+    (``KVFUZZ_MPS_SHARED``), which sees only the campaign's devices, the index ``gpu`` itself: a one-GPU campaign
+    on device "3" is the server's device 0 (naming "3" there, its workers would find no GPU). ``KVFUZZ_DEVICE``
+    keeps the physical device in every case (a sanitized child runs outside MPS: kvfuzz.fuzz.harness.sanitizer)."""
     pipes = [p for p in env.get(PIPES_ENV, "").split(",") if p]
     env["KVFUZZ_DEVICE"] = visible_devices(gpu + 1, env)[gpu]  # its physical GPU, outside MPS too
     if gpu < len(pipes):
@@ -136,6 +161,98 @@ def gpu_environment(gpu: int, env) -> None:
 
 def worker_main(spec: WorkerSpec, conn) -> None:
     """A worker's life: set up, say ready, run tasks until told to stop, say goodbye."""
+    _set_up(spec)
+    # set up: the heavy imports may come (the comment at the top)
+    from kvfuzz.fuzz.harness.isolation import ISOLATED, STOP
+
+    ISOLATED.set()  # a kernel that breaks the device ends this process (harness.isolation)
+    signal.signal(signal.SIGTERM, stop_on_term(STOP))
+    try:
+        _serve(spec, conn)
+    finally:  # a SIGTERM now (the group's, then the supervisor's) must not raise in an atexit callback
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def stop_on_term(stop):
+    """The worker's SIGTERM handler: set ``stop`` (checked at every example, in case kernel code swallows the
+    KeyboardInterrupt) and raise KeyboardInterrupt, once: a second SIGTERM (the process group's, then the
+    supervisor's own) finds the worker already stopping and only sets ``stop``, so it never lands in the handling
+    of the first or in an atexit callback ("Exception ignored in atexit callback ... KeyboardInterrupt")."""
+
+    def term(signum, frame):
+        if stop.is_set():
+            return
+        stop.set()
+        raise KeyboardInterrupt
+
+    return term
+
+
+def _serve(spec: WorkerSpec, conn) -> None:
+    """Load the campaign, say ready, run tasks until told to stop, say goodbye (:func:`worker_main`'s body)."""
+    config = releases = None
+    try:
+        import torch
+
+        from kvfuzz.fuzz.campaign.config import config_from_dict
+        from kvfuzz.fuzz.campaign.store.database import DatabaseError
+
+        torch.set_num_threads(spec.threads)
+        if spec.gpu is not None:  # a CUDA campaign: listen for Triton's compiles from the first kernel call on
+            _import_triton()
+        config = config_from_dict(spec.config)
+        try:
+            config.db()
+        except DatabaseError as e:
+            conn.send(("fatal", str(e)))
+            return
+        campaign, releases = _campaigns(spec, config, PipeListener(conn))
+        observing = _observing(spec)
+        conn.send(("ready", os.getpid()))
+        with observing:
+            _run_tasks(conn, campaign, releases)
+    except KeyboardInterrupt:
+        pass  # stopped: say goodbye below
+    except OutOfSpace as e:  # a full disk: the supervisor ends the campaign (exit 3), keeping what was written
+        conn.send(("disk_full", str(e)))
+        _quiet_streams()
+    except Exception as e:  # kvfuzz itself broke outside any example: tell the supervisor, with the traceback
+        _broke(spec, conn, e)
+        return
+    _report_database_errors(conn, config)
+    if releases is not None:
+        releases.close()
+    conn.send(("bye",))
+
+
+def _campaigns(spec: WorkerSpec, config, listener):
+    """``(campaign, releases)``: ``campaign(name)``, the worker's one Campaign per target (made on first use), and
+    the worker's :class:`~kvfuzz.fuzz.harness.memory.Releases`, shared by them (it gives back this process's
+    cached device memory and every target's kernel library's pools)."""
+    from kvfuzz.fuzz.campaign.engine import Campaign
+    from kvfuzz.fuzz.harness.memory import Releases, release_device_memory
+    from kvfuzz.fuzz.targets import get_target
+
+    targets = {t.name: t for t in (get_target(n) for n in spec.targets)}
+    campaigns: dict = {}
+
+    def release() -> None:
+        release_device_memory()
+        for t in targets.values():
+            t.release_memory()
+
+    releases = Releases(config.out, release=release)
+
+    def campaign(name: str):
+        return campaigns.get(name) or campaigns.setdefault(name, Campaign(targets[name], config, listener,
+                                                                           releases=releases))
+
+    return campaign, releases
+
+
+def _set_up(spec: WorkerSpec) -> None:
+    """Before anything heavy loads: die with the supervisor, write stdout and stderr to the worker's log, take
+    the campaign's GPU, leave Ctrl-C to the supervisor (which stops the worker)."""
     _die_with_parent(spec.parent_pid)
     tune_malloc()
     log = os.open(spec.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -145,86 +262,79 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     if spec.gpu is not None:
         gpu_environment(spec.gpu, os.environ)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
+        os.environ["KVFUZZ_GPU_WORKERS"] = str(spec.gpu_workers)
+    for s in (signal.SIGINT, signal.SIGHUP):  # Ctrl-C, a closed terminal: they reach the supervisor, which stops us
+        signal.signal(s, signal.SIG_IGN)
 
-    # set up: the heavy imports may come (the comment at the top)
-    from kvfuzz.fuzz.harness.isolation import ISOLATED, STOP, exit_if_mps_busy
 
-    ISOLATED.set()  # a kernel that breaks the device ends this process (harness.isolation)
+def _run_tasks(conn, campaign, releases) -> None:
+    """Run the supervisor's tasks until it says ``stop``: each on its target's Campaign (``campaign(name)``),
+    knowing the signatures found and the examples that ended workers elsewhere and the deadline; then what it cut
+    short and ``done``."""
+    from kvfuzz.contracts.model.example import Example  # loaded with the engine already
 
-    def term(signum, frame):
-        STOP.set()  # checked at every example, in case kernel code swallows the KeyboardInterrupt
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, term)
-    try:
-        import torch
-
-        from kvfuzz.contracts.model.example import Example
-        from kvfuzz.fuzz.campaign.config import config_from_dict
-        from kvfuzz.fuzz.campaign.engine import Campaign
-        from kvfuzz.fuzz.campaign.records import example_key
-        from kvfuzz.fuzz.campaign.store.database import DatabaseError
-        from kvfuzz.fuzz.targets import get_target
-
-        torch.set_num_threads(spec.threads)
-        config = config_from_dict(spec.config)
-        targets = {t.name: t for t in (get_target(n) for n in spec.targets)}
-        try:
-            config.db()
-        except DatabaseError as e:
-            conn.send(("fatal", str(e)))
+    while True:
+        releases.idle()  # waiting for a task: nothing kept cached, and nobody waits on this worker
+        task = conn.recv()
+        if task[0] == "stop":
             return
-        listener = PipeListener(conn)
-        campaigns: dict[str, Campaign] = {}
-        observing = _observing(spec)
-        conn.send(("ready", os.getpid()))
-        with observing:
-            while True:
-                task = conn.recv()
-                if task[0] == "stop":
-                    break
-                kind, tid, name, *args = task
-                c = campaigns.get(name) or campaigns.setdefault(name, Campaign(targets[name], config, listener))
-                c.known |= {tuple(s) for s in args[-1]["signatures"]}
-                c.ended.update((example_key(e), tuple(sig)) for sig, e in args[-1]["ended"])
-                c.deadline = args[-1].get("deadline")
-                cut = len(c.cut_short)
-                if kind == "replay":
-                    c.replay_database()
-                elif kind == "chunk":
-                    c.run_chunk(args[0], args[1])
-                elif kind == "retry":
-                    c.check_one(Example.from_dict(args[0]))
-                for what in dict.fromkeys(c.cut_short[cut:]):
-                    if what == "generating":  # every --duration campaign ends so: nothing was cut short
-                        continue
-                    if what.startswith("shrinking past"):  # a failure found in time, shrunk within the grace
-                        conn.send(("warning", f"{name}: kept {what}: a failure found before the deadline"))
-                        continue
-                    conn.send(("warning", f"{name}: --duration ran out while {what}; what it found is recorded "
-                                          "as shrunk so far"))
-                conn.send(("done", tid))
-    except KeyboardInterrupt:
-        pass  # stopped: say goodbye below
-    except OutOfSpace as e:  # a full disk: the supervisor ends the campaign (exit 3), keeping what was written
-        conn.send(("disk_full", str(e)))
+        kind, tid, name, *args = task
+        c = campaign(name)
+        c.ledger.learn(args[-1]["signatures"], args[-1]["ended"])
+        c.deadline = args[-1].get("deadline")
+        cut = len(c.cut_short)
+        if kind == "replay":
+            c.replay_database()
+        elif kind == "chunk":
+            c.run_chunk(args[0], args[1])
+        elif kind == "retry":
+            c.check_one(Example.from_dict(args[0]))
+        _warn_cut_short(conn, name, c.cut_short[cut:])
+        conn.send(("done", tid))
+
+
+def _warn_cut_short(conn, name: str, cut_short: list[str]) -> None:
+    """Warn of what a task's ``--duration`` cut short (each once), but a generation (every --duration campaign ends
+    so: nothing was cut short)."""
+    for what in dict.fromkeys(cut_short):
+        if what == "generating":
+            continue
+        if what.startswith("shrinking past"):  # a failure found in time, shrunk within the grace
+            conn.send(("warning", f"{name}: kept {what}: a failure found before the deadline"))
+            continue
+        conn.send(("warning", f"{name}: --duration ran out while {what}; what it found is recorded "
+                              "as shrunk so far"))
+
+
+def _broke(spec: WorkerSpec, conn, e: Exception) -> None:
+    """kvfuzz itself broke outside any example: a full disk ends the campaign (exit 3: ``disk_full``, then
+    ``bye``); an MPS server not yet taking clients ends this worker for another; anything else is ``fatal``,
+    with the traceback in the worker's log."""
+    from kvfuzz.fuzz.harness.isolation import exit_if_mps_busy
+
+    if disk_full(e):
+        conn.send(("disk_full", str(OutOfSpace(getattr(e, "filename", None) or spec.config["out"], e))))
         _quiet_streams()
-    except Exception as e:  # kvfuzz itself broke outside any example: tell the supervisor, with the traceback
-        if disk_full(e):
-            conn.send(("disk_full", str(OutOfSpace(getattr(e, "filename", None) or spec.config["out"], e))))
-            _quiet_streams()
-            conn.send(("bye",))
-            return
-        exit_if_mps_busy(e)  # the MPS server is not taking clients yet: the supervisor starts another worker
-        conn.send(("fatal", f"worker {spec.index}: {type(e).__name__}: {e} (traceback in {spec.log})"))
-        try:
-            traceback.print_exc()
-        except OSError:
-            pass
+        conn.send(("bye",))
         return
-    _report_database_errors(conn, locals().get("config"))
-    conn.send(("bye",))
+    exit_if_mps_busy(e)  # the MPS server is not taking clients yet: the supervisor starts another worker
+    conn.send(("fatal", f"worker {spec.index}: {type(e).__name__}: {e} (traceback in {spec.log})"))
+    try:
+        traceback.print_exc()
+    except OSError:
+        pass
+
+
+def _import_triton() -> None:
+    """Import Triton where it is installed, so that the first kernel call's compiles are told apart from its time
+    (kvfuzz.fuzz.harness.kernel_clock hooks Triton once it is imported)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+    from kvfuzz.fuzz.harness.kernel_clock import COMPILES
+
+    COMPILES.listen()
 
 
 def _quiet_streams() -> None:
@@ -260,4 +370,5 @@ def _observing(spec: WorkerSpec):
     return observe_to(Path(spec.observe_dir), prefix=f"w{spec.index}_")
 
 
-__all__ = ["PipeListener", "WorkerSpec", "gpu_environment", "worker_main"]
+__all__ = ["MEMORY_SECONDS", "PipeListener", "WorkerSpec", "gpu_environment", "gpu_memory", "stop_on_term",
+           "worker_main"]

@@ -78,5 +78,5 @@ def test_bench_throughput_splits_time_by_stage(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     (p,) = json.loads(out.read_text())["profiles"]
     assert p["examples"] == 5 and set(p["stages_s"]) == {"generate", "materialize", "check_caller", "kernel",
-                                                          "reference", "check_output"}
+                                                          "reference", "check_output", "compile", "queued"}
     assert 0 < p["harness_overhead"] < 1 and p["materialize_gb_per_s"] > 0

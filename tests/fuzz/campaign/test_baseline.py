@@ -18,15 +18,14 @@ from kvfuzz.fuzz.campaign.store.baseline import (
     Baseline,
     BaselineError,
     KnownFinding,
-    append_entry,
     classify,
-    entry_from_case,
     features_off,
     freed_slots,
     load_baseline,
     match,
     parse_baseline,
 )
+from kvfuzz.fuzz.campaign.store.baseline_add import append_entry, entry_from_case
 from kvfuzz.fuzz.campaign.store.cases import Case
 from kvfuzz.fuzz.harness import properties, sanitizer
 from kvfuzz.fuzz.targets import BUILTIN, get_target

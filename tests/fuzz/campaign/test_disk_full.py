@@ -198,4 +198,4 @@ def test_a_full_disk_inside_an_example_is_nobodys_finding(tmp_path):
                   num_blocks=2, block_table=[[1]], dtype="float32", seed=0)
     c = Campaign(FullInPrepare(), CampaignConfig(out=tmp_path, database=None, db_spec=str(tmp_path / "db")))
     with pytest.raises(OutOfSpace, match="no space left on device"):
-        c._run_example(Example(batch, Poison.NAN))
+        c.runner.check(Example(batch, Poison.NAN))

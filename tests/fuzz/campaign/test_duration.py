@@ -45,15 +45,15 @@ def test_a_pinned_chunk_past_its_deadline_records_its_failure_unwidened(tmp_path
     """In one process (no timing margin needed: the deadline has passed when the first failure shrinks): with no
     shrink grace the shrink stops, and the failure is recorded in its configuration instead of widened across
     configurations."""
-    import kvfuzz.fuzz.campaign.engine as engine
+    import kvfuzz.fuzz.campaign.runner as runner
 
-    monkeypatch.setattr(engine, "SHRINK_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(runner, "SHRINK_GRACE_SECONDS", 0.0)
     c = Campaign(_Wrong(), CampaignConfig(out=tmp_path, poisons=(Poison.ZEROS,), seed=1, pin_configs=True))
     c.deadline = time.monotonic()  # already past
     assert c.run_chunk(0, 50) == []  # nothing starts past the deadline
     assert c.cut_short == ["generating"]
     c.deadline = None
-    c._body = _then_deadline(c, c._body)
+    c.runner.body = _then_deadline(c, c.runner.body)
     (record,) = c.run_chunk(1, 50)
     assert record.reproducer and c.cut_short[-1].startswith("shrinking kernel mismatch")
     # a re-run of a killed worker's example is owed its answer, deadline or not
@@ -77,14 +77,14 @@ def _then_deadline(c, body):
 def test_a_shrink_goes_on_past_the_deadline_within_its_grace(tmp_path, monkeypatch):
     """With a shrink grace, a failure found before --duration ran out is still shrunk (and widened) after it, no new
     example is drawn, and cut_short names the overrun for the summary."""
-    import kvfuzz.fuzz.campaign.engine as engine
+    import kvfuzz.fuzz.campaign.runner as runner
 
-    monkeypatch.setattr(engine, "SHRINK_GRACE_SECONDS", 3600.0)
+    monkeypatch.setattr(runner, "SHRINK_GRACE_SECONDS", 3600.0)
     c = Campaign(_Wrong(), CampaignConfig(out=tmp_path, poisons=(Poison.ZEROS,), seed=1, pin_configs=True))
     c.deadline = time.monotonic()  # already past: nothing new starts
     assert c.run_chunk(0, 50) == [] and c.cut_short == ["generating"]
     c.deadline = None
-    c._body = _then_deadline(c, c._body)
+    c.runner.body = _then_deadline(c, c.runner.body)
     (record,) = c.run_chunk(1, 50)
     assert record.reproducer and record.stage == "final"
     assert any(n.startswith("shrinking past --duration") for n in c.cut_short), c.cut_short

@@ -1,11 +1,12 @@
-"""Hypothesis guidance (fuzz/campaign/engine.py, Campaign._body): every passing example reports its agreement
+"""Hypothesis guidance (fuzz/campaign/runner.py, ExampleRunner.body): every passing example reports its agreement
 error's largest ratio to its bound to ``hypothesis.target()``, so the targeted phase climbs towards a failure."""
 
 import hypothesis
 
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign.config import CampaignConfig
-from kvfuzz.fuzz.campaign.engine import TARGET_LABEL, fuzz_target
+from kvfuzz.fuzz.campaign.engine import fuzz_target
+from kvfuzz.fuzz.campaign.runner import TARGET_LABEL
 from kvfuzz.fuzz.targets import get_target
 
 

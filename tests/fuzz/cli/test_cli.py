@@ -508,6 +508,9 @@ BAD_VALUES = [  # (command, option, bad value): options whose values click's typ
     ("bench upstream --tree {case}", "--bug", "sglang-2479x"),
     ("bench upstream --tree {case}", "--json", "{file}/x.json"),
     ("baseline add {case} --id x --reason r --reference r", "--baseline", "{file}/b.toml"),
+    ("report {case} --issue", "--baseline", "{file}.missing"),
+    ("fuzz", "--db", "http://127.0.0.1:1/"),
+    ("check", "--db", "reddis://localhost:6379/0"),
     ("baseline add {case} --reason r --reference r", "--id", " "),
     ("baseline add {case} --id x --reference r", "--reason", ""),
     ("baseline add {case} --id x --reason r", "--reference", ""),
@@ -569,6 +572,8 @@ def _typed_bad_values():
                 yield name, p.opts[0], "nope"
             elif isinstance(t, (click.IntRange, click.FloatRange)) and t.min is not None:
                 yield name, p.opts[0], str(t.min - 1)
+                if t.max is not None:  # a limit that cannot be met: refused at parse time, with its bound
+                    yield name, p.opts[0], str(t.max + 1)
             elif t in (click.INT, click.FLOAT) or isinstance(t, (click.IntRange, click.FloatRange)):
                 yield name, p.opts[0], "many"
 
@@ -576,7 +581,7 @@ def _typed_bad_values():
 TYPED = list(_typed_bad_values())
 
 
-@pytest.mark.parametrize("command, option, value", TYPED, ids=[f"{c[7:]} {o}={v}" for c, o, v in TYPED])
+@pytest.mark.parametrize("command, option, value", TYPED, ids=[f"{c[7:]} {o}={v[:12]}" for c, o, v in TYPED])
 @pytest.mark.cli_text
 def test_a_value_of_the_wrong_type_exits_2_naming_the_option(tmp_path, command, option, value):
     from click.testing import CliRunner

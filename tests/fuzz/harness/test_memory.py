@@ -1,8 +1,9 @@
-"""Device memory around big examples (kvfuzz.fuzz.harness.memory, kvfuzz.fuzz.campaign.engine): the size that
+"""Device memory around big examples (kvfuzz.fuzz.harness.memory, kvfuzz.fuzz.campaign.runner): the size that
 makes an example big, the campaign's device-memory lock, and an example that ran out of device memory outside
 the kernel: run again alone on the device, a harness error only if it runs out again."""
 
 import fcntl
+import os
 from pathlib import Path
 
 import attrs
@@ -11,7 +12,7 @@ import torch
 from support.planted_targets import SdpaPaged
 
 from kvfuzz import Batch, Poison
-from kvfuzz.fuzz.campaign import engine
+from kvfuzz.fuzz.campaign import engine, runner
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness import memory
@@ -85,7 +86,7 @@ class _OutOfMemoryUnlessAlone(SdpaPaged):
 
 @pytest.mark.parametrize("always", [False, True])
 def test_an_example_out_of_device_memory_runs_again_alone(tmp_path, always, monkeypatch):
-    monkeypatch.setattr(engine, "OUT_OF_MEMORY_PAUSES", (0.0, 0.0, 0.0))  # the waits, not their length
+    monkeypatch.setattr(runner, "OUT_OF_MEMORY_PAUSES", (0.0, 0.0, 0.0))  # the waits, not their length
     target = _OutOfMemoryUnlessAlone()
     type(target).out, type(target).always, type(target).attempts = tmp_path, always, 0
     stats = fuzz_target(target, CampaignConfig(out=tmp_path, max_examples=5, poisons=(Poison.ZEROS,), seed=1,
@@ -96,7 +97,7 @@ def test_an_example_out_of_device_memory_runs_again_alone(tmp_path, always, monk
     # out of memory alone on the device too, every retry: kvfuzz's, so never a finding nor a harness error; each
     # example is counted as skipped (the campaign exits 3 on it: tests/fuzz/campaign/test_memory_campaign.py)
     assert not stats.failures and stats.examples == 0
-    assert stats.skipped_memory > 0 and target.attempts == stats.skipped_memory * (1 + len(engine.OUT_OF_MEMORY_PAUSES))
+    assert stats.skipped_memory > 0 and target.attempts == stats.skipped_memory * (1 + len(runner.OUT_OF_MEMORY_PAUSES))
     assert stats.to_dict()["skipped_for_memory"] == stats.skipped_memory
 
 
@@ -114,8 +115,8 @@ def test_a_recorded_failure_lets_go_of_its_run(tmp_path):
                                                            structural_shrink=0))
     (record,) = c.run_chunk(0, 3)
     assert record.reproducer and (tmp_path / record.reproducer).exists() or Path(record.reproducer).exists()
-    assert c._latest and all(run is None for _, _, run in c._latest.values())
-    assert c._run is None
+    assert c.ledger.latest(record.signature)[2] is None
+    assert c.runner.run is None
 
 
 class _KernelOutOfMemoryUnlessAlone(SdpaPaged):
@@ -137,7 +138,7 @@ def test_a_kernel_out_of_memory_runs_again_alone(tmp_path, always, monkeypatch):
     """A kernel that ran out of device memory without the lock is re-run holding it: no finding (and no Hypothesis
     FlakyFailure from a first call that hit a full GPU). Out of memory alone on the device too, it is the
     kernel's finding."""
-    monkeypatch.setattr(engine, "OUT_OF_MEMORY_PAUSES", (0.0,))
+    monkeypatch.setattr(runner, "OUT_OF_MEMORY_PAUSES", (0.0,))
     monkeypatch.setattr(_KernelOutOfMemoryUnlessAlone, "always", always)
     stats = fuzz_target(_KernelOutOfMemoryUnlessAlone(), CampaignConfig(
         out=tmp_path, max_examples=4, poisons=(Poison.ZEROS,), seed=1, stop_at_first_failure=True,
@@ -166,7 +167,7 @@ def test_a_kernel_out_of_memory_on_a_device_others_filled_is_skipped_not_the_ker
     it is the kernel's finding while the device has room (a kernel asking for too much), and skipped, never a
     finding, while the device is full all the same (a flex_attention call of one decode token on an H200 that
     other campaigns and a test suite had filled had been reported as a kernel crash)."""
-    monkeypatch.setattr(engine, "OUT_OF_MEMORY_PAUSES", (0.0,))
+    monkeypatch.setattr(runner, "OUT_OF_MEMORY_PAUSES", (0.0,))
     monkeypatch.setattr(_KernelOutOfMemoryUnlessAlone, "always", True)
     monkeypatch.setattr(_KernelOutOfMemoryUnlessAlone, "error", RuntimeError("CUDA driver error: out of memory"))
     monkeypatch.setattr(memory, "device_full", lambda: full)
@@ -188,4 +189,55 @@ def test_an_event_outside_hypothesiss_test_is_dropped_not_raised():
 
     with pytest.raises(InvalidArgument):
         hypothesis.event("skipped: out of device memory")
-    engine._event("skipped: out of device memory")  # no error
+    runner.note("skipped: out of device memory")  # no error
+
+
+def test_releases_a_request_reaches_every_worker_of_the_gpu_and_waits_for_their_answers(tmp_path, monkeypatch):
+    """memory.Releases: a worker asks; another of the same GPU gives its cache back at its next poll and answers;
+    one on another GPU is not asked; the asker waits for the answer, not for a dead worker's file."""
+    monkeypatch.setattr(memory, "RELEASE_WAIT_SECONDS", 0.2)
+    given = []
+    other = memory.Releases(tmp_path, release=lambda: given.append("other"), env={"KVFUZZ_DEVICE": "0"})
+    far = memory.Releases(tmp_path, release=lambda: given.append("far"), env={"KVFUZZ_DEVICE": "1"})
+    me = memory.Releases(tmp_path, release=lambda: given.append("me"), env={"KVFUZZ_DEVICE": "0"})
+    assert not other.poll() and not far.poll() and given == []  # nothing asked yet
+    # a live worker's answer file that has not seen the request: the asker waits, then goes on, counting it late
+    (tmp_path / memory.ACK_NAME.format("0", os.getppid())).write_text("0 1")
+    (tmp_path / memory.ACK_NAME.format("0", 2**22 + 7)).write_text("0 1")  # no such process: ignored
+    assert me.request() == 1 and given == ["me"]
+    assert not (tmp_path / memory.ACK_NAME.format("0", 2**22 + 7)).exists()  # the dead worker's file: removed
+    assert other.poll() and given == ["me", "other"] and not other.poll()  # once per request
+    assert not far.poll() and "far" not in given
+    (tmp_path / memory.ACK_NAME.format("0", os.getppid())).write_text("1 0")  # it holds nothing now: not waited on
+    assert me.request() == 0
+    other.close()
+    assert not (tmp_path / memory.ACK_NAME.format("0", os.getpid())).exists()
+
+
+def test_releases_an_idle_worker_holds_nothing_and_a_missing_out_asks_nobody(tmp_path):
+    given = []
+    r = memory.Releases(tmp_path, release=lambda: given.append(1), env={})
+    r.idle()
+    assert given == [1] and (tmp_path / memory.ACK_NAME.format("0", os.getpid())).read_text() == "0 0"
+    assert not r.poll() and (tmp_path / memory.ACK_NAME.format("0", os.getpid())).read_text() == "0 1"
+    assert memory.Releases(None, release=lambda: given.append(2)).request() == 0 and given == [1, 2]
+
+
+def test_releases_trim_gives_back_what_is_cached_past_the_workers_share(monkeypatch):
+    """Between examples a worker keeps at most WORKER_CACHE_SHARE of the GPU over its workers cached, unused;
+    nothing off CUDA."""
+    given = []
+    r = memory.Releases(None, release=lambda: given.append(1), workers=4)
+    assert not r.trim()  # CUDA never used here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 << 30}))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 1 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: (1 << 30) + (10 << 30))  # cap: 0.5 * 80 / 4 = 10
+    assert not r.trim() and given == []
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: (1 << 30) + (11 << 30))
+    assert r.trim() and given == [1]
+
+
+def test_footprint_says_the_caches_and_nothing_of_a_device_never_used():
+    assert memory.footprint(_batch(dtype="float32")) == {"cache_bytes": memory.cache_bytes(_batch(dtype="float32"))}

@@ -189,11 +189,11 @@ def test_a_campaign_finds_the_planted_overrun_through_the_long_lived_child_and_s
 def test_the_time_share_sanitizes_only_while_under_its_budget(monkeypatch):
     """``--sanitize auto``: an example is due while the seconds spent on sanitized runs stay within the share of
     the time since the first example; a big-cache example never is; a memory-safety failure makes every one due."""
-    from kvfuzz.fuzz.campaign import engine
+    from kvfuzz.fuzz.campaign import engine, runner
     from kvfuzz.fuzz.campaign.records import Quiet
 
     clock = [100.0]
-    monkeypatch.setattr(engine.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(sanitizer, "applies", lambda target: True)
     config = CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=1, sanitize_time_share=0.1,
                             database=InMemoryExampleDatabase())
@@ -201,28 +201,27 @@ def test_the_time_share_sanitizes_only_while_under_its_budget(monkeypatch):
         name = "planted.sanitize_declared"
         sanitize_by_default = True  # as the Triton targets declare it
 
-    assert not engine.Campaign(PagedTorch(), config, Quiet())._sanitize_due(
+    assert not engine.Campaign(PagedTorch(), config, Quiet()).runner.sanitizer.due(
         Example(small_batch([1], [3], head_size=32, block_size=16), Poison.NAN))  # a target that does not declare it
-    c = engine.Campaign(Declared(), config, Quiet())
+    s = engine.Campaign(Declared(), config, Quiet()).runner.sanitizer
     ex = Example(small_batch([1], [3], head_size=32, block_size=16), Poison.NAN)
-    assert c._sanitize_due(ex)  # the first: nothing spent yet
-    c._sanitize_spent = 2.0  # a 2 s run
+    assert s.due(ex)  # the first: nothing spent yet
+    s.spent = 2.0  # a 2 s run
     clock[0] = 110.0
-    assert not c._sanitize_due(ex)  # 2 s of 10 s: over 10%
+    assert not s.due(ex)  # 2 s of 10 s: over 10%
     clock[0] = 120.0
-    assert c._sanitize_due(ex)  # 2 s of 20 s
+    assert s.due(ex)  # 2 s of 20 s
     big = attrs.evolve(ex, batch=attrs.evolve(ex.batch, num_blocks=1 << 22, block_table=[[(1 << 22) - 1]]))
-    assert not c._sanitize_due(big)  # a > 1 GiB cache: never by time share
-    c._sanitize_all = True
-    assert c._sanitize_due(big)
-    c._sanitize_all = False
-    c.deadline = clock[0] + sanitizer.START_SECONDS - 1  # no child running: starting one would overrun --duration
-    assert not c._sanitize_due(ex)
-    c.deadline = None
-    off = engine.Campaign(Declared(), attrs.evolve(config, sanitize_time_share=0.0), Quiet())
-    assert not off._sanitize_due(ex)
+    assert not s.due(big)  # a > 1 GiB cache: never by time share
+    s.every_example = True
+    assert s.due(big)
+    s.every_example = False
+    # no child running: starting one would overrun --duration
+    assert not s.due(ex, deadline=clock[0] + sanitizer.START_SECONDS - 1)
+    off = engine.Campaign(Declared(), attrs.evolve(config, sanitize_time_share=0.0), Quiet()).runner.sanitizer
+    assert not off.due(ex)
     monkeypatch.setattr(sanitizer, "applies", lambda target: False)  # off CUDA: never
-    assert not c._sanitize_due(ex)
+    assert not s.due(ex)
 
 
 def test_the_exact_batch_puts_a_longest_sequence_last():
@@ -233,6 +232,10 @@ def test_the_exact_batch_puts_a_longest_sequence_last():
     e = sanitizer.exact_batch(b)
     assert e.query_lens == (4, 1, 1) and e.ctx_lens == (12, 3, 40) and e.block_table[-1] == (0, 5, 6)
     assert sanitizer.exact_batch(e) == e  # already last: unchanged
+    # CUDA-graph pads (a state that appends rows) come last whatever the real rows' order: the order is kept
+    padded = small_batch([1, 1, 1], [40, 12, 3], head_size=32, block_size=16,
+                         table=[[0, 5, 6], [1, 2, 0], [3, 0, 0]], num_blocks=7, num_pad_seqs=2)
+    assert sanitizer.exact_batch(padded) is padded
 
 
 def test_a_hung_long_lived_child_is_replaced_and_the_fresh_one_decides(tmp_path):
@@ -279,9 +282,10 @@ def test_a_busy_gpu_slot_skips_the_sanitized_run_uncharged(tmp_path, monkeypatch
     hit = Example(small_batch([1], [1], head_size=32, block_size=16), Poison.NAN)  # an odd seq_len overruns
     try:
         with sanitizer.gpu_slot(tmp_path):  # another worker's sanitized run holds this GPU
-            assert c._run_example(hit) is None and not c._sanitized_last and c._sanitize_spent == 0.0
+            s = c.runner.sanitizer
+            assert c.runner.check(hit) is None and not s.last and s.spent == 0.0
         with pytest.raises(MemorySafetyError):
-            c._run_example(hit)
+            c.runner.check(hit)
     finally:
         c.close()
 
@@ -303,17 +307,17 @@ def test_after_recording_a_memory_safety_failure_the_campaign_returns_to_its_sha
     real_check = sanitizer.SanitizedChild.check
 
     def check(self, target, example, confirm=True):
-        seen.append(c._sanitize_all)
+        seen.append(c.runner.sanitizer.every_example)
         return real_check(self, target, example, confirm=confirm)
 
     monkeypatch.setattr(sanitizer.SanitizedChild, "check", check)
     try:
         (rec,) = c.run_chunk(0, 30)
         assert rec.kind == "memory safety" and True in seen  # the shrink sanitized with the failure pending
-        assert not c._sanitize_all
+        assert not c.runner.sanitizer.every_example
         with pytest.raises(MemorySafetyError):
-            c._run_example(Example(small_batch([1], [1], head_size=32, block_size=16), Poison.NAN))
-        assert not c._sanitize_all  # a hit of the recorded failure
+            c.runner.check(Example(small_batch([1], [1], head_size=32, block_size=16), Poison.NAN))
+        assert not c.runner.sanitizer.every_example  # a hit of the recorded failure
     finally:
         c.close()
 

@@ -67,3 +67,19 @@ def test_a_subclass_that_does_not_set_its_own_name_is_rejected(tmp_path):
         load_spec(f"{adapter}:Faster")
     r = kvfuzz("fuzz", "--target", f"{adapter}:Faster", "--max-examples", "1", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "does not set its own `name`" in r.stderr and "nameless.py" in r.stderr, r.stderr
+
+
+def test_a_failed_import_is_an_availability_that_says_what_failed():
+    from kvfuzz.fuzz.targets.base import Availability, try_import
+
+    module, why = try_import("json")
+    assert why is None and module.__name__ == "json"
+    assert try_import("kvfuzz_no_such_module")[1] == Availability(
+        False, "importing kvfuzz_no_such_module failed: ModuleNotFoundError: No module named 'kvfuzz_no_such_module'")
+
+    def broken():
+        raise RuntimeError("libcudart.so.13: cannot open shared object file")
+
+    assert try_import("the extension", broken, fix="install CUDA 13") == (None, Availability(
+        False, "importing the extension failed: RuntimeError: libcudart.so.13: cannot open shared object file "
+               "(install CUDA 13)"))
