@@ -11,6 +11,7 @@ import torch
 from ..model.batch import Batch
 from ..model.data import BatchData
 from ..model.poison import Poison
+from ..model.space import host_to
 from .layouts import CacheLayout
 
 #: Magnitude of STALE poison (fits fp16 and bf16; dominates softmax of N(0, 1) keys).
@@ -59,7 +60,8 @@ class CacheState:
     """A materialized cache: the tensors, the layout that reads them, and what was written where.
 
     cached_lens: per sequence, how many leading positions were written (what the caller claims).
-    written_slots: int64 ``[n]`` slots that hold a token; every other slot holds ``poison``.
+    written_slots: int64 ``[n]`` slots that hold a token (on the device of the batch's ground truth); every other
+    slot holds ``poison``.
     """
 
     layout: CacheLayout
@@ -163,7 +165,9 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
     else:
         fill_poison(kc, poison, ks)
         fill_poison(vc, poison, vs)
-    seq, pos = batch.held_positions(cached_lens)  # less the freed columns' positions (Batch.freed_window_blocks)
+    # where the ground truth is (a large batch of a CUDA target: its GPU; no host sync there), less the freed
+    # columns' positions (Batch.freed_window_blocks)
+    seq, pos = batch.held_positions(cached_lens, device=data.cache_keys.device)
     slots = batch.slots(seq, pos)
     if len(slots):
         if tuple(cached_lens) == batch.seq_lens and len(data.cache_keys) == len(seq):
@@ -171,7 +175,8 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
         else:
             rows = data.token_rows(batch, seq, pos)
             keys, values = data.cache_keys.index_select(0, rows), data.cache_values.index_select(0, rows)
-        layout.write(kc, vc, slots.to(device), keys.to(device), values.to(device))
+        layout.write(kc, vc, *(host_to(t, device) if t.device.type == "cpu" else t.to(device)
+                               for t in (slots, keys, values)))
     return CacheState(layout, kc, vc, tuple(cached_lens), slots, poison)
 
 

@@ -92,7 +92,9 @@ def check_cache_holds(invariant: Check, batch: Batch, data: BatchData, layout: C
     per_seq = [lens[s] if s in lens else 0 for s in range(batch.num_seqs)]
     if not seqs or sum(per_seq) == 0:
         return []
-    seq, pos = batch.held_positions(per_seq)  # a freed window column's positions are owed to no one
+    # where the data was drawn (a large batch's GPU: no host sync); a freed window column's positions are owed to
+    # no one
+    seq, pos = batch.held_positions(per_seq, device=data.cache_keys.device)
     if not len(seq):  # every listed position freed (block size 1, window 1): nothing is owed
         return []
     slots = batch.slots(seq, pos)
@@ -106,7 +108,7 @@ def check_cache_holds(invariant: Check, batch: Batch, data: BatchData, layout: C
     k, v = k.to(exp_k.device), v.to(exp_v.device)
     if _same_bits(k, exp_k) and _same_bits(v, exp_v):
         return []
-    k, v, exp_k, exp_v = k.cpu(), v.cpu(), exp_k.cpu(), exp_v.cpu()
+    k, v, exp_k, exp_v, seq, pos, slots = (t.cpu() for t in (k, v, exp_k, exp_v, seq, pos, slots))
     kbad = _differing_rows(k, exp_k)
     bad = kbad | _differing_rows(v, exp_v)
     # report the key's values where the key differs, else the value's

@@ -146,6 +146,12 @@ def check_finite(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
     not finite."""
     if bool(torch.isfinite(out.sum(dtype=torch.float32))):
         return None
+    return _non_finite(batch, out)
+
+
+def _non_finite(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
+    """:func:`check_finite`'s element-by-element pass (on the CPU), in the rows whose fp32 sums are not finite: its
+    answer for any ``out`` (None when every element is finite)."""
     out = out.cpu()
     rows = torch.nonzero(~torch.isfinite(out.sum(dim=-1, dtype=torch.float32)))  # [k, 2] (token, head), sorted
     bad = ~torch.isfinite(out[rows[:, 0], rows[:, 1]])  # [k, head_size]: exact, in those rows only
@@ -244,8 +250,18 @@ def agreement_bound(ref: torch.Tensor, lowp: torch.Tensor, envelope: torch.Tenso
 LowPrecision = torch.Tensor | Callable[[], torch.Tensor]
 
 
+def over_envelope(out: torch.Tensor, ref: torch.Tensor, envelope: torch.Tensor) -> torch.Tensor:
+    """fp64 0-dim on ``ref``'s device: the largest ``|out - ref| / envelope`` (NaN counted as inf; 0 for an empty
+    output), computed there without a host sync (``out`` any float dtype, moved to ``ref``'s device; shapes as
+    in :func:`agreement`). At most 1 means every element passes :func:`agreement`."""
+    err = (out.to(ref.device, torch.float64) - ref).abs()
+    if not err.numel():
+        return torch.zeros((), dtype=torch.float64, device=ref.device)
+    return (err / envelope).nan_to_num(float("inf")).max()  # envelope > 0
+
+
 def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPrecision, envelope: torch.Tensor,
-              rtol: float = LOWP_RTOL) -> tuple[OracleFailure | None, float]:
+              rtol: float = LOWP_RTOL, over: float | None = None) -> tuple[OracleFailure | None, float]:
     """The element-wise rule of the module docstring, with its ratio: ``(failure, ratio)``.
 
     ``out`` any float dtype, ``ref`` and ``envelope`` fp64, all ``[num_tokens, num_heads, head_size]`` and on
@@ -255,11 +271,13 @@ def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPreci
     fails). Every element under the envelope passes whatever ``lowp`` is (the bound is at least the envelope),
     so ``lowp`` is computed only when some element exceeds it, and the ratio is then taken against the
     envelope alone: an upper bound of the ratio against the full bound. One host sync when every element is
-    under the envelope."""
-    err = (out.to(ref.device, torch.float64) - ref).abs()
-    over = float((err / envelope).nan_to_num(float("inf")).max()) if err.numel() else 0.0  # envelope > 0
+    under the envelope; none when ``over``, :func:`over_envelope`'s value for these tensors, is given and at
+    most 1."""
+    if over is None:
+        over = float(over_envelope(out, ref, envelope))
     if over <= 1.0:
         return None, over
+    err = (out.to(ref.device, torch.float64) - ref).abs()
     err, ref, envelope = err.cpu(), ref.cpu(), envelope.cpu()
     bound = agreement_bound(ref, (lowp() if callable(lowp) else lowp).cpu(), envelope, rtol)
     bad = ~(err <= bound)  # NaN counts as bad
@@ -272,6 +290,32 @@ def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPreci
     tokens = tuple(int(i) for i in torch.nonzero(rows.any(dim=1)).flatten())
     return OracleFailure(Oracle.AGREEMENT, seq, pos, t, h, d, float(err[t, h, d]), float(bound[t, h, d]),
                          int(rows.sum()), int(bad.sum()), tokens), 0.0
+
+
+def check_output(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPrecision, envelope: torch.Tensor,
+                 rtol: float = LOWP_RTOL, one_read: bool | None = None
+                 ) -> tuple[OracleFailure | None, OracleFailure | None, float]:
+    """Both oracles of an attention output, as the harness runs them on every example: ``(finite failure,
+    agreement failure, ratio)``, :func:`check_finite`'s and :func:`agreement`'s results (agreement only for a
+    finite output: a non-finite one fails it too, and its failure wins; ``(None, None, 0.0)`` skipped). Shapes and
+    dtypes as in :func:`agreement`, ``out`` on any device. One host sync when both pass: ``out`` goes to ``ref``'s
+    device once, the finiteness of its fp32 sum (:func:`check_finite`'s first pass) and :func:`over_envelope` are
+    read back together (``one_read``; by default off the CPU: on the CPU, where a read costs nothing, one after the
+    other, so a non-finite output skips the agreement's pass), and only a failure computes its details (by
+    :func:`check_finite`'s element pass and :func:`agreement` themselves, so a failure reads exactly as theirs)."""
+    here = out.to(ref.device)
+    finite = torch.isfinite(here.sum(dtype=torch.float32))
+    if not (ref.device.type != "cpu" if one_read is None else one_read):
+        finite, over = bool(finite), None  # agreement only for an output that may be finite
+    else:  # one read of both
+        over = over_envelope(here, ref, envelope)
+        finite, over = torch.stack([finite.to(over.dtype), over]).tolist()
+    if not finite:  # decided element by element (a sum that overflowed is not a failure)
+        fail = _non_finite(batch, here)
+        if fail is not None:
+            return fail, None, 0.0
+    fail, ratio = agreement(batch, here, ref, lowp, envelope, rtol, over=over)
+    return None, fail, ratio
 
 
 def check_agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPrecision,
@@ -316,4 +360,4 @@ def row_floor(batch: Batch, ref: torch.Tensor) -> torch.Tensor:
 __all__ = ["DIGEST_MESSAGE", "DIGEST_SLICE_ELEMENTS", "FLOOR_MAGNITUDE", "LEGACY_NAMES", "LOWP_RTOL", "MESSAGES",
            "RTOL", "LowPrecision", "Oracle", "OracleFailure", "agreement", "agreement_bound", "atol_floor",
            "block_digests", "check_agreement", "check_cache_digests", "check_cache_unchanged", "check_finite",
-           "check_label", "check_pad_rows", "row_floor"]
+           "check_label", "check_output", "check_pad_rows", "over_envelope", "row_floor"]

@@ -194,14 +194,16 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
     inputs and logits), in units of FP32_UNIT where they are logit errors: ``pv`` ``[B, H, Qm, D]``:
     ``sum_k max(p_k, tiny) |v_kd|``; ``pdv``: ``sum_k p_k ds'_k |v_kd|``, with ``ds'_k`` a logit's error but
     the row max's; ``drow`` ``[B, H, Qm, 1]``: the row max's error; ``row``: ``sum_k p_k ds_k`` (+ the sink's),
-    what multiplies ``|o_d|``; ``keys`` ``[B, 1, Qm, 1]``: the row's visible keys (padding is never visible);
+    what multiplies ``|o_d|``; ``keys`` ``[B, H, Qm, 1]``: the row's visible keys (padding is never visible);
     ``v`` ``[B, H, Qm, D]``: ``sum_k |v_kd|`` over the visible keys."""
     visible = ~seq.masked
     # each logit's fp32 error, in units of FP32_UNIT: the dot product and the logit's magnitude
     dlogit = seq.heads(torch.bmm(seq.q.abs(), seq.k.abs().transpose(1, 2)))
     dlogit *= batch.scale  # scale * sum_i |q_i k_i|
     dlogit *= DOT_LAMBDA * math.sqrt(batch.head_size)
-    dlogit += LOGIT_ULPS * seq.s.masked_fill(seq.masked, 0.0).abs()
+    # + LOGIT_ULPS * |s| (0 where masked), in one pass: LOGIT_ULPS is a power of two, so alpha * |s| is exact and
+    # the sum rounds once, the bits of a multiply and an add
+    dlogit.add_(seq.s.masked_fill(seq.masked, 0.0).abs_(), alpha=LOGIT_ULPS)
     if batch.softcap is not None:
         dlogit += SOFTCAP_ULPS * batch.softcap * 2.0  # eps(fp32) = 2 * FP32_UNIT
     drow = LOGIT_ULPS * m.abs()  # the row max, common to the row
@@ -211,8 +213,9 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
     row = pd.sum(-1, keepdim=True) + drow * p.sum(-1, keepdim=True)
     if seq.sink is not None:
         row = row + psink * (LOGIT_ULPS * (seq.sink.abs() + m.abs()))
-    return {"pv": pv, "pdv": seq.times_v(pd, av), "drow": drow, "row": row,
-            "keys": visible.sum(-1, keepdim=True).to(p.dtype), "v": seq.times_v(visible.to(p.dtype).expand_as(p), av)}
+    keys = visible.sum(-1, keepdim=True).to(p.dtype)
+    return {"pv": pv, "pdv": seq.times_v(pd, av), "drow": drow, "row": row, "keys": keys.expand_as(drow),
+            "v": seq.times_v(visible.to(p.dtype).expand_as(p), av)}
 
 
 def _envelope(batch: Batch, o: torch.Tensor, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -238,7 +241,7 @@ def _softmax_parts(s: torch.Tensor, sink: torch.Tensor | None):
     m = s.amax(dim=-1, keepdim=True)  # every row sees at least its own position
     if sink is not None:
         m = torch.maximum(m, sink)
-    e = torch.exp(s - m)
+    e = torch.sub(s, m).exp_()
     total = e.sum(dim=-1, keepdim=True)
     esink = None if sink is None else torch.exp(sink - m)
     if esink is not None:
@@ -246,32 +249,49 @@ def _softmax_parts(s: torch.Tensor, sink: torch.Tensor | None):
     return m, e, esink, total
 
 
-def _place(rows: dict[str, torch.Tensor], name: str, x: torch.Tensor, c: Chunk, num_tokens: int) -> None:
-    """Put the real query rows of the chunk ``c``'s ``x [B, H or 1, Qm, D or 1]`` into ``rows[name]``
-    ``[num_tokens, H or 1, D or 1]`` (contiguous)."""
-    x = x[c.block, :, c.row] if len(c.blocks) > 1 else x[0].transpose(0, 1)  # [n, H or 1, D or 1]
+#: What :func:`_chunk` returns per query row, packed side by side along the last dim (one placement per chunk):
+#: name -> width in units of the value head size ``Dv`` and extra columns.
+PACKED = {"reference": (1, 0), "pv": (1, 0), "pdv": (1, 0), "v": (1, 0), "drow": (0, 1), "row": (0, 1),
+          "keys": (0, 1)}
+
+
+def _place(rows: torch.Tensor | None, x: torch.Tensor, c: Chunk, num_tokens: int) -> torch.Tensor:
+    """The real query rows of the chunk ``c``'s ``x [B, H, Qm, W]`` put into ``rows`` ``[num_tokens, H, W]``
+    (allocated when None; the chunk's own rows when it is every row of the batch), which is returned."""
+    x = x[c.block, :, c.row] if len(c.blocks) > 1 else x[0].transpose(0, 1)  # [n, H, W]
     if c.whole:
-        rows[name] = x.contiguous()
-        return
-    if name not in rows:
-        rows[name] = x.new_empty((num_tokens,) + x.shape[1:])
+        return x
+    if rows is None:
+        rows = x.new_empty((num_tokens,) + x.shape[1:])
     if len(c.blocks) > 1:
-        rows[name].index_copy_(0, c.token, x)
+        rows.index_copy_(0, c.token, x)
     else:
-        rows[name][c.blocks[0].row0 : c.blocks[0].row0 + c.blocks[0].rows] = x
+        rows[c.blocks[0].row0 : c.blocks[0].row0 + c.blocks[0].rows] = x
+    return rows
 
 
-def _chunk(batch: Batch, data: BatchData, c: Chunk, slopes: torch.Tensor | None,
-           envelope: bool) -> dict[str, torch.Tensor]:
-    """The chunk ``c``'s reference ``[B, H, Qm, D]`` (``"reference"``) and, with ``envelope``, its
-    :func:`_row_sums`, padded rows included."""
+def _unpack(rows: torch.Tensor, dv: int) -> dict[str, torch.Tensor]:
+    """:func:`_chunk`'s packed rows ``[T, H, W]`` as the tensors of :data:`PACKED` (views), the reference
+    contiguous."""
+    out, at = {}, 0
+    for name, (per_dv, extra) in PACKED.items():
+        out[name] = rows[..., at : at + per_dv * dv + extra]
+        at += per_dv * dv + extra
+    out["reference"] = out["reference"].contiguous()
+    return out
+
+
+def _chunk(batch: Batch, data: BatchData, c: Chunk, slopes: torch.Tensor | None, envelope: bool) -> torch.Tensor:
+    """The chunk ``c``'s reference ``[B, H, Qm, Dv]`` and, with ``envelope``, its :func:`_row_sums` after it,
+    packed along the last dim (:data:`PACKED`), padded rows included."""
     seq = _Padded(batch, data, c, slopes)
     m, e, esink, total = _softmax_parts(seq.s, seq.sink)
     p = e.div_(total)
-    got = {"reference": seq.times_v(p)}
-    if envelope:
-        got |= _row_sums(batch, seq, p, None if esink is None else esink / total, m)
-    return got
+    reference = seq.times_v(p)
+    if not envelope:
+        return reference
+    sums = _row_sums(batch, seq, p, None if esink is None else esink / total, m)
+    return torch.cat([reference] + [sums[name] for name in PACKED if name != "reference"], dim=-1)
 
 
 def _exact(batch: Batch, data: BatchData, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -282,15 +302,18 @@ def _exact(batch: Batch, data: BatchData, names: tuple[str, ...]) -> dict[str, t
     slopes = batch.alibi_slopes
     slopes = None if slopes is None else to_device(list(slopes), torch.float64, dev)
     envelope = names != ("reference",)
-    rows: dict[str, torch.Tensor] = {}  # per query row of the batch
+    rows = None  # per query row of the batch
     for c in layout(batch, dev):
-        for name, x in _chunk(batch, data, c, slopes, envelope).items():
-            _place(rows, name, x, c, batch.num_tokens)
-    out = {"reference": rows["reference"]}
+        rows = _place(rows, _chunk(batch, data, c, slopes, envelope), c, batch.num_tokens)
+    out = _unpack(rows, batch.head_size_v) if envelope else {"reference": rows.contiguous()}
     if envelope:
-        out |= _envelope(batch, out["reference"], rows)
-        out["envelope"] = sum(out[name] for name in ENVELOPE_TERMS)
-    return {name: out[name] for name in names}
+        out |= _envelope(batch, out["reference"], out)
+        # the terms are >= 0, so no -0.0 makes this differ from sum() (which starts from 0)
+        total = out["probabilities"] + out["logits"]
+        for name in ENVELOPE_TERMS[2:]:
+            total += out[name]
+        out["envelope"] = total
+    return {name: out[name].contiguous() for name in names}
 
 
 def reference_attention(batch: Batch, data: BatchData) -> torch.Tensor:

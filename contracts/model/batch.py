@@ -20,7 +20,17 @@ import torch
 
 from . import freed_window
 from .freed_window import NULL_BLOCK  # noqa: F401 (re-exported: the state's home holds it)
-from .space import DTYPES, FEATURES, FP8_DTYPES, KV_CACHE_DTYPES, VALUE_RANGES, alibi_slopes, positions  # noqa: F401 (re-exported)
+from .space import (  # noqa: F401 (re-exported)
+    DTYPES,
+    FEATURES,
+    FP8_DTYPES,
+    KV_CACHE_DTYPES,
+    VALUE_RANGES,
+    alibi_slopes,
+    host_tensor,
+    positions,
+    table_tensor,
+)
 
 
 def _tuple_of_ints(value: Any) -> tuple[int, ...]:
@@ -360,10 +370,11 @@ class Batch:
         (:func:`kvfuzz.contracts.model.freed_window.freed_blocks`; 0 without ``freed_window_blocks``)."""
         return freed_window.freed_blocks(self, seq)
 
-    def held_positions(self, lens) -> tuple[torch.Tensor, torch.Tensor]:
+    def held_positions(self, lens, device: str | torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(seq, pos)`` int64 of positions ``0 .. lens[i]-1`` of every sequence ``i`` that the cache holds:
-        all of them, less the positions of freed columns (:meth:`freed_blocks`), which sit on the null block."""
-        seq, pos = positions(lens)
+        all of them, less the positions of freed columns (:meth:`freed_blocks`), which sit on the null block. On
+        ``device`` (default the CPU; :func:`positions`)."""
+        seq, pos = positions(lens, device=device)
         if self.freed_window_blocks:
             keep = freed_window.held_mask(self, seq, pos)
             seq, pos = seq[keep], pos[keep]
@@ -416,23 +427,23 @@ class Batch:
     # ---- tensors handed to kernels ------------------------------------------------------------------
     def block_table_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
         """int32 ``[num_seqs, max_blocks_per_seq]``."""
-        return torch.tensor(self.block_table, dtype=torch.int32, device=device)
+        return table_tensor(self.block_table, torch.int32, device)
 
     def seq_lens_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
         """int32 ``[num_seqs]``."""
-        return torch.tensor(self.seq_lens, dtype=torch.int32, device=device)
+        return host_tensor(self.seq_lens, torch.int32, device)
 
     def query_start_loc_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
         """int32 ``[num_seqs + 1]``."""
-        return torch.tensor(self.query_start_loc, dtype=torch.int32, device=device)
+        return host_tensor(self.query_start_loc, torch.int32, device)
 
     def slots(self, seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Slots of positions ``pos`` of sequences ``seq`` (int64 tensors of one shape), vectorized.
 
         ``slot = block_table[seq, pos // block_size] * block_size + pos % block_size``
-        (vllm/v1/worker/block_table.py, BlockTable.compute_slot_mapping).
+        (vllm/v1/worker/block_table.py, BlockTable.compute_slot_mapping). On the device of ``seq`` and ``pos``.
         """
-        table = torch.tensor(self.block_table, dtype=torch.int64)
+        table = table_tensor(self.block_table, torch.int64, seq.device)
         return table[seq, pos // self.block_size] * self.block_size + pos % self.block_size
 
     def slot_mapping(self) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 
 from . import counter_rng
 from .batch import Batch, positions
-from .space import EXTREME_FACTOR
+from .space import EXTREME_FACTOR, host_tensor, host_to
 
 
 @attrs.frozen(eq=False)
@@ -49,7 +49,7 @@ class BatchData:
         """Row indices into ``keys``/``values`` of positions ``pos`` of sequences ``seq`` (int64, on the device
         of ``keys``, whatever the device of ``seq``/``pos``)."""
         dev = self.keys.device
-        return torch.tensor(batch.seq_start_loc[:-1], dtype=torch.int64, device=dev)[seq.to(dev)] + pos.to(dev)
+        return host_tensor(batch.seq_start_loc[:-1], torch.int64, dev)[seq.to(dev)] + pos.to(dev)
 
     def select(self, query_rows: torch.Tensor, kv_rows: torch.Tensor) -> "BatchData":
         """The data of another batch made of these rows (int64 indices, on any device): queries ``query_rows``,
@@ -80,7 +80,7 @@ def quantize_fp8(x: torch.Tensor, fp8: torch.dtype, scale: float) -> torch.Tenso
     float32 tensor on ``x``'s device, not a Python float: CUDA divides by a CPU scalar as a multiply by its
     reciprocal, which is not the correctly rounded quotient the CPU computes."""
     m = torch.finfo(fp8).max
-    return (x.float() / torch.tensor(scale, dtype=torch.float32, device=x.device)).clamp(-m, m).to(fp8)
+    return (x.float() / host_tensor(scale, torch.float32, x.device)).clamp(-m, m).to(fp8)
 
 
 def _exactly_dequantized(codes: torch.Tensor, scale: float, dt: torch.dtype) -> torch.Tensor:
@@ -102,10 +102,10 @@ def _shape_values(batch: Batch, query: torch.Tensor, keys: torch.Tensor) -> None
         query.mul_(factor)
         keys.mul_(factor)
     elif batch.value_range in ("equal", "dominant"):
-        starts = torch.tensor(batch.seq_start_loc[:-1], dtype=torch.int64, device=keys.device)
-        lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=keys.device)
+        starts = host_tensor(batch.seq_start_loc[:-1], torch.int64, keys.device)
+        lens = host_tensor(batch.seq_lens, torch.int64, keys.device)
         if batch.value_range == "equal":  # every position repeats the sequence's first key
-            keys.copy_(keys[torch.repeat_interleave(starts, lens)])
+            keys.copy_(keys[torch.repeat_interleave(starts, lens, output_size=len(keys))])
         else:  # one position per sequence, drawn from the seed (its own stream), gets a key 16x larger
             keys[starts + counter_rng.below(batch.seed, counter_rng.DOMINANT, lens)] *= 16.0
 
@@ -155,7 +155,7 @@ def make_batch_data(batch: Batch, device: str | torch.device | None = None) -> B
     sinks = flat[nq + 2 * nkv:] * 2.0 if batch.sinks else None
     shared = batch.shared_prefix_rows()
     if shared is not None:  # shared prefix blocks: later users see the first user's keys and values
-        dst, src = shared[0].to(dev), shared[1].to(dev)
+        dst, src = host_to(shared[0], dev), host_to(shared[1], dev)
         keys[dst], values[dst] = keys[src], values[src]
     if batch.value_range != "normal":
         _shape_values(batch, query, keys)

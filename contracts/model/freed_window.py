@@ -44,7 +44,7 @@ def held_mask(batch: Any, seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     if not batch.freed_window_blocks:
         return torch.ones_like(pos, dtype=torch.bool)
     first = torch.tensor([freed_blocks(batch, i) * batch.block_size for i in range(batch.num_seqs)],
-                         dtype=torch.int64)
+                         dtype=torch.int64).to(seq.device)
     return pos >= first[seq]
 
 

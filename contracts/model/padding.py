@@ -38,6 +38,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from .space import host_tensor, table_tensor
 from .state import State
 
 #: The padding conventions a target can declare (``Capabilities.cuda_graph_padding``); see the module docstring.
@@ -104,15 +105,15 @@ class Padding:
 
     def seq_lens_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
         """int32 ``[num_seqs]`` (real + pads)."""
-        return torch.tensor(self.seq_lens(), dtype=torch.int32, device=device)
+        return host_tensor(self.seq_lens(), torch.int32, device)
 
     def query_start_loc_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
         """int32 ``[num_seqs + 1]`` (real + pads)."""
-        return torch.tensor(self.query_start_loc(), dtype=torch.int32, device=device)
+        return host_tensor(self.query_start_loc(), torch.int32, device)
 
     def block_table_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
         """int32 ``[num_seqs, max_blocks_per_seq]`` (real + pads)."""
-        return torch.tensor(self.block_table(), dtype=torch.int32, device=device)
+        return table_tensor(self.block_table(), torch.int32, device)
 
     def query(self, query: torch.Tensor) -> torch.Tensor:
         """``query`` ``[T, H, D]`` with one finite row per pad after it ``[T + pads, H, D]`` (the engine's pad

@@ -5,8 +5,10 @@ their fp8 storage, optional attention features, value ranges; and two pure helpe
 
 from __future__ import annotations
 
+import functools
 import math
 
+import numpy as np
 import torch
 
 #: Query/output dtypes kvfuzz models, by the names vLLM's ``--dtype`` uses.
@@ -50,6 +52,7 @@ VALUE_RANGES = ("normal", "large", "equal", "dominant", "extreme")
 EXTREME_FACTOR = 64.0
 
 
+@functools.lru_cache(maxsize=None)  # a pure function of num_heads, read by every stage of an ALiBi example
 def alibi_slopes(num_heads: int) -> tuple[float, ...]:
     """ALiBi slopes of ``num_heads`` heads, as vLLM computes them for BLOOM/MPT-style models
     (vllm/model_executor/models/bloom.py, ``_get_alibi_slopes``): geometric ``2**(-8/n * k)`` for the
@@ -64,22 +67,64 @@ def alibi_slopes(num_heads: int) -> tuple[float, ...]:
     return tuple(float(x) for x in slopes)
 
 
-def positions(lens: tuple[int, ...] | list[int], offsets: tuple[int, ...] | list[int] | None = None):
+def positions(lens: tuple[int, ...] | list[int], offsets: tuple[int, ...] | list[int] | None = None,
+              device: str | torch.device | None = None):
     """Vectorized enumeration of ``(seq, pos)`` for ``pos in offsets[seq] .. offsets[seq] + lens[seq] - 1``.
 
     Returns two int64 tensors of length ``sum(lens)``, ordered by sequence then position (query order when
-    ``lens = query_lens`` and ``offsets = ctx_lens``). Raises RuntimeError for a negative length.
+    ``lens = query_lens`` and ``offsets = ctx_lens``), on the CPU, or with ``device`` on that device, computed
+    there from one copy of ``lens`` and the offsets (from pinned memory on CUDA) and without a host sync: the same
+    integers either way. Raises RuntimeError for a negative length.
     """
     counts = [int(n) for n in lens]
-    seq = torch.repeat_interleave(torch.tensor(counts, dtype=torch.int64))  # [0]*lens[0] + [1]*lens[1] + ...
     # pos = (flat index) - (where the sequence starts in the flat order) + (its offset)
     shift, start = [], 0
     for i, n in enumerate(counts):
         shift.append(start - (0 if offsets is None else int(offsets[i])))
         start += n
+    if device is not None:
+        return _positions_on(torch.device(device), counts, shift)
+    seq = torch.repeat_interleave(torch.tensor(counts, dtype=torch.int64))  # [0]*lens[0] + [1]*lens[1] + ...
     pos = torch.arange(len(seq), dtype=torch.int64) - torch.tensor(shift, dtype=torch.int64)[seq]
     return seq, pos
 
 
+def host_to(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """``t`` (a CPU tensor) on ``device``: to CUDA from pinned memory, without blocking the host (a copy from
+    pageable memory synchronizes the stream first); the tensor itself elsewhere on the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def table_tensor(rows, dtype: torch.dtype, device: str | torch.device = "cpu") -> torch.Tensor:
+    """``rows`` (a table of Python ints, every row the same length) as an int32 or int64 (``dtype``) tensor on
+    ``device`` (:func:`host_to`): through numpy, a few times faster than ``torch.tensor`` on a serving batch's
+    block table (tens of thousands of entries); the same values."""
+    return host_to(torch.from_numpy(np.array(rows, dtype={torch.int32: np.int32, torch.int64: np.int64}[dtype])),
+                   device)
+
+
+def host_tensor(values, dtype: torch.dtype, device: str | torch.device = "cpu") -> torch.Tensor:
+    """``torch.tensor(values, dtype=dtype)`` (Python numbers) on ``device`` (:func:`host_to`: no host sync on
+    CUDA)."""
+    return host_to(torch.tensor(values, dtype=dtype), device)
+
+
+def _positions_on(device: torch.device, counts: list[int], shift: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`positions`' ``(seq, pos)`` computed on ``device`` (any device) from its per-sequence ``counts`` and
+    ``shift`` (where the sequence starts in the flat order, less its offset): one host-to-device copy of both
+    lists (from pinned memory on CUDA, without blocking the host), and the total length passed to
+    ``repeat_interleave``, so no host sync. Raises RuntimeError for a negative count."""
+    if min(counts, default=0) < 0:
+        raise RuntimeError(f"repeats can not be negative: lens {counts}")
+    both = host_tensor(counts + shift, torch.int64, device)
+    c, sh = both[: len(counts)], both[len(counts):]
+    seq = torch.repeat_interleave(torch.arange(len(counts), device=device), c, output_size=sum(counts))
+    return seq, torch.arange(len(seq), dtype=torch.int64, device=device) - sh[seq]
+
+
 __all__ = ["DTYPES", "EXTREME_FACTOR", "FEATURES", "FP8_DTYPES", "KV_CACHE_DTYPES", "VALUE_RANGES", "alibi_slopes",
-           "positions"]
+           "host_to",
+           "host_tensor", "positions", "table_tensor"]

@@ -11,12 +11,18 @@ import torch
 
 from kvfuzz.contracts.caches.materialize import CacheState, materialize
 from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, NonFiniteOutput, hide_frame_for_finding
-from kvfuzz.contracts.checks.oracles import Oracle, agreement, check_finite
+from kvfuzz.contracts.checks.oracles import Oracle, check_output
 from kvfuzz.contracts.checks.reference import reference_and_envelope, same_precision_attention
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.harness.caller import call_violations, caller_finding, caller_violations, metadata_violations
+from kvfuzz.fuzz.harness.caller import (
+    call_violations,
+    caller_checks_due,
+    caller_finding,
+    caller_violations,
+    metadata_violations,
+)
 from kvfuzz.fuzz.harness.faults import CallerFault
 from kvfuzz.fuzz.harness.run import (  # noqa: F401
     GPU_REFERENCE_MIN_KV,
@@ -42,7 +48,8 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None,
     (:func:`~kvfuzz.fuzz.harness.run.reference_device`: a large batch of a CUDA target on its GPU), so it is
     copied to that device once, if at all."""
     batch = example.batch
-    if data is None:
+    own = data is None  # the data drawn here: with nothing changed after materializing, Run.prepared is set
+    if own:
         data, t = generate(example, reference_device(target, batch))
     else:
         t = Timings()
@@ -59,7 +66,10 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None,
     if fault is not None and fault.applies(batch, call.kwargs):
         fault.mutate(batch, data, cache, call)
     t.materialize = time.perf_counter() - s
-    return Run(example, data, cache, call, timings=t, path=target.path(batch), fault=fault)
+    run = Run(example, data, cache, call, timings=t, path=target.path(batch), fault=fault)
+    if own and after_materialize is None:
+        run.prepared = run.fingerprint()
+    return run
 
 
 def poison_output(output) -> None:
@@ -89,8 +99,10 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     """Run one example end to end; returns the :class:`Run` or raises a
     :class:`~kvfuzz.contracts.checks.failures.Finding`:
 
-    - CallerContractViolation when the call breaks the target's contract (checked before the kernel runs;
-      the kernel still runs and its outcome is in ``details["kernel"]``);
+    - CallerContractViolation when the call breaks the target's contract (checked before the kernel runs, unless
+      ``run`` is exactly as :func:`prepare` built it (``Run.prepared``) and
+      :func:`~kvfuzz.fuzz.harness.caller.caller_checks_due` says no: then only on a failing example, on the call
+      as it was before the kernel; the kernel still runs and its outcome is in ``details["kernel"]``);
     - KernelCrash when the kernel raises on a call that keeps the contract;
     - NonFiniteOutput / KernelMismatch when its output has NaN/inf or disagrees with the fp64 reference.
 
@@ -101,8 +113,11 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     __tracebackhide__ = hide_frame_for_finding  # kvfuzz.check_example in a user's test: the Finding, not this frame
     run = run or prepare(target, example, fault)
     batch, t = example.batch, run.timings
+    # sampled only on a run exactly as prepare built it (a run changed since, by whoever handed it over, is checked)
+    pristine = run.prepared is not None and run.prepared == run.fingerprint()
+    due = not caller_checked and (not pristine or caller_checks_due(target, batch, fault))
     s = time.perf_counter()
-    violations = [] if caller_checked else caller_violations(target, run)
+    violations = caller_violations(target, run) if due else []
     t.check_caller = time.perf_counter() - s
 
     crash = None
@@ -111,6 +126,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     if unsafe and not run_unsafe:
         crash = (f"not run: this call ({', '.join(unsafe)}) can make the kernel read or write outside its "
                  "tensors; `kvfuzz fuzz` runs such calls in its isolated worker processes")
+        states = []
     else:
         poison_output(run.call.output)
         states = [(hooks, hooks.before(batch, run.call)) for hooks in active_hooks(batch)]
@@ -122,29 +138,59 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     # the same-precision model only when an element exceeds the envelope, and on the CPU, where it is the same
     # on every machine (oracles.agreement). A run that carries both already (the baseline's re-run of this
     # example's data) keeps them: they depend on the data only.
-    if run.reference is not None and run.envelope is not None:
+    if run.device_reference is not None and run.envelope is not None:
         envelope = run.envelope
-        reference = run.reference.to(envelope.device)
+        reference = run.device_reference.to(envelope.device)
     else:
         reference, envelope = reference_and_envelope(batch, run.data.to(reference_device(target, batch)))
     t.reference = time.perf_counter() - s
 
     s = time.perf_counter()
-    finite_fail = agree_fail = state_fail = None
-    if run.output is not None:
-        real = run.output[:batch.num_tokens]  # rows past the real tokens are a state's (pads), its hooks check them
-        finite_fail = check_finite(batch, real)
-        if finite_fail is None:  # a non-finite output fails agreement too, and its failure always wins
-            agree_fail, run.ratio = agreement(batch, real, reference,
-                                              partial(_same_precision_on_cpu, batch, run.data), envelope)
-        if finite_fail is None and agree_fail is None:  # real rows first: a state's failure is named only alone
-            state_fail = next((f for f in (hooks.after(snap, batch, run.output, run.call) for hooks, snap in states)
-                               if f is not None), None)
-    run.reference, run.envelope = reference.cpu(), envelope
+    fails = _output_failures(batch, run, reference, envelope, states)
+    run.reference, run.envelope = reference, envelope  # Run.reference copies it to the CPU when read
     t.check_output = time.perf_counter() - s
-    kernel = _kernel_summary(run.output, finite_fail, agree_fail, crash, not_run=bool(unsafe and not run_unsafe))
-    common = {"path": run.path, "kernel": kernel}
+    if not due and not caller_checked and (crash is not None or any(f is not None for f in fails)):
+        s = time.perf_counter()  # a failing example is never named the kernel's before the caller checks ran
+        violations = _violations_before_the_kernel(target, run)
+        t.check_caller += time.perf_counter() - s
+    _raise_finding(run, violations, crash, *fails, not_run=bool(unsafe and not run_unsafe))
+    return run
 
+
+def _violations_before_the_kernel(target: Target, run: Run) -> list:
+    """The caller checks of a pristine run (``Run.prepared``) whose checks did not run before the kernel: on the run
+    as the kernel left it, and when they find anything, again on the run prepare builds afresh for the example (the
+    same call, as it was before the kernel ran), whose violations are the answer: a kernel that wrote into its own
+    cache or arguments is not the caller's fault."""
+    if not caller_violations(target, run):
+        return []
+    return caller_violations(target, prepare(target, run.example, run.fault))
+
+
+def _output_failures(batch: Batch, run: Run, reference: torch.Tensor, envelope: torch.Tensor, states: list):
+    """``(finite, agreement, state)`` failures of the run's output (each None when it passes; all None without an
+    output), in the order they win: the real rows' finiteness, then their agreement (finite rows only), then the
+    states' own checks (a state's failure is named only alone). Sets ``run.ratio``. One host sync when the real
+    rows pass (:func:`~kvfuzz.contracts.checks.oracles.check_output`), plus the states' own."""
+    if run.output is None:
+        return None, None, None
+    real = run.output[:batch.num_tokens]  # rows past the real tokens are a state's (pads), its hooks check them
+    finite_fail, agree_fail, run.ratio = check_output(batch, real, reference,
+                                                      partial(_same_precision_on_cpu, batch, run.data), envelope)
+    state_fail = None
+    if finite_fail is None and agree_fail is None:
+        state_fail = next((f for f in (hooks.after(snap, batch, run.output, run.call) for hooks, snap in states)
+                           if f is not None), None)
+    return finite_fail, agree_fail, state_fail
+
+
+def _raise_finding(run: Run, violations: list, crash: str | None, finite_fail, agree_fail, state_fail,
+                   not_run: bool) -> None:
+    """Raise the example's finding, if any: a caller violation first (with what the kernel computed), then the
+    kernel's crash, non-finite output, disagreement, and a state's own failure."""
+    __tracebackhide__ = hide_frame_for_finding
+    kernel = _kernel_summary(run.output, finite_fail, agree_fail, crash, not_run=not_run)
+    common = {"path": run.path, "kernel": kernel}
     if violations:
         raise caller_finding(violations, kernel, {"path": run.path})
     if crash is not None:
@@ -156,7 +202,6 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
     if state_fail is not None:
         kind = NonFiniteOutput if state_fail.oracle is Oracle.PAD_FINITE else KernelMismatch
         raise kind(state_fail.oracle.value, state_fail.message(), {**common, "oracle": state_fail.to_dict()})
-    return run
 
 
 def _same_precision_on_cpu(batch: Batch, data: BatchData) -> torch.Tensor:

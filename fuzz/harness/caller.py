@@ -16,10 +16,17 @@ target's contract? Three sources, in this order (a check already reported for a 
 Every violation is named by the :class:`~kvfuzz.contracts.checks.violations.Check` the guard uses for the same
 argument, so a caller fault reads the same in a campaign and under ``pytest --kvfuzz-guard``.
 :func:`caller_finding` turns them into the finding.
+
+:func:`caller_checks_due` says when they run before the kernel (docs/checks.md, "When the caller checks run"):
+always for a caller fault or any target but kvfuzz's own built-in classes; for a built-in target's own call, on
+the first call of each call shape in the process and on a hash-selected share of the others. Whatever ran
+before the kernel, an example that fails runs them before its finding is named (attention.check_example).
 """
 
 from __future__ import annotations
 
+import os
+import zlib
 from typing import Any
 
 import torch
@@ -34,6 +41,7 @@ from kvfuzz.fuzz.harness.run import Run
 from kvfuzz.fuzz.harness.states import active_hooks
 from kvfuzz.fuzz.harness.states import call_check_args as state_check_args
 from kvfuzz.fuzz.targets.base import Target
+from kvfuzz.fuzz.targets.registry import BUILTIN
 from kvfuzz.fuzz.targets.signature import CheckedKernel, PageListSignature
 
 
@@ -139,6 +147,55 @@ def caller_violations(target: Target, run: Run) -> list[Violation]:
     return violations + [v for v in call_violations(target, run) if (v.check, v.seq) not in seen]
 
 
+#: Of a built-in target's own calls (no caller fault) past the first of each call shape, one in this many has its
+#: caller checks run before the kernel, chosen by a hash of the batch (the same choice for the same batch in every
+#: process). Environment: KVFUZZ_CALLER_CHECK_EVERY (1: every call).
+CALLER_CHECK_EVERY = max(1, int(os.environ.get("KVFUZZ_CALLER_CHECK_EVERY", 16)))
+#: The call shapes (:func:`call_shape`) whose first call this process has checked.
+_SHAPES_CHECKED: set[tuple] = set()
+
+
+def is_builtin(target: Target) -> bool:
+    """Whether ``target`` is an instance of one of kvfuzz's built-in target classes itself (:data:`BUILTIN`, not a
+    subclass: a test's or a user's subclass may build its call otherwise): its ``build_call`` is kvfuzz's own, a
+    function of the batch, the data and the cache."""
+    cls = type(target)
+    return BUILTIN.get(getattr(target, "name", None)) == f"{cls.__module__}:{cls.__qualname__}"
+
+
+def call_shape(target: Target, batch) -> tuple:
+    """What decides how a built-in target builds its call, apart from the lengths and block ids: the kernel
+    configuration (dtypes, heads, head size, block size, the features and the latent head size), the states
+    (CUDA-graph pads, freed window blocks, a CSR tail), which kinds of sequences are in the batch (decode,
+    prefill) and the target's path for the batch (``Target.path``)."""
+    kinds = (any(q == 1 for q in batch.query_lens), any(q > 1 for q in batch.query_lens))
+    return (target.name, batch.dtype, batch.kv_cache_dtype, batch.num_heads, batch.num_kv_heads, batch.head_size,
+            batch.block_size, batch.value_head_size, batch.features, bool(batch.num_pad_seqs),
+            batch.freed_window_blocks, bool(batch.csr_tail), kinds, target.path(batch))
+
+
+def caller_checks_due(target: Target, batch, fault: Any = None) -> bool:
+    """Whether the caller checks (:func:`caller_violations`) run on this call before the kernel: always with a
+    caller ``fault`` or for a target that is not built in (:func:`is_builtin`: an adapter, a subclass); for a
+    built-in target's own call, on the first call of its :func:`call_shape` in this process and on one in
+    :data:`CALLER_CHECK_EVERY` others (a CRC-32 of the batch's seed and lengths). The attention property runs them
+    after the kernel on every failing example they skipped (docs/checks.md, "When the caller checks run")."""
+    if fault is not None or CALLER_CHECK_EVERY == 1 or not is_builtin(target):
+        return True
+    shape = call_shape(target, batch)
+    if shape not in _SHAPES_CHECKED:
+        _SHAPES_CHECKED.add(shape)
+        return True
+    return _hash_selected(batch)
+
+
+def _hash_selected(batch) -> bool:
+    """Whether a CRC-32 of the batch's seed, lengths and block count picks it (one batch in
+    :data:`CALLER_CHECK_EVERY`)."""
+    key = f"{batch.seed}:{batch.query_lens}:{batch.ctx_lens}:{batch.num_blocks}".encode()
+    return zlib.crc32(key) % CALLER_CHECK_EVERY == 0
+
+
 def caller_finding(violations: list[Violation], kernel: dict[str, Any], details: dict[str, Any]
                    ) -> CallerContractViolation:
     """The finding of a call that broke its contract: the first violation's check and message, the others
@@ -156,4 +213,5 @@ def caller_finding(violations: list[Violation], kernel: dict[str, Any], details:
                                                             "violations": [v.to_dict() for v in violations]})
 
 
-__all__ = ["call_violations", "caller_finding", "caller_violations", "checked_signature", "metadata_violations"]
+__all__ = ["CALLER_CHECK_EVERY", "call_shape", "call_violations", "caller_checks_due", "caller_finding",
+           "caller_violations", "checked_signature", "is_builtin", "metadata_violations"]

@@ -46,19 +46,52 @@ class Run:
     ``[num_tokens, num_heads, head_size]``, are set by the attention property; a run handed to it with both set
     is checked against them instead of computing them again. ``data`` is on the reference device
     (:func:`reference_device`; any device when a caller hands it over). ``fault``: the caller fault
-    (:class:`~kvfuzz.fuzz.harness.faults.CallerFault`) it was prepared with, None for none."""
+    (:class:`~kvfuzz.fuzz.harness.faults.CallerFault`) it was prepared with, None for none.
+
+    The reference stays where it was computed (``device_reference``, the reference device) until ``reference`` is
+    read, which copies it to the CPU once: a passing example of a large batch never pays for the copy.
+
+    ``prepared``: the run's :meth:`fingerprint` when the attention property's prepare built it from the example
+    alone (no data handed over, nothing changed after materializing), else None. While the fingerprint still
+    matches, the run holds exactly the call that prepare builds for the example (kvfuzz.fuzz.harness.attention)."""
 
     example: Example
     data: BatchData
     cache: CacheState
     call: KernelCall
     output: torch.Tensor | None = None
-    reference: torch.Tensor | None = None
+    device_reference: torch.Tensor | None = attrs.field(default=None, alias="reference")
     envelope: torch.Tensor | None = None
     timings: Timings = attrs.Factory(Timings)
     path: str = ""
     ratio: float = 0.0
     fault: Any = None
+    prepared: tuple | None = None
+
+    def fingerprint(self) -> tuple | None:
+        """The identity of the data, cache and call objects and the identity and version counter of every tensor
+        in them (the call's keyword arguments included): any in-place change to one of them, or any of them
+        replaced, changes it; a kernel writing through a pointer does not. None when a tensor keeps no version
+        counter (an inference tensor)."""
+        tensors = [*(getattr(self.data, f.name) for f in attrs.fields(BatchData)), self.cache.key_cache,
+                   self.cache.value_cache, self.call.key_cache, self.call.value_cache, self.call.key, self.call.value,
+                   *self.call.kwargs.values()]
+        try:
+            return (id(self.data), id(self.cache), id(self.call)) + tuple(
+                (id(t), t._version) for t in tensors if isinstance(t, torch.Tensor))
+        except RuntimeError:
+            return None
+
+    @property
+    def reference(self) -> torch.Tensor | None:
+        """The fp64 reference on the CPU (None until the attention property set it)."""
+        if self.device_reference is not None and self.device_reference.device.type != "cpu":
+            self.device_reference = self.device_reference.cpu()
+        return self.device_reference
+
+    @reference.setter
+    def reference(self, value: torch.Tensor | None) -> None:
+        self.device_reference = value
 
 
 #: Batches of a CUDA target with at least this many KV elements (``Batch.kv_elements``)
