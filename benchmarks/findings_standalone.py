@@ -56,6 +56,11 @@ FINDINGS = {
     "9-sglang-decode-mha-product-rounding": ("sglang.decode_attention_fwd", Example(Batch(
         query_lens=[1], ctx_lens=[1], num_heads=1, num_kv_heads=1, head_size=128, block_size=1, num_blocks=2,
         block_table=[[0, 1]], dtype="float16", seed=39, value_range="large"), Poison.NAN), False),
+    # one decode of 4 keys, 48 query heads over 2 kv heads (a group of 24; tests/fuzz/targets/test_wide_groups.py)
+    "14-vllm-grouped-decode-wrong-kv-head": ("vllm.decode_attention_fwd", Example(batch(
+        [(1, 3)], dtype="float32", head_size=32, num_heads=48, num_kv_heads=2, seed=1), Poison.NAN), False),
+    "14-sglang-grouped-decode-wrong-kv-head": ("sglang.decode_attention_fwd", Example(batch(
+        [(1, 3)], dtype="float32", head_size=32, num_heads=48, num_kv_heads=2, seed=1), Poison.NAN), False),
     "11-vllm-cpu-softcap-overflow": ("vllm.cpu_attention", Example(batch(
         [(1, 0)], dtype="float32", head_size=32, num_heads=1, num_kv_heads=1, seed=3, value_range="extreme",
         softcap=4.0), Poison.ZEROS), False),
