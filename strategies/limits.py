@@ -7,7 +7,7 @@ import attrs
 
 #: kvfuzz.contracts.model.batch.VALUE_RANGES, spelled out: that module imports torch, and the CLI reads these defaults
 #: (tests/strategies/test_strategies.py keeps the two equal).
-VALUE_RANGES = ("normal", "large", "equal", "dominant", "extreme")
+VALUE_RANGES = ("normal", "large", "equal", "dominant", "extreme", "shifted")
 
 
 @attrs.frozen
