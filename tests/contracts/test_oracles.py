@@ -454,14 +454,14 @@ def test_nan_is_always_a_failure_and_located(make_batch):
 
 def _check_finite_by_element(b, out):
     """check_finite as it was written first (every element tested): what the fast one must equal."""
-    from kvfuzz.contracts.checks.oracles import OracleFailure, _locate
+    from kvfuzz.contracts.checks.oracles import OracleFailure, locate
 
     bad = ~torch.isfinite(out)
     if not bad.any():
         return None
     t, h, d = (int(i) for i in torch.nonzero(bad)[0])
     rows = bad.any(dim=-1)
-    seq, pos = _locate(b, t)
+    seq, pos = locate(b, t)
     tokens = tuple(int(i) for i in torch.nonzero(rows.any(dim=1)).flatten())
     return OracleFailure(Oracle.FINITE, seq, pos, t, h, d, float(out[t, h, d]), float("nan"), int(rows.sum()),
                          int(bad.sum()), tokens)
