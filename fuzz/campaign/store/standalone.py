@@ -68,10 +68,13 @@ def family(target: Target) -> str | None:
 
 
 #: GPU-only targets whose adapter calls one Python function of the kernel's package with the call's kwargs
-#: (their ``run``): FA3 (vllm_flash_attn.py ``kernels``: its ``scheduler_metadata`` is plain int32 data) and
+#: (their ``run``): FA3, FA2 and FA4 (vllm_flash_attn.py ``kernels``: FA3's ``scheduler_metadata`` is plain int32
+#: data) and
 #: FlashMLA (vllm_mla.py ``kernels``: returns ``(out, lse)``; its ``tile_scheduler_metadata`` is an empty
 #: ``FlashMLASchedMeta`` object the first call fills: the script makes it again, :data:`_REBUILT`).
 _MODULE_KERNELS = {"vllm.flash_attn_varlen": ("vllm.vllm_flash_attn", "flash_attn_varlen_func"),
+                   "vllm.flash_attn_varlen_fa2": ("vllm.vllm_flash_attn", "flash_attn_varlen_func"),
+                   "vllm.flash_attn_varlen_fa4": ("vllm.vllm_flash_attn", "flash_attn_varlen_func"),
                    "vllm.flashmla_decode": ("vllm.v1.attention.ops.flashmla", "flash_mla_with_kvcache")}
 
 _TRITON_TARGETS = ("vllm.chunked_prefill_paged_decode", "vllm.context_attention_fwd", "vllm.unified_attention",
