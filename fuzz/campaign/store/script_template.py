@@ -266,7 +266,7 @@ def check_merge(t, kw):
 
 
 #@end
-#@only any
+#@only triton sglang module writer_triton flex flashinfer writer_flashinfer writer_cpu cpu_op
 def call_kernel(kw):
     """The kernel call exactly as kvfuzz's adapter made it (its ``run``)."""
     fam = META["family"]
