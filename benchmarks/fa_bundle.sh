@@ -6,9 +6,13 @@
 #                             and compute_80 PTX, 65 MB already compressed inside the fatbin; an H100 runs the PTX
 #                             through the driver's JIT, an A100 the cubins)
 #   fa4-site/                 FlashAttention 4's packages as `pip install --no-deps --target` lays them out, from the
-#                             cp312 wheels vLLM 0.33.0 pins: nvidia-cutlass-dsl 4.8.0 with its libs-base and libs-cu13
-#                             (the cu13 wheel: 92 MB zipped, 237 MB unpacked), quack-kernels 0.6.5, apache-tvm-ffi,
-#                             torch-c-dlpack-ext, einops (FA4's Python itself is in vLLM's tree, vllm_flash_attn/cute)
+#                             cp312 wheels vLLM 0.33.0 pins: nvidia-cutlass-dsl 4.8.0 with its libs-core (the DSL's
+#                             Python: cutlass.cute), libs-base and libs-cu13 (the MLIR compiler and runtime: 92 MB
+#                             zipped, 237 MB unpacked; libs-cu12, which the package lists too, is left out: the GPU
+#                             image is CUDA 13), cuda-bindings 13.x, cuda-pathfinder, protobuf, quack-kernels 0.6.5,
+#                             apache-tvm-ffi, torch-c-dlpack-ext, einops (FA4's Python itself is in vLLM's tree,
+#                             vllm_flash_attn/cute); gpu_env.sh puts nvidia_cutlass_dsl/dsl_packages on PYTHONPATH (the
+#                             .pth file that does it in a site directory is not read from PYTHONPATH)
 # One tar of both, `zstd -19 --long=30` (FA2 77 MiB, FA4's 61 MiB: 3 parts), split into .device-fa/part-<k>/fa.tar.zst.<k>
 # of at most $PART_MIB MiB (50),
 # with .device-fa/part-<k>/MANIFEST (parts, sizes, sha256 of the whole stream) in every part. A device call carries
@@ -25,7 +29,8 @@ DEST=${DEST:-.device-fa}
 DEVICE_CACHE=${DEVICE_CACHE:-.venv/share/kvfuzz/device-cache}
 PART_MIB=${PART_MIB:-50}
 VLLM_VERSION=0.33.0
-FA4_WHEELS=("nvidia-cutlass-dsl==4.8.0" "nvidia-cutlass-dsl-libs-base==4.8.0" "nvidia-cutlass-dsl-libs-cu13==4.8.0"
+FA4_WHEELS=("nvidia-cutlass-dsl==4.8.0" "nvidia-cutlass-dsl-libs-core==4.8.0" "nvidia-cutlass-dsl-libs-base==4.8.0"
+            "nvidia-cutlass-dsl-libs-cu13==4.8.0" "cuda-bindings==13.5.0" "cuda-pathfinder==1.9.1" "protobuf==7.36.2"
             "quack-kernels==0.6.5" "apache-tvm-ffi==0.1.15.post2" "torch-c-dlpack-ext==0.1.5" "einops==0.8.2")
 
 [ -x "$PY" ] || { echo "fa_bundle: $PY not found (run make setup, or set PY=)" >&2; exit 1; }

@@ -68,7 +68,8 @@ fi
 # PTX through the driver's JIT: its cache made big enough for every module and kept in .fa-stage/ across calls
 if [ -d .fa-stage/unpacked/fa2 ]; then
   cp .fa-stage/unpacked/fa2/_vllm_fa2_C.abi3.so /tmp/vllm/vllm/vllm_flash_attn/ || exit 1
-  export PYTHONPATH=$PWD/.fa-stage/unpacked/fa4-site:$PYTHONPATH
+  # nvidia-cutlass-dsl puts its dsl_packages on sys.path through a .pth file, which PYTHONPATH does not read
+  export PYTHONPATH=$PWD/.fa-stage/unpacked/fa4-site/nvidia_cutlass_dsl/dsl_packages:$PWD/.fa-stage/unpacked/fa4-site:$PYTHONPATH
   export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-$PWD/.fa-stage/nv-cache} CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
 fi
 KV="python3 -m kvfuzz.fuzz.cli"
