@@ -50,6 +50,18 @@ FINDINGS = {
     "11-vllm-cpu-softcap-overflow": ("vllm.cpu_attention", Example(contiguous_batch(
         [1], [0], block_size=16, dtype="float32", head_size=32, num_heads=1, num_kv_heads=1, seed=3,
         value_range="extreme", softcap=4.0), Poison.ZEROS), False),
+    # one decode of 4 keys, 48 query heads over 2 kv heads (a group of 24; tests/fuzz/targets/test_wide_groups.py)
+    "14-vllm-grouped-decode-wrong-kv-head": ("vllm.decode_attention_fwd", Example(contiguous_batch(
+        [1], [3], block_size=16, dtype="float32", head_size=32, num_heads=48, num_kv_heads=2, seed=1), Poison.NAN),
+        False),
+    "14-sglang-grouped-decode-wrong-kv-head": ("sglang.decode_attention_fwd", Example(contiguous_batch(
+        [1], [3], block_size=16, dtype="float32", head_size=32, num_heads=48, num_kv_heads=2, seed=1), Poison.NAN),
+        False),
+    # one decode after 8 cached tokens, a window of 4, every logit ~-40,000 ("shifted"): the 4 keys before the window,
+    # masked with -10000, take the row
+    "15-vllm-paged-decode-window-mask-sentinel": ("vllm.chunked_prefill_paged_decode", Example(contiguous_batch(
+        [1], [8], block_size=16, dtype="float32", head_size=32, num_heads=1, num_kv_heads=1, sliding_window=4,
+        value_range="shifted"), Poison.NAN), False),
 }
 
 

@@ -6,7 +6,8 @@
 # .device/sglang/: the four files of the sglang 0.5.23 wheel its Triton attention kernels need (as `make setup`
 # extracts them into .venv/share/kvfuzz/sglang/); optionally .device/flashinfer.tgz and .device/flashinfer-whl/
 # (benchmarks/flashinfer_bundle.sh); optionally .device/hopper/ (benchmarks/hopper_bundle.sh: FA3's and FlashMLA's
-# extensions, xz-packed, and FlashMLA's Python interface), unpacked into the vllm tree. Defines KV (the kvfuzz CLI).
+# extensions, xz-packed, and FlashMLA's Python interface), unpacked into the vllm tree; optionally .fa-stage/unpacked/
+# (benchmarks/fa_bundle.sh, fa_stage.sh: FA2's extension, FA4's packages). Defines KV (the kvfuzz CLI).
 export PYTHONUNBUFFERED=1
 # The start every run driver that writes under OUT shares (call it right after sourcing this file): R=$OUT (the script
 # stops, naming OUT, when it is unset), made; W a scratch folder, removed when the script exits.
@@ -74,6 +75,15 @@ if [ -f .device/flashinfer.tgz ]; then
   export PYTHONPATH=/tmp/fi:/tmp/fi-site:$PYTHONPATH
   export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-ws} MAX_JOBS=${MAX_JOBS:-16} \
     FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0}
+fi
+# FlashAttention 2 and 4 (benchmarks/fa_bundle.sh, carried in parts and unpacked by benchmarks/fa_stage.sh into the
+# ignored .fa-stage/): FA2's extension into the vllm tree, FA4's packages on the path. An H100 runs FA2's compute_80
+# PTX through the driver's JIT: its cache made big enough for every module and kept in .fa-stage/ across calls
+if [ -d .fa-stage/unpacked/fa2 ]; then
+  cp .fa-stage/unpacked/fa2/_vllm_fa2_C.abi3.so /tmp/vllm/vllm/vllm_flash_attn/ || exit 1
+  # nvidia-cutlass-dsl puts its dsl_packages on sys.path through a .pth file, which PYTHONPATH does not read
+  export PYTHONPATH=$PWD/.fa-stage/unpacked/fa4-site/nvidia_cutlass_dsl/dsl_packages:$PWD/.fa-stage/unpacked/fa4-site:$PYTHONPATH
+  export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-$PWD/.fa-stage/nv-cache} CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
 fi
 KV="python3 -m kvfuzz.fuzz.cli"
 export KVFUZZ_GPU_ENV=1

@@ -14,8 +14,8 @@
 # 90 s each here, 9 processes compiling at once) plus the widening shrink's (one module per configuration it tries,
 # within KVFUZZ_SHRINK_GRACE). A bug's copy is shared by its seeds' processes (FileLock per module), so a module two
 # seeds both draw compiles once. The bugs' targets restrict nothing: 350 needs a softcap-on module (36 of 72; then
-# softcap 4 in half the examples), 1416 an fp8 one (48 of 72; v_scale != 1 in 4 of 5 examples), 4401 is expected to
-# be missed (logits below -34,657, which no value range draws).
+# softcap 4 in half the examples), 1416 an fp8 one (48 of 72; v_scale != 1 in 4 of 5 examples), 4401 every logit
+# of a row below -34,657, which the "shifted" value range draws (one example of six; a softcap-off module).
 #
 # Needs .device/ with flashinfer.tgz (FLASHINFER=1 make device-bundle, or bash benchmarks/flashinfer_bundle.sh).
 # Env: OUT (default /tmp/fi-bugs-out), BUGS (default the three), SEEDS (3), DURATION (180s per campaign), SHRINK_GRACE

@@ -107,10 +107,11 @@ def boundary_lengths(block_size: int | tuple[int, ...], min_value: int, max_valu
 
 
 @st.composite
-def gqa_heads(draw, max_num_heads: int = 16, ratios: tuple[int, ...] | None = None,
+def gqa_heads(draw, max_num_heads: int = 64, ratios: tuple[int, ...] | None = None,
               pin: tuple[int, int] | None = None) -> tuple[int, int]:
-    """``(num_heads, num_kv_heads)`` with group sizes 1..16 (MHA, GQA) and MQA (one kv head); ``ratios``:
-    only these group sizes (default :data:`GQA_RATIOS`); ``pin``: always these heads (see :func:`choice`)."""
+    """``(num_heads, num_kv_heads)``: a group size of :data:`GQA_RATIOS` (MHA first, GQA, groups past 16) times
+    a kv head count of :data:`NUM_KV_HEADS` (one: MQA), halved until the heads fit ``max_num_heads``; ``ratios``:
+    only these group sizes; ``pin``: always these heads (see :func:`choice`)."""
     ratios = [r for r in (GQA_RATIOS if ratios is None else ratios) if r <= max_num_heads]
     ratio = draw(choice(ratios, *(() if pin is None else (pin[0] // pin[1],))))
     # independent of the ratio: lowering one does not shift the other

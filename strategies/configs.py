@@ -35,8 +35,13 @@ from kvfuzz.contracts.model.capabilities import Capabilities
 
 from .limits import Limits
 
-#: GQA group sizes (num_heads // num_kv_heads); 1 is MHA, 7 is the FlashInfer 28/4 case.
-GQA_RATIOS = (1, 2, 4, 8, 16, 3, 7)
+#: GQA group sizes (num_heads // num_kv_heads), simplest first (a failure shrinks toward MHA): 1 is MHA, 7 is the
+#: FlashInfer 28/4 case; past 16 (with one kv head, multi-query attention) a kernel's tiles change: vLLM's unified
+#: kernel pads its query tile to ``BLOCK_M = next_power_of_2(group)`` above 16 (32, 64: triton_unified_attention.py
+#: ``unified_attention``), and the grouped decode kernels (vLLM's and SGLang's ``_fwd_grouped_kernel_stage1``, 16
+#: heads a program) split a group over several programs; 24 is a group past 16 that is not a multiple of 16 (MQA
+#: StarCoder at tensor-parallel size 2 runs 24/1; strategies/models.py holds the published rows).
+GQA_RATIOS = (1, 2, 4, 8, 16, 3, 7, 32, 64, 24)
 NUM_KV_HEADS = (1, 2, 4)
 #: Fields of a configuration a kernel may take at run time rather than compile for (``KernelConfig.free``):
 #: the heads (and so the GQA group), the block (page) size, the sliding window's size (its presence stays pinned).

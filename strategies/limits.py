@@ -7,7 +7,7 @@ import attrs
 
 #: kvfuzz.contracts.model.batch.VALUE_RANGES, spelled out: that module imports torch, and the CLI reads these defaults
 #: (tests/strategies/test_strategies.py keeps the two equal).
-VALUE_RANGES = ("normal", "large", "equal", "dominant", "extreme")
+VALUE_RANGES = ("normal", "large", "equal", "dominant", "extreme", "shifted")
 
 #: The largest value of each size bound (``kvfuzz fuzz --max-num-seqs/--max-ctx-len/--max-query-len`` refuse more
 #: at parse time, exit 2): past them a batch cannot be held, let alone checked against an fp64 reference, on any
@@ -27,7 +27,8 @@ class Limits:
     """Bounds for generated batches (keep the sizes small on CPU: the Triton interpreter is slow).
 
     max_num_seqs: sequences per batch. max_ctx_len: cached tokens per sequence. max_query_len: new tokens
-    of a prefill. max_num_heads: query heads. max_spare_blocks: unused physical blocks beyond those needed.
+    of a prefill. max_num_heads: query heads (64: every group size of :data:`kvfuzz.strategies.configs.GQA_RATIOS`,
+    up to 64 query heads over one kv head). max_spare_blocks: unused physical blocks beyond those needed.
     value_ranges: how queries and keys may be drawn, a non-empty subset of
     :data:`kvfuzz.contracts.model.batch.VALUE_RANGES` (the pre-merge gate narrows it for a target's documented
     limitation: ``Target.gate_value_ranges``). Raises InvalidArgument for a bound out of range (below its minimum,
@@ -37,7 +38,7 @@ class Limits:
     max_num_seqs: int = 4
     max_ctx_len: int = 96
     max_query_len: int = 40
-    max_num_heads: int = 16
+    max_num_heads: int = 64
     max_spare_blocks: int = 6
     value_ranges: tuple[str, ...] = VALUE_RANGES
 

@@ -109,6 +109,21 @@ MODELS: tuple[ModelAttention, ...] = (
     ModelAttention("microsoft/phi-4", 40, 10, 128,
                    checked="hub microsoft/phi-4 config.json on refs/pr/10: 40/10 heads, hidden_size 5120, "
                    "sliding_window null"),
+    # multi-query attention: one kv head (Falcon's multi_query, GPTBigCode's multi_query), replicated on every rank
+    # (vllm/model_executor/models/falcon.py FalconAttention: total_num_kv_heads 1, num_kv_heads max(1, 1 // tp);
+    # GPTBigCode's c_attn_kv replicated across ranks)
+    ModelAttention("tiiuae/falcon-7b", 71, 1, 64,
+                   checked="hub config of tiiuae/falcon-7b-instruct as copied into tenstorrent's Falcon benchmark "
+                   "(RWConfig params): hidden_size 4544, n_head 71, multi_query true, alibi false; "
+                   "kimborgen/falcon-llm README (a copy of the hub repo): query_key_value out_features 4672 = "
+                   "(71 + 2) x 64, one k and one v head; vLLM asserts 71 % tp == 0, so tp 1 only"),
+    ModelAttention("bigcode/starcoder", 48, 1, 128,
+                   checked="Cerebras modelzoo tools/checkpoint_converters/starcoder.py, the hub config's defaults: "
+                   "n_embd 6144, n_head 48, n_layer 40, multi_query true (c_attn packs embed_dim + 2 x head_dim)"),
+    ModelAttention("tiiuae/falcon-180B", 232, 8, 64,
+                   checked="NVIDIA/TensorRT-LLM performance docs, the checkpoint config of tiiuae/falcon-180B: "
+                   "num_attention_heads 232, num_key_value_heads 8, hidden_size 14848, new_decoder_architecture "
+                   "true; a group of 29 query heads per kv head at every tp"),
     ModelAttention("deepseek-ai/DeepSeek-V3", 128, 1, 576, kv_lora_rank=512, qk_rope_head_dim=64,
                    checked="deepseek-ai/DeepSeek-V3 inference/configs/config_671B.json: n_heads 128, kv_lora_rank "
                    "512, qk_rope_head_dim 64; inference/model.py MLA caches kv_lora_rank + qk_rope_head_dim"),

@@ -33,8 +33,9 @@ LONG_CTX_LEN, LONG_NUM_SEQS = 131072, 2
 WIDE_NUM_SEQS = 256
 #: Sequences, cached tokens and new tokens (the token budget) at most in the serving tier.
 SERVING_NUM_SEQS, SERVING_CTX_LEN, SERVING_TOKENS = 35, 65536, 8192
-#: Query heads at most in the serving tier: a 64-head model (Llama 3.1 70B, Qwen2.5 72B) on one rank.
-SERVING_NUM_HEADS = 64
+#: Query heads at most in the serving tier: a 128-head model on one rank (DeepSeek-V3 under data-parallel attention,
+#: Falcon-7B's 71 over one kv head, Falcon-180B's 116 over 4 at tp 2).
+SERVING_NUM_HEADS = 128
 #: In a mix that includes ``small``, it gets 4 chunks of every 5 (:func:`tier_of_chunk`); 3 of every 5 when the
 #: mix also includes ``serving``.
 SMALL_EVERY = 5

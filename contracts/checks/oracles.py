@@ -46,6 +46,10 @@ class Oracle(enum.Enum):
     PAD_FINITE = "finite pad rows"
     #: a padded call changed the paged cache (:func:`check_cache_unchanged`)
     PAD_WRITES = "cache unchanged by a padded call"
+    #: a merge of two attention states against the exact fp64 merge of its inputs (kvfuzz.contracts.checks.merge)
+    MERGE = "agreement with the exact merge"
+    #: the merged log-sum-exp a merge writes (``output_lse``) against the exact one (kvfuzz.contracts.checks.merge)
+    MERGE_LSE = "merged log-sum-exp"
 
     @property
     def label(self) -> str:
@@ -74,6 +78,12 @@ MESSAGES: dict[Oracle, str] = {
                        "sequences; first at output row {token}, which is a pad row (pad sequence {seq}, not a real "
                        "request: the engine drops it, but inside the model it flows on), head {head}, dim {dim}: "
                        "{error}",
+    Oracle.MERGE: "merged output disagrees with the exact merge of its inputs in {bad_rows} (token, head) rows; worst "
+                  "at sequence {seq} position {position} (output row {token}), head {head}, dim {dim}: |out - exact| "
+                  "= {error:.3g} > bound {bound:.3g}",
+    Oracle.MERGE_LSE: "merged log-sum-exp disagrees with the exact one in {bad_rows} (head, token) entries; worst at "
+                      "sequence {seq} position {position} (token {token}), head {head}: |lse - exact| = {error:.3g} > "
+                      "bound {bound:.3g}",
     Oracle.PAD_WRITES: "a call with CUDA-graph pad sequences changed the paged cache: {bad_elements} elements in "
                        "{bad_rows} slots, first at block {token} (slot {position} of it), head {head}, dim {dim} "
                        "(an attention kernel writes nothing; the pads' null block / slot 0 included)",
@@ -130,7 +140,8 @@ class OracleFailure:
         return attrs.asdict(self) | {"oracle": self.oracle.value, "message": self.message()}
 
 
-def _locate(batch: Batch, token: int) -> tuple[int, int]:
+def locate(batch: Batch, token: int) -> tuple[int, int]:
+    """``(sequence, position)`` of output row ``token`` of ``batch`` (query order)."""
     qsl = batch.query_start_loc
     seq = max(i for i in range(batch.num_seqs) if qsl[i] <= token)
     return seq, batch.ctx_lens[seq] + token - qsl[seq]
@@ -161,7 +172,7 @@ def _non_finite(batch: Batch, out: torch.Tensor) -> OracleFailure | None:
     r = int(torch.nonzero(bad_rows)[0])
     t, h = (int(i) for i in rows[r])
     d = int(torch.nonzero(bad[r])[0])
-    seq, pos = _locate(batch, t)
+    seq, pos = locate(batch, t)
     tokens = tuple(int(i) for i in torch.unique(rows[bad_rows, 0]))
     return OracleFailure(Oracle.FINITE, seq, pos, t, h, d, float(out[t, h, d]), float("nan"), int(bad_rows.sum()),
                          int(bad.sum()), tokens)
@@ -285,7 +296,7 @@ def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPreci
         return None, float((err / bound).max())
     excess = torch.where(bad, err / bound, torch.zeros_like(err)).nan_to_num(float("inf"))
     t, h, d = (int(i) for i in torch.unravel_index(torch.argmax(excess), excess.shape))
-    seq, pos = _locate(batch, t)
+    seq, pos = locate(batch, t)
     rows = bad.any(dim=-1)
     tokens = tuple(int(i) for i in torch.nonzero(rows.any(dim=1)).flatten())
     return OracleFailure(Oracle.AGREEMENT, seq, pos, t, h, d, float(err[t, h, d]), float(bound[t, h, d]),
@@ -360,4 +371,4 @@ def row_floor(batch: Batch, ref: torch.Tensor) -> torch.Tensor:
 __all__ = ["DIGEST_MESSAGE", "DIGEST_SLICE_ELEMENTS", "FLOOR_MAGNITUDE", "LEGACY_NAMES", "LOWP_RTOL", "MESSAGES",
            "RTOL", "LowPrecision", "Oracle", "OracleFailure", "agreement", "agreement_bound", "atol_floor",
            "block_digests", "check_agreement", "check_cache_digests", "check_cache_unchanged", "check_finite",
-           "check_label", "check_output", "check_pad_rows", "over_envelope", "row_floor"]
+           "check_label", "check_output", "check_pad_rows", "locate", "over_envelope", "row_floor"]

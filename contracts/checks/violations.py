@@ -57,6 +57,10 @@ class Check(enum.Enum):
     PLAN_RUN = "plan/run agreement"
     #: FlashInfer append_paged_kv_cache: every row's (batch index, position) is inside the page lists
     APPEND_POSITIONS = "append positions"
+    #: merge_attn_states: its tensors' shapes, dtypes and strides (vllm/v1/attention/ops/merge_attn_states.py)
+    MERGE_INPUTS = "merge_attn_states arguments"
+    #: merge_attn_states, with ground truth: the two parts handed over are the batch's prefix and suffix attention
+    MERGE_PARTS = "merge parts"
 
     @property
     def fix(self) -> str:
@@ -76,7 +80,8 @@ class Check(enum.Enum):
 
 MEMORY_UNSAFE = frozenset({Check.BLOCK_RANGE, Check.BLOCK_TABLE_WIDTH, Check.QUERY_START_LOC, Check.SHAPES,
                            Check.SEQ_LEN_GE_QUERY_LEN, Check.KV_INDICES_RANGE, Check.NUM_KV_SPLITS,
-                           Check.SCRATCH, Check.LAST_PAGE_LEN, Check.PLAN_RUN, Check.APPEND_POSITIONS})
+                           Check.SCRATCH, Check.LAST_PAGE_LEN, Check.PLAN_RUN, Check.APPEND_POSITIONS,
+                           Check.MERGE_INPUTS})
 
 FIX: dict[Check, str] = {
     Check.DECODE: "write the decode token's k/v into the cache (reshape_and_cache) before calling; in vLLM the cache "
@@ -138,6 +143,14 @@ FIX: dict[Check, str] = {
                             "append_indptr, flashinfer.get_seq_lens(kv_indptr, kv_last_page_len, page_size), nnz) "
                             "after growing kv_indptr/kv_indices/kv_last_page_len to include the appended tokens: "
                             "every row's position must be < its sequence's kv_len",
+    Check.MERGE_INPUTS: "pass output, prefix_output and suffix_output as [num_tokens, num_heads, head_size] with the "
+                        "same shape and head stride, the token stride num_heads * head stride and unit stride in the "
+                        "last dim (the kernels address a token by it), in float32, float16 or bfloat16; prefix_lse, "
+                        "suffix_lse (and output_lse) as float32 [num_heads, num_tokens] views; prefill_tokens_with_"
+                        "context None or 0..num_tokens (vllm/v1/attention/ops/merge_attn_states.py)",
+    Check.MERGE_PARTS: "hand the merge each part exactly as its attention returned it: the output over the context "
+                       "(prefix) and over the new tokens (suffix) with their own log-sum-exps, in the same token and "
+                       "head order (an empty part: log-sum-exp -inf, or FlashAttention 2's +inf)",
     Check.VACUITY: "fill the cache with varied values of the cache dtype (for fp8 caches store the bytes of "
                    "(x / k_scale).to(fp8 dtype), e.g. cache.view(fp8 dtype)[...] = ...; copy_ of fp16 values into "
                    "a uint8 cache converts them to integers, so values of magnitude < 1 all become 0)",

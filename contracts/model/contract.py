@@ -21,6 +21,9 @@ writer (vllm/v1/attention/ops/triton_reshape_and_cache_flash.py, reshape_and_cac
     (a negative slot is padding, skipped); before the call the cache holds each sequence's context
     ``0 .. ctx_len-1``, after it every new token sits at its slot and nothing else changed
     (:mod:`kvfuzz.contracts.model.writer`).
+merge (vllm/v1/attention/ops/merge_attn_states.py, merge_attn_states): no cache; the kernel merges two attention
+    states of every query token (the attention over the context and over the new tokens, each an output and a
+    log-sum-exp) into the attention of the whole (:mod:`kvfuzz.contracts.model.merge`).
 """
 
 from __future__ import annotations
@@ -35,11 +38,14 @@ class Contract(enum.Enum):
     UNIFIED = "unified"
     PREFIX = "prefix"
     WRITER = "writer"
+    MERGE = "merge"
 
     def cached_lens(self, batch: Batch) -> tuple[int, ...]:
         """Per sequence, how many leading positions the cache must hold before the kernel runs."""
         if self is Contract.UNIFIED:
             return batch.seq_lens
+        if self is Contract.MERGE:
+            return (0,) * batch.num_seqs  # no cache
         if self in (Contract.PREFIX, Contract.WRITER):
             return batch.ctx_lens
         return tuple(s if q == 1 else c for s, c, q in zip(batch.seq_lens, batch.ctx_lens, batch.query_lens))
@@ -52,8 +58,8 @@ class Contract(enum.Enum):
     @property
     def is_attention(self) -> bool:
         """Whether the kernel computes attention (output ``[T, H, D]`` checked against the fp64 reference);
-        a writer's output is the cache itself."""
-        return self is not Contract.WRITER
+        a writer's output is the cache itself, a merge's the merge of two attention states it was handed."""
+        return self not in (Contract.WRITER, Contract.MERGE)
 
 
 __all__ = ["Contract"]

@@ -14,7 +14,7 @@ import torch
 
 from . import counter_rng
 from .batch import Batch, positions
-from .space import EXTREME_FACTOR, host_tensor, host_to
+from .space import EXTREME_FACTOR, SHIFTED_KEY, SHIFTED_LOGIT, SHIFTED_MAX_QUERY, host_tensor, host_to
 
 
 @attrs.frozen(eq=False)
@@ -101,6 +101,9 @@ def _shape_values(batch: Batch, query: torch.Tensor, keys: torch.Tensor) -> None
         factor = 4.0 if batch.value_range == "large" else EXTREME_FACTOR
         query.mul_(factor)
         keys.mul_(factor)
+    elif batch.value_range == "shifted":  # every logit of a row lowered by the same amount: softmax unchanged
+        query[..., -1] = shifted_query(batch)
+        keys[..., -1] = -SHIFTED_KEY
     elif batch.value_range in ("equal", "dominant"):
         starts = host_tensor(batch.seq_start_loc[:-1], torch.int64, keys.device)
         lens = host_tensor(batch.seq_lens, torch.int64, keys.device)
@@ -108,6 +111,18 @@ def _shape_values(batch: Batch, query: torch.Tensor, keys: torch.Tensor) -> None
             keys.copy_(keys[torch.repeat_interleave(starts, lens, output_size=len(keys))])
         else:  # one position per sequence, drawn from the seed (its own stream), gets a key 16x larger
             keys[starts + counter_rng.below(batch.seed, counter_rng.DOMINANT, lens)] *= 16.0
+
+
+def shifted_query(batch: Batch) -> float:
+    """The query's last dimension under the "shifted" value range: the smallest power of two ``Q`` with ``Q * K *
+    batch.scale >= SHIFTED_LOGIT``, at most :data:`~kvfuzz.contracts.model.space.SHIFTED_MAX_QUERY`, ``K`` the keys'
+    last dimension as the cache stores it (:data:`~kvfuzz.contracts.model.space.SHIFTED_KEY`, or an fp8 cache's
+    largest value times ``k_scale`` where that is smaller). So every scaled logit is the normal one minus at least
+    40,000 (docs/tolerance.md, "Shifted logits")."""
+    key = SHIFTED_KEY
+    if batch.fp8_dtype is not None:
+        key = min(key, torch.finfo(batch.fp8_dtype).max * batch.k_scale)
+    return min(SHIFTED_MAX_QUERY, 2.0 ** math.ceil(math.log2(SHIFTED_LOGIT / (key * batch.scale))))
 
 
 def _split(qkv: torch.Tensor, nq: int, shape_q: tuple[int, ...], shape_kv: tuple[int, ...]):
@@ -136,8 +151,9 @@ def make_batch_data(batch: Batch, device: str | torch.device | None = None) -> B
     they drew before sharing existed). "dominant" scales one position per sequence, chosen from the seed's
     own stream; "extreme" multiplies queries and keys by
     :data:`~kvfuzz.contracts.model.space.EXTREME_FACTOR` (scaled scores of standard deviation ~4096; an fp8 cache then
-    saturates where ``k / k_scale`` passes the format's largest value). Sinks: fp32 ``[num_heads]`` ``2 * x`` with ``x``
-    as above when ``batch.sinks``.
+    saturates where ``k / k_scale`` passes the format's largest value); "shifted" sets the queries' last dimension
+    to :func:`shifted_query` and the keys' to ``-SHIFTED_KEY`` (every logit of a row at least 40,000 lower).
+    Sinks: fp32 ``[num_heads]`` ``2 * x`` with ``x`` as above when ``batch.sinks``.
 
     Raises ValueError if a scale does not dequantize exactly in ``batch.dtype``, or if a tensor has more than
     ``2**28`` elements (the generator's stream length)."""
@@ -188,4 +204,4 @@ def fp8_batch_data(batch: Batch, query: torch.Tensor, keys: torch.Tensor, values
                      sinks=sinks)
 
 
-__all__ = ["BatchData", "fp8_batch_data", "make_batch_data", "quantize_fp8"]
+__all__ = ["BatchData", "fp8_batch_data", "make_batch_data", "quantize_fp8", "shifted_query"]

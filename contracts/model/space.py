@@ -42,7 +42,11 @@ FEATURES = ("sliding_window", "alibi", "sinks", "softcap")
 #: (|s| to ~2e4 in a batch), so a row's softmax is nearly one-hot, a softcap of 4 or 50 is far
 #: below the scores (|s| / c past the ~88.7 where exp overflows in fp32), and an fp8 e4m3 cache with a
 #: k_scale below 1/2 saturates. The magnitude and its bound are derived in docs/tolerance.md ("Extreme values").
-VALUE_RANGES = ("normal", "large", "equal", "dominant", "extreme")
+#: "shifted": every logit of a row shifted far below zero by the same amount (softmax unchanged): the queries' last
+#: dimension set to +Q and every key's to -SHIFTED_KEY, so each scaled logit is the normal one minus
+#: ``Q * SHIFTED_KEY * scale``, at least SHIFTED_LOGIT (past the -34,657 below which FlashInfer's finite mask sentinel
+#: zeroed a row, flashinfer#4401; docs/tolerance.md, "Shifted logits").
+VALUE_RANGES = ("normal", "large", "equal", "dominant", "extreme", "shifted")
 
 #: What "extreme" multiplies queries and keys by: a power of two, so the product is exact in every dtype (the
 #: same bits on every device) and ``|q_i k_i| <= (3.46 * 64)**2 = 49,036`` stays below fp16's largest finite
@@ -50,6 +54,17 @@ VALUE_RANGES = ("normal", "large", "equal", "dominant", "extreme")
 #: term stays within 5% of the exact perturbation while ``u32 * ds <= 0.1``; at 64 and head size 256 it is
 #: ~0.04.
 EXTREME_FACTOR = 64.0
+
+#: What "shifted" sets every key's last dimension to (negated): a power of two, exact in every dtype and in fp8 e4m3
+#: and e5m2 (an fp8 cache whose ``k_scale`` puts ``SHIFTED_KEY / k_scale`` past the format's largest value saturates
+#: there, as any key does, and the shift is smaller).
+SHIFTED_KEY = 128.0
+#: The smallest shift "shifted" aims at: every scaled logit of a row at most about ``-SHIFTED_LOGIT`` plus its normal
+#: value (|normal logits| <= 12 * sqrt(head_size)), past FlashInfer's sentinel of 5e4 / log2(e) ~ 34,657.
+SHIFTED_LOGIT = 40000.0
+#: The largest query "shifted" sets (fp16's largest power of two): the shift stops short of SHIFTED_LOGIT only
+#: where an fp8 cache's scale saturates the key.
+SHIFTED_MAX_QUERY = 2.0**15
 
 
 @functools.lru_cache(maxsize=None)  # a pure function of num_heads, read by every stage of an ALiBi example
@@ -125,6 +140,5 @@ def _positions_on(device: torch.device, counts: list[int], shift: list[int]) -> 
     return seq, torch.arange(len(seq), dtype=torch.int64, device=device) - sh[seq]
 
 
-__all__ = ["DTYPES", "EXTREME_FACTOR", "FEATURES", "FP8_DTYPES", "KV_CACHE_DTYPES", "VALUE_RANGES", "alibi_slopes",
-           "host_to",
-           "host_tensor", "positions", "table_tensor"]
+__all__ = ["DTYPES", "EXTREME_FACTOR", "FEATURES", "FP8_DTYPES", "KV_CACHE_DTYPES", "SHIFTED_KEY", "SHIFTED_LOGIT",
+           "SHIFTED_MAX_QUERY", "VALUE_RANGES", "alibi_slopes", "host_tensor", "host_to", "positions", "table_tensor"]

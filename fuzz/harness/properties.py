@@ -1,7 +1,8 @@
 """The one entry point the campaign calls per example: :func:`prepare` builds a target's call from an example,
 :func:`check` runs it through the target's property, chosen by the target's contract: the attention property
 (:mod:`kvfuzz.fuzz.harness.attention`) for split, prefix and unified kernels, the writer property
-(:mod:`kvfuzz.fuzz.harness.writer`) for :attr:`~kvfuzz.contracts.model.contract.Contract.WRITER`. And
+(:mod:`kvfuzz.fuzz.harness.writer`) for :attr:`~kvfuzz.contracts.model.contract.Contract.WRITER`, the merge
+property (:mod:`kvfuzz.fuzz.harness.merge`) for :attr:`~kvfuzz.contracts.model.contract.Contract.MERGE`. And
 :func:`check_undeclared`, the property of configurations a target does not declare; :func:`check_example`, the
 property as users call it (``kvfuzz.check_example``)."""
 
@@ -22,7 +23,7 @@ from kvfuzz.contracts.checks.failures import (
 )
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.harness import attention, writer
+from kvfuzz.fuzz.harness import attention, merge, writer
 from kvfuzz.fuzz.harness.faults import CallerFault
 from kvfuzz.fuzz.harness.run import Run
 from kvfuzz.fuzz.targets.base import Target
@@ -32,14 +33,22 @@ def is_writer(target: Target) -> bool:
     return target.capabilities.contract is Contract.WRITER
 
 
+def is_merge(target: Target) -> bool:
+    return target.capabilities.contract is Contract.MERGE
+
+
 def property_of(target: Target) -> tuple[Callable[..., Run], Callable[..., Run]]:
     """``target``'s property as ``(prepare, check)``, chosen by its contract: the writer property's
     (:func:`~kvfuzz.fuzz.harness.writer.prepare_writer`, :func:`~kvfuzz.fuzz.harness.writer.check_writer_example`)
-    for :attr:`~kvfuzz.contracts.model.contract.Contract.WRITER`, else the attention property's
+    for :attr:`~kvfuzz.contracts.model.contract.Contract.WRITER`, the merge property's
+    (:func:`~kvfuzz.fuzz.harness.merge.prepare_merge`, :func:`~kvfuzz.fuzz.harness.merge.check_merge_example`) for
+    :attr:`~kvfuzz.contracts.model.contract.Contract.MERGE`, else the attention property's
     (:func:`~kvfuzz.fuzz.harness.attention.prepare`, :func:`~kvfuzz.fuzz.harness.attention.check_example`). Both
     take the arguments :func:`prepare` and :func:`check` take, by keyword; a campaign chooses once per target."""
     if is_writer(target):
         return writer.prepare_writer, writer.check_writer_example
+    if is_merge(target):
+        return merge.prepare_merge, merge.check_merge_example
     return attention.prepare, attention.check_example
 
 
@@ -107,7 +116,8 @@ def check_example(target: Target, example: Example, *, fault: CallerFault | None
     ``example.poison`` in every slot the contract leaves unwritten, has the target build its call
     (``Target.build_call``), checks the call against the target's contract (the caller's invariants), runs the
     kernel (``Target.run``) and compares its output with the fp64 reference. A writer target
-    (``Contract.WRITER``) is checked by what it wrote into the cache instead.
+    (``Contract.WRITER``) is checked by what it wrote into the cache instead, a merge target (``Contract.MERGE``)
+    against the exact merge of the attention states it was handed.
 
     ``target``: a :class:`~kvfuzz.fuzz.targets.base.Target` (an instance, e.g. ``kvfuzz.get_target(name)``)
     whose ``availability().ok`` holds here. ``example``: an :class:`~kvfuzz.contracts.model.example.Example`,
@@ -134,4 +144,5 @@ def check_example(target: Target, example: Example, *, fault: CallerFault | None
     return check(target, example, fault)
 
 
-__all__ = ["check", "check_example", "check_undeclared", "is_writer", "prepare", "property_of", "rejection_text"]
+__all__ = ["check", "check_example", "check_undeclared", "is_merge", "is_writer", "prepare", "property_of",
+           "rejection_text"]

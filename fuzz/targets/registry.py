@@ -35,6 +35,7 @@ FAMILIES = (
     "kvfuzz.fuzz.targets.vllm_triton",
     "kvfuzz.fuzz.targets.vllm_mla",
     "kvfuzz.fuzz.targets.vllm_flash_attn",
+    "kvfuzz.fuzz.targets.vllm_merge",
     "kvfuzz.fuzz.targets.vllm_cpu",
     "kvfuzz.fuzz.targets.cache_writers",
     "kvfuzz.fuzz.targets.torch_flex",

@@ -253,7 +253,7 @@ class VllmCpuAttention(VllmCpuOp):
     # caches; the gate checks finite poisons, `kvfuzz fuzz` keeps reporting the NaN case.
     gate_poisons = (Poison.STALE, Poison.ZEROS)
     #: docs/findings.md, Finding 11: its softcap overflows (NaN) once |score| / softcap passes ~87, which "extreme"
-    #: values reach; the gate draws the other ranges, `kvfuzz fuzz` all
+    #: and "shifted" values reach; the gate draws the other ranges, `kvfuzz fuzz` all
     gate_value_ranges = ("normal", "large", "equal", "dominant")
     #: the op is fast enough on a CPU for long and wide batches, and a big cache costs only the pages referenced
     tiers = ("small", "long", "wide", "big-cache")

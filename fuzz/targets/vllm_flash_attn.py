@@ -60,8 +60,10 @@ neither vllm nor the extension.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Mapping
+import importlib.util
+from typing import Any, Callable, ClassVar, Mapping
 
+import attrs
 import torch
 
 from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout
@@ -74,12 +76,15 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
-from .base import Availability, KernelCall, Target
+from .base import NOT_LOADED, Availability, KernelCall, Target
 from .signature import KernelSignature
-from .triton_runtime import hopper_availability, hopper_installed
+from .triton_runtime import hopper_availability, hopper_installed, quiet_vllm, vllm_files_missing
 
 #: The extension's file inside the vllm package (vLLM 0.33.0's wheel; 172 MB).
 FA3_EXTENSION = "vllm_flash_attn/_vllm_fa3_C.abi3.so"
+#: FlashAttention 2's extension (308 MB) and FlashAttention 4's entry module (CuTe-DSL Python), in the same wheel.
+FA2_EXTENSION = "vllm_flash_attn/_vllm_fa2_C.abi3.so"
+FA4_INTERFACE = "vllm_flash_attn/cute/interface.py"
 #: vllm/config/attention.py ``flash_attn_max_num_splits_for_cuda_graph``: the split count of a full-CUDA-graph batch.
 CUDA_GRAPH_MAX_SPLITS = 32
 #: The split counts the target draws from a batch's seed (``batch.seed % 4``): FA3's heuristic (0, eager mode), the
@@ -279,15 +284,25 @@ class VllmFlashAttnVarlen(Target):
         v_view.copy_(vc)
         return _canonical_singleton_strides(k_view), _canonical_singleton_strides(v_view)
 
+    #: The ``fa_version`` the backend passes (``get_flash_attn_version``).
+    fa_version: ClassVar[int] = 3
+
+    def alibi_slopes(self, batch: Batch, dev) -> torch.Tensor | None:
+        """The ``alibi_slopes`` argument: None (FA3 and FA4 take none; an ALiBi model runs FA2). Raises ValueError
+        for an ALiBi batch."""
+        if batch.alibi:
+            raise ValueError(f"{self.name}: FA{self.fa_version} takes no ALiBi (vLLM falls back to FA2 for ALiBi "
+                             "models)")
+        return None
+
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         """``flash_attn_varlen_func`` kwargs as ``FlashAttentionImpl.forward`` builds them (module docstring),
         with ``scheduler_metadata`` computed here as the metadata builder does (None when
         :meth:`aot_schedule` says the batch has none). A padded batch (``num_pad_seqs``) is called as a FULL graph
         replay: ``q``/``out`` ``[T + pads, H, D]``, ``cu_seqlens_q``/``seqused_k``/``block_table``/descales and the
         scheduler's ``batch_size`` over ``N + pads`` sequences (:class:`~kvfuzz.contracts.model.padding.Padding`,
-        ``"vllm"``). Raises ValueError for an ALiBi batch (FA3 has none)."""
-        if batch.alibi:
-            raise ValueError(f"{self.name}: FA3 takes no ALiBi (vLLM falls back to FA2 for ALiBi models)")
+        ``"vllm"``). Raises ValueError for an ALiBi batch on FA3/FA4 (:meth:`alibi_slopes`)."""
+        alibi = self.alibi_slopes(batch, getattr(getattr(cache, "key_cache", None), "device", None))  # raises first
         dev = cache.key_cache.device
         k_cache, v_cache = self.backend_views(batch, cache)
         pad = padding(batch, self.capabilities.cuda_graph_padding)  # CUDA-graph pads, as vLLM's FULL graphs
@@ -307,13 +322,16 @@ class VllmFlashAttnVarlen(Target):
         kwargs = dict(
             q=pad.query(data.query.to(dev)), k=k_cache, v=v_cache, out=out, cu_seqlens_q=qsl,
             max_seqlen_q=batch.max_query_len, seqused_k=seq_lens, max_seqlen_k=batch.max_seq_len,
-            softmax_scale=batch.scale, causal=True, alibi_slopes=None, window_size=window,
+            softmax_scale=batch.scale, causal=True, alibi_slopes=alibi, window_size=window,
             block_table=pad.block_table_tensor(dev), softcap=batch.softcap or 0,
-            scheduler_metadata=scheduler_metadata, fa_version=3,
+            scheduler_metadata=scheduler_metadata, fa_version=self.fa_version,
             q_descale=ones, k_descale=ones, v_descale=ones, num_splits=splits,
-            s_aux=None if data.sinks is None else data.sinks.to(device=dev, dtype=torch.bfloat16),
+            s_aux=None if data.sinks is None else data.sinks.to(device=dev, dtype=self.sink_dtype),
         )
         return KernelCall(kwargs, cache.layout, k_cache, v_cache, out)
+
+    #: The dtype ``s_aux`` is handed in: FA3's extension takes bf16 only ("We only support bf16 dtype for S aux.").
+    sink_dtype: ClassVar[torch.dtype] = torch.bfloat16
 
     def run(self, call: KernelCall) -> torch.Tensor:
         varlen, _ = self.kernels()
@@ -324,6 +342,143 @@ class VllmFlashAttnVarlen(Target):
         splits = self.num_splits(batch)
         return (f"splits={'heuristic' if splits == 0 else splits},"
                 f"sched={'aot' if self.aot_schedule(batch) else 'none'},gqa={batch.gqa_ratio}")
+
+
+def _fa_available(version: int, label: str, pre: Availability) -> Availability:
+    """Whether ``vllm.vllm_flash_attn`` imports here and supports FA ``version`` (``is_fa_version_supported``)."""
+    if not pre.ok:
+        return pre
+    try:
+        quiet_vllm()
+        fa = importlib.import_module("vllm.vllm_flash_attn")
+    except Exception as e:  # the extension fails to load: a wrong torch ABI, a missing CUDA library
+        return Availability(False, f"importing vllm.vllm_flash_attn failed: {type(e).__name__}: {e}")
+    if not fa.is_fa_version_supported(version):
+        return Availability(False, f"FA{version} unsupported here: {fa.fa_version_unsupported_reason(version)}")
+    return Availability(True, f"CUDA; vllm.vllm_flash_attn {label}", "cuda")
+
+
+def _cuda_installed(files: tuple[str, ...], min_major: int, kernel: str, missing: str) -> Availability:
+    """From what is installed, without importing vllm: the files in the vllm package and a CUDA device of compute
+    capability ``min_major``.x or newer."""
+    absent = vllm_files_missing(files)
+    if absent:
+        return Availability(False, f"the installed vllm has no {', '.join(absent)}; {missing}")
+    if not torch.cuda.is_available():
+        return Availability(False, f"{kernel} runs on CUDA only; this machine has no CUDA device ({missing})")
+    major, minor = torch.cuda.get_device_capability()
+    if major < min_major:
+        return Availability(False, f"{kernel} needs compute capability {min_major}.0 or newer; this GPU is SM "
+                                   f"{major}.{minor}")
+    return Availability(True, f"CUDA (SM {major}.{minor}); {kernel}: {NOT_LOADED}", "cuda")
+
+
+class VllmFlashAttn2Varlen(VllmFlashAttnVarlen):
+    """FlashAttention 2's paged varlen forward, ``flash_attn_varlen_func(..., fa_version=2)``
+    (``torch.ops._vllm_fa2_C.varlen_fwd``), as vLLM 0.33.0's FLASH_ATTN backend calls it: the default on Ampere and
+    Ada (SM 8.x, ``get_flash_attn_version``), and on Hopper for every ALiBi model ("Cannot use FA version 3 with
+    ALiBi, defaulting to FA version 2"). The backend's call is FA3's (the strided views of one cache, the window,
+    the softcap, the layer's descales, which FA2's wrapper ignores) with ``alibi_slopes`` fp32 ``[num_heads]``, no
+    ``scheduler_metadata`` (the builder schedules ahead of time for FA3 only), ``num_splits`` 0 (``max_num_splits``
+    stays 0: its full-CUDA-graph bound is set only with ``aot_schedule``) or 1 (``VLLM_BATCH_INVARIANT``), drawn
+    from the seed (:meth:`num_splits`). FA2's metadata builder declares ``AttentionCGSupport.UNIFORM_BATCH``, so a
+    uniform decode batch still replays a FULL graph, padded as FA3's (``"vllm"``).
+
+    Declared (read off the extension, vllm-project/flash-attention csrc/flash_attn/flash_api.cpp ``mha_varlen_fwd``
+    and vLLM's backend): fp16/bf16 ("FlashAttention only support fp16 and bf16 data type"); head sizes multiples of
+    8 up to 256 ("query, key, value, and out_ must have a head_size that is a multiple of 8", "head dimension at most
+    256"); block sizes multiples of 16 ("Paged KV cache block size must be divisible by 16"); sliding window,
+    softcap and ALiBi; kv_cache_dtype auto (``flash_attn_supports_kv_cache_dtype``: no fp8 on FA2). Rejected: sinks
+    (the wrapper raises "FA2 does not support s_aux"), ``num_splits > 1``. Its decode path transposes a GQA group
+    into the query length (``seqlenq_ngroups_swapped``: one query token, more query than kv heads, no window, no
+    ALiBi): :meth:`path` says when. Needs compute capability 8.0 or newer and ``_vllm_fa2_C.abi3.so`` (308 MB;
+    benchmarks/fa_bundle.sh carries it)."""
+
+    name = "vllm.flash_attn_varlen_fa2"
+    fa_version = 2
+    description = ("FlashAttention 2 paged varlen forward as vLLM's FLASH_ATTN backend calls it "
+                   "(Ampere/Ada; Hopper with ALiBi; unified contract)")
+    capabilities = attrs.evolve(
+        VllmFlashAttnVarlen.capabilities,
+        head_sizes=(32, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 224, 256),
+        features=("sliding_window", "softcap", "alibi"),
+    )
+
+    def installed(self) -> Availability:
+        return _cuda_installed((FA2_EXTENSION,), 8, "FlashAttention 2", "vLLM 0.33.0's "
+                               f"vllm/{FA2_EXTENSION}, e.g. benchmarks/fa_bundle.sh")
+
+    def availability(self) -> Availability:
+        return _fa_available(2, "FA2", self.installed())
+
+    def alibi_slopes(self, batch: Batch, dev) -> torch.Tensor | None:
+        """vLLM's ``torch.tensor(alibi_slopes, dtype=torch.float32)`` ``[num_heads]``, on the device."""
+        return batch.alibi_slopes_tensor(dev) if batch.alibi else None
+
+    @staticmethod
+    def num_splits(batch: Batch) -> int:
+        """0 (the builder's ``max_num_splits``), or 1 (``VLLM_BATCH_INVARIANT``) for one seed in four."""
+        return 1 if batch.seed % 4 == 3 else 0
+
+    @staticmethod
+    def aot_schedule(batch: Batch) -> bool:
+        return False
+
+    def path(self, batch: Batch) -> str:
+        swapped = (batch.max_query_len == 1 and batch.gqa_ratio > 1 and batch.sliding_window is None
+                   and not batch.alibi)
+        return f"fa2,splits={self.num_splits(batch)},{'ngroups_swapped' if swapped else 'varlen'}"
+
+
+class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
+    """FlashAttention 4 (the CuTe-DSL kernels in ``vllm/vllm_flash_attn/cute``, JIT-compiled) through
+    ``flash_attn_varlen_func(..., fa_version=4)``, which calls ``cute.interface._flash_attn_fwd`` with
+    ``page_table=block_table``, ``learnable_sink=s_aux``, the window as ``window_size_left/right`` (None for -1) and
+    the descales dropped for a 16-bit cache. vLLM 0.33.0 runs it on Hopper when FA3 cannot (``get_flash_attn_version``:
+    head_size > 256, different K and V head sizes with sinks, per-sequence causal offsets), for an fp8 cache at head
+    size 512 (``_get_sm90_fa4_fp8_kv_block_size``: block size 64), by default on SM 10.x, and wherever
+    ``attention_config.flash_attn_version=4`` asks; the builder computes no ``scheduler_metadata`` (``aot_schedule``
+    is FA3's) and ``max_num_splits`` stays 0.
+
+    Declared (cute/interface.py ``_flash_attn_fwd`` and ``_validate_head_dims`` on SM90: head sizes 8-512 divisible
+    by 8 for 16-bit inputs; vLLM's ``supports_head_size``: at most 512): fp16/bf16; head sizes 64, 128, 256 and the
+    ones only FA4 takes on Hopper, 320 and 512; block sizes 16, 32, 64, 128 (multiples of 16); sliding window,
+    softcap and sinks (``learnable_sink`` may be fp32: ``_LEARNABLE_SINK_DTYPES``, so kvfuzz's fp32 sink logits go in
+    unrounded); no ALiBi (the wrapper asserts "Alibi is not supported in FA4"). Needs a GPU of compute capability
+    9.x or newer, ``nvidia-cutlass-dsl`` and ``quack-kernels`` (vLLM pins 4.8.0 and 0.6.5; benchmarks/fa_bundle.sh);
+    each configuration compiles on first use."""
+
+    name = "vllm.flash_attn_varlen_fa4"
+    fa_version = 4
+    sink_dtype = torch.float32
+    description = ("FlashAttention 4 (CuTe DSL) paged varlen forward as vLLM's FLASH_ATTN backend calls it "
+                   "(Hopper past FA3's head sizes, Blackwell; unified contract)")
+    capabilities = attrs.evolve(
+        VllmFlashAttnVarlen.capabilities,
+        head_sizes=(64, 128, 256, 320, 512), block_sizes=(16, 32, 64, 128),
+        features=("sliding_window", "softcap", "sinks"),
+    )
+
+    def installed(self) -> Availability:
+        missing = next((m for m in ("cutlass", "quack") if importlib.util.find_spec(m) is None), None)
+        if missing is not None:
+            return Availability(False, f"FlashAttention 4 needs python package {missing!r} (nvidia-cutlass-dsl 4.8.0, "
+                                       "quack-kernels 0.6.5, as vLLM 0.33.0 pins them; benchmarks/fa_bundle.sh)")
+        return _cuda_installed((FA4_INTERFACE,), 9, "FlashAttention 4", "vLLM 0.33.0's vllm/vllm_flash_attn/cute")
+
+    def availability(self) -> Availability:
+        return _fa_available(4, "FA4 (CuTe DSL)", self.installed())
+
+    @staticmethod
+    def num_splits(batch: Batch) -> int:
+        return 0
+
+    @staticmethod
+    def aot_schedule(batch: Batch) -> bool:
+        return False
+
+    def path(self, batch: Batch) -> str:
+        return f"fa4,gqa={batch.gqa_ratio},{'paged64' if batch.block_size == 64 else 'paged'}"
 
 
 def _canonical_singleton_strides(t: torch.Tensor) -> torch.Tensor:
@@ -341,7 +496,8 @@ def _canonical_singleton_strides(t: torch.Tensor) -> torch.Tensor:
 
 
 #: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).
-TARGETS = (VllmFlashAttnVarlen,)
+TARGETS = (VllmFlashAttnVarlen, VllmFlashAttn2Varlen, VllmFlashAttn4Varlen)
 
-__all__ = ["CUDA_GRAPH_MAX_SPLITS", "FA3_EXTENSION", "FLASH_ATTN_VARLEN_FUNC", "HOPPER_ONLY", "SIGNATURES",
-           "SPLIT_CHOICES", "VllmFlashAttnVarlen", "flash_attn_varlen_func_call"]
+__all__ = ["CUDA_GRAPH_MAX_SPLITS", "FA2_EXTENSION", "FA3_EXTENSION", "FA4_INTERFACE", "FLASH_ATTN_VARLEN_FUNC",
+           "HOPPER_ONLY", "SIGNATURES", "SPLIT_CHOICES", "VllmFlashAttn2Varlen", "VllmFlashAttn4Varlen",
+           "VllmFlashAttnVarlen", "flash_attn_varlen_func_call"]

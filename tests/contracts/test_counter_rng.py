@@ -226,6 +226,28 @@ def test_extreme_values_are_the_normal_draw_times_64_finite_with_scores_of_thous
     assert all(torch.equal(getattr(ext, f), getattr(again, f)) for f in ("query", "keys", "values"))
 
 
+@pytest.mark.parametrize("dtype,kv,scale", [("float16", "auto", 1.0), ("bfloat16", "auto", 1.0),
+                                            ("float32", "fp8_e4m3", 0.5), ("float16", "fp8_e5m2", 2.0)])
+def test_shifted_values_lower_every_logit_of_a_row_by_the_same_amount(dtype, kv, scale):
+    """"shifted": the query's last dimension a power of two Q, every key's -128 (exact in every dtype and fp8
+    through these scales), the rest the normal draw: every scaled logit past -34,657 (flashinfer#4401's sentinel)
+    and at least 40,000 below its normal value, the same shift for every key of a row (softmax unchanged)."""
+    from kvfuzz.contracts.model.data import shifted_query
+
+    b = shared_batch(dtype=dtype, num_heads=4, num_kv_heads=2, kv_cache_dtype=kv, k_scale=scale)
+    sb = attrs.evolve(b, value_range="shifted")
+    normal, sh = make_batch_data(b), make_batch_data(sb)
+    q = shifted_query(sb)
+    assert math.log2(q) == int(math.log2(q)) and 40000 <= q * 128 * sb.scale < 80000
+    assert torch.equal(sh.query[..., :-1], normal.query[..., :-1]) and bool((sh.query[..., -1] == q).all())
+    assert torch.equal(sh.keys[..., :-1], normal.keys[..., :-1]) and bool((sh.keys[..., -1] == -128).all())
+    s = torch.einsum("qhd,khd->qhk", sh.query.double()[:3], sh.keys.double()[:43].repeat_interleave(2, 1))
+    rest = torch.einsum("qhd,khd->qhk", sh.query.double()[:3, :, :-1],
+                        sh.keys.double()[:43, :, :-1].repeat_interleave(2, 1))
+    assert float(s.max() * b.scale) < -34657
+    assert torch.allclose(s - rest, torch.full_like(s, -128 * q))  # one shift for every key of a row
+
+
 def test_extreme_values_saturate_an_fp8_e4m3_cache():
     """Keys x64 over k_scale 3/64 pass e4m3's largest value 448: the codes saturate there (vLLM's
     scaled_fp8_quant clamps), and the logical keys are still exactly the dequantized codes."""

@@ -68,13 +68,14 @@ def tf32(x: torch.Tensor) -> torch.Tensor:
 
 
 def emulate(batch, data, *, dot="fp32", exp="exp", pv="fp32", p_dtype="dtype", out="nearest", softcap="tanh",
-            scores=None, inputs=None):
+            scores=None, inputs=None, masked=float("-inf")):
     """A kernel in torch: fp32 scores (``dot``: "fp32" einsum, "running" fp32 loop over D, or a dtype the
     running sum is kept in), ``scores`` rounded to a dtype, softcap ("tanh", vLLM's cancelling
     ``c * (1 - 2 / (exp(2s/c) + 1))``, or "exp_ratio": vllm#56579's overflowing ``c (e^y - e^-y) / (e^y + e^-y)``),
     ``exp`` ("exp" or "exp2" with log2(e) folded), P rounded to ``p_dtype`` (default the batch dtype; None keeps fp32),
     P@V ("fp32" einsum or a dtype the running sum is kept in), the output rounded "nearest" or "toward_zero".
-    ``inputs="tf32"`` rounds q and k to TF32 first. fp64 result."""
+    ``inputs="tf32"`` rounds q and k to TF32 first. ``masked``: the score a masked key gets (a finite sentinel,
+    flashinfer#4401's and Finding 15's form, instead of -inf). fp64 result."""
     dt = batch.torch_dtype
     p_dtype = dt if p_dtype == "dtype" else p_dtype
     res = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=torch.float64)
@@ -103,7 +104,7 @@ def emulate(batch, data, *, dot="fp32", exp="exp", pv="fp32", p_dtype="dtype", o
         if slopes is not None:
             qpos = batch.ctx_lens[i] + torch.arange(batch.query_lens[i])
             s = s + slopes[:, None, None] * (torch.arange(batch.seq_lens[i])[None, None, :] - qpos[None, :, None])
-        s = s.masked_fill(torch.isinf(masked_logits), float("-inf"))  # the reference's mask
+        s = s.masked_fill(torch.isinf(masked_logits), masked)  # the reference's mask
         m = s.amax(-1, keepdim=True) if sink is None else torch.maximum(s.amax(-1, keepdim=True), sink)
         if exp == "exp2":
             l2e = torch.tensor(1.4426950408889634, dtype=F32)
@@ -254,6 +255,35 @@ def test_extreme_fp16_naive_model_overflows_and_admits_nothing():
     f = check_agreement(b, off.to(b.torch_dtype), ref, lowp, env)
     assert f is not None and f.bad_rows >= int(overflowed.sum()) and math.isfinite(f.bound)
     assert check_agreement(b, flash_attention_model(b, d), ref, lowp, env) is None
+
+
+# ---- shifted logits: every logit of a row far below zero, softmax unchanged ----------------------------------------
+
+#: "shifted" values: every scaled logit of a row ~40,000 to ~80,000 below its normal value (docs/tolerance.md), with
+#: a window that masks most of a long context.
+SHIFTED = dict(lens=[(5, 30), (1, 60), (17, 0)], num_heads=4, num_kv_heads=2, head_size=128,
+               value_range="shifted", sliding_window=9, seed=1)
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_shifted_values_correct_kernels_pass_and_a_finite_mask_sentinel_fails(dtype, sinks):
+    """Logits of about -40,000 (past flashinfer#4401's sentinel, -34,657): the envelope still bounds the
+    FlashAttention family with a margin; a kernel that masks with a finite score above them (-10000, Finding 15's
+    kernel_paged_attention_2d; FlashInfer's -5e4 in log2 units) puts the masked keys' values in the output and
+    fails. With sinks the sink takes the whole row (output ~0) and hides the sentinel (the masked keys' weight
+    e^-10000 is 0 there too)."""
+    b = build(SHIFTED, dtype=dtype, sinks=sinks)
+    d = make_batch_data(b)
+    ref, env = reference_and_envelope(b, d)
+    assert torch.isfinite(ref).all() and torch.isfinite(env).all()
+    scores = torch.einsum("qhd,khd->hqk", d.query[:5].double(), d.keys[:35].double().repeat_interleave(2, 1))
+    assert float((scores * b.scale).max()) < -34657  # every logit of the rows past the sentinel
+    outs = [flash_attention_model(b, d), emulate(b, d, exp="exp2"), emulate(b, d, p_dtype=None)]
+    for out in outs:
+        assert float(((out - ref).abs() / env).max()) < 0.5
+        assert judge(b, d, out) is None
+    assert (judge(b, d, emulate(b, d, masked=-10000.0)) is None) == sinks
 
 
 def below_the_sink(b, d, gap):
@@ -430,14 +460,14 @@ def test_nan_is_always_a_failure_and_located(make_batch):
 
 def _check_finite_by_element(b, out):
     """check_finite as it was written first (every element tested): what the fast one must equal."""
-    from kvfuzz.contracts.checks.oracles import OracleFailure, _locate
+    from kvfuzz.contracts.checks.oracles import OracleFailure, locate
 
     bad = ~torch.isfinite(out)
     if not bad.any():
         return None
     t, h, d = (int(i) for i in torch.nonzero(bad)[0])
     rows = bad.any(dim=-1)
-    seq, pos = _locate(b, t)
+    seq, pos = locate(b, t)
     tokens = tuple(int(i) for i in torch.nonzero(rows.any(dim=1)).flatten())
     return OracleFailure(Oracle.FINITE, seq, pos, t, h, d, float(out[t, h, d]), float("nan"), int(rows.sum()),
                          int(bad.sum()), tokens)

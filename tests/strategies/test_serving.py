@@ -102,9 +102,20 @@ def test_decodes_and_spec_steps_come_before_prefill_chunks():
 
 def test_off_table_shapes_stay_reachable():
     # a head layout no model in the table has (3 query heads over 1 kv head at head size 64)
+    # (one draw in ~200: a group of 3 of ten, one kv head, head size 64, off the table; more examples than FIND)
     odd = find(serving_batches(CAPS, SHORT), lambda b: (b.num_heads, b.num_kv_heads, b.head_size) == (3, 1, 64),
-               settings=FIND)
+               settings=settings(FIND, max_examples=4000))
     assert odd.num_heads == 3
     with pytest.raises(NoSuchExample):  # never past the declaration
         find(serving_batches(CAPS, SHORT), lambda b: b.head_size not in CAPS.head_sizes,
              settings=settings(max_examples=100, deadline=None))
+
+
+def test_multi_query_rows_shard_with_their_kv_head_replicated():
+    """Falcon-7B (71/1) runs at tp 1 only (vLLM asserts 71 % tp == 0); StarCoder's one kv head is replicated on
+    every rank (48, 24, 12, 6 query heads over it); Falcon-180B's groups of 29 keep 4, 2, 1 kv heads at tp 2, 4, 8."""
+    shapes = {(s.model, s.tp): (s.num_heads, s.num_kv_heads) for s in model_shapes(CAPS)}
+    assert shapes[("tiiuae/falcon-7b", 1)] == (71, 1) and ("tiiuae/falcon-7b", 2) not in shapes
+    assert [shapes[("bigcode/starcoder", tp)] for tp in (1, 2, 4, 8)] == [(48, 1), (24, 1), (12, 1), (6, 1)]
+    assert [shapes[("tiiuae/falcon-180B", tp)] for tp in (2, 4, 8)] == [(116, 4), (58, 2), (29, 1)]
+    assert tier_limits("serving").max_num_heads >= 116  # every one of them fits a serving batch

@@ -100,6 +100,18 @@ def test_heads_shrink_independently_of_the_gqa_ratio():
     assert (b.num_heads, b.num_kv_heads) == (2, 1)
 
 
+def test_the_default_limits_draw_groups_past_16_and_a_wide_group_shrinks_to_its_smallest():
+    """Limits() draws groups of 24, 32 and 64 (up to 64 query heads); a defect needing a group past 16 shrinks
+    to MQA at the first such group of GQA_RATIOS: 32 query heads over one kv head (24, which only a defect of
+    groups that are not a multiple of 16 needs, comes last)."""
+    b = find(batches(WIDE, Limits()), lambda b: b.gqa_ratio > 16, settings=FIND)
+    assert (b.num_heads, b.num_kv_heads) == (32, 1)
+    b = find(batches(WIDE, Limits()), lambda b: b.gqa_ratio > 16 and b.gqa_ratio % 16, settings=FIND)
+    assert (b.num_heads, b.num_kv_heads) == (24, 1)
+    b = find(batches(WIDE, Limits()), lambda b: b.gqa_ratio == 64, settings=FIND)
+    assert (b.num_heads, b.num_kv_heads) == (64, 1) and Limits().max_num_heads == 64
+
+
 def test_lengths_shrink_to_their_minimum_not_to_a_block_boundary():
     """A defect at any seq_len >= 17 with block size 48 stopped at 47 (a boundary) before."""
     b = find(batches(WIDE, LIMITS), lambda b: b.block_size == 48 and max(b.seq_lens) >= 17, settings=FIND)

@@ -27,16 +27,17 @@ import torch
 
 from kvfuzz.fuzz.targets.base import Availability
 from kvfuzz.fuzz.targets.triton_runtime import module_file, prepare_triton_runtime
-from kvfuzz.fuzz.targets.vllm_flash_attn import VllmFlashAttnVarlen
+from kvfuzz.fuzz.targets.vllm_flash_attn import VllmFlashAttn2Varlen, VllmFlashAttn4Varlen, VllmFlashAttnVarlen
 from kvfuzz.fuzz.targets.vllm_mla import VllmFlashMlaDecode
 
 #: What the stand-ins saw: the last call's arguments by name, and every scheduler_metadata they handed out.
-SEEN: dict = {"fwd": [], "sched": {}, "mla": []}
+SEEN: dict = {"fwd": [], "sched": {}, "mla": [], "fa2": [], "fa4": []}
 
 
-def _attend(q, k_rows, v_rows, scale, *, left=-1, right=0, causal=True, softcap=0.0, sink=None):
+def _attend(q, k_rows, v_rows, scale, *, left=-1, right=0, causal=True, softcap=0.0, sink=None, alibi=None):
     """fp64 attention of ``q [s_q, H, D]`` over ``k_rows/v_rows [L, Hkv, *]``, the query rows the last s_q
-    positions; returns ``(out [s_q, H, Dv], lse [H, s_q])``."""
+    positions; ``alibi`` fp32 ``[H]`` slopes: FlashAttention's bias ``-slope * |pos_q - pos_k|``; returns
+    ``(out [s_q, H, Dv], lse [H, s_q])``."""
     s_q, h, _ = q.shape
     n_k, hkv = k_rows.shape[0], k_rows.shape[1]
     g = h // hkv
@@ -47,6 +48,8 @@ def _attend(q, k_rows, v_rows, scale, *, left=-1, right=0, causal=True, softcap=
         s = softcap * torch.tanh(s / softcap)
     pos = torch.arange(s_q)[:, None] + (n_k - s_q)
     j = torch.arange(n_k)[None, :]
+    if alibi is not None:
+        s = s - alibi.double()[:, None, None] * (pos - j).abs()[None]
     visible = torch.ones(s_q, n_k, dtype=torch.bool)
     if causal:
         visible &= j <= pos
@@ -55,6 +58,7 @@ def _attend(q, k_rows, v_rows, scale, *, left=-1, right=0, causal=True, softcap=
     if right >= 0 and not causal:
         visible &= j <= pos + right
     s = s.masked_fill(~visible[None], float("-inf"))
+    v = torch.where(visible.any(dim=0)[:, None, None], v, torch.zeros_like(v))  # keys no query sees: never loaded
     m = s.amax(dim=-1, keepdim=True)
     if sink is not None:
         m = torch.maximum(m, sink.double()[:, None, None])
@@ -63,7 +67,8 @@ def _attend(q, k_rows, v_rows, scale, *, left=-1, right=0, causal=True, softcap=
     den = p.sum(-1, keepdim=True)
     if sink is not None:
         den = den + torch.exp(sink.double()[:, None, None] - m)
-    out = torch.einsum("hqk,khd->qhd", p / den, v)
+    w = torch.where(den > 0, p / den.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(p))
+    out = torch.einsum("hqk,khd->qhd", w, v)  # a row with no visible key: 0 (FlashAttention's convention)
     return out, (torch.log(den) + m).squeeze(-1)
 
 
@@ -132,6 +137,95 @@ def fa3_get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads
     return t
 
 
+def fa2_varlen_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table, alibi_slopes,
+                   max_seqlen_q, max_seqlen_k, p_dropout, softmax_scale, zero_tensors, is_causal, window_size_left,
+                   window_size_right, softcap, return_softmax, num_splits, gen):
+    """``_vllm_fa2_C::varlen_fwd`` on a paged cache (schema read off the ``.so``), with mha_varlen_fwd's checks and
+    its argument rewrites (a window past ``max_seqlen_k`` is none; one query token without ALiBi is not causal)."""
+    SEEN["fa2"].append(dict(locals()))
+    assert q.dtype in (torch.float16, torch.bfloat16), "FlashAttention only support fp16 and bf16 data type"
+    assert k.dtype == q.dtype and v.dtype == q.dtype, "query and key must have the same dtype"
+    assert block_table is not None and block_table.dtype == torch.int32 and block_table.stride(-1) == 1
+    assert cu_seqlens_q.dtype == torch.int32 and seqused_k.dtype == torch.int32 and cu_seqlens_k.dtype == torch.int32
+    n, (nb, bs, hkv, d), h = len(seqused_k), k.shape, q.shape[1]
+    assert bs % 16 == 0, "Paged KV cache block size must be divisible by 16"
+    assert d % 8 == 0, "query, key, value, and out_ must have a head_size that is a multiple of 8"
+    assert d <= 256, "FlashAttention forward only supports head dimension at most 256"
+    assert h % hkv == 0 and block_table.shape[0] == n and len(cu_seqlens_q) == n + 1
+    assert num_splits <= 1, "num_splits > 1 is not supported for varlen paged KV"
+    if alibi_slopes is not None:
+        assert alibi_slopes.dtype == torch.float32, "ALiBi slopes must have dtype fp32"
+        assert tuple(alibi_slopes.shape) in ((h,), (n, h))
+    if max_seqlen_q == 1 and alibi_slopes is None:
+        is_causal = False
+    if is_causal:
+        window_size_right = 0
+    if window_size_left >= max_seqlen_k:
+        window_size_left = -1
+    if window_size_right >= max_seqlen_k:
+        window_size_right = -1
+    qsl, lens = cu_seqlens_q.tolist(), seqused_k.tolist()
+    res = out.double() if out is not None else torch.empty(q.shape, dtype=torch.float64)
+    lse = torch.full((h, q.shape[0]), float("inf"), dtype=torch.float32)
+    for i in range(n):
+        a, b = qsl[i], qsl[i + 1]
+        if a == b:
+            continue
+        slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[i])
+        o, ls = _attend(q[a:b], _rows(k, block_table[i], lens[i]), _rows(v, block_table[i], lens[i]), softmax_scale,
+                        left=window_size_left, right=window_size_right, causal=is_causal,
+                        softcap=softcap, alibi=slopes)
+        res[a:b], lse[:, a:b] = o, ls
+    out = torch.empty_like(q) if out is None else out
+    out.copy_(res.to(q.dtype))
+    return [out, lse]
+
+
+def fa4_flash_attn_fwd(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=None,
+                       max_seqlen_k=None, page_table=None, gather_kv_indices=None, gather_kv_valid_length=None,
+                       softmax_scale=None, causal=False, dynamic_causal=None, softcap=None, window_size_left=None,
+                       window_size_right=None, num_splits=1, return_lse=False, out=None, learnable_sink=None,
+                       mask_mod=None, block_sparse_tensors=None, aux_tensors=None, aux_tensor_leading_dims=None,
+                       q_descale=None, k_descale=None, v_descale=None, output_scale=None, fp8_kv_dequant=False):
+    """``vllm.vllm_flash_attn.cute.interface._flash_attn_fwd`` (FA4) on a paged cache, with its checks on SM90
+    (``_validate_head_dims``, the dtypes, ``page_table``, ``learnable_sink``, descales only for fp8) and its
+    fp8-KV dequant (k/v e4m3 times ``k_descale``/``v_descale [N, Hkv]``)."""
+    SEEN["fa4"].append(dict(locals()))
+    assert page_table is not None and page_table.dtype == torch.int32 and page_table.stride(-1) == 1
+    assert cu_seqlens_k is None, "page_table is not supported with cu_seqlens_k"
+    n, (nb, bs, hkv, d), h = len(seqused_k), k.shape, q.shape[1]
+    assert page_table.shape[0] == n and v.shape == k.shape and h % hkv == 0
+    for t in (cu_seqlens_q, seqused_k):
+        assert t.dtype == torch.int32 and t.stride(0) == 1
+    if fp8_kv_dequant:
+        assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == torch.float8_e4m3fn
+        assert tuple(k_descale.shape) == (n, hkv) and tuple(v_descale.shape) == (n, hkv) and q_descale is None
+        assert bs == 64 and d == 512, "FA4 SM90 fp8-KV-dequant: page_size == tile_n (64) at head size 512"
+    else:
+        assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype
+        assert q_descale is None and k_descale is None and v_descale is None
+    alignment = 16 // v.element_size()
+    assert 8 <= d <= 512 and d % alignment == 0, f"head_dim {d} is not supported on SM90"
+    if learnable_sink is not None:
+        assert tuple(learnable_sink.shape) == (h,) and learnable_sink.dtype in (torch.float16, torch.bfloat16,
+                                                                               torch.float32)
+    qsl, lens = cu_seqlens_q.tolist(), seqused_k.tolist()
+    kd = k.float() * (k_descale[0, 0] if fp8_kv_dequant else 1.0)
+    vd = v.float() * (v_descale[0, 0] if fp8_kv_dequant else 1.0)
+    res = out.double()
+    for i in range(n):
+        a, b = qsl[i], qsl[i + 1]
+        if a == b:
+            continue
+        o, _ = _attend(q[a:b], _rows(kd, page_table[i], lens[i]), _rows(vd, page_table[i], lens[i]), softmax_scale,
+                       left=-1 if window_size_left is None else window_size_left,
+                       right=-1 if window_size_right is None else window_size_right, causal=causal,
+                       softcap=softcap or 0.0, sink=learnable_sink)
+        res[a:b] = o
+    out.copy_(res.to(out.dtype))
+    return out, None, None, None
+
+
 def flashmla_dense_decode_fwd(q, kcache, head_size_v, seqlens_k, block_table, softmax_scale, is_causal,
                               tile_scheduler_metadata, num_splits, out_):
     """``_flashmla_C::dense_decode_fwd``: ``q [B, s_q, H, D]``, ``kcache [NB, BS, 1, D]``, the value the first
@@ -191,6 +285,23 @@ def install_fa3(monkeypatch) -> types.ModuleType:
     return iface
 
 
+def install_fa2_fa4(monkeypatch) -> types.ModuleType:
+    """:func:`install_fa3` plus the FA2 stand-in as ``torch.ops._vllm_fa2_C.varlen_fwd`` and the FA4 stand-in as
+    ``vllm.vllm_flash_attn.cute.interface._flash_attn_fwd`` (the module the wrapper imports it from); returns the
+    interface module."""
+    iface = install_fa3(monkeypatch)
+    SEEN["fa2"].clear()
+    SEEN["fa4"].clear()
+    monkeypatch.setattr(torch.ops._vllm_fa2_C, "varlen_fwd", fa2_varlen_fwd, raising=False)
+    cute = types.ModuleType("vllm.vllm_flash_attn.cute")
+    cute.__path__ = []
+    interface = types.ModuleType("vllm.vllm_flash_attn.cute.interface")
+    interface._flash_attn_fwd = fa4_flash_attn_fwd
+    monkeypatch.setitem(sys.modules, "vllm.vllm_flash_attn.cute", cute)
+    monkeypatch.setitem(sys.modules, "vllm.vllm_flash_attn.cute.interface", interface)
+    return iface
+
+
 def install_flashmla(monkeypatch) -> types.ModuleType:
     """vLLM's real flash_mla_interface.py over the FlashMLA stand-in, registered under its own name and as
     ``vllm.v1.attention.ops.flashmla`` (the wrapper module vLLM's backend and tests import from); returns it."""
@@ -217,6 +328,26 @@ class StandInFA3(VllmFlashAttnVarlen):
         return Availability(True, "vLLM's flash_attn_interface over torch stand-ins", "cpu")
 
 
+class StandInFA2(VllmFlashAttn2Varlen):
+    """``vllm.flash_attn_varlen_fa2`` on a CPU: vLLM's real wrapper over the FA2 stand-in (:func:`install_fa2_fa4`)."""
+
+    name = "test.fa2_standin"
+    capabilities = attrs.evolve(VllmFlashAttn2Varlen.capabilities, devices=("cpu",))
+
+    def availability(self):
+        return Availability(True, "vLLM's flash_attn_interface over a torch stand-in for _vllm_fa2_C", "cpu")
+
+
+class StandInFA4(VllmFlashAttn4Varlen):
+    """``vllm.flash_attn_varlen_fa4`` on a CPU: vLLM's real wrapper over the FA4 stand-in (:func:`install_fa2_fa4`)."""
+
+    name = "test.fa4_standin"
+    capabilities = attrs.evolve(VllmFlashAttn4Varlen.capabilities, devices=("cpu",))
+
+    def availability(self):
+        return Availability(True, "vLLM's flash_attn_interface over a torch stand-in for FA4's _flash_attn_fwd", "cpu")
+
+
 class StandInFlashMla(VllmFlashMlaDecode):
     """``vllm.flashmla_decode`` on a CPU: vLLM's real FlashMLA interface over the stand-in op (after
     :func:`install_flashmla`)."""
@@ -228,5 +359,6 @@ class StandInFlashMla(VllmFlashMlaDecode):
         return Availability(True, "vLLM's flash_mla_interface over a torch stand-in", "cpu")
 
 
-__all__ = ["StandInFA3", "StandInFlashMla", "SEEN", "fa3_fwd", "fa3_get_scheduler_metadata",
-           "flashmla_dense_decode_fwd", "install_fa3", "install_flashmla"]
+__all__ = ["StandInFA2", "StandInFA3", "StandInFA4", "StandInFlashMla", "SEEN", "fa2_varlen_fwd", "fa3_fwd",
+           "fa3_get_scheduler_metadata", "fa4_flash_attn_fwd", "flashmla_dense_decode_fwd", "install_fa2_fa4",
+           "install_fa3", "install_flashmla"]

@@ -379,9 +379,8 @@ def tail_slots(batch, cache, tail_tokens: int):
 def _reusable(target, example, run) -> bool:
     """Whether ``run`` (the failing run of ``example``, or None) holds what a re-run of the same batch may reuse:
     the ground truth and the fp64 reference and envelope, which depend on the batch only, not on the poison."""
-    from kvfuzz.fuzz.harness.properties import is_writer
-
-    return (run is not None and not is_writer(target) and run.reference is not None and run.envelope is not None
+    return (run is not None and target.capabilities.contract.is_attention and run.reference is not None
+            and run.envelope is not None
             and run.example.batch == example.batch)
 
 

