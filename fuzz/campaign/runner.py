@@ -321,8 +321,8 @@ class ExampleRunner:
         if locked:
             self.releases.idle()  # holding nothing while it waits for the lock
         with memory.device_memory_lock(self.config.out) if locked else contextlib.nullcontext():
-            if locked:
-                self.releases.request()  # the other workers' cached memory back, for this example
+            if locked:  # the other workers' cached memory back, for this example, not waited for (a re-run waited)
+                self.releases.request(wait=False)
             self._waited += time.perf_counter() - asked if locked else 0.0
             if not last:  # a kernel's out-of-memory error comes here, to be re-run (the last try: the kernel's)
                 memory.RETRIES_OUT_OF_MEMORY.set()
