@@ -52,5 +52,7 @@ for f in t["failures"]:
 print(f"{tree} {target} seed {seed}: exit {rc}, wall {wall} s, first failure {t['first_failure_s']} s, "
       f"{t['examples']} examples ({t['examples_per_s']}/s), GPU busy {busy}%, failures: {'; '.join(fails) or 'none'}")
 EOF
+  # what comes back from a device call is small: the summary, each reproducer's case.json and the logs
+  rm -rf "$out/hypothesis-db" "$out/workers" "$out"/*/tensors.safetensors "$out"/*.png
 done
 cat "$R/ttf.txt"
