@@ -69,7 +69,7 @@ from kvfuzz.fuzz.campaign.records import (
     TargetStats,
     example_key,
 )
-from kvfuzz.fuzz.campaign.reduce import reduce_failure
+from kvfuzz.fuzz.campaign.reduce import shrink_seconds, smaller, structural
 from kvfuzz.fuzz.campaign.store.baseline import classify
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
@@ -188,6 +188,8 @@ class Campaign:
         self._base_key = f"kvfuzz:{target.name}:{self.fault_name}".encode()
         self._use(self.tiers[0])
         self._latest: dict[tuple[str, str], tuple[Example, Finding, Run | None]] = {}
+        #: per new failure being shrunk: the structural-first result, when it was found, that pass's seconds
+        self._first: dict[tuple[str, str], tuple] = {}
         self._found: list[tuple[str, str]] = []  # distinct failures of the run in progress (_execute)
         #: the unshrunk reproducer of each distinct failure seen here and not yet recorded shrunk (_seen)
         self._early: dict[tuple[str, str], Path] = {}
@@ -357,6 +359,12 @@ class Campaign:
         self._latest[signature] = (example, finding, self._run)
         if first:
             self._seen(signature)
+            found_at = time.monotonic()
+            if self._reduces():  # structural first (reduce.py): a serving-sized failure is one sequence in seconds
+                self._first[signature] = (self._reduce(signature, self._latest[signature], first=True), found_at,
+                                          time.monotonic() - found_at)
+            else:
+                self._first[signature] = (None, found_at, 0.0)
         raise finding
 
     def _attempt(self, example: Example, lab: dict | None = None) -> Finding | None:
@@ -503,10 +511,14 @@ class Campaign:
             shutil.rmtree(early, ignore_errors=True)
 
     def _record(self, signature: tuple[str, str], latest=None) -> None:
-        example, finding, run = latest or self._latest[signature]
         self.known.add(signature)
+        first, found_at, first_s = self._first.pop(signature, (None, None, 0.0))
+        example, finding, run = smaller(first, latest or self._latest[signature])  # shrink order: reduce.py
+        recorded_at = time.monotonic()
         if self._reduces():
-            example, finding, run = self._reduce(signature, example, finding, run)
+            example, finding, run = self._reduce(signature, (example, finding, run))
+        finding.details["shrink_seconds"] = shrink_seconds(found_at, first_s, recorded_at,
+                                                           finding.details.get("structural_shrink"))
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
         self._drop_early(signature, keep=path)
         self._forget_run(signature)
@@ -545,32 +557,10 @@ class Campaign:
         return (c.structural_shrink > 0 and not c.undeclared and not c.big_cache
                 and not self.past_deadline(shrinking=True))
 
-    def _reduce(self, signature: tuple[str, str], example: Example, finding: Finding, run: Run | None):
-        """The structural shrink (:mod:`kvfuzz.fuzz.campaign.reduce`) of a Hypothesis-shrunk failure; before its
-        first candidate runs, the Hypothesis-shrunk reproducer is written (and reported ``seen``), so a
-        candidate that kills the worker leaves it behind. Returns the smallest ``(example, finding, run)`` that
-        fails the same way, the finding's details saying what the shrink did (``structural_shrink``: the case it
-        started from, the candidates tried and taken, seconds)."""
-        start = (example, finding, run)
-        kept: list = []
-
-        def attempt(candidate: Example) -> Finding | None:
-            found = self._attempt(candidate)
-            if found is not None and found.signature == signature:
-                kept[:] = [self._run]  # every candidate failing so is taken: the last one is the result
-            return found
-
-        budget = self.config.structural_shrink
-        if self.deadline is not None:  # never past --duration (the deadline, then the campaign's allowance)
-            budget = max(0.0, min(budget, self.deadline + SHRINK_GRACE_SECONDS - time.monotonic()))
-        reduced = reduce_failure(example, signature, attempt, self.target.capabilities, self.config.limits,
-                                 budget,
-                                 skip=lambda e: bool(self.ended) and example_key(e) in self.ended,
-                                 before=lambda: self._seen(signature, start, stage="hypothesis"))
-        if reduced.finding is not None:
-            example, finding, run = reduced.example, reduced.finding, kept[0]
-        finding.details["structural_shrink"] = reduced.to_dict(start[0])
-        return example, finding, run
+    def _reduce(self, signature: tuple[str, str], start: tuple, first: bool = False) -> tuple:
+        """A structural pass over ``start`` (``(example, finding, run)``): the coarse moves on a failure as found
+        (``first``), every move after Hypothesis's shrink (:func:`kvfuzz.fuzz.campaign.reduce.structural`)."""
+        return structural(self, signature, start, SHRINK_GRACE_SECONDS, first=first)
 
     def replay_database(self) -> list[FailureRecord]:
         """Replay (and re-shrink) what the database holds for this target, tier by tier (each tier's key);

@@ -121,16 +121,31 @@ def structural(campaign, signature: tuple[str, str], start: tuple, grace: float,
                              moves=coarse_reductions if first else reductions)
     if reduced.finding is not None:
         example, finding, run = reduced.example, reduced.finding, kept[0]
+        _carry(start[1], finding)
     finding.details["structural_first" if first else "structural_shrink"] = reduced.to_dict(start[0])
     return example, finding, run
 
 
+#: What a finding's details say of its shrink, kept when a smaller example's finding replaces it.
+SHRINK_NOTES = ("structural_first", "shrink_stopped")
+
+
+def _carry(source: Finding, to: Finding) -> None:
+    for note in SHRINK_NOTES:
+        if note in source.details and note not in to.details:
+            to.details[note] = source.details[note]
+
+
 def smaller(first: tuple | None, latest: tuple) -> tuple:
     """Of the structural-first result ``first`` and Hypothesis's ``latest`` (each ``(example, finding, run)``),
-    the smaller by :func:`~kvfuzz.strategies.reductions.size_key` (Hypothesis's on a tie, or without ``first``)."""
-    if first is not None and size_key(first[0].batch) < size_key(latest[0].batch):
-        return first
-    return latest
+    the smaller by :func:`~kvfuzz.strategies.reductions.size_key` (Hypothesis's on a tie, or without ``first``).
+    The chosen finding's details keep what the other's say of the shrink (``structural_first``, and
+    ``shrink_stopped``: Hypothesis's shrink cut short)."""
+    if first is None:
+        return latest
+    chosen, other = (first, latest) if size_key(first[0].batch) < size_key(latest[0].batch) else (latest, first)
+    _carry(other[1], chosen[1])
+    return chosen
 
 
 def shrink_seconds(found_at: float | None, first: float, recorded_at: float, structural_after: dict | None) -> dict:
@@ -143,4 +158,4 @@ def shrink_seconds(found_at: float | None, first: float, recorded_at: float, str
     return {"structural_first": round(first, 3), "hypothesis": round(hypothesis, 3), "structural": round(after, 3)}
 
 
-__all__ = ["Reduced", "reduce_failure", "shrink_budget", "shrink_seconds", "smaller", "structural"]
+__all__ = ["SHRINK_NOTES", "Reduced", "reduce_failure", "shrink_budget", "shrink_seconds", "smaller", "structural"]
