@@ -492,11 +492,11 @@ class Campaign:
         return self._new
 
     def _seen(self, signature: tuple[str, str], latest=None, stage: str = "unshrunk") -> None:
-        """Write a provisional reproducer of a new distinct failure and report it (``stage``: "unshrunk" before
-        Hypothesis shrinks it, "hypothesis" before the structural shrink): a shrink can reach an input that kills
-        the worker (a crash or hang of another kind), and the supervisor then keeps this one instead of losing
-        the failure. It replaces an earlier provisional one; :meth:`_record` removes it once the final one is
-        written."""
+        """Write a provisional reproducer of a new distinct failure and report it (``stage``: "unshrunk", then
+        "structural" after the structural-first pass, "hypothesis" after Hypothesis's): a shrink can reach an
+        input that kills the worker (a crash or hang of another kind), and the supervisor then keeps this one
+        instead of losing the failure. It replaces an earlier provisional one; :meth:`_record` removes it once the
+        final one is written."""
         example, finding, run = latest or self._latest[signature]
         path = write_reproducer(self.config.out, self.target, example, finding, run, fault_name=self.fault_name)
         self._drop_early(signature, keep=path)

@@ -59,8 +59,9 @@ class FailureRecord:
     fault: str | None = None
     reproducer: str | None = None
     count: int = 1
-    #: How far a failure reported ``seen`` (not yet final) was shrunk: "unshrunk", or "hypothesis" (shrunk by
-    #: Hypothesis, before the structural shrink).
+    #: How far a failure reported ``seen`` (not yet final) was shrunk: "unshrunk", "structural" (by the
+    #: structural-first pass, before Hypothesis's shrink) or "hypothesis" (shrunk by Hypothesis, before the
+    #: structural shrink after it).
     stage: str = "final"
     #: The findings-baseline entry this failure is (CampaignConfig.baseline), or None: a new failure.
     known: str | None = None

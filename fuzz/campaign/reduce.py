@@ -96,13 +96,14 @@ def shrink_budget(seconds: float, deadline: float | None, grace: float) -> float
 
 
 def structural(campaign, signature: tuple[str, str], start: tuple, grace: float, first: bool = False) -> tuple:
-    """One structural pass of ``campaign`` (an engine Campaign: its ``_attempt`` runs a candidate, its ``_run`` is
-    the candidate's Run) over ``start`` (``(example, finding, run)``, failing with ``signature``): the coarse moves
-    on a failure as found (``first``), every move after Hypothesis's shrink (then, before its first candidate, the
+    """One structural pass of ``campaign`` (an engine Campaign: its ``_attempt`` runs a candidate, its ``_run`` is the
+    candidate's Run) over ``start`` (``(example, finding, run)``, failing with ``signature``): the coarse moves on a
+    failure as found (``first``), every move after Hypothesis's shrink (then, before its first candidate, the
     Hypothesis-shrunk reproducer is written and reported ``seen``, so a candidate that kills the worker leaves it
-    behind). Within :func:`shrink_budget`. Returns the smallest ``(example, finding, run)`` failing the same way,
-    the finding's details saying what the pass did (``structural_first`` or ``structural_shrink``: the case it
-    started from, the candidates tried and taken, seconds)."""
+    behind; after a first pass that took a candidate, its result is, stage "structural", so a worker killed or
+    stopped while Hypothesis shrinks leaves that). Within :func:`shrink_budget`. Returns the smallest ``(example,
+    finding, run)`` failing the same way, the finding's details saying what the pass did (``structural_first`` or
+    ``structural_shrink``: the case it started from, the candidates tried and taken, seconds)."""
     example, finding, run = start
     kept: list = []
 
@@ -123,6 +124,8 @@ def structural(campaign, signature: tuple[str, str], start: tuple, grace: float,
         example, finding, run = reduced.example, reduced.finding, kept[0]
         _carry(start[1], finding)
     finding.details["structural_first" if first else "structural_shrink"] = reduced.to_dict(start[0])
+    if first and reduced.finding is not None:  # a worker killed while Hypothesis shrinks keeps this one
+        campaign._seen(signature, (example, finding, run), stage="structural")
     return example, finding, run
 
 

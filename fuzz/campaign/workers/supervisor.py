@@ -527,9 +527,12 @@ class Supervisor:
             if note is not None:
                 why = note
             elif self.stopping:  # a worker stopped mid-shrink says goodbye (FINISHED): the failure stays found
-                why = " (not shrunk: the campaign was stopped while shrinking it)"
+                how = "shrunk structurally first" if record.stage == "structural" else "not shrunk"
+                why = f" ({how}: the campaign was stopped while shrinking it)"
             elif record.stage == "hypothesis":
                 why = f" (shrunk by Hypothesis; the worker {ending.kind.value} during the structural shrink)"
+            elif record.stage == "structural":
+                why = f" (shrunk structurally first; the worker {ending.kind.value} while Hypothesis shrank it)"
             else:
                 why = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
             if record.target in self.by_name:  # known meanwhile: _failure keeps one reproducer
