@@ -70,6 +70,7 @@ from kvfuzz.fuzz.campaign.records import (
     example_key,
 )
 from kvfuzz.fuzz.campaign.reduce import shrink_seconds, smaller, structural
+from kvfuzz.fuzz.campaign.steering import Plan, Steering
 from kvfuzz.fuzz.campaign.store.baseline import classify
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
@@ -81,6 +82,7 @@ from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.fuzz.targets.registry import spec_of
 from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
 from kvfuzz.strategies.configs import KernelConfig
+from kvfuzz.strategies.focus import Focus, aim_pin
 from kvfuzz.strategies.serving import serving_examples
 from kvfuzz.strategies.tiers import tier_limits, tier_of_chunk
 
@@ -89,12 +91,13 @@ from kvfuzz.strategies.tiers import tier_limits, tier_of_chunk
 TARGET_LABEL = "error/bound"
 
 
-def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | None = None, tier: str = "small"):
+def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | None = None, tier: str = "small",
+                 focus: Focus | None = None):
     """The examples a campaign draws for ``target``: inside its declaration, outside it (``undeclared``), or
     with every block past 2**31 elements (``big_cache``); ``pin``: inside one kernel configuration (not with
     ``undeclared``, which draws outside the declaration); ``tier`` "serving": batches shaped as a serving
-    engine's scheduler composes them (:mod:`kvfuzz.strategies.serving`, within ``config.limits``). Raises
-    ValueError for a big-cache cache writer."""
+    engine's scheduler composes them (:mod:`kvfuzz.strategies.serving`, within ``config.limits``); ``focus``:
+    aimed at a coverage bin (kvfuzz.fuzz.campaign.steering). Raises ValueError for a big-cache cache writer."""
     if config.gate and target.gate_poisons:
         config = attrs.evolve(config, poisons=target.gate_poisons)
     if config.gate and target.gate_value_ranges:
@@ -109,8 +112,8 @@ def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | Non
                              "property compares whole caches before and after the call)")
         return big_cache_examples(caps, config.limits, config.poisons, pin=pin)
     if tier == "serving":
-        return serving_examples(caps, config.limits, config.poisons, pin=pin)
-    return examples(caps, config.limits, config.poisons, pin=pin)
+        return serving_examples(caps, config.limits, config.poisons, pin=pin, focus=focus)
+    return examples(caps, config.limits, config.poisons, pin=pin, focus=focus)
 
 
 def _tier_config(config: CampaignConfig, tier: str) -> CampaignConfig:
@@ -573,19 +576,21 @@ class Campaign:
         self._use(self.tiers[0])
         return new
 
-    def run_chunk(self, chunk: int, n: int) -> list[FailureRecord]:
+    def run_chunk(self, chunk: int, n: int, plan: Plan | None = None) -> list[FailureRecord]:
         """Explore ``n`` examples from chunk ``chunk``'s seed (generate, shrink) inside the chunk's kernel
         configuration (:func:`chunk_config`), widening each new failure across configurations; returns the new
-        failures found. The chunk draws from its size tier (:func:`~kvfuzz.strategies.tiers.tier_of_chunk`)."""
-        self._use(tier_of_chunk(self.tiers, chunk))
-        chunk_seed = self.config.seed * CHUNK_SEED_STRIDE + chunk
-        pin = chunk_config(self.target, self.config, chunk)
-        if pin is None:
+        failures found. It draws from ``plan``'s tier, aimed at its focus (kvfuzz.fuzz.campaign.steering; its
+        failures widened as a pinned chunk's), else from :func:`~kvfuzz.strategies.tiers.tier_of_chunk`'s."""
+        plan = plan or Plan(tier_of_chunk(self.tiers, chunk))
+        self._use(plan.tier)
+        chunk_seed, focus = self.config.seed * CHUNK_SEED_STRIDE + chunk, plan.focus
+        pin = aim_pin(chunk_config(self.target, self.config, chunk), focus, self.target.capabilities)
+        if pin is None and focus is None:
             return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))
         pinned = InMemoryExampleDatabase()
-        self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n,
-                                 strategy=strategy_for(self.target, self.config, pin, self.tier), database=pinned),
-                      record=False)
+        self._execute(self._test([Phase.generate] + ([Phase.shrink] if pin is not None else []), chunk_seed, n,
+                                 strategy=strategy_for(self.target, self.config, pin, self.tier, focus),
+                                 database=pinned), record=False)
         if not self._found:
             return []
         if self.past_deadline(shrinking=True):  # past --duration and its shrink grace: recorded unwidened
@@ -635,11 +640,14 @@ class Campaign:
 
 # ---- the whole budget in this process (library use: the gate, benchmarks, tests) ----------------------------
 class _Counting(Quiet):
-    def __init__(self, stats: TargetStats, start: float, on_example: Callable[[TargetStats], None]) -> None:
-        self.stats, self.start, self.on_example = stats, start, on_example
+    def __init__(self, stats: TargetStats, start: float, on_example: Callable[[TargetStats], None],
+                 steer: Steering | None = None) -> None:
+        self.stats, self.start, self.on_example, self.steer = stats, start, on_example, steer
 
     def end(self, target, outcome) -> None:
         self.stats.add(outcome, time.monotonic() - self.start)
+        if self.steer is not None and outcome.skipped is None:  # what the next chunks steer by
+            self.steer.observe(outcome.labels, outcome.ratio, outcome.signature)
         self.on_example(self.stats)
 
     def failure(self, record) -> None:
@@ -657,7 +665,8 @@ def fuzz_target(target: Target, config: CampaignConfig,
     stats = stats if stats is not None else TargetStats(target.name)
     config.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    campaign = Campaign(target, config, _Counting(stats, start, on_example))
+    steer = Steering.of(target, config, campaign_tiers(target, config))  # None: the fixed split (tier_of_chunk)
+    campaign = Campaign(target, config, _Counting(stats, start, on_example, steer))
     campaign.deadline = None if config.duration is None else start + config.duration
     campaign.replay_database()
     chunk, tier_times = 0, {}
@@ -668,13 +677,14 @@ def fuzz_target(target: Target, config: CampaignConfig,
         if config.duration is not None and elapsed > config.duration:
             break
         before = stats.examples
-        tier, per_chunk = tier_of_chunk(campaign.tiers, chunk), examples_per_chunk(target, config)
+        plan = steer.plan(chunk) if steer is not None else Plan(tier_of_chunk(campaign.tiers, chunk))
+        tier, per_chunk = plan.tier, examples_per_chunk(target, config)
         n = tier_chunk_size(tier, campaign.tiers, per_chunk, tier_times,
                             None if config.duration is None else config.duration - elapsed)
         if n is None:
             n = chunk_size(config, stats.examples, elapsed, per_chunk=per_chunk)
-        n = min(n, config.max_examples - stats.examples)
-        campaign.run_chunk(chunk, n)
+        n = plan.size(min(n, config.max_examples - stats.examples))
+        campaign.run_chunk(chunk, n, plan)
         record_tier_time(tier_times, tier, stats.examples - before, time.monotonic() - start - elapsed)
         chunk += 1
         if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
