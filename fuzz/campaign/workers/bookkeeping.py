@@ -22,6 +22,7 @@ class Task:
     counted: int = 0  # examples of this task counted so far
     tier: str = "small"  # a chunk's size tier (kvfuzz.strategies.tiers.tier_of_chunk)
     sent: float = 0.0  # time.monotonic() when it was handed to a worker
+    plan: Any = None  # a chunk's kvfuzz.fuzz.campaign.steering.Plan (its tier and focus), None: the fixed split
 
 
 @attrs.define
@@ -62,6 +63,8 @@ class TargetState:
     tiers: tuple = ("small",)  # the size tiers its chunks rotate through (chunks.campaign_tiers)
     #: {tier: [chunks, examples, worker seconds]} of its finished chunks (chunks.tier_chunk_size)
     tier_times: dict = attrs.Factory(dict)
+    #: the policy choosing each chunk's tier and focus (kvfuzz.fuzz.campaign.steering.Steering), None: not steered
+    steer: Any = None
 
     @property
     def name(self) -> str:

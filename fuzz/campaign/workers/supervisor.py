@@ -52,6 +52,7 @@ from kvfuzz.fuzz.campaign.chunks import (
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
 from kvfuzz.fuzz.campaign.engine import duration_allowance
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats, example_key
+from kvfuzz.fuzz.campaign.steering import Plan, Steering
 from kvfuzz.fuzz.campaign.store import ledger
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace, disk_full, write_json
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
@@ -122,6 +123,8 @@ class Supervisor:
         self.on_progress = on_progress
         self.out = Path(config.out)
         self.targets = [TargetState(t, TargetStats(t.name), tiers=campaign_tiers(t, config)) for t in targets]
+        for t in self.targets:  # each chunk's tier and focus (None: the fixed split, tier_of_chunk)
+            t.steer = Steering.of(t.target, config, t.tiers)
         self.by_name = {t.name: t for t in self.targets}
         self.slots = [Slot(i) for i in range(pool.workers)]
         self.ctx = mp.get_context("spawn")
@@ -291,19 +294,22 @@ class Supervisor:
             if done >= self.config.max_examples:
                 continue
             k = self.state.chunks.get(t.name, 0)
-            tier = tier_of_chunk(t.tiers, k)
+            plan = t.steer.plan(k) if t.steer is not None else Plan(tier_of_chunk(t.tiers, k))
+            tier = plan.tier
             per_chunk = examples_per_chunk(t.target, self.config)
             time_left = None if self.config.duration is None else self.config.duration - elapsed
             n = tier_chunk_size(tier, t.tiers, per_chunk, t.tier_times, time_left)
             if n is None:
                 n = chunk_size(self.config, t.stats.examples, elapsed, self.pool.workers, per_chunk=per_chunk)
-            n = min(n, self.config.max_examples - done)
+            n = plan.size(min(n, self.config.max_examples - done))
             if t.ended and n == self.config.max_examples - done:
                 # a chunk's first example is its simplest, and one that ended a worker is skipped uncounted:
                 # without one more, a last chunk of 1 would count nothing, again and again
                 n += 1
             self.state.chunks[t.name] = k + 1
-            return self._task("chunk", t, n=max(1, n), chunk=k, tier=tier)
+            if t.steer is not None:
+                t.steer.started(plan, max(1, n))
+            return self._task("chunk", t, n=max(1, n), chunk=k, tier=tier, plan=plan)
         return None
 
     def _task(self, kind: str, t: TargetState, **kw) -> Task:
@@ -323,7 +329,8 @@ class Supervisor:
         t = self.by_name[task.target]
         known = {"signatures": [list(sig) for sig in t.stats.failures], "ended": t.ended,
                  # CLOCK_MONOTONIC is one clock for every process of the host: the worker stops there (engine.py)
-                 "deadline": None if self.config.duration is None else t.start + self.config.duration}
+                 "deadline": None if self.config.duration is None else t.start + self.config.duration,
+                 "plan": None if task.plan is None else task.plan.to_dict()}
         msg = {"replay": ("replay", task.id, task.target, known),
                "chunk": ("chunk", task.id, task.target, task.chunk, task.n, known),
                "retry": ("retry", task.id, task.target, task.example, known)}[task.kind]
@@ -364,6 +371,8 @@ class Supervisor:
                                 None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
                                 o.get("skipped"), o.get("kv_tokens", 0)),
                         time.monotonic() - (t.start or time.monotonic()))
+            if t.steer is not None and not o.get("skipped"):  # what the next chunks steer by
+                t.steer.observe(o["labels"], o["ratio"], o["signature"])
             if s.task is not None:
                 s.task.counted += 1
             s.in_flight = None
@@ -400,6 +409,8 @@ class Supervisor:
             t.replayed = True
         elif task.kind == "chunk" and task.chunk >= 0:
             record_tier_time(t.tier_times, task.tier, task.counted, time.monotonic() - task.sent)
+            if t.steer is not None:
+                t.steer.finished(task.plan, task.n)
 
     def _add_failure(self, t: TargetState, record: FailureRecord) -> bool:
         """Keep a new distinct failure (False: already kept); with a shared ``--db``, one another campaign (another

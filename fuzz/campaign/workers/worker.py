@@ -164,6 +164,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         from kvfuzz.fuzz.campaign.config import config_from_dict
         from kvfuzz.fuzz.campaign.engine import Campaign
         from kvfuzz.fuzz.campaign.records import example_key
+        from kvfuzz.fuzz.campaign.steering import Plan
         from kvfuzz.fuzz.campaign.store.database import DatabaseError
         from kvfuzz.fuzz.targets import get_target
 
@@ -193,7 +194,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                 if kind == "replay":
                     c.replay_database()
                 elif kind == "chunk":
-                    c.run_chunk(args[0], args[1])
+                    plan = args[-1].get("plan")
+                    c.run_chunk(args[0], args[1], None if plan is None else Plan.from_dict(plan))
                 elif kind == "retry":
                     c.check_one(Example.from_dict(args[0]))
                 for what in dict.fromkeys(c.cut_short[cut:]):
