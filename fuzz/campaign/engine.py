@@ -584,7 +584,7 @@ class Campaign:
         plan = plan or Plan(tier_of_chunk(self.tiers, chunk))
         self._use(plan.tier)
         chunk_seed, focus = self.config.seed * CHUNK_SEED_STRIDE + chunk, plan.focus
-        pin = aim_pin(chunk_config(self.target, self.config, chunk), focus, self.target.capabilities)
+        pin = aim_pin(chunk_config(self.target, self.config, plan.config_chunk(chunk)), focus, self.target.capabilities)
         if pin is None and focus is None:
             return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))
         pinned = InMemoryExampleDatabase()

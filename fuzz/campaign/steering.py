@@ -119,11 +119,20 @@ def bin_counts(bins: dict[str, tuple[str, ...]], coverage: dict[str, dict[str, i
 
 @attrs.frozen
 class Plan:
-    """One chunk's tier, and the focus its draws aim at (None: free) with the bins it was chosen for."""
+    """One chunk's tier, and the focus its draws aim at (None: free) with the bins it was chosen for.
+    ``pin_chunk``: the chunk whose kernel configuration a focused chunk starts from (the free chunk before it:
+    a pinned campaign's focused chunks of 50 examples reuse what that chunk compiled instead of compiling a new
+    configuration each), None: its own."""
 
     tier: str
     focus: Focus | None = None
     bins: tuple[tuple[str, str], ...] = ()
+    pin_chunk: int | None = None
+
+    def config_chunk(self, chunk: int) -> int:
+        """The chunk index whose kernel configuration chunk ``chunk`` of this plan draws in
+        (kvfuzz.fuzz.campaign.chunks ``chunk_config``)."""
+        return chunk if self.pin_chunk is None else self.pin_chunk
 
     def size(self, n: int) -> int:
         """A chunk's examples ``n`` (its tier's, from the budget), at most :data:`FOCUS_EXAMPLES` when focused."""
@@ -131,13 +140,13 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {"tier": self.tier, "focus": None if self.focus is None else self.focus.to_dict(),
-                "bins": [list(b) for b in self.bins]}
+                "bins": [list(b) for b in self.bins], "pin_chunk": self.pin_chunk}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
         focus = d.get("focus")
         return cls(d["tier"], None if focus is None else Focus.from_dict(focus),
-                   tuple(tuple(b) for b in d.get("bins", ())))
+                   tuple(tuple(b) for b in d.get("bins", ())), d.get("pin_chunk"))
 
 
 def _neighbours(label: str) -> list[str]:
@@ -263,7 +272,7 @@ class Steering:
             return self._free_plan(chunk)
         tier = self.tier_for(shape, heads) or tier or self.tiers[0]
         bins = tuple((d, b) for d, b in ((shape_dim, shape), (heads_dim, heads)) if b is not None)
-        return Plan(tier, Focus.of_bins(shape, heads), bins)
+        return Plan(tier, Focus.of_bins(shape, heads), bins, chunk - chunk % FREE_EVERY)
 
     def _free_plan(self, chunk: int) -> Plan:
         """A free chunk: the small tier on even chunks, the other tiers in turn on odd ones (every other chunk of
