@@ -489,5 +489,5 @@ def examples(capabilities: Capabilities, limits: Limits = Limits(),
 __all__ = ["ARRANGEMENTS", "HIGH_IDS", "INT32_OFFSETS", "KINDS", "KV_SCALES", "SEEDS", "SOFTCAPS",
            "UNIVERSE_BLOCK_SIZES", "UNIVERSE_HEAD_SIZES", "attention_params", "batches", "big_cache_examples",
            "block_tables", "boundary_lengths", "cached_strategy", "choice", "csr_tails", "cuda_graph_pads",
-           "examples", "freed_window_table", "gqa_heads", "pinned_field", "relocate_high", "sampled",
-           "sequence_lengths", "shared_prefixes", "undeclared_examples"]
+           "examples", "freed_window_table", "gqa_heads", "head_size_of", "permutation", "pinned_field",
+           "relocate_high", "sampled", "sequence_lengths", "shared_prefixes", "undeclared_examples"]

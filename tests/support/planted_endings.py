@@ -275,9 +275,10 @@ class CrashesWhenReshaped(_Planted):
 
 class ExitsWhileHypothesisShrinks(_Planted):
     """Raises SystemExit (a failing example) on a batch with a prefill at head size 128, and exits the process on
-    the smallest prefill (one sequence, one head, 2 new tokens after 1 cached one: the smallest a "prefill" shrinks
-    to) at head size 64, which the free draws almost never make and Hypothesis's shrink walks toward: the structural-first pass (sequences and lengths, the
-    head size kept) shrinks the failure, then Hypothesis's shrink kills the worker."""
+    the smallest prefill (one sequence, one head, 2 new tokens after 1 cached one: the smallest a "prefill"
+    shrinks to) at head size 64, which the free draws almost never make and Hypothesis's shrink walks toward: the
+    structural-first pass (sequences and lengths, the head size kept) shrinks the failure, then Hypothesis's
+    shrink kills the worker."""
 
     name = "planted.exits_while_hypothesis_shrinks"
     description = "SystemExit on a prefill at head size 128, os._exit on the smallest prefill at head size 64"
