@@ -237,7 +237,8 @@ def write_report(out: Path) -> Path:
         if t.get("declared"):
             lines += ["", "Declared parameter space, examples per value (0: never drawn):", "",
                       "| dimension | values |", "|---|---|"]
-            for dim, counts in t["declared"].items():
+            states = {"production states": t["bins"]["states"]} if t.get("bins", {}).get("states") else {}
+            for dim, counts in {**t["declared"], **states}.items():
                 cells = ", ".join(f"{v}: {n}" if n else f"**{v}: 0**" for v, n in counts.items())
                 lines.append(f"| {dim} | {cells or '-'} |")
         if t.get("rejections"):

@@ -48,7 +48,7 @@ def test_the_report_shows_the_shapes_never_reached(tmp_path):
 
 def test_the_report_marks_declared_bins_never_reached_and_tier_shares(tmp_path):
     bins = {SHAPE_DIMENSIONS[0]: {"0 x 2^0": 2, "2^1 x 2^0": 3, "2^2 x 2^0": 0, "2^2 x 2^1": 0},
-            SHAPE_DIMENSIONS[1]: {"64 x none": 5, "64 x 2^4": 0}}
+            SHAPE_DIMENSIONS[1]: {"64 x none": 5, "64 x 2^4": 0}, "states": {"freed-window": 0}}
     rows, cols, cells = shape_grid({"0 x 2^0": 2, "2^1 x 2^0": 3}, bins[SHAPE_DIMENSIONS[0]])
     assert rows == ["0", "2^1", "2^2"] and cols == ["2^0", "2^1"]  # the declared bins widen the grid
     coverage = {SHAPE_DIMENSIONS[0]: {"0 x 2^0": 2, "2^1 x 2^0": 3}, SHAPE_DIMENSIONS[1]: {"64 x none": 5}}
@@ -59,7 +59,8 @@ def test_the_report_marks_declared_bins_never_reached_and_tier_shares(tmp_path):
                "shrink": {"structural_first": 1.25, "hypothesis": 30.0, "structural": 2.0}}
     summary = {"seed": 0, "workers": 1, "targets": [{"target": "t.x", "examples": 5, "examples_per_s": 1.0,
                                                      "kernel_s": 2.0, "harness_s": 6.0, "failures": [failure],
-                                                     "coverage": coverage, "bins": bins, "tiers": tiers}]}
+                                                     "coverage": coverage, "bins": bins, "tiers": tiers,
+                                                     "declared": {"dtype": {"float16": 5}}}]}
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     report = write_report(tmp_path).read_text()
     assert "| 2^1 | 3 | · |" in report  # (2^1, 2^1) is not declared: no tier of the target draws it
@@ -68,6 +69,7 @@ def test_the_report_marks_declared_bins_never_reached_and_tier_shares(tmp_path):
     assert "| 64 | **0** | 5 |" in report and "Declared bins never reached: 1 of 2 (64 x 2^4)." in report
     assert "| small | 4 | 80.0% | 2.0 | 25.0% |" in report and "| serving | 1 | 20.0% | 6.0 | 75.0% |" in report
     assert "| 1.2 + 30.0 + 2.0 s |" in report  # how long each shrink took
+    assert "| production states | **freed-window: 0** |" in report  # a declared state never drawn
     try:
         import matplotlib  # noqa: F401
     except ImportError:
