@@ -304,8 +304,9 @@ class Supervisor:
             n = plan.size(min(n, self.config.max_examples - done))
             if t.ended and n == self.config.max_examples - done:
                 # a chunk's first example is its simplest, and one that ended a worker is skipped uncounted:
-                # without one more, a last chunk of 1 would count nothing, again and again
-                n += 1
+                # without one more, a last chunk of 1 would count nothing, again and again (a free chunk: a
+                # focused one's simplest example is another, counted, and the budget would overshoot by one)
+                n, plan = n + 1, Plan(plan.tier)
             self.state.chunks[t.name] = k + 1
             if t.steer is not None:
                 t.steer.started(plan, max(1, n))
