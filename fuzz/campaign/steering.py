@@ -174,6 +174,7 @@ class Steering:
         self.pending = {d: collections.Counter() for d in bins}
         self.near: dict[str, dict[str, float]] = {d: {} for d in bins}
         self.failed: dict[str, set[str]] = {d: set() for d in bins}
+        self._limits = {t: tier_limits(t, limits) for t in self.tiers}  # each tier's bounds, once
 
     @classmethod
     def of(cls, target: Target, config, tiers: tuple[str, ...]) -> "Steering | None":
@@ -245,9 +246,9 @@ class Steering:
         """The cheapest of the campaign's tiers whose bounds reach the (ctx_len x query_len) bin ``shape`` and the
         window of the (head_size x window) bin ``heads`` (None: any)."""
         for tier in CHEAPEST:
-            lim = tier_limits(tier, self.limits)
             if tier not in self.tiers:
                 continue
+            lim = self._limits[tier]
             if shape is not None:
                 c, q = (bin_range(x) for x in shape.split(" x "))
                 if c[0] > lim.max_ctx_len or q[0] > lim.max_query_len:
