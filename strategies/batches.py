@@ -9,7 +9,8 @@ So that lowering one choice does not shift the others (which makes the shrinker'
 big), every choice is drawn whatever the earlier ones were: the kv heads independently of the GQA ratio, every
 sequence's query and context lengths whatever its kind, every optional parameter (fp8 scales, each feature's
 on/off, the window, the softcap) whether it is used or not; head size before kv_cache_dtype (so an fp8 cache
-shrinks to "auto" with the head size kept); and the one draw of variable length (a permutation of blocks) last.
+shrinks to "auto" with the head size kept); the block-table arrangement near the end, a permutation drawn as one
+seed (a shuffle drew one choice per block, and serving-sized tables overran Hypothesis's choice buffer).
 Lengths shrink to their smallest value, not only to block boundaries: the plain integer is the first branch.
 """
 
@@ -19,6 +20,7 @@ import functools
 from collections.abc import Sequence
 
 import attrs
+import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -30,6 +32,7 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 
 from .configs import GQA_RATIOS, NUM_KV_HEADS, KernelConfig, window_edges
+from .focus import Focus, Range, index_range, intersect, ints
 from .limits import Limits
 from .states import (  # noqa: F401 (re-exported: the states' draws moved to their home, kvfuzz.strategies.states)
     MAX_PAD_SEQS,
@@ -89,21 +92,41 @@ def _forced(i: int) -> st.SearchStrategy[int]:
 
 
 @functools.lru_cache(maxsize=1024)
-def boundary_lengths(block_size: int | tuple[int, ...], min_value: int, max_value: int,
-                     shift: int = 0) -> st.SearchStrategy[int]:
-    """Integers in ``[min_value, max_value]`` biased toward block boundaries: 0, 1, and ``k*block_size``
-    plus or minus one (for every block size given), where off-by-one bugs in masking and block arithmetic live.
-    ``shift``: the boundaries are those of ``value + shift`` (a context length c whose sequence ends at c + 1)."""
-    if min_value > max_value:
-        raise InvalidArgument(f"min_value={min_value} > max_value={max_value}")
-    sizes = (block_size,) if isinstance(block_size, int) else tuple(block_size)
+def _edges(sizes: tuple[int, ...], min_value: int, max_value: int, shift: int) -> tuple[int, ...]:
+    """:func:`boundary_lengths`' block boundaries, sorted."""
     edges = {0, 1, 2}
     for bs in sizes:
         for k in range(1, (max_value + shift) // bs + 2):
             edges |= {k * bs - 1 - shift, k * bs - shift, k * bs + 1 - shift}
-    edges = sorted(e for e in edges if min_value <= e <= max_value)
+    return tuple(sorted(e for e in edges if min_value <= e <= max_value))
+
+
+@functools.lru_cache(maxsize=1024)
+def boundary_lengths(block_size: int | tuple[int, ...], min_value: int, max_value: int,
+                     shift: int = 0, within: Range | None = None) -> st.SearchStrategy[int]:
+    """Integers in ``[min_value, max_value]`` biased toward block boundaries: 0, 1, and ``k*block_size``
+    plus or minus one (for every block size given), where off-by-one bugs in masking and block arithmetic live.
+    ``shift``: the boundaries are those of ``value + shift`` (a context length c whose sequence ends at c + 1).
+    ``within``: only values in this inclusive range, drawn as the same choices in sub-ranges
+    (:mod:`kvfuzz.strategies.focus`); ignored where it leaves nothing."""
+    if min_value > max_value:
+        raise InvalidArgument(f"min_value={min_value} > max_value={max_value}")
+    sizes = (block_size,) if isinstance(block_size, int) else tuple(block_size)
+    edges = _edges(sizes, min_value, max_value, shift)
+    narrow = intersect(within, min_value, max_value)
+    if narrow is not None:
+        return _boundary_within(edges, narrow)
     # the plain integers first: the shrinker prefers the first branch, and reaches any minimum from there
     return st.one_of(st.integers(min_value, max_value), st.sampled_from(edges))
+
+
+@st.composite
+def _boundary_within(draw, edges: tuple[int, ...], within: Range) -> int:
+    """:func:`boundary_lengths`' choices (one_of's branch index, then the branch's own) inside ``within``."""
+    idx = index_range(edges, within)
+    if not draw(ints(0, 1 if idx else 0)):
+        return draw(ints(*within))
+    return edges[draw(ints(*idx))] if len(edges) > 1 else edges[0]
 
 
 @st.composite
@@ -123,15 +146,21 @@ def gqa_heads(draw, max_num_heads: int = 64, ratios: tuple[int, ...] | None = No
 
 @st.composite
 def sequence_lengths(draw, block_sizes: int | tuple[int, ...], limits: Limits,
-                     allowed: tuple[str, ...] = KINDS) -> tuple[int, int]:
+                     allowed: tuple[str, ...] = KINDS, aim: tuple | None = None) -> tuple[int, int]:
     """``(query_len, ctx_len)`` of one sequence: its kind (see :data:`KINDS`) and two lengths, always all three
     drawn, biased to the boundaries of ``block_sizes``. With ``c`` the second length: a decode sequence has
     ctx_len ``c`` (seq_len ``c + 1``); a prefill has query_len = the first length (>= 2) and ctx_len ``c + 1``
     ("prefill") or 0 ("prefill-no-ctx"). So a prefill turns into the decode of the same context by lowering its
-    kind and raising ``c`` by one, a step Hypothesis's shrinker takes."""
-    kind = draw(sampled(tuple(allowed)))
-    query_len = draw(boundary_lengths(block_sizes, 2, limits.max_query_len))
-    cached = draw(boundary_lengths(block_sizes, 0, limits.max_ctx_len, shift=1))
+    kind and raising ``c`` by one, a step Hypothesis's shrinker takes. ``aim``: ``(query range, ctx range)`` the
+    sequence's lengths are drawn inside (:func:`_kinds_within`; the same choices, narrowed: a focused draw)."""
+    kinds = _kinds_within(len(allowed), *aim) if aim is not None else None
+    kind = allowed[draw(ints(*kinds))] if kinds is not None and len(allowed) > 1 else draw(sampled(tuple(allowed)))
+    q_rng, c_rng = aim if aim is not None else (None, None)
+    query_len = draw(boundary_lengths(block_sizes, 2, limits.max_query_len, within=None if kind == "decode" else q_rng))
+    if kind == "prefill" and c_rng is not None:
+        c_rng = (c_rng[0] - 1, c_rng[1] - 1)
+    cached = draw(boundary_lengths(block_sizes, 0, limits.max_ctx_len, shift=1,
+                                   within=None if kind == "prefill-no-ctx" else c_rng))
     if kind == "decode":
         return 1, cached
     if kind == "prefill-no-ctx" or not limits.max_ctx_len:
@@ -139,14 +168,32 @@ def sequence_lengths(draw, block_sizes: int | tuple[int, ...], limits: Limits,
     return query_len, min(cached + 1, limits.max_ctx_len)
 
 
+def _kinds_within(n: int, q_rng: Range | None, c_rng: Range | None) -> Range:
+    """The :data:`KINDS` indices (of ``n`` allowed) whose sequences can have a query_len in ``q_rng`` and a
+    ctx_len in ``c_rng``: a decode has query_len 1, a prefill a context of at least 1, a prefill-no-ctx none."""
+    if n == 1 or (q_rng is not None and q_rng[1] <= 1):
+        return (0, 0)
+    if c_rng is not None and c_rng[1] == 0:
+        return (2, 2)  # no context: a prefill without one (a decode of no context is a query of 1)
+    lo = 0 if q_rng is None or q_rng[0] <= 1 else 1
+    return (lo, 1) if c_rng is not None and c_rng[0] >= 1 else (lo, 2)
+
+
 @functools.lru_cache(maxsize=256)
 def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
     return st.integers(lo, hi)
 
 
-@functools.lru_cache(maxsize=256)
-def _permutations(n: int) -> st.SearchStrategy[list[int]]:
-    return st.permutations(range(n))
+#: Seeds of a "permuted" block table's permutation (:func:`permutation`).
+PERMUTATION_SEEDS = 2**32 - 1
+
+
+def permutation(n: int, seed: int) -> list[int]:
+    """A permutation of ``range(n)`` from ``seed``: the identity for 0 (where a shrunk seed lands), else numpy's
+    PCG64 shuffle, fast for the serving tier's tens of thousands of blocks."""
+    if not seed:
+        return list(range(n))
+    return np.random.Generator(np.random.PCG64(seed)).permutation(n).tolist()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -165,6 +212,9 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
     spare = draw(_ints(0, max_spare_blocks))
     extra_cols = draw(_ints(0, 2))
     high = draw(_ints(1, HIGH_IDS))  # always drawn; shrinks to the lowest top id that still shows a bug
+    # a permutation as one seed, always drawn (0: the identity): a shuffle of num_blocks choices overran
+    # Hypothesis's choice buffer on ~4-8% of serving batches, which were silently discarded (issue 52)
+    shuffle = draw(_ints(0, PERMUTATION_SEEDS))
     total = sum(blocks_needed)
     num_blocks = total + spare
     if arrangement == "contiguous":
@@ -176,7 +226,7 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
         num_blocks = top + 1 + spare
         ids = list(range(top - total + 1, top + 1))
     elif arrangement == "permuted":
-        ids = draw(_permutations(num_blocks))[:total]
+        ids = permutation(num_blocks, shuffle)[:total]
     else:  # fragmented: round-robin over sequences, with spare blocks scattered in between
         order = [(j, i) for i, n in enumerate(blocks_needed) for j in range(n)]
         order.sort()
@@ -195,14 +245,30 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
 
 
 @st.composite
-def _sequence(draw, block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[str, ...]):
-    """One sequence slot of a batch: whether it is in the batch, and its ``(query_len, ctx_len)``."""
-    return draw(sampled((False, True))), draw(cached_strategy(sequence_lengths, block_sizes, limits, allowed))
+def _sequence(draw, block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[str, ...], aim: tuple | None,
+              on: bool | None):
+    """One sequence slot of a batch: whether it is in the batch (``on``: always, a focused draw's sequence in the
+    bin), and its ``(query_len, ctx_len)``."""
+    flag = draw(sampled((False, True))) if on is None else bool(draw(ints(1, 1)))
+    return flag, draw(cached_strategy(sequence_lengths, block_sizes, limits, allowed, aim))
 
 
 @functools.lru_cache(maxsize=256)
-def _sequence_slot(block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[str, ...]):
-    return _sequence(block_sizes, limits, allowed)
+def _sequence_slot(block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[str, ...], aim: tuple | None = None,
+                   on: bool | None = None):
+    return _sequence(block_sizes, limits, allowed, aim, on)
+
+
+def _slots(block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[str, ...], focus: Focus | None) -> list:
+    """The ``limits.max_num_seqs`` sequence slots of a batch: all free, or for a ``focus`` on lengths the first one
+    in the batch and inside its ranges, every other at most their upper ends (so the batch's longest context and
+    query fall in the focus's ranges)."""
+    if focus is None or not focus.lengths:
+        return [_sequence_slot(block_sizes, limits, allowed)] * limits.max_num_seqs
+    q, c = focus.query_len, focus.ctx_len
+    below = (None if q is None else (1, q[1]), None if c is None else (0, c[1]))
+    return [_sequence_slot(block_sizes, limits, allowed, (q, c), True)] + \
+        [_sequence_slot(block_sizes, limits, allowed, below)] * (limits.max_num_seqs - 1)
 
 
 def pinned_field(pin: KernelConfig | None, field: str):
@@ -211,13 +277,23 @@ def pinned_field(pin: KernelConfig | None, field: str):
     return () if pin is None or not pin.pins(field) else (getattr(pin, field),)
 
 
+def head_size_of(pin: KernelConfig | None, focus: Focus | None, capabilities: Capabilities):
+    """``(head_size,)`` a draw keeps (the pin's, else a declared one the focus names), ``()`` when free."""
+    pinned = pinned_field(pin, "head_size")
+    if pinned or focus is None or focus.head_size not in capabilities.head_sizes:
+        return pinned
+    return (focus.head_size,)
+
+
 @st.composite
-def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: KernelConfig | None = None) -> Batch:
+def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: KernelConfig | None = None,
+            focus: Focus | None = None) -> Batch:
     """A mixed batch inside ``capabilities``: decode sequences, prefills with and without context. ``pin``: a
     :class:`~kvfuzz.strategies.configs.KernelConfig` inside ``capabilities`` every batch keeps (dtype, heads,
     head size, kv_cache_dtype, block size, which features are on, the window; not those the configuration
     leaves free), drawn as the same choices the free strategy makes, so a pinned example replays and shrinks in
-    the free one (:func:`choice`)."""
+    the free one (:func:`choice`). ``focus``: a :class:`~kvfuzz.strategies.focus.Focus` the batch aims at (its
+    longest context and query, head size, window), drawn the same way (the pin wins where they differ)."""
     dtype = draw(choice(capabilities.dtypes, *pinned_field(pin, "dtype")))
     # heads right before the head size: the shrinker can trade fewer heads for a larger head size (it lowers
     # one choice and raises one up to four choices later), the order a developer reads a case in
@@ -228,7 +304,7 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     num_heads, num_kv_heads = draw(cached_strategy(gqa_heads, limits.max_num_heads, ratios=ratios, pin=heads))
     if capabilities.value_head_size is not None:  # a latent cache: MQA, one kv head for the group drawn
         num_heads, num_kv_heads = num_heads // num_kv_heads, 1
-    head_size = draw(choice(sorted(capabilities.head_sizes), *pinned_field(pin, "head_size")))
+    head_size = draw(choice(sorted(capabilities.head_sizes), *head_size_of(pin, focus, capabilities)))
     cache_dtypes = [k for k in capabilities.kv_cache_dtypes
                     if head_size in capabilities.head_sizes_for(k)
                     and capabilities.fp8_accepts_gqa(k, num_heads // num_kv_heads)]
@@ -238,8 +314,7 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     # max_num_seqs sequences, each drawn whole (kind and lengths adjacent) with a flag saying whether it is in
     # the batch: the shrinker removes any sequence by lowering its flag, with nothing after it shifting (a count
     # and a loop let it delete only the last one drawn, and sorting puts the simplest first)
-    slot = _sequence_slot(tuple(capabilities.block_sizes), limits, allowed)
-    drawn = [draw(slot) for _ in range(limits.max_num_seqs)]
+    drawn = [draw(slot) for slot in _slots(tuple(capabilities.block_sizes), limits, allowed, focus)]
     lens = [sizes for on, sizes in drawn if on] or [drawn[-1][1]]
     # the data generator draws at most MAX_STREAM_ELEMENTS keys (contracts/model/counter_rng.py): each sequence's
     # context is cut to its share of that (only the long tier's 128k contexts with many heads come near it)
@@ -256,9 +331,10 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     if sm_scale is not None:
         sm_scale /= head_size**0.5
     params = draw(cached_strategy(attention_params, capabilities, kv_cache_dtype, block_size,
-                          limits.max_ctx_len + limits.max_query_len, pin=pin, value_ranges=limits.value_ranges))
+                                  limits.max_ctx_len + limits.max_query_len, pin=pin,
+                                  value_ranges=limits.value_ranges, window=None if focus is None else focus.window))
     seed = draw(SEEDS)
-    # the block tables last: a permutation of blocks has a varying number of choices
+    # the block tables after the lengths and parameters: what they hold depends on every length
     needed = [-(-(q + c) // block_size) for q, c in lens]
     num_blocks, table, _ = draw(cached_strategy(block_tables, tuple(needed), limits.max_spare_blocks))
     # the production states the target declares (kvfuzz.strategies.states): shared prefix blocks, freed window
@@ -288,24 +364,35 @@ def csr_tails(num_slots: int) -> st.SearchStrategy[list[int]]:
 @st.composite
 def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, block_size: int,
                      max_seq_len: int, pin: KernelConfig | None = None,
-                     value_ranges: tuple[str, ...] = VALUE_RANGES) -> dict:
+                     value_ranges: tuple[str, ...] = VALUE_RANGES, window: Range | None = None) -> dict:
     """The optional parameters of a call, as :class:`Batch` keyword arguments, each off by default (Hypothesis
     shrinks to the plain call): fp8 ``k_scale``/``v_scale`` (:data:`KV_SCALES`), the features the target
     declares (``sliding_window`` biased to 1, 2 and ``block_size - 1 .. + 1``; ``alibi``; ``sinks``;
     ``softcap`` from :data:`SOFTCAPS`), skipping a feature declared exclusive with one already drawn, and the
     ``value_range`` (one of ``value_ranges``, :data:`~kvfuzz.contracts.model.batch.VALUE_RANGES` by default). ``pin``:
-    which features are on and the window are those of this configuration (see :func:`batches`)."""
+    which features are on and the window are those of this configuration (see :func:`batches`). ``window``: a
+    focused draw's window range (:class:`~kvfuzz.strategies.focus.Focus`; (0, 0): no window), where ``pin``
+    leaves it free."""
     # every value is drawn whether it is used or not (module docstring: no shifts while shrinking)
     k_scale, v_scale = draw(sampled(KV_SCALES)), draw(sampled(KV_SCALES))
+    aimed = _aimed_features(capabilities, window) if pin is None and window is not None else {}
     wanted = [f for f in FEATURES
-              if draw(choice((False, True), *(() if pin is None else (f in pin.features,))))]
+              if draw(choice((False, True), *((f in pin.features,) if pin is not None else
+                                              ((aimed[f],) if f in aimed else ()))))]
     edges = window_edges(block_size, max_seq_len)
     # the window: a plain integer (first: it shrinks to any minimum) or a block edge
     pinned_window = pin is not None and pin.sliding_window is not None and pin.pins("window")
-    if draw(choice((0, 1), *((0,) if pinned_window else ()))) == 0:
-        window = draw(_forced(pin.sliding_window) if pinned_window else _windows(max(1, max_seq_len)))
+    narrow = None if pinned_window or window is None else intersect(window, 1, max(1, max_seq_len))
+    edge_idx = index_range(edges, narrow)
+    if narrow is not None:
+        branch = draw(ints(0, 1 if edge_idx else 0))
     else:
-        window = draw(sampled(edges))
+        branch = draw(choice((0, 1), *((0,) if pinned_window else ())))
+    if branch == 0:
+        window = draw(_forced(pin.sliding_window) if pinned_window else
+                      ints(*narrow) if narrow is not None else _windows(max(1, max_seq_len)))
+    else:
+        window = edges[draw(ints(*edge_idx))] if narrow is not None and len(edges) > 1 else draw(sampled(edges))
     softcap = draw(sampled(SOFTCAPS))
     value_range = draw(sampled(tuple(value_ranges)))
     chosen: list[str] = []
@@ -320,6 +407,17 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
     if "softcap" in chosen:
         out["softcap"] = softcap
     return out
+
+
+def _aimed_features(capabilities: Capabilities, window: Range) -> dict[str, bool]:
+    """The feature flags a focus on ``window`` sets: the sliding window on (off for (0, 0)), and, with it on, every
+    declared feature exclusive with it off."""
+    if "sliding_window" not in capabilities.features:
+        return {}
+    if window == (0, 0):
+        return {"sliding_window": False}
+    return {"sliding_window": True, **{f: False for f in FEATURES
+                                       if f != "sliding_window" and not capabilities.combinable(["sliding_window", f])}}
 
 
 @functools.lru_cache(maxsize=256)
@@ -380,17 +478,17 @@ def big_cache_examples(capabilities: Capabilities, limits: Limits = Limits(),
 
 
 def examples(capabilities: Capabilities, limits: Limits = Limits(),
-             poisons: tuple[Poison, ...] = tuple(Poison), pin: KernelConfig | None = None
-             ) -> st.SearchStrategy[Example]:
+             poisons: tuple[Poison, ...] = tuple(Poison), pin: KernelConfig | None = None,
+             focus: Focus | None = None) -> st.SearchStrategy[Example]:
     """A batch plus the poison for the slots the contract leaves unwritten (NaN first: it shrinks there).
-    ``pin``: every batch inside this kernel configuration (:func:`batches`)."""
+    ``pin``: every batch inside this kernel configuration; ``focus``: aimed at this bin (:func:`batches`)."""
     if not poisons:
         raise InvalidArgument("poisons must name at least one Poison")
-    return st.builds(Example, batches(capabilities, limits, pin=pin), st.sampled_from(poisons))
+    return st.builds(Example, batches(capabilities, limits, pin=pin, focus=focus), st.sampled_from(poisons))
 
 
 __all__ = ["ARRANGEMENTS", "HIGH_IDS", "INT32_OFFSETS", "KINDS", "KV_SCALES", "SEEDS", "SOFTCAPS",
            "UNIVERSE_BLOCK_SIZES", "UNIVERSE_HEAD_SIZES", "attention_params", "batches", "big_cache_examples",
            "block_tables", "boundary_lengths", "cached_strategy", "choice", "csr_tails", "cuda_graph_pads",
-           "examples", "freed_window_table", "gqa_heads", "pinned_field", "relocate_high", "sampled",
-           "sequence_lengths", "shared_prefixes", "undeclared_examples"]
+           "examples", "freed_window_table", "gqa_heads", "head_size_of", "permutation", "pinned_field",
+           "relocate_high", "sampled", "sequence_lengths", "shared_prefixes", "undeclared_examples"]

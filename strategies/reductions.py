@@ -35,6 +35,7 @@ kvfuzz draws from: its smallest trigger is a smallest one kvfuzz could have draw
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Callable, Iterator
 
@@ -278,4 +279,82 @@ def _drop_leading_blocks(batch: Batch, capabilities: Capabilities) -> Iterator[T
 
 _MOVES = (_drop_sequences, _shorten, _drop_leading_blocks, _heads, _head_sizes, _fewer_blocks, _fewer_columns)
 
-__all__ = ["SIZE_FIELDS", "size_key", "max_num_blocks", "reductions", "reexpress"]
+#: Widths a length is snapped down to a multiple of, besides the block size: the tile widths kernels iterate in
+#: (Triton's BLOCK_M/BLOCK_N, FlashAttention's kBlockM/kBlockN).
+TILE_WIDTHS = (16, 32, 64, 128)
+
+
+def coarse_reductions(batch: Batch, capabilities: Capabilities, limits: Limits = Limits()) -> Iterator[Batch]:
+    """The structural-first moves (issue 52), run on a new failure as found, before Hypothesis's shrink: a
+    serving-sized failure of tens of sequences at 60-140 ms an example had not shrunk within its grace. In order,
+    each candidate valid, strictly smaller by :func:`size_key`, inside ``capabilities``, in the same kernel
+    configuration (no recompile) and made lazily (a serving batch's table has thousands of blocks):
+
+    - half of the sequences dropped (either half), then a quarter, an eighth, ..., then one at a time (delta
+      debugging's complements: a failure that needs one sequence is down to it after about 2 log2(n) runs);
+    - every context halved at once, then each sequence's; the queries the same;
+    - every context snapped down to a multiple of the block size or of a tile width (:data:`TILE_WIDTHS`), the
+      widest first, at once, then each sequence's, and the queries (the edges where masking and tiling
+      change)."""
+    key, seen = size_key(batch), {batch}
+    for make in _coarse(batch):
+        try:
+            cand = make()
+        except ValueError:  # e.g. a shortened sequence that shared a now partial prefix block
+            continue
+        if cand is None or cand in seen:
+            continue
+        seen.add(cand)
+        if size_key(cand) < key and capabilities.accepts(cand):
+            yield cand
+
+
+def _coarse(batch: Batch) -> Iterator[Thunk]:
+    n = batch.num_seqs
+    parts = 2
+    while n > 1 and parts <= 2 * n:
+        k = min(parts, n)
+        bounds = [n * j // k for j in range(k + 1)]
+        for j in range(k):  # drop part j
+            drop = set(range(bounds[j], bounds[j + 1]))
+            if 0 < len(drop) < n:
+                yield lambda drop=frozenset(drop): _keep(batch, [i for i in range(n) if i not in drop])
+        if k == n:
+            break
+        parts *= 2
+    widths = sorted({batch.block_size, *TILE_WIDTHS}, reverse=True)
+    moves = [functools.partial(_halved, axis) for axis in (0, 1)]
+    moves += [functools.partial(_snapped, w, axis) for w in widths for axis in (0, 1)]
+    for lengths in moves:
+        for i in (None, *range(n)):  # every sequence at once, then each
+            yield lambda lengths=lengths, i=i: _relength(batch, lengths, i)
+
+
+def _keep(batch: Batch, rows: list[int]) -> Batch:
+    return attrs.evolve(batch, query_lens=[batch.query_lens[i] for i in rows],
+                        ctx_lens=[batch.ctx_lens[i] for i in rows], block_table=[batch.block_table[i] for i in rows])
+
+
+def _halved(axis: int, q: int, c: int) -> tuple[int, int]:
+    """The context (``axis`` 0) or the query (1, at least 1) halved."""
+    return (q, c // 2) if axis == 0 else (max(1, q // 2), c)
+
+
+def _snapped(width: int, axis: int, q: int, c: int) -> tuple[int, int]:
+    """The context (``axis`` 0) or the query (1, at least 1) snapped down to a multiple of ``width``."""
+    return (q, c // width * width) if axis == 0 else (max(1, q // width * width), c)
+
+
+def _relength(batch: Batch, lengths, i: int | None) -> Batch | None:
+    """``batch`` with ``lengths`` applied to sequence ``i`` (None: to every sequence), its rows cut to the blocks
+    the new lengths need (block ids kept)."""
+    query_lens, ctx_lens = list(batch.query_lens), list(batch.ctx_lens)
+    for j in range(batch.num_seqs) if i is None else (i,):
+        query_lens[j], ctx_lens[j] = lengths(query_lens[j], ctx_lens[j])
+    if query_lens == list(batch.query_lens) and ctx_lens == list(batch.ctx_lens):
+        return None
+    return _remap(batch, lambda b: b, batch.num_blocks, query_lens=query_lens, ctx_lens=ctx_lens)
+
+
+__all__ = ["SIZE_FIELDS", "TILE_WIDTHS", "coarse_reductions", "max_num_blocks", "reductions", "reexpress",
+           "size_key"]

@@ -13,14 +13,16 @@ to a CUDA-graph capture size (vllm/config/compilation.py ``cudagraph_capture_siz
 novelty are not lost.
 
 Shrinking (strategies/batches.py's discipline): every choice is drawn whatever the earlier ones were, simplest
-first: the off-table heads before a model row, each decode and chunk slot with a flag the shrinker lowers to drop
-it, contexts log-uniform as ``(exponent, mantissa)`` shrinking to 0, and a chunk's context source (plain, an
-earlier chunk boundary, around the window) with the plain length first. A serving failure shrinks to one
-sequence with small lengths.
+first: the off-table heads before a model row, each decode slot's tokens (0: out of the batch) and each chunk slot's
+flag, which the shrinker lowers to drop it, contexts log-uniform as ``(exponent, mantissa)`` shrinking to 0, and a
+chunk's context source (plain, an earlier chunk boundary, around the window) with the plain length first. A
+serving failure shrinks to one sequence with small lengths. A focused draw (:mod:`kvfuzz.strategies.focus`) makes
+the same choices in narrower ranges, so it replays in this strategy.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 
 from hypothesis import assume
@@ -41,10 +43,12 @@ from .batches import (
     choice,
     csr_tails,
     gqa_heads,
+    head_size_of,
     pinned_field,
     sampled,
 )
 from .configs import GQA_RATIOS, KernelConfig
+from .focus import Focus, Range, exponents, index_range, intersect, ints, log_value
 from .limits import Limits
 from .models import MODEL_WINDOWS, model_shapes
 from .states import capture_size, draw_states
@@ -61,73 +65,115 @@ SPEC_TOKENS = tuple(range(1, 8))
 TILE_EDGES = (16, 32, 64, 128)
 
 
-@functools.lru_cache(maxsize=64)
-def _log_len(max_value: int) -> st.SearchStrategy[int]:
+@functools.lru_cache(maxsize=256)
+def _log_len(max_value: int, within: Range | None = None) -> st.SearchStrategy[int]:
     """Integers in ``[0, max_value]``, log-uniform: an exponent ``e`` and a mantissa, ``[2**(e-1), 2**e)``;
-    both shrink to 0 (e = 0 is the length 0)."""
+    both shrink to 0 (e = 0 is the length 0). ``within``: only exponents whose lengths meet this range
+    (:func:`~kvfuzz.strategies.focus.exponents`; a log2 bin's range holds exactly one)."""
     bits = max(1, max_value.bit_length())
+    return st.tuples(ints(*exponents(within, bits)), ints(0, (1 << bits) - 1)).map(
+        lambda em: log_value(max_value, *em))
 
-    def build(em):
-        e, m = em
-        lo = (1 << e) >> 1
-        return min(max_value, lo + (m % lo if lo else 0))
 
-    return st.tuples(st.integers(0, bits), st.integers(0, (1 << bits) - 1)).map(build)
+def _draw_log(draw, max_value: int, within: Range | None = None) -> int:
+    """:func:`_log_len`'s two choices drawn in place (a slot draws several: no tuple and map around them)."""
+    bits = max(1, max_value.bit_length())
+    e = draw(ints(*exponents(within, bits)))
+    return log_value(max_value, e, draw(ints(0, (1 << bits) - 1)))
+
+
+#: A decode slot's tokens by the index drawn, simplest first: out of the batch (half of the indices), a plain
+#: decode (a quarter), a speculative step of ``k + 1`` tokens (``k`` in :data:`SPEC_TOKENS`). One choice where a
+#: flag, a speculative flag and ``k`` were three: 32 slots drew 96 (issue 52), and sorted by tokens, so that a
+#: focused draw caps a slot's tokens with one index range.
+DECODE_TOKENS = (0,) * 14 + (1,) * 7 + tuple(k + 1 for k in SPEC_TOKENS)
 
 
 @st.composite
-def _decode_slot(draw, max_ctx_len: int):
-    """One running request: whether it is in the batch, speculative or not, ``k``, and its context."""
-    return draw(sampled((False, True))), draw(sampled((False, True))), draw(sampled(SPEC_TOKENS)), \
-        draw(_log_len(max_ctx_len))
+def _decode_slot(draw, max_ctx_len: int, tokens: Range, ctx: Range | None):
+    """One running request: its tokens (:data:`DECODE_TOKENS`, the index inside ``tokens``) and its context
+    (inside ``ctx``: a focused draw)."""
+    return DECODE_TOKENS[draw(ints(*tokens))], _draw_log(draw, max_ctx_len, ctx)
 
 
 @st.composite
-def _chunk_slot(draw, max_ctx_len: int, budget_cap: int):
+def _chunk_slot(draw, max_ctx_len: int, budget_cap: int, on: Range, size: Range | None, source: Range,
+                ctx: Range | None):
     """One prefill chunk: whether it is in the batch, its length, its context's source (0 plain, 1 a multiple of
     an earlier chunk's length, 2 around the window), the plain context, the multiple, and the offset from the
-    window."""
-    return (draw(sampled((False, True))), draw(_log_len(budget_cap)), draw(sampled((0, 1, 2))),
-            draw(_log_len(max_ctx_len)), draw(st.integers(1, 64)), draw(st.integers(-budget_cap, budget_cap)))
+    window; ``on``, ``source`` (index ranges), ``size`` and ``ctx`` (length ranges) narrow a focused draw."""
+    return (bool(draw(ints(*on))), _draw_log(draw, budget_cap, size), draw(ints(*source)),
+            _draw_log(draw, max_ctx_len, ctx), draw(ints(1, 64)), draw(ints(-budget_cap, budget_cap)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_strategy(max_ctx_len: int, tokens: Range = (0, len(DECODE_TOKENS) - 1), ctx: Range | None = None):
+    return _decode_slot(max_ctx_len, tokens, ctx)
+
+
+@functools.lru_cache(maxsize=1024)
+def _chunk_strategy(max_ctx_len: int, budget_cap: int, on: Range = (0, 1), size: Range | None = None,
+                    source: Range = (0, 2), ctx: Range | None = None):
+    return _chunk_slot(max_ctx_len, budget_cap, on, size, source, ctx)
 
 
 @functools.lru_cache(maxsize=64)
-def _decode_strategy(max_ctx_len: int):
-    return _decode_slot(max_ctx_len)
-
-
-@functools.lru_cache(maxsize=64)
-def _chunk_strategy(max_ctx_len: int, budget_cap: int):
-    return _chunk_slot(max_ctx_len, budget_cap)
-
-
-@functools.lru_cache(maxsize=64)
-def _windows(max_window: int) -> st.SearchStrategy[int]:
-    """A window: a plain integer first (it shrinks to any minimum), one of the models' (:data:`MODEL_WINDOWS`),
-    a tile edge ``k * t + d`` of at least 128 keys (t in :data:`TILE_EDGES`, d in -1, 0, 1: the small tier draws
-    the short ones), or log-uniform."""
+def _window_edges(max_window: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The models' windows (:data:`MODEL_WINDOWS`) and the tile edges ``k * t + d`` of at least 128 keys (t in
+    :data:`TILE_EDGES`, d in -1, 0, 1: the small tier draws the short ones), each sorted, at most ``max_window``."""
     edges = sorted({k * t + d for t in TILE_EDGES for k in (*range(1, 17), 32, 64, 128, 256) for d in (-1, 0, 1)
                     if k * t >= 128 and k * t + d <= max_window}) or [max_window]
-    models = [w for w in MODEL_WINDOWS if w <= max_window] or [max_window]
-    return st.one_of(st.integers(1, max_window), st.sampled_from(models), st.sampled_from(edges),
-                     _log_len(max_window).map(lambda w: max(1, w)))
+    models = sorted(w for w in MODEL_WINDOWS if w <= max_window) or [max_window]
+    return tuple(models), tuple(edges)
 
 
-def _lengths(draw, limits: Limits, budget: int, window: int | None, decode_only: bool) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=256)
+def _windows(max_window: int, within: Range | None = None) -> st.SearchStrategy[int]:
+    """A window: a plain integer first (it shrinks to any minimum), one of the models' (:data:`MODEL_WINDOWS`),
+    a tile edge (:func:`_window_edges`), or log-uniform. ``within``: only windows in this range, as the same
+    choices (the branches that have none in it are not drawn)."""
+    models, edges = _window_edges(max_window)
+    narrow = intersect(within, 1, max_window)
+    if narrow is None:
+        return st.one_of(st.integers(1, max_window), st.sampled_from(models), st.sampled_from(edges),
+                         _log_len(max_window).map(lambda w: max(1, w)))
+    return _window_within(max_window, models, edges, narrow)
+
+
+@st.composite
+def _window_within(draw, max_window: int, models: tuple[int, ...], edges: tuple[int, ...], within: Range) -> int:
+    """:func:`_windows`' choices (one_of's branch index, then the branch's) inside ``within``: the branches up to
+    the first that has no window there (the plain integers and the log-uniform branch always have)."""
+    ranges = [index_range(models, within), index_range(edges, within)]
+    last = 3 if all(ranges) else (1 if ranges[0] else 0)
+    branch = draw(ints(0, last))
+    if branch == 0:
+        return draw(ints(*within))
+    if branch == 3:
+        return max(1, draw(_log_len(max_window, within)))
+    values, idx = (models, ranges[0]) if branch == 1 else (edges, ranges[1])
+    return values[draw(ints(*idx))] if len(values) > 1 else values[0]
+
+
+def _lengths(draw, limits: Limits, budget: int, window: int | None, decode_only: bool,
+             focus: Focus | None = None, stream: int = 0) -> list[tuple[int, int]]:
     """``[(query_len, ctx_len)]``: decodes first, then prefill chunks filling what the decodes left of
-    ``budget`` (every slot drawn whatever the others are)."""
+    ``budget`` (every slot drawn whatever the others are). ``focus``: the batch's longest context and query in
+    its ranges (:func:`_aims`); ``stream``: the generator's keys per sequence, times the sequences (what the
+    contexts are cut to)."""
     ctx_cap = limits.max_ctx_len
     cap = max(2, min(budget, limits.max_query_len))
-    decodes = [draw(_decode_strategy(ctx_cap)) for _ in range(min(DECODE_SLOTS, limits.max_num_seqs))]
-    chunks = [draw(_chunk_strategy(ctx_cap, cap)) for _ in range(CHUNK_SLOTS)]
+    aims = _Aims(focus, limits, budget, decode_only, stream, cap)
+    decodes = [draw(aims.decode(i)) for i in range(min(DECODE_SLOTS, limits.max_num_seqs))]
+    chunks = [draw(aims.chunk(i)) for i in range(CHUNK_SLOTS)]
     out, used = [], 0
-    for on, spec, k, ctx in decodes:
-        q = k + 1 if spec and not decode_only else 1
-        if on and used + q <= budget:
+    for tokens, ctx in decodes:
+        q = min(tokens, 1) if decode_only else tokens
+        if q and used + q <= budget:
             out.append((q, ctx))
             used += q
     if decode_only:
-        return out or [(1, decodes[0][3])]
+        return out or [(1, decodes[0][1])]
     sizes: list[int] = []
     for on, size, source, ctx, mult, offset in chunks:
         q = max(1, min(size, budget - used, limits.max_query_len))
@@ -145,13 +191,63 @@ def _lengths(draw, limits: Limits, budget: int, window: int | None, decode_only:
     return out
 
 
+class _Aims:
+    """The slots' strategies of one serving batch's lengths (:func:`_lengths`): free, or aimed at a focus's ranges.
+    The first chunk (the first decode where only decodes count) is in the batch inside the ranges, a plain context
+    of its own; every other slot at most their upper ends; the decodes leave the budget room for that chunk; no
+    more sequences than keep the focus's context uncut by the generator's stream (``stream``)."""
+
+    def __init__(self, focus: Focus | None, limits: Limits, budget: int, decode_only: bool, stream: int,
+                 cap: int) -> None:
+        self.ctx_cap, self.cap, self.decode_only = limits.max_ctx_len, cap, decode_only
+        self.q = self.c = None
+        if focus is not None:
+            self.q = intersect(focus.query_len, 1, 1 if decode_only else min(budget, limits.max_query_len))
+            self.c = intersect(focus.ctx_len, 0, limits.max_ctx_len)
+        self.allowance = budget - (self.q[0] if self.q and not decode_only else 0)  # decode tokens at most
+        self.seqs = max(1, stream // (self.c[1] + cap + 1)) if self.c and stream else limits.max_num_seqs
+        self.taken = 0  # slots whose index range lets them in so far (decodes, then chunks)
+
+    def _admit(self, forced: bool) -> bool:
+        """Whether the next slot may be in the batch (the one in the focus's ranges always)."""
+        if forced or self.taken < self.seqs - (0 if self.decode_only or self.q is None and self.c is None else 1):
+            self.taken += 1
+            return True
+        return False
+
+    def decode(self, i: int):
+        if self.q is None and self.c is None:
+            return _decode_strategy(self.ctx_cap)
+        forced = self.decode_only and i == 0
+        top = 0 if not self._admit(forced) else min(self.allowance, 1 if self.decode_only else (self.q or (0, 8))[1])
+        top = bisect.bisect_right(DECODE_TOKENS, max(0, top)) - 1
+        low = DECODE_TOKENS.index(1) if forced else 0
+        self.allowance -= DECODE_TOKENS[top]
+        ctx = self.c if forced else (None if self.c is None else (0, self.c[1]))
+        return _decode_strategy(self.ctx_cap, (low, max(low, top)), ctx)
+
+    def chunk(self, i: int):
+        if self.q is None and self.c is None or self.decode_only:
+            return _chunk_strategy(self.ctx_cap, self.cap)
+        forced = i == 0
+        on = (1, 1) if forced else (0, 1 if self._admit(False) else 0)
+        if forced:
+            return _chunk_strategy(self.ctx_cap, self.cap, on, self.q, (0, 0), self.c)
+        size = None if self.q is None else (0, self.q[1])
+        return _chunk_strategy(self.ctx_cap, self.cap, on, size, (0, 2) if self.c is None else (0, 0),
+                               None if self.c is None else (0, self.c[1]))
+
+
 @st.composite
-def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: KernelConfig | None = None) -> Batch:
+def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: KernelConfig | None = None,
+                    focus: Focus | None = None) -> Batch:
     """A batch as a serving engine's scheduler composes it (module docstring), inside ``capabilities``:
     ``limits.max_num_seqs`` caps the sequences (:data:`DECODE_SLOTS` decodes and :data:`CHUNK_SLOTS` prefill
     chunks at most), ``limits.max_ctx_len`` the contexts, ``limits.max_query_len`` a chunk and the token budget
     (:data:`TOKEN_BUDGETS`). ``pin``: as :func:`kvfuzz.strategies.batches.batches` (a pinned field is kept; a
-    model row whose heads, head size or window differ from the pin's is not used)."""
+    model row whose heads, head size or window differ from the pin's is not used). ``focus``: aimed at a bin
+    (:class:`~kvfuzz.strategies.focus.Focus`), drawn as the same choices: a focus on the head size or window draws
+    no model row, one on lengths a budget that holds its query (:class:`_Aims` for the rest)."""
     dtype = draw(choice(capabilities.dtypes, *pinned_field(pin, "dtype")))
     pinned_heads = None if pin is None or not pin.pins("heads") else (pin.num_heads, pin.num_kv_heads)
     ratios = capabilities.gqa_ratios
@@ -160,9 +256,10 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     num_heads, num_kv_heads = draw(cached_strategy(gqa_heads, limits.max_num_heads, ratios=ratios, pin=pinned_heads))
     if capabilities.value_head_size is not None:
         num_heads, num_kv_heads = num_heads // num_kv_heads, 1
-    head_size = draw(choice(sorted(capabilities.head_sizes), *pinned_field(pin, "head_size")))
+    head_size = draw(choice(sorted(capabilities.head_sizes), *head_size_of(pin, focus, capabilities)))
     # a real model's shape: drawn always (off-table first, so a failure shrinks off the table)
-    use_model = draw(sampled((False, True)))
+    off_table = focus is not None and (focus.head_size is not None or focus.window is not None)
+    use_model = bool(draw(ints(0, 0))) if off_table else draw(sampled((False, True)))
     shapes = tuple(s for s in model_shapes(capabilities) if s.num_heads <= limits.max_num_heads)
     row = draw(st.integers(0, max(0, len(shapes) - 1)))
     shape = shapes[row] if use_model and shapes else None
@@ -179,11 +276,16 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     assume(cache_dtypes)
     kv_cache_dtype = draw(choice(cache_dtypes, *pinned_field(pin, "kv_cache_dtype")))
     block_size = draw(choice(sorted(capabilities.block_sizes, reverse=True), *pinned_field(pin, "block_size")))
-    budget = draw(sampled(tuple(min(b, limits.max_query_len) for b in TOKEN_BUDGETS)))
+    budgets = tuple(min(b, limits.max_query_len) for b in TOKEN_BUDGETS)
+    held = index_range(budgets, None if focus is None or focus.query_len is None else
+                       (focus.query_len[0], limits.max_query_len))
+    budget = budgets[draw(ints(held[0], len(budgets) - 1))] if held else draw(sampled(budgets))
     max_seq_len = limits.max_ctx_len + limits.max_query_len
+    aimed = None if focus is None else focus.window
     params = draw(cached_strategy(attention_params, capabilities, kv_cache_dtype, block_size, max_seq_len, pin=pin,
-                          value_ranges=limits.value_ranges))
-    window = draw(_windows(max(1, limits.max_ctx_len)))  # at most the longest context: a chunk can run past it
+                                  value_ranges=limits.value_ranges, window=aimed))
+    # at most the longest context: a chunk can run past it
+    window = draw(_windows(max(1, limits.max_ctx_len), None if aimed == (0, 0) else aimed))
     pinned_window = pin is not None and pin.pins("window")
     if "sliding_window" in params and not pinned_window:
         if shape is not None and shape.sliding_window is not None and shape.sliding_window <= limits.max_ctx_len:
@@ -191,9 +293,10 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
         params["sliding_window"] = max(window, capabilities.min_sliding_window)
     if shape is not None and "softcap" in params and shape.softcap is not None:
         params["softcap"] = shape.softcap
-    lens = _lengths(draw, limits, budget, params.get("sliding_window"), capabilities.decode_only)
+    stream = MAX_STREAM_ELEMENTS // (num_kv_heads * head_size)  # counter_rng's cap, as batches()
+    lens = _lengths(draw, limits, budget, params.get("sliding_window"), capabilities.decode_only, focus, stream)
     lens = lens[: limits.max_num_seqs]
-    share = MAX_STREAM_ELEMENTS // (num_kv_heads * head_size) // len(lens)  # counter_rng's cap, as batches()
+    share = stream // len(lens)
     lens = [(q, min(c, max(0, share - q))) for q, c in lens]
     query_lens, ctx_lens = [q for q, _ in lens], [c for _, c in lens]
     sm_scale = draw(sampled((None, 1.0, 0.5)))
@@ -216,13 +319,13 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
 
 
 def serving_examples(capabilities: Capabilities, limits: Limits, poisons: tuple[Poison, ...] = tuple(Poison),
-                     pin: KernelConfig | None = None) -> st.SearchStrategy[Example]:
+                     pin: KernelConfig | None = None, focus: Focus | None = None) -> st.SearchStrategy[Example]:
     """A serving batch (:func:`serving_batches`) plus the poison for the unwritten slots (NaN first), as
     :func:`kvfuzz.strategies.batches.examples`. Raises InvalidArgument for no poisons."""
     if not poisons:
         raise InvalidArgument("poisons must name at least one Poison")
-    return st.builds(Example, serving_batches(capabilities, limits, pin=pin), st.sampled_from(poisons))
+    return st.builds(Example, serving_batches(capabilities, limits, pin=pin, focus=focus), st.sampled_from(poisons))
 
 
-__all__ = ["CHUNK_SLOTS", "DECODE_SLOTS", "SPEC_TOKENS", "TILE_EDGES", "TOKEN_BUDGETS", "capture_size",
+__all__ = ["CHUNK_SLOTS", "DECODE_SLOTS", "DECODE_TOKENS", "SPEC_TOKENS", "TILE_EDGES", "TOKEN_BUDGETS", "capture_size",
            "serving_batches", "serving_examples"]

@@ -60,6 +60,10 @@ class CampaignConfig:
     #: (``Target.size_tiers``); "auto": every declared tier for a target on CUDA, "small" on CPU. None: "small"
     #: (the default: the mix is not yet measured on a GPU). ``big_cache`` stands for ("big-cache",).
     tiers: tuple[str, ...] | None = None
+    #: Steer each chunk's tier and the bin its draws aim at by what the campaign has not covered, its near misses
+    #: and its failures (kvfuzz.fuzz.campaign.steering); False: the fixed split of chunks between tiers
+    #: (:func:`~kvfuzz.strategies.tiers.tier_of_chunk`), every draw free. Never in the gate.
+    steer: bool = True
     #: Each chunk stays inside one kernel configuration (compile-aware generation; kvfuzz.fuzz.campaign.engine).
     #: False: every example draws its own (each one a new compile on a GPU). None: pinned for targets that
     #: run on CUDA (compiled kernels), free on CPU (nothing to amortize, and a free draw varies the

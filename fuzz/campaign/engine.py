@@ -6,7 +6,8 @@ signatures of failures already known. A scheduler runs it piece by piece:
 
 - :meth:`Campaign.replay_database` replays the failures the example database holds for this target
   (Hypothesis's reuse phase), so a new campaign tries them first;
-- :meth:`Campaign.run_chunk` explores ``n`` examples from chunk ``k``'s seed (``seed * 100_003 + k``), all inside
+- :meth:`Campaign.run_chunk` explores ``n`` examples from chunk ``k``'s seed (``seed * 100_003 + k``), with the size
+  tier and the bin its draws aim at that its :class:`~kvfuzz.fuzz.campaign.steering.Plan` gives, all inside
   chunk ``k``'s kernel configuration (:func:`kvfuzz.strategies.configs.config_for`: dtype, heads, head size,
   kv_cache_dtype, block size, features; what a compiled kernel specializes on, so a chunk compiles once and
   then runs at the kernel's speed): a failure with a new signature (failure kind and check) is shrunk inside
@@ -19,7 +20,8 @@ signatures of failures already known. A scheduler runs it piece by piece:
 Each example runs through the campaign's :class:`~kvfuzz.fuzz.campaign.runner.ExampleRunner` (Hypothesis's property
 body: the deadline, the out-of-memory re-run, the sanitizer, the verdict) and its failure signatures are kept in a
 :class:`~kvfuzz.fuzz.campaign.failure_ledger.FailureLedger`; the engine keeps the campaign's flow: the database
-replay, chunks and tiers, widening, and recording a failure once shrunk (the structural shrink, its reproducer).
+replay, chunks and tiers, widening, and recording a failure once shrunk (the smaller of the structural-first result and
+Hypothesis's, then the structural shrink, its reproducer; the shrink order is :mod:`kvfuzz.fuzz.campaign.reduce`'s).
 Every example is reported to a :class:`~kvfuzz.fuzz.campaign.records.Listener` as it happens: ``begin`` (the example,
 before anything runs), ``phase`` ("kernel" right before the kernel call, "check" after it), ``end`` (an
 :class:`Outcome`, what it adds to the counts) and ``failure`` (a new distinct failure, a :class:`FailureRecord`). The
@@ -60,23 +62,26 @@ from kvfuzz.fuzz.campaign.chunks import (
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.failure_ledger import Failing, FailureLedger
 from kvfuzz.fuzz.campaign.records import FailureRecord, Listener, Quiet, TargetStats
-from kvfuzz.fuzz.campaign.reduce import reduce_failure
+from kvfuzz.fuzz.campaign.reduce import shrink_seconds, smaller, structural
 from kvfuzz.fuzz.campaign.runner import ExampleRunner, PastDeadline
+from kvfuzz.fuzz.campaign.steering import Plan, Steering
 from kvfuzz.fuzz.harness import memory
 from kvfuzz.fuzz.harness.isolation import STOP
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
 from kvfuzz.strategies.configs import KernelConfig
+from kvfuzz.strategies.focus import Focus, aim_pin
 from kvfuzz.strategies.serving import serving_examples
 from kvfuzz.strategies.tiers import tier_limits
 
 
-def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | None = None, tier: str = "small"):
+def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | None = None, tier: str = "small",
+                 focus: Focus | None = None):
     """The examples a campaign draws for ``target``: inside its declaration, outside it (``undeclared``), or
     with every block past 2**31 elements (``big_cache``); ``pin``: inside one kernel configuration (not with
     ``undeclared``, which draws outside the declaration); ``tier`` "serving": batches shaped as a serving
-    engine's scheduler composes them (:mod:`kvfuzz.strategies.serving`, within ``config.limits``). Raises
-    ValueError for a big-cache cache writer."""
+    engine's scheduler composes them (:mod:`kvfuzz.strategies.serving`, within ``config.limits``); ``focus``:
+    aimed at a coverage bin (kvfuzz.fuzz.campaign.steering). Raises ValueError for a big-cache cache writer."""
     if config.gate and target.gate_poisons:
         config = attrs.evolve(config, poisons=target.gate_poisons)
     if config.gate and target.gate_value_ranges:
@@ -91,8 +96,8 @@ def strategy_for(target: Target, config: CampaignConfig, pin: KernelConfig | Non
                              "property compares whole caches before and after the call)")
         return big_cache_examples(caps, config.limits, config.poisons, pin=pin)
     if tier == "serving":
-        return serving_examples(caps, config.limits, config.poisons, pin=pin)
-    return examples(caps, config.limits, config.poisons, pin=pin)
+        return serving_examples(caps, config.limits, config.poisons, pin=pin, focus=focus)
+    return examples(caps, config.limits, config.poisons, pin=pin, focus=focus)
 
 
 def _tier_config(config: CampaignConfig, tier: str) -> CampaignConfig:
@@ -225,12 +230,18 @@ class Campaign:
 
     # ---- recording a distinct failure -----------------------------------------------------------------------
     def _record(self, signature: tuple[str, ...], latest: Failing | None = None) -> None:
-        """Shrink a failure structurally (:meth:`_reduce`), write its final reproducer and report it; its
-        provisional reproducer and its Run are let go."""
-        failing = latest or self.ledger.latest(signature)
+        """Take the smaller of the failure's structural-first result and Hypothesis's (``latest``, else the ledger's),
+        shrink it structurally (:meth:`_reduce`), write its final reproducer, saying how long each shrink took
+        (``details.shrink_seconds``), and report it; its provisional reproducer and its Run are let go."""
         self.ledger.mark_known(signature)
-        if self._reduces():
+        first, found_at, first_s = self.ledger.take_first(signature)
+        failing = smaller(first, latest or self.ledger.latest(signature))  # the shrink order: reduce.py
+        del first
+        recorded_at = time.monotonic()
+        if self.runner.reduces():
             failing = self._reduce(signature, failing)
+        details = failing[1].details
+        details["shrink_seconds"] = shrink_seconds(found_at, first_s, recorded_at, details.get("structural_shrink"))
         path = self.runner.write(failing)
         self.ledger.drop_provisional(signature, keep=path)
         record = self.runner.record_of(failing, path)
@@ -238,41 +249,14 @@ class Campaign:
         self.runner.drop(self.ledger.forget_run(signature))
         self.runner.recorded(record)
 
-    def _reduces(self) -> bool:
-        """Whether new failures get the structural shrink (not outside the declaration, nor on big caches,
-        whose block ids are placed on purpose)."""
-        c = self.config
-        return (c.structural_shrink > 0 and not c.undeclared and not c.big_cache
-                and not self.past_deadline(shrinking=True))
-
     def _reduce(self, signature: tuple[str, ...], failing: Failing) -> Failing:
-        """The structural shrink (:mod:`kvfuzz.fuzz.campaign.reduce`) of a Hypothesis-shrunk failure; before its
-        first candidate runs, the Hypothesis-shrunk reproducer is written (and reported ``seen``), so a
-        candidate that kills the worker leaves it behind. Returns the smallest ``(example, finding, run)`` that
-        fails the same way, the finding's details saying what the shrink did (``structural_shrink``: the case it
-        started from, the candidates tried and taken, seconds)."""
+        """The structural shrink after Hypothesis's (:func:`kvfuzz.fuzz.campaign.reduce.structural`, every move): before
+        its first candidate runs, the Hypothesis-shrunk reproducer is written (and reported ``seen``), so a candidate
+        that kills the worker leaves it behind. Returns the smallest ``(example, finding, run)`` that fails the same
+        way, the finding's details saying what the shrink did (``structural_shrink``: the case it started from, the
+        candidates tried and taken, seconds)."""
         with self.runner.shrinking():
-            return self._reduced(signature, failing)
-
-    def _reduced(self, signature: tuple[str, ...], failing: Failing) -> Failing:
-        kept: list = []
-
-        def attempt(candidate: Example) -> Finding | None:
-            found = self.runner.attempt(candidate)
-            if found is not None and found.signature == signature:
-                kept[:] = [self.runner.run]  # every candidate failing so is taken: the last one is the result
-            return found
-
-        # never past --duration (the deadline, then the campaign's allowance)
-        budget = self.runner.shrink_seconds_left(self.config.structural_shrink)
-        reduced = reduce_failure(failing[0], signature, attempt, self.target.capabilities, self.config.limits,
-                                 budget, skip=self.ledger.ended_a_worker,
-                                 before=lambda: self.runner.seen(signature, failing, stage="hypothesis"))
-        example, finding, run = failing
-        if reduced.finding is not None:
-            example, finding, run = reduced.example, reduced.finding, kept[0]
-        finding.details["structural_shrink"] = reduced.to_dict(failing[0])
-        return example, finding, run
+            return structural(self.runner, signature, failing)
 
     # ---- the pieces a scheduler runs ------------------------------------------------------------------------
     def replay_database(self) -> list[FailureRecord]:
@@ -287,23 +271,26 @@ class Campaign:
             self._use(self.tiers[0])
         return new
 
-    def run_chunk(self, chunk: int, n: int) -> list[FailureRecord]:
+    def run_chunk(self, chunk: int, n: int, plan: Plan | None = None) -> list[FailureRecord]:
         """Explore ``n`` examples from chunk ``chunk``'s seed (generate, shrink) inside the chunk's kernel
         configuration (:func:`chunk_config`), widening each new failure across configurations; returns the new
-        failures found. The chunk draws from its size tier (:func:`chunk_tier`)."""
+        failures found. It draws from ``plan``'s tier, aimed at its focus (kvfuzz.fuzz.campaign.steering; its
+        failures widened as a pinned chunk's are), else from :func:`chunk_tier`'s, free."""
+        plan = plan or Plan(chunk_tier(self.tiers, chunk))
         with self.runner.task():
-            self._use(chunk_tier(self.tiers, chunk))
-            return self._chunk(chunk, n)
+            self._use(plan.tier)
+            return self._chunk(chunk, n, plan)
 
-    def _chunk(self, chunk: int, n: int) -> list[FailureRecord]:
-        chunk_seed = self.config.seed * CHUNK_SEED_STRIDE + chunk
-        pin = chunk_config(self.target, self.config, chunk)
-        if pin is None:
+    def _chunk(self, chunk: int, n: int, plan: Plan) -> list[FailureRecord]:
+        chunk_seed, focus = self.config.seed * CHUNK_SEED_STRIDE + chunk, plan.focus
+        pin = aim_pin(chunk_config(self.target, self.config, plan.config_chunk(chunk)), focus, self.target.capabilities)
+        if pin is None and focus is None:
             return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))
         pinned = InMemoryExampleDatabase()
-        self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n,
-                                 strategy=strategy_for(self.target, self.config, pin, self.tier), database=pinned),
-                      record=False)
+        # a focused draw is shrunk in the free strategy (widened), not in its focus first
+        self._execute(self._test([Phase.generate] + ([Phase.shrink] if pin is not None else []), chunk_seed, n,
+                                 strategy=strategy_for(self.target, self.config, pin, self.tier, focus),
+                                 database=pinned), record=False)
         found = self.ledger.found_in_run()
         if not found:
             return []
@@ -315,9 +302,10 @@ class Campaign:
         return self._widen(pinned, found)
 
     def _widen(self, pinned: InMemoryExampleDatabase, found: list[tuple[str, ...]]) -> list[FailureRecord]:
-        """Shrink the failures a pinned chunk found (``pinned`` holds their choices, ``found`` their signatures)
-        across kernel configurations: the choices replay unchanged in the free strategy (strategies/batches.py,
-        ``choice``), whose shrinker may then lower the heads, head size, cache dtype or features. They are
+        """Shrink the failures a pinned or focused chunk found (``pinned`` holds their choices, ``found`` their
+        signatures) across kernel configurations and out of the focus: the choices replay unchanged in the free
+        strategy (strategies/batches.py ``choice``, strategies/focus.py), whose shrinker may then lower the heads,
+        head size, cache dtype or features, and leave the focused bin. They are
         handed over as *secondary* entries (Hypothesis skips shrinking a primary entry that replays exactly,
         taking it for an already shrunk one). The pinned examples wait in the campaign database's secondary
         key meanwhile, so a worker lost while widening loses nothing (a later replay widens them); the
@@ -359,11 +347,14 @@ class Campaign:
 
 # ---- the whole budget in this process (library use: the gate, benchmarks, tests) ----------------------------
 class _Counting(Quiet):
-    def __init__(self, stats: TargetStats, start: float, on_example: Callable[[TargetStats], None]) -> None:
-        self.stats, self.start, self.on_example = stats, start, on_example
+    def __init__(self, stats: TargetStats, start: float, on_example: Callable[[TargetStats], None],
+                 steer: Steering | None = None) -> None:
+        self.stats, self.start, self.on_example, self.steer = stats, start, on_example, steer
 
     def end(self, target, outcome) -> None:
         self.stats.add(outcome, time.monotonic() - self.start)
+        if self.steer is not None and outcome.skipped is None and "shrink" not in outcome.stages:
+            self.steer.observe(outcome.labels, outcome.ratio, outcome.signature)  # what the next chunks steer by
         self.on_example(self.stats)
 
     def failure(self, record) -> None:
@@ -384,7 +375,8 @@ def fuzz_target(target: Target, config: CampaignConfig,
     stats = stats if stats is not None else TargetStats(target.name)
     config.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    campaign = Campaign(target, config, _Counting(stats, start, on_example))
+    steer = Steering.of(target, config, campaign_tiers(target, config))  # None: the fixed split (chunk_tier)
+    campaign = Campaign(target, config, _Counting(stats, start, on_example, steer))
     campaign.deadline = None if config.duration is None else start + config.duration
     campaign.replay_database()
     chunk, tier_times = 0, {}
@@ -395,13 +387,14 @@ def fuzz_target(target: Target, config: CampaignConfig,
         if config.duration is not None and elapsed > config.duration:
             break
         before = stats.examples
-        tier, per_chunk = chunk_tier(campaign.tiers, chunk), examples_per_chunk(target, config)
+        plan = steer.plan(chunk) if steer is not None else Plan(chunk_tier(campaign.tiers, chunk))
+        tier, per_chunk = plan.tier, examples_per_chunk(target, config)
         n = tier_chunk_size(tier, campaign.tiers, per_chunk, tier_times,
                             None if config.duration is None else config.duration - elapsed)
         if n is None:
             n = chunk_size(config, stats.examples, elapsed, per_chunk=per_chunk)
-        n = min(n, config.max_examples - stats.examples)
-        campaign.run_chunk(chunk, n)
+        n = plan.size(min(n, config.max_examples - stats.examples))
+        campaign.run_chunk(chunk, n, plan)
         record_tier_time(tier_times, tier, stats.examples - before, time.monotonic() - start - elapsed)
         chunk += 1
         if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin

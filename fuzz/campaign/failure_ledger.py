@@ -34,6 +34,8 @@ class FailureLedger:
     - *found*: the distinct new failures the Hypothesis run in progress has raised (:meth:`start_run` clears them);
     - *provisional*: the reproducer written for a failure seen and not yet recorded shrunk, so a worker that dies
       while shrinking leaves it behind;
+    - *first*: for each failure seen and not yet recorded, its structural-first pass (kvfuzz.fuzz.campaign.reduce):
+      the result, when the failure was first seen and the pass's seconds;
     - *recorded*: the records written since :meth:`start_run` (what a piece of the campaign returns)."""
 
     def __init__(self, known: Iterable[tuple[str, ...]] = ()) -> None:
@@ -42,6 +44,7 @@ class FailureLedger:
         self._latest: dict[tuple[str, ...], Failing] = {}
         self._found: list[tuple[str, ...]] = []
         self._provisional: dict[tuple[str, ...], Path] = {}
+        self._first: dict[tuple[str, ...], tuple[Failing | None, float, float]] = {}
         self._recorded: list[FailureRecord] = []
 
     # ---- what other workers know ---------------------------------------------------------------------------
@@ -87,6 +90,21 @@ class FailureLedger:
     def pending(self) -> list[tuple[str, ...]]:
         """Signatures seen here, neither recorded nor raised by the run in progress: failures being shrunk."""
         return [sig for sig in self._latest if sig not in self._known and sig not in self._found]
+
+    # ---- the structural-first pass (kvfuzz.fuzz.campaign.reduce) -------------------------------------------
+    def keep_first(self, signature: tuple[str, ...], failing: Failing | None, found_at: float, seconds: float) -> None:
+        """The structural-first pass of ``signature``, first seen at ``found_at`` (``time.monotonic()``), took
+        ``seconds`` and left ``failing`` (None: it did not run)."""
+        self._first[signature] = (failing, found_at, seconds)
+
+    def take_first(self, signature: tuple[str, ...]) -> tuple[Failing | None, float | None, float]:
+        """``(failing, found_at, seconds)`` of :meth:`keep_first`, let go of here (the failure is being recorded);
+        ``(None, None, 0.0)`` for a failure not seen in this process (a pinned example recorded as it stands)."""
+        return self._first.pop(signature, (None, None, 0.0))
+
+    def first_passes(self) -> list[tuple[str, ...]]:
+        """The signatures whose structural-first pass ended and that are not recorded yet."""
+        return list(self._first)
 
     # ---- reproducers ---------------------------------------------------------------------------------------
     def keep_provisional(self, signature: tuple[str, ...], path: Path) -> None:

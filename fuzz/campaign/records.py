@@ -62,11 +62,15 @@ class FailureRecord:
     fault: str | None = None
     reproducer: str | None = None
     count: int = 1
-    #: How far a failure reported ``seen`` (not yet final) was shrunk: "unshrunk", or "hypothesis" (shrunk by
-    #: Hypothesis, before the structural shrink).
+    #: How far a failure reported ``seen`` (not yet final) was shrunk: "unshrunk", "structural" (by the
+    #: structural-first pass, before Hypothesis's shrink) or "hypothesis" (shrunk by Hypothesis, before the
+    #: structural shrink after it).
     stage: str = "final"
     #: The findings-baseline entry this failure is (CampaignConfig.baseline), or None: a new failure.
     known: str | None = None
+    #: Seconds each shrink of it took (kvfuzz.fuzz.campaign.reduce ``shrink_seconds``: structural_first,
+    #: hypothesis, structural), None when it was not shrunk here.
+    shrink: dict | None = None
 
     @property
     def signature(self) -> tuple[str, ...]:
@@ -77,7 +81,7 @@ class FailureRecord:
            reproducer: Path | None) -> "FailureRecord":
         return cls(target, finding.kind.value, finding.kind.blame, finding.check, finding.message,
                    example.to_dict(), fault, None if reproducer is None else str(reproducer),
-                   known=finding.known)
+                   known=finding.known, shrink=finding.details.get("shrink_seconds"))
 
     def batch_summary(self) -> str:
         try:
@@ -89,7 +93,7 @@ class FailureRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "blame": self.blame, "check": self.check, "count": self.count,
                 "message": self.message, "batch": self.batch_summary(), "caller_fault": self.fault,
-                "reproducer": self.reproducer, "example": self.example, "known": self.known}
+                "reproducer": self.reproducer, "example": self.example, "known": self.known, "shrink": self.shrink}
 
 
 @attrs.define

@@ -13,13 +13,14 @@ the structural shrink runs each candidate through :meth:`ExampleRunner.attempt`.
   after each pause of :data:`OUT_OF_MEMORY_PAUSES`, and skips it if it never fits (:data:`SKIPPED_FOR_MEMORY`);
 - reports it to the listener (``begin``, its phases, ``end``: its :class:`~kvfuzz.fuzz.campaign.records.Outcome`)
   and keeps its verdict in the :class:`~kvfuzz.fuzz.campaign.failure_ledger.FailureLedger`: a new failure gets a
-  provisional reproducer and is raised for Hypothesis to shrink; a known one is counted; one the baseline accepts
-  is recorded once, unshrunk.
+  provisional reproducer and the structural-first pass (:func:`kvfuzz.fuzz.campaign.reduce.structural`, kept in
+  the ledger) and is raised for Hypothesis to shrink; a known one is counted; one the baseline accepts is recorded
+  once, unshrunk.
 
 It also says where the time goes (:mod:`kvfuzz.fuzz.campaign.stages`): each example's Outcome carries its seconds
 per stage, its draw included (Hypothesis's ``draw_times`` of the test case); the time between examples is
 Hypothesis's engine; every second of Hypothesis's shrink phase (read from the runner of the Hypothesis run in
-progress), of the widening and of the structural shrink (:meth:`ExampleRunner.shrinking`) is ``shrink``; the
+progress), of the widening and of the structural passes (:meth:`ExampleRunner.shrinking`) is ``shrink``; the
 rest of a piece of work (:meth:`ExampleRunner.task`) is ``other``. Seconds outside examples are reported with the
 listener's ``spent``.
 """
@@ -46,6 +47,7 @@ from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.failure_ledger import Failing, FailureLedger
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Listener, Outcome
+from kvfuzz.fuzz.campaign.reduce import structural
 from kvfuzz.fuzz.campaign.stages import TIMED, Clock
 from kvfuzz.fuzz.campaign.store.baseline import classify
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
@@ -220,6 +222,23 @@ class ExampleRunner:
         return self.deadline is not None and time.monotonic() > self.deadline + (SHRINK_GRACE_SECONDS if shrinking
                                                                                  else 0.0)
 
+    def reduces(self) -> bool:
+        """Whether new failures get the structural shrink (not outside the declaration, nor on big caches, whose
+        block ids are placed on purpose, nor past ``--duration``'s shrink grace)."""
+        c = self.config
+        return (c.structural_shrink > 0 and not c.undeclared and not c.big_cache
+                and not self.past_deadline(shrinking=True))
+
+    def shrink_first(self, signature: tuple[str, ...]) -> None:
+        """The structural-first pass (kvfuzz.fuzz.campaign.reduce) on a new failure as found, before Hypothesis shrinks
+        it: a serving-sized failure is one or two sequences in seconds. Its result, when the failure was found and the
+        pass's seconds are kept in the ledger for the engine to record the smaller of it and Hypothesis's."""
+        found_at, first = time.monotonic(), None
+        if self.reduces():
+            with self.shrinking():
+                first = structural(self, signature, self.ledger.latest(signature), first=True)
+        self.ledger.keep_first(signature, first, found_at, time.monotonic() - found_at)
+
     def shrink_seconds_left(self, budget: float) -> float:
         """``budget`` seconds of shrinking, cut to what ``--duration`` and its shrink grace leave."""
         if self.deadline is None:
@@ -268,6 +287,7 @@ class ExampleRunner:
                 return
             if self.ledger.saw(finding.signature, (example, finding, self.run)):
                 self.seen(finding.signature)
+                self.shrink_first(finding.signature)
             raise finding
         finally:
             self._left = time.perf_counter()  # what follows the example's report (its verdict) is "other"
@@ -450,7 +470,7 @@ class ExampleRunner:
 
     @contextlib.contextmanager
     def shrinking(self):
-        """Every second inside (the widening, the structural shrink), its examples included, is ``shrink``."""
+        """Every second inside (the widening, the structural passes), its examples included, is ``shrink``."""
         self.charge("other")
         self._shrinks += 1
         try:
@@ -501,10 +521,11 @@ class ExampleRunner:
         return FailureRecord.of(self.target.name, failing[1], failing[0], self.fault_name, path)
 
     def seen(self, signature: tuple[str, ...], failing: Failing | None = None, stage: str = "unshrunk") -> None:
-        """Write a provisional reproducer of a new distinct failure and report it (``stage``: "unshrunk" before
-        Hypothesis shrinks it, "hypothesis" before the structural shrink): a shrink can reach an input that kills
-        the worker (a crash or hang of another kind), and the supervisor then keeps this one instead of losing the
-        failure. It replaces an earlier provisional one; recording the final one removes it."""
+        """Write a provisional reproducer of a new distinct failure and report it (``stage``: "unshrunk", then
+        "structural" after the structural-first pass, "hypothesis" after Hypothesis's shrink, before the structural
+        shrink): a shrink can reach an input that kills the worker (a crash or hang of another kind), and the
+        supervisor then keeps this one instead of losing the failure. It replaces an earlier provisional one;
+        recording the final one removes it."""
         failing = failing or self.ledger.latest(signature)
         path = self.write(failing, stage)
         self.ledger.keep_provisional(signature, path)

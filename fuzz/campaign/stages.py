@@ -10,8 +10,8 @@ Every second of every worker is charged to one row, so the rows add up to the wo
   call waiting on the device for work queued before it: the harness's own asynchronous device work, other
   processes' under CUDA MPS), ``memory_wait`` (the device-memory lock and the out-of-memory pauses); ``other``: the
   rest of the example (the runner's own work, its reports, a failed attempt);
-- ``shrink``: every second of a shrink (Hypothesis's shrink phase, the widening across kernel configurations, the
-  structural shrink), its examples included;
+- ``shrink``: every second of a shrink (the structural-first pass on a new failure as found, Hypothesis's shrink
+  phase, the widening across kernel configurations, the structural shrink), its examples included;
 - ``hypothesis``: Hypothesis's engine between examples outside their draws (its choice tree, the example
   database, a run's start and end);
 - per worker, outside any target (:data:`WORKER_STAGES`): ``startup`` (spawn to ready: imports, the target's set-up)

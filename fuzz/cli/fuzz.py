@@ -149,10 +149,16 @@ OPTIONS = [
                  help="Size tier to draw batches from (repeatable; each chunk draws from one): small (--max-* limits), "
                       "serving (batches as vLLM's and SGLang's schedulers compose them: decodes first, chunked-prefill "
                       "chunks filling a token budget, real models' heads and windows), long (contexts up to 128k "
-                      "tokens, 2 sequences), wide (up to 256 sequences), big-cache (as --big-cache). Several: small "
-                      "gets 4 chunks of 5 (3 of 5 with serving, which gets 3 of 10), the others take turns, each sized "
-                      "to a small chunk's time. Each target runs those it declares (`kvfuzz targets`); auto: "
-                      "every declared tier for a target on CUDA, small on CPU. Default: auto."),
+                      "tokens, 2 sequences), wide (up to 256 sequences), big-cache (as --big-cache). Several: steered "
+                      "(--steer on), a chunk aimed at a bin takes the cheapest tier that reaches it and free chunks "
+                      "alternate small and the others; --steer off: small gets 4 chunks of 5 (3 of 5 with serving, "
+                      "which gets 3 of 10) and the others take turns; a large tier's chunk is sized to a small chunk's "
+                      "time. Each target runs those it declares (`kvfuzz targets`); auto: every declared tier for a "
+                      "target on CUDA, small on CPU. Default: auto."),
+    click.option("--steer", type=click.Choice(["on", "off"]), default="on", show_default=True,
+                 help="on: steer each chunk's size tier and the coverage bin its draws aim at (ctx_len x query_len, "
+                      "head_size x window) by what the campaign has not covered, its near misses and its failures "
+                      "(docs/fuzzing.md); off: the fixed split of chunks between tiers, every draw free."),
     click.option("--observability", is_flag=True,
                  help="Write Hypothesis observability JSON lines (for Tyche) to OUT/observed/."),
     click.option("--configs", "configs", type=click.Choice(["auto", "pinned", "free"]), default="auto",
@@ -209,8 +215,8 @@ def _options(command):
 @_options
 def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_num_seqs, max_ctx_len,
          max_query_len, poisons, threads, workers, mps_mode, example_timeout, max_crashes, db_spec, undeclared,
-         big_cache, tiers, observability, configs, chunk_examples, warmup, triton_cache, jit_cache, structural_shrink,
-         sanitize, baseline_file) -> None:
+         big_cache, tiers, steer, observability, configs, chunk_examples, warmup, triton_cache, jit_cache,
+         structural_shrink, sanitize, baseline_file) -> None:
     """Fuzz real kernels in supervised workers; shrink each failure and write a reproducer directory under
     --out. Exit 0 nothing failed (or only --baseline's known findings), 1 a new failure found, 2 bad usage,
     3 the campaign could not run as asked (or was interrupted)."""
@@ -232,7 +238,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
                             fault=get_fault(caller_fault) if caller_fault else None, limits=limits,
                             poisons=tuple(Poison(p) for p in unique(poisons, "--poison")) or tuple(Poison),
                             db_spec=db_spec, undeclared=undeclared, big_cache=big_cache, tiers=tiers or ("auto",),
-                            pin_configs={"auto": None, "pinned": True, "free": False}[configs],
+                            steer=steer == "on", pin_configs={"auto": None, "pinned": True, "free": False}[configs],
                             chunk_examples=chunk_examples, warmup=warmup, structural_shrink=structural_shrink,
                             baseline=baseline, **_sanitize_config(sanitize))
     if not str(sanitize).startswith("auto") and sanitize != 0.0 and not any(t.device == "cuda" for t in chosen):
@@ -370,14 +376,18 @@ def _supervise(chosen, specs, config, pool, policy):
 
 def _finish(result, targets, config, out: Path) -> int:
     """Print and write the summary and the report; returns the exit status."""
+    from kvfuzz.fuzz.campaign.chunks import campaign_tiers
     from kvfuzz.fuzz.campaign.stages import time_line
+    from kvfuzz.fuzz.campaign.steering import bin_counts, declared_bins
     from kvfuzz.fuzz.campaign.store.journal import disk_full, write_json
     from kvfuzz.fuzz.campaign.store.report import ReportError, write_report
     from kvfuzz.fuzz.cli.summary import print_next_steps, print_summary
     from kvfuzz.fuzz.harness.coverage import declared_space
 
     by_name = {t.name: t for t in targets}
-    results = [s.to_dict() | {"declared": declared_space(by_name[s.target], s.coverage.to_dict())}
+    results = [s.to_dict() | {"declared": declared_space(by_name[s.target], s.coverage.to_dict()),
+                              "bins": bin_counts(declared_bins(by_name[s.target], campaign_tiers(
+                                  by_name[s.target], config), config.limits), s.coverage.to_dict())}
                for s in result.targets]
     print_summary(results, config.baseline)
     say(escape(time_line(result.time)))

@@ -13,6 +13,7 @@ from kvfuzz.contracts.calls.rocm import rocm_custom_paged_attention_selected
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.states import PRODUCTION_STATES
 from kvfuzz.fuzz.targets.base import Target
+from kvfuzz.strategies.focus import log2_bin  # one definition: the bins a steered chunk's focus aims at
 
 #: ROCm families and the architecture that stands for each in vLLM's selection rule (docs/contracts.md §4).
 ROCM_FAMILIES = {"gfx90a/gfx942/gfx950": "gfx942", "gfx11/gfx12": "gfx1100"}
@@ -55,11 +56,6 @@ def batch_states(batch: Batch) -> str:
 #: The shape dimensions (log2 bins; :func:`log2_bin`): the batch's longest context by its longest query, and its head
 #: size by its window. ``kvfuzz report`` draws them as grids (fuzz/campaign/store/report.py).
 SHAPE_DIMENSIONS = ("ctx_len x query_len", "head_size x window")
-
-
-def log2_bin(n: int) -> str:
-    """The log2 bin of a length: "0" for 0, else "2^k" with ``2**k <= n < 2**(k+1)``."""
-    return "0" if n <= 0 else f"2^{int(n).bit_length() - 1}"
 
 
 def labels(target: Target, batch: Batch) -> dict[str, str]:

@@ -26,7 +26,7 @@ from kvfuzz.fuzz.campaign.reduce import reduce_failure
 from kvfuzz.fuzz.harness import properties
 from kvfuzz.strategies.batches import batches
 from kvfuzz.strategies.limits import Limits
-from kvfuzz.strategies.reductions import max_num_blocks, reductions, reexpress, size_key
+from kvfuzz.strategies.reductions import coarse_reductions, max_num_blocks, reductions, reexpress, size_key
 
 CAPS = Capabilities(contract=Contract.UNIFIED, devices=("cpu",), dtypes=("float16", "float32"),
                     head_sizes=(24, 32, 64, 256), block_sizes=(8, 16, 32), kv_cache_dtypes=("auto", "fp8_e4m3"),
@@ -183,8 +183,9 @@ def test_a_campaign_shrinks_a_zoo_mutant_to_its_smallest_trigger(mutant, seed):
     """Hypothesis alone stops at D256 with 4 heads (int32_offset_overflow, seed 2; on seed 0 the first failure
     is a kernel mismatch whose one-sequence form reads NaN from the poisoned block 0, another signature, so it
     stays at two sequences) and at block size 32 with 64 context tokens (contiguous_blocks, seed 1: on seed 0 the
-    engine's error/bound guidance now leads Hypothesis to the smallest trigger by itself); the structural shrink
-    reaches the smallest trigger, and only its reproducer is left."""
+    engine's error/bound guidance now leads Hypothesis to the smallest trigger by itself); the structural passes
+    (first, on the failure as found, and after Hypothesis's) reach the smallest trigger, and only its reproducer is
+    left."""
     events = _Events()
     campaign, config = _campaign(mutant, seed, 60.0, events)
     records = [r for kind, r in events.events if kind == "failure"]
@@ -192,19 +193,21 @@ def test_a_campaign_shrinks_a_zoo_mutant_to_its_smallest_trigger(mutant, seed):
     smallest = size_key(smallest_trigger(mutant))
     best = min(records, key=lambda r: size_key(Example.from_dict(r.example).batch))
     assert size_key(Example.from_dict(best.example).batch) <= smallest
-    # each signature: reported seen (unshrunk, then Hypothesis-shrunk) before its candidates ran, and one
-    # reproducer directory left, the final one
+    # each signature: reported seen (unshrunk, structurally shrunk first where that pass took a candidate, then
+    # Hypothesis-shrunk) before its candidates ran, and one reproducer directory left, the final one
     for r in records:
         seen = [x.stage for kind, x in events.events if kind == "seen" and x.signature == r.signature]
-        assert seen == ["unshrunk", "hypothesis"] and r.stage == "final"
+        assert seen in (["unshrunk", "hypothesis"], ["unshrunk", "structural", "hypothesis"]) and r.stage == "final"
     dirs = sorted(p.name for p in config.out.iterdir() if p.is_dir() and p.name.startswith(mutant))
     assert dirs == sorted(Path(r.reproducer).name for r in records)
     # the reproducer says what the structural shrink did, from where
     import json
 
-    shrink = json.loads((Path(best.reproducer) / "case.json").read_text())["details"]["structural_shrink"]
-    assert shrink["taken"] >= 1 and shrink["tried"] >= shrink["taken"] and not shrink["out_of_time"]
-    assert shrink["from"] != Example.from_dict(best.example).batch.summary()
+    details = json.loads((Path(best.reproducer) / "case.json").read_text())["details"]
+    first, after = details["structural_first"], details["structural_shrink"]  # before and after Hypothesis's
+    assert first["taken"] + after["taken"] >= 1 and not first["out_of_time"] and not after["out_of_time"]
+    assert first["from"] != Example.from_dict(best.example).batch.summary()
+    assert set(details["shrink_seconds"]) == {"structural_first", "hypothesis", "structural"}
 
 
 @pytest.mark.kernel
@@ -240,3 +243,69 @@ def test_a_real_kernels_finding_reduces_to_its_minimal_case():
     assert (b.num_seqs, b.query_lens, b.ctx_lens, b.num_heads, b.num_kv_heads, b.num_blocks) == (
         1, (1,), (0,), 1, 1, 1)
     assert b.head_size == min(target.capabilities.head_sizes)
+
+
+def _serving_batch(min_seqs: int, seed: int = 0) -> Batch:
+    """A serving-tier batch of at least ``min_seqs`` sequences (the tier's own draw, at its sizes)."""
+    import random
+
+    from hypothesis.control import BuildContext
+    from hypothesis.errors import StopTest
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    from kvfuzz.strategies.serving import serving_batches
+    from kvfuzz.strategies.tiers import tier_limits
+
+    caps = attrs.evolve(CAPS, fp8_head_sizes=(), kv_cache_dtypes=("auto",), features=())
+    strategy = serving_batches(caps, tier_limits("serving", LIMITS))
+    for i in range(1000):
+        data = ConjectureData(random=random.Random(f"{seed}:{i}"))
+        try:
+            with BuildContext(data, wrapped_test=None):
+                batch = data.draw(strategy)
+        except StopTest:
+            continue
+        if batch.num_seqs >= min_seqs and sum(q >= 4 and c >= 384 for q, c in zip(batch.query_lens,
+                                                                                   batch.ctx_lens)) == 1:
+            return batch
+    raise AssertionError("no serving batch of that size drawn")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_structural_first_moves_take_a_serving_batch_to_its_one_trigger_in_a_few_runs(seed):
+    """A serving-sized failure (20+ sequences, one of them a prefill chunk of >= 4 tokens after >= 384 cached keys:
+    the trigger) shrinks with the coarse moves to that one sequence, its lengths halved and snapped toward the
+    trigger's edge, in a few dozen runs: at 60-140 ms a serving example (an H100), seconds, inside any grace."""
+    start = Example(_serving_batch(20, seed), Poison.NAN)
+    runs = []
+
+    def attempt(e):
+        runs.append(e)
+        hit = any(q >= 4 and c >= 384 for q, c in zip(e.batch.query_lens, e.batch.ctx_lens))
+        return KernelMismatch(Oracle.AGREEMENT.value, "planted") if hit else None
+
+    sig = attempt(start).signature
+    runs.clear()
+    out = reduce_failure(start, sig, attempt, CAPS, moves=coarse_reductions)
+    b = out.example.batch
+    assert b.num_seqs == 1 and b.query_lens[0] >= 4 and b.ctx_lens[0] >= 384 and not out.out_of_time
+    assert b.ctx_lens[0] < 2 * 384 and b.query_lens[0] < 2 * 4  # halved and snapped to the trigger's edge
+    # to one sequence: about 2 log2(n) runs (a half, then the other half, ...); the lengths: a few more each
+    to_one = next(i for i, e in enumerate(runs, 1) if e.batch.num_seqs == 1 and attempt(e))
+    assert to_one <= 2 * start.batch.num_seqs.bit_length() + 2, (to_one, start.batch.num_seqs)
+    assert out.tried <= 80, out.tried
+
+
+def test_coarse_moves_drop_halves_first_then_one_at_a_time_then_halve_and_snap():
+    b = _batch([1, 1, 1, 1], [40, 17, 0, 64], block_size=16)
+    cands = list(coarse_reductions(b, CAPS, LIMITS))
+    seqs = [c.num_seqs for c in cands]
+    assert seqs[:2] == [2, 2] and seqs[2:6] == [3, 3, 3, 3]  # either half dropped, then each one
+    assert all(n == 4 for n in seqs[6:])  # then the lengths, every sequence at once first
+    assert cands[6].ctx_lens == (20, 8, 0, 32) and cands[6].query_lens == b.query_lens  # contexts halved
+    assert any(c.ctx_lens == (32, 16, 0, 64) for c in cands)  # snapped down to the block size (16)
+    assert any(c.ctx_lens == (0, 0, 0, 64) for c in cands)  # to the widest tile (64) that changes them
+    for c in cands:
+        Batch.from_dict(c.to_dict())
+        assert size_key(c) < size_key(b) and CAPS.accepts(c) and c.head_size == b.head_size
+    assert list(coarse_reductions(_batch([1], [0]), CAPS, LIMITS)) == []  # nothing smaller in the same shape

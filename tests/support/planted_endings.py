@@ -273,6 +273,27 @@ class CrashesWhenReshaped(_Planted):
         return SdpaPaged.run(self, call)
 
 
+class ExitsWhileHypothesisShrinks(_Planted):
+    """Raises SystemExit (a failing example) on a batch with a prefill at head size 128, and exits the process on
+    the smallest prefill (one sequence, one head, 2 new tokens after 1 cached one: the smallest a "prefill"
+    shrinks to) at head size 64, which the free draws almost never make and Hypothesis's shrink walks toward: the
+    structural-first pass (sequences and lengths, the head size kept) shrinks the failure, then Hypothesis's
+    shrink kills the worker."""
+
+    name = "planted.exits_while_hypothesis_shrinks"
+    description = "SystemExit on a prefill at head size 128, os._exit on the smallest prefill at head size 64"
+
+    def run(self, call):
+        _log()
+        q, d = call.kwargs["query"], call.kwargs["query"].shape[-1]
+        queries = (call.kwargs["query_start_loc"][1:] - call.kwargs["query_start_loc"][:-1]).tolist()
+        if d == 128 and max(queries) >= 2:
+            raise SystemExit(3)
+        if d == BAD_HEAD and queries == [2] and q.shape[1] == 1 and call.kwargs["seq_lens"].tolist() == [3]:
+            os._exit(1)
+        return SdpaPaged.run(self, call)
+
+
 class SkipsLastRow(Correct):
     """Leaves the output row of the batch's last query token unwritten (as a kernel with an off-by-one grid
     would): whatever torch.empty held there."""

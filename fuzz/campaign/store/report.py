@@ -2,8 +2,9 @@
 ``OUT/report.md`` with coverage plots (PNG, matplotlib's Agg backend) where a picture reads better than a
 table: kernel paths, batch mixes, GQA ratios, lengths against block boundaries and the modeled ROCm routing,
 one bar chart per target, and the shapes each target reached (longest context by longest query, head size by window,
-on log2 bins) as tables, with heat maps where matplotlib is installed. Failures and rejections are tables with links
-to their reproducers.
+on log2 bins) as tables, with heat maps where matplotlib is installed, each marking the bins the target declares and
+no example reached, and each size tier's share of the examples and of the time. Failures and rejections are tables
+with links to their reproducers, each with how long its shrinks took.
 
 summary.json is validated before anything is written (:func:`read_summary`: a missing, torn or foreign file names the
 field and the fix), and every file is written atomically (a temporary file beside it, then ``os.replace``): a full
@@ -66,11 +67,14 @@ def _bin_key(b: str) -> tuple[int, int | str]:
     return (0, int(b)) if b.isdigit() else (1, b)
 
 
-def shape_grid(counts: dict[str, int]) -> tuple[list[str], list[str], dict[tuple[str, str], int]]:
+def shape_grid(counts: dict[str, int], declared: dict[str, int] | None = None
+               ) -> tuple[list[str], list[str], dict[tuple[str, str], int]]:
     """``(rows, cols, cells)`` of a shape dimension's counts (``{"2^10 x 2^5": 3, ...}``,
     :data:`~kvfuzz.fuzz.harness.coverage.SHAPE_DIMENSIONS`): every log2 bin from the smallest to the largest seen
-    on each axis (a bin in between that no example reached is a row or column of zeros), and the counts."""
+    or ``declared`` (summary.json's ``bins``: the bins the target declares, kvfuzz.fuzz.campaign.steering) on each
+    axis (a bin in between that no example reached is a row or column of zeros), and the counts."""
     cells = {tuple(k.split(" x ", 1)): n for k, n in counts.items()}
+    keys = set(cells) | {tuple(k.split(" x ", 1)) for k in declared or {}}
 
     def axis(values: set[str]) -> list[str]:
         pows = sorted((v for v in values if v.startswith("2^")), key=_bin_key)
@@ -79,45 +83,90 @@ def shape_grid(counts: dict[str, int]) -> tuple[list[str], list[str], dict[tuple
             out += [f"2^{k}" for k in range(int(pows[0][2:]), int(pows[-1][2:]) + 1)]
         return sorted(set(out), key=_bin_key) + (["none"] if "none" in values else [])
 
-    return axis({r for r, _ in cells}), axis({c for _, c in cells}), cells
+    return axis({r for r, _ in keys}), axis({c for _, c in keys}), cells
 
 
-def _shape_table(dim: str, counts: dict[str, int]) -> list[str]:
-    rows, cols, cells = shape_grid(counts)
+def _cell(n: int, declared: bool | None) -> str:
+    """A table cell: the count, **0** for a bin never reached that is declared (or with no declaration to go by),
+    ``·`` for one no tier of the target draws."""
+    return str(n) if n else ("**0**" if declared is not False else "·")
+
+
+def _shape_table(dim: str, counts: dict[str, int], declared: dict[str, int] | None = None) -> list[str]:
+    rows, cols, cells = shape_grid(counts, declared)
     a, b = dim.split(" x ")
-    lines = ["", f"Examples per ({a}, {b}) on log2 bins (**0**: never reached; {a} down, {b} across; a batch counts "
+    zero = ("**0**: declared, never reached; ·: not declared (no tier of the target draws it)" if declared
+            else "**0**: never reached")
+    lines = ["", f"Examples per ({a}, {b}) on log2 bins ({zero}; {a} down, {b} across; a batch counts "
              "at its longest context and query):" if dim == SHAPE_DIMENSIONS[0] else
-             f"Examples per ({a}, {b}) ({b} on log2 bins; **0**: never reached):", "",
+             f"Examples per ({a}, {b}) ({b} on log2 bins; {zero}):", "",
              f"| {a} \\ {b} | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for r in rows:
-        lines.append(f"| {r} | " + " | ".join(str(cells[(r, c)]) if cells.get((r, c)) else "**0**" for c in cols)
-                     + " |")
+        lines.append(f"| {r} | " + " | ".join(
+            _cell(cells.get((r, c), 0), None if declared is None else f"{r} x {c}" in declared) for c in cols) + " |")
+    if declared:
+        empty = [k for k, n in declared.items() if not counts.get(k)]
+        lines += ["", f"Declared bins never reached: {len(empty)} of {len(declared)}"
+                  + (f" ({', '.join(empty[:12])}{', ...' if len(empty) > 12 else ''})." if empty else ".")]
+    return lines
+
+
+def _tier_table(stages: dict[str, dict]) -> list[str]:
+    """Each size tier's share of a target's examples and of its workers' time, from its stage table (summary.json's
+    ``stages``, kvfuzz.fuzz.campaign.stages.StageTable: the examples drawn, and every second of its tasks, shrinks
+    included): the same numbers as "Where the time went"."""
+    examples = sum(row.get("examples", 0) for row in stages.values())
+    seconds = {name: sum(row.get("seconds", {}).values()) for name, row in stages.items()}
+    total = sum(seconds.values())
+    lines = ["", "Size tiers, their share of the examples and of the workers' time (every stage, shrinks included):",
+             "", "| tier | examples | share of examples | seconds | share of time |", "|---|---|---|---|---|"]
+    for name, row in sorted(stages.items(), key=lambda kv: -kv[1].get("examples", 0)):
+        n = row.get("examples", 0)
+        lines.append(f"| {name} | {n} | {100 * n / examples if examples else 0:.1f}% | {seconds[name]:.1f} | "
+                     f"{100 * seconds[name] / total if total else 0:.1f}% |")
     return lines
 
 
 def plot_shapes(target: dict, path: Path) -> Path | None:
-    """Heat maps of the shape dimensions (:func:`shape_grid`), or None without matplotlib or shapes."""
+    """Heat maps of the shape dimensions (:func:`shape_grid`), or None without matplotlib or shapes: colours on
+    a log scale with a colour bar, each cell's count written in it, a declared bin never reached marked red with a
+    0 and one no tier draws left grey (0 and 1 look nothing alike)."""
     try:
         import matplotlib
     except ImportError:
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap, LogNorm
 
-    dims = [(d, target.get("coverage", {}).get(d)) for d in SHAPE_DIMENSIONS]
-    dims = [(d, c) for d, c in dims if c]
+    bins = target.get("bins", {})
+    dims = [(d, target.get("coverage", {}).get(d), bins.get(d)) for d in SHAPE_DIMENSIONS]
+    dims = [(d, c, b) for d, c, b in dims if c or b]
     if not dims:
         return None
-    fig, axes = plt.subplots(1, len(dims), figsize=(6 * len(dims), 5), squeeze=False)
-    for ax, (dim, counts) in zip(axes[0], dims):
-        rows, cols, cells = shape_grid(counts)
-        grid = [[cells.get((r, c), 0) for c in cols] for r in rows]
-        ax.imshow(grid, cmap="viridis", aspect="auto", origin="lower")
+    fig, axes = plt.subplots(1, len(dims), figsize=(7 * len(dims), 6), squeeze=False)
+    for ax, (dim, counts, declared) in zip(axes[0], dims):
+        rows, cols, cells = shape_grid(counts or {}, declared)
+        grid = np.array([[cells.get((r, c), 0) for c in cols] for r in rows], dtype=float)
+        empty = np.array([[not cells.get((r, c)) and (declared is None or f"{r} x {c}" in declared)
+                           for c in cols] for r in rows])
+        ax.imshow(np.where(grid > 0, np.nan, 0.0), cmap=ListedColormap(["#eeeeee"]), aspect="auto", origin="lower")
+        ax.imshow(np.where(empty, 1.0, np.nan), cmap=ListedColormap(["#f4b6b6"]), aspect="auto", origin="lower")
+        image = ax.imshow(np.where(grid > 0, grid, np.nan), cmap="viridis", aspect="auto", origin="lower",
+                          norm=LogNorm(vmin=1, vmax=max(2.0, grid.max())))
+        fig.colorbar(image, ax=ax, label="examples (log scale)")
+        small = 6 if len(rows) * len(cols) > 150 else 7
+        for (i, j), n in np.ndenumerate(grid):
+            if n or empty[i, j]:
+                ax.text(j, i, f"{int(n)}", ha="center", va="center", fontsize=small,
+                        color="#b00000" if not n else ("white" if n < grid.max() ** 0.5 else "black"))
         ax.set_xticks(range(len(cols)), cols, fontsize=7, rotation=90)
         ax.set_yticks(range(len(rows)), rows, fontsize=7)
         a, b = dim.split(" x ")
         ax.set_xlabel(b)
         ax.set_ylabel(a)
+        ax.set_title("red 0: declared, never reached; grey: not declared", fontsize=8)
     fig.suptitle(f"{target['target']}: shapes reached", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -299,13 +348,16 @@ def _report_lines(summary: dict, out: Path) -> list[str]:
                          f"{f.get('count', 1)} | {link} |")
     lines += ["", "## Failures" + (" (new)" if summary.get("baseline") else ""), ""]
     if failures:
-        lines += ["| target | kind | blame | check | count | minimal batch | reproducer |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["| target | kind | blame | check | count | minimal batch | shrink: structural first + Hypothesis "
+                  "+ structural after | reproducer |", "|---|---|---|---|---|---|---|---|"]
         for name, f in failures:
             repro = f.get("reproducer")
             link = f"[{Path(repro).name}]({Path(repro).name})" if repro else "-"
+            took = f.get("shrink") or {}
+            shrink = (" + ".join(f"{took.get(k, 0):.1f}" for k in ("structural_first", "hypothesis", "structural"))
+                      + " s") if took else "-"
             lines.append(f"| {name} | {f['kind']} | {f.get('blame', '')} | {check_label(f.get('check', ''))} | "
-                         f"{f.get('count', 1)} | {f.get('batch', '')} | {link} |")
+                         f"{f.get('count', 1)} | {f.get('batch', '')} | {shrink} | {link} |")
         for name, f in failures:
             lines += ["", f"**{name}: {f['kind']}** — {f.get('message', '')}"]
     else:
@@ -319,16 +371,19 @@ def _report_lines(summary: dict, out: Path) -> list[str]:
         png = _plot(plot_coverage, t, out / f"coverage-{_slug(t['target'])}.png", lines)
         if png is not None:
             lines.append(f"![coverage of {t['target']}]({png.name})")
+        if len(t.get("stages", {})) > 1:
+            lines += _tier_table(t["stages"])
         for dim in SHAPE_DIMENSIONS:
-            if t.get("coverage", {}).get(dim):
-                lines += _shape_table(dim, t["coverage"][dim])
+            if t.get("coverage", {}).get(dim) or t.get("bins", {}).get(dim):
+                lines += _shape_table(dim, t.get("coverage", {}).get(dim, {}), t.get("bins", {}).get(dim))
         shapes = _plot(plot_shapes, t, out / f"shapes-{_slug(t['target'])}.png", lines)
         if shapes is not None:
             lines += ["", f"![shapes of {t['target']}]({shapes.name})"]
         if t.get("declared"):
             lines += ["", "Declared parameter space, examples per value (0: never drawn):", "",
                       "| dimension | values |", "|---|---|"]
-            for dim, counts in t["declared"].items():
+            states = {"production states": t["bins"]["states"]} if t.get("bins", {}).get("states") else {}
+            for dim, counts in {**t["declared"], **states}.items():
                 cells = ", ".join(f"{v}: {n}" if n else f"**{v}: 0**" for v, n in counts.items())
                 lines.append(f"| {dim} | {cells or '-'} |")
         if t.get("rejections"):

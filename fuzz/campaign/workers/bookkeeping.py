@@ -20,8 +20,9 @@ class Task:
     chunk: int = -1
     example: dict | None = None
     counted: int = 0  # examples of this task counted so far
-    tier: str = "small"  # a chunk's size tier (kvfuzz.strategies.tiers.tier_of_chunk)
+    tier: str = "small"  # a chunk's size tier (its plan's, else kvfuzz.fuzz.campaign.chunks.chunk_tier)
     sent: float = 0.0  # time.monotonic() when it was handed to a worker
+    plan: Any = None  # a chunk's kvfuzz.fuzz.campaign.steering.Plan (its tier and focus), None: the fixed split
 
 
 @attrs.define
@@ -77,6 +78,8 @@ class TargetState:
     tiers: tuple = ("small",)  # the size tiers its chunks rotate through (chunks.campaign_tiers)
     #: {tier: [chunks, examples, worker seconds]} of its finished chunks (chunks.tier_chunk_size)
     tier_times: dict = attrs.Factory(dict)
+    #: the policy choosing each chunk's tier and focus (kvfuzz.fuzz.campaign.steering.Steering), None: not steered
+    steer: Any = None
 
     @property
     def name(self) -> str:

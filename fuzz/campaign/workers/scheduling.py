@@ -4,9 +4,10 @@
 Each target's database replay comes first (the other targets' chunks wait for it), with its warm-up chunks
 (``CampaignConfig.warmup``: configurations the chunks will visit, compiled in parallel with the replay); then the
 examples to run again (their worker was killed from outside, or ended by another worker's CUDA fault); then chunks
-of fresh seeds (:mod:`kvfuzz.fuzz.campaign.chunks`), each drawn from the size tier
-:func:`~kvfuzz.fuzz.campaign.chunks.chunk_tier` chooses and sized to the budget left, until ``--max-examples`` or
-``--duration`` is spent."""
+of fresh seeds (:mod:`kvfuzz.fuzz.campaign.chunks`), each with the :class:`~kvfuzz.fuzz.campaign.steering.Plan` the
+target's steering chooses (its size tier and the bin its draws aim at; without steering, the size tier
+:func:`~kvfuzz.fuzz.campaign.chunks.chunk_tier` chooses, every draw free) and sized to the budget left, until
+``--max-examples`` or ``--duration`` is spent."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 
 from kvfuzz.fuzz.campaign.chunks import WARMUP_EXAMPLES, chunk_size, chunk_tier, examples_per_chunk, tier_chunk_size
 from kvfuzz.fuzz.campaign.config import CampaignConfig
+from kvfuzz.fuzz.campaign.steering import Plan
 from kvfuzz.fuzz.campaign.workers.bookkeeping import TargetState, Task
 
 
@@ -60,19 +62,22 @@ class Scheduler:
         if done >= config.max_examples:
             return None
         k = self.chunks.get(t.name, 0)
-        tier = chunk_tier(t.tiers, k)
+        plan = t.steer.plan(k) if t.steer is not None else Plan(chunk_tier(t.tiers, k))
         per_chunk = examples_per_chunk(t.target, config)
         time_left = None if config.duration is None else config.duration - elapsed
-        n = tier_chunk_size(tier, t.tiers, per_chunk, t.tier_times, time_left)
+        n = tier_chunk_size(plan.tier, t.tiers, per_chunk, t.tier_times, time_left)
         if n is None:
             n = chunk_size(config, t.stats.examples, elapsed, self.workers, per_chunk=per_chunk)
-        n = min(n, config.max_examples - done)
+        n = plan.size(min(n, config.max_examples - done))
         if t.ended and n == config.max_examples - done:
             # a chunk's first example is its simplest, and one that ended a worker is skipped uncounted:
-            # without one more, a last chunk of 1 would count nothing, again and again
-            n += 1
+            # without one more, a last chunk of 1 would count nothing, again and again (a free chunk: a
+            # focused one's simplest example is another, counted, and the budget would overshoot by one)
+            n, plan = n + 1, Plan(plan.tier)
         self.chunks[t.name] = k + 1
-        return self._task("chunk", t, n=max(1, n), chunk=k, tier=tier)
+        if t.steer is not None:  # its bins count its examples as coming (parallel workers spread over bins)
+            t.steer.started(plan, max(1, n))
+        return self._task("chunk", t, n=max(1, n), chunk=k, tier=plan.tier, plan=plan)
 
     def _task(self, kind: str, t: TargetState, **kw) -> Task:
         self._ids += 1

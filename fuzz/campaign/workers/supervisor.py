@@ -46,6 +46,7 @@ from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool,
 from kvfuzz.fuzz.campaign.engine import duration_allowance
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats, example_key
 from kvfuzz.fuzz.campaign.stages import time_table
+from kvfuzz.fuzz.campaign.steering import Steering
 from kvfuzz.fuzz.campaign.store import ledger
 from kvfuzz.fuzz.campaign.store.cases import BadReproducer, read_example
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace
@@ -115,6 +116,8 @@ class Supervisor:
         if len({t.name for t in targets}) != len(targets) or len(set(self.names)) != len(self.names):
             raise ValueError(f"a target is named twice in {self.names}: name each once")
         self.targets = [TargetState(t, TargetStats(t.name), tiers=campaign_tiers(t, config)) for t in targets]
+        for t in self.targets:  # each chunk's tier and focus (None: the fixed split, chunks.chunk_tier)
+            t.steer = Steering.of(t.target, config, t.tiers)
         self.by_name = {t.name: t for t in self.targets}
         self.slots = [Slot(i) for i in range(pool.workers)]
         self.ctx = mp.get_context("spawn")
@@ -277,7 +280,8 @@ class Supervisor:
         t = self.by_name[task.target]
         known = {"signatures": [list(sig) for sig in t.stats.failures], "ended": t.ended,
                  # CLOCK_MONOTONIC is one clock for every process of the host: the worker stops there (engine.py)
-                 "deadline": None if self.config.duration is None else t.start + self.config.duration}
+                 "deadline": None if self.config.duration is None else t.start + self.config.duration,
+                 "plan": None if task.plan is None else task.plan.to_dict()}
         msg = {"replay": ("replay", task.id, task.target, known),
                "chunk": ("chunk", task.id, task.target, task.chunk, task.n, known),
                "retry": ("retry", task.id, task.target, task.example, known)}[task.kind]
@@ -325,6 +329,8 @@ class Supervisor:
                                 None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
                                 o.get("skipped"), o.get("kv_tokens", 0), stages),
                         time.monotonic() - (t.start or time.monotonic()), shrink=shrink)
+            if t.steer is not None and not shrink and not o.get("skipped"):  # what the next chunks steer by
+                t.steer.observe(o["labels"], o["ratio"], o["signature"])
             if task is not None and not shrink:
                 task.counted += 1
             s.in_flight = None
@@ -365,6 +371,8 @@ class Supervisor:
             t.replayed = True
         elif task.kind == "chunk" and task.chunk >= 0:
             record_tier_time(t.tier_times, task.tier, task.counted, time.monotonic() - task.sent)
+            if t.steer is not None:
+                t.steer.finished(task.plan, task.n)
 
     def _add_failure(self, t: TargetState, record: FailureRecord) -> bool:
         """Keep a new distinct failure (False: already kept); with a shared ``--db``, one another campaign (another
@@ -467,9 +475,12 @@ class Supervisor:
             if note is not None:
                 why = note
             elif self.stopping:  # a worker stopped mid-shrink says goodbye (FINISHED): the failure stays found
-                why = " (not shrunk: the campaign was stopped while shrinking it)"
+                how = "shrunk structurally first" if record.stage == "structural" else "not shrunk"
+                why = f" ({how}: the campaign was stopped while shrinking it)"
             elif record.stage == "hypothesis":
                 why = f" (shrunk by Hypothesis; the worker {ending.kind.value} during the structural shrink)"
+            elif record.stage == "structural":
+                why = f" (shrunk structurally first; the worker {ending.kind.value} while Hypothesis shrank it)"
             else:
                 why = f" (not shrunk: the worker {ending.kind.value} while shrinking it)"
             if record.target in self.by_name:  # known meanwhile: _failure keeps one reproducer

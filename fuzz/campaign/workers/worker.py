@@ -272,6 +272,7 @@ def _run_tasks(conn, campaign, releases) -> None:
     knowing the signatures found and the examples that ended workers elsewhere and the deadline; then what it cut
     short and ``done``."""
     from kvfuzz.contracts.model.example import Example  # loaded with the engine already
+    from kvfuzz.fuzz.campaign.steering import Plan
 
     while True:
         releases.idle()  # waiting for a task: nothing kept cached, and nobody waits on this worker
@@ -286,7 +287,8 @@ def _run_tasks(conn, campaign, releases) -> None:
         if kind == "replay":
             c.replay_database()
         elif kind == "chunk":
-            c.run_chunk(args[0], args[1])
+            plan = args[-1].get("plan")
+            c.run_chunk(args[0], args[1], None if plan is None else Plan.from_dict(plan))
         elif kind == "retry":
             c.check_one(Example.from_dict(args[0]))
         _warn_cut_short(conn, name, c.cut_short[cut:])

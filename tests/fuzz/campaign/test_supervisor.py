@@ -245,6 +245,22 @@ def test_a_worker_lost_in_the_structural_shrink_leaves_the_hypothesis_shrunk_rep
     assert_no_process_left(calls)
 
 
+def test_a_worker_lost_in_hypothesis_shrink_leaves_the_structurally_shrunk_reproducer(tmp_path):
+    """A failure as found is shrunk structurally first (fewer sequences, shorter lengths), reported ``seen`` so;
+    Hypothesis's shrink then steps into an input that exits the process: the failure keeps the structurally shrunk
+    reproducer, and says so."""
+    r, summary, calls = fuzz_planted("ExitsWhileHypothesisShrinks", tmp_path, "--max-examples", "150", "--workers",
+                                     "1", "--max-crashes", "100", "--configs", "free", timeout=600)
+    assert r.returncode == 1, r.stdout
+    (t,) = summary["targets"]
+    (raised,) = [f for f in t["failures"] if f["check"] == "raised SystemExit"]
+    assert "shrunk structurally first; the worker exited while Hypothesis shrank it" in raised["message"], raised
+    case = json.loads((Path(raised["reproducer"]) / "case.json").read_text())
+    assert case["example"]["batch"]["head_size"] == 128 and case["details"]["structural_first"]["taken"] >= 1
+    assert t["examples"] == len(calls) and summary["lost"] == 0
+    assert_no_process_left(calls)
+
+
 def test_the_mixed_adapter_gives_one_reproducer_per_distinct_ending(tmp_path):
     """The issue's acceptance campaign, short: every distinct ending once, counts exact, no process left."""
     r, summary, calls = fuzz_planted("Mixed", tmp_path, "--max-examples", "80", "--workers", "2",

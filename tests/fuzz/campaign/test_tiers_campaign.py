@@ -86,8 +86,10 @@ def test_a_large_tier_chunk_takes_a_small_chunks_time():
 
 
 def test_a_mixed_campaign_probes_a_large_tier_before_sizing_it(tmp_path):
-    # one worker, chunks of 25: small 0, long 1 (a probe: nothing measured yet), small 2 (the rest)
-    r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--tier", "small", "--tier", "long", "--max-examples", "40",
+    # one worker, chunks of 25, the fixed split (--steer off): small 0, long 1 (a probe: nothing measured yet),
+    # small 2 (the rest)
+    r = kvfuzz("fuzz", "--target", "vllm.cpu_attention", "--steer", "off", "--tier", "small", "--tier", "long",
+               "--max-examples", "40",
                "--chunk-examples", "25", "--workers", "1", "--poison", "zeros", "--baseline", "kvfuzz-baseline.toml",
                "--out", str(tmp_path))
     assert r.returncode in (0, 1), r.stdout + r.stderr

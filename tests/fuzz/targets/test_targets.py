@@ -45,7 +45,7 @@ def test_seeds_fault_is_a_caller_violation_and_shows_the_kernel_outcome(make_bat
 
 @pytest.mark.parametrize("name", ["vllm.chunked_prefill_paged_decode", "vllm.cpu_attention"])
 def test_short_campaign_on_each_real_target(tmp_path, name):
-    """A few generated examples with finite poison (the NaN tail defect of vllm.cpu_attention is tested in
+    """A few generated examples with finite poison (the NaN tail defect of vllm.cpu_attention, Finding 1, is tested in
     test_cpu_layout.py) at the value ranges the gate draws (Findings 11 and 15 at "extreme"/"shifted" values are
     tested in test_attention_params.py): no finding, every example counted, paths recorded."""
     t = available(name)
