@@ -177,8 +177,9 @@ def check_contract(contract: Contract, batch: Batch, data: BatchData, layout: Ca
                    value: torch.Tensor | None = None) -> list[Violation]:
     """All invariants of ``contract`` for one call; an empty list means the caller kept the contract. A cache
     writer (:attr:`Contract.WRITER`) reads nothing from the cache: it has no cache invariant, and what it
-    leaves is checked by the writer property (:mod:`kvfuzz.fuzz.harness.writer`)."""
-    if contract is Contract.WRITER:
+    leaves is checked by the writer property (:mod:`kvfuzz.fuzz.harness.writer`); a merge
+    (:attr:`Contract.MERGE`) reads no cache at all (its parts are checked by :mod:`kvfuzz.fuzz.harness.merge`)."""
+    if contract in (Contract.WRITER, Contract.MERGE):
         return []
     if contract is Contract.SPLIT:
         return (check_decode_invariant(batch, data, layout, key_cache, value_cache)

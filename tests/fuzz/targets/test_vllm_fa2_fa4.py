@@ -117,10 +117,10 @@ def test_a_campaign_finds_and_shrinks_a_planted_fa2_defect(fa, monkeypatch):
     stats = TargetStats(t.name)
     campaign = engine.Campaign(t, config, engine._Counting(stats, 0.0, lambda s: None))
     chunk = 0
-    while not campaign._new and chunk < 40:
+    while not campaign.ledger.records() and chunk < 40:
         campaign.run_chunk(chunk, 25)
         chunk += 1
-    record = campaign._new[-1]
+    record = campaign.ledger.records()[-1]
     b = Example.from_dict(record.example).batch
     assert record.kind == "kernel mismatch" and b.alibi and b.query_lens == (1,)
     assert b.num_heads <= 2 and b.ctx_lens[0] <= 2  # one decode, one or two heads, a key or two before it
