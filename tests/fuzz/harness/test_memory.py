@@ -161,6 +161,21 @@ def test_out_of_memory_is_told_by_type_and_by_cudas_words():
     assert not memory.device_full()  # no CUDA here: never full
 
 
+STABLE_ABI_FAILURE = ('torch_call_dispatcher( "aten::new_empty", "", stack.data(), TORCH_ABI_VERSION) API call failed at '
+                      '/opt/venv/lib/python3.12/site-packages/torch/include/torch/csrc/stable/ops.h, line 961')
+
+
+def test_a_stable_abi_extensions_failed_allocation_counts_as_memory_only_once_cuda_is_in_use(monkeypatch):
+    # FA3's words on an H100 (an 8-sequence call whose split accumulators took 7.9 GB beside 15 other workers)
+    assert not memory.is_out_of_memory(RuntimeError(STABLE_ABI_FAILURE))  # no CUDA in use: the kernel's own error
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert memory.is_out_of_memory(RuntimeError(STABLE_ABI_FAILURE))
+    other_op = STABLE_ABI_FAILURE.replace("aten::new_empty", "aten::index_select")
+    assert not memory.is_out_of_memory(RuntimeError(other_op))  # not an allocation
+    assert not memory.is_out_of_memory(ValueError(STABLE_ABI_FAILURE))
+
+
 @pytest.mark.parametrize("full", [False, True])
 def test_a_kernel_out_of_memory_on_a_device_others_filled_is_skipped_not_the_kernels(tmp_path, full, monkeypatch):
     """Triton's "CUDA driver error: out of memory" is out of memory too: re-run alone; still out of memory alone,
