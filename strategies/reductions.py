@@ -37,7 +37,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 
 import attrs
 
@@ -74,17 +74,23 @@ def reductions(batch: Batch, capabilities: Capabilities, limits: Limits = Limits
     key = size_key(batch)
     out: dict[Batch, tuple] = {}
     for move in _MOVES:
-        for make in move(batch, capabilities):
-            try:
-                cand = make()
-            except ValueError:  # e.g. a shortened sequence that shared a now partial prefix block
-                continue
-            if cand is None or cand in out:
-                continue
+        for cand in _built(move(batch, capabilities), out):
             k = size_key(cand)
             if k < key and capabilities.accepts(cand) and cand.num_blocks <= max_num_blocks(cand, limits):
                 out[cand] = k
     return sorted(out, key=out.__getitem__)
+
+
+def _built(thunks: Iterable[Thunk], seen: Container[Batch]) -> Iterator[Batch]:
+    """Each thunk's candidate, built as it is asked for, less those that are no batch (None, or ValueError: not a
+    valid one) and those already in ``seen`` (which the caller may grow between candidates)."""
+    for make in thunks:
+        try:
+            cand = make()
+        except ValueError:  # e.g. a shortened sequence that shared a now partial prefix block
+            continue
+        if cand is not None and cand not in seen:
+            yield cand
 
 
 # ---- moves: each yields thunks building one candidate (ValueError: not a valid batch) --------------------------
@@ -297,13 +303,7 @@ def coarse_reductions(batch: Batch, capabilities: Capabilities, limits: Limits =
       widest first, at once, then each sequence's, and the queries (the edges where masking and tiling
       change)."""
     key, seen = size_key(batch), {batch}
-    for make in _coarse(batch):
-        try:
-            cand = make()
-        except ValueError:  # e.g. a shortened sequence that shared a now partial prefix block
-            continue
-        if cand is None or cand in seen:
-            continue
+    for cand in _built(_coarse(batch), seen):
         seen.add(cand)
         if size_key(cand) < key and capabilities.accepts(cand):
             yield cand

@@ -312,7 +312,6 @@ def bugs(bugs, seeds, first_seed, duration, max_examples, json_path, live) -> No
     and whether the reproducer replays. With --live, the bugs still open upstream (docs/bugs.md)."""
     from kvfuzz.fuzz.bench.bugs import BUGS
     from kvfuzz.fuzz.bench.bugs.benchmark import bench_bugs
-    from kvfuzz.fuzz.bench.detection import size_str
 
     if live:
         if first_seed:
@@ -321,59 +320,60 @@ def bugs(bugs, seeds, first_seed, duration, max_examples, json_path, live) -> No
     names = _bug_names(bugs, BUGS, "unknown bug(s)")
     seconds = parse_duration(duration)
     _check_patches(names or list(BUGS))
-
-    def show(r: dict) -> None:
-        what = (f"found in {r['seconds_to_first']} s / {r['examples_to_first']} examples, {r['kind']} "
-                f"({r['blame']}), shrunk to {size_str(r['size'])}, replays: {r['replays']}" if r["found"]
-                else f"not found ({r['examples_total']} examples, {r['seconds_total']} s)")
-        console.print(f"  {r['bug']} seed {r['seed']}: {what}", highlight=False)
-
-    doc = bench_bugs(names or None, seeds, seconds, max_examples, on_result=show, first_seed=first_seed)
-    t = Table(title=f"kvfuzz bench bugs on {doc['settings']['machine']} ({seeds} seeds, <= {duration} each)")
-    for col in ("bug", "found", "s to 1st", "ex to 1st", "kind", "shrunk", "smallest trigger", "replayed"):
-        t.add_column(col, overflow="fold")
-    for e in doc["bugs"]:
-        s = e.get("summary")
-        if s is None:
-            t.add_row(e["bug"], "skipped", "-", "-", "-", "-", size_str(e["smallest_trigger"]), "-")
-            continue
-        t.add_row(e["bug"], f"{s['found']}/{s['runs']}", str(s.get("median_seconds_to_first", "-")),
-                  str(s.get("median_examples_to_first", "-")), "; ".join(s.get("kinds", [])) or "-",
-                  size_str(s["shrunk"][0]) if s.get("shrunk") else "-", size_str(e["smallest_trigger"]),
-                  f"{s['replayed']}/{s['found']}" if s["found"] else "-")
-    console.print(t)
-    for e in doc["bugs"]:
-        if "skipped" in e:
-            console.print(f"{e['bug']} skipped: {e['skipped']}", highlight=False)
-    if json_path:
-        _save_json(json_path, doc)
+    doc = bench_bugs(names or None, seeds, seconds, max_examples, on_result=_bug_progress(live=False),
+                     first_seed=first_seed)
+    _bug_report(doc, f"kvfuzz bench bugs on {doc['settings']['machine']} ({seeds} seeds, <= {duration} each)",
+                live=False, json_path=json_path)
 
 
 def _live_bugs(bugs, seeds, duration, max_examples, json_path) -> None:
     """``kvfuzz bench bugs --live``: :func:`kvfuzz.fuzz.bench.bugs.live.bench_live` and its table."""
     from kvfuzz.fuzz.bench.bugs.live import LIVE, bench_live
-    from kvfuzz.fuzz.bench.detection import size_str
 
     given = _bug_names(bugs, LIVE, "unknown live bug(s)", prefix="live.")
+    doc = bench_live(given or None, seeds, parse_duration(duration), max_examples, on_result=_bug_progress(live=True))
+    _bug_report(doc, f"kvfuzz bench bugs --live on {doc['settings']['machine']} ({seeds} seeds, <= {duration} each)",
+                live=True, json_path=json_path)
+
+
+def _bug_progress(live: bool):
+    """The line ``kvfuzz bench bugs`` prints as each campaign ends (``on_result`` of
+    :func:`~kvfuzz.fuzz.bench.bugs.benchmark.bench_bugs` and :func:`~kvfuzz.fuzz.bench.bugs.live.bench_live`): a
+    live bug's names the failed check, a re-injected bug's whether the reproducer replays."""
+    from kvfuzz.fuzz.bench.detection import size_str
 
     def show(r: dict) -> None:
-        what = (f"found in {r['seconds_to_first']} s / {r['examples_to_first']} examples, {r['kind']} "
-                f"({r['blame']}): {r['check']}, shrunk to {size_str(r['size'])}" if r["found"]
-                else f"not found ({r['examples_total']} examples, {r['seconds_total']} s)")
+        if r["found"]:
+            check, replays = (f": {r['check']}", "") if live else ("", f", replays: {r['replays']}")
+            what = (f"found in {r['seconds_to_first']} s / {r['examples_to_first']} examples, {r['kind']} "
+                    f"({r['blame']}){check}, shrunk to {size_str(r['size'])}{replays}")
+        else:
+            what = f"not found ({r['examples_total']} examples, {r['seconds_total']} s)"
         console.print(f"  {r['bug']} seed {r['seed']}: {what}", highlight=False)
 
-    doc = bench_live(given or None, seeds, parse_duration(duration), max_examples, on_result=show)
-    t = Table(title=f"kvfuzz bench bugs --live on {doc['settings']['machine']} ({seeds} seeds, <= {duration} each)")
-    for col in ("bug", "target", "found", "s to 1st", "ex to 1st", "kind", "shrunk", "smallest trigger"):
+    return show
+
+
+def _bug_report(doc: dict, title: str, live: bool, json_path: str | None) -> None:
+    """The table of ``kvfuzz bench bugs`` (``live``: ``--live``, with each bug's target and without the replayed
+    column), the bugs skipped and why, and the JSON written to ``json_path`` (None: not written)."""
+    from kvfuzz.fuzz.bench.detection import size_str
+
+    t = Table(title=title)
+    middle = ("found", "s to 1st", "ex to 1st", "kind", "shrunk", "smallest trigger")
+    for col in ("bug", "target", *middle) if live else ("bug", *middle, "replayed"):
         t.add_column(col, overflow="fold")
     for e in doc["bugs"]:
-        s = e.get("summary")
+        s, smallest = e.get("summary"), size_str(e["smallest_trigger"])
         if s is None:
-            t.add_row(e["bug"], e["target"], "skipped", "-", "-", "-", "-", size_str(e["smallest_trigger"]))
-            continue
-        t.add_row(e["bug"], e["target"], f"{s['found']}/{s['runs']}", str(s.get("median_seconds_to_first", "-")),
-                  str(s.get("median_examples_to_first", "-")), "; ".join(s.get("kinds", [])) or "-",
-                  size_str(s["shrunk"][0]) if s.get("shrunk") else "-", size_str(e["smallest_trigger"]))
+            cells = ["skipped", "-", "-", "-", "-", smallest]
+            replayed = "-"
+        else:
+            cells = [f"{s['found']}/{s['runs']}", str(s.get("median_seconds_to_first", "-")),
+                     str(s.get("median_examples_to_first", "-")), "; ".join(s.get("kinds", [])) or "-",
+                     size_str(s["shrunk"][0]) if s.get("shrunk") else "-", smallest]
+            replayed = f"{s['replayed']}/{s['found']}" if s["found"] else "-"
+        t.add_row(*((e["bug"], e["target"], *cells) if live else (e["bug"], *cells, replayed)))
     console.print(t)
     for e in doc["bugs"]:
         if "skipped" in e:

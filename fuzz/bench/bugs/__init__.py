@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import attrs
 import numpy as np
@@ -69,39 +69,50 @@ def installed_file(module: str) -> Path | None:
 
 
 @attrs.frozen
-class Bug:
-    """One re-injected upstream bug.
+class UpstreamBug:
+    """What every upstream bug kvfuzz measures has, re-injected (:class:`Bug`) or live
+    (:class:`~kvfuzz.fuzz.bench.bugs.live.LiveBug`): ``slug`` (``vllm-47305``), ``upstream`` (the fix's or the
+    issue's URL), ``trigger`` (when the bug changes the output), ``smallest`` (a hand-built smallest triggering
+    batch, with NaN poison), ``cpu`` (whether a CPU reaches the trigger), ``why_missed`` (why a default campaign
+    misses it; None: it finds it). Its ``name`` is ``<prefix>.<slug>``. The fields after ``upstream`` are keyword
+    only, so a subclass adds positional fields of its own."""
 
-    ``slug`` (``vllm-47305``), ``upstream`` (the fix's URL), ``patched_module`` (the upstream module the patch
-    edits), ``entry`` (the kernel function the target calls, in ``kernel_module``: the patched module itself,
-    or a verbatim private copy of a module that imports the patched one: ``rewire`` names the globals it takes
-    from the patched module), ``base`` (the target class whose kernel is swapped), ``trigger`` (when the bug
-    changes the output), ``smallest`` (a hand-built smallest triggering batch) and ``scale_query`` (the
-    query is multiplied by it for the trigger: values kvfuzz's value ranges do not reach), ``big_cache``
-    (reached only with ``kvfuzz fuzz --big-cache``: the benchmark runs it so, under the supervisor, since the bug
-    crashes the process), ``cpu`` (whether the trigger is reachable on a CPU), ``why_missed`` (why a default
-    campaign misses it; None: it finds it), ``package`` (the patch edits several files of this installed package,
-    a key of :data:`PACKAGES`, CUDA sources its JIT compiles among them: the target runs a patched copy of the
-    whole package, :meth:`package_copy`, and ``patched_module`` is the package's name, ``entry`` unused)."""
+    prefix: ClassVar[str]
 
     slug: str
     upstream: str
+    trigger: str = attrs.field(kw_only=True)
+    smallest: Callable[[], Batch] = attrs.field(kw_only=True)
+    cpu: bool = attrs.field(default=True, kw_only=True)
+    why_missed: str | None = attrs.field(default=None, kw_only=True)
+
+    @property
+    def name(self) -> str:
+        return f"{self.prefix}.{self.slug}"
+
+
+@attrs.frozen
+class Bug(UpstreamBug):
+    """One re-injected upstream bug: an :class:`UpstreamBug` (``upstream`` the fix's URL) with ``patched_module``
+    (the upstream module the patch edits), ``entry`` (the kernel function the target calls, in ``kernel_module``:
+    the patched module itself, or a verbatim private copy of a module that imports the patched one: ``rewire`` names
+    the globals it takes from the patched module), ``base`` (the target class whose kernel is swapped),
+    ``scale_query`` (the query is multiplied by it for the trigger: values kvfuzz's value ranges do not reach),
+    ``big_cache`` (reached only with ``kvfuzz fuzz --big-cache``: the benchmark runs it so, under the supervisor,
+    since the bug crashes the process), ``package`` (the patch edits several files of this installed package, a key
+    of :data:`PACKAGES`, CUDA sources its JIT compiles among them: the target runs a patched copy of the whole
+    package, :meth:`package_copy`, and ``patched_module`` is the package's name, ``entry`` unused)."""
+
+    prefix: ClassVar[str] = "bug"
+
     patched_module: str
     base: type
     entry: str
-    trigger: str
-    smallest: Callable[[], Batch]
     kernel_module: str | None = None
     rewire: tuple[str, ...] = ()
     scale_query: float = 1.0
     big_cache: bool = False
-    cpu: bool = True
-    why_missed: str | None = None
     package: str | None = None
-
-    @property
-    def name(self) -> str:
-        return f"bug.{self.slug}"
 
     @property
     def spec(self) -> str:
@@ -355,4 +366,5 @@ def smallest_trigger(name: str) -> Batch:
     return BUGS[full].smallest()
 
 
-__all__ = ["BUGS", "PACKAGES", "Bug", "PATCHES", "PatchDoesNotApply", "get_bug", "installed_file", "smallest_trigger"]
+__all__ = ["BUGS", "PACKAGES", "Bug", "PATCHES", "PatchDoesNotApply", "UpstreamBug", "get_bug", "installed_file",
+           "smallest_trigger"]

@@ -14,14 +14,14 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import attrs
 import torch
 from hypothesis.database import InMemoryExampleDatabase
 
-from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.bench.bugs import UpstreamBug
 from kvfuzz.fuzz.bench.bugs.benchmark import DEFAULTS, ended_how
 from kvfuzz.fuzz.bench.paged_torch import batch_size, small_batch
 from kvfuzz.fuzz.campaign.config import CampaignConfig
@@ -32,31 +32,20 @@ from kvfuzz.strategies.reductions import SIZE_FIELDS, size_key
 
 
 @attrs.frozen
-class LiveBug:
-    """One bug open upstream in the pinned version.
+class LiveBug(UpstreamBug):
+    """One bug open upstream in the pinned version: an :class:`~kvfuzz.fuzz.bench.bugs.UpstreamBug` (``upstream``
+    the issue's URL; ``vllm-53628``) with ``target`` (the registered target whose unpatched kernel shows it),
+    ``engine_path`` (which engine path reaches the kernel so), ``fix`` (a proposed fix's URL, or None), ``needs``
+    (the kvfuzz option or state that shows it; None: a plain campaign), ``fixed_in`` (the upstream version that
+    fixed it: then re-inject it, do not drop it)."""
 
-    ``slug`` (``vllm-53628``), ``upstream`` (the issue's URL), ``fix`` (a proposed fix's URL, or None),
-    ``target`` (the registered target whose unpatched kernel shows it), ``engine_path`` (which engine path
-    reaches the kernel so), ``trigger`` (what it needs), ``smallest`` (a hand-built smallest triggering batch,
-    with NaN poison), ``cpu`` (whether a CPU campaign can show it), ``needs`` (the kvfuzz option or state that
-    shows it; None: a plain campaign), ``why_missed`` (why a default campaign here misses it; None: it finds it),
-    ``fixed_in`` (the upstream version that fixed it: then re-inject it, do not drop it)."""
+    prefix: ClassVar[str] = "live"
 
-    slug: str
-    upstream: str
     target: str
     engine_path: str
-    trigger: str
-    smallest: Callable[[], Batch]
     fix: str | None = None
-    cpu: bool = True
     needs: str | None = None
-    why_missed: str | None = None
     fixed_in: str | None = None
-
-    @property
-    def name(self) -> str:
-        return f"live.{self.slug}"
 
 
 _VLLM = "https://github.com/vllm-project/vllm/"
