@@ -404,6 +404,25 @@ def test_the_shipped_baseline_knows_finding_11_at_extreme_values_with_a_softcap(
     assert classify(load_baseline(SHIPPED), target, example, f) == "finding-11"
 
 
+@pytest.mark.kernel
+def test_the_shipped_baseline_knows_finding_15_at_extreme_values_only_with_its_window():
+    """docs/findings.md, Finding 15 at "extreme" values (a 2-hour CPU soak's reproducer: one decode after 23 cached
+    tokens, window 1, fp16): the -10000 mask outweighs the in-window key; without the window the same batch passes, so
+    finding-15 takes it, and the pre-merge gate draws no extreme values on this target."""
+    available("vllm.chunked_prefill_paged_decode")
+    from kvfuzz.contracts.model.batch import Batch
+
+    target = get_target("vllm.chunked_prefill_paged_decode")
+    batch = Batch(query_lens=[1], ctx_lens=[23], num_heads=12, num_kv_heads=4, head_size=128, block_size=32,
+                  num_blocks=1, block_table=[[0]], dtype="float16", sliding_window=1, value_range="extreme", seed=1)
+    example = Example(batch, Poison.NAN)
+    f = failing(target, example)
+    assert isinstance(f, KernelMismatch)
+    assert classify(load_baseline(SHIPPED), target, example, f) == "finding-15"
+    properties.check(target, attrs.evolve(example, batch=attrs.evolve(batch, sliding_window=None)))
+    assert "extreme" not in target.gate_value_ranges and "shifted" not in target.gate_value_ranges
+
+
 def test_the_shipped_baseline_knows_vllm_53628_only_from_the_freed_window_blocks():
     """vllm#53628 (live upstream, docs/bugs.md): chunked_prefill_paged_decode's decode kernel multiplies the freed
     window blocks' V by 0. The shrunk case of a plain campaign (one decode, ctx 16, window 1, block 16, NaN) is
