@@ -43,9 +43,12 @@ QUICK = (
     "tests/fuzz/guard/test_guard.py::test_check_is_quiet_on_a_near_miss_and_the_kernel_runs",
     "tests/fuzz/guard/test_guard.py::test_decode_invariant_names_sequence_position_block_slot_and_fix",
     "tests/fuzz/guard/test_guard.py::test_seeds_scenario_fails_under_the_plugin_and_its_fix_passes",
-    # campaign: two supervised workers share one budget; a corpus read without writing it
+    # campaign: two supervised workers share one budget; a corpus read without writing it; a torn earlier reproducer
+    # in --out does not stop a campaign started again there
     "tests/fuzz/campaign/test_supervisor.py::test_the_budget_is_global_and_the_counts_add_up",
     "tests/fuzz/campaign/test_database.py::test_check_reads_a_corpus_without_writing_it",
+    "tests/fuzz/campaign/test_found_before.py::test_a_corrupt_or_unreadable_earlier_case_is_named_in_a_warning_and_the"
+    "_start_goes_on",
     # cli: bad usage exits 2 naming the problem; a clean run exits 0; kvfuzz targets
     "tests/fuzz/cli/test_cli.py::test_bad_usage_exits_2_with_the_problem_named",
     "tests/fuzz/cli/test_cli.py::test_clean_run_exits_0",

@@ -161,8 +161,10 @@ def part_summary(campaign: Path, rc: int | None) -> dict:
     return {"exit": rc, "lost": sum(t.get("lost", 0) for t in targets),
             "restarts": summary.get("restarts", summary.get("worker_restarts", 0)),
             "problems": summary.get("problems", []),
-            "new_failures": [f.get("signature") or [f.get("kind"), f.get("check")]
-                             for t in targets for f in t.get("failures", []) if not f.get("known")]}
+            "new_failures": [[f.get("kind"), f.get("check")] for t in targets for f in t.get("failures", [])
+                             if not f.get("known") and not f.get("found_before")],
+            "found_before": [[f.get("kind"), f.get("check"), f.get("reproducer")] for t in targets
+                             for f in t.get("failures", []) if f.get("found_before")]}
 
 
 def plot(samples: list[dict], path: Path) -> None:

@@ -71,6 +71,9 @@ class FailureRecord:
     #: Seconds each shrink of it took (kvfuzz.fuzz.campaign.reduce ``shrink_seconds``: structural_first,
     #: hypothesis, structural), None when it was not shrunk here.
     shrink: dict | None = None
+    #: An earlier campaign in the same ``--out`` recorded it (a campaign killed and started again): its reproducer
+    #: is the one already there, none is written again; still a failure (kvfuzz fuzz exits 1 unless it is known).
+    found_before: bool = False
 
     @property
     def signature(self) -> tuple[str, ...]:
@@ -93,7 +96,8 @@ class FailureRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "blame": self.blame, "check": self.check, "count": self.count,
                 "message": self.message, "batch": self.batch_summary(), "caller_fault": self.fault,
-                "reproducer": self.reproducer, "example": self.example, "known": self.known, "shrink": self.shrink}
+                "reproducer": self.reproducer, "example": self.example, "known": self.known, "shrink": self.shrink,
+                "found_before": self.found_before}
 
 
 @attrs.define

@@ -3,7 +3,8 @@ and a summary.
 
 Exit codes (also in the README):
   0  nothing failed and nothing was lost (with --baseline: every failure found is a known one of the baseline);
-  1  a failure was found (a finding of any blame: caller, kernel, harness) that no --baseline entry accepts;
+  1  a failure was found (a finding of any blame: caller, kernel, harness) that no --baseline entry accepts,
+     new or found before (an earlier campaign in the same --out wrote its reproducer);
   2  bad usage: an unknown target or fault, a target that cannot run here, a bad option or --out, a bad
      --baseline file (the message names the file, the field and the fix);
   3  the campaign could not run as asked: examples were lost (workers killed from outside twice), workers could
@@ -218,8 +219,8 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
          big_cache, tiers, steer, observability, configs, chunk_examples, warmup, triton_cache, jit_cache,
          structural_shrink, sanitize, baseline_file) -> None:
     """Fuzz real kernels in supervised workers; shrink each failure and write a reproducer directory under
-    --out. Exit 0 nothing failed (or only --baseline's known findings), 1 a new failure found, 2 bad usage,
-    3 the campaign could not run as asked (or was interrupted)."""
+    --out. Exit 0 nothing failed (or only --baseline's known findings), 1 a failure found (new, or found before
+    in --out), 2 bad usage, 3 the campaign could not run as asked (or was interrupted)."""
     if jit_cache:  # before any target is loaded: flashinfer reads it when first imported
         os.environ["FLASHINFER_WORKSPACE_BASE"] = str(Path(jit_cache).resolve())  # the workers inherit it
     limits = _limits(max_num_seqs, max_ctx_len, max_query_len)
@@ -391,13 +392,18 @@ def _finish(result, targets, config, out: Path) -> int:
                for s in result.targets]
     print_summary(results, config.baseline)
     say(escape(time_line(result.time)))
-    new = sum(1 for t in results for f in t["failures"] if not f.get("known"))
+    new = sum(1 for t in results for f in t["failures"] if not f.get("known") and not f.get("found_before"))
+    before = sum(1 for t in results for f in t["failures"] if not f.get("known") and f.get("found_before"))
     known = sum(1 for t in results for f in t["failures"] if f.get("known"))
-    code = EXIT_FAILURE if new else (EXIT_CANNOT_RUN if result.problems or result.interrupted else EXIT_OK)
+    # a failure found before in --out is not new, and still there: only a --baseline entry makes it known
+    code = EXIT_FAILURE if new or before else (EXIT_CANNOT_RUN if result.problems or result.interrupted else EXIT_OK)
     if result.disk_full:  # the campaign could not run as asked, findings or not (the message lists what was kept)
         code = EXIT_CANNOT_RUN
     if config.baseline is not None:
         console.print(f"baseline {escape(config.baseline.path)}: {known} known finding(s), {new} new")
+    if before:
+        console.print(f"{before} failure(s) found before: an earlier campaign in {escape(str(out))} wrote their "
+                      "reproducers (listed above); not new, and still failing")
     for p in result.problems:
         console.print(f"[red]problem[/]: {escape(p)}")
     for w in result.warnings:
@@ -408,7 +414,8 @@ def _finish(result, targets, config, out: Path) -> int:
                "examples": sum(t["examples"] for t in results), "lost": sum(t["lost"] for t in results),
                "shrink_runs": sum(t.get("shrink_runs", 0) for t in results),
                "baseline": config.baseline.path if config.baseline is not None else None,
-               "new_failures": new, "known_failures": known, "exit_status": code, "time": result.time}
+               "new_failures": new, "known_failures": known, "found_before_failures": before, "exit_status": code,
+               "time": result.time}
     try:
         write_json(out / "summary.json", summary, fsync=True)
     except OSError as e:

@@ -48,7 +48,9 @@ def _table(results: list[dict]) -> Table:
 
     def line(f: dict) -> str:
         what = f"{f['kind']}[/] ({escape(check_label(f['check']))}) x{f['count']}"
-        return f"[yellow]known {escape(f['known'])}: {what}" if f.get("known") else f"[red]{what}"
+        if f.get("known"):
+            return f"[yellow]known {escape(f['known'])}: {what}"
+        return f"[red]found before: {what}" if f.get("found_before") else f"[red]{what}"
 
     table = Table(title="kvfuzz summary")
     for col in ("target", "examples", "ex/s", "kernel share", "paths", "failures"):
@@ -87,9 +89,10 @@ def _print_failure(target: str, f: dict, baseline) -> None:
             f" — {escape(entry.reason)} [{escape(entry.reference)}]\n"
             f"  reproducer (first hit, not shrunk): {escape(str(f['reproducer']))}", level=-1)
         return
+    before = " (found before: written by an earlier campaign in this --out)" if f.get("found_before") else ""
     console.print(f"[bold]{target}[/] [red]{f['kind']}[/] — blame: {f['blame']}\n"
                   f"  {escape(f['message'])}\n  minimal batch: {escape(f['batch'])}\n"
-                  f"  reproducer: {escape(str(f['reproducer']))}")
+                  f"  reproducer{before}: {escape(str(f['reproducer']))}")
 
 
 def print_next_steps(results: list[dict]) -> None:

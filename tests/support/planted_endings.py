@@ -324,6 +324,19 @@ class SlowWrong(_Planted):
         return out + 1 if call.kwargs["query"].shape[-1] == BAD_HEAD and len(call.kwargs["seq_lens"]) > 1 else out
 
 
+class AlwaysWrong(_Planted):
+    """Wrong on every call, the output plus one: every example fails the same way, the first one drawn included, so a
+    campaign started again on the same --out finds the failure again whatever it draws
+    (tests/fuzz/campaign/test_found_before.py)."""
+
+    name = "planted.always_wrong"
+    description = "adds 1 to the output of every call"
+
+    def run(self, call):
+        _log()
+        return SdpaPaged.run(self, call) + 1
+
+
 class OutOfMemoryInPrepare(Correct):
     """kvfuzz's prepare runs out of device memory on head size 64, every time (the adapter's build_call raises
     ``torch.OutOfMemoryError``, as a GPU that other workers filled): kvfuzz's, never a finding."""

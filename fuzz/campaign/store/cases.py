@@ -1,13 +1,14 @@
 """Reading a reproducer directory back: :func:`load_case` validates every field of ``case.json`` a replay needs
 (and that ``tensors.safetensors``, when present, is a readable safetensors file) and raises
 :class:`BadReproducer` naming the file, the field and the fix, so a broken file is never mistaken for a failure
-that came back. (Writing and replaying them: :mod:`kvfuzz.fuzz.campaign.store.reproducers`.)"""
+that came back; :func:`earlier_cases` reads those an earlier campaign left in an ``--out``. (Writing and replaying
+them: :mod:`kvfuzz.fuzz.campaign.store.reproducers`.)"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 
@@ -43,6 +44,16 @@ class Case:
     example: Example
     fault: str | None
     raw: dict
+
+    @property
+    def signature(self) -> tuple[str, ...]:
+        """The failure's signature as a campaign keys it (``FailureRecord.signature`` in
+        :mod:`kvfuzz.fuzz.campaign.records`): ``(kind, check)``, and the findings-baseline entry it matched when it
+        was written (``details.baseline.known``)."""
+        details = self.raw.get("details")
+        entry = details.get("baseline") if isinstance(details, dict) else None
+        known = entry.get("known") if isinstance(entry, dict) else None
+        return (self.kind, self.check, known) if isinstance(known, str) else (self.kind, self.check)
 
 
 def _need(case: dict, path: Path, field: str, typ: type | tuple, what: str) -> Any:
@@ -150,4 +161,22 @@ def load_case(directory: str | Path) -> Case:
     return Case(d, target, spec, kind, check, example, fault, case)
 
 
-__all__ = ["BadReproducer", "CASE_FORMAT", "Case", "load_case", "read_example"]
+def earlier_cases(out: str | Path, warn: Callable[[str], None]) -> list[Case]:
+    """The reproducers already in ``out`` (each folder directly under it that holds a case.json), read back by
+    :func:`load_case`, in name order. One that cannot be read is left out, and ``warn`` is told which file and why:
+    a campaign started again on its ``--out`` must start, and reports that failure as new if it finds it again."""
+    try:
+        folders = sorted(Path(out).iterdir())
+    except OSError:  # no --out yet
+        return []
+    cases = []
+    for d in folders:
+        try:
+            if (d / "case.json").exists():
+                cases.append(load_case(d))
+        except (BadReproducer, OSError) as e:  # OSError: a folder this user may not look into
+            warn(f"an earlier reproducer in {out} cannot be read, so its failure counts as new if found again: {e}")
+    return cases
+
+
+__all__ = ["BadReproducer", "CASE_FORMAT", "Case", "earlier_cases", "load_case", "read_example"]

@@ -356,7 +356,8 @@ def _report_lines(summary: dict, out: Path) -> list[str]:
             took = f.get("shrink") or {}
             shrink = (" + ".join(f"{took.get(k, 0):.1f}" for k in ("structural_first", "hypothesis", "structural"))
                       + " s") if took else "-"
-            lines.append(f"| {name} | {f['kind']} | {f.get('blame', '')} | {check_label(f.get('check', ''))} | "
+            kind = f"{f['kind']} (found before)" if f.get("found_before") else f["kind"]
+            lines.append(f"| {name} | {kind} | {f.get('blame', '')} | {check_label(f.get('check', ''))} | "
                          f"{f.get('count', 1)} | {f.get('batch', '')} | {shrink} | {link} |")
         for name, f in failures:
             lines += ["", f"**{name}: {f['kind']}** — {f.get('message', '')}"]

@@ -1,12 +1,18 @@
 """The supervisor's bookkeeping (:mod:`kvfuzz.fuzz.campaign.workers.supervisor`): the :class:`Task` a worker runs, the
 :class:`Slot` a worker fills (replaced when it dies), the :class:`TargetState` of each target, and what a
-campaign comes to (:class:`SupervisorResult`)."""
+campaign comes to (:class:`SupervisorResult`); the failures an earlier campaign in the same ``--out`` recorded
+(:class:`FoundBefore`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import attrs
+
+from kvfuzz.contracts.checks.failures import FailureKind
+from kvfuzz.contracts.checks.oracles import check_label
+from kvfuzz.fuzz.campaign.records import FailureRecord, TargetStats
+from kvfuzz.fuzz.campaign.store.cases import Case, earlier_cases
 
 
 @attrs.define
@@ -104,4 +110,51 @@ class SupervisorResult:
     time: dict = attrs.Factory(dict)
 
 
-__all__ = ["Slot", "SupervisorResult", "TargetState", "Task"]
+#: Which of two reproducers of one failure in ``--out`` stands for it: the one shrunk furthest (case.json ``stage``).
+_STAGE_RANK = {"final": 0, "hypothesis": 1, "structural": 2}
+
+
+@attrs.define
+class FoundBefore:
+    """The failures an earlier campaign in the same ``--out`` recorded (one killed, or stopped, and started again):
+    ``cases[(target, signature)]`` is the reproducer already there. Workers are told their signatures as known, so
+    their hits are counted, never shrunk or written again; the first hit lists the failure, ``found_before``, with
+    that reproducer (:meth:`hit`). ``say``: a line for the console."""
+
+    cases: dict[tuple[str, tuple[str, ...]], Case] = attrs.Factory(dict)
+    say: Callable[[str], None] = lambda m: None
+
+    @classmethod
+    def read(cls, config, targets, say: Callable[[str], None]) -> "FoundBefore":
+        """The reproducers in ``config.out`` of ``targets`` (names) written under the campaign's caller fault (or
+        none); one that cannot be read is named in a warning and left out (its failure, found again, is new)."""
+        out, fault = config.out, config.fault.name if config.fault else None
+        found: dict = {}
+        for case in sorted(earlier_cases(out, say),
+                           key=lambda c: (_STAGE_RANK.get(c.raw.get("stage", "final"), 3), c.directory.name)):
+            if case.target in targets and case.fault == fault:
+                found.setdefault((case.target, case.signature), case)
+        if found:
+            say(f"{len(found)} failure(s) already have a reproducer in {out} (an earlier campaign there): found "
+                "again, they are reported as found before, with that reproducer")
+        return cls(found, say)
+
+    def signatures(self, target: str, known) -> list[list[str]]:
+        """``known`` (signatures) and those found before of ``target``: what its workers count without recording."""
+        return [list(sig) for sig in known] + [list(sig) for t, sig in self.cases if t == target and sig not in known]
+
+    def hit(self, stats: TargetStats, signature) -> None:
+        """A hit of ``signature`` (None: the example passed), just counted in ``stats``: the first of a failure found
+        before adds its record (count 1; later hits are counted on it), with the reproducer already in ``--out``."""
+        case = None if signature is None else self.cases.get((stats.target, tuple(signature)))
+        if case is None or tuple(signature) in stats.failures:
+            return
+        stats.add_failure(FailureRecord(
+            case.target, case.kind, FailureKind(case.kind).blame, case.check, str(case.raw.get("message", "")),
+            case.example.to_dict(), case.fault, str(case.directory),
+            known=signature[2] if len(signature) > 2 else None, found_before=True))
+        self.say(f"found before: {case.kind} ({check_label(case.check)}) in {case.target} -> {case.directory} "
+                 "(its reproducer from an earlier campaign in this --out; none written again)")
+
+
+__all__ = ["FoundBefore", "Slot", "SupervisorResult", "TargetState", "Task"]

@@ -23,7 +23,8 @@ Process model (docs/campaigns.md has the full table):
   more work (said in the summary). Workers that cannot start, or a database that fails, end the campaign.
 - The supervisor writes ``OUT/status.json`` and ``OUT/state.json`` (chunks started per target, the examples in
   flight) atomically every couple of seconds (:mod:`kvfuzz.fuzz.campaign.workers.status`), so a campaign killed
-  outright resumes with new seeds and retries what it had in flight.
+  outright resumes with new seeds and retries what it had in flight; a failure it left a reproducer of in ``OUT`` is
+  reported found before, with that reproducer (:class:`~kvfuzz.fuzz.campaign.workers.bookkeeping.FoundBefore`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from kvfuzz.fuzz.campaign.store import ledger
 from kvfuzz.fuzz.campaign.store.cases import BadReproducer, read_example
 from kvfuzz.fuzz.campaign.store.journal import CampaignState, OutOfSpace
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
-from kvfuzz.fuzz.campaign.workers.bookkeeping import Slot, SupervisorResult, TargetState
+from kvfuzz.fuzz.campaign.workers.bookkeeping import FoundBefore, Slot, SupervisorResult, TargetState
 from kvfuzz.fuzz.campaign.workers.endings import (
     DEVICE_ERROR,
     MPS_BUSY,
@@ -119,6 +120,7 @@ class Supervisor:
         for t in self.targets:  # each chunk's tier and focus (None: the fixed split, chunks.chunk_tier)
             t.steer = Steering.of(t.target, config, t.tiers)
         self.by_name = {t.name: t for t in self.targets}
+        self.before = FoundBefore.read(config, self.by_name, on_event) if resume else FoundBefore()  # in --out
         self.slots = [Slot(i) for i in range(pool.workers)]
         self.ctx = mp.get_context("spawn")
         self.state = (CampaignState.load(self.out, config.seed, warn=on_event) if resume
@@ -278,7 +280,7 @@ class Supervisor:
                 self._send(s, ("stop",))
             return
         t = self.by_name[task.target]
-        known = {"signatures": [list(sig) for sig in t.stats.failures], "ended": t.ended,
+        known = {"signatures": self.before.signatures(t.name, t.stats.failures), "ended": t.ended,
                  # CLOCK_MONOTONIC is one clock for every process of the host: the worker stops there (engine.py)
                  "deadline": None if self.config.duration is None else t.start + self.config.duration,
                  "plan": None if task.plan is None else task.plan.to_dict()}
@@ -329,6 +331,7 @@ class Supervisor:
                                 None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
                                 o.get("skipped"), o.get("kv_tokens", 0), stages),
                         time.monotonic() - (t.start or time.monotonic()), shrink=shrink)
+            self.before.hit(t.stats, o["signature"])
             if t.steer is not None and not shrink and not o.get("skipped"):  # what the next chunks steer by
                 t.steer.observe(o["labels"], o["ratio"], o["signature"])
             if task is not None and not shrink:
@@ -537,6 +540,7 @@ class Supervisor:
         example = Example.from_dict(flight["example"])
         t.stats.add(Outcome({"path": t.target.path(example.batch)}, signature=finding.signature),
                     time.monotonic() - (t.start or time.monotonic()))
+        self.before.hit(t.stats, finding.signature)
         t.crashes += 1
         if len(t.ended) < MAX_ENDED_EXAMPLES:
             t.ended.append([list(finding.signature), flight["example"]])
