@@ -30,12 +30,16 @@ def clock(seconds: float) -> str:
 
 
 def time_left(stats: list, elapsed: float, max_examples: int | None, duration: float | None) -> str:
-    """What is left of the campaign: under ``duration`` (seconds per target, the targets run side by side) the time
-    to its end; with ``max_examples`` (per target; None: no example budget) the examples still to run at the rate so
-    far ("~" marks that estimate); the sooner of the two. "" when neither can tell (no budget, or no rate yet)."""
+    """What is left of the campaign: under ``duration`` (seconds per target) the time to its end, each target's
+    ``duration`` less its own ``elapsed`` (its start to its last example), added up: the targets take the workers in
+    turn (kvfuzz.fuzz.campaign.workers.scheduling), so one not yet started still has all of it; with
+    ``max_examples`` (per target; None: no example budget) the examples still to run at the rate so far ("~" marks
+    that estimate); the sooner of the two. "" when neither can tell (no budget, or no rate yet). ``elapsed``: the
+    campaign's seconds, for a ``stats`` entry without its own."""
     left = []
     if duration is not None:
-        left.append((max(0.0, duration - elapsed), ""))
+        ends = [max(0.0, duration - getattr(s, "elapsed", elapsed)) for s in stats if not getattr(s, "stopped", "")]
+        left.append((sum(ends), ""))
     if max_examples is not None:
         todo = sum(max(0, max_examples - s.examples) for s in stats)
         rate = sum(s.examples_per_second for s in stats)

@@ -122,8 +122,8 @@ class Snapshots:
 
     def status(self, targets: list, slots: list, now: float, final: bool = False) -> dict:
         """status.json's contents at ``now`` (docs/campaigns.md, "Watching a campaign"): ``elapsed_s`` since the
-        campaign started; ``remaining_s`` until the last target's ``--duration`` runs out (None without one; shrinks
-        may go on past it within their grace); ``examples`` and ``examples_per_s`` over the last minute and the last
+        campaign started; ``remaining_s`` until every target's ``--duration`` has run out, one target after another
+        (None without one; shrinks may go on past it within their grace); ``examples`` and ``examples_per_s`` over the last minute and the last
         five (:class:`Rates`); ``distinct_failures``; ``memory``: per worker its pid, resident memory (``/proc``) and
         the CUDA memory its caching allocator reserves and has allocated (as the worker last reported it; None off
         CUDA), and their totals; each target's counts (``targets``) and the target each worker runs
@@ -131,9 +131,9 @@ class Snapshots:
         examples = sum(t.stats.examples for t in targets)
         self.rates.add(now, examples)
         remaining = None
-        if self.duration is not None:
-            ends = [(t.start or now) + self.duration for t in targets if not t.stats.stopped]
-            remaining = 0.0 if final or not ends else round(max(0.0, max(ends) - now), 1)
+        if self.duration is not None:  # the targets take the workers in turn (scheduling.py): their times add up
+            ends = [max(0.0, (t.start or now) + self.duration - now) for t in targets if not t.stats.stopped]
+            remaining = 0.0 if final or not ends else round(sum(ends), 1)
         workers = {str(s.index): {"pid": getattr(s.proc, "pid", None), "rss_bytes": None if final else rss_bytes(
             getattr(s.proc, "pid", None)), "gpu_reserved_bytes": (s.gpu_memory or (None, None))[0],
             "gpu_allocated_bytes": (s.gpu_memory or (None, None))[1]} for s in slots}

@@ -63,6 +63,10 @@ def test_status_says_time_rates_failures_and_memory(tmp_path):
     snaps.write(targets, [here, gone], final=True)
     final = json.loads((tmp_path / "status.json").read_text())
     assert final["remaining_s"] == 0.0 and not final["running"]
+    # a second target not yet started: the targets take the workers in turn, so its 600 s come after the first's 480
+    targets.append(TargetState(object(), TargetStats("u")))
+    snaps.write(targets, [here, gone], force=True)
+    assert json.loads((tmp_path / "status.json").read_text())["remaining_s"] == 1080.0
 
 
 class _Pipe:

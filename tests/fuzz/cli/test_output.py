@@ -55,8 +55,9 @@ def test_the_stats_line_is_one_line_for_every_target():
     assert progress_line(stats, 65, max_examples=200) == (
         "[1m05s] 312 examples (4.8/s), 1 failure, ~19s left | vllm.cpu_attention 160/200 (2.5/s, 1 failure) | "
         "vllm.unified_attention 152/200 (2.2/s)")
-    assert progress_line(stats, 20, duration=60) == (
-        "[20s] 312 examples (4.8/s), 1 failure, 40s left | vllm.cpu_attention 160 (2.5/s, 1 failure) | "
+    stats[0].elapsed, stats[1].elapsed = 60.0, 20.0  # in turn: the first target's minute is over
+    assert progress_line(stats, 80, duration=60) == (
+        "[1m20s] 312 examples (4.8/s), 1 failure, 40s left | vllm.cpu_attention 160 (2.5/s, 1 failure) | "
         "vllm.unified_attention 152 (2.2/s)")
 
 
@@ -69,6 +70,11 @@ def test_time_left_under_duration_and_budget():
     assert time_left(s, 5, 20, 90) == "~5s left"  # both: the sooner
     assert time_left([_stats("t", 0, 0.0)], 1, 20, None) == ""  # no rate yet: no guess
     assert time_left(s, 5, None, None) == ""
+    # the targets take the workers in turn: 60 s left of one, all 90 s of one not started, none of one stopped
+    turn = [SimpleNamespace(examples=10, examples_per_second=2.0, elapsed=30.0, stopped=""),
+            SimpleNamespace(examples=0, examples_per_second=0.0, elapsed=0.0, stopped=""),
+            SimpleNamespace(examples=3, examples_per_second=1.0, elapsed=4.0, stopped="its first failure")]
+    assert time_left(turn, 30, None, 90) == "2m30s left"
     assert [clock(x) for x in (0.2, 59.6, 185, 7620)] == ["0s", "1m00s", "3m05s", "2h07m"]
 
 
