@@ -123,11 +123,11 @@ class Snapshots:
     def status(self, targets: list, slots: list, now: float, final: bool = False) -> dict:
         """status.json's contents at ``now`` (docs/campaigns.md, "Watching a campaign"): ``elapsed_s`` since the
         campaign started; ``remaining_s`` until every target's ``--duration`` has run out, one target after another
-        (None without one; shrinks may go on past it within their grace); ``examples`` and ``examples_per_s`` over the last minute and the last
-        five (:class:`Rates`); ``distinct_failures``; ``memory``: per worker its pid, resident memory (``/proc``) and
-        the CUDA memory its caching allocator reserves and has allocated (as the worker last reported it; None off
-        CUDA), and their totals; each target's counts (``targets``) and the target each worker runs
-        (``workers``)."""
+        (None without one; shrinks may go on past it within their grace); ``examples`` and ``examples_per_s`` over
+        the last minute and the last five (:class:`Rates`); ``distinct_failures``; ``memory``: per worker its pid,
+        resident memory (``/proc``) and the CUDA memory its caching allocator reserves and has allocated (as the
+        worker last reported it; None off CUDA), and their totals; each target's counts (``targets``) and the target
+        each worker runs (``workers``)."""
         examples = sum(t.stats.examples for t in targets)
         self.rates.add(now, examples)
         remaining = None

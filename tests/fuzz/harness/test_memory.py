@@ -161,8 +161,8 @@ def test_out_of_memory_is_told_by_type_and_by_cudas_words():
     assert not memory.device_full()  # no CUDA here: never full
 
 
-STABLE_ABI_FAILURE = ('torch_call_dispatcher( "aten::new_empty", "", stack.data(), TORCH_ABI_VERSION) API call failed at '
-                      '/opt/venv/lib/python3.12/site-packages/torch/include/torch/csrc/stable/ops.h, line 961')
+STABLE_ABI_FAILURE = ('torch_call_dispatcher( "aten::new_empty", "", stack.data(), TORCH_ABI_VERSION) API call failed '
+                      'at /opt/venv/lib/python3.12/site-packages/torch/include/torch/csrc/stable/ops.h, line 961')
 
 
 def test_a_stable_abi_extensions_failed_allocation_counts_as_memory_only_once_cuda_is_in_use(monkeypatch):
