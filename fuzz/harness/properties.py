@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+import attrs
 from hypothesis import reject
 
 from kvfuzz.contracts.caches.layouts import LayoutError
@@ -21,8 +22,10 @@ from kvfuzz.contracts.checks.failures import (
     SilentlyUnsupported,
     hide_frame_for_finding,
 )
+from kvfuzz.contracts.model.batch import Batch, contiguous_batch
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.example import Example
+from kvfuzz.contracts.model.states import PRODUCTION_STATES
 from kvfuzz.fuzz.harness import attention, merge, writer
 from kvfuzz.fuzz.harness.faults import CallerFault
 from kvfuzz.fuzz.harness.run import Run
@@ -96,11 +99,56 @@ def check_undeclared(target: Target, example: Example, run: Run | None = None) -
     except KernelCrash as e:
         return run, "rejected: " + rejection_text(e.message)
     except (KernelMismatch, NonFiniteOutput) as f:
+        twin = declared_twin(target, example.batch)
+        if twin is not None and _fails_alike(target, attrs.evolve(example, batch=twin), type(f)):
+            moved = ", ".join(f"{k} {getattr(twin, k)}" for k in _TWIN_FIELDS if getattr(twin, k) != getattr(
+                example.batch, k))
+            raise type(f)(f.check, f"{f.message} (the same batch at the declared {moved} fails alike: a failure "
+                                   f"inside the declaration, not of its {what})", f.details) from None
         raise SilentlyUnsupported(
             f.check, f"{target.name} accepted an undeclared configuration ({what}) without an error and "
                      f"computed it wrongly: {f.message}. Either the kernel should reject it or its "
                      f"declaration is too narrow and it has a bug there.", f.details) from None
     return run, "accepted, correct"
+
+
+#: The fields :func:`declared_twin` moves into a target's declaration.
+_TWIN_FIELDS = ("dtype", "kv_cache_dtype", "head_size", "block_size")
+
+
+def declared_twin(target: Target, batch: Batch) -> Batch | None:
+    """``batch`` with each of its dtype, kv_cache_dtype, head_size and block_size the target does not declare moved
+    to the nearest declared value (a new block size gets a contiguous block table, :func:`contiguous_batch`); None
+    when that leaves something else outside the declaration, when nothing moves, or when a new block table would
+    drop a production state the batch holds (kvfuzz.contracts.model.states). The undeclared property runs it to
+    tell a failure of the undeclared configuration from one inside the declaration (a known finding met at an
+    undeclared block size is not the block size's)."""
+    caps = target.capabilities
+    kv = batch.kv_cache_dtype if batch.kv_cache_dtype in caps.kv_cache_dtypes else caps.kv_cache_dtypes[0]
+    sizes = caps.head_sizes_for(kv)
+    fields = {"dtype": batch.dtype if batch.dtype in caps.dtypes else caps.dtypes[0], "kv_cache_dtype": kv,
+              "head_size": batch.head_size if batch.head_size in sizes or not sizes else min(
+                  sizes, key=lambda h: (abs(h - batch.head_size), h))}
+    twin = attrs.evolve(batch, **fields)
+    if batch.block_size not in caps.block_sizes:
+        if any(s.in_batch(batch) for s in PRODUCTION_STATES.values()):
+            return None
+        block_size = min(caps.block_sizes, key=lambda b: (abs(b - batch.block_size), b))
+        rest = {k: v for k, v in attrs.asdict(twin, recurse=False).items()
+                if k not in ("query_lens", "ctx_lens", "block_size", "num_blocks", "block_table")}
+        twin = contiguous_batch(batch.query_lens, batch.ctx_lens, block_size=block_size, **rest)
+    return None if twin == batch or caps.outside(twin) else twin
+
+
+def _fails_alike(target: Target, example: Example, kind: type) -> bool:
+    """Whether ``example`` fails ``target``'s property with a finding of type ``kind``."""
+    try:
+        check(target, example)
+    except kind:
+        return True
+    except (Exception, LayoutError):  # noqa: BLE001 - any other ending: not the same failure
+        return False
+    return False
 
 
 def check_example(target: Target, example: Example, *, fault: CallerFault | None = None) -> Run:
@@ -144,5 +192,5 @@ def check_example(target: Target, example: Example, *, fault: CallerFault | None
     return check(target, example, fault)
 
 
-__all__ = ["check", "check_example", "check_undeclared", "is_merge", "is_writer", "prepare", "property_of",
-           "rejection_text"]
+__all__ = ["check", "check_example", "check_undeclared", "declared_twin", "is_merge", "is_writer", "prepare",
+           "property_of", "rejection_text"]
