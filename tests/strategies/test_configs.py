@@ -128,10 +128,11 @@ def test_bad_pins_are_rejected():
 
 
 def _pinned_campaign(mutant: str, seed: int = 0) -> TargetStats:
-    config = CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=1000, duration=60, seed=seed,
+    config = CampaignConfig(out=Path(tempfile.mkdtemp()), max_examples=1000, seed=seed,
                                    database=InMemoryExampleDatabase(), stop_at_first_failure=True,
                                    pin_configs=True, structural_shrink=0,  # widening alone
-                                   chunk_examples=200)  # several configurations within the 1000 examples
+                                   chunk_examples=200,  # several configurations within the 1000 examples
+                                   steer=False)  # a configuration per chunk: steered chunks keep the one before
     return engine.fuzz_target(get_mutant(mutant), config), config
 
 
