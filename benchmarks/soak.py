@@ -9,7 +9,9 @@ memory per process (``nvidia-smi --query-compute-apps``, where there is one), th
 ``hypothesis-db``, the examples so far and examples/s since the last sample (status.json), restarts, lost examples,
 skipped examples, distinct failures and reproducer directories. Halfway (``--kill-at``) the campaign's whole process
 group is killed with SIGKILL and the same command is started again on the same ``--out`` for the time left: the
-second part must lose nothing and report no finding of the first part as new.
+second part must lose nothing and report no finding of the first part as new. At ``--hours`` the campaign gets SIGTERM
+(a clean stop, its summary written): ``--duration`` is per target and the targets take the workers in turn, so a
+campaign of several targets would run far longer than the soak.
 
 ``DIR/soak.json`` (written at the end, and after every sample) sums it up against the goals:
 RSS and GPU memory within 10% of their first sample after warm-up (the second sample), examples/s not falling more
@@ -208,13 +210,16 @@ def main() -> int:
     started = time.monotonic()
     samples: list[dict] = []
     parts: list[dict] = []
-    killed = a.kill_at <= 0
+    killed, stopping = a.kill_at <= 0, False
     with open(a.out / "campaign.log", "a") as log, open(a.out / "samples.jsonl", "a") as jl:
         proc = start(kvfuzz, campaign, total, log)
         last = None
         next_sample = started + min(a.sample, 60.0)  # a first sample after warm-up's first minute
         while True:
             now = time.monotonic()
+            if now - started >= total and not stopping:  # --duration is per target: the targets take turns
+                os.killpg(proc.pid, signal.SIGTERM)  # a clean stop: the summary is written, exit 3 (interrupted)
+                stopping = True
             if not killed and now - started >= a.kill_at * total:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
