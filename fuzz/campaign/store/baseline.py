@@ -25,12 +25,14 @@ The file is TOML (read with the standard library's ``tomllib``), one ``[[known]]
     # memory safety (kvfuzz fuzz --sanitize on CUDA): what decides "the same bug"
     locations = ["triton_unified_attention.py:432"]  # the source lines (file basename:line) its invalid accesses are at
     kernels = ["kernel_unified_attention"]            # optional: the kernels they are in
-    heads = "equal"                     # optional: "equal" (num_heads == num_kv_heads only) or "any"
+    heads = "equal"                     # optional: "equal" (num_heads == num_kv_heads only), "group-split" or "any"
 
 A failing example matches an entry only when all of these hold (:func:`match`):
 
 - target, failure kind and check are the entry's;
-- ``heads = "equal"``: the batch has as many query heads as kv heads;
+- ``heads = "equal"``: the batch has as many query heads as kv heads; ``heads = "group-split"`` (Finding 14, the
+  grouped decode kernels' ``cur_head_id // cdiv(group, 16)``): a group past 16 that is not a multiple of 16 over two
+  or more kv heads, and the worst element's head one that program reads from another kv head (:func:`split_heads`);
 - a non-finite output: the example's poison is one of ``poisons``, and **the same example passes** (no finding
   at all) when the entry's ``slots`` hold finite values (zeros) and everything else is unchanged: ``"tail"``,
   the slots the contract leaves unwritten from each sequence's ``seq_len`` up to the next multiple of
@@ -86,7 +88,7 @@ SLOT_CLASSES = ("tail", "unwritten", "freed", "none")
 #: of its own for the freed columns, :func:`~kvfuzz.contracts.model.freed_window.without_window`).
 FEATURES_OFF = {"softcap": ("softcap", None), "magnitudes": ("value_range", "normal"), "padding": ("num_pad_seqs", 0),
                 "sliding_window": ("sliding_window", None)}
-HEADS = ("any", "equal")
+HEADS = ("any", "equal", "group-split")
 #: A memory safety entry's fields (module docstring); a ``locations`` entry: a file's basename and a line.
 MEMORY_FIELDS = ("locations", "kernels")
 LOCATION = re.compile(r"[^/\\:\s]+:[1-9]\d*")
@@ -202,6 +204,18 @@ def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
     for i, t in enumerate(tables):
         entries.append(_entry(path, i, t, {e.id for e in entries}))
     return Baseline(str(path), tuple(entries))
+
+
+def split_heads(batch) -> set[int]:
+    """The query heads of ``batch`` that SGLang's and vLLM's grouped decode kernel (``_fwd_grouped_kernel_stage1``,
+    BLOCK_H 16) reads from the wrong kv head: program ``p`` covers heads ``16p .. 16p + 15`` and reads kv head
+    ``p // cdiv(group, 16)``; empty unless the group is past 16, not a multiple of 16, over two or more kv heads
+    (docs/findings.md, Finding 14)."""
+    group = batch.num_heads // batch.num_kv_heads
+    if batch.num_kv_heads < 2 or group <= 16 or group % 16 == 0:
+        return set()
+    per = -(-group // 16)
+    return {h for h in range(batch.num_heads) if (h // 16) // per != h // group}
 
 
 def _entry(path, i: int, t: dict, taken: set[str]) -> KnownFinding:
@@ -449,6 +463,9 @@ def match(entry: KnownFinding, target, example, finding, run=None, others=()) ->
     b = example.batch
     if entry.heads == "equal" and b.num_heads != b.num_kv_heads:
         return False, f"baseline {entry.id} covers num_heads == num_kv_heads only ({b.num_heads} != {b.num_kv_heads})"
+    if entry.heads == "group-split" and (finding.details.get("oracle") or {}).get("head") not in split_heads(b):
+        return False, (f"baseline {entry.id} covers the heads a group past 16 (not a multiple of 16) reads from "
+                       f"another kv head only ({b.num_heads} heads over {b.num_kv_heads})")
     if entry.kind == "memory safety":
         return _memory_match(entry, finding)
     if entry.kind == "non-finite output":
@@ -592,4 +609,4 @@ def classify(baseline: Baseline | None, target, example, finding, run=None) -> s
 
 
 __all__ = ["FEATURES_OFF", "Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "access_location",
-           "classify", "features_off", "load_baseline", "match", "parse_baseline", "tail_slots"]
+           "classify", "features_off", "load_baseline", "match", "parse_baseline", "split_heads", "tail_slots"]

@@ -423,6 +423,30 @@ def test_the_shipped_baseline_knows_finding_15_at_extreme_values_only_with_its_w
     assert "extreme" not in target.gate_value_ranges and "shifted" not in target.gate_value_ranges
 
 
+@pytest.mark.kernel
+@pytest.mark.parametrize("name", ["vllm.decode_attention_fwd", "sglang.decode_attention_fwd"])
+def test_the_shipped_baseline_knows_finding_14_only_on_the_heads_that_read_another_kv_head(name):
+    """docs/findings.md, Finding 14's minimal case (one decode after 3 cached tokens, 48 heads over 2, fp32): the
+    worst element is on a head of 24-31, which the grouped kernel reads from kv head 0, so finding-14 takes it; the
+    same failure reported on a head the kernel reads right, or at a group of 32, is not Finding 14's."""
+    available(name)
+    from kvfuzz.contracts.model.batch import Batch
+    from kvfuzz.fuzz.campaign.store.baseline import split_heads
+
+    target = get_target(name)
+    batch = Batch(query_lens=[1], ctx_lens=[3], num_heads=48, num_kv_heads=2, head_size=32, block_size=16,
+                  num_blocks=1, block_table=[[0]], dtype="float32")
+    assert split_heads(batch) == set(range(24, 32))
+    assert not split_heads(attrs.evolve(batch, num_kv_heads=1)) and not split_heads(attrs.evolve(batch, num_heads=64))
+    example = Example(batch, Poison.NAN)
+    f = failing(target, example)
+    assert isinstance(f, KernelMismatch) and f.details["oracle"]["head"] in range(24, 32)
+    shipped = load_baseline(SHIPPED)
+    assert classify(shipped, target, example, f) == f"finding-14-{name.split('.')[0]}"
+    f.details["oracle"]["head"] = 3  # a head the kernel reads from its own kv head
+    assert classify(shipped, target, example, f) is None
+
+
 def test_the_shipped_baseline_knows_vllm_53628_only_from_the_freed_window_blocks():
     """vllm#53628 (live upstream, docs/bugs.md): chunked_prefill_paged_decode's decode kernel multiplies the freed
     window blocks' V by 0. The shrunk case of a plain campaign (one decode, ctx 16, window 1, block 16, NaN) is
