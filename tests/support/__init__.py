@@ -2,6 +2,7 @@
 ``pythonpath``). The planted and broken adapters beside this file are loaded as users load theirs, by file
 (:data:`SUPPORT` / "planted_endings.py" ``:CLASS``), or imported as ``support.<module>``."""
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,9 +33,16 @@ def kvfuzz(*args, cwd=ROOT, env=None, timeout=600, input=None) -> subprocess.Com
 def start_kvfuzz(*args, cwd=ROOT, env=None, stderr=subprocess.PIPE, new_session=False) -> subprocess.Popen:
     """Start ``kvfuzz ARGS`` in a child process without waiting (to signal or kill it mid-run): stdout piped as
     text, stderr piped apart or, with ``stderr=subprocess.STDOUT``, into stdout; ``new_session``: in a process
-    group of its own, to signal the group as a terminal's Ctrl-C does (``os.killpg``). The caller waits for it."""
+    group of its own, to signal the group as a terminal's Ctrl-C does (``os.killpg``), with SIGINT's default action
+    as a terminal's foreground job has it (a suite run as a background job of a shell, ``pytest &``, passes SIGINT
+    ignored to its children, and Python keeps it ignored). The caller waits for it."""
     return subprocess.Popen([*KVFUZZ, *map(str, args)], stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            cwd=cwd, env=env, start_new_session=new_session)
+                            cwd=cwd, env=env, start_new_session=new_session,
+                            preexec_fn=_foreground_signals if new_session else None)
+
+
+def _foreground_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def available(target, *args):
