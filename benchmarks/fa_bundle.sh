@@ -21,7 +21,9 @@
 # .device in the next call.
 # Measured on this project's CPU (2 cores): the FA2 .so packs to 77 MiB (zstd -19 --long=30; plain -19: 97 MB);
 # dropping its sm_80 cubins (no nvprune here; zeroing them in a copy) left 62.5 MiB, still a call of its own and
-# an H100-only file: not done. Usage: bash benchmarks/fa_bundle.sh   (env: PY, DEVICE_CACHE, PART_MIB, DEST)
+# an H100-only file: not done. FA4=0 packs FA2's extension alone; PART_MIB=26 then makes 3 parts that each ride
+# beside .device in a call of other work. Usage: bash benchmarks/fa_bundle.sh   (env: PY, DEVICE_CACHE, PART_MIB,
+# DEST, FA4)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -44,10 +46,15 @@ if [ -z "$INSTALLED" ]; then
   ls "$DEVICE_CACHE"/vllm-$VLLM_VERSION-*.whl >/dev/null 2>&1 || \
     "$PY" -m pip download -q --no-deps -d "$DEVICE_CACHE" "vllm==$VLLM_VERSION"
 fi
-"$PY" -m pip download -q --no-deps --python-version 3.12 --platform manylinux_2_28_x86_64 --only-binary=:all: \
-  -d "$DEVICE_CACHE/fa4" "${FA4_WHEELS[@]}"
+FA4_DIR="$DEVICE_CACHE/fa4"
+if [ "${FA4:-1}" = 0 ]; then
+  FA4_DIR="$WORK/no-fa4" && mkdir -p "$FA4_DIR"
+else
+  "$PY" -m pip download -q --no-deps --python-version 3.12 --platform manylinux_2_28_x86_64 --only-binary=:all: \
+    -d "$FA4_DIR" "${FA4_WHEELS[@]}"
+fi
 
-"$PY" - "${INSTALLED:-$(ls "$DEVICE_CACHE"/vllm-$VLLM_VERSION-*.whl | head -1)}" "$DEVICE_CACHE/fa4" "$WORK" <<'EOF'
+"$PY" - "${INSTALLED:-$(ls "$DEVICE_CACHE"/vllm-$VLLM_VERSION-*.whl | head -1)}" "$FA4_DIR" "$WORK" <<'EOF'
 import glob, os, shutil, sys, zipfile
 
 source, fa4, work = sys.argv[1:]
@@ -62,6 +69,7 @@ with open(f"{work}/fa2/_vllm_fa2_C.abi3.so", "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
 for w in sorted(glob.glob(f"{fa4}/*.whl")):  # what `pip install --no-deps --target` does with these wheels: unzip
     zipfile.ZipFile(w).extractall(f"{work}/fa4-site")
+os.makedirs(f"{work}/fa4-site", exist_ok=True)
 print(f"fa_bundle: {name} and {len(glob.glob(fa4 + '/*.whl'))} FA4 wheels")
 EOF
 

@@ -129,6 +129,7 @@ class SanitizerSchedule:
         self.spent = 0.0  # seconds of sanitized runs (config.sanitize_time_share's budget)
         self.since: float | None = None  # when this process checked its first example
         self.last: str | None = None  # the "sanitize" label of the example just sanitized
+        self.by_time_share = False  # the example just found due was picked by the time share
         self._child: sanitizer.SanitizedChild | None = None
 
     def due(self, example: Example, deadline: float | None = None) -> bool:
@@ -136,10 +137,13 @@ class SanitizerSchedule:
         (:func:`~kvfuzz.fuzz.harness.sanitizer.applies`); always while a new memory-safety failure is shrunk; when
         ``config.sanitize`` picks it by hash; or, under ``config.sanitize_time_share`` and for a target that declares
         it (``Target.sanitize_by_default``), when this process has spent less than that share of its time since its
-        first example on sanitized runs (examples over 1 GiB of cache excepted: memcheck's copy of a big cache would
-        double its device memory). No child is started within :data:`~kvfuzz.fuzz.harness.sanitizer.START_SECONDS`
-        of ``deadline`` (``time.monotonic()``; None: no time budget)."""
+        first example on sanitized runs, among examples of at most
+        :data:`~kvfuzz.fuzz.harness.sanitizer.TIME_SHARE_MAX_TOKENS` cached tokens (where the share goes furthest;
+        examples over 1 GiB of cache never: memcheck's copy of a big cache would double its device memory). No child
+        is started within :data:`~kvfuzz.fuzz.harness.sanitizer.START_SECONDS` of ``deadline``
+        (``time.monotonic()``; None: no time budget)."""
         config = self.config
+        self.by_time_share = False
         if not (config.sanitize or config.sanitize_time_share or self.every_example) or not sanitizer.applies(
                 self.target):
             return False
@@ -152,18 +156,26 @@ class SanitizerSchedule:
         if config.sanitize and sanitizer.selected(example, config.sanitize):
             return True
         self.since = now if self.since is None else self.since
-        return (bool(config.sanitize_time_share) and self.target.sanitize_by_default
-                and not memory.is_big(example.batch)
-                and self.spent <= config.sanitize_time_share * (now - self.since))
+        self.by_time_share = (bool(config.sanitize_time_share) and self.target.sanitize_by_default
+                              and sum(example.batch.seq_lens) <= sanitizer.TIME_SHARE_MAX_TOKENS
+                              and not memory.is_big(example.batch)
+                              and self.spent <= config.sanitize_time_share * (now - self.since))
+        return self.by_time_share
 
     def run(self, example: Example) -> None:
         """Check ``example`` in the sanitized child (raises its MemorySafetyError), holding this GPU's sanitizer slot;
-        skipped, uncharged, when another worker's sanitized run holds it. A child's first example pays its start: not
-        charged to the time share either."""
+        skipped, uncharged, when another worker's sanitized run holds it. An example the time share picked is also
+        skipped, uncharged, while the child is still starting: it starts in the background
+        (:meth:`~kvfuzz.fuzz.harness.sanitizer.SanitizedChild.ready`), so a worker's ~15 s start neither holds the
+        GPU's one slot (fourteen workers' starts would fill a short campaign's) nor stalls the worker. A hash share
+        and a shrink wait for it. A child's first example pays its start when it waited: not charged to the time
+        share either."""
+        self._child = self._child or sanitizer.SanitizedChild(spec_of(self.target) or self.target.name)
+        if self.by_time_share and not self.every_example and not self._child.ready():
+            return
         with sanitizer.gpu_slot(self.config.out, wait=self.every_example) as slot:
             if not slot:
                 return
-            self._child = self._child or sanitizer.SanitizedChild(spec_of(self.target) or self.target.name)
             started, fresh = time.monotonic(), not self._child.running
             try:
                 self.last = "memcheck"

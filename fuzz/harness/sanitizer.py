@@ -31,7 +31,8 @@ past a tensor returns what lies there, or crashes the process on an unmapped pag
 (docs/fuzzing.md).
 
 Cost: a long-lived child per worker (:class:`SanitizedChild`; its CUDA context, Triton load and the kernel under
-memcheck, ~15 s to start, ~10 ms an example once warm); the time share keeps it bounded, and :func:`gpu_slot` lets
+memcheck, ~15 s to start, ~10 ms an example once warm, started in the background for the time share); the time
+share keeps it bounded (on batches of at most :data:`TIME_SHARE_MAX_TOKENS` tokens), and :func:`gpu_slot` lets
 one sanitized run at a time use each GPU. While a worker shrinks a new memory-safety failure it sanitizes every
 example of that target, so Hypothesis's shrinker sees the failure on every candidate (a share drawn by the
 example's key would skip most of them); once the failure is recorded it returns to the share.
@@ -76,6 +77,12 @@ AUTO_TIME_SHARE = 0.1
 START_SECONDS = 30.0
 #: The persistent child's marker lines on its stdout (:class:`SanitizedChild`).
 MARK = "KVFUZZ-SANITIZED"
+#: The most cached tokens (the batch's seq_lens summed) of an example the time share (``--sanitize auto``) picks.
+#: Memcheck slows every access of the child's data generation and kernel 10-100x, and one sanitized run at a time
+#: uses each GPU (:func:`gpu_slot`), so the share goes furthest on small batches; the overruns it exists for sit at
+#: tile and block-table edges, which batches of a few hundred tokens reach (vllm#56862: one 9-token prefill). A
+#: hash share (``--sanitize SHARE``) and a shrink pick examples of any size.
+TIME_SHARE_MAX_TOKENS = 4096
 
 
 @attrs.frozen
@@ -327,6 +334,11 @@ class SanitizedChild:
     N``) after each; what memcheck prints between two markers is that example's report. A fresh child per example
     costs ~15 s (CUDA context, imports, the kernel's load under memcheck); this one ~10 ms an example once warm.
 
+    The child prints ``KVFUZZ-SANITIZED ready 0`` once it has loaded the target and made its CUDA context;
+    :meth:`ready` starts a child without waiting for it and says whether it has got there, so a campaign's worker
+    keeps running examples while its child starts (~15 s under memcheck) instead of holding its GPU's sanitizer
+    slot for it (:class:`~kvfuzz.fuzz.campaign.runner.SanitizerSchedule`).
+
     :meth:`check` is a screen: an example it passes is clean; anything else (an invalid access, an error, a child
     that died or hung) is decided by :func:`sanitize` in a fresh child, whose whole report (with its ERROR
     SUMMARY) cannot belong to another example. A child that still answered is kept (``--destroy-on-device-error
@@ -339,11 +351,31 @@ class SanitizedChild:
         self._lines: queue.Queue = queue.Queue()
         self._dir: str | None = None
         self._n = 0
+        self._ready = False
 
     @property
     def running(self) -> bool:
         """Whether a child is up (the next :meth:`check` does not start one)."""
         return self._proc is not None and self._proc.poll() is None
+
+    def ready(self) -> bool:
+        """Whether a child is up and has printed its ready marker; starts one (without waiting) when none runs.
+        Reads only the lines before the marker (memcheck's banner). A child that ended before it counts as ready:
+        the next :meth:`check` meets its end and :func:`sanitize` decides. Raises HarnessError as :meth:`check`
+        does when no compute-sanitizer is found."""
+        if not self.running:
+            self._start()
+        while not self._ready:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                return False
+            if line is None:  # it ended: leave the end for check() to meet
+                self._lines.put(None)
+                self._ready = True
+            elif line.split()[:2] == [MARK, "ready"]:
+                self._ready = True
+        return True
 
     def _start(self) -> None:
         exe = self.exe or sanitizer_path()
@@ -362,7 +394,7 @@ class SanitizedChild:
                                       text=True, bufsize=1, env=child_environment())
         self._lines = queue.Queue()
         threading.Thread(target=self._read, args=(self._proc.stdout, self._lines), daemon=True).start()
-        self._n = 0
+        self._n, self._ready = 0, False
 
     @staticmethod
     def _read(stream, lines: queue.Queue) -> None:
@@ -465,6 +497,11 @@ def _child(argv: list[str]) -> int:
     if not a.serve:
         _run_example(target, a.example)
         return 0
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.init()  # the context, made before the parent is told it may send examples
+    print(f"{MARK} ready 0", flush=True)
     n = 0
     for line in sys.stdin:
         if not line.strip():
@@ -479,9 +516,9 @@ def _child(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["AUTO_TIME_SHARE", "CHECK", "MARK", "START_SECONDS", "DeviceFull", "MemcheckReport", "MemoryAccess",
-           "MemorySafetyError", "SanitizedChild", "applies", "child_environment", "exact_batch", "gpu_slot",
-           "parse_memcheck", "sanitize", "sanitizer_path", "selected"]
+__all__ = ["AUTO_TIME_SHARE", "CHECK", "MARK", "START_SECONDS", "TIME_SHARE_MAX_TOKENS", "DeviceFull",
+           "MemcheckReport", "MemoryAccess", "MemorySafetyError", "SanitizedChild", "applies", "child_environment",
+           "exact_batch", "gpu_slot", "parse_memcheck", "sanitize", "sanitizer_path", "selected"]
 
 if __name__ == "__main__":
     sys.exit(_child(sys.argv[1:]))

@@ -6,6 +6,7 @@ the exact-size block table, and the option's bad values. CPU only: the planted s
 import stat
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import attrs
@@ -211,6 +212,9 @@ def test_the_time_share_sanitizes_only_while_under_its_budget(monkeypatch):
     assert not s.due(ex)  # 2 s of 10 s: over 10%
     clock[0] = 120.0
     assert s.due(ex)  # 2 s of 20 s
+    long = Example(small_batch([1], [sanitizer.TIME_SHARE_MAX_TOKENS], head_size=32, block_size=16), Poison.NAN)
+    assert not s.due(long)  # over the time share's tokens: the share goes to small batches
+    assert engine.Campaign(Declared(), attrs.evolve(config, sanitize=1.0), Quiet()).runner.sanitizer.due(long)
     big = attrs.evolve(ex, batch=attrs.evolve(ex.batch, num_blocks=1 << 22, block_table=[[(1 << 22) - 1]]))
     assert not s.due(big)  # a > 1 GiB cache: never by time share
     s.every_example = True
@@ -222,6 +226,52 @@ def test_the_time_share_sanitizes_only_while_under_its_budget(monkeypatch):
     assert not off.due(ex)
     monkeypatch.setattr(sanitizer, "applies", lambda target: False)  # off CUDA: never
     assert not s.due(ex)
+
+
+def test_a_starting_child_is_waited_for_by_a_hash_share_and_skipped_uncharged_by_the_time_share(
+        tmp_path, monkeypatch):
+    """The child starts in the background: ready() is False until it prints its marker, then True. An example the
+    time share picked while it starts is checked without the sanitizer, holding no GPU slot and charging nothing;
+    one a hash share picked waits for it and is sanitized (here: the planted overrun is found)."""
+    from kvfuzz.fuzz.campaign import engine
+    from kvfuzz.fuzz.campaign.records import Quiet
+    from kvfuzz.fuzz.targets.registry import spec_of
+
+    exe = _running_sanitizer(tmp_path)
+    target = _overrun_target()
+    child = sanitizer.SanitizedChild(spec_of(target), sanitizer=exe, timeout=120)
+    try:
+        assert not child.ready() and child.running  # started, not waited for
+        deadline = time.monotonic() + 120
+        while not child.ready():
+            assert time.monotonic() < deadline and child.running
+            time.sleep(0.05)
+        child.check(target, Example(small_batch([1], [2], head_size=32, block_size=16), Poison.NAN))
+    finally:
+        child.close()
+
+    monkeypatch.setenv(sanitizer.ENV, exe)
+    monkeypatch.setattr(sanitizer, "applies", lambda target: True)
+    hit = Example(small_batch([1], [1], head_size=32, block_size=16), Poison.NAN)  # an odd seq_len overruns
+    shared = CampaignConfig(out=tmp_path, max_examples=1, sanitize_time_share=1.0, database=InMemoryExampleDatabase())
+    monkeypatch.setattr(type(target), "sanitize_by_default", True, raising=False)
+    c = engine.Campaign(target, shared, Quiet())
+    slots = []
+    real_slot = sanitizer.gpu_slot
+    monkeypatch.setattr(sanitizer, "gpu_slot", lambda *a, **k: slots.append(a) or real_slot(*a, **k))
+    try:
+        s = c.runner.sanitizer
+        assert c.runner.check(hit) is None  # its child is starting: not sanitized
+        assert not slots and not s.last and s.spent == 0.0 and s._child.running
+    finally:
+        c.close()
+    c = engine.Campaign(target, attrs.evolve(shared, sanitize=1.0, sanitize_time_share=0.0), Quiet())
+    try:
+        with pytest.raises(MemorySafetyError):  # a hash share waits for the start
+            c.runner.check(hit)
+        assert slots
+    finally:
+        c.close()
 
 
 def test_the_exact_batch_puts_a_longest_sequence_last():
