@@ -48,7 +48,8 @@ A failing example matches an entry only when all of these hold (:func:`match`):
   A re-run failing the same check, or another check no entry accepts (a failure of its own), keeps it new;
 - a kernel mismatch: ``error / bound`` at the worst element is at most ``max_ratio``. Above it the finding is
   new (the known bug changed: it got worse), and its details say which entry it outgrew. An entry with ``values``
-  and ``features`` (instead of, or with, ``max_ratio``) matches as ``slots = "none"`` does: the value range is one
+  and ``features`` (instead of, or with, ``max_ratio``; ``heads = "group-split"`` needs neither) matches as
+  ``slots = "none"`` does: the value range is one
   of ``values`` and the same example passes with the features off (or fails there only with findings other
   entries accept: Finding 3 at normal values, a pad row's NaN). The feature ``"magnitudes"`` re-runs the same
   batch at the ``"normal"`` value range: a precision bug that only large magnitudes expose (an fp16 score that
@@ -291,10 +292,12 @@ def _non_finite_fields(path, i: int, t: dict) -> dict:
 
 
 def _mismatch_fields(path, i: int, t: dict) -> dict:
-    """A kernel mismatch entry's ``max_ratio`` (required unless it has ``values`` and ``features``), validated."""
+    """A kernel mismatch entry's ``max_ratio`` (required unless it has ``values`` and ``features``, or
+    ``heads = "group-split"``: its head scope is the bug's, and the error, two heads' attention apart, has no bound
+    that holds at every value range), validated."""
     scoped = "values" in t or "features" in t
     kw = _values_and_features(path, i, t) if scoped else {}
-    if "max_ratio" in t or not scoped:
+    if "max_ratio" in t or not (scoped or t.get("heads") == "group-split"):
         ratio = _field(path, i, t, "max_ratio", float,
                        "the largest |out - ref| / bound accepted, e.g. 10.0 (or values and features)")
         if not (math.isfinite(ratio) and ratio >= 1.0):

@@ -445,6 +445,30 @@ def test_the_shipped_baseline_knows_finding_14_only_on_the_heads_that_read_anoth
     assert classify(shipped, target, example, f) == f"finding-14-{name.split('.')[0]}"
     f.details["oracle"]["head"] = 3  # a head the kernel reads from its own kv head
     assert classify(shipped, target, example, f) is None
+    # at "extreme" values with an fp8 cache the bound can be tiny and the ratio past any fixed cap (3.26e35 in an H200
+    # sweep: |out - ref| 0.562 against a bound of 1.73e-36): still Finding 14, which its heads scope, not a ratio
+    f.details["oracle"].update(head=24, error=0.562, bound=1.73e-36)
+    assert classify(shipped, target, example, f) == f"finding-14-{name.split('.')[0]}"
+
+
+@pytest.mark.kernel
+def test_the_shipped_baseline_knows_finding_15_beside_freed_window_blocks_only_with_its_window():
+    """An H200 sweep's case: one decode after 16 tokens, window 1, fp16, "shifted" values, the block before the
+    window freed (NaN there): the -10000 mask is the row's largest logit, so the freed block's NaN is summed in.
+    finding-15-freed takes it while the same batch with no window (its freed column given a block) passes; at
+    "normal" values it is vllm#53628's (zeros in the null block pass)."""
+    available("vllm.chunked_prefill_paged_decode")
+    target = get_target("vllm.chunked_prefill_paged_decode")
+    batch = attrs.evolve(_batch([1], [16], head_size=32, block_size=16, dtype="float16", sliding_window=1,
+                                value_range="shifted"),
+                         freed_window_blocks=True, num_blocks=2, block_table=[[0, 1]])
+    example = Example(batch, Poison.NAN)
+    f = failing(target, example)
+    assert isinstance(f, NonFiniteOutput)
+    shipped = load_baseline(SHIPPED)
+    assert classify(shipped, target, example, f) == "finding-15-freed"
+    plain = Example(attrs.evolve(batch, value_range="normal"), Poison.NAN)
+    assert classify(shipped, target, plain, failing(target, plain)) == "vllm-53628-chunked"
 
 
 def test_the_shipped_baseline_knows_vllm_53628_only_from_the_freed_window_blocks():
