@@ -221,7 +221,7 @@ def test_a_triton_targets_class_and_instance_declare_the_same_dtypes_and_its_ker
 
 
 def test_torch_flexs_class_and_instance_declare_the_same_sizes_on_each_device(monkeypatch):
-    """torch flex's head and page sizes depend on where it runs (eager on the CPU, compiled on CUDA); the class
+    """torch flex's head and page sizes, and on CUDA its GQA groups, depend on where it runs (eager on the CPU, compiled on CUDA); the class
     and its instances agree there (the instance used to rewrite them, as the Triton targets' dtypes did)."""
     from kvfuzz.fuzz.targets import torch_flex
     from kvfuzz.fuzz.targets.torch_flex import TorchFlexPaged
@@ -233,6 +233,9 @@ def test_torch_flexs_class_and_instance_declare_the_same_sizes_on_each_device(mo
         want = ((TorchFlexPaged.cuda_head_sizes, TorchFlexPaged.cuda_block_sizes) if cuda
                 else ((16, 32, 48, 64, 80, 128, 256), (16, 32, 8, 64, 128)))
         assert (caps.head_sizes, caps.block_sizes) == want
+        # on CUDA, groups past 16 are undeclared (an InductorError at 64 not yet settled: the class's note)
+        assert caps.gqa_ratios == (TorchFlexPaged.cuda_gqa_ratios if cuda else None)
+        assert cuda == (not caps.fp8_accepts_gqa("auto", 64)) and caps.fp8_accepts_gqa("auto", 16)
         assert caps.shared_prefix_blocks and caps.features == {"sliding_window", "alibi", "softcap"}
 
 
