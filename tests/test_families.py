@@ -221,8 +221,9 @@ def test_a_triton_targets_class_and_instance_declare_the_same_dtypes_and_its_ker
 
 
 def test_torch_flexs_class_and_instance_declare_the_same_sizes_on_each_device(monkeypatch):
-    """torch flex's head and page sizes, and on CUDA its GQA groups, depend on where it runs (eager on the CPU, compiled on CUDA); the class
-    and its instances agree there (the instance used to rewrite them, as the Triton targets' dtypes did)."""
+    """torch flex's head and page sizes, and on CUDA its GQA groups, depend on where it runs (eager on the CPU,
+    compiled on CUDA); the class and its instances agree there (the instance used to rewrite them, as the Triton
+    targets' dtypes did)."""
     from kvfuzz.fuzz.targets import torch_flex
     from kvfuzz.fuzz.targets.torch_flex import TorchFlexPaged
 
