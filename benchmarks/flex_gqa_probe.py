@@ -16,20 +16,24 @@ from kvfuzz.fuzz.targets.torch_flex import TorchFlexPaged
 
 def main() -> None:
     assert torch_flex.on_cuda(), "needs a CUDA device"
-    own = TorchFlexPaged.kernel_options
-    for heads in (16, 24, 32, 64):
-        for page in (16, 64):
-            batch = Batch(query_lens=[1], ctx_lens=[0], num_heads=heads, num_kv_heads=1, head_size=16,
-                          block_size=page, num_blocks=1, block_table=[[0]], dtype="float32")
-            for label, opts in (("kvfuzz options", own), ("flex defaults", staticmethod(lambda b, d: None))):
-                TorchFlexPaged.kernel_options = opts
-                try:
-                    properties.check(TorchFlexPaged(), Example(batch, Poison.NAN))
-                    print(f"H={heads} Hkv=1 D=16 page={page} fp32, {label}: passed", flush=True)
-                except Exception as e:  # what the probe is for: the error's words
-                    tail = "".join(traceback.format_exception(e)).strip().splitlines()[-12:]
-                    print(f"H={heads} Hkv=1 D=16 page={page} fp32, {label}: {type(e).__name__}", flush=True)
-                    print("    " + "\n    ".join(line[:300] for line in tail), flush=True)
+    own = TorchFlexPaged.__dict__["kernel_options"]  # the staticmethod itself, to put back as it was
+    cases = [dict(query_lens=[1], num_heads=h, num_kv_heads=1, head_size=16, block_size=p, dtype="float32")
+             for h in (16, 24, 32, 64) for p in (16, 64)]
+    # the next sweep's crash (2026-11-28, H200): a 16-token prefill, 64 heads over 4, head size 256, page 128, fp16
+    cases.append(dict(query_lens=[16], num_heads=64, num_kv_heads=4, head_size=256, block_size=128, dtype="float16"))
+    for kw in cases:
+        batch = Batch(ctx_lens=[0], num_blocks=1, block_table=[[0]], **kw)
+        name = (f"H={kw['num_heads']}/{kw['num_kv_heads']} D={kw['head_size']} q={kw['query_lens'][0]} "
+                f"page={kw['block_size']} {kw['dtype']}")
+        for label, opts in (("kvfuzz options", own), ("flex defaults", staticmethod(lambda b, d: None))):
+            TorchFlexPaged.kernel_options = opts
+            try:
+                properties.check(TorchFlexPaged(), Example(batch, Poison.ZEROS))
+                print(f"{name}, {label}: passed", flush=True)
+            except Exception as e:  # what the probe is for: the error's words
+                tail = "".join(traceback.format_exception(e)).strip().splitlines()[-12:]
+                print(f"{name}, {label}: {type(e).__name__}", flush=True)
+                print("    " + "\n    ".join(line[:300] for line in tail), flush=True)
     TorchFlexPaged.kernel_options = own
 
 
