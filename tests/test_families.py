@@ -240,6 +240,21 @@ def test_torch_flexs_class_and_instance_declare_the_same_sizes_on_each_device(mo
         assert caps.shared_prefix_blocks and caps.features == {"sliding_window", "alibi", "softcap"}
 
 
+def test_torch_flex_compiled_calls_pass_block_sizes_at_every_page_size_as_vllm_does():
+    """vLLM's FlexAttention backend always passes BLOCK_M and BLOCK_N; flex's defaults at pages of 128 raised
+    NoValidChoicesError on an H200 (head size 256, fp16). Compiled calls get the fixed config at every page size,
+    its BLOCK_N dividing the page; eager calls none."""
+    from kvfuzz.contracts.model.batch import Batch
+    from kvfuzz.fuzz.targets.torch_flex import TorchFlexPaged
+
+    for page in (16, 32, 64, 128):
+        b = Batch(query_lens=[16], ctx_lens=[0], num_heads=4, num_kv_heads=1, head_size=256, block_size=page,
+                  num_blocks=1, block_table=[[0]], dtype="float16")
+        opts = TorchFlexPaged.kernel_options(b, "cuda")
+        assert opts == {"BLOCK_M": 32, "BLOCK_N": min(page, 32), "num_warps": 4, "num_stages": 1}
+        assert page % opts["BLOCK_N"] == 0 and TorchFlexPaged.kernel_options(b, "cpu") is None
+
+
 def test_every_builtin_target_names_its_upstream_kernel_once():
     """ISSUE.md's upstream file and function come from each target (its checked kernel's defining module, or its
     own ``upstream`` where the signature does not place the kernel), not from a table of its own."""

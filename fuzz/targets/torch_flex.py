@@ -239,8 +239,13 @@ class TorchFlexPaged(Target):
 
     @staticmethod
     def kernel_options(batch: Batch, device: torch.device | str) -> dict | None:
-        """Compiled (CUDA), pages smaller than 128: a small fixed config, ``BLOCK_M=32, BLOCK_N=min(page_size,
-        32), num_warps=4, num_stages=1``; otherwise flex's defaults.
+        """Compiled (CUDA): a small fixed config, ``BLOCK_M=32, BLOCK_N=min(page_size, 32), num_warps=4,
+        num_stages=1``, at every page size; eager (CPU): none. vLLM's FlexAttention backend likewise always passes
+        BLOCK_M and BLOCK_N (vllm/v1/attention/backends/flex_attention.py ``get_kernel_options``: 64, or 32 for fp32,
+        divided down to the block and reduced to fit the device's shared memory), so a call with flex's defaults is
+        one no engine makes: with them (pages of 128, which kvfuzz used to leave to the defaults) an H200 sweep met
+        "NoValidChoicesError: No choices to select" compiling a 16-token prefill at head size 256, fp16. A page of
+        128 gets the tiles a page of 32 or 64 does (BLOCK_N 32 divides it), which passed there.
 
         The fused kernel requires the block mask's KV block size (= the page size) to be a multiple of its
         ``BLOCK_N``, whose default on sm90 is up to 128 (torch/_inductor/template_heuristics/triton.py,
@@ -249,7 +254,7 @@ class TorchFlexPaged(Target):
         shared memory (limit 227 KB); with 32, fp16 at head size 128 (default BLOCK_M 128, 8 warps) has "no
         valid choices". This config passed every (fp16/bf16/fp32) x (head size 16..256) x (page 16/32/64) case on
         an H200 with torch 2.11. Eager: none."""
-        if torch.device(device).type != "cuda" or batch.block_size >= 128:
+        if torch.device(device).type != "cuda":
             return None
         return {"BLOCK_M": 32, "BLOCK_N": min(batch.block_size, 32), "num_warps": 4, "num_stages": 1}
 
