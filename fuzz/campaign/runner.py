@@ -167,7 +167,7 @@ class SanitizerSchedule:
         skipped, uncharged, when another worker's sanitized run holds it. An example the time share picked is also
         skipped, uncharged, while the child is still starting: it starts in the background
         (:meth:`~kvfuzz.fuzz.harness.sanitizer.SanitizedChild.ready`), so a worker's ~15 s start neither holds the
-        GPU's one slot (fourteen workers' starts would fill a short campaign's) nor stalls the worker. A hash share
+        GPU's one slot nor stalls the worker. A hash share
         and a shrink wait for it. A child's first example pays its start when it waited: not charged to the time
         share either."""
         self._child = self._child or sanitizer.SanitizedChild(spec_of(self.target) or self.target.name)
