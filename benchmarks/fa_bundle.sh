@@ -13,7 +13,7 @@
 #                             apache-tvm-ffi, torch-c-dlpack-ext, einops (FA4's Python itself is in vLLM's tree,
 #                             vllm_flash_attn/cute); gpu_env.sh puts nvidia_cutlass_dsl/dsl_packages on PYTHONPATH (the
 #                             .pth file that does it in a site directory is not read from PYTHONPATH)
-# One tar of both, `zstd -19 --long=30` (FA2 77 MiB, FA4's 61 MiB: 3 parts), split into .device-fa/part-<k>/fa.tar.zst.<k>
+# One tar of both, `xz -9e` (the GPU image has xz and no zstd; FA2 alone 76 MiB: 3 parts of 26 MiB), split into .device-fa/part-<k>/fa.tar.xz.<k>
 # of at most $PART_MIB MiB (50),
 # with .device-fa/part-<k>/MANIFEST (parts, sizes, sha256 of the whole stream) in every part. A device call carries
 # 64 MiB in all, the working tree (~9 MiB) included: carry one part a call (benchmarks/fa_stage.sh keeps it in the
@@ -36,7 +36,7 @@ FA4_WHEELS=("nvidia-cutlass-dsl==4.8.0" "nvidia-cutlass-dsl-libs-core==4.8.0" "n
             "quack-kernels==0.6.5" "apache-tvm-ffi==0.1.15.post2" "torch-c-dlpack-ext==0.1.5" "einops==0.8.2")
 
 [ -x "$PY" ] || { echo "fa_bundle: $PY not found (run make setup, or set PY=)" >&2; exit 1; }
-command -v zstd >/dev/null || { echo "fa_bundle: zstd not found" >&2; exit 1; }
+command -v xz >/dev/null || { echo "fa_bundle: xz not found" >&2; exit 1; }
 mkdir -p "$DEVICE_CACHE/fa4" && WORK=$(mktemp -d) && trap 'rm -rf "$WORK"' EXIT
 # FA2's extension: from the installed vllm when it is the pinned one (make setup installs the wheel's files), else the wheel
 INSTALLED=$("$PY" -c 'import importlib.metadata as m, importlib.util as u, os, sys
@@ -74,15 +74,15 @@ print(f"fa_bundle: {name} and {len(glob.glob(fa4 + '/*.whl'))} FA4 wheels")
 EOF
 
 rm -rf "$DEST" && mkdir -p "$DEST"
-tar -C "$WORK" -cf - fa2 fa4-site | zstd -19 --long=30 -T0 -q -o "$WORK/fa.tar.zst"
-total=$(stat -c %s "$WORK/fa.tar.zst")
-sum=$(sha256sum "$WORK/fa.tar.zst" | cut -d' ' -f1)
-split -b "${PART_MIB}M" -d -a 1 "$WORK/fa.tar.zst" "$WORK/fa.tar.zst."
-parts=$(ls "$WORK"/fa.tar.zst.? | wc -l)
-for f in "$WORK"/fa.tar.zst.?; do
+tar -C "$WORK" -cf - fa2 fa4-site | xz -9e -T0 -q > "$WORK/fa.tar.xz"
+total=$(stat -c %s "$WORK/fa.tar.xz")
+sum=$(sha256sum "$WORK/fa.tar.xz" | cut -d' ' -f1)
+split -b "${PART_MIB}M" -d -a 1 "$WORK/fa.tar.xz" "$WORK/fa.tar.xz."
+parts=$(ls "$WORK"/fa.tar.xz.? | wc -l)
+for f in "$WORK"/fa.tar.xz.?; do
   k=$(( ${f##*.} + 1 ))
   mkdir -p "$DEST/part-$k"
-  mv "$f" "$DEST/part-$k/fa.tar.zst.$k"
+  mv "$f" "$DEST/part-$k/fa.tar.xz.$k"
   printf 'parts %s\nbytes %s\nsha256 %s\n' "$parts" "$total" "$sum" > "$DEST/part-$k/MANIFEST"
 done
 echo "fa_bundle: $parts parts of at most $PART_MIB MiB ($((total >> 20)) MiB in all) in $DEST:"

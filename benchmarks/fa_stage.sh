@@ -16,21 +16,21 @@ for d in .device-fa/part-*; do
     exit 1
   fi
   cp "$d/MANIFEST" "$STAGE/MANIFEST"
-  cp "$d"/fa.tar.zst.* "$STAGE/"
+  cp "$d"/fa.tar.xz.* "$STAGE/"
 done
 [ -f "$STAGE/MANIFEST" ] || { echo "fa_stage: no part carried (carry .device-fa/part-<k>)" >&2; exit 1; }
 parts=$(awk '/^parts/ {print $2}' "$STAGE/MANIFEST")
 sum=$(awk '/^sha256/ {print $2}' "$STAGE/MANIFEST")
-have=$(ls "$STAGE"/fa.tar.zst.* 2>/dev/null | wc -l)
+have=$(ls "$STAGE"/fa.tar.xz.* 2>/dev/null | wc -l)
 echo "fa_stage: $have of $parts parts in $STAGE"
 [ "$have" -lt "$parts" ] && exit 0
 if [ -f "$STAGE/unpacked/.sha256" ] && [ "$(cat "$STAGE/unpacked/.sha256")" = "$sum" ]; then
   echo "fa_stage: already unpacked in $STAGE/unpacked"
   exit 0
 fi
-got=$(for k in $(seq 1 "$parts"); do cat "$STAGE/fa.tar.zst.$k"; done | sha256sum | cut -d' ' -f1)
+got=$(for k in $(seq 1 "$parts"); do cat "$STAGE/fa.tar.xz.$k"; done | sha256sum | cut -d' ' -f1)
 [ "$got" = "$sum" ] || { echo "fa_stage: sha256 $got, the MANIFEST says $sum" >&2; exit 1; }
 rm -rf "$STAGE/unpacked" && mkdir -p "$STAGE/unpacked"
-for k in $(seq 1 "$parts"); do cat "$STAGE/fa.tar.zst.$k"; done | zstd -d --long=30 -q | tar -C "$STAGE/unpacked" -xf -
+for k in $(seq 1 "$parts"); do cat "$STAGE/fa.tar.xz.$k"; done | xz -d -q | tar -C "$STAGE/unpacked" -xf -
 echo "$sum" > "$STAGE/unpacked/.sha256"
 echo "fa_stage: unpacked: $(du -sh "$STAGE/unpacked" | cut -f1) (FA2's extension, FA4's packages)"
