@@ -30,6 +30,7 @@ from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
 from .base import KernelCall, require_decode
+from .decode_attention import DECODE_ATTENTION_FAMILY, stage1
 from .signature import KernelSignature
 from .triton_runtime import (  # noqa: F401
     VllmTritonTarget,
@@ -520,15 +521,10 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
     gate_value_ranges = ("normal", "equal")
     description = "vLLM Triton split-KV decode attention (decode only, unified contract)"
     capabilities = Capabilities(
-        contract=Contract.UNIFIED,
-        devices=("cpu", "cuda"),
-        dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
-        head_sizes=(32, 40, 64, 80, 128),  # padded to a power of 2 inside
+        **DECODE_ATTENTION_FAMILY,
         block_sizes=(1, 16, 32, 48, 64),  # page_size 1 is SGLang's default; vLLM's MLA backends use 16*k
-        decode_only=True,
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         features=("softcap",),
-        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
         # vLLM calls it from TRITON_MLA (VllmTritonMlaDecode's docstring), whose decode batches run in FULL CUDA
         # graphs padded with seq_len-0, null-block rows (vllm#57017)
         cuda_graph_padding="vllm",
@@ -573,8 +569,7 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
     def path(self, batch: Batch) -> str:
-        stage1 = "normal" if batch.gqa_ratio == 1 else "grouped"
-        return f"{stage1},splits={self.num_kv_splits(batch)}"
+        return f"{stage1(batch)},splits={self.num_kv_splits(batch)}"
 
 
 #: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).
