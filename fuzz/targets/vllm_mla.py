@@ -58,8 +58,7 @@ module imports neither vllm, triton nor FlashMLA.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -73,9 +72,9 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
-from .base import Availability, KernelCall, Target, require_decode
+from .base import KernelCall, require_decode
 from .signature import KernelSignature
-from .triton_runtime import hopper_availability, hopper_installed, poisoned_scratch, scales
+from .triton_runtime import HopperKernel, HopperTarget, poisoned_scratch, scales
 from .vllm_triton import VllmDecodeAttentionFwd
 
 #: DeepSeek-V2/V3's latent cache: ``kv_lora_rank`` (the value and the output) and the rope dims after it.
@@ -261,7 +260,7 @@ def _dense_unsupported(ops: Any) -> str | None:
     return None if ok else f"FlashMLA dense unsupported here: {reason}"
 
 
-class VllmFlashMlaDecode(Target):
+class VllmFlashMlaDecode(HopperTarget):
     """FlashMLA's dense decode, ``flash_mla_with_kvcache``, called as vLLM 0.33.0's FLASHMLA backend calls it
     (``FlashMLAImpl.forward_mqa``, module docstring) over the latent cache.
 
@@ -284,6 +283,9 @@ class VllmFlashMlaDecode(Target):
 
     name = "vllm.flashmla_decode"
     checked_kernel = FLASH_MLA_WITH_KVCACHE
+    hopper = HopperKernel(FLASHMLA_FILES, FLASHMLA_HOPPER_ONLY, "FlashMLA's dense decode", "vllm._flashmla_C",
+                          "vllm.v1.attention.ops.flashmla", _dense_unsupported,
+                          ("flash_mla_with_kvcache", "get_mla_metadata"))
     #: compiled ahead of time (the wheel's extension): nothing specializes on heads, block size or the window, so a
     #: pinned chunk draws them freely (a pinned window kept the serving tier's model windows out of FA3's chunks)
     runtime_fields = frozenset({"heads", "block_size", "window"})
@@ -304,18 +306,6 @@ class VllmFlashMlaDecode(Target):
         # as decodes and forward_mqa hands FlashMLA one query row per pad (module docstring)
         cuda_graph_padding="vllm",
     )
-
-    def installed(self) -> Availability:
-        return hopper_installed(FLASHMLA_FILES, FLASHMLA_HOPPER_ONLY, "FlashMLA's dense decode", "vllm._flashmla_C")
-
-    def availability(self) -> Availability:
-        return hopper_availability(self.installed(), "vllm.v1.attention.ops.flashmla", _dense_unsupported,
-                                   "vllm._flashmla_C")
-
-    def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        """``(flash_mla_with_kvcache, get_mla_metadata)`` from vllm/v1/attention/ops/flashmla.py."""
-        ops = importlib.import_module("vllm.v1.attention.ops.flashmla")
-        return ops.flash_mla_with_kvcache, ops.get_mla_metadata
 
     def layout(self, batch: Batch) -> CacheLayout:
         return LatentLayout()
