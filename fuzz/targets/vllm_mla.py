@@ -169,6 +169,19 @@ def latent_decode_only(name: str, batch: Batch) -> None:
         raise ValueError(f"{name} reads a latent cache: the batch needs value_head_size ({KV_LORA_RANK}), got None")
 
 
+#: What both MLA decode targets declare of the latent cache they read (module docstring): decode only, keys the
+#: 576-wide latent rows and values their first 512 dims, one kv head shared by 1 to 128 query heads (vLLM's MLA heads
+#: split by tensor parallelism: DeepSeek-V3 has 128, V2-Lite 16; neither backend checks the count), prefix-shared
+#: blocks (vLLM's prefix caching shares full blocks).
+LATENT_MLA_FAMILY = dict(
+    head_sizes=(KV_LORA_RANK + QK_ROPE_HEAD_DIM,),
+    value_head_size=KV_LORA_RANK,
+    decode_only=True,
+    gqa_ratios=(1, 2, 4, 8, 16, 32, 64, 128),
+    shared_prefix_blocks=True,
+)
+
+
 class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
     """vLLM's TRITON_MLA decode: ``decode_attention_fwd(..., is_mla=True)`` on the latent cache, called as
     vllm/v1/attention/backends/mla/triton_mla.py ``TritonMLAImpl.forward_mqa`` calls it (module docstring).
@@ -201,13 +214,9 @@ class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
         contract=Contract.UNIFIED,
         devices=("cpu", "cuda"),
         dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
-        head_sizes=(KV_LORA_RANK + QK_ROPE_HEAD_DIM,),
-        value_head_size=KV_LORA_RANK,
+        **LATENT_MLA_FAMILY,
         block_sizes=(16, 32, 64),
-        decode_only=True,
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"),
-        gqa_ratios=(1, 2, 4, 8, 16, 32, 64, 128),
-        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
         # TritonMLAMetadataBuilder: AttentionCGSupport.UNIFORM_BATCH, so uniform decode batches replay FULL CUDA
         # graphs; the runner pads them (gpu_model_runner.py: seq_lens 0, NULL_BLOCK_ID rows, num_actual_tokens =
         # num_tokens_padded), split_decodes_and_prefills counts the pads as decodes and forward_mqa launches one
@@ -294,13 +303,9 @@ class VllmFlashMlaDecode(HopperTarget):
         contract=Contract.UNIFIED,
         devices=("cuda",),
         dtypes=("float16", "bfloat16"),
-        head_sizes=(KV_LORA_RANK + QK_ROPE_HEAD_DIM,),
-        value_head_size=KV_LORA_RANK,
+        **LATENT_MLA_FAMILY,
         block_sizes=(64,),
-        decode_only=True,
         kv_cache_dtypes=("auto",),
-        gqa_ratios=(1, 2, 4, 8, 16, 32, 64, 128),
-        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
         # FlashMLAMetadataBuilder: AttentionCGSupport.UNIFORM_BATCH, so uniform decode batches replay FULL CUDA
         # graphs; the runner pads them (seq_lens 0, NULL_BLOCK_ID rows), split_decodes_and_prefills counts the pads
         # as decodes and forward_mqa hands FlashMLA one query row per pad (module docstring)
@@ -345,6 +350,7 @@ class VllmFlashMlaDecode(HopperTarget):
 TARGETS = (VllmTritonMlaDecode, VllmFlashMlaDecode)
 
 __all__ = ["DEEPSEEK_SM_SCALE", "FLASHMLA_FILES", "FLASHMLA_HOPPER_ONLY", "FLASH_MLA_WITH_KVCACHE",
+           "LATENT_MLA_FAMILY",
            "FLASH_MLA_WITH_KVCACHE_FP8", "KV_LORA_RANK", "QK_ROPE_HEAD_DIM", "SIGNATURES", "VllmFlashMlaDecode",
            "VllmTritonMlaDecode", "flash_mla_with_kvcache_call", "flash_mla_with_kvcache_fp8_call",
            "latent_decode_only"]
