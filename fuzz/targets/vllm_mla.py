@@ -171,8 +171,8 @@ def latent_decode_only(name: str, batch: Batch) -> None:
 
 #: What both MLA decode targets declare of the latent cache they read (module docstring): decode only, keys the
 #: 576-wide latent rows and values their first 512 dims, one kv head shared by 1 to 128 query heads (vLLM's MLA heads
-#: split by tensor parallelism: DeepSeek-V3 has 128, V2-Lite 16; neither backend checks the count), prefix-shared
-#: blocks (vLLM's prefix caching shares full blocks).
+#: split by tensor parallelism: DeepSeek-V3 has 128, V2-Lite 16), prefix-shared blocks (vLLM's prefix caching shares
+#: full blocks).
 LATENT_MLA_FAMILY = dict(
     head_sizes=(KV_LORA_RANK + QK_ROPE_HEAD_DIM,),
     value_head_size=KV_LORA_RANK,
@@ -350,7 +350,6 @@ class VllmFlashMlaDecode(HopperTarget):
 TARGETS = (VllmTritonMlaDecode, VllmFlashMlaDecode)
 
 __all__ = ["DEEPSEEK_SM_SCALE", "FLASHMLA_FILES", "FLASHMLA_HOPPER_ONLY", "FLASH_MLA_WITH_KVCACHE",
-           "LATENT_MLA_FAMILY",
-           "FLASH_MLA_WITH_KVCACHE_FP8", "KV_LORA_RANK", "QK_ROPE_HEAD_DIM", "SIGNATURES", "VllmFlashMlaDecode",
-           "VllmTritonMlaDecode", "flash_mla_with_kvcache_call", "flash_mla_with_kvcache_fp8_call",
-           "latent_decode_only"]
+           "FLASH_MLA_WITH_KVCACHE_FP8", "KV_LORA_RANK", "LATENT_MLA_FAMILY", "QK_ROPE_HEAD_DIM", "SIGNATURES",
+           "VllmFlashMlaDecode", "VllmTritonMlaDecode", "flash_mla_with_kvcache_call",
+           "flash_mla_with_kvcache_fp8_call", "latent_decode_only"]
