@@ -50,6 +50,7 @@ from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
 from .base import NOT_LOADED, Availability, KernelCall, require_decode
+from .decode_attention import DECODE_ATTENTION_FAMILY, stage1
 from .signature import KernelSignature
 from .triton_runtime import (
     TRITON_TOO_EARLY,
@@ -411,17 +412,12 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
     gate_value_ranges = ("normal", "equal")
     description = "SGLang Triton split-KV decode attention over CSR kv_indices (decode only, unified contract)"
     capabilities = Capabilities(
-        contract=Contract.UNIFIED,
-        devices=("cpu", "cuda"),
-        dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
-        head_sizes=(32, 40, 64, 80, 128),
+        **DECODE_ATTENTION_FAMILY,
         block_sizes=(1, 4, 16, 64),
-        decode_only=True,
         kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"),
         fp8_gqa_ratios=(1,),
         features=("sinks", "softcap"),
         metadata="csr",
-        shared_prefix_blocks=True,
         # SGLang's CudaGraphRunner pads decode batches (seq_len_fill_value 1 for the Triton backend)
         cuda_graph_padding="sglang",
     )
@@ -462,8 +458,7 @@ class SglangDecodeAttentionFwd(SglangTritonTarget):
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
     def path(self, batch: Batch) -> str:
-        stage1 = "normal" if batch.gqa_ratio == 1 else "grouped"
-        return f"{stage1},{super().path(batch)},max_kv_splits={self.max_kv_splits}"
+        return f"{stage1(batch)},{super().path(batch)},max_kv_splits={self.max_kv_splits}"
 
 
 #: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).

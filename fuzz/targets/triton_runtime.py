@@ -1,6 +1,7 @@
 """What vLLM's and SGLang's Triton targets share: where Triton runs (compiled on CUDA, or Triton's interpreter on a
 CPU, set up before triton/vllm are imported), the base class with their availability logic, and the helpers
-their calls share (fp8 cache storage, k/v scales, sinks, poisoned split-KV scratch buffers).
+their calls share (fp8 cache storage, k/v scales, sinks, poisoned split-KV scratch buffers); and how the vLLM
+kernels compiled for Hopper only (FA3, FlashMLA) are found and loaded (:class:`HopperTarget`).
 
 Sources: vllm/triton_utils (the placeholder swapped in without a GPU driver), vllm/platforms/rocm.py (stubbed
 on CPU: the Triton decode path), Triton's interpreter (TRITON_INTERPRET=1).
@@ -17,6 +18,7 @@ import types
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
+import attrs
 import numpy as np
 import torch
 
@@ -148,6 +150,45 @@ def hopper_availability(installed: Availability, module: str, unsupported: Calla
     return Availability(True, f"CUDA (SM 9.x); {loaded_from}", "cuda")
 
 
+@attrs.frozen
+class HopperKernel:
+    """A vLLM kernel compiled for Hopper only (FA3, FlashMLA's dense decode), as its target finds and loads it.
+    files: the files of vLLM 0.33.0's CUDA wheel it needs (paths inside the vllm package); no_cuda: why it cannot run
+    without a CUDA device (``kvfuzz targets`` prints it); kernel: its name in the "needs a Hopper GPU" message;
+    loaded_from: where it loads from, in the "available" message; module: the vllm module that says whether it runs
+    here and defines what the target calls; unsupported: ``module -> reason or None`` (vLLM's own support check);
+    functions: the names of what the target calls from ``module``."""
+
+    files: tuple[str, ...]
+    no_cuda: str
+    kernel: str
+    loaded_from: str
+    module: str
+    unsupported: Callable[[Any], str | None]
+    functions: tuple[str, ...]
+
+
+class HopperTarget(Target):
+    """A target of a :class:`HopperKernel` (its class's :attr:`hopper`): installed (:func:`hopper_installed`) and
+    available (:func:`hopper_availability`) as that kernel is, calling the functions :meth:`kernels` loads. A
+    subclass for another GPU generation of the same module (FA2, FA4 beside FA3) overrides the two checks."""
+
+    hopper: ClassVar[HopperKernel]
+
+    def installed(self) -> Availability:
+        h = self.hopper
+        return hopper_installed(h.files, h.no_cuda, h.kernel, h.loaded_from)
+
+    def availability(self) -> Availability:
+        h = self.hopper
+        return hopper_availability(self.installed(), h.module, h.unsupported, h.loaded_from)
+
+    def kernels(self) -> tuple[Callable[..., Any], ...]:
+        """The functions :attr:`hopper` names, in its order, from its module (a subclass may hand others)."""
+        module = importlib.import_module(self.hopper.module)
+        return tuple(getattr(module, f) for f in self.hopper.functions)
+
+
 def _device_dtypes(cls: type) -> dict[str, tuple[str, ...]]:
     """A Triton target's dtypes where Triton runs here: its class's ``cuda_dtypes`` on CUDA, else ``cpu_dtypes``."""
     return {"dtypes": tuple(cls.cuda_dtypes if on_cuda() else cls.cpu_dtypes)}
@@ -261,7 +302,6 @@ def poisoned_scratch(shape: tuple[int, ...], cache: CacheState, seed_offset: int
     return t
 
 
-__all__ = ["TRITON_TOO_EARLY", "VllmTritonTarget", "fp8_storage", "hopper_availability", "hopper_installed",
-           "missing_module", "module_file",
-           "on_cuda", "poisoned_scratch", "prepare_triton_runtime", "quiet_vllm", "scales", "sinks",
-           "triton_imported_too_early", "vllm_files_missing"]
+__all__ = ["TRITON_TOO_EARLY", "HopperKernel", "HopperTarget", "VllmTritonTarget", "fp8_storage", "hopper_availability",
+           "hopper_installed", "missing_module", "module_file", "on_cuda", "poisoned_scratch", "prepare_triton_runtime",
+           "quiet_vllm", "scales", "sinks", "triton_imported_too_early", "vllm_files_missing"]

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 import attrs
 import torch
@@ -76,9 +76,9 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
-from .base import NOT_LOADED, Availability, KernelCall, Target
+from .base import NOT_LOADED, Availability, KernelCall
 from .signature import KernelSignature
-from .triton_runtime import hopper_availability, hopper_installed, quiet_vllm, vllm_files_missing
+from .triton_runtime import HopperKernel, HopperTarget, quiet_vllm, vllm_files_missing
 
 #: The extension's file inside the vllm package (vLLM 0.33.0's wheel; 172 MB).
 FA3_EXTENSION = "vllm_flash_attn/_vllm_fa3_C.abi3.so"
@@ -186,7 +186,7 @@ def _fa3_unsupported(fa: Any) -> str | None:
     return None if fa.is_fa_version_supported(3) else f"FA3 unsupported here: {fa.fa_version_unsupported_reason(3)}"
 
 
-class VllmFlashAttnVarlen(Target):
+class VllmFlashAttnVarlen(HopperTarget):
     """FlashAttention 3's paged varlen forward, ``flash_attn_varlen_func(..., fa_version=3)``, called as vLLM
     0.33.0's FLASH_ATTN backend calls it (module docstring): the strided views of one ``[NB, Hkv, BS, 2D]``
     cache, ``scheduler_metadata`` from ``get_scheduler_metadata`` as the metadata builder computes it, and
@@ -213,6 +213,9 @@ class VllmFlashAttnVarlen(Target):
 
     name = "vllm.flash_attn_varlen"
     checked_kernel = FLASH_ATTN_VARLEN_FUNC
+    hopper = HopperKernel((FA3_EXTENSION,), HOPPER_ONLY, "FlashAttention 3", "vllm.vllm_flash_attn FA3",
+                          "vllm.vllm_flash_attn", _fa3_unsupported,
+                          ("flash_attn_varlen_func", "get_scheduler_metadata"))
     #: compiled ahead of time (the wheel's extension): nothing specializes on heads, block size or the window, so a
     #: pinned chunk draws them freely (a pinned window kept the serving tier's model windows out of FA3's chunks)
     runtime_fields = frozenset({"heads", "block_size", "window"})
@@ -236,18 +239,6 @@ class VllmFlashAttnVarlen(Target):
         # num_actual_tokens = num_tokens_padded) and passed through build() and forward() unchanged (module docstring)
         cuda_graph_padding="vllm",
     )
-
-    def installed(self) -> Availability:
-        return hopper_installed((FA3_EXTENSION,), HOPPER_ONLY, "FlashAttention 3", "vllm.vllm_flash_attn FA3")
-
-    def availability(self) -> Availability:
-        return hopper_availability(self.installed(), "vllm.vllm_flash_attn", _fa3_unsupported,
-                                   "vllm.vllm_flash_attn FA3")
-
-    def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        """``(flash_attn_varlen_func, get_scheduler_metadata)`` from ``vllm.vllm_flash_attn``."""
-        fa = importlib.import_module("vllm.vllm_flash_attn")
-        return fa.flash_attn_varlen_func, fa.get_scheduler_metadata
 
     def layout(self, batch: Batch) -> CacheLayout:
         return NHDLayout()

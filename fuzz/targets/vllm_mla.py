@@ -58,8 +58,7 @@ module imports neither vllm, triton nor FlashMLA.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -73,9 +72,9 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
-from .base import Availability, KernelCall, Target, require_decode
+from .base import KernelCall, require_decode
 from .signature import KernelSignature
-from .triton_runtime import hopper_availability, hopper_installed, poisoned_scratch, scales
+from .triton_runtime import HopperKernel, HopperTarget, poisoned_scratch, scales
 from .vllm_triton import VllmDecodeAttentionFwd
 
 #: DeepSeek-V2/V3's latent cache: ``kv_lora_rank`` (the value and the output) and the rope dims after it.
@@ -170,6 +169,19 @@ def latent_decode_only(name: str, batch: Batch) -> None:
         raise ValueError(f"{name} reads a latent cache: the batch needs value_head_size ({KV_LORA_RANK}), got None")
 
 
+#: What both MLA decode targets declare of the latent cache they read (module docstring): decode only, keys the
+#: 576-wide latent rows and values their first 512 dims, one kv head shared by 1 to 128 query heads (vLLM's MLA heads
+#: split by tensor parallelism: DeepSeek-V3 has 128, V2-Lite 16), prefix-shared blocks (vLLM's prefix caching shares
+#: full blocks).
+LATENT_MLA_FAMILY = dict(
+    head_sizes=(KV_LORA_RANK + QK_ROPE_HEAD_DIM,),
+    value_head_size=KV_LORA_RANK,
+    decode_only=True,
+    gqa_ratios=(1, 2, 4, 8, 16, 32, 64, 128),
+    shared_prefix_blocks=True,
+)
+
+
 class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
     """vLLM's TRITON_MLA decode: ``decode_attention_fwd(..., is_mla=True)`` on the latent cache, called as
     vllm/v1/attention/backends/mla/triton_mla.py ``TritonMLAImpl.forward_mqa`` calls it (module docstring).
@@ -202,13 +214,9 @@ class VllmTritonMlaDecode(VllmDecodeAttentionFwd):
         contract=Contract.UNIFIED,
         devices=("cpu", "cuda"),
         dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
-        head_sizes=(KV_LORA_RANK + QK_ROPE_HEAD_DIM,),
-        value_head_size=KV_LORA_RANK,
+        **LATENT_MLA_FAMILY,
         block_sizes=(16, 32, 64),
-        decode_only=True,
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"),
-        gqa_ratios=(1, 2, 4, 8, 16, 32, 64, 128),
-        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
         # TritonMLAMetadataBuilder: AttentionCGSupport.UNIFORM_BATCH, so uniform decode batches replay FULL CUDA
         # graphs; the runner pads them (gpu_model_runner.py: seq_lens 0, NULL_BLOCK_ID rows, num_actual_tokens =
         # num_tokens_padded), split_decodes_and_prefills counts the pads as decodes and forward_mqa launches one
@@ -261,7 +269,7 @@ def _dense_unsupported(ops: Any) -> str | None:
     return None if ok else f"FlashMLA dense unsupported here: {reason}"
 
 
-class VllmFlashMlaDecode(Target):
+class VllmFlashMlaDecode(HopperTarget):
     """FlashMLA's dense decode, ``flash_mla_with_kvcache``, called as vLLM 0.33.0's FLASHMLA backend calls it
     (``FlashMLAImpl.forward_mqa``, module docstring) over the latent cache.
 
@@ -284,6 +292,9 @@ class VllmFlashMlaDecode(Target):
 
     name = "vllm.flashmla_decode"
     checked_kernel = FLASH_MLA_WITH_KVCACHE
+    hopper = HopperKernel(FLASHMLA_FILES, FLASHMLA_HOPPER_ONLY, "FlashMLA's dense decode", "vllm._flashmla_C",
+                          "vllm.v1.attention.ops.flashmla", _dense_unsupported,
+                          ("flash_mla_with_kvcache", "get_mla_metadata"))
     #: compiled ahead of time (the wheel's extension): nothing specializes on heads, block size or the window, so a
     #: pinned chunk draws them freely (a pinned window kept the serving tier's model windows out of FA3's chunks)
     runtime_fields = frozenset({"heads", "block_size", "window"})
@@ -292,30 +303,14 @@ class VllmFlashMlaDecode(Target):
         contract=Contract.UNIFIED,
         devices=("cuda",),
         dtypes=("float16", "bfloat16"),
-        head_sizes=(KV_LORA_RANK + QK_ROPE_HEAD_DIM,),
-        value_head_size=KV_LORA_RANK,
+        **LATENT_MLA_FAMILY,
         block_sizes=(64,),
-        decode_only=True,
         kv_cache_dtypes=("auto",),
-        gqa_ratios=(1, 2, 4, 8, 16, 32, 64, 128),
-        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
         # FlashMLAMetadataBuilder: AttentionCGSupport.UNIFORM_BATCH, so uniform decode batches replay FULL CUDA
         # graphs; the runner pads them (seq_lens 0, NULL_BLOCK_ID rows), split_decodes_and_prefills counts the pads
         # as decodes and forward_mqa hands FlashMLA one query row per pad (module docstring)
         cuda_graph_padding="vllm",
     )
-
-    def installed(self) -> Availability:
-        return hopper_installed(FLASHMLA_FILES, FLASHMLA_HOPPER_ONLY, "FlashMLA's dense decode", "vllm._flashmla_C")
-
-    def availability(self) -> Availability:
-        return hopper_availability(self.installed(), "vllm.v1.attention.ops.flashmla", _dense_unsupported,
-                                   "vllm._flashmla_C")
-
-    def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        """``(flash_mla_with_kvcache, get_mla_metadata)`` from vllm/v1/attention/ops/flashmla.py."""
-        ops = importlib.import_module("vllm.v1.attention.ops.flashmla")
-        return ops.flash_mla_with_kvcache, ops.get_mla_metadata
 
     def layout(self, batch: Batch) -> CacheLayout:
         return LatentLayout()
@@ -355,6 +350,6 @@ class VllmFlashMlaDecode(Target):
 TARGETS = (VllmTritonMlaDecode, VllmFlashMlaDecode)
 
 __all__ = ["DEEPSEEK_SM_SCALE", "FLASHMLA_FILES", "FLASHMLA_HOPPER_ONLY", "FLASH_MLA_WITH_KVCACHE",
-           "FLASH_MLA_WITH_KVCACHE_FP8", "KV_LORA_RANK", "QK_ROPE_HEAD_DIM", "SIGNATURES", "VllmFlashMlaDecode",
-           "VllmTritonMlaDecode", "flash_mla_with_kvcache_call", "flash_mla_with_kvcache_fp8_call",
-           "latent_decode_only"]
+           "FLASH_MLA_WITH_KVCACHE_FP8", "KV_LORA_RANK", "LATENT_MLA_FAMILY", "QK_ROPE_HEAD_DIM", "SIGNATURES",
+           "VllmFlashMlaDecode", "VllmTritonMlaDecode", "flash_mla_with_kvcache_call",
+           "flash_mla_with_kvcache_fp8_call", "latent_decode_only"]

@@ -14,7 +14,7 @@ this module imports neither vllm nor triton.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -30,6 +30,7 @@ from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
 from .base import KernelCall, require_decode
+from .decode_attention import DECODE_ATTENTION_FAMILY, stage1
 from .signature import KernelSignature
 from .triton_runtime import (  # noqa: F401
     VllmTritonTarget,
@@ -182,6 +183,24 @@ def decode_attention_fwd_call(args: Mapping[str, Any], key: Any = None, value: A
 
 _V1 = "vllm/v1/attention/ops/"
 
+
+def _ops_modules(module: str) -> tuple[str, str]:
+    """Where vLLM's attention op ``module`` may be defined, both of which the guard patches: vllm/v1/attention/ops/
+    (vLLM 0.33.0) and vllm/attention/ops/ (earlier releases, before the ops moved under v1)."""
+    return f"vllm.v1.attention.ops.{module}", f"vllm.attention.ops.{module}"
+
+
+def _triton_only(name: str, build: Callable[..., PagedCall], module: str, *, takes_new_kv: bool,
+                 reads: frozenset[str] = frozenset(), **declared: bool) -> KernelSignature:
+    """The signature of vLLM's Triton op ``name``, defined in vllm/v1/attention/ops/``module``.py, with one path:
+    its Triton kernels, which read the ``max_*`` scalars in ``reads``. ``declared``: the
+    :class:`~kvfuzz.contracts.calls.declaration.KernelDeclaration` flags of its calls."""
+    return KernelSignature(name, build, name, _ops_modules(module), takes_new_kv=takes_new_kv,
+                           declaration=KernelDeclaration(paths=(
+                               KernelPath(f"{name}'s Triton kernels", reads=reads, source=f"{_V1}{module}.py {name}"),
+                           ), **declared))
+
+
 #: chunked_prefill_paged_decode: everywhere, prefill through context_attention_fwd (``if max_query_len > 1``,
 #: its grid sized by max_query_len) and decode through Triton's kernel_paged_attention_2d (block_table
 #: ``.to(torch.int32)``, seq_lens loaded with their own type); on ROCm, decode through the custom HIP kernel
@@ -189,7 +208,7 @@ _V1 = "vllm/v1/attention/ops/"
 #: block_tables/seq_lens/query_start_loc through ``data_ptr<int>()``.
 CHUNKED_PREFILL_PAGED_DECODE = KernelSignature(
     "chunked_prefill_paged_decode", chunked_prefill_paged_decode_call, "chunked_prefill_paged_decode",
-    ("vllm.v1.attention.ops.chunked_prefill_paged_decode", "vllm.attention.ops.chunked_prefill_paged_decode"),
+    _ops_modules("chunked_prefill_paged_decode"),
     takes_new_kv=True, declaration=KernelDeclaration(paths=(
         KernelPath("the Triton path (context_attention_fwd for prefill, kernel_paged_attention_2d for decode)",
                    reads=frozenset({"max_query_len"}),
@@ -202,30 +221,15 @@ CHUNKED_PREFILL_PAGED_DECODE = KernelSignature(
     )))
 #: context_attention_fwd: Triton only; b_loc cast to int32 (the ALiBi kernel loads it as passed), b_start_loc and
 #: b_seq_len loaded with their own type; grid ``cdiv(max_input_len, BLOCK_M)``; max_seq_len normalized and unused.
-CONTEXT_ATTENTION_FWD = KernelSignature(
-    "context_attention_fwd", context_attention_fwd_call, "context_attention_fwd",
-    ("vllm.v1.attention.ops.prefix_prefill", "vllm.attention.ops.prefix_prefill"),
-    takes_new_kv=True, declaration=KernelDeclaration(paths=(
-        KernelPath("context_attention_fwd's Triton kernels", reads=frozenset({"max_query_len"}),
-                   source=_V1 + "prefix_prefill.py context_attention_fwd"),
-    )))
+CONTEXT_ATTENTION_FWD = _triton_only("context_attention_fwd", context_attention_fwd_call, "prefix_prefill",
+                                     takes_new_kv=True, reads=frozenset({"max_query_len"}))
 #: unified_attention: Triton only; max_seqlen_q picks the 2-D or 3-D launch; max_seqlen_k is read only by the
 #: INT4 KV path (unified_attention_int4), which kvfuzz does not model.
-UNIFIED_ATTENTION = KernelSignature(
-    "unified_attention", unified_attention_call, "unified_attention",
-    ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention"),
-    takes_new_kv=False, declaration=KernelDeclaration(paths=(
-        KernelPath("unified_attention's Triton kernels", reads=frozenset({"max_query_len"}),
-                   source=_V1 + "triton_unified_attention.py unified_attention"),
-    ), trailing_query_rows=True))
+UNIFIED_ATTENTION = _triton_only("unified_attention", unified_attention_call, "triton_unified_attention",
+                                 takes_new_kv=False, reads=frozenset({"max_query_len"}), trailing_query_rows=True)
 #: decode_attention_fwd: Triton only, no max_* arguments; the value head size may differ (MLA: Lk 576, Lv 512).
-DECODE_ATTENTION_FWD = KernelSignature(
-    "decode_attention_fwd", decode_attention_fwd_call, "decode_attention_fwd",
-    ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention"),
-    takes_new_kv=False, declaration=KernelDeclaration(paths=(
-        KernelPath("decode_attention_fwd's Triton kernels",
-                   source=_V1 + "triton_decode_attention.py decode_attention_fwd"),
-    ), value_head_size_may_differ=True, empty_decode_rows=True))
+DECODE_ATTENTION_FWD = _triton_only("decode_attention_fwd", decode_attention_fwd_call, "triton_decode_attention",
+                                    takes_new_kv=False, value_head_size_may_differ=True, empty_decode_rows=True)
 
 #: This family's checked kernels (the guard collects them through kvfuzz.fuzz.targets.registry.FAMILIES).
 SIGNATURES = (CHUNKED_PREFILL_PAGED_DECODE, CONTEXT_ATTENTION_FWD, UNIFIED_ATTENTION, DECODE_ATTENTION_FWD)
@@ -520,15 +524,10 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
     gate_value_ranges = ("normal", "equal")
     description = "vLLM Triton split-KV decode attention (decode only, unified contract)"
     capabilities = Capabilities(
-        contract=Contract.UNIFIED,
-        devices=("cpu", "cuda"),
-        dtypes=("float16", "float32"),  # per device: see VllmTritonTarget
-        head_sizes=(32, 40, 64, 80, 128),  # padded to a power of 2 inside
+        **DECODE_ATTENTION_FAMILY,
         block_sizes=(1, 16, 32, 48, 64),  # page_size 1 is SGLang's default; vLLM's MLA backends use 16*k
-        decode_only=True,
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
         features=("softcap",),
-        shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
         # vLLM calls it from TRITON_MLA (VllmTritonMlaDecode's docstring), whose decode batches run in FULL CUDA
         # graphs padded with seq_len-0, null-block rows (vllm#57017)
         cuda_graph_padding="vllm",
@@ -573,8 +572,7 @@ class VllmDecodeAttentionFwd(VllmTritonTarget):
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, out)
 
     def path(self, batch: Batch) -> str:
-        stage1 = "normal" if batch.gqa_ratio == 1 else "grouped"
-        return f"{stage1},splits={self.num_kv_splits(batch)}"
+        return f"{stage1(batch)},splits={self.num_kv_splits(batch)}"
 
 
 #: This family's built-in targets (kvfuzz.fuzz.targets.registry.BUILTIN lists them by name, in this order).

@@ -32,7 +32,8 @@ A failing example matches an entry only when all of these hold (:func:`match`):
 - target, failure kind and check are the entry's;
 - ``heads = "equal"``: the batch has as many query heads as kv heads; ``heads = "group-split"`` (Finding 14, the
   grouped decode kernels' ``cur_head_id // cdiv(group, 16)``): a group past 16 that is not a multiple of 16 over two
-  or more kv heads, and the worst element's head one that program reads from another kv head (:func:`split_heads`);
+  or more kv heads, and the worst element's head one that program reads from another kv head
+  (:func:`kvfuzz.fuzz.targets.decode_attention.split_heads`);
 - a non-finite output: the example's poison is one of ``poisons``, and **the same example passes** (no finding
   at all) when the entry's ``slots`` hold finite values (zeros) and everything else is unchanged: ``"tail"``,
   the slots the contract leaves unwritten from each sequence's ``seq_len`` up to the next multiple of
@@ -205,18 +206,6 @@ def parse_baseline(text: str, path: str | Path = "<baseline>") -> Baseline:
     for i, t in enumerate(tables):
         entries.append(_entry(path, i, t, {e.id for e in entries}))
     return Baseline(str(path), tuple(entries))
-
-
-def split_heads(batch) -> set[int]:
-    """The query heads of ``batch`` that SGLang's and vLLM's grouped decode kernel (``_fwd_grouped_kernel_stage1``,
-    BLOCK_H 16) reads from the wrong kv head: program ``p`` covers heads ``16p .. 16p + 15`` and reads kv head
-    ``p // cdiv(group, 16)``; empty unless the group is past 16, not a multiple of 16, over two or more kv heads
-    (docs/findings.md, Finding 14)."""
-    group = batch.num_heads // batch.num_kv_heads
-    if batch.num_kv_heads < 2 or group <= 16 or group % 16 == 0:
-        return set()
-    per = -(-group // 16)
-    return {h for h in range(batch.num_heads) if (h // 16) // per != h // group}
 
 
 def _entry(path, i: int, t: dict, taken: set[str]) -> KnownFinding:
@@ -466,9 +455,12 @@ def match(entry: KnownFinding, target, example, finding, run=None, others=()) ->
     b = example.batch
     if entry.heads == "equal" and b.num_heads != b.num_kv_heads:
         return False, f"baseline {entry.id} covers num_heads == num_kv_heads only ({b.num_heads} != {b.num_kv_heads})"
-    if entry.heads == "group-split" and (finding.details.get("oracle") or {}).get("head") not in split_heads(b):
-        return False, (f"baseline {entry.id} covers the heads a group past 16 (not a multiple of 16) reads from "
-                       f"another kv head only ({b.num_heads} heads over {b.num_kv_heads})")
+    if entry.heads == "group-split":
+        from kvfuzz.fuzz.targets.decode_attention import split_heads
+
+        if (finding.details.get("oracle") or {}).get("head") not in split_heads(b):
+            return False, (f"baseline {entry.id} covers the heads a group past 16 (not a multiple of 16) reads from "
+                           f"another kv head only ({b.num_heads} heads over {b.num_kv_heads})")
     if entry.kind == "memory safety":
         return _memory_match(entry, finding)
     if entry.kind == "non-finite output":
@@ -612,4 +604,4 @@ def classify(baseline: Baseline | None, target, example, finding, run=None) -> s
 
 
 __all__ = ["FEATURES_OFF", "Baseline", "BaselineError", "KINDS", "KnownFinding", "SLOT_CLASSES", "access_location",
-           "classify", "features_off", "load_baseline", "match", "parse_baseline", "split_heads", "tail_slots"]
+           "classify", "features_off", "load_baseline", "match", "parse_baseline", "tail_slots"]

@@ -431,7 +431,7 @@ def test_the_shipped_baseline_knows_finding_14_only_on_the_heads_that_read_anoth
     same failure reported on a head the kernel reads right, or at a group of 32, is not Finding 14's."""
     available(name)
     from kvfuzz.contracts.model.batch import Batch
-    from kvfuzz.fuzz.campaign.store.baseline import split_heads
+    from kvfuzz.fuzz.targets.decode_attention import split_heads
 
     target = get_target(name)
     batch = Batch(query_lens=[1], ctx_lens=[3], num_heads=48, num_kv_heads=2, head_size=32, block_size=16,
