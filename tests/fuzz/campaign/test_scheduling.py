@@ -8,6 +8,7 @@ timing of this machine."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -167,3 +168,31 @@ def test_a_target_that_drew_no_example_is_a_problem(tmp_path, duration):
     assert sched.unserved([found]) and not Scheduler(
         CampaignConfig(out=tmp_path, stop_at_first_failure=True), {}, 1).unserved([found])
 
+
+def test_a_campaign_whose_target_drew_no_example_says_so_and_exits_3(tmp_path, monkeypatch, capfd):
+    """Planted: the second target's budget is spent before any worker reaches it (its chunks never come). The
+    campaign runs both targets in real workers; its summary.json, its end lines and report.md name the target as a
+    problem, and the exit status is 3 (nothing failed, but the campaign did not run as asked)."""
+    from support import SUPPORT
+
+    from kvfuzz.fuzz.campaign.workers.supervisor import Supervisor
+    from kvfuzz.fuzz.cli.fuzz import EXIT_CANNOT_RUN, _finish
+    from kvfuzz.fuzz.targets import get_target
+
+    specs = [f"{SUPPORT / 'planted_endings.py'}:Correct", f"{SUPPORT / 'planted_endings.py'}:Slow"]
+    monkeypatch.setattr(Scheduler, "_chunk", lambda self, t, now, real=Scheduler._chunk:
+                        None if t.name == "planted.slow" else real(self, t, now))
+    targets = [get_target(s) for s in specs]
+    config = CampaignConfig(out=tmp_path / "out", max_examples=3, structural_shrink=0)
+    result = Supervisor(targets, specs, config, resume=False).run()
+    assert [s.examples for s in result.targets] == [3, 0]
+    assert result.problems == ["planted.slow drew no example (--max-examples 3 asked for some): it never got a "
+                               f"worker for a chunk of fresh examples; it was not fuzzed (what the workers ran is in "
+                               f"{config.out}/workers)"]
+    capfd.readouterr()
+    code = _finish(result, targets, config, config.out)
+    said = capfd.readouterr().out  # the end lines (never wrapped off a terminal)
+    summary = json.loads((config.out / "summary.json").read_text())
+    assert code == EXIT_CANNOT_RUN and summary["exit_status"] == 3 and summary["problems"] == result.problems
+    assert f"problem: {result.problems[0]}" in said, said
+    assert f"**Problem**: {result.problems[0]}" in (config.out / "report.md").read_text()
