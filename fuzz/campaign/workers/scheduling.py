@@ -28,7 +28,7 @@ worker another target left idle, and its length is not the target's to choose (i
 campaign in the same ``--out``); counted, it could eat the whole ``--duration`` and leave no fresh example, as it
 already stood outside ``--max-examples`` (its runs are counted apart, ``shrink_runs``). The replay and the warm-up
 chunks get a deadline of their own, ``--duration`` from the moment each is handed out (the supervisor's
-``_assign``), so a campaign takes at most the replays' time more than its targets' turns; a retry, owed an
+``_assign``): a replay that no other target's turn overlaps adds its time to the campaign's. A retry, owed an
 answer, runs whatever the deadline."""
 
 from __future__ import annotations
