@@ -83,9 +83,10 @@ def chunk_size(config: CampaignConfig, done: int, elapsed: float, workers: int =
                per_chunk: int = CHUNK_EXAMPLES) -> int:
     """Examples in the next chunk: at most ``per_chunk`` (:func:`examples_per_chunk`) and what is left of the
     example budget; with a time budget, no more than the time left allows at the rate measured so far (so the
-    budget overshoots by at most one example per worker, or a shrink)."""
+    budget overshoots by at most one example per worker, or a shrink). No rate yet at ``elapsed`` 0: the examples
+    ``done`` before a target's turn (its warm-up chunks, its retries) took none of its time."""
     n = min(per_chunk, config.max_examples - done)
-    if config.duration is not None and done:
+    if config.duration is not None and done and elapsed > 0:
         per_example = elapsed / done * workers
         n = min(n, int((config.duration - elapsed) / per_example))
     return max(1, n)

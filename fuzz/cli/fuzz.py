@@ -8,7 +8,8 @@ Exit codes (also in the README):
   2  bad usage: an unknown target or fault, a target that cannot run here, a bad option or --out, a bad
      --baseline file (the message names the file, the field and the fix);
   3  the campaign could not run as asked: examples were lost (workers killed from outside twice), workers could
-     not start, the example database failed, --out is in use by another campaign, or it was interrupted.
+     not start, the example database failed, --out is in use by another campaign, a target it ran drew no
+     example (a target unavailable here is skipped, said, unless named: exit 2), or it was interrupted.
 """
 
 from __future__ import annotations
@@ -96,8 +97,10 @@ OPTIONS = [
                  help="Target to fuzz (repeatable): a registered name, path/to/file.py:CLASS or module:CLASS. "
                       "Default: every registered target available here."),
     click.option("--duration", default=None, callback=duration_option,
-                 help="Time budget per target (90, 90s, 5m, 2h), shrinking included: a campaign ends within "
-                      "max(10%, 15 s) past it, or its summary says what overran. Default: none."),
+                 help="Time budget per target (90, 90s, 5m, 2h), from its first chunk of fresh examples (the "
+                      "targets take the workers in turn; a target's database replay comes first, with a budget of its "
+                      "own), shrinking included: each target ends within max(10%, 15 s) past it, or the summary says "
+                      "what overran. Default: none."),
     click.option("--max-examples", default=None, type=click.IntRange(min=1, max=MAX_EXAMPLES),
                  help="Example budget per target, for the whole campaign (shared by the workers): at most this many "
                       "examples are drawn and counted; the runs that shrink a failure are counted apart (summary.json "

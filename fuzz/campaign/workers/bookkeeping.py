@@ -71,6 +71,8 @@ class TargetState:
 
     target: Any
     stats: Any
+    #: ``time.monotonic()`` when its turn began (its first chunk of fresh seeds), its ``--duration`` clock's start;
+    #: None before (kvfuzz.fuzz.campaign.workers.scheduling)
     start: float | None = None
     replayed: bool = False
     replay_issued: bool = False

@@ -163,6 +163,7 @@ class Supervisor:
                                  "(holding the device-memory lock, after retries); neither findings nor harness "
                                  "errors, but not checked (fewer workers, a GPU with more memory, or one no other "
                                  "process fills, fits them)")
+        self.problems += [] if self.stopping else self.scheduler.unserved(self.targets)  # a target never fuzzed
         if self.fatal:
             self.problems.insert(0, self.fatal)
         full = self.snapshots.disk_full_report(self.disk_full, self.targets) if self.disk_full else None
@@ -281,8 +282,8 @@ class Supervisor:
             return
         t = self.by_name[task.target]
         known = {"signatures": self.before.signatures(t.name, t.stats.failures), "ended": t.ended,
-                 # CLOCK_MONOTONIC is one clock for every process of the host: the worker stops there (engine.py)
-                 "deadline": None if self.config.duration is None else t.start + self.config.duration,
+                 # CLOCK_MONOTONIC, every process's; a replay or warm-up before the target's turn: from its hand-out
+                 "deadline": None if self.config.duration is None else (t.start or task.sent) + self.config.duration,
                  "plan": None if task.plan is None else task.plan.to_dict()}
         msg = {"replay": ("replay", task.id, task.target, known),
                "chunk": ("chunk", task.id, task.target, task.chunk, task.n, known),
