@@ -3,7 +3,8 @@
 (issue 49: a worker's RSS grew 17% in its first 25 minutes, then stayed flat).
 
     python benchmarks/rss_probe.py --target vllm.unified_attention --minutes 25 --out DIR [--sample 300]
-        [--tracemalloc FRAMES] [--trim] [--no-tune-malloc] [--baseline kvfuzz-baseline.toml]
+        [--tracemalloc FRAMES] [--trim {example,chunk}] [--no-tune-malloc] [--mallopt NAME=BYTES]
+        [--baseline kvfuzz-baseline.toml]
 
 Each sample (``DIR/samples.jsonl``) holds:
 
@@ -11,7 +12,8 @@ Each sample (``DIR/samples.jsonl``) holds:
   stacks), ``file`` (``rss - anon``: pages of mapped files, i.e. shared libraries paged in on first use);
 - ``malloc``: glibc's ``mallinfo2`` in MiB: ``arena`` (heap bytes from the kernel, every arena), ``mmap``
   (blocks mapped on their own), ``in_use`` (allocated and not freed), ``free`` (freed and kept by malloc: what a
-  ``malloc_trim`` could give back), ``top`` (the releasable top of the main heap);
+  ``malloc_trim`` could give back), ``top`` (the releasable top of the main heap); ``arenas``: MiB of each malloc
+  arena (``malloc_info``), ``threads``: the process's threads;
 - ``tracemalloc`` (with ``--tracemalloc N``): the MiB Python's allocators hold (numpy arrays' data included, torch
   tensors' not), tracemalloc's own overhead, and the 12 tracebacks that grew most since the first sample;
 - ``objects``: the gc-tracked objects by type, the 12 types that grew most since the first sample;
@@ -21,9 +23,12 @@ Each sample (``DIR/samples.jsonl``) holds:
 
 Every example also appends a line to ``DIR/examples.jsonl``: the example's size (tokens, blocks, heads, head size,
 dtype, kv_cache_dtype), the RSS and malloc's arena right after it, so a step in RSS can be matched to the example
-that caused it. ``--trim`` calls glibc's ``malloc_trim(0)`` after every example (what it gives back: RSS before and
-after); ``--no-tune-malloc`` leaves glibc's defaults (a worker applies
-``kvfuzz.fuzz.campaign.workers.worker.MALLOC_SETTINGS``). ``MALLOC_ARENA_MAX`` etc. come from the environment.
+that caused it. ``--trim example`` calls glibc's ``malloc_trim(0)`` after every example (``rss_trimmed``: the RSS
+after it), ``--trim chunk`` after every chunk (``DIR/chunks.jsonl``: the RSS before and after, the seconds it took);
+``--no-tune-malloc`` leaves glibc's defaults (a worker applies
+``kvfuzz.fuzz.campaign.workers.worker.MALLOC_SETTINGS``); ``--mallopt M_TRIM_THRESHOLD=BYTES`` changes one of them.
+Each sample also has the process's CPU seconds (user, system) and minor page faults so far: what a malloc setting
+costs. ``MALLOC_ARENA_MAX`` etc. come from the environment.
 ``DIR/probe.json`` (rewritten after every sample) sums it up. Nothing is asserted: the numbers go to
 docs/campaigns.md, "What a long campaign costs".
 """
@@ -36,6 +41,7 @@ import ctypes
 import functools
 import gc
 import json
+import resource
 import sys
 import time
 import tracemalloc
@@ -70,6 +76,33 @@ def mallinfo() -> dict | None:
             "free": round(m.fordblks / MIB, 1), "top": round(m.keepcost / MIB, 1)}
 
 
+def arenas() -> list[float] | None:
+    """MiB each of glibc's malloc arenas holds from the kernel (``malloc_info``'s ``<system type="current">`` per
+    ``<heap>``: the main arena first, then one per thread that allocated, up to ``MALLOC_ARENA_MAX``)."""
+    fn = getattr(LIBC, "malloc_info", None)
+    if fn is None:
+        return None
+    import re
+    import tempfile
+
+    LIBC.fopen.restype, LIBC.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+    LIBC.fclose.argtypes, fn.argtypes = [ctypes.c_void_p], [ctypes.c_int, ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile(suffix=".xml") as f:
+        fp = LIBC.fopen(f.name.encode(), b"w")
+        fn(0, fp)
+        LIBC.fclose(fp)
+        xml = Path(f.name).read_text()
+    heaps = re.findall(r'<heap nr="\d+">.*?<system type="current" size="(\d+)"/>', xml, re.S)
+    return [round(int(b) / MIB, 1) for b in heaps]
+
+
+def threads() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
 def smaps() -> dict:
     """``/proc/self/smaps_rollup`` in MiB: rss, anon, file (rss - anon)."""
     kib = {}
@@ -83,8 +116,6 @@ def smaps() -> dict:
 
 def rss_mib() -> float:
     """The resident set (``/proc/self/statm``: cheap enough for every example), MiB."""
-    import resource
-
     pages = int(Path("/proc/self/statm").read_text().split()[1])
     return round(pages * resource.getpagesize() / MIB, 1)
 
@@ -160,7 +191,7 @@ def kvfuzz_containers() -> dict:
 class Probe:
     """The samples and the per-example lines (the module docstring)."""
 
-    def __init__(self, out: Path, sample_s: float, frames: int, trim_each: bool) -> None:
+    def __init__(self, out: Path, sample_s: float, frames: int, trim_each: str | None) -> None:
         self.out, self.sample_s, self.frames, self.trim_each = out, sample_s, frames, trim_each
         self.start = time.monotonic()
         self.next_at = self.start
@@ -187,7 +218,7 @@ class Probe:
         m = mallinfo()
         if m is not None:
             line["arena"], line["in_use"] = m["arena"], m["in_use"]
-        if self.trim_each:
+        if self.trim_each == "example":
             trim()
             line["rss_trimmed"] = rss_mib()
         self.el.write(json.dumps(line) + "\n")
@@ -197,8 +228,11 @@ class Probe:
 
     def sample(self) -> None:
         t0 = time.monotonic()
+        ru = resource.getrusage(resource.RUSAGE_SELF)
         s: dict = {"t_s": round(t0 - self.start, 1), "examples": self.examples, "smaps": smaps(),
-                   "malloc": mallinfo()}
+                   "malloc": mallinfo(), "arenas": arenas(), "threads": threads(),
+                   "cpu_s": {"user": round(ru.ru_utime, 1), "system": round(ru.ru_stime, 1)},
+                   "minor_faults": ru.ru_minflt}
         if self.frames:
             snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
             current, peak = tracemalloc.get_traced_memory()
@@ -231,6 +265,8 @@ class Probe:
                 "rows": [{"t_s": s["t_s"], "examples": s["examples"], **s["smaps"],
                           **{f"malloc_{k}": v for k, v in (s["malloc"] or {}).items()},
                           **({"python": s["tracemalloc"]["current"]} if "tracemalloc" in s else {}),
+                          "arenas": len(s["arenas"] or ()), "threads": s["threads"], **s["cpu_s"],
+                          "minor_faults": s["minor_faults"],
                           "objects": s["objects"]["total"]} for s in self.samples]}
 
 
@@ -256,14 +292,22 @@ def main() -> int:
     ap.add_argument("--baseline", default="kvfuzz-baseline.toml")
     ap.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES", help="trace Python's allocations, "
                     "FRAMES deep (0: off; it slows the campaign)")
-    ap.add_argument("--trim", action="store_true", help="malloc_trim(0) after every example")
+    ap.add_argument("--trim", choices=["example", "chunk"], default=None, help="malloc_trim(0) after every example "
+                    "or every chunk")
     ap.add_argument("--no-tune-malloc", action="store_true", help="glibc's defaults, not a worker's mallopt")
+    ap.add_argument("--mallopt", action="append", default=[], metavar="NAME=BYTES",
+                    help="after the worker's settings, one of MALLOC_SETTINGS's names set otherwise")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.no_tune_malloc:
         from kvfuzz.fuzz.campaign.workers.worker import tune_malloc
 
         tune_malloc()
+    for item in args.mallopt:
+        from kvfuzz.fuzz.campaign.workers.worker import MALLOC_SETTINGS
+
+        name, value = item.split("=")
+        assert LIBC.mallopt(MALLOC_SETTINGS[name][0], int(value)) == 1, item
     import torch
 
     from kvfuzz.fuzz.campaign import engine
@@ -284,6 +328,20 @@ def main() -> int:
             probe.end(outcome)
 
     engine._Counting = Probed
+    if args.trim == "chunk":
+        run_chunk, chunks = engine.Campaign.run_chunk, open(args.out / "chunks.jsonl", "a")
+
+        def trimmed(self, *a, **k):
+            try:
+                return run_chunk(self, *a, **k)
+            finally:
+                before, t0 = rss_mib(), time.monotonic()
+                trim()
+                chunks.write(json.dumps({"t_s": round(t0 - probe.start, 1), "examples": probe.examples, "rss": before,
+                                         "rss_trimmed": rss_mib(), "trim_s": round(time.monotonic() - t0, 3)}) + "\n")
+                chunks.flush()
+
+        engine.Campaign.run_chunk = trimmed
     stats = engine.fuzz_target(target, config(args))
     probe.sample()
     print(json.dumps({"examples": stats.examples, "failures": len(stats.failures), **probe.summary()}, indent=1))
