@@ -3,7 +3,7 @@
 (issue 49: a worker's RSS grew 17% in its first 25 minutes, then stayed flat).
 
     python benchmarks/rss_probe.py --target vllm.unified_attention --minutes 25 --out DIR [--sample 300]
-        [--tracemalloc FRAMES] [--trim {example,chunk}] [--no-tune-malloc] [--mallopt NAME=BYTES]
+        [--tracemalloc FRAMES] [--trim {example,chunk,keep}] [--no-tune-malloc] [--mallopt NAME=BYTES]
         [--baseline kvfuzz-baseline.toml]
 
 Each sample (``DIR/samples.jsonl``) holds:
@@ -24,7 +24,8 @@ Each sample (``DIR/samples.jsonl``) holds:
 Every example also appends a line to ``DIR/examples.jsonl``: the example's size (tokens, blocks, heads, head size,
 dtype, kv_cache_dtype), the RSS and malloc's arena right after it, so a step in RSS can be matched to the example
 that caused it. ``--trim example`` calls glibc's ``malloc_trim(0)`` after every example (``rss_trimmed``: the RSS
-after it), ``--trim chunk`` after every chunk (``DIR/chunks.jsonl``: the RSS before and after, the seconds it took);
+after it), ``--trim chunk`` after every chunk (``DIR/chunks.jsonl``: the RSS before and after, the seconds it took),
+``--trim keep`` after every chunk what a worker does between tasks (``trim_heap``: only past ``HEAP_KEEP``);
 ``--no-tune-malloc`` leaves glibc's defaults (a worker applies
 ``kvfuzz.fuzz.campaign.workers.worker.MALLOC_SETTINGS``); ``--mallopt M_TRIM_THRESHOLD=BYTES`` changes one of them.
 Each sample also has the process's CPU seconds (user, system) and minor page faults so far: what a malloc setting
@@ -292,8 +293,8 @@ def main() -> int:
     ap.add_argument("--baseline", default="kvfuzz-baseline.toml")
     ap.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES", help="trace Python's allocations, "
                     "FRAMES deep (0: off; it slows the campaign)")
-    ap.add_argument("--trim", choices=["example", "chunk"], default=None, help="malloc_trim(0) after every example "
-                    "or every chunk")
+    ap.add_argument("--trim", choices=["example", "chunk", "keep"], default=None, help="malloc_trim(0) after every "
+                    "example or every chunk, or a worker's trim_heap after every chunk")
     ap.add_argument("--no-tune-malloc", action="store_true", help="glibc's defaults, not a worker's mallopt")
     ap.add_argument("--mallopt", action="append", default=[], metavar="NAME=BYTES",
                     help="after the worker's settings, one of MALLOC_SETTINGS's names set otherwise")
@@ -328,7 +329,9 @@ def main() -> int:
             probe.end(outcome)
 
     engine._Counting = Probed
-    if args.trim == "chunk":
+    if args.trim in ("chunk", "keep"):
+        from kvfuzz.fuzz.campaign.workers.worker import trim_heap
+
         run_chunk, chunks = engine.Campaign.run_chunk, open(args.out / "chunks.jsonl", "a")
 
         def trimmed(self, *a, **k):
@@ -336,9 +339,10 @@ def main() -> int:
                 return run_chunk(self, *a, **k)
             finally:
                 before, t0 = rss_mib(), time.monotonic()
-                trim()
+                did = trim_heap() if args.trim == "keep" else trim() is None
                 chunks.write(json.dumps({"t_s": round(t0 - probe.start, 1), "examples": probe.examples, "rss": before,
-                                         "rss_trimmed": rss_mib(), "trim_s": round(time.monotonic() - t0, 3)}) + "\n")
+                                         "trimmed": did, "rss_trimmed": rss_mib(),
+                                         "trim_s": round(time.monotonic() - t0, 3)}) + "\n")
                 chunks.flush()
 
         engine.Campaign.run_chunk = trimmed
