@@ -1,6 +1,6 @@
 """What a campaign worker's memory (RSS) is made of, over time: one target's campaign run in this process the way a
 ``kvfuzz fuzz`` worker runs it (glibc tuned as a worker tunes it, the CLI's defaults), sampled every few minutes
-(issue 49: a worker's RSS grew 17% in its first 25 minutes, then stayed flat).
+(issue 49: the soak's goal is a worker's RSS within 10% of its first sample after warm-up).
 
     python benchmarks/rss_probe.py --target vllm.unified_attention --minutes 25 --out DIR [--sample 300]
         [--tracemalloc FRAMES] [--trim {example,chunk,keep}] [--no-tune-malloc] [--mallopt NAME=BYTES]

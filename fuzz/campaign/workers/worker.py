@@ -75,7 +75,8 @@ def _die_with_parent(parent_pid: int) -> None:
 #: so each example paid again for page faults and zeroed pages (a fifth of a vllm.cpu_attention worker's time
 #: was system time). Blocks under ``M_MMAP_THRESHOLD`` come from the heap and up to ``M_TRIM_THRESHOLD`` bytes
 #: of freed heap stay with the process; larger blocks (``--big-cache``'s caches of several GiB) are still mapped
-#: and returned on free.
+#: and returned on free. Between tasks, :func:`trim_heap` gives back what a rare big example left past
+#: :data:`HEAP_KEEP`.
 MALLOC_SETTINGS = {"M_TRIM_THRESHOLD": (-1, 1 << 30), "M_TOP_PAD": (-2, 64 << 20), "M_MMAP_THRESHOLD": (-3, 1 << 30)}
 
 
