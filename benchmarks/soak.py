@@ -3,15 +3,16 @@ again on the same ``--out`` (issue 49, "A soak benchmark").
 
     python benchmarks/soak.py --out DIR --hours 2 [--sample 300] [--kill-at 0.5] -- --target vllm.cpu_attention ...
 
-Everything after ``--`` goes to ``kvfuzz fuzz`` (``--out`` and ``--duration`` are the soak's own). Each sample
-(JSON lines, ``DIR/samples.jsonl``) holds, for the running campaign: each worker's RSS (MiB) and open files, GPU
-memory per process (``nvidia-smi --query-compute-apps``, where there is one), the size of ``--out`` and of its
-``hypothesis-db``, the examples so far and examples/s since the last sample (status.json), restarts, lost examples,
-skipped examples, distinct failures and reproducer directories. Halfway (``--kill-at``) the campaign's whole process
-group is killed with SIGKILL and the same command is started again on the same ``--out`` for the time left: the
-second part must lose nothing and report no finding of the first part as new. At ``--hours`` the campaign gets SIGTERM
-(a clean stop, its summary written): ``--duration`` is per target and the targets take the workers in turn, so a
-campaign of several targets would run far longer than the soak.
+Everything after ``--`` goes to ``kvfuzz fuzz`` (``--out`` and ``--duration`` are the soak's own). Each sample (JSON
+lines, ``DIR/samples.jsonl``) holds, for the running campaign: each worker's RSS (MiB; of it, anonymous and
+file-backed, ``/proc/PID/smaps_rollup``: file-backed pages are shared libraries paged in as first used) and open
+files, GPU memory per process (``nvidia-smi --query-compute-apps``, where there is one), the size of ``--out`` and
+of its ``hypothesis-db``, the examples so far and examples/s since the last sample (status.json), restarts, lost
+examples, skipped examples, distinct failures and reproducer directories. Halfway (``--kill-at``) the campaign's
+whole process group is killed with SIGKILL and the same command is started again on the same ``--out`` for the time
+left: the second part must lose nothing and report no finding of the first part as new. At ``--hours`` the campaign
+gets SIGTERM (a clean stop, its summary written): ``--duration`` is per target and the targets take the workers in
+turn, so a campaign of several targets would run far longer than the soak.
 
 ``DIR/soak.json`` (written at the end, and after every sample) sums it up against the goals:
 RSS and GPU memory within 10% of their first sample after warm-up (the second sample), examples/s not falling more
@@ -79,6 +80,23 @@ def workers(proc: psutil.Process) -> list[psutil.Process]:
     return named or kids
 
 
+def rss_split(pid: int) -> tuple[float | None, float | None]:
+    """MiB of ``pid``'s resident set that is anonymous (heap, mapped blocks: what the process allocated, freed or
+    not) and file-backed (shared libraries and other mapped files, paged in as they are first used), from
+    ``/proc/PID/smaps_rollup``; (None, None) where it cannot be read."""
+    kib = {}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+            key, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                kib[key] = int(rest.split()[0])
+    except (OSError, ValueError):
+        return None, None
+    if "Rss" not in kib or "Anonymous" not in kib:
+        return None, None
+    return round(kib["Anonymous"] / 1024, 1), round((kib["Rss"] - kib["Anonymous"]) / 1024, 1)
+
+
 def status(out: Path) -> dict:
     try:
         return json.loads((out / "status.json").read_text())
@@ -92,8 +110,9 @@ def sample(campaign: Path, proc: psutil.Process, started: float, last: dict | No
     rows = []
     for w in workers(proc):
         try:
-            rows.append({"pid": w.pid, "rss_mib": round(w.memory_info().rss / MIB, 1), "open_files": w.num_fds(),
-                         "gpu_mib": gpu.get(w.pid)})
+            anon, file = rss_split(w.pid)
+            rows.append({"pid": w.pid, "rss_mib": round(w.memory_info().rss / MIB, 1), "anon_mib": anon,
+                         "file_mib": file, "open_files": w.num_fds(), "gpu_mib": gpu.get(w.pid)})
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     st = status(campaign)
@@ -107,6 +126,8 @@ def sample(campaign: Path, proc: psutil.Process, started: float, last: dict | No
         if campaign.exists() else []
     return {"_t": now, "t_s": round(now - started, 1), "workers": rows,
             "rss_mib": round(sum(r["rss_mib"] for r in rows), 1),
+            "anon_mib": round(sum(r["anon_mib"] or 0 for r in rows), 1),
+            "file_mib": round(sum(r["file_mib"] or 0 for r in rows), 1),
             "gpu_mib": sum(r["gpu_mib"] or 0 for r in rows) if gpu else None,
             "open_files": sum(r["open_files"] for r in rows),
             "out_mib": round(tree_bytes(campaign) / MIB, 2),
@@ -135,6 +156,10 @@ def verdict(samples: list[dict], parts: list[dict], hours: float) -> dict:
         first = warm[0]
         out["rss_first_mib"], out["rss_max_mib"] = first["rss_mib"], max(s["rss_mib"] for s in warm)
         out["rss_within_10pct"] = out["rss_max_mib"] <= 1.1 * first["rss_mib"]
+        for part in ("anon", "file"):  # older samples lack the split
+            if first.get(f"{part}_mib") is not None:
+                out[f"{part}_first_mib"] = first[f"{part}_mib"]
+                out[f"{part}_max_mib"] = max(s.get(f"{part}_mib") or 0 for s in warm)
         if first["gpu_mib"] is not None:
             out["gpu_first_mib"], out["gpu_max_mib"] = first["gpu_mib"], max(s["gpu_mib"] or 0 for s in warm)
             out["gpu_within_10pct"] = out["gpu_max_mib"] <= 1.1 * first["gpu_mib"]
@@ -183,6 +208,9 @@ def plot(samples: list[dict], path: Path) -> None:
                           (ax[1][0], "out_mib", "--out (MiB)"), (ax[1][1], "gpu_mib", "GPU memory (MiB)")):
         a.plot(t, [s[key] if s[key] is not None else float("nan") for s in samples], marker=".")
         a.set_title(title)
+    if any(s.get("anon_mib") is not None for s in samples):  # the RSS's anonymous part, beside it
+        ax[0][0].plot(t, [s.get("anon_mib") or float("nan") for s in samples], marker=".", label="anonymous")
+        ax[0][0].legend()
     for a in ax[1]:
         a.set_xlabel("hours")
     fig.tight_layout()

@@ -83,8 +83,10 @@ def keys(seed: int) -> tuple[int, int]:
 
 
 def _c(v: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-    """A 0-dim CPU tensor of ``v`` (a CPU scalar to torch on every device): a Python int operand would be
-    wrapped and cast to int32 on every op, which costs more than the op on a small batch."""
+    """A 0-dim CPU tensor of the construction's constant ``v`` (a CPU scalar to torch on every device), made once
+    per process: a Python int operand would be wrapped and cast to int32 on every op, which costs more than the op
+    on a small batch. Only the fixed constants (shifts, masks, multipliers, :data:`SCALE`) go through here, so
+    :data:`_CONSTANTS` stays at a dozen entries; a seed's keys are made per draw (:func:`_key_tensors`)."""
     t = _CONSTANTS.get((v, dtype))
     if t is None:
         t = _CONSTANTS[(v, dtype)] = torch.tensor(v, dtype=dtype)
@@ -94,6 +96,13 @@ def _c(v: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
 _CONSTANTS: dict[tuple[int | float, torch.dtype], torch.Tensor] = {}
 
 
+def _key_tensors(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two int32 keys of ``seed`` (:func:`keys`) as 0-dim CPU tensors, made for one draw and not kept: every
+    example draws its own seeds, so a cache of them would grow with the campaign (~0.9 KiB a seed)."""
+    k0, k1 = keys(seed)
+    return torch.tensor(k0, dtype=torch.int32), torch.tensor(k1, dtype=torch.int32)
+
+
 def _xorshift(x: torch.Tensor, s: int, tmp: torch.Tensor) -> None:
     """``x ^= x >>> s`` in place (logical shift: torch's ``>>`` on int32 is arithmetic, so mask)."""
     torch.bitwise_right_shift(x, _c(s), out=tmp)
@@ -101,17 +110,18 @@ def _xorshift(x: torch.Tensor, s: int, tmp: torch.Tensor) -> None:
     x.bitwise_xor_(tmp)
 
 
-def _words(k: tuple[int, int], pieces: Sequence[tuple[int, int, int]], w: torch.Tensor, tmp: torch.Tensor) -> None:
+def _words(k: tuple[torch.Tensor, torch.Tensor], pieces: Sequence[tuple[int, int, int]], w: torch.Tensor,
+           tmp: torch.Tensor) -> None:
     """Fill ``w`` (int32 ``[2, m]``) with the words of counters ``pieces``: ``(stream, first index, count)``
-    runs laid end to end."""
+    runs laid end to end, under the seed's keys ``k`` (:func:`_key_tensors`)."""
     w0, w1 = w.unbind(0)
     at = 0
     for stream, first, count in pieces:
         base = _int32(stream * MAX_STREAM_ELEMENTS + first)  # no run crosses 2**31: the values fit in int32
         torch.arange(base, base + count, dtype=torch.int32, out=w0[at:at + count])
         at += count
-    torch.bitwise_xor(w0, _c(k[1]), out=w1)
-    w0.bitwise_xor_(_c(k[0]))
+    torch.bitwise_xor(w0, k[1], out=w1)
+    w0.bitwise_xor_(k[0])
     _xorshift(w, 16, tmp)
     w.mul_(_c(_M1))
     _xorshift(w, 15, tmp)
@@ -156,7 +166,7 @@ def normal(seed: int, counts: Sequence[tuple[int, int]], device: str | torch.dev
     if total == 0:
         return out
     size = min(total, CHUNK) if device.type == "cpu" else total
-    k = keys(seed)
+    k = _key_tensors(seed)
     w = torch.empty((2, size), dtype=torch.int32, device=device)
     tmp = torch.empty_like(w)
     scale = _c(SCALE, torch.float32)
@@ -181,7 +191,7 @@ def below(seed: int, stream: int, bounds: torch.Tensor) -> torch.Tensor:
     _check([(stream, n)])
     w = torch.empty((2, n), dtype=torch.int32, device=bounds.device)
     if n:
-        _words(keys(seed), [(stream, 0, n)], w, torch.empty_like(w))
+        _words(_key_tensors(seed), [(stream, 0, n)], w, torch.empty_like(w))
     u = w[0].long().bitwise_and_(0x7FFFFFFF)
     return u.mul_(bounds.reshape(-1)).bitwise_right_shift_(31).reshape(bounds.shape)
 

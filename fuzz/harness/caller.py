@@ -151,8 +151,12 @@ def caller_violations(target: Target, run: Run) -> list[Violation]:
 #: caller checks run before the kernel, chosen by a hash of the batch (the same choice for the same batch in every
 #: process). Environment: KVFUZZ_CALLER_CHECK_EVERY (1: every call).
 CALLER_CHECK_EVERY = max(1, int(os.environ.get("KVFUZZ_CALLER_CHECK_EVERY", 16)))
-#: The call shapes (:func:`call_shape`) whose first call this process has checked.
-_SHAPES_CHECKED: set[tuple] = set()
+#: The call shapes (:func:`call_shape`) whose first call this process has checked, the most recently seen last: at
+#: most :data:`SHAPES_KEPT`. A CPU campaign draws a new kernel configuration at nearly every example, so an unbounded
+#: set grew with the campaign; a shape dropped from it is a first call again when it comes back (checked once more).
+_SHAPES_CHECKED: dict[tuple, None] = {}
+#: The most call shapes :data:`_SHAPES_CHECKED` remembers (a few hundred bytes each).
+SHAPES_KEPT = 4096
 
 
 def is_builtin(target: Target) -> bool:
@@ -177,16 +181,19 @@ def call_shape(target: Target, batch) -> tuple:
 def caller_checks_due(target: Target, batch, fault: Any = None) -> bool:
     """Whether the caller checks (:func:`caller_violations`) run on this call before the kernel: always with a
     caller ``fault`` or for a target that is not built in (:func:`is_builtin`: an adapter, a subclass); for a
-    built-in target's own call, on the first call of its :func:`call_shape` in this process and on one in
+    built-in target's own call, on the first call of its :func:`call_shape` in this process (of the
+    :data:`SHAPES_KEPT` shapes seen last: one that comes back after more new ones is a first call again) and on one in
     :data:`CALLER_CHECK_EVERY` others (a CRC-32 of the batch's seed and lengths). The attention property runs them
     after the kernel on every failing example they skipped (docs/checks.md, "When the caller checks run")."""
     if fault is not None or CALLER_CHECK_EVERY == 1 or not is_builtin(target):
         return True
     shape = call_shape(target, batch)
-    if shape not in _SHAPES_CHECKED:
-        _SHAPES_CHECKED.add(shape)
-        return True
-    return _hash_selected(batch)
+    first = shape not in _SHAPES_CHECKED
+    _SHAPES_CHECKED.pop(shape, None)
+    _SHAPES_CHECKED[shape] = None  # the most recently seen end
+    if len(_SHAPES_CHECKED) > SHAPES_KEPT:
+        del _SHAPES_CHECKED[next(iter(_SHAPES_CHECKED))]  # the least recently seen
+    return first or _hash_selected(batch)
 
 
 def _hash_selected(batch) -> bool:
@@ -213,5 +220,5 @@ def caller_finding(violations: list[Violation], kernel: dict[str, Any], details:
                                                             "violations": [v.to_dict() for v in violations]})
 
 
-__all__ = ["CALLER_CHECK_EVERY", "call_shape", "call_violations", "caller_checks_due", "caller_finding",
+__all__ = ["CALLER_CHECK_EVERY", "SHAPES_KEPT", "call_shape", "call_violations", "caller_checks_due", "caller_finding",
            "caller_violations", "checked_signature", "is_builtin", "metadata_violations"]

@@ -135,6 +135,20 @@ def test_streams_and_seeds_differ():
     assert torch.equal(a, counter_rng.normal(1, [(counter_rng.KEYS, 4096)]))  # and the same seed repeats
 
 
+def test_many_seeds_keep_no_memory_per_seed(monkeypatch):
+    """A campaign draws a new seed per example: the constants cache holds the construction's fixed constants,
+    not a seed's keys (it had grown by two 0-dim tensors a seed, ~0.9 KiB, without bound)."""
+    monkeypatch.setattr(counter_rng, "_CONSTANTS", {})
+    counter_rng.normal(0, [(counter_rng.KEYS, 8)])
+    counter_rng.below(0, counter_rng.DOMINANT, torch.ones(4, dtype=torch.int64))
+    fixed = len(counter_rng._CONSTANTS)
+    assert 0 < fixed <= 16
+    for seed in range(1, 2001):
+        counter_rng.normal(seed, [(counter_rng.KEYS, 8)])
+        counter_rng.below(seed, counter_rng.DOMINANT, torch.ones(4, dtype=torch.int64))
+    assert len(counter_rng._CONSTANTS) == fixed
+
+
 def test_below_draws_uniform_integers_under_each_bound():
     bounds = torch.tensor([1, 2, 7, 1000, 2**31] * 400, dtype=torch.int64)
     got = counter_rng.below(3, counter_rng.DOMINANT, bounds)

@@ -75,7 +75,8 @@ def _die_with_parent(parent_pid: int) -> None:
 #: so each example paid again for page faults and zeroed pages (a fifth of a vllm.cpu_attention worker's time
 #: was system time). Blocks under ``M_MMAP_THRESHOLD`` come from the heap and up to ``M_TRIM_THRESHOLD`` bytes
 #: of freed heap stay with the process; larger blocks (``--big-cache``'s caches of several GiB) are still mapped
-#: and returned on free.
+#: and returned on free. Between tasks, :func:`trim_heap` gives back what a rare big example left past
+#: :data:`HEAP_KEEP`.
 MALLOC_SETTINGS = {"M_TRIM_THRESHOLD": (-1, 1 << 30), "M_TOP_PAD": (-2, 64 << 20), "M_MMAP_THRESHOLD": (-3, 1 << 30)}
 
 
@@ -88,6 +89,53 @@ def tune_malloc() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return all([mallopt(param, value) == 1 for param, value in MALLOC_SETTINGS.values()])
+
+
+#: Bytes of freed heap a worker may keep resident between tasks (:func:`trim_heap`). Under
+#: :data:`MALLOC_SETTINGS` every freed block stays in the heap, so a worker's RSS is the high-water mark of the
+#: largest example it has run: the fp64 reference and envelope of a vllm.cpu_attention batch of 119 query tokens,
+#: 64 heads and head size 512 take ~460 MiB for a moment, and a worker that met it kept ~1.2 GiB of freed heap
+#: for the rest of its life (docs/campaigns.md, "What a long campaign costs"). An ordinary example reuses far
+#: less than this.
+HEAP_KEEP = 256 << 20
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_retained() -> int | None:
+    """Bytes of this process's anonymous resident memory (``RssAnon``, /proc/self/status) beyond what malloc has
+    handed out and not freed (glibc's ``mallinfo2``: ``uordblks`` in its arenas, ``hblkhd`` mapped apart): the
+    freed heap glibc keeps resident, plus the few tens of MiB of anonymous memory malloc does not manage (Python's
+    object arenas, thread stacks). None without glibc 2.33 or /proc."""
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+        status = Path("/proc/self/status").read_text()
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _Mallinfo2
+    anon = next((int(line.split()[1]) << 10 for line in status.splitlines() if line.startswith("RssAnon:")), None)
+    if anon is None:
+        return None
+    info = mallinfo2()
+    return anon - info.uordblks - info.hblkhd
+
+
+def trim_heap(keep: int = HEAP_KEEP) -> bool:
+    """Between tasks: when more than ``keep`` bytes of freed heap are resident (:func:`heap_retained`), give every
+    freed page back to the kernel (glibc's ``malloc_trim(0)``: the heap's free top and the free pages inside it);
+    returns whether it did. The next examples fault in again what they use, once; a worker's RSS stays near what
+    it uses rather than the largest example it ever ran. Never raises; False where the C library is not glibc."""
+    retained = heap_retained()
+    if retained is None or retained <= keep:
+        return False
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 #: Seconds between a worker's reports of the CUDA memory it holds (``memory``, after an example ends).
@@ -275,6 +323,7 @@ def _run_tasks(conn, campaign, releases) -> None:
     from kvfuzz.fuzz.campaign.steering import Plan
 
     while True:
+        trim_heap()  # a big example's freed heap goes back to the system (HEAP_KEEP)
         releases.idle()  # waiting for a task: nothing kept cached, and nobody waits on this worker
         task = conn.recv()
         if task[0] == "stop":
@@ -372,5 +421,5 @@ def _observing(spec: WorkerSpec):
     return observe_to(Path(spec.observe_dir), prefix=f"w{spec.index}_")
 
 
-__all__ = ["MEMORY_SECONDS", "PipeListener", "WorkerSpec", "gpu_environment", "gpu_memory", "stop_on_term",
-           "worker_main"]
+__all__ = ["HEAP_KEEP", "MALLOC_SETTINGS", "MEMORY_SECONDS", "PipeListener", "WorkerSpec", "gpu_environment",
+           "gpu_memory", "heap_retained", "stop_on_term", "trim_heap", "tune_malloc", "worker_main"]

@@ -38,7 +38,7 @@ def _selected(seed) -> bool:
 @pytest.fixture
 def fresh(monkeypatch):
     """No call shape checked yet in this process, and the default share."""
-    monkeypatch.setattr(caller, "_SHAPES_CHECKED", set())
+    monkeypatch.setattr(caller, "_SHAPES_CHECKED", {})
     monkeypatch.setattr(caller, "CALLER_CHECK_EVERY", 16)
 
 
@@ -66,6 +66,26 @@ def test_first_call_of_a_shape_then_a_hash_selected_share(fresh):
     assert caller.caller_checks_due(type("Sub", (type(t),), {"name": "tests.sub"})(), _batch(skipped))
     caller.CALLER_CHECK_EVERY = 1
     assert caller.caller_checks_due(t, _batch(skipped))
+
+
+def test_the_shapes_remembered_are_bounded_and_the_least_recent_go_first(fresh, monkeypatch):
+    """A CPU campaign draws a new configuration at nearly every example: the process remembers SHAPES_KEPT shapes,
+    not every shape it ever saw; one it forgot is a first call again."""
+    monkeypatch.setattr(caller, "SHAPES_KEPT", 4)
+    t = get_target("vllm.unified_attention")
+    skipped = next(s for s in range(100) if not _selected(s))
+
+    def shaped(heads):
+        return batch_of([(3, 5), (1, 9)], block_size=16, spare=1, num_heads=heads, num_kv_heads=1, head_size=64,
+                        dtype="float32", seed=skipped)
+
+    assert caller.caller_checks_due(t, shaped(1))
+    for heads in range(2, 60):
+        assert caller.caller_checks_due(t, shaped(heads))  # each a new shape: a first call
+        assert not caller.caller_checks_due(t, shaped(1))  # seen last but one: remembered, not due
+        assert len(caller._SHAPES_CHECKED) <= 4
+    assert not caller.caller_checks_due(t, shaped(57))  # among the 4 seen last
+    assert caller.caller_checks_due(t, shaped(2))  # forgotten long ago: a first call again
 
 
 def test_a_passing_example_whose_checks_are_not_due_runs_none(fresh, monkeypatch):
