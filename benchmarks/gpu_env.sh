@@ -28,18 +28,22 @@ if [ -n "${KVFUZZ_GPU_ENV:-}" ]; then
   KV="python3 -m kvfuzz.fuzz.cli"
   return 0 2>/dev/null || exit 0
 fi
+# KVFUZZ_GPU_KEEP=1 (a later call of one lease, e.g. beside benchmarks/gpu_soak_lease.sh's soak): what an earlier
+# call installed stays as it is (replacing files a running campaign has open or mapped would break it); only what is
+# missing is installed (FlashInfer or FA2 carried by this call)
+kept() { [ -n "${KVFUZZ_GPU_KEEP:-}" ] && [ -e "$1" ]; }
 [ -f .device/vllm-py.tgz ] && ls .device/whl/*.whl >/dev/null 2>&1 || {
   echo "gpu_env.sh: no .device/ bundle here: run 'make device-bundle' where pip works and carry .device" >&2
   exit 1
 }
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl || exit 1
-rm -rf /tmp/vllm && mkdir -p /tmp/vllm && tar xzf .device/vllm-py.tgz -C /tmp/vllm || exit 1
-python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target /tmp/kv . || exit 1
+kept /tmp/site || python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl || exit 1
+kept /tmp/vllm/vllm || { rm -rf /tmp/vllm && mkdir -p /tmp/vllm && tar xzf .device/vllm-py.tgz -C /tmp/vllm; } || exit 1
+kept /tmp/kv/kvfuzz || python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target /tmp/kv . || exit 1
 export PYTHONPATH=/tmp/kv:/tmp/site:/tmp/vllm${PYTHONPATH:+:$PYTHONPATH}
 [ -d .device/sglang ] && export KVFUZZ_SGLANG_TREE=$PWD/.device/sglang
 # FA3 and FlashMLA (benchmarks/hopper_bundle.sh, opt-in): .device/hopper/vllm/ mirrors the vllm tree; *.xz files are
 # unpacked with Python's lzma (the xz command if this Python lacks it), the rest copied
-if [ -d .device/hopper/vllm ]; then
+if [ -d .device/hopper/vllm ] && ! kept /tmp/vllm/.hopper-unpacked; then
   python3 - .device/hopper /tmp/vllm <<'EOF' || exit 1
 import os, shutil, subprocess, sys
 src, dst = sys.argv[1], sys.argv[2]
@@ -66,12 +70,14 @@ for root, _, files in os.walk(src):
         else:
             shutil.copyfile(s, d)
 EOF
+  touch /tmp/vllm/.hopper-unpacked
 fi
 # FlashInfer (benchmarks/flashinfer_bundle.sh, opt-in): the trimmed flashinfer package and apache-tvm-ffi, and its JIT
 # settings: cache under /tmp/fi-ws, 16 nvcc jobs, sm90 only
 if [ -f .device/flashinfer.tgz ]; then
-  python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/fi-site .device/flashinfer-whl/*.whl || exit 1
-  rm -rf /tmp/fi && mkdir -p /tmp/fi && tar xzf .device/flashinfer.tgz -C /tmp/fi || exit 1
+  kept /tmp/fi-site || python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/fi-site \
+    .device/flashinfer-whl/*.whl || exit 1
+  kept /tmp/fi/flashinfer || { rm -rf /tmp/fi && mkdir -p /tmp/fi && tar xzf .device/flashinfer.tgz -C /tmp/fi; } || exit 1
   export PYTHONPATH=/tmp/fi:/tmp/fi-site:$PYTHONPATH
   export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi-ws} MAX_JOBS=${MAX_JOBS:-16} \
     FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0}
@@ -80,7 +86,8 @@ fi
 # ignored .fa-stage/): FA2's extension into the vllm tree, FA4's packages on the path. An H100 runs FA2's compute_80
 # PTX through the driver's JIT: its cache made big enough for every module and kept in .fa-stage/ across calls
 if [ -d .fa-stage/unpacked/fa2 ]; then
-  cp .fa-stage/unpacked/fa2/_vllm_fa2_C.abi3.so /tmp/vllm/vllm/vllm_flash_attn/ || exit 1
+  kept /tmp/vllm/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so || cp .fa-stage/unpacked/fa2/_vllm_fa2_C.abi3.so \
+    /tmp/vllm/vllm/vllm_flash_attn/ || exit 1
   # nvidia-cutlass-dsl puts its dsl_packages on sys.path through a .pth file, which PYTHONPATH does not read
   export PYTHONPATH=$PWD/.fa-stage/unpacked/fa4-site/nvidia_cutlass_dsl/dsl_packages:$PWD/.fa-stage/unpacked/fa4-site:$PYTHONPATH
   export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-$PWD/.fa-stage/nv-cache} CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
