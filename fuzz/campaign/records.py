@@ -26,7 +26,8 @@ class Outcome:
     finding's (kind, check) when the example failed. rejection: ``--undeclared``: the error a kernel rejected
     an undeclared configuration with. skipped: why the example was not checked (``SKIPPED_FOR_MEMORY``): it is
     counted apart, not as an example. stages: its seconds per stage (:data:`kvfuzz.fuzz.campaign.stages.STAGES`),
-    adding up to its time in the worker, its draw included."""
+    adding up to its time in the worker, its draw included. sanitize: its sanitized runs' seconds per phase, adding
+    up to its ``sanitize`` stage (kvfuzz.fuzz.campaign.runner.SanitizerSchedule.take), or None."""
 
     labels: dict[str, str]
     kernel_s: float = 0.0
@@ -39,6 +40,7 @@ class Outcome:
     #: (``sum(ctx_lens) + sum(query_lens)``), for KV tokens checked per second.
     kv_tokens: int = 0
     stages: dict = attrs.field(factory=dict)
+    sanitize: dict | None = None
 
 
 #: :attr:`Outcome.skipped` of an example that ran out of device memory in kvfuzz's own phases (prepare, check)
@@ -143,7 +145,7 @@ class TargetStats:
         """Count one example, ``elapsed`` seconds after the target's start; ``shrink``: a run that replayed the
         database or shrank a failure, counted in :attr:`shrink_runs` and its time only."""
         self.stages.add(outcome.labels.get("tier", "small"), outcome.stages,
-                        examples=int(outcome.skipped is None and not shrink))
+                        examples=int(outcome.skipped is None and not shrink), sanitize=outcome.sanitize)
         if outcome.skipped is not None:  # not checked: counted apart
             self.skipped_memory += 1
             self.elapsed = max(self.elapsed, elapsed)

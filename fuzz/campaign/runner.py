@@ -131,6 +131,7 @@ class SanitizerSchedule:
         self.last: str | None = None  # the "sanitize" label of the example just sanitized
         self.by_time_share = False  # the example just found due was picked by the time share
         self._child: sanitizer.SanitizedChild | None = None
+        self._timed: dict | None = None  # the example in progress: its seconds per phase (:meth:`take`)
 
     def due(self, example: Example, deadline: float | None = None) -> bool:
         """Whether ``example`` (which passed every other check) runs under memcheck: never off CUDA
@@ -167,16 +168,18 @@ class SanitizerSchedule:
         skipped, uncharged, when another worker's sanitized run holds it. An example the time share picked is also
         skipped, uncharged, while the child is still starting: it starts in the background
         (:meth:`~kvfuzz.fuzz.harness.sanitizer.SanitizedChild.ready`), so a worker's ~15 s start neither holds the
-        GPU's one slot nor stalls the worker. A hash share
-        and a shrink wait for it. A child's first example pays its start when it waited: not charged to the time
-        share either."""
+        GPU's one slot nor stalls the worker. A hash share and a shrink wait for it. A child's first example pays its
+        start when it waited: not charged to the time share either. Its seconds per phase: :meth:`take`."""
+        began = time.perf_counter()
         self._child = self._child or sanitizer.SanitizedChild(spec_of(self.target) or self.target.name)
         if self.by_time_share and not self.every_example and not self._child.ready():
-            return
+            return self._note(None)
         with sanitizer.gpu_slot(self.config.out, wait=self.every_example) as slot:
             if not slot:
-                return
+                return self._note(None)
+            self._note(None, time.perf_counter() - began)
             started, fresh = time.monotonic(), not self._child.running
+            self._child.last = None
             try:
                 self.last = "memcheck"
                 self._child.check(self.target, example, confirm=not self.every_example)
@@ -185,6 +188,35 @@ class SanitizerSchedule:
             finally:
                 if not fresh:
                     self.spent += time.monotonic() - started
+                self._note(self._child.last)
+
+    def _note(self, last: dict | None, slot: float = 0.0) -> None:
+        """Add a run's seconds per phase (``last``: SanitizedChild.last; ``slot``: the slot's wait) to the example's,
+        and the child's start if one was seen complete."""
+        timed = self._timed = self._timed or {"seconds": {}, "group": "skipped"}
+        seconds = timed["seconds"]
+        for phase, s in ((last or {}).get("seconds", {}) | ({"slot": slot} if slot else {})).items():
+            seconds[phase] = seconds.get(phase, 0.0) + s
+        if last is not None:
+            timed["group"] = {"first": "first example", "new": "new config", "seen": "seen config"}.get(
+                last["child"], "no report")
+        if self._child is not None and self._child.started is not None:
+            timed["start"], self._child.started = self._child.started, None
+
+    def take(self, seconds: float, shrinking: bool) -> dict | None:
+        """The example's sanitized runs for its Outcome, then forgotten (None if none): ``{"seconds": {phase: s},
+        "group": g, "start": {...}}``, ``other`` the rest of ``seconds`` (the runner's measure: its ``sanitize``
+        stage); ``g`` one of kvfuzz.fuzz.campaign.stages.SANITIZE_GROUPS ("shrink" when ``shrinking``)."""
+        timed, self._timed = self._timed, None
+        if timed is None and not seconds:
+            return None
+        timed = timed or {"seconds": {}, "group": "skipped"}
+        other = seconds - sum(timed["seconds"].values())
+        if other > 0:
+            timed["seconds"]["other"] = other
+        if shrinking:
+            timed["group"] = "shrink"
+        return timed
 
     def close(self) -> None:
         """End the sanitized child, if one runs (idempotent)."""
@@ -316,6 +348,7 @@ class ExampleRunner:
         self.listener.begin(self.target.name, example)  # the example is being prepared
         started = time.perf_counter()
         self._waited = self._sanitized = 0.0
+        self.sanitizer.take(0.0, False)  # a sanitized run of an example cut short before its report: forgotten
         try:
             return self._once(example, lab, started, memory.is_big(example.batch))
         except _OutOfMemory:  # other workers' memory (fuzz/harness/memory.py): again, alone on the device
@@ -459,11 +492,11 @@ class ExampleRunner:
             else None
         if self.sanitizer.last:
             lab["sanitize"], self.sanitizer.last = self.sanitizer.last, None
-        batch = example.batch
+        batch, shrinking = example.batch, self._shrinking()
         self.listener.end(self.target.name, Outcome(
             lab, kernel_s, max(0.0, total - kernel_s), run.ratio if run is not None else 0.0, signature, rejection,
             skipped, 0 if skipped else sum(batch.ctx_lens) + sum(batch.query_lens),
-            {"shrink": span} if self._shrinking() else stages))
+            {"shrink": span} if shrinking else stages, self.sanitizer.take(self._sanitized, shrinking)))
 
     # ---- where the time goes (kvfuzz.fuzz.campaign.stages) ----------------------------------------------------
     @contextlib.contextmanager

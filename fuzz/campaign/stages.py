@@ -20,6 +20,11 @@ Every second of every worker is charged to one row, so the rows add up to the wo
 Time outside Hypothesis's runs inside a task (recording a failure's reproducer, the engine's flow) is ``other``
 too. Kept per target and size tier (:class:`StageTable`); :func:`time_table` turns the tables and the workers' wall
 time into summary.json's ``time``; :func:`time_line` says it in one line.
+
+The ``sanitize`` stage is split further by phase (:class:`SanitizeTable`, summary.json's ``time.sanitize``): where
+a sanitized example's seconds went, worker and child (kvfuzz.fuzz.harness.sanitizer.PHASES), per group of examples
+(:data:`SANITIZE_GROUPS`: the child's first example, the first call of a kernel configuration in the child, a
+configuration it had run before, ...).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import time
 
 import attrs
 
+from kvfuzz.fuzz.harness.sanitizer import PHASES
+
 #: The stages of a target's time, in the table's order.
 STAGES = ("draw", "generate", "materialize", "check_caller", "kernel", "reference", "check_output", "sanitize",
           "compile", "queued", "memory_wait", "shrink", "hypothesis", "other")
@@ -35,6 +42,50 @@ STAGES = ("draw", "generate", "materialize", "check_caller", "kernel", "referenc
 WORKER_STAGES = ("startup", "idle")
 #: The fields of :class:`kvfuzz.fuzz.harness.run.Timings` that are stages of the same name.
 TIMED = ("generate", "materialize", "check_caller", "kernel", "reference", "check_output", "compile", "queued")
+#: The groups of sanitized examples (kvfuzz.fuzz.campaign.runner.SanitizerSchedule.take): the child's first example,
+#: one whose kernel call compiled or loaded a kernel in the child (a new configuration), one it had run before, one
+#: the child gave no report of (it raised, died or hung), one not sanitized after all (its GPU's slot held, its child
+#: starting); and the sanitized runs of a shrink, whose seconds are the ``shrink`` stage's, not ``sanitize``'s.
+SANITIZE_GROUPS = ("first example", "new config", "seen config", "no report", "skipped", "shrink")
+
+
+@attrs.define
+class SanitizeTable:
+    """One target's sanitized runs by phase: ``groups`` is ``{group: {"examples": n, "seconds": {phase: s},
+    "count": {phase: examples it occurred in}}}``; ``starts`` the children's starts seen complete (``count``, and
+    seconds: ``seconds`` spawn to ready, ``target`` and ``cuda`` as the child measured them)."""
+
+    groups: dict = attrs.Factory(dict)
+    starts: dict = attrs.Factory(dict)
+
+    def add(self, record: dict) -> None:
+        """Add one example's record (kvfuzz.fuzz.campaign.runner.SanitizerSchedule.take)."""
+        row = self.groups.setdefault(record.get("group", "no report"), {"examples": 0, "seconds": {}, "count": {}})
+        row["examples"] += 1
+        for phase, s in record.get("seconds", {}).items():
+            if s > 0:
+                row["seconds"][phase] = row["seconds"].get(phase, 0.0) + s
+                row["count"][phase] = row["count"].get(phase, 0) + 1
+        for key, s in ({"count": 1, **record["start"]} if record.get("start") else {}).items():
+            self.starts[key] = self.starts.get(key, 0) + s
+
+    def to_dict(self) -> dict:
+        """summary.json's form: ``{"examples", "seconds", "phases": {phase: {"seconds", "count"}}, "groups": {group:
+        {"examples", "seconds", "phases"}}, "starts"}``, the first three over every group but ``shrink`` (so
+        ``seconds`` is the target's ``sanitize`` stage), phases in :data:`~kvfuzz.fuzz.harness.sanitizer.PHASES`'
+        order."""
+        def phases(rows: list[dict]) -> dict:
+            return {p: {"seconds": round(sum(r["seconds"].get(p, 0.0) for r in rows), 4),
+                        "count": sum(r["count"].get(p, 0) for r in rows)}
+                    for p in PHASES if any(p in r["seconds"] for r in rows)}
+
+        stage = [row for group, row in self.groups.items() if group != "shrink"]
+        return {"examples": sum(r["examples"] for r in stage),
+                "seconds": round(sum(sum(r["seconds"].values()) for r in stage), 4), "phases": phases(stage),
+                "groups": {g: {"examples": self.groups[g]["examples"],
+                               "seconds": round(sum(self.groups[g]["seconds"].values()), 4),
+                               "phases": phases([self.groups[g]])} for g in SANITIZE_GROUPS if g in self.groups},
+                "starts": {k: round(v, 4) for k, v in self.starts.items()}}
 
 
 @attrs.define
@@ -43,8 +94,14 @@ class StageTable:
     ``{tier: {"examples": n, "seconds": {stage: s}}}``."""
 
     tiers: dict = attrs.Factory(dict)
+    #: the ``sanitize`` stage by phase, all tiers together (:class:`SanitizeTable`)
+    sanitize: SanitizeTable = attrs.Factory(SanitizeTable)
 
-    def add(self, tier: str, seconds: dict[str, float], examples: int = 0) -> None:
+    def add(self, tier: str, seconds: dict[str, float], examples: int = 0, sanitize: dict | None = None) -> None:
+        """Add ``seconds`` per stage and ``examples`` to ``tier``'s row; ``sanitize``: an example's sanitized runs by
+        phase (:meth:`SanitizeTable.add`)."""
+        if sanitize:
+            self.sanitize.add(sanitize)
         row = self.tiers.setdefault(tier, {"examples": 0, "seconds": {}})
         row["examples"] += examples
         for stage, s in seconds.items():
@@ -97,8 +154,9 @@ def time_table(targets: list[tuple[str, StageTable]], wall: float, startup: floa
     worker process from its spawn to its end, summed), ``startup`` (of that, spawn to ready) and ``workers``.
 
     Returns ``{"workers", "wall_s", "stages": [row names], "seconds": {stage: s}, "rows": [{"target", "tier",
-    "examples", "seconds", "share", "ms": {stage: mean ms per example}}]}``: ``seconds`` adds up to ``wall_s``
-    (``idle`` is the wall time no report covers), ``share`` is a row's seconds over ``wall_s``."""
+    "examples", "seconds", "share", "ms": {stage: mean ms per example}}], "sanitize": [{"target", ...}]}``:
+    ``seconds`` adds up to ``wall_s`` (``idle`` is the wall time no report covers), ``share`` is a row's seconds over
+    ``wall_s``; ``sanitize`` has each target with sanitized runs, its :meth:`SanitizeTable.to_dict`."""
     totals: dict[str, float] = {}
     rows = []
     for name, table in targets:
@@ -115,7 +173,8 @@ def time_table(targets: list[tuple[str, StageTable]], wall: float, startup: floa
     totals["idle"] = max(0.0, wall - startup - accounted)
     return {"workers": workers, "wall_s": round(wall, 3), "stages": list(STAGES + WORKER_STAGES),
             "seconds": {s: round(totals[s], 3) for s in STAGES + WORKER_STAGES if s in totals},
-            "rows": rows}
+            "rows": rows, "sanitize": [{"target": name, **table.sanitize.to_dict()} for name, table in targets
+                                       if table.sanitize.groups]}
 
 
 def time_line(table: dict, top: int = 6) -> str:
@@ -130,4 +189,5 @@ def time_line(table: dict, top: int = 6) -> str:
     return f"time: {table.get('workers', 1)} worker(s), {wall:.0f} s of worker time: {parts}"
 
 
-__all__ = ["STAGES", "TIMED", "WORKER_STAGES", "Clock", "StageTable", "time_line", "time_table"]
+__all__ = ["SANITIZE_GROUPS", "STAGES", "TIMED", "WORKER_STAGES", "Clock", "SanitizeTable", "StageTable", "time_line",
+           "time_table"]

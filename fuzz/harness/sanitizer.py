@@ -83,6 +83,13 @@ MARK = "KVFUZZ-SANITIZED"
 #: tile and block-table edges, which batches of a few hundred tokens reach (vllm#56862: one 9-token prefill). A
 #: hash share (``--sanitize SHARE``) and a shrink pick examples of any size.
 TIME_SHARE_MAX_TOKENS = 4096
+#: The phases of a sanitized example, in order (docs/fuzzing.md, "Where a sanitized example's time goes"): the
+#: worker measures ``slot``, ``start``, ``ship``, ``readback``, ``verdict``, ``confirm`` and ``other``
+#: (:class:`SanitizedChild`, kvfuzz.fuzz.campaign.runner.SanitizerSchedule); the child the rest (:func:`_run_example`).
+PHASES = ("slot", "start", "ship", "load", "generate", "materialize", "compile", "queued", "kernel", "readback",
+          "verdict", "confirm", "other")
+#: The phases the child measures (:data:`PHASES`).
+CHILD_PHASES = ("load", "generate", "materialize", "compile", "queued", "kernel")
 
 
 @attrs.frozen
@@ -330,28 +337,37 @@ def child_environment(env=None) -> dict:
 class SanitizedChild:
     """One long-lived child under ``compute-sanitizer --tool memcheck`` that runs a target's examples one at a
     time (``python -m kvfuzz.fuzz.harness.sanitizer --target SPEC --serve``): it reads an example file's path per
-    line on stdin, runs it as :func:`sanitize`'s child does and prints ``KVFUZZ-SANITIZED done N`` (or ``raised
-    N``) after each; what memcheck prints between two markers is that example's report. A fresh child per example
-    costs ~15 s (CUDA context, imports, the kernel's load under memcheck); this one ~10 ms an example once warm.
+    line on stdin, runs it as :func:`sanitize`'s child does and prints ``KVFUZZ-SANITIZED done N {phases}`` (or
+    ``raised N``) after each, ``{phases}`` its seconds per :data:`CHILD_PHASES` as JSON; what memcheck prints between
+    two markers is that example's report. A fresh child per example costs ~15 s (CUDA context, imports, the
+    kernel's load under memcheck); this one ~10 ms an example once warm.
 
-    The child prints ``KVFUZZ-SANITIZED ready 0`` once it has loaded the target and made its CUDA context;
-    :meth:`ready` starts a child without waiting for it and says whether it has got there, so a campaign's worker
-    keeps running examples while its child starts (~15 s under memcheck) instead of holding its GPU's sanitizer
-    slot for it (:class:`~kvfuzz.fuzz.campaign.runner.SanitizerSchedule`).
+    The child prints ``KVFUZZ-SANITIZED ready 0 {"target": s, "cuda": s}`` once it has loaded the target and made
+    its CUDA context (the seconds of each); :meth:`ready` starts a child without waiting for it and says whether it
+    has got there, so a campaign's worker keeps running examples while its child starts (~15 s under memcheck)
+    instead of holding its GPU's sanitizer slot for it (:class:`~kvfuzz.fuzz.campaign.runner.SanitizerSchedule`).
 
     :meth:`check` is a screen: an example it passes is clean; anything else (an invalid access, an error, a child
     that died or hung) is decided by :func:`sanitize` in a fresh child, whose whole report (with its ERROR
     SUMMARY) cannot belong to another example. A child that still answered is kept (``--destroy-on-device-error
     kernel``); one that raised, died or hung is replaced on the next check. :meth:`close` ends it and removes its
-    folder; this process's end ends it too (its stdin closes)."""
+    folder; this process's end ends it too (its stdin closes).
+
+    Where the time goes: after each :meth:`check`, :attr:`last` is ``{"seconds": {phase: s}, "child": c}``: its
+    seconds per :data:`PHASES` (not ``slot`` nor ``other``: its caller's; a phase that did not happen left out), and
+    what the child said of it: "first" (its first example), "new" (its kernel call compiled or loaded a kernel: the
+    first call of that configuration in this child), "seen", or None (no report: it raised, died or hung).
+    :attr:`started`: a start seen complete, ``{"seconds": spawn to ready marker, "target": s, "cuda": s}``."""
 
     def __init__(self, spec: str, sanitizer: str | None = None, timeout: float = TIMEOUT_S):
         self.spec, self.exe, self.timeout = spec, sanitizer, timeout
         self._proc: subprocess.Popen | None = None
-        self._lines: queue.Queue = queue.Queue()
+        self._lines: queue.Queue = queue.Queue()  # (time.perf_counter() when read, line; None at the end)
         self._dir: str | None = None
-        self._n = 0
-        self._ready = False
+        self._n, self._ready = 0, False
+        self._spawned, self._ready_at = 0.0, None  # time.perf_counter() at its spawn and its ready marker read
+        self.last: dict | None = None
+        self.started: dict | None = None
 
     @property
     def running(self) -> bool:
@@ -367,14 +383,24 @@ class SanitizedChild:
             self._start()
         while not self._ready:
             try:
-                line = self._lines.get_nowait()
+                at, line = self._lines.get_nowait()
             except queue.Empty:
                 return False
             if line is None:  # it ended: leave the end for check() to meet
-                self._lines.put(None)
+                self._lines.put((at, None))
                 self._ready = True
-            elif line.split()[:2] == [MARK, "ready"]:
-                self._ready = True
+            else:
+                self._ready_marker(at, line)
+        return True
+
+    def _ready_marker(self, at: float, line: str) -> bool:
+        """Whether ``line`` (read at ``at``) is the child's ready marker; if so the child is ready (:attr:`started`
+        says how its start went)."""
+        parts = line.split(maxsplit=3)
+        if parts[:2] != [MARK, "ready"]:
+            return False
+        self._ready, self._ready_at = True, at
+        self.started = {"seconds": at - self._spawned, **_phases_of(parts[3] if len(parts) > 3 else "")}
         return True
 
     def _start(self) -> None:
@@ -390,6 +416,7 @@ class SanitizedChild:
         cmd = [exe, "--tool", "memcheck", "--print-limit", "0", "--show-backtrace", "no",
                "--destroy-on-device-error", "kernel", sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer",
                "--target", self.spec, "--serve"]
+        self._spawned, self._ready_at = time.perf_counter(), None
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, bufsize=1, env=child_environment())
         self._lines = queue.Queue()
@@ -399,51 +426,87 @@ class SanitizedChild:
     @staticmethod
     def _read(stream, lines: queue.Queue) -> None:
         for line in stream:
-            lines.put(line.rstrip("\n"))
-        lines.put(None)  # end of output: the child ended
+            lines.put((time.perf_counter(), line.rstrip("\n")))
+        lines.put((time.perf_counter(), None))  # end of output: the child ended
 
-    def _segment(self, n: int) -> tuple[str, list[str]]:
-        """The child's lines up to its marker for example ``n``: ("done"/"raised"/"ended"/"timed out", lines)."""
+    def _segment(self, n: int) -> tuple[str, list[str], dict]:
+        """The child's lines up to its marker for example ``n``: ("done"/"raised"/"ended"/"timed out", lines, the
+        child's seconds per phase from its marker, or {}). A ready marker on the way marks the child ready."""
         out: list[str] = []
         end = time.monotonic() + self.timeout
         while True:
             try:
-                line = self._lines.get(timeout=max(0.0, end - time.monotonic()))
+                at, line = self._lines.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
-                return "timed out", out
+                return "timed out", out, {}
             if line is None:
-                return "ended", out
-            parts = line.split()
+                return "ended", out, {}
+            parts = line.split(maxsplit=3)
             if len(parts) >= 3 and parts[0] == MARK and parts[2] == str(n):
-                return parts[1], out
-            out.append(line)
+                return parts[1], out, _phases_of(parts[3] if len(parts) > 3 else "")
+            if not (parts[:1] == [MARK] and self._ready_marker(at, line)):
+                out.append(line)
 
     def check(self, target, example, confirm: bool = True) -> None:
         """Screen ``example`` in the long-lived child; returns when its run was clean. An invalid access in its
         segment raises MemorySafetyError: with ``confirm``, as :func:`sanitize` in a fresh child decides (the
         campaign's first memory-safety failure), without it from the segment itself (the shrink of a confirmed
         one, whose candidates would each cost a fresh child). A child that raised, died or hung is replaced and
-        :func:`sanitize` decides."""
+        :func:`sanitize` decides. Its seconds per phase: :attr:`last`."""
+        began = time.perf_counter()
+        starting = not self.running or not self._ready
+        self.last = {"seconds": (phases := {}), "child": None}
         if not self.running:
             self._start()
+        spawned = time.perf_counter()
+        phases["start"] = spawned - began
         self._n += 1
         path = Path(self._dir) / f"example-{self._n % 2}.json"
         path.write_text(json.dumps(example.to_dict()))
+        shipped = time.perf_counter()  # before the path is sent: the child may start at once
         try:
             self._proc.stdin.write(f"{path}\n")
             self._proc.stdin.flush()
-            status, lines = self._segment(self._n)
+            status, lines, child = self._segment(self._n)
         except (BrokenPipeError, OSError):
-            status, lines = "ended", []
+            status, lines, child = "ended", [], {}
+        got = time.perf_counter()
+        phases["ship"] = shipped - spawned
+        self._timed(phases, child, shipped, got, starting)
         text = "\n".join(lines)
         report = parse_memcheck(text)
+        phases["verdict"] = time.perf_counter() - got
         if status == "done" and not report.accesses and not report.other:
             return
         if status == "done" and report.accesses and not confirm:
             _raise_accesses(report, text)
-        if status != "done":  # it raised, died or hung (memcheck may have destroyed its context): a new one next time
-            self.close(kill=status == "timed out")
-        sanitize(target, example, self.spec, self.exe, self.timeout)
+        confirming = time.perf_counter()
+        try:
+            if status != "done":  # it raised, died or hung (memcheck may have destroyed its context): a new one next
+                self.close(kill=status == "timed out")
+            sanitize(target, example, self.spec, self.exe, self.timeout)
+        finally:
+            phases["confirm"] = time.perf_counter() - confirming
+
+    def _timed(self, phases: dict, child: dict, shipped: float, got: float, starting: bool) -> None:
+        """Split the wait for the child's marker (``shipped`` to ``got``) into ``phases``: the rest of the child's
+        start when the example waited for it (``starting``), the child's own phases (``child``, from its marker) and
+        ``readback``, the rest; set what the child said of the example (:attr:`last`)."""
+        wait = got - shipped
+        if not starting:
+            del phases["start"]
+        elif self._ready_at is not None:
+            waited = min(wait, max(0.0, self._ready_at - shipped))
+            phases["start"] += waited
+            wait -= waited
+        scale = min(1.0, wait / max(1e-9, sum(float(child.get(k, 0.0)) for k in CHILD_PHASES)))
+        for k in CHILD_PHASES:
+            if child.get(k):
+                phases[k] = float(child[k]) * scale  # within the wait that holds them
+                wait -= phases[k]
+        if child:
+            self.last["child"] = "first" if self._n == 1 else "new" if child.get("new") else "seen"
+        phases["readback"] = max(0.0, wait)
 
     def close(self, kill: bool = False) -> None:
         """End the child (idempotent): close its stdin and let it finish (at most 10 s, then it is killed), or
@@ -465,27 +528,55 @@ class SanitizedChild:
         p.wait()
 
 
-def _run_example(target, path: str) -> None:
-    """Load the example at ``path``, make its batch exact (:func:`exact_batch`), prepare it and run the kernel
-    once, then wait for the device. The output is not checked here (the parent's campaign did)."""
-    from kvfuzz.contracts.model.example import Example
-    from kvfuzz.fuzz.harness import properties
+def _phases_of(text: str) -> dict:
+    """The child's seconds per phase from a marker's JSON tail (``{}`` when it has none or it is not JSON)."""
+    with contextlib.suppress(ValueError):
+        phases = json.loads(text or "{}")
+        return {k: v for k, v in phases.items() if isinstance(v, (int, float))} if isinstance(phases, dict) else {}
+    return {}
 
-    example = Example.from_dict(json.loads(Path(path).read_text()))
-    example = attrs.evolve(example, batch=exact_batch(example.batch))
-    run = properties.prepare(target, example)
-    target.run(run.call)
+
+def _run_example(target, path: str) -> dict:
+    """Load the example at ``path``, make its batch exact (:func:`exact_batch`), prepare it and run the kernel
+    once, then wait for the device. The output is not checked here (the parent's campaign did). Returns its seconds
+    per :data:`CHILD_PHASES` and ``new``: whether the kernel call compiled or loaded a kernel (Triton's JIT hooks,
+    :data:`~kvfuzz.fuzz.harness.kernel_clock.COMPILES`: the first call of that configuration in this process)."""
     import torch
 
-    if torch.cuda.is_available():
+    from kvfuzz.contracts.model.example import Example
+    from kvfuzz.fuzz.harness import properties
+    from kvfuzz.fuzz.harness.kernel_clock import KernelClock
+
+    began = time.perf_counter()
+    example = Example.from_dict(json.loads(Path(path).read_text()))
+    example = attrs.evolve(example, batch=exact_batch(example.batch))
+    loaded = time.perf_counter()
+    run = properties.prepare(target, example)
+    prepared = time.perf_counter()
+    cuda = torch.cuda.is_available()
+    clock = KernelClock(cuda)
+    target.run(run.call)
+    clock.ran()
+    if cuda:
         torch.cuda.synchronize()
+    t = run.timings
+    clock.stop(t)
+    generate = min(t.generate, prepared - loaded)
+    return {"load": loaded - began, "generate": generate, "materialize": prepared - loaded - generate,
+            "compile": t.compile, "queued": t.queued, "kernel": t.kernel, "new": t.compile > 0}
+
+
+def _marker(status: str, n: int, phases: dict) -> str:
+    return f"{MARK} {status} {n} {json.dumps({k: round(v, 6) for k, v in phases.items()}, separators=(',', ':'))}"
 
 
 def _child(argv: list[str]) -> int:
     """The sanitized child: ``--example FILE`` runs that one example (:func:`sanitize`); ``--serve`` runs the
-    example files named on stdin, one per line, printing :data:`MARK` after each (:class:`SanitizedChild`)."""
+    example files named on stdin, one per line, printing :data:`MARK` after each, with its seconds per phase
+    (:class:`SanitizedChild`)."""
     import argparse
 
+    from kvfuzz.fuzz.harness.kernel_clock import COMPILES
     from kvfuzz.fuzz.targets.registry import get_target
 
     ap = argparse.ArgumentParser(prog="python -m kvfuzz.fuzz.harness.sanitizer")
@@ -493,32 +584,35 @@ def _child(argv: list[str]) -> int:
     ap.add_argument("--example")
     ap.add_argument("--serve", action="store_true")
     a = ap.parse_args(argv)
+    began = time.perf_counter()
     target = get_target(a.target)
     if not a.serve:
         _run_example(target, a.example)
         return 0
+    COMPILES.listen()  # a kernel call's compiles told apart (a new configuration in this child)
     import torch
 
+    loaded = time.perf_counter()
     if torch.cuda.is_available():
         torch.cuda.init()  # the context, made before the parent is told it may send examples
-    print(f"{MARK} ready 0", flush=True)
+    print(_marker("ready", 0, {"target": loaded - began, "cuda": time.perf_counter() - loaded}), flush=True)
     n = 0
     for line in sys.stdin:
         if not line.strip():
             continue
         n += 1
         try:
-            _run_example(target, line.strip())
+            phases = _run_example(target, line.strip())
         except BaseException as e:  # the parent re-runs it in a fresh child, whose report decides
             print(f"{MARK} raised {n} {type(e).__name__}", flush=True)
             return 3
-        print(f"{MARK} done {n}", flush=True)
+        print(_marker("done", n, phases), flush=True)
     return 0
 
 
-__all__ = ["AUTO_TIME_SHARE", "CHECK", "MARK", "START_SECONDS", "TIME_SHARE_MAX_TOKENS", "DeviceFull",
-           "MemcheckReport", "MemoryAccess", "MemorySafetyError", "SanitizedChild", "applies", "child_environment",
-           "exact_batch", "gpu_slot", "parse_memcheck", "sanitize", "sanitizer_path", "selected"]
+__all__ = ["AUTO_TIME_SHARE", "CHECK", "CHILD_PHASES", "MARK", "PHASES", "START_SECONDS", "TIME_SHARE_MAX_TOKENS",
+           "DeviceFull", "MemcheckReport", "MemoryAccess", "MemorySafetyError", "SanitizedChild", "applies",
+           "child_environment", "exact_batch", "gpu_slot", "parse_memcheck", "sanitize", "sanitizer_path", "selected"]
 
 if __name__ == "__main__":
     sys.exit(_child(sys.argv[1:]))

@@ -1,5 +1,6 @@
 """A torch paged-attention kernel with a planted out-of-bounds read that only a memory checker sees, and a
-stand-in for compute-sanitizer that runs the program (tests/fuzz/harness/test_sanitizer.py).
+stand-in for compute-sanitizer that runs the program (tests/fuzz/harness/test_sanitizer.py); :class:`CompilesPerConfig`
+a correct one whose first call of each block_size "compiles" (the sanitized example's phases).
 
 :class:`HalfTileOverrun` computes the right output (it is :class:`~kvfuzz.fuzz.bench.paged_torch.PagedTorch`) but,
 like vLLM#56862's unified_attention (a block-table entry loaded past the row on the final tile), "reads" past its
@@ -10,6 +11,7 @@ kvfuzz.fuzz.harness.sanitizer sets it) it prints the access as compute-sanitizer
 """
 
 import os
+import time
 
 from kvfuzz.fuzz.bench.paged_torch import PagedTorch
 
@@ -46,3 +48,43 @@ class HalfTileOverrun(PagedTorch):
                 n % 2 == 0 for n in call.kwargs["seq_lens"].tolist()):
             print(ACCESS, flush=True)
         return out
+
+
+class CompilesPerConfig(PagedTorch):
+    """Correct (it is :class:`~kvfuzz.fuzz.bench.paged_torch.PagedTorch`), but each process's first kernel call of a
+    block_size first "compiles": it sleeps KVFUZZ_PLANTED_COMPILE_S seconds (default 0.05) between Triton's JIT
+    hooks, as a Triton kernel's first call of a new specialization does (in a sanitized child: a new kernel
+    configuration). With KVFUZZ_PLANTED_SANITIZE_ON_CPU=1 in the environment, making one lets
+    kvfuzz.fuzz.harness.sanitizer run on CPU in this process (``applies``): a campaign's workers, which the kvfuzz
+    command starts, cannot be monkeypatched, and the planted compute-sanitizer stands in for CUDA's there."""
+
+    name = "planted.compiles_per_config"
+    description = "torch paged attention whose first call of each block_size sleeps inside Triton's JIT hooks"
+    compiled: set = set()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if os.environ.get("KVFUZZ_PLANTED_SANITIZE_ON_CPU") == "1":
+            from kvfuzz.fuzz.harness import sanitizer
+
+            sanitizer.applies = lambda target: True
+
+    def build_call(self, batch, data, cache):
+        import triton  # noqa: F401  (a Triton kernel's module is loaded before its first call)
+
+        return super().build_call(batch, data, cache)
+
+    def run(self, call):
+        block_size = call.kwargs["key_cache"].shape[1]
+        if block_size not in CompilesPerConfig.compiled:
+            CompilesPerConfig.compiled.add(block_size)
+            from triton import knobs
+
+            hook = dict(key=f"planted-{block_size}", repr="planted", fn=None, compile={}, is_manual_warmup=False,
+                        already_compiled=False)
+            if knobs.runtime.jit_cache_hook is not None:
+                knobs.runtime.jit_cache_hook(**hook)
+            time.sleep(float(os.environ.get("KVFUZZ_PLANTED_COMPILE_S", "0.05")))
+            if knobs.runtime.jit_post_compile_hook is not None:
+                knobs.runtime.jit_post_compile_hook(**hook)
+        return super().run(call)

@@ -22,6 +22,7 @@ from pathlib import Path
 from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.fuzz.campaign.store.journal import disk_full
 from kvfuzz.fuzz.harness.coverage import SHAPE_DIMENSIONS
+from kvfuzz.fuzz.harness.sanitizer import PHASES
 
 PLOTTED = ("path", "mix", "gqa", "seq_len", "rocm gfx90a/gfx942/gfx950", "rocm gfx11/gfx12", "undeclared")
 
@@ -196,6 +197,32 @@ def time_section(summary: dict) -> list[str]:
     rest = [f"{s} {100 * time['seconds'][s] / wall:.1f}%" for s in ("startup", "idle") if s in time.get("seconds", {})]
     if rest:
         lines += ["", "Outside any target: " + ", ".join(rest) + " of the workers' time."]
+    return lines + _sanitize_table(time.get("sanitize") or [])
+
+
+def _sanitize_table(targets: list[dict]) -> list[str]:
+    """The ``sanitize`` stage by phase (summary.json's ``time.sanitize``, kvfuzz.fuzz.campaign.stages.SanitizeTable):
+    per target, its examples with a sanitized run in all and per group, each phase's seconds and the examples it
+    occurred in; then its children's starts. Empty without sanitized runs."""
+    if not targets:
+        return []
+    phases = [p for p in PHASES if any(p in g.get("phases", {}) for t in targets for g in t.get("groups", {}).values())]
+    lines = ["", "Sanitized runs (`--sanitize`): the `sanitize` stage by phase, per group of examples: each phase's "
+             "seconds and (in brackets) the examples it occurred in; `shrink`: a shrink's sanitized runs, counted in "
+             "the `shrink` stage (docs/fuzzing.md, \"Where a sanitized example's time goes\").", "",
+             "| target | group | examples | seconds | " + " | ".join(phases) + " |", "|---" * (4 + len(phases)) + "|"]
+    for t in targets:
+        for group, row in [("all", t), *t.get("groups", {}).items()]:
+            cells = [f"{row['phases'][p]['seconds']:.2f} ({row['phases'][p]['count']})" if p in row.get("phases", {})
+                     else "-" for p in phases]
+            lines.append(f"| {t['target']} | {group} | {row.get('examples', 0)} | {row.get('seconds', 0.0):.2f} | "
+                         + " | ".join(cells) + " |")
+    for t in targets:
+        st = t.get("starts") or {}
+        if st.get("count"):
+            lines.append(f"\n{t['target']}: {st['count']} sanitized child(ren) started, {st.get('seconds', 0):.1f} s "
+                         f"from spawn to ready (of it, in the child: the target loaded {st.get('target', 0):.1f} s, "
+                         f"the CUDA context {st.get('cuda', 0):.1f} s).")
     return lines
 
 

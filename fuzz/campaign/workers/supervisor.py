@@ -330,7 +330,7 @@ class Supervisor:
                 task.counted >= task.n or "shrink" in stages))
             t.stats.add(Outcome(o["labels"], o["kernel_s"], o["harness_s"], o["ratio"],
                                 None if o["signature"] is None else tuple(o["signature"]), o["rejection"],
-                                o.get("skipped"), o.get("kv_tokens", 0), stages),
+                                o.get("skipped"), o.get("kv_tokens", 0), stages, o.get("sanitize")),
                         time.monotonic() - (t.start or time.monotonic()), shrink=shrink)
             self.before.hit(t.stats, o["signature"])
             if t.steer is not None and not shrink and not o.get("skipped"):  # what the next chunks steer by

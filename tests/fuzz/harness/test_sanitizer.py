@@ -3,6 +3,8 @@ parsed into accesses (kernel, file:line, size, offset from the nearest allocatio
 an invalid read (a "memory safety" failure, found and shrunk by a campaign) and one that reports none (no failure),
 the exact-size block table, and the option's bad values. CPU only: the planted sanitizer stands in for CUDA's."""
 
+import json
+import os
 import stat
 import sys
 import tempfile
@@ -12,7 +14,7 @@ from pathlib import Path
 import attrs
 import pytest
 from hypothesis.database import InMemoryExampleDatabase
-from support import kvfuzz
+from support import SUPPORT, kvfuzz
 
 from kvfuzz.contracts.checks.failures import FailureKind, HarnessError, MemorySafetyError
 from kvfuzz.contracts.model.example import Example
@@ -21,6 +23,7 @@ from kvfuzz.fuzz.bench.paged_torch import PagedTorch, small_batch
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fuzz_target
 from kvfuzz.fuzz.harness import sanitizer
+from kvfuzz.fuzz.targets.registry import spec_of
 
 #: vllm#56862 as compute-sanitizer 2025.x prints it on an H100 (issue 39), with a line of the program's own output
 REPORT = """========= COMPUTE-SANITIZER
@@ -131,10 +134,15 @@ def _running_sanitizer(tmp: Path) -> str:
     return str(exe)
 
 
-def _overrun_target():
+def _planted(name: str):
+    """A target of tests/support/planted_memcheck.py, loaded by file as a user's adapter is."""
     from kvfuzz.fuzz.targets.registry import get_target
 
-    return get_target(f"{Path(__file__).parents[2] / 'support' / 'planted_memcheck.py'}:HalfTileOverrun")
+    return get_target(f"{SUPPORT / 'planted_memcheck.py'}:{name}")
+
+
+def _overrun_target():
+    return _planted("HalfTileOverrun")
 
 
 def test_the_long_lived_child_runs_many_examples_and_a_hit_is_confirmed_in_a_fresh_one(tmp_path):
@@ -185,6 +193,12 @@ def test_a_campaign_finds_the_planted_overrun_through_the_long_lived_child_and_s
     b = Example.from_dict(rec.example).batch
     assert b.num_seqs == 1 and b.seq_lens[0] == 2  # the smallest even seq_len
     assert stats.coverage.counts["sanitize"]["memcheck"] >= 1
+    # the sanitize stage by phase: its groups but the shrink's add up to it; the first hit was confirmed in a fresh
+    # child, and the shrink's sanitized runs are a group of their own (their seconds are the shrink stage's)
+    phases = stats.stages.sanitize.to_dict()
+    stage = sum(row["seconds"].get("sanitize", 0.0) for row in stats.stages.to_dict().values())
+    assert abs(phases["seconds"] - stage) <= 1e-3 and phases["phases"]["confirm"]["count"] >= 1
+    assert phases["groups"]["shrink"]["examples"] >= 1 and phases["groups"]["first example"]["examples"] == 1
 
 
 def test_the_time_share_sanitizes_only_while_under_its_budget(monkeypatch):
@@ -408,3 +422,60 @@ def test_a_sanitized_run_that_found_the_device_full_is_not_a_finding(tmp_path, m
                                                      database=InMemoryExampleDatabase()))
     assert not stats.failures and stats.examples == 4
     assert stats.coverage.counts["sanitize"] == {"skipped: device full": 4}
+
+
+def test_a_sanitized_example_reports_its_phases_and_whether_its_kernel_configuration_was_new(tmp_path):
+    """Each check says where its seconds went (SanitizedChild.last): the worker's phases (the start it waited for,
+    the example shipped, the rest of the wait, the verdict) and the child's (load, generate, materialize, compile,
+    kernel: sent with its marker), together within the check's own time; and what the child said of the example:
+    its first, a kernel configuration (here a block_size) new to the child (its compile), or one it ran before. A
+    check of a ready child waits for no start; the start is reported apart (spawn to ready, and the child's part)."""
+    target = _planted("CompilesPerConfig")
+    child = sanitizer.SanitizedChild(spec_of(target), sanitizer=_running_sanitizer(tmp_path), timeout=120)
+    seen = []
+    try:
+        for block_size in (16, 16, 32):
+            began = time.perf_counter()
+            child.check(target, Example(small_batch([1], [3], head_size=32, block_size=block_size), Poison.NAN))
+            seen.append((child.last, time.perf_counter() - began))
+    finally:
+        child.close()
+    assert [last["child"] for last, _ in seen] == ["first", "seen", "new"]
+    for last, lasted in seen:
+        assert {"ship", "load", "generate", "materialize", "kernel", "readback", "verdict"} <= set(last["seconds"])
+        assert set(last["seconds"]) <= set(sanitizer.PHASES) - {"slot", "other"}
+        assert 0 < sum(last["seconds"].values()) <= lasted  # measured inside the check, each second once
+    (first, _), (same, _), (new, _) = seen
+    assert first["seconds"]["start"] > 0 and "start" not in same["seconds"] and "start" not in new["seconds"]
+    planted = 0.05  # KVFUZZ_PLANTED_COMPILE_S's default: the child's first call of each block_size
+    assert first["seconds"]["compile"] >= planted and new["seconds"]["compile"] >= planted
+    assert "compile" not in same["seconds"]
+    assert child.started["seconds"] >= child.started["target"] > 0 and "cuda" in child.started
+
+
+def test_a_campaign_splits_its_sanitize_stage_by_phase_in_the_summary_and_the_report(tmp_path):
+    """Through the kvfuzz command (a worker, its pipe, the supervisor): summary.json's time.sanitize holds the
+    sanitize stage by phase, its seconds the stage's, every sanitized example's child phases counted, the phases
+    measured holding nearly all of it (``other`` is the rest); its groups tell the child's first example, the first
+    call of a new block_size and the calls of one it ran; report.md shows the table."""
+    env = dict(os.environ, KVFUZZ_COMPUTE_SANITIZER=_running_sanitizer(tmp_path), KVFUZZ_PLANTED_SANITIZE_ON_CPU="1")
+    r = kvfuzz("fuzz", "--target", f"{SUPPORT / 'planted_memcheck.py'}:CompilesPerConfig", "--sanitize", "all",
+               "--max-examples", "12", "--workers", "1", "--seed", "0", "--steer", "off", "--out", tmp_path / "out",
+               env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (phases,) = summary["time"]["sanitize"]
+    target = summary["targets"][0]
+    stage = sum(row["seconds"].get("sanitize", 0.0) for row in target["stages"].values())
+    assert phases["target"] == "planted.compiles_per_config" and abs(phases["seconds"] - stage) <= 1e-3
+    assert phases["examples"] == target["examples"] + target["shrink_runs"] >= 12  # each one sanitized
+    for phase in ("ship", "load", "generate", "materialize", "kernel", "readback", "verdict"):
+        assert phases["phases"][phase]["count"] == phases["examples"], phase
+    assert phases["phases"].get("other", {"seconds": 0.0})["seconds"] < 0.5 * phases["seconds"]
+    groups = phases["groups"]
+    assert groups["first example"]["examples"] == 1 and set(groups) <= {"first example", "new config", "seen config"}
+    assert groups["seen config"]["examples"] >= 1 and "compile" not in groups["seen config"]["phases"]
+    assert phases["starts"]["count"] == 1
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| planted.compiles_per_config | all |" in report
+    assert "| planted.compiles_per_config | seen config |" in report
