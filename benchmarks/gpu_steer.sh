@@ -8,7 +8,8 @@
 # failure's reproducer and how long each shrink took (summary.json's shrink: structural_first, hypothesis,
 # structural), each tier's share of the examples and of the time (the stage table, summary.json's stages), and the
 # declared bins no example reached
-# (summary.json's bins), one JSON object a line in OUT/steer.jsonl, a table at the end.
+# (summary.json's bins), one JSON object a line in OUT/steer.jsonl, a table at the end; the sanitize stage by phase
+# (benchmarks/sanitize_phases.py) in OUT/phases-STEER-SEED.txt.
 # Made for benchmarks/gpu_lanes.sh (a 4-GPU host, one lane a campaign: before and after side by side at the same
 # time), e.g. in one 10-minute device call:
 #   OUT=$OUT LANE_TIMEOUT=560 bash benchmarks/gpu_lanes.sh \
@@ -61,6 +62,8 @@ row["failures"] = [{"kind": f["kind"], "known": f.get("known"), "seqs": len(f["e
 print(json.dumps(row))
 PY
     tail -1 "$R/steer.jsonl" | cut -c1-400
+    # the sanitize stage by phase (a target with the memory-safety oracle on: benchmarks/sanitize_phases.py)
+    python3 "$(dirname "$0")/sanitize_phases.py" "$o/summary.json" > "$R/phases-$STEER-$s.txt" 2>&1
   done
   python3 - "$R/steer.jsonl" <<'PY'
 import json, sys
