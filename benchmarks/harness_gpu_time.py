@@ -281,7 +281,8 @@ def report(rec: dict, top: int) -> list[str]:
             cells += f"{row['cpu_ms']:>10.2f}{row['peak_mib_mean']:>15.1f}{row['peak_mib_max']:>10.1f}"
         lines.append(cells)
     lines.append(f"  top {top} {unit} of the reference (ms and calls per example):")
-    lines += [f"    {ms:>9.3f} {calls:>7.1f}  {name}" for name, ms, calls in rec["top"]["reference"][:top]]
+    lines += [f"    {ms:>9.3f} {calls:>7.1f}  {name}" for name, ms, calls in rec["top"]["reference"][:top]] or [
+        "    none (a batch under kvfuzz.fuzz.harness.run.GPU_REFERENCE_MIN_KV KV elements: reference on the CPU)"]
     ceiling = rec["ceiling_examples_per_s"]
     device = "GPU" if cuda else "CPU op"
     lines.append(f"  {rec['target']} {rec['tier']}: {rec['total_ms']:.3f} {device} ms per example over the stages "
