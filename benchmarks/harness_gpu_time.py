@@ -320,17 +320,24 @@ def main(argv: list[str] | None = None) -> dict:
         poisons = tuple(Poison(p) for p in a.poisons.split(","))
     except ValueError as e:
         ap.error(f"--poisons: {e}; choose from {', '.join(p.value for p in Poison)}")
+    if min(a.examples, a.serving_examples or 1, a.per_config, a.group) < 1:
+        ap.error("--examples, --serving-examples, --per-config and --group: at least 1")
+    try:
+        todo = jobs(a)
+        targets = {name: get_target(name) for name, _, _ in todo}
+    except (OSError, ValueError, KeyError) as e:  # an unreadable --replay file, an unknown --target
+        ap.error(f"{'--replay' if a.replay else '--target'}: {e}")
     torch.set_num_threads(a.threads)
     doc = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
            "torch": torch.__version__, "records": []}
-    for name, tier, exs in jobs(a):
-        target = get_target(name)
+    for name, tier, exs in todo:
+        target = targets[name]
         if not target.availability().ok:
             print(f"{name}: unavailable: {target.availability().reason}", flush=True)
             continue
         n = a.serving_examples if tier == "serving" and a.serving_examples else a.examples
         exs = exs or draw_examples(target, tier, n, a.per_config, poisons)
-        rec = measure(name, tier, exs, max(1, a.group), a.top)
+        rec = measure(name, tier, exs, a.group, a.top)
         rec["cases"] = [{"example": e.to_dict()} for e in exs]  # --replay reads them as harness_speed's
         doc["records"].append(rec)
         print("\n".join(report(rec, a.top)), flush=True)

@@ -161,3 +161,13 @@ def test_short_names(gt):
                          "(at::TensorIterator&)::{lambda(double, double)#1}>, unsigned int, double, 4, 4> >"
                          "(at::native::ReduceOp<double>)") == "reduce_kernel[sum_functor]"
     assert len(gt.short_name("x" * 300)) == 80
+
+
+@pytest.mark.parametrize("argv, named", [(["--target", "nope"], "--target: unknown target 'nope'"),
+                                         (["--replay", "/nonexistent/missing.json"], "--replay:"),
+                                         (["--poisons", "bogus"], "--poisons:"), (["--group", "0"], "--group")])
+def test_bad_usage_exits_2_naming_the_option(gt, tmp_path, capsys, argv, named):
+    with pytest.raises(SystemExit) as e:
+        gt.main([*argv, "--out", str(tmp_path / "x.json")])
+    assert e.value.code == 2
+    assert named in capsys.readouterr().err and not (tmp_path / "x.json").exists()
