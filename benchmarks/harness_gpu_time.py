@@ -341,6 +341,7 @@ def main(argv: list[str] | None = None) -> dict:
         rec["cases"] = [{"example": e.to_dict()} for e in exs]  # --replay reads them as harness_speed's
         doc["records"].append(rec)
         print("\n".join(report(rec, a.top)), flush=True)
+        Path(a.out).write_text(json.dumps(doc, indent=1))  # after each record: a run cut short keeps what it measured
     Path(a.out).write_text(json.dumps(doc, indent=1))
     return doc
 
