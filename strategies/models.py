@@ -70,68 +70,89 @@ _GEMMA = ("google/gemma_pytorch gemma/config.py {}: num_attention_heads, num_key
           "({}), sliding_window_size {}, attn_logit_softcapping {}")
 _GPT_OSS = ("openai/gpt-oss gpt_oss/torch/model.py: ModelConfig (head_dim 64, 64/8 heads, sliding_window 128), "
             "AttentionBlock (window on even layers, one sink per query head); ")
-MODELS: tuple[ModelAttention, ...] = (
-    ModelAttention("meta-llama/Llama-3.1-8B", 32, 8, 128, checked=_LLAMA.format(4096, 32)),
-    ModelAttention("meta-llama/Llama-3.1-70B", 64, 8, 128, checked=_LLAMA.format(8192, 64)),
-    ModelAttention("mistralai/Mistral-7B-v0.1", 32, 8, 128, sliding_window=4096, window_layers="all",
-                   checked="hub config.json of bartowski/OpenOrca-Zephyr-7B-exl2 (_name_or_path a "
-                   "mistralai/Mistral-7B-v0.1 snapshot): 32/8 heads, hidden_size 4096, sliding_window 4096; "
-                   "mlx-community/mistral-7B-v0.1 params.json: n_heads 32, n_kv_heads 8, head_dim 128, "
-                   "sliding_window 4096"),
-    ModelAttention("mistralai/Mixtral-8x7B-v0.1", 32, 8, 128,
-                   checked="hub mistralai/Mixtral-8x7B-v0.1 discussion #19 (Mistral AI, merged): config.json "
-                   "sliding_window null, 'Doesn't use sliding window attention'; config.json of "
-                   "YeungNLP/firefly-mixtral-8x7b (_name_or_path the base): 32/8 heads, hidden_size 4096"),
-    ModelAttention("Qwen/Qwen2.5-7B", 28, 4, 128,
-                   checked="hub config.json of EVA-UNIT-01/EVA-Qwen2.5-7B-v0.0 (_name_or_path the base): 28/4 "
-                   "heads, hidden_size 3584, use_sliding_window false"),
-    ModelAttention("Qwen/Qwen2.5-72B", 64, 8, 128,
-                   checked="hub config.json of sumuks/purple-wintermute-0.2-72b (_name_or_path the base): 64/8 "
-                   "heads, hidden_size 8192, use_sliding_window false"),
-    ModelAttention("Qwen/Qwen3-8B", 32, 8, 128,
-                   checked="hub thejaminator/qwen-hook-layer-9 commit 'Copy config.json from Qwen/Qwen3-8B': 32/8 "
-                   "heads, head_dim 128, use_sliding_window false"),
-    ModelAttention("google/gemma-2-9b", 16, 8, 256, sliding_window=4096, window_layers="every other",
-                   softcap=50.0, checked=_GEMMA.format("get_config_for_9b", "LOCAL_SLIDING, GLOBAL alternating",
-                                                       4096, 50.0)),
-    ModelAttention("google/gemma-2-27b", 32, 16, 128, sliding_window=4096, window_layers="every other",
-                   softcap=50.0, checked=_GEMMA.format("get_config_for_27b", "LOCAL_SLIDING, GLOBAL alternating",
-                                                       4096, 50.0)),
-    ModelAttention("google/gemma-3-27b-pt", 32, 16, 128, sliding_window=1024, window_layers="5 of every 6",
-                   checked=_GEMMA.format("get_config_for_27b_v3", "5 LOCAL_SLIDING, then GLOBAL", 1024,
-                                         "unset")),
-    ModelAttention("openai/gpt-oss-20b", 64, 8, 64, sliding_window=128, window_layers="every other", sinks=True,
-                   checked=_GPT_OSS + "hub keras/gpt_oss_20b_en task.json: 24 layers, 64/8 heads, head_dim 64, "
-                   "sliding_window 128"),
-    ModelAttention("openai/gpt-oss-120b", 64, 8, 64, sliding_window=128, window_layers="every other", sinks=True,
-                   checked=_GPT_OSS + "its defaults are the 120b's (36 layers, 128 experts), as in hub "
-                   "witflag/AlphaMind original/config.json, duplicated from openai/gpt-oss-120b"),
-    ModelAttention("microsoft/phi-4", 40, 10, 128,
-                   checked="hub microsoft/phi-4 config.json on refs/pr/10: 40/10 heads, hidden_size 5120, "
-                   "sliding_window null"),
+#: The rows of :data:`MODELS`: hub id, num_heads, num_kv_heads, head_size, and the fields a model sets beyond
+#: them (the rest keep :class:`ModelAttention`'s defaults).
+_ROWS: tuple[tuple[str, int, int, int, dict], ...] = (
+    ("meta-llama/Llama-3.1-8B",      32,   8, 128, dict()),
+    ("meta-llama/Llama-3.1-70B",     64,   8, 128, dict()),
+    ("mistralai/Mistral-7B-v0.1",    32,   8, 128, dict(sliding_window=4096, window_layers="all")),
+    ("mistralai/Mixtral-8x7B-v0.1",  32,   8, 128, dict()),
+    ("Qwen/Qwen2.5-7B",              28,   4, 128, dict()),
+    ("Qwen/Qwen2.5-72B",             64,   8, 128, dict()),
+    ("Qwen/Qwen3-8B",                32,   8, 128, dict()),
+    ("google/gemma-2-9b",            16,   8, 256, dict(sliding_window=4096, window_layers="every other",
+                                                        softcap=50.0)),
+    ("google/gemma-2-27b",           32,  16, 128, dict(sliding_window=4096, window_layers="every other",
+                                                        softcap=50.0)),
+    ("google/gemma-3-27b-pt",        32,  16, 128, dict(sliding_window=1024, window_layers="5 of every 6")),
+    ("openai/gpt-oss-20b",           64,   8,  64, dict(sliding_window=128, window_layers="every other", sinks=True)),
+    ("openai/gpt-oss-120b",          64,   8,  64, dict(sliding_window=128, window_layers="every other", sinks=True)),
+    ("microsoft/phi-4",              40,  10, 128, dict()),
     # multi-query attention: one kv head (Falcon's multi_query, GPTBigCode's multi_query), replicated on every rank
     # (vllm/model_executor/models/falcon.py FalconAttention: total_num_kv_heads 1, num_kv_heads max(1, 1 // tp);
     # GPTBigCode's c_attn_kv replicated across ranks)
-    ModelAttention("tiiuae/falcon-7b", 71, 1, 64,
-                   checked="hub config of tiiuae/falcon-7b-instruct as copied into tenstorrent's Falcon benchmark "
-                   "(RWConfig params): hidden_size 4544, n_head 71, multi_query true, alibi false; "
-                   "kimborgen/falcon-llm README (a copy of the hub repo): query_key_value out_features 4672 = "
-                   "(71 + 2) x 64, one k and one v head; vLLM asserts 71 % tp == 0, so tp 1 only"),
-    ModelAttention("bigcode/starcoder", 48, 1, 128,
-                   checked="Cerebras modelzoo tools/checkpoint_converters/starcoder.py, the hub config's defaults: "
-                   "n_embd 6144, n_head 48, n_layer 40, multi_query true (c_attn packs embed_dim + 2 x head_dim)"),
-    ModelAttention("tiiuae/falcon-180B", 232, 8, 64,
-                   checked="NVIDIA/TensorRT-LLM performance docs, the checkpoint config of tiiuae/falcon-180B: "
-                   "num_attention_heads 232, num_key_value_heads 8, hidden_size 14848, new_decoder_architecture "
-                   "true; a group of 29 query heads per kv head at every tp"),
-    ModelAttention("deepseek-ai/DeepSeek-V3", 128, 1, 576, kv_lora_rank=512, qk_rope_head_dim=64,
-                   checked="deepseek-ai/DeepSeek-V3 inference/configs/config_671B.json: n_heads 128, kv_lora_rank "
-                   "512, qk_rope_head_dim 64; inference/model.py MLA caches kv_lora_rank + qk_rope_head_dim"),
-    ModelAttention("deepseek-ai/DeepSeek-V2-Lite", 16, 1, 576, kv_lora_rank=512, qk_rope_head_dim=64,
-                   checked="deepseek-ai/DeepSeek-V3 inference/configs/config_16B.json (the V2-Lite shape: 27 "
-                   "layers, 64 experts): n_heads 16, kv_lora_rank 512, qk_rope_head_dim 64; hub config.json of "
-                   "ModelCloud/DeepSeek-V2-Lite-gptq-4bit: the same, q_lora_rank null"),
+    ("tiiuae/falcon-7b",             71,   1,  64, dict()),
+    ("bigcode/starcoder",            48,   1, 128, dict()),
+    ("tiiuae/falcon-180B",          232,   8,  64, dict()),
+    ("deepseek-ai/DeepSeek-V3",     128,   1, 576, dict(kv_lora_rank=512, qk_rope_head_dim=64)),
+    ("deepseek-ai/DeepSeek-V2-Lite", 16,   1, 576, dict(kv_lora_rank=512, qk_rope_head_dim=64)),
 )
+#: Where each row's values were checked (:attr:`ModelAttention.checked`), by hub id.
+_CHECKED: dict[str, str] = {
+    "meta-llama/Llama-3.1-8B": _LLAMA.format(4096, 32),
+    "meta-llama/Llama-3.1-70B": _LLAMA.format(8192, 64),
+    "mistralai/Mistral-7B-v0.1":
+        ("hub config.json of bartowski/OpenOrca-Zephyr-7B-exl2 (_name_or_path a "
+         "mistralai/Mistral-7B-v0.1 snapshot): 32/8 heads, hidden_size 4096, sliding_window 4096; "
+         "mlx-community/mistral-7B-v0.1 params.json: n_heads 32, n_kv_heads 8, head_dim 128, "
+         "sliding_window 4096"),
+    "mistralai/Mixtral-8x7B-v0.1":
+        ("hub mistralai/Mixtral-8x7B-v0.1 discussion #19 (Mistral AI, merged): config.json "
+         "sliding_window null, 'Doesn't use sliding window attention'; config.json of "
+         "YeungNLP/firefly-mixtral-8x7b (_name_or_path the base): 32/8 heads, hidden_size 4096"),
+    "Qwen/Qwen2.5-7B":
+        ("hub config.json of EVA-UNIT-01/EVA-Qwen2.5-7B-v0.0 (_name_or_path the base): 28/4 "
+         "heads, hidden_size 3584, use_sliding_window false"),
+    "Qwen/Qwen2.5-72B":
+        ("hub config.json of sumuks/purple-wintermute-0.2-72b (_name_or_path the base): 64/8 "
+         "heads, hidden_size 8192, use_sliding_window false"),
+    "Qwen/Qwen3-8B":
+        ("hub thejaminator/qwen-hook-layer-9 commit 'Copy config.json from Qwen/Qwen3-8B': 32/8 "
+         "heads, head_dim 128, use_sliding_window false"),
+    "google/gemma-2-9b": _GEMMA.format("get_config_for_9b", "LOCAL_SLIDING, GLOBAL alternating", 4096, 50.0),
+    "google/gemma-2-27b": _GEMMA.format("get_config_for_27b", "LOCAL_SLIDING, GLOBAL alternating", 4096, 50.0),
+    "google/gemma-3-27b-pt": _GEMMA.format("get_config_for_27b_v3", "5 LOCAL_SLIDING, then GLOBAL", 1024, "unset"),
+    "openai/gpt-oss-20b":
+        _GPT_OSS + "hub keras/gpt_oss_20b_en task.json: 24 layers, 64/8 heads, head_dim 64, sliding_window 128",
+    "openai/gpt-oss-120b":
+        _GPT_OSS + ("its defaults are the 120b's (36 layers, 128 experts), as in hub witflag/AlphaMind "
+                    "original/config.json, duplicated from openai/gpt-oss-120b"),
+    "microsoft/phi-4":
+        ("hub microsoft/phi-4 config.json on refs/pr/10: 40/10 heads, hidden_size 5120, "
+         "sliding_window null"),
+    "tiiuae/falcon-7b":
+        ("hub config of tiiuae/falcon-7b-instruct as copied into tenstorrent's Falcon benchmark "
+         "(RWConfig params): hidden_size 4544, n_head 71, multi_query true, alibi false; "
+         "kimborgen/falcon-llm README (a copy of the hub repo): query_key_value out_features 4672 = "
+         "(71 + 2) x 64, one k and one v head; vLLM asserts 71 % tp == 0, so tp 1 only"),
+    "bigcode/starcoder":
+        ("Cerebras modelzoo tools/checkpoint_converters/starcoder.py, the hub config's defaults: "
+         "n_embd 6144, n_head 48, n_layer 40, multi_query true (c_attn packs embed_dim + 2 x head_dim)"),
+    "tiiuae/falcon-180B":
+        ("NVIDIA/TensorRT-LLM performance docs, the checkpoint config of tiiuae/falcon-180B: "
+         "num_attention_heads 232, num_key_value_heads 8, hidden_size 14848, new_decoder_architecture "
+         "true; a group of 29 query heads per kv head at every tp"),
+    "deepseek-ai/DeepSeek-V3":
+        ("deepseek-ai/DeepSeek-V3 inference/configs/config_671B.json: n_heads 128, kv_lora_rank "
+         "512, qk_rope_head_dim 64; inference/model.py MLA caches kv_lora_rank + qk_rope_head_dim"),
+    "deepseek-ai/DeepSeek-V2-Lite":
+        ("deepseek-ai/DeepSeek-V3 inference/configs/config_16B.json (the V2-Lite shape: 27 "
+         "layers, 64 experts): n_heads 16, kv_lora_rank 512, qk_rope_head_dim 64; hub config.json of "
+         "ModelCloud/DeepSeek-V2-Lite-gptq-4bit: the same, q_lora_rank null"),
+}
+MODELS: tuple[ModelAttention, ...] = tuple(
+    ModelAttention(name, num_heads, num_kv_heads, head_size, **fields, checked=_CHECKED[name])
+    for name, num_heads, num_kv_heads, head_size, fields in _ROWS)
 
 
 def shard_heads(num_heads: int, num_kv_heads: int, tp: int) -> tuple[int, int] | None:

@@ -68,28 +68,18 @@ class Finding(AssertionError):
         return (self.kind.value, self.check) if self.known is None else (self.kind.value, self.check, self.known)
 
 
-class CallerContractViolation(Finding):
-    kind = FailureKind.CALLER_VIOLATION
+def _finding_class(name: str, kind: FailureKind) -> type[Finding]:
+    """The :class:`Finding` subclass ``name`` of failure kind ``kind``, for a kind whose class adds nothing but its
+    kind (one class a kind: Hypothesis shrinks each kind separately)."""
+    return type(name, (Finding,), {"kind": kind, "__module__": __name__})
 
 
-class KernelMismatch(Finding):
-    kind = FailureKind.KERNEL_MISMATCH
-
-
-class NonFiniteOutput(Finding):
-    kind = FailureKind.NON_FINITE
-
-
-class KernelCrash(Finding):
-    kind = FailureKind.KERNEL_CRASH
-
-
-class KernelHang(Finding):
-    kind = FailureKind.KERNEL_HANG
-
-
-class SilentlyUnsupported(Finding):
-    kind = FailureKind.SILENT_UNSUPPORTED
+CallerContractViolation = _finding_class("CallerContractViolation", FailureKind.CALLER_VIOLATION)
+KernelMismatch = _finding_class("KernelMismatch", FailureKind.KERNEL_MISMATCH)
+NonFiniteOutput = _finding_class("NonFiniteOutput", FailureKind.NON_FINITE)
+KernelCrash = _finding_class("KernelCrash", FailureKind.KERNEL_CRASH)
+KernelHang = _finding_class("KernelHang", FailureKind.KERNEL_HANG)
+SilentlyUnsupported = _finding_class("SilentlyUnsupported", FailureKind.SILENT_UNSUPPORTED)
 
 
 class ConfigurationRejected(Finding):

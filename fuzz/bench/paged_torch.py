@@ -1,12 +1,14 @@
 """The base of kvfuzz's mutant zoo (:mod:`kvfuzz.fuzz.bench.mutants`): :class:`PagedTorch`, a reference-style
 torch paged-attention kernel over the NHD cache layout with the unified contract, written out step by step
 (block table, flat element offsets, query head -> kv head, masks, softmax) so that a mutant can break one
-step; :func:`small_batch`, the hand-written small batches the mutants' smallest triggers are made of; and
-:func:`batch_size`, the sizes a shrunk case is compared by."""
+step; :func:`mutant`, the class decorator that declares a mutant; :func:`small_batch`, the hand-written small
+batches the mutants' smallest triggers are made of; and :func:`batch_size`, the sizes a shrunk case is compared
+by."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -151,6 +153,20 @@ class PagedTorch(Target):
         return out
 
 
+def mutant(slug: str, description: str, *, trigger: str, bug: str, smallest: Callable[[], Batch]):
+    """A class decorator declaring a mutant of :class:`PagedTorch` (kvfuzz.fuzz.bench.mutants): sets its ``name``
+    (``"mutant.<slug>"``), ``description`` (what it breaks), ``trigger`` (when the defect changes the output), ``bug``
+    (the real bug it models) and ``smallest``, a static method returning its smallest trigger (a :class:`Batch`,
+    :func:`~kvfuzz.fuzz.bench.mutants.smallest_trigger`)."""
+
+    def declare(cls: type[PagedTorch]) -> type[PagedTorch]:
+        cls.name, cls.description, cls.trigger, cls.bug = f"mutant.{slug}", description, trigger, bug
+        cls.smallest = staticmethod(smallest)
+        return cls
+
+    return declare
+
+
 def small_batch(query_lens, ctx_lens, heads=(1, 1), head_size=24, block_size=8, num_blocks=None, table=None,
                 **kw) -> Batch:
     """A small batch (a mutant's smallest trigger, a test's case): ``heads`` is ``(num_heads, num_kv_heads)``;
@@ -174,4 +190,4 @@ def batch_size(batch: Batch) -> dict[str, int]:
             "block_size": batch.block_size}
 
 
-__all__ = ["PagedTorch", "batch_size", "small_batch"]
+__all__ = ["PagedTorch", "batch_size", "mutant", "small_batch"]

@@ -10,6 +10,7 @@ from hypothesis.errors import NoSuchExample
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.counter_rng import MAX_STREAM_ELEMENTS
+from kvfuzz.strategies import models
 from kvfuzz.strategies.limits import Limits
 from kvfuzz.strategies.models import MODELS, model_shapes, shard_heads
 from kvfuzz.strategies.serving import TOKEN_BUDGETS, capture_size, serving_batches
@@ -34,6 +35,7 @@ def test_heads_are_sharded_as_vllm_shards_them():
 
 def test_every_model_row_says_where_it_was_checked():
     assert all(m.checked for m in MODELS)  # strategies/models.py: only values checked against a source are listed
+    assert set(models._CHECKED) == {m.name for m in MODELS}  # no provenance left over from a removed row
     assert all(m.num_heads % m.num_kv_heads == 0 for m in MODELS)
     latent = [m for m in MODELS if m.mla]
     assert latent and all(m.num_kv_heads == 1 and m.head_size == m.kv_lora_rank + m.qk_rope_head_dim for m in latent)
