@@ -8,11 +8,13 @@ lines, ``DIR/samples.jsonl``) holds, for the running campaign: each worker's RSS
 file-backed, ``/proc/PID/smaps_rollup``: file-backed pages are shared libraries paged in as first used) and open
 files, GPU memory per process (``nvidia-smi --query-compute-apps``, where there is one), the size of ``--out`` and
 of its ``hypothesis-db``, the examples so far and examples/s since the last sample (status.json), restarts, lost
-examples, skipped examples, distinct failures and reproducer directories. Halfway (``--kill-at``) the campaign's
-whole process group is killed with SIGKILL and the same command is started again on the same ``--out`` for the time
-left: the second part must lose nothing and report no finding of the first part as new. At ``--hours`` the campaign
-gets SIGTERM (a clean stop, its summary written): ``--duration`` is per target and the targets take the workers in
-turn, so a campaign of several targets would run far longer than the soak.
+examples, skipped examples, distinct failures and reproducer directories. Halfway (``--kill-at``) the campaign's whole
+process group is killed with SIGKILL and the same command is started again on the same ``--out`` for the time left:
+the second part must lose nothing and report no finding of the first part as new. Each ``--target`` named gets an
+equal share of the soak as its ``--duration`` (which is per target: the targets take the workers in turn; with the
+whole length each, a 2x H200 soak of twelve targets ran only the first). At ``--hours`` the campaign gets SIGTERM (a
+clean stop, its summary written), so a campaign that names no target, or runs past its budgets, still ends with the
+soak.
 
 ``DIR/soak.json`` (written at the end, and after every sample) sums it up against the goals: RSS and GPU memory
 within 10% of their first sample after ``--warmup`` (30 minutes: a worker's memory rises to the high-water marks of
@@ -141,8 +143,16 @@ def sample(campaign: Path, proc: psutil.Process, started: float, last: dict | No
             "reproducers": len(reproducers)}
 
 
+def per_target(seconds: float, args: list[str]) -> float:
+    """The ``--duration`` that gives each of the campaign's named targets its share of ``seconds``: ``--duration``
+    is per target and the targets take the workers in turn, so the whole length would leave every target but the
+    first unrun (a campaign naming no target gets the whole length, whatever it runs)."""
+    return seconds / max(1, sum(1 for x in args if x == "--target" or x.startswith("--target=")))
+
+
 def start(kvfuzz: list[str], campaign: Path, seconds: float, log) -> psutil.Process:
-    cmd = kvfuzz + ["fuzz", *ARGS, "--out", str(campaign), "--duration", f"{int(seconds)}s"]
+    duration = max(1, int(per_target(seconds, ARGS)))
+    cmd = kvfuzz + ["fuzz", *ARGS, "--out", str(campaign), "--duration", f"{duration}s"]
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
