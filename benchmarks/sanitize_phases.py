@@ -36,7 +36,8 @@ def lines_of(summary: dict, name: str) -> list[str]:
         st = s.get("starts") or {}
         if st.get("count"):
             out.append(f"  children started: {st['count']}, {st.get('seconds', 0):.1f} s spawn to ready (in the "
-                       f"child: target loaded {st.get('target', 0):.1f} s, CUDA context {st.get('cuda', 0):.1f} s)")
+                       f"child: target loaded {st.get('target', 0):.1f} s, CUDA context {st.get('cuda', 0):.1f} s, "
+                       f"warm-up {st.get('warm', 0):.1f} s with {st.get('warm_errors', 0):.0f} example(s) refused)")
         groups = [("all", s)] + [(g, s["groups"][g]) for g in SANITIZE_GROUPS if g in s.get("groups", {})]
         out.append("  " + f"{'phase':12}" + "".join(f"{g:>16}" for g, _ in groups))
         for phase in PHASES:

@@ -577,6 +577,7 @@ def _child(argv: list[str]) -> int:
     import argparse
 
     from kvfuzz.fuzz.harness.kernel_clock import COMPILES
+    from kvfuzz.fuzz.harness.sanitizer_warmup import warm_up
     from kvfuzz.fuzz.targets.registry import get_target
 
     ap = argparse.ArgumentParser(prog="python -m kvfuzz.fuzz.harness.sanitizer")
@@ -594,8 +595,9 @@ def _child(argv: list[str]) -> int:
 
     loaded = time.perf_counter()
     if torch.cuda.is_available():
-        torch.cuda.init()  # the context, made before the parent is told it may send examples
-    print(_marker("ready", 0, {"target": loaded - began, "cuda": time.perf_counter() - loaded}), flush=True)
+        torch.cuda.init()  # the context, then the warm-up (sanitizer_warmup), before the parent may send
+    phases = {"target": loaded - began, "cuda": time.perf_counter() - loaded}
+    print(_marker("ready", 0, phases | (warm_up(target) if torch.cuda.is_available() else {})), flush=True)
     n = 0
     for line in sys.stdin:
         if not line.strip():
