@@ -342,10 +342,10 @@ class SanitizedChild:
     two markers is that example's report. A fresh child per example costs ~15 s (CUDA context, imports, the
     kernel's load under memcheck); this one ~10 ms an example once warm.
 
-    The child prints ``KVFUZZ-SANITIZED ready 0 {"target": s, "cuda": s}`` once it has loaded the target and made
-    its CUDA context (the seconds of each); :meth:`ready` starts a child without waiting for it and says whether it
-    has got there, so a campaign's worker keeps running examples while its child starts (~15 s under memcheck)
-    instead of holding its GPU's sanitizer slot for it (:class:`~kvfuzz.fuzz.campaign.runner.SanitizerSchedule`).
+    The child prints ``KVFUZZ-SANITIZED ready 0 {"target": s, "cuda": s, "warm": s, "warm_errors": n}`` once it has
+    loaded the target, made its CUDA context and warmed up (sanitizer_warmup; what it printed before is dropped);
+    :meth:`ready` starts one without waiting and says if it got there: a worker runs examples while its child starts
+    (~15 s under memcheck), not holding its GPU's sanitizer slot (:class:`~.campaign.runner.SanitizerSchedule`).
 
     :meth:`check` is a screen: an example it passes is clean; anything else (an invalid access, an error, a child
     that died or hung) is decided by :func:`sanitize` in a fresh child, whose whole report (with its ERROR
@@ -357,7 +357,7 @@ class SanitizedChild:
     seconds per :data:`PHASES` (not ``slot`` nor ``other``: its caller's; a phase that did not happen left out), and
     what the child said of it: "first" (its first example), "new" (its kernel call compiled or loaded a kernel: the
     first call of that configuration in this child), "seen", or None (no report: it raised, died or hung).
-    :attr:`started`: a start seen complete, ``{"seconds": spawn to ready marker, "target": s, "cuda": s}``."""
+    :attr:`started`: a start seen complete, ``{"seconds": spawn to ready marker, **the ready marker's phases}``."""
 
     def __init__(self, spec: str, sanitizer: str | None = None, timeout: float = TIMEOUT_S):
         self.spec, self.exe, self.timeout = spec, sanitizer, timeout
@@ -444,8 +444,8 @@ class SanitizedChild:
             parts = line.split(maxsplit=3)
             if len(parts) >= 3 and parts[0] == MARK and parts[2] == str(n):
                 return parts[1], out, _phases_of(parts[3] if len(parts) > 3 else "")
-            if not (parts[:1] == [MARK] and self._ready_marker(at, line)):
-                out.append(line)
+            if not (parts[:1] == [MARK] and self._ready_marker(at, line)) and self._ready:
+                out.append(line)  # not a line from before the ready marker (the child's start and warm-up)
 
     def check(self, target, example, confirm: bool = True) -> None:
         """Screen ``example`` in the long-lived child; returns when its run was clean. An invalid access in its
@@ -595,9 +595,9 @@ def _child(argv: list[str]) -> int:
 
     loaded = time.perf_counter()
     if torch.cuda.is_available():
-        torch.cuda.init()  # the context, then the warm-up (sanitizer_warmup), before the parent may send
+        torch.cuda.init()  # the context, then the warm-up (sanitizer_warmup: never raises), before the parent sends
     phases = {"target": loaded - began, "cuda": time.perf_counter() - loaded}
-    print(_marker("ready", 0, phases | (warm_up(target) if torch.cuda.is_available() else {})), flush=True)
+    print(_marker("ready", 0, phases | warm_up(target)), flush=True)
     n = 0
     for line in sys.stdin:
         if not line.strip():
