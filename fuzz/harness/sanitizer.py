@@ -376,9 +376,8 @@ class SanitizedChild:
 
     def ready(self) -> bool:
         """Whether a child is up and has printed its ready marker; starts one (without waiting) when none runs.
-        Reads only the lines before the marker (memcheck's banner). A child that ended before it counts as ready:
-        the next :meth:`check` meets its end and :func:`sanitize` decides. Raises HarnessError as :meth:`check`
-        does when no compute-sanitizer is found."""
+        Reads (drops) the lines before the marker. A child that ended before it counts as ready: the next
+        :meth:`check` meets its end and :func:`sanitize` decides. Raises HarnessError as :meth:`check` does."""
         if not self.running:
             self._start()
         while not self._ready:
@@ -490,16 +489,17 @@ class SanitizedChild:
 
     def _timed(self, phases: dict, child: dict, shipped: float, got: float, starting: bool) -> None:
         """Split the wait for the child's marker (``shipped`` to ``got``) into ``phases``: the rest of the child's
-        start when the example waited for it (``starting``), the child's own phases (``child``, from its marker) and
-        ``readback``, the rest; set what the child said of the example (:attr:`last`)."""
-        wait = got - shipped
+        start when the example waited for it (``starting``; what its own phases leave: they came after its ready
+        marker, however late that was read), the child's own phases (``child``, from its marker) and ``readback``,
+        the rest; set what the child said of the example (:attr:`last`)."""
+        wait, own = got - shipped, sum(float(child.get(k, 0.0)) for k in CHILD_PHASES)
         if not starting:
             del phases["start"]
         elif self._ready_at is not None:
-            waited = min(wait, max(0.0, self._ready_at - shipped))
+            waited = min(max(0.0, wait - own), max(0.0, self._ready_at - shipped))
             phases["start"] += waited
             wait -= waited
-        scale = min(1.0, wait / max(1e-9, sum(float(child.get(k, 0.0)) for k in CHILD_PHASES)))
+        scale = min(1.0, wait / max(1e-9, own))
         for k in CHILD_PHASES:
             if child.get(k):
                 phases[k] = float(child[k]) * scale  # within the wait that holds them
