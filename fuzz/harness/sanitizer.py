@@ -597,7 +597,7 @@ def _child(argv: list[str]) -> int:
     if torch.cuda.is_available():
         torch.cuda.init()  # the context, then the warm-up (sanitizer_warmup: never raises), before the parent sends
     phases = {"target": loaded - began, "cuda": time.perf_counter() - loaded}
-    print(_marker("ready", 0, phases | warm_up(target)), flush=True)
+    print(_marker("ready", 0, phases | warm_up(target, exact=exact_batch)), flush=True)
     n = 0
     for line in sys.stdin:
         if not line.strip():

@@ -56,9 +56,9 @@ def warm_examples(capabilities) -> list[Example]:
     return out
 
 
-def warm_up(target, prepare=None) -> dict:
-    """Prepare each of :func:`warm_examples` for ``target`` as the child prepares a real example (its batch made
-    exact: kvfuzz.fuzz.harness.sanitizer.exact_batch; ``prepare``: default
+def warm_up(target, prepare=None, exact=None) -> dict:
+    """Prepare each of :func:`warm_examples` for ``target`` as the child prepares a real example (``exact``: what
+    makes its batch exact, the child's kvfuzz.fuzz.harness.sanitizer.exact_batch; ``prepare``: default
     :func:`kvfuzz.fuzz.harness.properties.prepare`), then wait for the device. Returns ``{"warm": seconds,
     "warm_errors": n}``, ``n`` the examples whose preparation raised (an example the target rejects: a layout that
     cannot hold it, a combination it refuses), or 1 when the examples could not be made or the device wait raised.
@@ -67,8 +67,6 @@ def warm_up(target, prepare=None) -> dict:
     try:
         import torch
 
-        from kvfuzz.fuzz.harness.sanitizer import exact_batch
-
         if prepare is None:
             from kvfuzz.fuzz.harness.properties import prepare
         examples = warm_examples(target.capabilities)
@@ -76,7 +74,7 @@ def warm_up(target, prepare=None) -> dict:
         return {"warm": time.perf_counter() - began, "warm_errors": 1}
     for example in examples:
         try:
-            prepare(target, attrs.evolve(example, batch=exact_batch(example.batch)))
+            prepare(target, attrs.evolve(example, batch=exact(example.batch)) if exact else example)
         except Exception:  # a real example's preparation reports its own errors
             errors += 1
     try:

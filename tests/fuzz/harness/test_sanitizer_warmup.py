@@ -1,8 +1,9 @@
 """fuzz/harness/sanitizer_warmup.py: a sanitized child prepares a few tiny examples of its target, never calling the
 kernel, before it says it is ready: every declared dtype and kv_cache_dtype (at most MAX_PAIRS pairs) and one whose
-data is drawn on the device; a preparation that raises is counted, and the warm-up goes on; through a real child
-(the planted compute-sanitizer of tests/support/planted_memcheck.py): the ready marker carries the warm-up, a warm-up
-that raises leaves the child serving, and what the warm-up printed is no example's report."""
+data is drawn on the device, each batch made exact as a real example's; a preparation that raises is counted, and
+the warm-up goes on; through a real child (the planted compute-sanitizer of tests/support/planted_memcheck.py): the
+ready marker carries the warm-up, a warm-up that raises leaves the child serving, and what the warm-up printed is no
+example's report."""
 
 from __future__ import annotations
 
@@ -57,6 +58,13 @@ def test_the_warm_up_prepares_each_example_and_never_runs_the_kernel():
     got = warm_up(_Target(), prepare=lambda target, example: prepared.append(example.batch.dtype))
     assert prepared == ["float16", "float32", "float16"]
     assert got["warm_errors"] == 0 and got["warm"] >= 0
+
+
+def test_each_batch_is_made_exact_before_it_is_prepared():
+    made, prepared = [], []
+    warm_up(_Target(), prepare=lambda target, example: prepared.append(example.batch),
+            exact=lambda batch: made.append(batch) or batch)
+    assert made == prepared and len(made) == len(warm_examples(_Target.capabilities))
 
 
 def test_a_preparation_that_raises_is_counted_and_the_rest_still_run():
