@@ -53,7 +53,8 @@ SANITIZE_GROUPS = ("first example", "new config", "seen config", "no report", "s
 class SanitizeTable:
     """One target's sanitized runs by phase: ``groups`` is ``{group: {"examples": n, "seconds": {phase: s},
     "count": {phase: examples it occurred in}}}``; ``starts`` the children's starts seen complete (``count``, and
-    seconds: ``seconds`` spawn to ready, ``target`` and ``cuda`` as the child measured them)."""
+    seconds: ``seconds`` spawn to ready, ``target``, ``cuda`` and ``warm`` as the child measured them, and
+    ``warm_errors``: kvfuzz.fuzz.harness.sanitizer_warmup)."""
 
     groups: dict = attrs.Factory(dict)
     starts: dict = attrs.Factory(dict)

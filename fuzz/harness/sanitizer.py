@@ -342,10 +342,10 @@ class SanitizedChild:
     two markers is that example's report. A fresh child per example costs ~15 s (CUDA context, imports, the
     kernel's load under memcheck); this one ~10 ms an example once warm.
 
-    The child prints ``KVFUZZ-SANITIZED ready 0 {"target": s, "cuda": s}`` once it has loaded the target and made
-    its CUDA context (the seconds of each); :meth:`ready` starts a child without waiting for it and says whether it
-    has got there, so a campaign's worker keeps running examples while its child starts (~15 s under memcheck)
-    instead of holding its GPU's sanitizer slot for it (:class:`~kvfuzz.fuzz.campaign.runner.SanitizerSchedule`).
+    The child prints ``KVFUZZ-SANITIZED ready 0 {"target": s, "cuda": s, "warm": s, "warm_errors": n}`` once it has
+    loaded the target, made its CUDA context and warmed up (sanitizer_warmup; what it printed before is dropped);
+    :meth:`ready` starts one without waiting and says if it got there: a worker runs examples while its child starts
+    (~15 s under memcheck), not holding its GPU's sanitizer slot (:class:`~.campaign.runner.SanitizerSchedule`).
 
     :meth:`check` is a screen: an example it passes is clean; anything else (an invalid access, an error, a child
     that died or hung) is decided by :func:`sanitize` in a fresh child, whose whole report (with its ERROR
@@ -357,7 +357,7 @@ class SanitizedChild:
     seconds per :data:`PHASES` (not ``slot`` nor ``other``: its caller's; a phase that did not happen left out), and
     what the child said of it: "first" (its first example), "new" (its kernel call compiled or loaded a kernel: the
     first call of that configuration in this child), "seen", or None (no report: it raised, died or hung).
-    :attr:`started`: a start seen complete, ``{"seconds": spawn to ready marker, "target": s, "cuda": s}``."""
+    :attr:`started`: a start seen complete, ``{"seconds": spawn to ready marker, **the ready marker's phases}``."""
 
     def __init__(self, spec: str, sanitizer: str | None = None, timeout: float = TIMEOUT_S):
         self.spec, self.exe, self.timeout = spec, sanitizer, timeout
@@ -376,9 +376,8 @@ class SanitizedChild:
 
     def ready(self) -> bool:
         """Whether a child is up and has printed its ready marker; starts one (without waiting) when none runs.
-        Reads only the lines before the marker (memcheck's banner). A child that ended before it counts as ready:
-        the next :meth:`check` meets its end and :func:`sanitize` decides. Raises HarnessError as :meth:`check`
-        does when no compute-sanitizer is found."""
+        Reads (drops) the lines before the marker. A child that ended before it counts as ready: the next
+        :meth:`check` meets its end and :func:`sanitize` decides. Raises HarnessError as :meth:`check` does."""
         if not self.running:
             self._start()
         while not self._ready:
@@ -444,8 +443,8 @@ class SanitizedChild:
             parts = line.split(maxsplit=3)
             if len(parts) >= 3 and parts[0] == MARK and parts[2] == str(n):
                 return parts[1], out, _phases_of(parts[3] if len(parts) > 3 else "")
-            if not (parts[:1] == [MARK] and self._ready_marker(at, line)):
-                out.append(line)
+            if not (parts[:1] == [MARK] and self._ready_marker(at, line)) and self._ready:
+                out.append(line)  # not a line from before the ready marker (the child's start and warm-up)
 
     def check(self, target, example, confirm: bool = True) -> None:
         """Screen ``example`` in the long-lived child; returns when its run was clean. An invalid access in its
@@ -490,16 +489,17 @@ class SanitizedChild:
 
     def _timed(self, phases: dict, child: dict, shipped: float, got: float, starting: bool) -> None:
         """Split the wait for the child's marker (``shipped`` to ``got``) into ``phases``: the rest of the child's
-        start when the example waited for it (``starting``), the child's own phases (``child``, from its marker) and
-        ``readback``, the rest; set what the child said of the example (:attr:`last`)."""
-        wait = got - shipped
+        start when the example waited for it (``starting``; what its own phases leave: they came after its ready
+        marker, however late that was read), the child's own phases (``child``, from its marker) and ``readback``,
+        the rest; set what the child said of the example (:attr:`last`)."""
+        wait, own = got - shipped, sum(float(child.get(k, 0.0)) for k in CHILD_PHASES)
         if not starting:
             del phases["start"]
         elif self._ready_at is not None:
-            waited = min(wait, max(0.0, self._ready_at - shipped))
+            waited = min(max(0.0, wait - own), max(0.0, self._ready_at - shipped))
             phases["start"] += waited
             wait -= waited
-        scale = min(1.0, wait / max(1e-9, sum(float(child.get(k, 0.0)) for k in CHILD_PHASES)))
+        scale = min(1.0, wait / max(1e-9, own))
         for k in CHILD_PHASES:
             if child.get(k):
                 phases[k] = float(child[k]) * scale  # within the wait that holds them
@@ -595,9 +595,9 @@ def _child(argv: list[str]) -> int:
 
     loaded = time.perf_counter()
     if torch.cuda.is_available():
-        torch.cuda.init()  # the context, then the warm-up (sanitizer_warmup), before the parent may send
+        torch.cuda.init()  # the context, then the warm-up (sanitizer_warmup: never raises), before the parent sends
     phases = {"target": loaded - began, "cuda": time.perf_counter() - loaded}
-    print(_marker("ready", 0, phases | (warm_up(target) if torch.cuda.is_available() else {})), flush=True)
+    print(_marker("ready", 0, phases | warm_up(target, exact=exact_batch)), flush=True)
     n = 0
     for line in sys.stdin:
         if not line.strip():

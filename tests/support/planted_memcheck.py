@@ -88,3 +88,25 @@ class CompilesPerConfig(PagedTorch):
             if knobs.runtime.jit_post_compile_hook is not None:
                 knobs.runtime.jit_post_compile_hook(**hook)
         return super().run(call)
+
+
+class WarmUpWatch(PagedTorch):
+    """Correct (it is :class:`~kvfuzz.fuzz.bench.paged_torch.PagedTorch`); what a sanitized child's warm-up
+    (kvfuzz.fuzz.harness.sanitizer_warmup) prepares is seen: each call it builds, after the cache is materialized,
+    appends ``dtype kv_cache_dtype head_size`` to the file KVFUZZ_PLANTED_BUILDS names. A batch of the first declared
+    head_size (the warm-up's; the tests' real examples use another) raises with KVFUZZ_PLANTED_WARM=raise, and prints
+    an invalid access as memcheck would with KVFUZZ_PLANTED_WARM=access."""
+
+    name = "planted.warm_up_watch"
+    description = "torch paged attention that records the calls it builds and can refuse the warm-up's"
+
+    def build_call(self, batch, data, cache):
+        if os.environ.get("KVFUZZ_PLANTED_BUILDS"):
+            with open(os.environ["KVFUZZ_PLANTED_BUILDS"], "a") as f:
+                f.write(f"{batch.dtype} {batch.kv_cache_dtype} {batch.head_size}\n")
+        if batch.head_size == self.capabilities.head_sizes[0]:
+            if os.environ.get("KVFUZZ_PLANTED_WARM") == "raise":
+                raise RuntimeError("planted: the warm-up's batch refused")
+            if os.environ.get("KVFUZZ_PLANTED_WARM") == "access":
+                print(ACCESS, flush=True)
+        return super().build_call(batch, data, cache)

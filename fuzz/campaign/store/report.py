@@ -222,7 +222,8 @@ def _sanitize_table(targets: list[dict]) -> list[str]:
         if st.get("count"):
             lines.append(f"\n{t['target']}: {st['count']} sanitized child(ren) started, {st.get('seconds', 0):.1f} s "
                          f"from spawn to ready (of it, in the child: the target loaded {st.get('target', 0):.1f} s, "
-                         f"the CUDA context {st.get('cuda', 0):.1f} s).")
+                         f"the CUDA context {st.get('cuda', 0):.1f} s, the warm-up {st.get('warm', 0):.1f} s with "
+                         f"{st.get('warm_errors', 0):.0f} example(s) refused).")
     return lines
 
 

@@ -107,7 +107,7 @@ def test_the_sanitize_stage_by_phase_adds_up_per_group_and_keeps_a_shrink_apart(
     table = StageTable()
     table.add("small", {"sanitize": 3.0}, examples=1, sanitize={
         "group": "first example", "seconds": {"start": 2.0, "kernel": 0.5, "readback": 0.5},
-        "start": {"seconds": 2.5, "target": 1.0, "cuda": 0.5}})
+        "start": {"seconds": 2.5, "target": 1.0, "cuda": 0.5, "warm": 0.75, "warm_errors": 2}})
     table.add("wide", {"sanitize": 0.25}, examples=1,
               sanitize={"group": "seen config", "seconds": {"kernel": 0.2, "other": 0.05}})
     table.add("small", {"shrink": 1.0}, sanitize={"group": "shrink", "seconds": {"kernel": 0.75}})
@@ -119,8 +119,9 @@ def test_the_sanitize_stage_by_phase_adds_up_per_group_and_keeps_a_shrink_apart(
     assert list(s["groups"]) == ["first example", "seen config", "shrink"]
     assert s["groups"]["shrink"] == {"examples": 1, "seconds": 0.75, "phases": {"kernel": {"seconds": 0.75,
                                                                                          "count": 1}}}
-    assert s["starts"] == {"count": 1, "seconds": 2.5, "target": 1.0, "cuda": 0.5}
+    assert s["starts"] == {"count": 1, "seconds": 2.5, "target": 1.0, "cuda": 0.5, "warm": 0.75, "warm_errors": 2}
     section = "\n".join(time_section({"time": t}))
     assert "| t | all | 2 | 3.25 | 2.00 (1) | 0.70 (2) | 0.50 (1) | 0.05 (1) |" in section
     assert "| t | shrink | 1 | 0.75 | - | 0.75 (1) | - | - |" in section and "2.5 s from spawn to ready" in section
+    assert "the warm-up 0.8 s with 2 example(s) refused" in section
     assert time_table([("t", StageTable())], wall=1.0, startup=0.0, workers=1)["sanitize"] == []

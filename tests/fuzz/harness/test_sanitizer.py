@@ -470,7 +470,9 @@ def test_a_campaign_splits_its_sanitize_stage_by_phase_in_the_summary_and_the_re
     assert phases["target"] == "planted.compiles_per_config" and abs(phases["seconds"] - stage) <= 1e-3
     assert phases["examples"] == target["examples"] + target["shrink_runs"] >= 12  # each one sanitized
     for phase in ("ship", "load", "generate", "materialize", "kernel", "readback", "verdict"):
-        assert phases["phases"][phase]["count"] == phases["examples"], phase
+        # an example that met the child's start may have no readback left: its relay is in `start`
+        first = phase == "readback" and "start" in phases["phases"]
+        assert phases["examples"] - first <= phases["phases"][phase]["count"] <= phases["examples"], phase
     assert phases["phases"].get("other", {"seconds": 0.0})["seconds"] < 0.5 * phases["seconds"]
     groups = phases["groups"]
     assert groups["first example"]["examples"] == 1 and set(groups) <= {"first example", "new config", "seen config"}
