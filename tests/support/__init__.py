@@ -2,6 +2,7 @@
 ``pythonpath``). The planted and broken adapters beside this file are loaded as users load theirs, by file
 (:data:`SUPPORT` / "planted_endings.py" ``:CLASS``), or imported as ``support.<module>``."""
 
+import importlib.util
 import signal
 import subprocess
 import sys
@@ -18,6 +19,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SUPPORT = Path(__file__).resolve().parent
 #: The kvfuzz command, run as a user would but with this interpreter (the test environment's kvfuzz).
 KVFUZZ = [sys.executable, "-m", "kvfuzz.fuzz.cli"]
+
+
+def benchmark_script(name: str):
+    """``benchmarks/NAME.py`` loaded as a module (the folder is no package: its scripts run from a checkout), for a
+    test of a benchmark script's functions."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def kvfuzz(*args, cwd=ROOT, env=None, timeout=600, input=None) -> subprocess.CompletedProcess:

@@ -3,19 +3,15 @@ pure parts (JIT module names and caches, time shares, phase records, the table) 
 orchestration with a CPU target standing in for FlashInfer's; and kvfuzz.fuzz.bench.curve.run_campaign's wall
 (SIGTERM, then the whole process group killed)."""
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
-from support import ROOT
+from support import benchmark_script
 
 from kvfuzz.fuzz.bench.curve import run_campaign
 
-_PATH = ROOT / "benchmarks" / "flashinfer_speed.py"
-_spec = importlib.util.spec_from_file_location("flashinfer_speed", _PATH)
-fs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fs)
+fs = benchmark_script("flashinfer_speed")
 
 DECODE = ("batch_decode_with_kv_cache_dtype_q_f16_dtype_kv_e4m3_dtype_o_f16_dtype_idx_i32_head_dim_qk_128_head_dim_vo_"
           "128_posenc_0_use_swa_True_use_logits_cap_True")

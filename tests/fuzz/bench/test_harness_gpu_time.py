@@ -3,26 +3,20 @@ GPU; operators on the CPU), attributed to the stage that launched it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
-from support import ROOT
+from support import benchmark_script
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 from kvfuzz.fuzz.harness import attention
 
-SCRIPT = ROOT / "benchmarks" / "harness_gpu_time.py"
-
 
 @pytest.fixture(scope="module")
 def gt():
-    spec = importlib.util.spec_from_file_location("harness_gpu_time", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("harness_gpu_time")
 
 
 def test_every_stage_is_reported_and_a_planted_operator_lands_in_its_stage(gt, tmp_path, monkeypatch):

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
-from support import ROOT
-
-SCRIPT = ROOT / "benchmarks" / "pyspy_top.py"
+from support import benchmark_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("pyspy_top", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("pyspy_top")
 
 
 def test_inclusive_shares_count_a_recursive_frame_once():

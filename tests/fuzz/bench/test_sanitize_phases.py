@@ -3,20 +3,13 @@ phase and a column per group of examples, each cell seconds/examples."""
 
 from __future__ import annotations
 
-import importlib.util
-
-from support import ROOT
+from support import benchmark_script
 
 from kvfuzz.fuzz.campaign.stages import StageTable, time_table
 
-SCRIPT = ROOT / "benchmarks" / "sanitize_phases.py"
-
 
 def _module():
-    spec = importlib.util.spec_from_file_location("sanitize_phases", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("sanitize_phases")
 
 
 def test_the_breakdown_prints_a_row_per_phase_and_a_column_per_group():

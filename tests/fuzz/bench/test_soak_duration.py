@@ -4,18 +4,11 @@ targets the whole length ran only the first)."""
 
 from __future__ import annotations
 
-import importlib.util
-
-from support import ROOT
-
-SCRIPT = ROOT / "benchmarks" / "soak.py"
+from support import benchmark_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("soak", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("soak")
 
 
 def test_each_named_target_gets_its_share_of_the_soak():

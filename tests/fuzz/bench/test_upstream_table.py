@@ -1,16 +1,12 @@
 """benchmarks/upstream_table.py: the table of an upstream test file run plainly and under the guard."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from support import benchmark_script
 
-_PATH = ROOT / "benchmarks" / "upstream_table.py"
-_spec = importlib.util.spec_from_file_location("upstream_table", _PATH)
-table = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(table)
+table = benchmark_script("upstream_table")
 
 CLS = "tests.kernels.test_k"
 NODE = "tests/kernels/test_k.py"
