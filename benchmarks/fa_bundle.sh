@@ -23,7 +23,7 @@
 # dropping its sm_80 cubins (no nvprune here; zeroing them in a copy) left 62.5 MiB, still a call of its own and
 # an H100-only file: not done. FA4=0 packs FA2's extension alone; PART_MIB=26 then makes 3 parts that each ride
 # beside .device in a call of other work. Usage: bash benchmarks/fa_bundle.sh   (env: PY, DEVICE_CACHE, PART_MIB,
-# DEST, FA4)
+# DEST, FA4, FA2: FA2=0 packs FA4's packages alone, for a machine that has FA2 already or does not need it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -60,17 +60,18 @@ import glob, os, shutil, sys, zipfile
 source, fa4, work = sys.argv[1:]
 name = "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
 os.makedirs(f"{work}/fa2")
-with open(f"{work}/fa2/_vllm_fa2_C.abi3.so", "wb") as dst:
-    if source.endswith(".so"):  # the installed file
-        with open(source, "rb") as src:
-            shutil.copyfileobj(src, dst, 1 << 20)
-    else:
-        with zipfile.ZipFile(source) as z, z.open(name) as src:
-            shutil.copyfileobj(src, dst, 1 << 20)
+if os.environ.get("FA2", "1") != "0":
+    with open(f"{work}/fa2/_vllm_fa2_C.abi3.so", "wb") as dst:
+        if source.endswith(".so"):  # the installed file
+            with open(source, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        else:
+            with zipfile.ZipFile(source) as z, z.open(name) as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
 for w in sorted(glob.glob(f"{fa4}/*.whl")):  # what `pip install --no-deps --target` does with these wheels: unzip
     zipfile.ZipFile(w).extractall(f"{work}/fa4-site")
 os.makedirs(f"{work}/fa4-site", exist_ok=True)
-print(f"fa_bundle: {name} and {len(glob.glob(fa4 + '/*.whl'))} FA4 wheels")
+print(f"fa_bundle: {os.listdir(work + '/fa2') or 'no FA2'} and {len(glob.glob(fa4 + '/*.whl'))} FA4 wheels")
 EOF
 
 rm -rf "$DEST" && mkdir -p "$DEST"

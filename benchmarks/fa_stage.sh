@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=.fa-stage
 mkdir -p "$STAGE"
-for d in .device-fa/part-*; do
+for d in .device-fa*/part-*; do
   [ -d "$d" ] || continue
   if [ -f "$STAGE/MANIFEST" ] && ! cmp -s "$d/MANIFEST" "$STAGE/MANIFEST"; then
     echo "fa_stage: $d is from another bundle than the parts in $STAGE (rm -rf $STAGE to start again)" >&2

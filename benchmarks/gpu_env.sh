@@ -86,8 +86,8 @@ fi
 # ignored .fa-stage/): FA2's extension into the vllm tree, FA4's packages on the path. An H100 runs FA2's compute_80
 # PTX through the driver's JIT: its cache made big enough for every module and kept in .fa-stage/ across calls
 if [ -d .fa-stage/unpacked/fa2 ]; then
-  kept /tmp/vllm/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so || cp .fa-stage/unpacked/fa2/_vllm_fa2_C.abi3.so \
-    /tmp/vllm/vllm/vllm_flash_attn/ || exit 1
+  [ ! -f .fa-stage/unpacked/fa2/_vllm_fa2_C.abi3.so ] || kept /tmp/vllm/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so || \
+    cp .fa-stage/unpacked/fa2/_vllm_fa2_C.abi3.so /tmp/vllm/vllm/vllm_flash_attn/ || exit 1
   # nvidia-cutlass-dsl puts its dsl_packages on sys.path through a .pth file, which PYTHONPATH does not read
   export PYTHONPATH=$PWD/.fa-stage/unpacked/fa4-site/nvidia_cutlass_dsl/dsl_packages:$PWD/.fa-stage/unpacked/fa4-site:$PYTHONPATH
   export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-$PWD/.fa-stage/nv-cache} CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}

@@ -12,8 +12,9 @@
 #                    test skips on FA2)), plainly and under --kvfuzz-guard
 #                    (benchmarks/upstream_suites.sh, 3 workers; the tree at $UPSTREAM, e.g. a carried
 #                    .upstream/vllm-0.33.0 from benchmarks/upstream_tests.sh)
-#   planted          the planted FA2 defect of tests/support/planted_fa.py (ALiBi left out of decode calls) found and
-#                    shrunk by a 240 s campaign, and its standalone.py run without kvfuzz
+#   planted [CLASS]  a planted defect of tests/support/planted_fa.py (default AlibiDroppedOnDecodeFA2: ALiBi left out
+#                    of decode calls; SinksDroppedOnDecodeFA4: FA4's sinks left out of decode calls) found and shrunk
+#                    by a 240 s campaign, and its standalone.py run without kvfuzz
 # Writes into OUT (default /tmp/kvfuzz-gpu-fa): log.txt and each step's files.
 # Usage: bash benchmarks/gpu_fa.sh STEP [ARGS]   (env: OUT, UPSTREAM, BUDGET seconds per step, default 540)
 set -uo pipefail
@@ -45,14 +46,14 @@ case "$step" in
     timeout "$BUDGET" bash benchmarks/upstream_suites.sh -n 3 -o "$OUT/upstream" "$UPSTREAM" \
       tests/kernels/attention/test_flash_attn.py -- -k "None-2- or q_dtype1-2-" 2>&1 | tail -30 | tee -a "$OUT/log.txt" ;;
   planted)
-    timeout "$BUDGET" $KV fuzz --target tests/support/planted_fa.py:AlibiDroppedOnDecodeFA2 --duration 240s \
+    timeout "$BUDGET" $KV fuzz --target "tests/support/planted_fa.py:${2:-AlibiDroppedOnDecodeFA2}" --duration 240s \
       --out "$OUT/planted" > "$OUT/planted.log" 2>&1
-    log "planted FA2 defect: exit $? (1: found)"
-    for d in "$OUT"/planted/test.fa2_*; do
+    log "planted defect ${2:-AlibiDroppedOnDecodeFA2}: exit $? (1: found)"
+    for d in "$OUT"/planted/test.fa*; do
       [ -d "$d" ] || continue
       python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c['kind'], c['check'], c['example']['batch'])" \
         "$d/case.json" | cut -c1-400 | tee -a "$OUT/log.txt"
       (cd "$d" && env -u PYTHONPATH PYTHONPATH=/tmp/site:/tmp/vllm python3 standalone.py) 2>&1 | tail -3 | tee -a "$OUT/log.txt"
     done ;;
-  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.database import InMemoryExampleDatabase
 from support import batch_of, hopper_standins
 from support.hopper_standins import StandInFA2, StandInFA4
+from support.planted_fa import SinksDroppedOnDecodeFA4
 
 from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch
 from kvfuzz.contracts.model.example import Example
@@ -124,3 +125,17 @@ def test_a_campaign_finds_and_shrinks_a_planted_fa2_defect(fa, monkeypatch):
     b = Example.from_dict(record.example).batch
     assert record.kind == "kernel mismatch" and b.alibi and b.query_lens == (1,)
     assert b.num_heads <= 2 and b.ctx_lens[0] <= 2  # one decode, one or two heads, a key or two before it
+
+
+@no_cuda
+def test_the_planted_fa4_defect_the_gpu_run_hunts_is_caught(fa):
+    """benchmarks/gpu_fa.sh planted SinksDroppedOnDecodeFA4 on an H200 asks a campaign to find this class; here over
+    FA4's stand-in: a decode with sinks fails, a prefill (which keeps its ``s_aux``) passes."""
+
+    class Planted(SinksDroppedOnDecodeFA4, StandInFA4):
+        name = "test.fa4_sinks_dropped_on_decode_standin"
+
+    with pytest.raises(KernelMismatch):
+        check_example(Planted(), Example(batch(((1, 30), (1, 7)), sinks=True), Poison.NAN))
+    check_example(Planted(), Example(batch(((3, 30), (1, 7)), sinks=True), Poison.NAN))
+    assert hopper_standins.SEEN["fa4"][-1]["learnable_sink"] is not None
