@@ -53,7 +53,9 @@ case "$step" in
       [ -d "$d" ] || continue
       python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c['kind'], c['check'], c['example']['batch'])" \
         "$d/case.json" | cut -c1-400 | tee -a "$OUT/log.txt"
-      (cd "$d" && env -u PYTHONPATH PYTHONPATH=/tmp/site:/tmp/vllm python3 standalone.py) 2>&1 | tail -3 | tee -a "$OUT/log.txt"
+      fa4=$PWD/.fa-stage/unpacked/fa4-site  # FA4's packages (the standalone needs them as vLLM does, not kvfuzz)
+      (cd "$d" && env -u PYTHONPATH PYTHONPATH=/tmp/site:/tmp/vllm:$fa4/nvidia_cutlass_dsl/dsl_packages:$fa4 \
+        python3 standalone.py) 2>&1 | tail -3 | tee -a "$OUT/log.txt"
     done ;;
   *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -4,7 +4,8 @@
 # off), run as a user runs kvfuzz: a plain `kvfuzz fuzz --target TARGET --duration DURATION --steer STEER` (no --tier:
 # auto, every declared tier on CUDA; no --baseline unless BASELINE=1, so a finding is shrunk), one run per seed.
 # Each run stops STOP_AFTER seconds after its first reproducer appears (its shrink grace: KVFUZZ_SHRINK_GRACE is 120 s
-# past --duration) or at DURATION + 150 s. Per run: time and examples to the first failure, the sequences of each
+# past --duration) or at DURATION + CAP s (CAP 150; a time-to-first-failure run within D seconds: DURATION=D CAP=10).
+# Per run: time and examples to the first failure, the sequences of each
 # failure's reproducer and how long each shrink took (summary.json's shrink: structural_first, hypothesis,
 # structural), each tier's share of the examples and of the time (the stage table, summary.json's stages), and the
 # declared bins no example reached
@@ -17,11 +18,11 @@
 #     'STEER=on  SEEDS="4 5" bash benchmarks/gpu_steer.sh'    'STEER=off SEEDS="4 5" bash benchmarks/gpu_steer.sh'
 # Bins after 5 minutes: DURATION=300 STOP_AFTER= (run to the end) TARGET=... SEEDS=0.
 # Usage: OUT=dir [TARGET=vllm.flash_attn_varlen] [STEER=on] [SEEDS="1 2 3 4 5"] [DURATION=120] [STOP_AFTER=40]
-#        [BASELINE=1] bash benchmarks/gpu_steer.sh
+#        [BASELINE=1] [CAP=150] bash benchmarks/gpu_steer.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1 || { echo "gpu_env.sh failed (carry .device/)"; exit 1; }
 gpu_out
-T=${TARGET:-vllm.flash_attn_varlen}; S=${DURATION:-120}; STEER=${STEER:-on}; STOP=${STOP_AFTER-40}
+T=${TARGET:-vllm.flash_attn_varlen}; S=${DURATION:-120}; STEER=${STEER:-on}; STOP=${STOP_AFTER-40}; CAP=${CAP:-150}
 {
   gpu_machine
   echo "$T, --steer $STEER, ${S}s, stop ${STOP:-never} s after the first reproducer"
@@ -36,7 +37,7 @@ T=${TARGET:-vllm.flash_attn_varlen}; S=${DURATION:-120}; STEER=${STEER:-on}; STO
       now=$(date +%s)
       if [ -z "$found" ] && ls "$o" 2>/dev/null | grep -q "^$T-"; then found=$now; fi
       if [ -n "$STOP" ] && [ -n "$found" ] && [ $((now - found)) -ge "$STOP" ]; then kill -TERM "$cli"; fi
-      if [ $((now - start)) -ge $((S + 150)) ]; then kill -TERM "$cli"; fi
+      if [ $((now - start)) -ge $((S + CAP)) ]; then kill -TERM "$cli"; fi
     done
     wait "$cli"; rc=$?
     python3 - "$o/summary.json" "$T" "$STEER" "$s" "$rc" "$(( $(date +%s) - start ))" >> "$R/steer.jsonl" <<'PY'
