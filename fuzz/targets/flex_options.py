@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.torch_version import TorchVersion
 
 #: The module vLLM's FlexAttention backend lives in, and its file under the vllm package.
 VLLM_FLEX_MODULE = "vllm.v1.attention.backends.flex_attention"
@@ -200,10 +201,11 @@ def upstream_function(qualname: str) -> tuple[Callable, str]:
     return COPIES[qualname], f"kvfuzz's copy of vllm 0.33.0 ({why})"
 
 
-def supports_small_blocks() -> bool:
-    """vLLM's ``is_torch_equal_or_newer("2.9.0.dev0")`` (vllm/utils/torch_version.py: packaging's version order
-    of ``torch.__version__``): torch's ``TorchVersion`` compares the same way."""
-    return torch.__version__ >= "2.9.0.dev0"
+def supports_small_blocks(version: str | None = None) -> bool:
+    """vLLM's ``is_torch_equal_or_newer("2.9.0.dev0")`` for torch ``version`` (default: this torch's), the
+    builder's ``supports_small_blocks`` (vllm/utils/torch_version.py: packaging's version order; torch's
+    ``TorchVersion`` compares the same way)."""
+    return TorchVersion(torch.__version__ if version is None else version) >= "2.9.0.dev0"
 
 
 def block_mask_sizes(block_size: int) -> tuple[int, int, bool]:
