@@ -299,8 +299,9 @@ class TorchFlexPaged(Target):
                       scale=float(batch.scale), enable_gqa=batch.num_heads != batch.num_kv_heads,
                       kernel_options=self.kernel_options(batch),
                       score_mod=score_mod,
-                      # not passed to flex_attention: where each output row comes from, and the page table
-                      _token_seq=seq, _token_j=j, _paged_attention=pa,
+                      # not passed to flex_attention: where each output row comes from, the page table, and the
+                      # logical mask's block sizes (a standalone script builds the mask again at them)
+                      _token_seq=seq, _token_j=j, _paged_attention=pa, mask_block_size=(q_block, kv_block),
                       block_table=batch.block_table_tensor(dev), seq_lens=batch.seq_lens_tensor(dev),
                       query_start_loc=batch.query_start_loc_tensor(dev))
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, output)
