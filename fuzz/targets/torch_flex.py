@@ -185,8 +185,9 @@ class TorchFlexPaged(Target):
             return Availability(False, "flex_attention needs dynamo, which this Python/torch does not support")
         if not flex_options.supports_small_blocks():
             return Availability(False, TORCH_BEFORE_2_9.format(torch.__version__))
-        return Availability(True, "torch.compile'd flex_attention (CUDA)" if on_cuda()
-                            else "eager flex_attention (CPU)", "cuda" if on_cuda() else "cpu")
+        _, where = flex_options.upstream_function(flex_options.GET_KERNEL_OPTIONS)
+        how = "torch.compile'd flex_attention (CUDA)" if on_cuda() else "eager flex_attention (CPU)"
+        return Availability(True, f"{how}; vLLM's kernel options from {where}", "cuda" if on_cuda() else "cpu")
 
     def installed(self) -> Availability:
         """From this torch's modules, found without importing them (flex_attention imports dynamo and
