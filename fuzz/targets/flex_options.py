@@ -178,12 +178,27 @@ def _works(qualname: str, fn: Callable) -> None:
         fn(DEFAULT_ATTENTION_CONFIG, True, 16, True)
 
 
+def keep_triton_interpretable() -> None:
+    """Importing vLLM's modules (and calling flex_attention, even eagerly) imports triton. On a machine without
+    CUDA, enable Triton's interpreter first (:func:`~kvfuzz.fuzz.targets.triton_runtime.prepare_triton_runtime`), so
+    vLLM's Triton targets still run in the same process; too late (triton already imported) changes nothing."""
+    if torch.cuda.is_available():
+        return
+    from .triton_runtime import prepare_triton_runtime
+
+    try:
+        prepare_triton_runtime()
+    except RuntimeError:
+        pass
+
+
 @functools.cache
 def upstream_function(qualname: str) -> tuple[Callable, str]:
     """``(function, where)`` for ``qualname`` (:data:`GET_KERNEL_OPTIONS` or :data:`GET_BLOCK_SIZES`): vLLM's own,
     imported from :data:`VLLM_FLEX_MODULE` ("vllm (imported)"), else compiled from its source file ("vllm source
     PATH"), else kvfuzz's copy of vllm 0.33.0's ("kvfuzz's copy of vllm 0.33.0 (WHY)"). Never raises."""
     why = "vLLM's flex_attention.py not found"
+    keep_triton_interpretable()
     try:
         fn, where = _imported(qualname), "vllm (imported)"
         _works(qualname, fn)
@@ -251,6 +266,6 @@ def vllm_runs_block_size(block_size: int) -> bool:
 
 
 __all__ = ["COPIES", "DEFAULT_ATTENTION_CONFIG", "GET_BLOCK_SIZES", "GET_KERNEL_OPTIONS", "KERNEL_BLOCK_MULTIPLE",
-           "VLLM_FLEX_MODULE", "batch_invariant", "block_mask_sizes", "compile_from_source",
-           "forward_kernel_options", "supports_small_blocks", "upstream_function", "vllm_flex_source",
+           "VLLM_FLEX_MODULE", "batch_invariant", "block_mask_sizes", "compile_from_source", "forward_kernel_options",
+           "keep_triton_interpretable", "supports_small_blocks", "upstream_function", "vllm_flex_source",
            "vllm_kernel_options", "vllm_runs_block_size"]

@@ -97,20 +97,6 @@ def _flex_api() -> None:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
 
 
-def _keep_triton_interpretable() -> None:
-    """flex_attention imports triton (through dynamo/inductor) even when it runs eagerly. On a machine without
-    CUDA, enable Triton's interpreter first (:func:`~kvfuzz.fuzz.targets.vllm_triton.prepare_triton_runtime`), so
-    vLLM's Triton targets still run in the same process; too late (triton already imported) changes nothing."""
-    if on_cuda():
-        return
-    from .triton_runtime import prepare_triton_runtime
-
-    try:
-        prepare_triton_runtime()
-    except RuntimeError:
-        pass
-
-
 @functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
@@ -176,7 +162,7 @@ class TorchFlexPaged(Target):
     cuda_gqa_ratios = (1, 2, 3, 4, 7, 8, 16)
 
     def availability(self) -> Availability:
-        _keep_triton_interpretable()
+        flex_options.keep_triton_interpretable()
         _, why = try_import("torch's paged flex attention", _flex_api, fix=f"torch {torch.__version__}; it needs "
                                                                            "torch >= 2.6")
         if why:

@@ -4,6 +4,7 @@ copies of them pinned to vLLM's."""
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -192,3 +193,24 @@ def test_the_target_declares_only_page_sizes_vllm_runs():
         with pytest.raises(ValueError, match="power of 2"):
             get_block_sizes(DEFAULT_ATTENTION_CONFIG, True, page, True)
     assert "MultipleOf(16)" in SOURCE.read_text()  # the 16 of KERNEL_BLOCK_MULTIPLE, where vLLM states it
+
+
+# ---- importing vLLM's module leaves vLLM's Triton targets runnable on the CPU -----------------------------------
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter matters on a machine without CUDA only")
+@pytest.mark.parametrize("first", ["upstream_function", "a bare import of vLLM's module"])
+def test_finding_vllms_function_enables_tritons_interpreter_first(first):
+    """The import attempt imports triton (through vllm); in a fresh interpreter, upstream_function enables Triton's
+    interpreter before it, so vLLM's Triton kernels still run there. Planted: the bare import leaves triton
+    imported too early."""
+    import subprocess
+
+    code = ("import importlib, torch\n"
+            "from kvfuzz.fuzz.targets import flex_options as f\n"
+            + ("f.upstream_function(f.GET_KERNEL_OPTIONS)\n" if first == "upstream_function" else
+               "try:\n    importlib.import_module(f.VLLM_FLEX_MODULE)\nexcept ImportError:\n    pass\n")
+            + "from kvfuzz.fuzz.targets.triton_runtime import triton_imported_too_early\n"
+            "import sys\nprint('triton' in sys.modules, triton_imported_too_early())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == (["True", "False"] if first == "upstream_function" else ["True", "True"])
