@@ -272,7 +272,11 @@ class TorchFlexPaged(Target):
         seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=dev)
 
         logical_kv = max(batch.blocks_needed(i) for i in range(n)) * batch.block_size
-        q_block, kv_block, _ = flex_options.block_mask_sizes(batch.block_size)  # (16, page): vLLM's mask
+        try:
+            q_block, kv_block, _ = flex_options.block_mask_sizes(batch.block_size)  # (16, page): vLLM's mask
+        except ValueError as e:  # vLLM's backend refuses the page size: there is no call of vLLM's to make
+            raise LayoutError(f"{self.name}: vLLM's FlexAttention backend runs no page of {batch.block_size} ({e})"
+                              ) from None
         logical = create_block_mask(self.logical_mask_mod(query_lens, ctx_lens, batch.sliding_window), n, None,
                                     qmax, logical_kv, device=str(dev), BLOCK_SIZE=(q_block, kv_block))
         pa = self.paged_attention(batch, dev)

@@ -180,6 +180,18 @@ def test_other_options_or_another_mask_than_vllms_are_caught(monkeypatch):
     assert len(wrong) == len(grid) and "mask (128, " in wrong[0], wrong[0]
 
 
+def test_a_page_vllm_refuses_is_one_kvfuzz_cannot_lay_out():
+    """vLLM's _get_block_sizes raises for a page that is not a power of two (48, which --undeclared draws): no call of
+    vLLM's to make, so the example is discarded (a LayoutError, which check_undeclared turns into hypothesis's
+    reject()), not reported as a crash of kvfuzz's harness."""
+    from kvfuzz.contracts.caches.layouts import LayoutError
+
+    b = Batch(query_lens=[2], ctx_lens=[3], num_heads=2, num_kv_heads=1, head_size=16, block_size=48, num_blocks=2,
+              block_table=[[1]], dtype="float32")
+    with pytest.raises(LayoutError, match="runs no page of 48 .*power of 2"):
+        properties.prepare(TARGET, Example(b, Poison.ZEROS))
+
+
 def test_before_torch_2_9_the_target_is_unavailable(monkeypatch):
     """vLLM masks in 128 x 128 blocks there (no direct build), which a paged mask cannot be."""
     from kvfuzz.fuzz.targets import flex_options
