@@ -198,7 +198,10 @@ class TorchFlexPaged(Target):
     def path(self, batch: Batch) -> str:
         if not on_cuda():
             return "eager (cpu)"
-        opts = self.kernel_options(batch)
+        try:
+            opts = self.kernel_options(batch)
+        except ValueError:  # a page vLLM's backend refuses (build_call raises LayoutError for it)
+            return "compiled (cuda), no page vLLM runs"
         return f"compiled (cuda), BLOCK_M={opts.get('BLOCK_M')} BLOCK_N={opts.get('BLOCK_N')}"
 
     @staticmethod

@@ -207,6 +207,7 @@ def test_the_path_names_the_tiles_on_cuda(monkeypatch):
     assert TARGET.path(mixed_batch()) == "eager (cpu)"
     monkeypatch.setattr(torch_flex, "on_cuda", lambda: True)
     assert TARGET.path(mixed_batch(block_size=64)) == "compiled (cuda), BLOCK_M=16 BLOCK_N=64"
+    assert TARGET.path(mixed_batch(block_size=48)) == "compiled (cuda), no page vLLM runs"
 
 
 # ---- broken variants are caught ---------------------------------------------------------------------
