@@ -126,11 +126,12 @@ class TorchFlexPaged(Target):
     block mask sizes and kernel options vLLM 0.33.0's FlexAttention backend uses (:mod:`.flex_options`).
 
     Declared: what vLLM's backend runs (vllm/v1/attention/backends/flex_attention.py, ``FlexAttentionBackend``):
-    float32/float16/bfloat16, kv_cache_dtype "auto", any GQA group, page sizes that are powers of two and multiples
-    of 16 (16..128 here; ``get_supported_kernel_block_sizes``, ``_get_block_sizes``); head sizes 16..256 including
-    non powers of two (48, 80) on this CPU (eager), the powers of two on CUDA (the compiled kernel; 48/80 not tried
-    there). Features: sliding windows (vLLM's too), and ALiBi and softcap as ``score_mod``, which vLLM's backend
-    refuses (``FlexAttentionImpl.__init__`` raises NotImplementedError) but torch's flex runs (Finding 8 is one).
+    float32/float16/bfloat16, kv_cache_dtype "auto", page sizes that are powers of two and multiples of 16 (16..128
+    here; ``get_supported_kernel_block_sizes``, ``_get_block_sizes``); head sizes 16..256 including non powers of
+    two (48, 80) and any GQA group on this CPU (eager); on CUDA (the compiled kernel) the powers of two (48/80 not
+    tried there) and groups up to 16 (:attr:`cuda_gqa_ratios`). Features: sliding windows (vLLM's too), and ALiBi
+    and softcap as ``score_mod``, which vLLM's backend refuses (``FlexAttentionImpl.__init__`` raises
+    NotImplementedError) but torch's flex runs (Finding 8 is one).
     Needs torch >= 2.9: before it vLLM masks in 128 x 128 blocks, which a paged mask (KV block = page) cannot be.
     """
 
