@@ -84,7 +84,7 @@ class DeviceCapabilities:
     the ``declared`` :class:`~kvfuzz.contracts.model.capabilities.Capabilities` with the fields ``fields(cls)``
     returns (field name -> value; asked at each read, so a device chosen after import counts) replaced. Set it as
     the class attribute ``capabilities``; an instance may still set its own (a non-data descriptor). Examples: the
-    Triton targets' dtypes (kvfuzz.fuzz.targets.triton_runtime), torch flex's CUDA head and page sizes."""
+    Triton targets' dtypes (kvfuzz.fuzz.targets.triton_runtime), torch flex's CUDA head sizes and GQA groups."""
 
     def __init__(self, declared: Capabilities, fields: Callable[[type], Mapping[str, Any]]) -> None:
         self.declared = declared

@@ -21,10 +21,16 @@ to a logical position through ``physical_to_logical``.
 Mixed batch -> flex_attention: the batch dimension is the sequence. Queries are padded to
 ``[N, H, max_query_len, D]`` (query ``j`` of sequence ``i`` at ``[i, :, j]``); the logical mask is
 ``q_idx < query_len[b] and kv_idx <= ctx_len[b] + q_idx`` (the contract: query ``j`` sees positions
-``0 .. ctx_len + j``), built with ``create_block_mask`` at KV block size = page size over
-``max(blocks_needed) * page_size`` logical positions, then converted with ``kv_len = seq_lens``. Padding
-query rows are fully masked and dropped from the output; GQA by ``enable_gqa=True`` (query head ``h`` reads kv
-head ``h // (H // Hkv)``, vLLM's grouping).
+``0 .. ctx_len + j``), built with ``create_block_mask`` over ``max(blocks_needed) * page_size`` logical positions
+at the block sizes vLLM's FlexAttention backend builds its mask at (16 query tokens x one page, torch >= 2.9:
+:func:`~kvfuzz.fuzz.targets.flex_options.block_mask_sizes`), then converted with ``kv_len = seq_lens``. Padding
+query rows are fully masked and dropped from the output; GQA by ``enable_gqa`` (query head ``h`` reads kv head
+``h // (H // Hkv)``, vLLM's grouping; set, as vLLM sets it, when ``H != Hkv``).
+
+Kernel options: those vLLM 0.33.0's FlexAttention backend passes for the same call, computed by vLLM's own
+``get_kernel_options`` (:mod:`kvfuzz.fuzz.targets.flex_options`): ``FORCE_USE_FLEX_ATTENTION`` (the main kernel,
+never flex-decoding), ``BLOCK_M`` 16 and ``BLOCK_N`` the page size, on every device (the eager path ignores them).
+A crash of the compiled kernel is then one vLLM's engine meets too, not one of kvfuzz's choosing.
 
 Runs eagerly on the CPU (flex's math implementation: the whole ``[N, H, Q, n_pages*page_size]`` score matrix
 with the paged ``mask_mod``; its block sparsity is not used), ``torch.compile``d on CUDA (the fused Triton
@@ -51,7 +57,13 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.poison import Poison
 
+from . import flex_options
 from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall, Target, try_import
+
+#: Why the target is not available before torch 2.9 (its version in the braces).
+TORCH_BEFORE_2_9 = ("torch {}: vLLM's FlexAttention backend masks in 128 x 128 blocks before torch 2.9 "
+                    "(vllm/v1/attention/backends/flex_attention.py, FlexAttentionMetadataBuilder._get_block_sizes), "
+                    "which a paged mask (KV block = page) cannot be; torch.flex_paged needs torch >= 2.9")
 
 
 class FlexPagedLayout:
@@ -85,20 +97,6 @@ def _flex_api() -> None:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
 
 
-def _keep_triton_interpretable() -> None:
-    """flex_attention imports triton (through dynamo/inductor) even when it runs eagerly. On a machine without
-    CUDA, enable Triton's interpreter first (:func:`~kvfuzz.fuzz.targets.vllm_triton.prepare_triton_runtime`), so
-    vLLM's Triton targets still run in the same process; too late (triton already imported) changes nothing."""
-    if on_cuda():
-        return
-    from .triton_runtime import prepare_triton_runtime
-
-    try:
-        prepare_triton_runtime()
-    except RuntimeError:
-        pass
-
-
 @functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
@@ -124,11 +122,17 @@ def paged_attention_for(batch: Batch, device: str | torch.device):
 
 
 class TorchFlexPaged(Target):
-    """torch ``PagedAttention`` + ``flex_attention`` over kvfuzz's paged cache (unified contract).
+    """torch ``PagedAttention`` + ``flex_attention`` over kvfuzz's paged cache (unified contract), called with the
+    block mask sizes and kernel options vLLM 0.33.0's FlexAttention backend uses (:mod:`.flex_options`).
 
-    Declared from runs on this CPU (eager): float32/float16/bfloat16; head sizes 16..256 including non powers
-    of two (48, 80); page sizes 8..128. On CUDA the compiled kernel is used, with head sizes 16..256 (powers of
-    two; 48/80 not tried there) and pages 16..128, all fp16/bf16/fp32 combinations of which ran on an H200.
+    Declared: what vLLM's backend runs (vllm/v1/attention/backends/flex_attention.py, ``FlexAttentionBackend``):
+    float32/float16/bfloat16, kv_cache_dtype "auto", page sizes that are powers of two and multiples of 16 (16..128
+    here; ``get_supported_kernel_block_sizes``, ``_get_block_sizes``); head sizes 16..256 including non powers of
+    two (48, 80) and any GQA group on this CPU (eager); on CUDA (the compiled kernel) the powers of two (48/80 not
+    tried there) and groups up to 16 (:attr:`cuda_gqa_ratios`). Features: sliding windows (vLLM's too), and ALiBi
+    and softcap as ``score_mod``, which vLLM's backend refuses (``FlexAttentionImpl.__init__`` raises
+    NotImplementedError) but torch's flex runs (Finding 8 is one).
+    Needs torch >= 2.9: before it vLLM masks in 128 x 128 blocks, which a paged mask (KV block = page) cannot be.
     """
 
     name = "torch.flex_paged"
@@ -139,37 +143,38 @@ class TorchFlexPaged(Target):
     # keeps reporting NaN.
     gate_poisons = (Poison.STALE, Poison.ZEROS)
     description = ("torch PagedAttention (torch.nn.attention.experimental._paged_attention) + flex_attention, "
-                   "kvfuzz's block table as its page table (unified contract)")
+                   "kvfuzz's block table as its page table, vLLM's FlexAttention kernel options (unified contract)")
     capabilities = DeviceCapabilities(Capabilities(
         contract=Contract.UNIFIED,
         devices=("cpu", "cuda"),
         dtypes=("float32", "float16", "bfloat16"),
         head_sizes=(16, 32, 48, 64, 80, 128, 256),
-        block_sizes=(16, 32, 8, 64, 128),
+        block_sizes=(16, 32, 64, 128),  # each one vllm_runs_block_size (a test holds them together)
         features=("sliding_window", "alibi", "softcap"),  # window in the block mask, the others as score_mod
         shared_prefix_blocks=True,  # a page table may map one full page into several sequences
-    ), lambda cls: {"head_sizes": cls.cuda_head_sizes, "block_sizes": cls.cuda_block_sizes,
-                    "gqa_ratios": cls.cuda_gqa_ratios} if on_cuda() else {})
-    #: head and page sizes on CUDA (the compiled kernel), in place of the declared ones (the class and its
-    #: instances read them alike: DeviceCapabilities)
+    ), lambda cls: {"head_sizes": cls.cuda_head_sizes, "gqa_ratios": cls.cuda_gqa_ratios} if on_cuda() else {})
+    #: head sizes on CUDA (the compiled kernel), in place of the declared ones (the class and its instances read
+    #: them alike: DeviceCapabilities)
     cuda_head_sizes = (16, 32, 64, 128, 256)
-    cuda_block_sizes = (16, 32, 64, 128)
-    #: GQA groups on CUDA: those :meth:`kernel_options`' fixed config was checked at (an H200, torch 2.11). At 64 (64
-    #: query heads over one kv head, head size 16, fp32, one decode) the compile raised InductorError in a 5-minute
-    #: sweep (an H200, 2026-11-28); whether flex or the fixed config is at fault is not known, so groups past 16
-    #: stay undeclared on CUDA (``--undeclared`` draws them) until that is settled.
+    #: GQA groups on CUDA. At 64 (64 query heads over one kv head, head size 16, fp32, one decode) the compile
+    #: raised InductorError on an H200 with kvfuzz's former fixed kernel options, while flex's defaults passed
+    #: (docs/benchmarks.md); groups past 16 stay undeclared on CUDA until benchmarks/flex_gqa_probe.py confirms
+    #: vLLM's options there.
     cuda_gqa_ratios = (1, 2, 3, 4, 7, 8, 16)
 
     def availability(self) -> Availability:
-        _keep_triton_interpretable()
+        flex_options.keep_triton_interpretable()
         _, why = try_import("torch's paged flex attention", _flex_api, fix=f"torch {torch.__version__}; it needs "
                                                                            "torch >= 2.6")
         if why:
             return why
         if not torch._dynamo.is_dynamo_supported():
             return Availability(False, "flex_attention needs dynamo, which this Python/torch does not support")
-        return Availability(True, "torch.compile'd flex_attention (CUDA)" if on_cuda()
-                            else "eager flex_attention (CPU)", "cuda" if on_cuda() else "cpu")
+        if not flex_options.supports_small_blocks():
+            return Availability(False, TORCH_BEFORE_2_9.format(torch.__version__))
+        _, where = flex_options.upstream_function(flex_options.GET_KERNEL_OPTIONS)
+        how = "torch.compile'd flex_attention (CUDA)" if on_cuda() else "eager flex_attention (CPU)"
+        return Availability(True, f"{how}; vLLM's kernel options from {where}", "cuda" if on_cuda() else "cpu")
 
     def installed(self) -> Availability:
         """From this torch's modules, found without importing them (flex_attention imports dynamo and
@@ -182,6 +187,8 @@ class TorchFlexPaged(Target):
             if not found:
                 return Availability(False, f"torch {torch.__version__} has no {module} (paged flex attention "
                                            "needs torch >= 2.6)")
+        if not flex_options.supports_small_blocks():
+            return Availability(False, TORCH_BEFORE_2_9.format(torch.__version__))
         where = "torch.compile'd flex_attention (CUDA)" if on_cuda() else "eager flex_attention (CPU)"
         return Availability(True, f"{where}; torch {torch.__version__}: {NOT_LOADED}",
                             "cuda" if on_cuda() else "cpu")
@@ -192,8 +199,11 @@ class TorchFlexPaged(Target):
     def path(self, batch: Batch) -> str:
         if not on_cuda():
             return "eager (cpu)"
-        opts = self.kernel_options(batch, "cuda")
-        return "compiled (cuda)" + (f", BLOCK_M=32 BLOCK_N={opts['BLOCK_N']}" if opts else ", default blocks")
+        try:
+            opts = self.kernel_options(batch)
+        except ValueError:  # a page vLLM's backend refuses (build_call raises LayoutError for it)
+            return "compiled (cuda), no page vLLM runs"
+        return f"compiled (cuda), BLOCK_M={opts.get('BLOCK_M')} BLOCK_N={opts.get('BLOCK_N')}"
 
     @staticmethod
     def logical_mask_mod(query_lens: torch.Tensor, ctx_lens: torch.Tensor, sliding_window: int | None = None):
@@ -238,25 +248,17 @@ class TorchFlexPaged(Target):
         return paged_attention_for(batch, device)
 
     @staticmethod
-    def kernel_options(batch: Batch, device: torch.device | str) -> dict | None:
-        """Compiled (CUDA): a small fixed config, ``BLOCK_M=32, BLOCK_N=min(page_size, 32), num_warps=4,
-        num_stages=1``, at every page size; eager (CPU): none. vLLM's FlexAttention backend likewise always passes
-        BLOCK_M and BLOCK_N (vllm/v1/attention/backends/flex_attention.py ``get_kernel_options``: 64, or 32 for fp32,
-        divided down to the block and reduced to fit the device's shared memory), so a call with flex's defaults is
-        one no engine makes: with them (pages of 128, which kvfuzz used to leave to the defaults) an H200 sweep met
-        "NoValidChoicesError: No choices to select" compiling a 16-token prefill at head size 256, fp16. A page of
-        128 gets the tiles a page of 32 or 64 does (BLOCK_N 32 divides it), which passed there.
+    def kernel_options(batch: Batch) -> dict:
+        """The ``kernel_options`` vLLM's FlexAttention backend passes ``flex_attention`` for ``batch``'s dtype and page
+        size (:func:`~kvfuzz.fuzz.targets.flex_options.vllm_kernel_options`: vLLM's own ``get_kernel_options``,
+        vllm/v1/attention/backends/flex_attention.py), on every device: with torch >= 2.9
+        ``{"FORCE_USE_FLEX_ATTENTION": True, "BLOCK_M": 16, "BLOCK_N": page_size}``. Raises ValueError, as vLLM does,
+        for a page size that is not a power of two.
 
-        The fused kernel requires the block mask's KV block size (= the page size) to be a multiple of its
-        ``BLOCK_N``, whose default on sm90 is up to 128 (torch/_inductor/template_heuristics/triton.py,
-        ``h100_default_flex_config``): smaller pages fail with "Q and KV block size must be divisible by BLOCK_M
-        and BLOCK_N". Overriding ``BLOCK_N`` alone is not enough: with 64, fp32 at head size 256 needs 304 KB of
-        shared memory (limit 227 KB); with 32, fp16 at head size 128 (default BLOCK_M 128, 8 warps) has "no
-        valid choices". This config passed every (fp16/bf16/fp32) x (head size 16..256) x (page 16/32/64) case on
-        an H200 with torch 2.11. Eager: none."""
-        if torch.device(device).type != "cuda":
-            return None
-        return {"BLOCK_M": 32, "BLOCK_N": min(batch.block_size, 32), "num_warps": 4, "num_stages": 1}
+        kvfuzz used to pass a fixed config of its own (``BLOCK_M=32, BLOCK_N=min(page_size, 32), num_warps=4,
+        num_stages=1``); with it an H200 compile failed at a GQA group of 64 where flex's defaults passed, a crash
+        of kvfuzz's making (docs/benchmarks.md)."""
+        return flex_options.vllm_kernel_options(batch.torch_dtype, batch.block_size)
 
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         from torch.nn.attention.flex_attention import create_block_mask
@@ -274,9 +276,13 @@ class TorchFlexPaged(Target):
         seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=dev)
 
         logical_kv = max(batch.blocks_needed(i) for i in range(n)) * batch.block_size
+        try:
+            q_block, kv_block, _ = flex_options.block_mask_sizes(batch.block_size)  # (16, page): vLLM's mask
+        except ValueError as e:  # vLLM's backend refuses the page size: there is no call of vLLM's to make
+            raise LayoutError(f"{self.name}: vLLM's FlexAttention backend runs no page of {batch.block_size} ({e})"
+                              ) from None
         logical = create_block_mask(self.logical_mask_mod(query_lens, ctx_lens, batch.sliding_window), n, None,
-                                    qmax, logical_kv,
-                                    device=str(dev), BLOCK_SIZE=(128, batch.block_size))
+                                    qmax, logical_kv, device=str(dev), BLOCK_SIZE=(q_block, kv_block))
         pa = self.paged_attention(batch, dev)
         block_mask = pa.convert_logical_block_mask(logical, torch.arange(n, device=dev), seq_lens)
         score_mod = self.logical_score_mod(batch, ctx_lens, dev)
@@ -285,10 +291,12 @@ class TorchFlexPaged(Target):
         output = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size), dtype=batch.torch_dtype,
                              device=dev)
         kwargs = dict(query=query, key=cache.key_cache, value=cache.value_cache, block_mask=block_mask,
-                      scale=float(batch.scale), enable_gqa=True, kernel_options=self.kernel_options(batch, dev),
+                      scale=float(batch.scale), enable_gqa=batch.num_heads != batch.num_kv_heads,
+                      kernel_options=self.kernel_options(batch),
                       score_mod=score_mod,
-                      # not passed to flex_attention: where each output row comes from, and the page table
-                      _token_seq=seq, _token_j=j, _paged_attention=pa,
+                      # not passed to flex_attention: where each output row comes from, the page table, and the
+                      # logical mask's block sizes (a standalone script builds the mask again at them)
+                      _token_seq=seq, _token_j=j, _paged_attention=pa, mask_block_size=(q_block, kv_block),
                       block_table=batch.block_table_tensor(dev), seq_lens=batch.seq_lens_tensor(dev),
                       query_start_loc=batch.query_start_loc_tensor(dev))
         return KernelCall(kwargs, cache.layout, cache.key_cache, cache.value_cache, output)

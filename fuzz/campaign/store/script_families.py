@@ -259,7 +259,9 @@ def flex_call(kw):
     the batch's block table is the page table (page_table, physical_to_logical, capacity, empty_pages set as
     reserve() leaves them), the logical mask (query j of sequence b sees kv positions 0 .. ctx_len + j, the last
     W with a window) converted through it, softcap and ALiBi as score_mod; queries padded to
-    [N, H, max_query_len, D]; eager on CPU, torch.compile'd on CUDA."""
+    [N, H, max_query_len, D]; eager on CPU, torch.compile'd on CUDA. The mask's blocks are the recorded
+    mask_block_size (vLLM's FlexAttention backend's: 16 query rows x one page), (128, page) in reproducers recorded
+    before kvfuzz passed vLLM's kernel options (recorded with the call, as kernel_options)."""
     import warnings
 
     from torch.nn.attention.experimental._paged_attention import PagedAttention
@@ -291,7 +293,8 @@ def flex_call(kw):
         return visible
 
     qmax = kw["query"].shape[2]
-    logical = create_block_mask(mask_mod, n, None, qmax, max(need) * bs, device=str(dev), BLOCK_SIZE=(128, bs))
+    blocks = tuple(kw.get("mask_block_size", (128, bs)))
+    logical = create_block_mask(mask_mod, n, None, qmax, max(need) * bs, device=str(dev), BLOCK_SIZE=blocks)
     block_mask = pa.convert_logical_block_mask(logical, torch.arange(n, device=dev), seq_lens)
     # softcap as a 0-d tensor (a Python float recompiles and fails compiled: kvfuzz docs/findings.md 8)
     cap = None if m["softcap"] is None else torch.tensor(m["softcap"], dtype=torch.float32, device=dev)

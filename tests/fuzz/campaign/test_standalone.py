@@ -381,6 +381,38 @@ def test_scripts_that_rebuild_the_adapters_objects_agree_with_replay(tmp_path, m
         assert torch.allclose(ref, stored["reference"].double(), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("recorded", [True, False])
+def test_flex_script_calls_with_the_recorded_mask_blocks_and_kernel_options(tmp_path, monkeypatch, capsys, recorded):
+    """The script builds the logical mask at the adapter's block sizes (vLLM's: 16 query rows x one page) and passes
+    the recorded kernel_options (vLLM's); a reproducer recorded before the mask sizes were (its kernel_options
+    kvfuzz's former ones) gets the 128-row mask it was recorded with."""
+    import torch.nn.attention.flex_attention as fa
+
+    t = available("torch.flex_paged")
+    b = batch_of([(5, 3), (1, 20)], dtype="float32", head_size=16, num_heads=4, num_kv_heads=1, block_size=32, seed=2)
+    d = _reproducer(tmp_path, _scaled(type(t)), Example(b, Poison.STALE))
+    m = _script_module(d)
+    if not recorded:
+        del m.SPEC["kwargs"]["mask_block_size"]
+    seen = {}
+    real_mask, real_flex = fa.create_block_mask, fa.flex_attention
+
+    def create_block_mask(*args, **kw):
+        seen["BLOCK_SIZE"] = kw["BLOCK_SIZE"]
+        return real_mask(*args, **kw)
+
+    def flex_attention(*args, **kw):
+        seen["kernel_options"] = kw["kernel_options"]
+        return real_flex(*args, **kw)
+
+    monkeypatch.setattr(fa, "create_block_mask", create_block_mask)
+    monkeypatch.setattr(fa, "flex_attention", flex_attention)
+    capsys.readouterr()
+    assert m.main() == 1, capsys.readouterr().out
+    assert seen == {"BLOCK_SIZE": (16, 32) if recorded else (128, 32),
+                    "kernel_options": {"FORCE_USE_FLEX_ATTENTION": True, "BLOCK_M": 16, "BLOCK_N": 32}}
+
+
 def test_a_non_finite_cuda_graph_pad_row_reproduces_without_kvfuzz(tmp_path):
     """vllm#57017 (TRITON_MLA: a pad of seq_len 0 divides an empty softmax sum): the real row is right, the pad
     row NaN. The script compared real rows only and exited 0 ("not reproduced") while replay reproduced it."""

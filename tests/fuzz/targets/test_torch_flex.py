@@ -94,8 +94,8 @@ def test_layout_writes_where_paged_attention_assign_writes():
 def test_flex_paged_agrees_with_the_reference(make_batch, dtype):
     run = properties.check(TARGET, Example(mixed_batch(dtype=dtype, seed=1), Poison.STALE))
     assert run.path == "eager (cpu)" and run.output.shape == (23, 4, 32)
-    # GQA 7 over one kv head, a head size that is not a power of two, page size 8, pages in reverse order
-    b = make_batch([(9, 7), (1, 16), (1, 0)], num_heads=7, num_kv_heads=1, head_size=48, block_size=8, spare=2,
+    # GQA 7 over one kv head, a head size that is not a power of two, the smallest page vLLM runs, pages reversed
+    b = make_batch([(9, 7), (1, 16), (1, 0)], num_heads=7, num_kv_heads=1, head_size=48, block_size=16, spare=2,
                    dtype=dtype, seed=5, reverse=True)
     run = properties.check(TARGET, Example(b, Poison.ZEROS))
     assert run.output.shape == (11, 7, 48)
@@ -114,6 +114,100 @@ def test_nan_in_a_free_page_poisons_the_output():
         properties.check(TARGET, Example(b, Poison.NAN))
     assert info.value.details["oracle"]["bad_elements"] == 16
     properties.check(TARGET, Example(b, Poison.STALE))  # finite garbage there is masked correctly
+
+
+# ---- the kernel options are vLLM's -----------------------------------------------------------------------
+#: kvfuzz's former fixed options (BLOCK_M=32, BLOCK_N up to 32): an H200 compile crashed with them at GQA 64
+FORMER_FIXED = staticmethod(lambda batch: {"BLOCK_M": 32, "BLOCK_N": min(batch.block_size, 32), "num_warps": 4,
+                                           "num_stages": 1})
+#: head size, GQA group, page size, dtype: the options must be vLLM's at each
+OPTION_GRID = [(h, g, p, dt) for h in (16, 80, 256) for g in (1, 8, 64) for p in (16, 32, 64, 128)
+               for dt in ("float32", "float16", "bfloat16")]
+
+
+def option_mismatches(target: TorchFlexPaged, grid=OPTION_GRID) -> list[str]:
+    """Each case of ``grid`` (a prefill with context and a decode) where the call ``target`` builds
+    differs from vLLM's: its block mask's ``BLOCK_SIZE`` from vLLM's ``_get_block_sizes`` (default config, paged
+    cache, torch >= 2.9 as vLLM's ``is_torch_equal_or_newer`` says), or its ``kernel_options`` from vLLM's
+    ``get_kernel_options`` for the call's own query and block mask, both compiled from vLLM's installed file."""
+    from vllm.utils.torch_version import is_torch_equal_or_newer
+
+    from kvfuzz.fuzz.targets.flex_options import (
+        DEFAULT_ATTENTION_CONFIG,
+        GET_BLOCK_SIZES,
+        GET_KERNEL_OPTIONS,
+        compile_from_source,
+        vllm_flex_source,
+    )
+
+    if vllm_flex_source() is None:
+        pytest.skip("vLLM's flex_attention.py is not installed")
+    get_block_sizes = compile_from_source(vllm_flex_source(), GET_BLOCK_SIZES)
+    get_kernel_options = compile_from_source(vllm_flex_source(), GET_KERNEL_OPTIONS)
+    small = is_torch_equal_or_newer("2.9.0.dev0")
+    wrong = []
+    for head_size, group, page, dtype in grid:
+        b = Batch(query_lens=[3, 1], ctx_lens=[5, 20], num_heads=group * 2, num_kv_heads=2, head_size=head_size,
+                  block_size=page, num_blocks=4, block_table=[[2, 0], [3, 1]], dtype=dtype)
+        data = make_batch_data(b)
+        call = target.build_call(b, data, materialize(b, data, target.layout(b), b.seq_lens, Poison.ZEROS))
+        q_block, kv_block = get_block_sizes(DEFAULT_ATTENTION_CONFIG, small, page, True)
+        want = get_kernel_options(call.kwargs["query"], q_block, kv_block, small and kv_block == page)
+        got = (call.kwargs["block_mask"].BLOCK_SIZE, call.kwargs["kernel_options"])
+        if got != ((q_block, kv_block), want):
+            wrong.append(f"D={head_size} group={group} page={page} {dtype}: mask {got[0]}, options {got[1]}; vLLM's: "
+                         f"mask {(q_block, kv_block)}, options {want}")
+    return wrong
+
+
+def test_the_call_passes_vllms_block_mask_and_kernel_options():
+    assert option_mismatches(TARGET) == []
+    assert "; vLLM's kernel options from vllm" in AVAIL.reason  # kvfuzz targets --check says whose code chose them
+
+
+def test_other_options_or_another_mask_than_vllms_are_caught(monkeypatch):
+    """Planted, on every 6th case of the grid: the former fixed options; vLLM's options computed for the 128-row
+    mask kvfuzz used to build."""
+    from kvfuzz.fuzz.targets import flex_options
+
+    grid = OPTION_GRID[::6]
+    monkeypatch.setattr(TorchFlexPaged, "kernel_options", FORMER_FIXED)
+    wrong = option_mismatches(TARGET, grid)
+    assert len(wrong) == len(grid) and "'BLOCK_M': 32" in wrong[0] and "'BLOCK_M': 16" in wrong[0], wrong[0]
+    monkeypatch.undo()
+    monkeypatch.setattr(flex_options, "block_mask_sizes", lambda page: (128, page, True))
+    wrong = option_mismatches(TARGET, grid)
+    assert len(wrong) == len(grid) and "mask (128, " in wrong[0], wrong[0]
+
+
+def test_a_page_vllm_refuses_is_one_kvfuzz_cannot_lay_out():
+    """vLLM's _get_block_sizes raises for a page that is not a power of two (48, which --undeclared draws): no call of
+    vLLM's to make, so the example is discarded (a LayoutError, which check_undeclared turns into hypothesis's
+    reject()), not reported as a crash of kvfuzz's harness."""
+    from kvfuzz.contracts.caches.layouts import LayoutError
+
+    b = Batch(query_lens=[2], ctx_lens=[3], num_heads=2, num_kv_heads=1, head_size=16, block_size=48, num_blocks=2,
+              block_table=[[1]], dtype="float32")
+    with pytest.raises(LayoutError, match="runs no page of 48 .*power of 2"):
+        properties.prepare(TARGET, Example(b, Poison.ZEROS))
+
+
+def test_before_torch_2_9_the_target_is_unavailable(monkeypatch):
+    """vLLM masks in 128 x 128 blocks there (no direct build), which a paged mask cannot be."""
+    from kvfuzz.fuzz.targets import flex_options
+
+    monkeypatch.setattr(flex_options, "supports_small_blocks", lambda version=None: False)
+    for answer in (TorchFlexPaged().availability(), TorchFlexPaged().installed()):
+        assert not answer.ok and "torch >= 2.9" in answer.reason and "_get_block_sizes" in answer.reason
+
+
+def test_the_path_names_the_tiles_on_cuda(monkeypatch):
+    from kvfuzz.fuzz.targets import torch_flex
+
+    assert TARGET.path(mixed_batch()) == "eager (cpu)"
+    monkeypatch.setattr(torch_flex, "on_cuda", lambda: True)
+    assert TARGET.path(mixed_batch(block_size=64)) == "compiled (cuda), BLOCK_M=16 BLOCK_N=64"
+    assert TARGET.path(mixed_batch(block_size=48)) == "compiled (cuda), no page vLLM runs"
 
 
 # ---- broken variants are caught ---------------------------------------------------------------------
