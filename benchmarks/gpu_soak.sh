@@ -14,6 +14,7 @@
 #        bash benchmarks/gpu_soak.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1 || exit 1
+mkdir -p "${OUT:?set OUT to the folder the results go to}" || exit 1
 one() {  # target seed
     local t=$1 s=$2 name d start rc
     name=${TAG:-}$(echo "$t" | tr -c 'A-Za-z0-9._-' '_')-$s

@@ -432,10 +432,11 @@ class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
     is FA3's) and ``max_num_splits`` stays 0.
 
     Declared (cute/interface.py ``_flash_attn_fwd`` and ``_validate_head_dims`` on SM90: head sizes 8-512 divisible
-    by 8 for 16-bit inputs; vLLM's ``supports_head_size``: at most 512): fp16/bf16; head sizes 64, 128, 256 and the
-    ones only FA4 takes on Hopper, 320 and 512; block sizes 16, 32, 64, 128 (multiples of 16); sliding window,
-    softcap and sinks (``learnable_sink`` may be fp32: ``_LEARNABLE_SINK_DTYPES``, so kvfuzz's fp32 sink logits go in
-    unrounded); no ALiBi (the wrapper asserts "Alibi is not supported in FA4"). Needs a GPU of compute capability
+    by 8 for 16-bit inputs; vLLM's ``supports_head_size``: at most 512): fp16/bf16; head sizes 64, 128, 256 and
+    512 (which only FA4 takes on Hopper; 288, 320, 384 and 448, which vLLM routes here too, fail to compile on
+    SM90: docs/findings.md, Finding 18, so they are not declared); block sizes 16, 32, 64, 128 (multiples of 16);
+    sliding window, softcap and sinks (``learnable_sink`` may be fp32: ``_LEARNABLE_SINK_DTYPES``, so kvfuzz's fp32
+    sink logits go in unrounded); no ALiBi (the wrapper asserts "Alibi is not supported in FA4"). Needs a GPU of compute capability
     9.x or newer, ``nvidia-cutlass-dsl`` and ``quack-kernels`` (vLLM pins 4.8.0 and 0.6.5; benchmarks/fa_bundle.sh);
     each configuration compiles on first use."""
 
@@ -446,7 +447,7 @@ class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
                    "(Hopper past FA3's head sizes, Blackwell; unified contract)")
     capabilities = attrs.evolve(
         VllmFlashAttnVarlen.capabilities,
-        head_sizes=(64, 128, 256, 320, 512), block_sizes=(16, 32, 64, 128),
+        head_sizes=(64, 128, 256, 512), block_sizes=(16, 32, 64, 128),
         features=("sliding_window", "softcap", "sinks"),
     )
 

@@ -46,7 +46,8 @@ def test_the_declarations_are_read_off_the_kernels():
     fa4 = get_target("vllm.flash_attn_varlen_fa4").capabilities
     assert "alibi" in fa2.features and "sinks" not in fa2.features and max(fa2.head_sizes) == 256
     assert all(d % 8 == 0 for d in fa2.head_sizes) and all(b % 16 == 0 for b in fa2.block_sizes)
-    assert "sinks" in fa4.features and "alibi" not in fa4.features and {320, 512} <= set(fa4.head_sizes)
+    assert "sinks" in fa4.features and "alibi" not in fa4.features and 512 in fa4.head_sizes
+    assert 320 not in fa4.head_sizes  # Finding 18: FA4 does not compile it on SM90
     assert fa2.kv_cache_dtypes == fa4.kv_cache_dtypes == ("auto",)
     assert fa2.cuda_graph_padding == fa4.cuda_graph_padding == "vllm"
 
