@@ -436,9 +436,9 @@ class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
     512 (which only FA4 takes on Hopper; 288, 320, 384 and 448, which vLLM routes here too, fail to compile on
     SM90: docs/findings.md, Finding 18, so they are not declared); block sizes 16, 32, 64, 128 (multiples of 16);
     sliding window, softcap and sinks (``learnable_sink`` may be fp32: ``_LEARNABLE_SINK_DTYPES``, so kvfuzz's fp32
-    sink logits go in unrounded); no ALiBi (the wrapper asserts "Alibi is not supported in FA4"). Needs a GPU of compute capability
-    9.x or newer, ``nvidia-cutlass-dsl`` and ``quack-kernels`` (vLLM pins 4.8.0 and 0.6.5; benchmarks/fa_bundle.sh);
-    each configuration compiles on first use."""
+    sink logits go in unrounded); no ALiBi (the wrapper asserts "Alibi is not supported in FA4"). Needs a GPU of
+    compute capability 9.x or newer, ``nvidia-cutlass-dsl`` and ``quack-kernels`` (vLLM pins 4.8.0 and 0.6.5;
+    benchmarks/fa_bundle.sh); each configuration compiles on first use."""
 
     name = "vllm.flash_attn_varlen_fa4"
     fa_version = 4
