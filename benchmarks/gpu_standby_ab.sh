@@ -1,42 +1,53 @@
 #!/usr/bin/env bash
 # Issue 52: confirming a memory-safety hit in the standby (fuzz/harness/sanitizer_standby.py) against a fresh child
-# started for it (the behaviour before: KVFUZZ_SANITIZE_STANDBY=0), side by side at the same time on ONE GPU. For each
-# seed, two `kvfuzz fuzz --target TARGET --duration DURATIONs --seed S --baseline kvfuzz-baseline.toml` campaigns at
-# once, each on half the cores (taskset; kvfuzz's default workers count them), all else default (--sanitize auto).
+# started for it (the behaviour before), side by side at the same time on ONE GPU. ARMS (default "fresh standby"):
+# fresh is KVFUZZ_SANITIZE_STANDBY=0, standby the default (it starts with the long-lived child), ready
+# KVFUZZ_SANITIZE_STANDBY=ready (once the long-lived child is ready). For each seed, one `kvfuzz fuzz --target TARGET
+# --duration DURATIONs --seed S --baseline kvfuzz-baseline.toml` campaign per arm, all at once, each on its share of
+# the cores (taskset; kvfuzz's default workers count them), all else default (--sanitize auto).
 # vllm#56862 is known to the baseline, so a hit is the first failure, is not shrunk, and the campaign runs to its
 # --duration; each is stopped with SIGTERM CAP s past it. One tree: the arms differ only in the environment variable.
 # Prints a line per seed and arm: exit status, first failure (s), examples, sanitized examples, where the hits were
 # confirmed (summary.json time.sanitize confirms) and the confirm phase's seconds per confirmation; then a table of
-# both arms; the sanitize stage by phase (benchmarks/sanitize_phases.py) goes to OUT/phases-ARM-SEED.txt. Halfway
+# the arms; the sanitize stage by phase (benchmarks/sanitize_phases.py) goes to OUT/phases-ARM-SEED.txt. Halfway
 # through each seed it prints each arm's compute-sanitizer processes and their host and GPU memory (OUT/memory.txt).
+# Each campaign's summary.json is kept as OUT/summary-ARM-SEED.json.
 # At most DURATION + CAP s a seed (DURATION 90: three seeds fit a 10-minute device call). Carry .device/.
-# Usage: OUT=dir [TARGET=vllm.unified_attention] [DURATION=90] [CAP=40] bash benchmarks/gpu_standby_ab.sh SEED...
+# Usage: OUT=dir [TARGET=vllm.unified_attention] [DURATION=90] [CAP=40] [ARMS="fresh standby"]
+#        [EXTRA="more kvfuzz fuzz options"] bash benchmarks/gpu_standby_ab.sh SEED...
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/gpu_env.sh" >/dev/null 2>&1 || { echo "gpu_env.sh failed (carry .device/)"; exit 1; }
 gpu_out
 export PATH=$PATH:/usr/local/cuda/bin
 T=${TARGET:-vllm.unified_attention}; S=${DURATION:-90}; CAP=${CAP:-40}
-C=$(( $(nproc) / 2 ))
+read -ra A <<< "${ARMS:-fresh standby}"
+C=$(( $(nproc) / ${#A[@]} ))
+[ "$C" -ge 1 ] || { echo "ARMS: ${#A[@]} arms for $(nproc) cores"; exit 2; }
+declare -A MODE=([fresh]=0 [standby]=1 [ready]=ready)
+for arm in "${A[@]}"; do
+  [ -n "${MODE[$arm]:-}" ] || { echo "ARMS: $arm is none of fresh, standby, ready"; exit 2; }
+done
 [ "$#" -gt 0 ] || set -- 1
 {
   gpu_machine
   command -v compute-sanitizer || echo "no compute-sanitizer: nothing is sanitized"
-  echo "$T, ${S}s, --baseline kvfuzz-baseline.toml; arms at once on GPU 0: fresh (KVFUZZ_SANITIZE_STANDBY=0) on cores" \
-       "0-$((C - 1)), standby on cores $C-$((2 * C - 1))"
+  echo "$T, ${S}s, --baseline kvfuzz-baseline.toml; arms at once on GPU 0, $C cores each: ${A[*]}" \
+       "(KVFUZZ_SANITIZE_STANDBY $(for a in "${A[@]}"; do printf '%s=%s ' "$a" "${MODE[$a]}"; done))"
 } | tee "$R/machine.txt"
 for seed in "$@"; do
-  for arm in fresh standby; do
-    [ "$arm" = fresh ] && { off=0; cores="0-$((C - 1))"; } || { off=1; cores="$C-$((2 * C - 1))"; }
-    KVFUZZ_SANITIZE_STANDBY=$off timeout -s TERM $((S + CAP)) taskset -c "$cores" $KV fuzz --target "$T" \
-      --duration "${S}s" --seed "$seed" --baseline kvfuzz-baseline.toml --out "$W/$arm-$seed" \
-      > "$R/$arm-$seed.log" 2>&1 &
-    eval "pid_$arm=$!"
+  pids=(); i=0
+  for arm in "${A[@]}"; do
+    KVFUZZ_SANITIZE_STANDBY=${MODE[$arm]} timeout -s TERM $((S + CAP)) taskset -c "$((i * C))-$((i * C + C - 1))" \
+      $KV fuzz --target "$T" --duration "${S}s" --seed "$seed" --baseline kvfuzz-baseline.toml --out "$W/$arm-$seed" \
+      ${EXTRA:-} > "$R/$arm-$seed.log" 2>&1 &
+    pids+=("$arm=$!"); i=$((i + 1))
   done
   # halfway: each arm's sanitized children (the standby's extra one included) and their host and GPU memory
-  ( sleep $((S / 2)); python3 - "$pid_fresh" "$pid_standby" "$seed" <<'PY' | tee -a "$R/memory.txt" ) &
+  ( sleep $((S / 2)); python3 - "$seed" "${pids[@]}" <<'PY' | tee -a "$R/memory.txt" ) &
 import os, subprocess, sys
-roots, seed, procs, kids, gpu = {"fresh": int(sys.argv[1]), "standby": int(sys.argv[2])}, sys.argv[3], {}, {}, {}
+seed, procs, kids, gpu = sys.argv[1], {}, {}, {}
+roots = {a: int(p) for a, p in (x.split("=") for x in sys.argv[2:])}
 for d in filter(str.isdigit, os.listdir("/proc")):
     try:
         stat = open(f"/proc/{d}/stat").read()
@@ -71,11 +82,9 @@ for arm, root in roots.items():
           f"pages counted per process), {mib / 1024:.1f} GiB of GPU memory (nvidia-smi, the pids it shows)")
 PY
   sampler=$!
-  wait "$pid_fresh"; rc_fresh=$?
-  wait "$pid_standby"; rc_standby=$?
-  wait "$sampler"
-  for arm in fresh standby; do
-    rc=$([ "$arm" = fresh ] && echo "$rc_fresh" || echo "$rc_standby")
+  for ap in "${pids[@]}"; do
+    arm=${ap%%=*}
+    wait "${ap#*=}"; rc=$?
     python3 - "$W/$arm-$seed/summary.json" "$arm" "$seed" "$rc" <<'PY' | tee -a "$R/standby.jsonl"
 import json, sys
 path, arm, seed, rc = sys.argv[1:]
@@ -96,7 +105,9 @@ row.update(first_failure_s=t.get("first_failure_s"), examples=t.get("examples"),
 print(json.dumps(row))
 PY
     python3 "$HERE/sanitize_phases.py" "$W/$arm-$seed/summary.json" > "$R/phases-$arm-$seed.txt" 2>&1
+    cp "$W/$arm-$seed/summary.json" "$R/summary-$arm-$seed.json" 2>/dev/null
   done
+  wait "$sampler"
 done
 python3 - "$R/standby.jsonl" <<'PY' | tee "$R/table.txt"
 import json, sys

@@ -230,7 +230,7 @@ class SanitizedChild:
     :meth:`check` is a screen: an example it passes is clean; anything else (an invalid access, an error, a child
     that died or hung) is decided in a child that has run no example, whose whole report (with its ERROR SUMMARY)
     cannot belong to another: ``confirmer``'s (kvfuzz.fuzz.harness.sanitizer_standby.StandbyConfirmer: a standby
-    child pre-started with this one, :meth:`_start`), else :func:`sanitize`'s fresh child. A child that still
+    child pre-started with this one or once it is ready), else :func:`sanitize`'s fresh child. A child that still
     answered is kept (``--destroy-on-device-error kernel``); one that raised, died or hung is replaced on the next
     check. :meth:`close` ends it and removes its folder (not its confirmer's standby: the caller's); this
     process's end ends it too (its stdin closes).
@@ -290,6 +290,8 @@ class SanitizedChild:
             return False
         self._ready, self._ready_at = True, at
         self.started = {"seconds": at - self._spawned, **_phases_of(parts[3] if len(parts) > 3 else "")}
+        if self.confirmer is not None:  # a standby started once this child is ready starts now
+            self.confirmer.prestart(screen_ready=True)
         return True
 
     def _start(self) -> None:
@@ -307,7 +309,7 @@ class SanitizedChild:
         threading.Thread(target=self._read, args=(self._proc.stdout, self._lines), daemon=True).start()
         self._n, self._ready = 0, False
         if self.confirmer is not None:  # its standby starts beside it (a no-op while one waits)
-            self.confirmer.prestart()
+            self.confirmer.prestart(screen_ready=False)
 
     @staticmethod
     def _read(stream, lines: queue.Queue) -> None:

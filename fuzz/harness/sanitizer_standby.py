@@ -23,7 +23,10 @@ ready marker, before it took the example, or without an ERROR SUMMARY), it hung 
 standbys in a row were lost a worker starts no more (``given up``): each confirmation is a fresh child. So a lost
 standby costs time, never an example nor a verdict. Memory: one more child per sanitizing worker (a CUDA context
 and an idle Python process with the target loaded), and never two standbys: a new one starts after the last one
-ended. ``KVFUZZ_SANITIZE_STANDBY=0`` turns it off (every confirmation in a fresh child).
+ended. When: with the long-lived child (the default: a hit soon after the long-lived child is ready finds its
+standby ready too), or, with ``KVFUZZ_SANITIZE_STANDBY=ready``, once the long-lived child is ready (the two starts
+do not share the host and GPU; a hit before the standby is ready waits for the rest of its start, less than a
+fresh child's whole start). ``KVFUZZ_SANITIZE_STANDBY=0`` turns it off (every confirmation in a fresh child).
 """
 
 from __future__ import annotations
@@ -38,14 +41,16 @@ from kvfuzz.contracts.checks.failures import HarnessError
 from kvfuzz.fuzz.harness.sanitizer import MARK, TIMEOUT_S, SanitizedChild, sanitize
 from kvfuzz.fuzz.harness.sanitizer_report import parse_memcheck, verdict
 
-#: Environment variable: ``0`` turns the standby off (every hit confirmed in a fresh child, started for it).
+#: Environment variable: ``0`` turns the standby off (every hit confirmed in a fresh child, started for it);
+#: ``ready`` starts it once the long-lived child is ready, not with it (:func:`screen`).
 ENV = "KVFUZZ_SANITIZE_STANDBY"
 #: Standbys lost in a row (died, hung, not clean) after which a worker starts no more.
 MAX_LOST = 3
 #: Where a confirmation ran (SanitizedChild.last["confirm"]): in the standby; in a fresh child because the standby
-#: is off; in a fresh child because the standby died, hung, was not clean, or this worker gave up on standbys.
+#: is off; in a fresh child because the standby died, hung, was not clean, was not started (not yet, or its start
+#: failed), or this worker gave up on standbys.
 CONFIRMS = ("standby", "fresh", "fresh: standby died", "fresh: standby hung", "fresh: standby not clean",
-            "fresh: standby given up")
+            "fresh: standby not started", "fresh: standby given up")
 
 
 class Standby(SanitizedChild):
@@ -138,21 +143,26 @@ class Standby(SanitizedChild):
 
 class StandbyConfirmer:
     """Confirms the hits of a worker's long-lived child (kvfuzz.fuzz.harness.sanitizer.SanitizedChild's
-    ``confirmer``) in a :class:`Standby`, keeping one started (:meth:`prestart`: with the long-lived child, and
-    after each confirmation). ``timeout``: a standby's seconds for its example, as a fresh child's;
-    ``start_timeout``: the most a confirmation waits for a standby's ready marker. :attr:`lost`: standbys lost in a
-    row."""
+    ``confirmer``) in a :class:`Standby`, keeping one started (:meth:`prestart`: with the long-lived child, or
+    once it is ready with ``after_ready``, and after each confirmation). ``timeout``: a standby's seconds for its
+    example, as a fresh child's; ``start_timeout``: the most a confirmation waits for a standby's ready marker.
+    :attr:`lost`: standbys lost in a row."""
 
     def __init__(self, spec: str, sanitizer: str | None = None, timeout: float = TIMEOUT_S,
-                 start_timeout: float = TIMEOUT_S):
+                 start_timeout: float = TIMEOUT_S, after_ready: bool = False):
         self.spec, self.exe, self.timeout, self.start_timeout = spec, sanitizer, timeout, start_timeout
+        self.after_ready = after_ready
         self.standby: Standby | None = None
         self.lost = 0
 
-    def prestart(self) -> None:
+    def prestart(self, screen_ready: bool = True) -> None:
         """Start a standby in the background unless one is there (idle, starting, or ended unused: the next
-        confirmation classifies it) or this worker gave up on them (:data:`MAX_LOST`). A standby that cannot be
-        started (no process to be had) is one lost; the long-lived child goes on."""
+        confirmation classifies it) or this worker gave up on them (:data:`MAX_LOST`); with ``after_ready``, not
+        while the long-lived child is still starting (``screen_ready`` False: its start is not slowed by the
+        standby's). A standby that cannot be started (no process to be had) is one lost; the long-lived child goes
+        on."""
+        if self.after_ready and not screen_ready:
+            return
         if self.standby is None and self.lost < MAX_LOST:
             standby = Standby(self.spec, self.exe, self.timeout)
             try:
@@ -169,8 +179,8 @@ class StandbyConfirmer:
         to where it ran (:data:`CONFIRMS`); a new standby starts once this one ended."""
         standby, self.standby = self.standby, None
         try:
-            if standby is None:  # none could be started, or this worker gave up on them
-                why = "given up" if self.lost >= MAX_LOST else "died"
+            if standby is None:  # none started yet (after_ready), none could be, or this worker gave up on them
+                why = "given up" if self.lost >= MAX_LOST else "not started"
             else:
                 why = self._in_standby(standby, example, last)
             if why is not None:
@@ -198,10 +208,11 @@ class StandbyConfirmer:
 
 def screen(spec: str) -> SanitizedChild:
     """A campaign worker's long-lived child for target ``spec`` (not started), its hits confirmed by a
-    :class:`StandbyConfirmer`, or in a fresh child each (no confirmer) when ``$KVFUZZ_SANITIZE_STANDBY`` is ``0``.
-    Its caller closes both (kvfuzz.fuzz.campaign.runner.SanitizerSchedule.close)."""
-    off = os.environ.get(ENV, "").strip() == "0"
-    return SanitizedChild(spec, confirmer=None if off else StandbyConfirmer(spec))
+    :class:`StandbyConfirmer` (``$KVFUZZ_SANITIZE_STANDBY``: unset or ``1``, its standby starts with it;
+    ``ready``, once it is ready), or in a fresh child each (no confirmer) when it is ``0``. Its caller closes both
+    (kvfuzz.fuzz.campaign.runner.SanitizerSchedule.close)."""
+    mode = os.environ.get(ENV, "").strip()
+    return SanitizedChild(spec, confirmer=None if mode == "0" else StandbyConfirmer(spec, after_ready=mode == "ready"))
 
 
 __all__ = ["CONFIRMS", "ENV", "MAX_LOST", "Standby", "StandbyConfirmer", "screen"]

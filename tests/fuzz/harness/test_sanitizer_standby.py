@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,13 +110,38 @@ def test_a_standby_that_died_or_hung_is_replaced_and_a_fresh_child_confirms(tmp_
 
 def test_a_standby_that_cannot_be_started_is_one_lost_and_the_long_lived_child_goes_on(tmp_path):
     """No process to be had for the standby (here: its compute-sanitizer is missing): counted as lost, none kept,
-    and the long-lived child it starts beside still serves."""
-    target = _planted("HalfTileOverrun")
+    the long-lived child it starts beside still serves, and a hit is confirmed in a fresh child ("not started")."""
+    exe, target = _sanitizer(tmp_path), _planted("HalfTileOverrun")
     confirmer = StandbyConfirmer(spec_of(target), str(tmp_path / "no-such-compute-sanitizer"))
-    child = SanitizedChild(spec_of(target), _sanitizer(tmp_path), timeout=120, confirmer=confirmer)
+    child = SanitizedChild(spec_of(target), exe, timeout=120, confirmer=confirmer)
     try:
         child.check(target, _example(3))
-        assert confirmer.standby is None and confirmer.lost == 1 and child.running
+        # tried with the long-lived child's start and again once it was ready: two lost, none kept
+        assert confirmer.standby is None and confirmer.lost == 2 and child.running
+        confirmer.exe = exe  # the fresh child's compute-sanitizer (the same as the long-lived child's in a campaign)
+        with pytest.raises(MemorySafetyError):
+            child.check(target, _example(4))
+        assert child.last["confirm"] == "fresh: standby not started" and confirmer.standby.running  # started now
+    finally:
+        child.close()
+        confirmer.close()
+
+
+def test_with_after_ready_the_standby_starts_once_the_long_lived_child_is_ready(tmp_path):
+    """KVFUZZ_SANITIZE_STANDBY=ready: no standby while the long-lived child starts (their starts do not share the
+    host), one as soon as its ready marker is read; a hit is then confirmed in it."""
+    exe, target = _sanitizer(tmp_path), _planted("HalfTileOverrun")
+    confirmer = StandbyConfirmer(spec_of(target), exe, timeout=120, after_ready=True)
+    child = SanitizedChild(spec_of(target), exe, timeout=120, confirmer=confirmer)
+    try:
+        assert not child.ready() and child.running and confirmer.standby is None
+        while not child.ready():
+            assert child.running and confirmer.standby is None
+            time.sleep(0.05)
+        assert confirmer.standby is not None and confirmer.standby.running
+        with pytest.raises(MemorySafetyError):
+            child.check(target, _example(4))
+        assert child.last["confirm"] == "standby"
     finally:
         child.close()
         confirmer.close()
@@ -145,6 +171,9 @@ def test_a_campaign_confirms_in_the_standby_and_with_it_off_in_a_fresh_child(tmp
     monkeypatch.setenv(sanitizer_standby.ENV, standby)
     monkeypatch.setattr(sanitizer, "applies", lambda target: True)  # the stand-in runs on CPU
     assert (sanitizer_standby.screen("x").confirmer is None) == (standby == "0")
+    monkeypatch.setenv(sanitizer_standby.ENV, "ready")
+    assert sanitizer_standby.screen("x").confirmer.after_ready
+    monkeypatch.setenv(sanitizer_standby.ENV, standby)
     config = CampaignConfig(out=tmp_path / "out", max_examples=30, duration=300, seed=0,
                             database=InMemoryExampleDatabase(), stop_at_first_failure=True, sanitize=1.0)
     stats = fuzz_target(_planted("HalfTileOverrun"), config)
