@@ -54,8 +54,9 @@ class SanitizeTable:
     """One target's sanitized runs by phase: ``groups`` is ``{group: {"examples": n, "seconds": {phase: s},
     "count": {phase: examples it occurred in}}}``; ``starts`` the children's starts seen complete (``count``, and
     seconds: ``seconds`` spawn to ready, ``target``, ``cuda`` and ``warm`` as the child measured them, and
-    ``warm_errors``: kvfuzz.fuzz.harness.sanitizer_warmup); ``confirms`` the confirmations of hits by where they ran
-    (``{where: n}``, kvfuzz.fuzz.harness.sanitizer_standby.CONFIRMS: the standby, or a fresh child and why)."""
+    ``warm_errors``: kvfuzz.fuzz.harness.sanitizer_warmup); ``confirms`` the confirmations (of hits, or after a
+    child that raised, died or hung) by where they ran (``{where: n}``,
+    kvfuzz.fuzz.harness.sanitizer_standby.CONFIRMS: the standby, or a fresh child and why)."""
 
     groups: dict = attrs.Factory(dict)
     starts: dict = attrs.Factory(dict)
