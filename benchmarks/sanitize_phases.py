@@ -3,9 +3,10 @@
 example's time goes").
 
 For each summary.json named: the campaign's line (examples, first failure, the stage's seconds against the workers'
-wall time), its children's starts, then per target a table with a row per phase and a column per group of examples
-(all, first example, new config, seen config, no report, skipped, shrink), each cell ``seconds/examples`` (the
-examples the phase occurred in), and the mean seconds of a sanitized example per group.
+wall time), its children's starts, where its hits were confirmed (the standby or a fresh child, and why), then per
+target a table with a row per phase and a column per group of examples (all, first example, new config, seen config,
+no report, skipped, shrink), each cell ``seconds/examples`` (the examples the phase occurred in), and the mean
+seconds of a sanitized example per group.
 
 Usage: python benchmarks/sanitize_phases.py OUT/summary.json [...]   (benchmarks/gpu_sanitize_phases.sh runs it)
 """
@@ -38,6 +39,8 @@ def lines_of(summary: dict, name: str) -> list[str]:
             out.append(f"  children started: {st['count']}, {st.get('seconds', 0):.1f} s spawn to ready (in the "
                        f"child: target loaded {st.get('target', 0):.1f} s, CUDA context {st.get('cuda', 0):.1f} s, "
                        f"warm-up {st.get('warm', 0):.1f} s with {st.get('warm_errors', 0):.0f} example(s) refused)")
+        if s.get("confirms"):
+            out.append("  hits confirmed in: " + ", ".join(f"{w} {n}" for w, n in sorted(s["confirms"].items())))
         groups = [("all", s)] + [(g, s["groups"][g]) for g in SANITIZE_GROUPS if g in s.get("groups", {})]
         out.append("  " + f"{'phase':12}" + "".join(f"{g:>16}" for g, _ in groups))
         for phase in PHASES:

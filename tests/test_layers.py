@@ -35,7 +35,7 @@ def _lint(tmp_path: Path, config: Path) -> subprocess.CompletedProcess:
 def test_the_import_contract_holds(tmp_path):
     r = _lint(tmp_path, ROOT / "pyproject.toml")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "Contracts: 6 kept, 0 broken." in r.stdout
+    assert "Contracts: 7 kept, 0 broken." in r.stdout
 
 
 def _lint_with(tmp_path: Path, module: str, code: str) -> subprocess.CompletedProcess:
@@ -53,6 +53,14 @@ def test_the_import_contract_catches_an_upward_import(tmp_path):
     """The linter would catch a room importing a room above it (a planted harness -> campaign import)."""
     r = _lint_with(tmp_path, "kvfuzz/fuzz/harness/planted.py", "from kvfuzz.fuzz.campaign import engine\n")
     assert r.returncode == 1 and "kvfuzz.fuzz.harness.planted -> kvfuzz.fuzz.campaign.engine" in r.stdout, r.stdout
+
+
+def test_the_import_contract_catches_the_sanitized_child_importing_its_standby(tmp_path):
+    """The standby (a kind of sanitized child) sits over the long-lived child: a planted report module importing the
+    standby breaks the sanitizer's layers."""
+    r = _lint_with(tmp_path, "kvfuzz/fuzz/harness/sanitizer_report.py",
+                   "from kvfuzz.fuzz.harness import sanitizer_standby\n")
+    assert r.returncode == 1 and "sanitizer_report -> kvfuzz.fuzz.harness.sanitizer_standby" in r.stdout, r.stdout
 
 
 def test_the_import_contract_catches_campaigns_store_importing_its_workers(tmp_path):

@@ -52,7 +52,7 @@ from kvfuzz.fuzz.campaign.stages import TIMED, Clock
 from kvfuzz.fuzz.campaign.store.baseline import classify
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
-from kvfuzz.fuzz.harness import memory, properties, sanitizer
+from kvfuzz.fuzz.harness import memory, properties, sanitizer, sanitizer_standby
 from kvfuzz.fuzz.harness.coverage import labels
 from kvfuzz.fuzz.harness.isolation import STOP, exit_if_device_unusable
 from kvfuzz.fuzz.harness.kernel_clock import COMPILES
@@ -120,7 +120,7 @@ class _OutOfMemory(Exception):
 
 class SanitizerSchedule:
     """Which examples run again under compute-sanitizer memcheck (``--sanitize``), and the long-lived sanitized child
-    that runs them (:class:`~kvfuzz.fuzz.harness.sanitizer.SanitizedChild`, started at the first one)."""
+    that runs them (started at the first one; its hits confirmed in a standby: sanitizer_standby.screen)."""
 
     def __init__(self, target: Target, config: CampaignConfig) -> None:
         self.target, self.config = target, config
@@ -171,7 +171,7 @@ class SanitizerSchedule:
         GPU's one slot nor stalls the worker. A hash share and a shrink wait for it. A child's first example pays its
         start when it waited: not charged to the time share either. Its seconds per phase: :meth:`take`."""
         began = time.perf_counter()
-        self._child = self._child or sanitizer.SanitizedChild(spec_of(self.target) or self.target.name)
+        self._child = self._child or sanitizer_standby.screen(spec_of(self.target) or self.target.name)
         if self.by_time_share and not self.every_example and not self._child.ready():
             return self._note(None)
         with sanitizer.gpu_slot(self.config.out, wait=self.every_example) as slot:
@@ -200,6 +200,7 @@ class SanitizerSchedule:
         if last is not None:
             timed["group"] = {"first": "first example", "new": "new config", "seen": "seen config"}.get(
                 last["child"], "no report")
+            timed["confirm"] = last.get("confirm")  # where a confirmation ran (sanitizer_standby.CONFIRMS)
         if self._child is not None and self._child.started is not None:
             timed["start"], self._child.started = self._child.started, None
 
@@ -219,9 +220,10 @@ class SanitizerSchedule:
         return timed
 
     def close(self) -> None:
-        """End the sanitized child, if one runs (idempotent)."""
-        if self._child is not None:
-            self._child.close()
+        """End the sanitized child, if one runs, and its standby (idempotent)."""
+        for child in (self._child, self._child and self._child.confirmer):
+            if child is not None:
+                child.close()
 
 
 class ExampleRunner:

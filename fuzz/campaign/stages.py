@@ -54,10 +54,13 @@ class SanitizeTable:
     """One target's sanitized runs by phase: ``groups`` is ``{group: {"examples": n, "seconds": {phase: s},
     "count": {phase: examples it occurred in}}}``; ``starts`` the children's starts seen complete (``count``, and
     seconds: ``seconds`` spawn to ready, ``target``, ``cuda`` and ``warm`` as the child measured them, and
-    ``warm_errors``: kvfuzz.fuzz.harness.sanitizer_warmup)."""
+    ``warm_errors``: kvfuzz.fuzz.harness.sanitizer_warmup); ``confirms`` the confirmations (of hits, or after a
+    child that raised, died or hung) by where they ran (``{where: n}``,
+    kvfuzz.fuzz.harness.sanitizer_standby.CONFIRMS: the standby, or a fresh child and why)."""
 
     groups: dict = attrs.Factory(dict)
     starts: dict = attrs.Factory(dict)
+    confirms: dict = attrs.Factory(dict)
 
     def add(self, record: dict) -> None:
         """Add one example's record (kvfuzz.fuzz.campaign.runner.SanitizerSchedule.take)."""
@@ -69,10 +72,12 @@ class SanitizeTable:
                 row["count"][phase] = row["count"].get(phase, 0) + 1
         for key, s in ({"count": 1, **record["start"]} if record.get("start") else {}).items():
             self.starts[key] = self.starts.get(key, 0) + s
+        if record.get("confirm"):
+            self.confirms[record["confirm"]] = self.confirms.get(record["confirm"], 0) + 1
 
     def to_dict(self) -> dict:
         """summary.json's form: ``{"examples", "seconds", "phases": {phase: {"seconds", "count"}}, "groups": {group:
-        {"examples", "seconds", "phases"}}, "starts"}``, the first three over every group but ``shrink`` (so
+        {"examples", "seconds", "phases"}}, "starts", "confirms"}``, the first three over every group but ``shrink`` (so
         ``seconds`` is the target's ``sanitize`` stage), phases in :data:`~kvfuzz.fuzz.harness.sanitizer.PHASES`'
         order."""
         def phases(rows: list[dict]) -> dict:
@@ -86,7 +91,7 @@ class SanitizeTable:
                 "groups": {g: {"examples": self.groups[g]["examples"],
                                "seconds": round(sum(self.groups[g]["seconds"].values()), 4),
                                "phases": phases([self.groups[g]])} for g in SANITIZE_GROUPS if g in self.groups},
-                "starts": {k: round(v, 4) for k, v in self.starts.items()}}
+                "starts": {k: round(v, 4) for k, v in self.starts.items()}, "confirms": dict(self.confirms)}
 
 
 @attrs.define

@@ -10,18 +10,9 @@ table is trimmed to the columns its longest sequence needs (:func:`exact_batch`)
 row's end is past the allocation the sanitizer tracks. Reads past a row that is not the last stay inside the
 table (the next row), where no sanitizer sees them.
 
-The report (:func:`parse_memcheck`) is compute-sanitizer's text::
-
-    ========= Invalid __global__ read of size 4 bytes
-    =========     at kernel_unified_attention+0x1b70 in /.../triton_unified_attention.py:432
-    =========     by thread (0,0,0) in block (0,0,0)
-    =========     Address 0x7f5e2a000204 is out of bounds
-    =========     and is 1 bytes after the nearest allocation at 0x7f5e2a000200 of size 4 bytes
-    ...
-    ========= ERROR SUMMARY: 1 error
-
-each access becoming a :class:`MemoryAccess` (kind, space, size in bytes, kernel, source file and line, address,
-offset in bytes from the nearest allocation and on which side, that allocation's size).
+Its report is parsed, and a whole one decided, by kvfuzz.fuzz.harness.sanitizer_report (:func:`parse_memcheck`,
+``verdict``). A hit of the long-lived child is confirmed in a child that has run no other example: a pre-started
+standby (kvfuzz.fuzz.harness.sanitizer_standby) or, without one, a fresh child (:func:`sanitize`).
 
 Where it runs: on CUDA only (:func:`applies`). The pinned Triton 3.9's interpreter (``TRITON_INTERPRET=1``,
 triton/runtime/interpreter.py) has no bounds checks: ``create_masked_load`` hands raw host addresses and the mask
@@ -45,7 +36,6 @@ import hashlib
 import json
 import os
 import queue
-import re
 import shutil
 import subprocess
 import sys
@@ -58,9 +48,16 @@ from typing import Iterator
 import attrs
 
 from kvfuzz.contracts.checks.failures import HarnessError, MemorySafetyError
+from kvfuzz.fuzz.harness.sanitizer_report import (
+    CHECK,
+    DeviceFull,
+    MemcheckReport,
+    MemoryAccess,
+    parse_memcheck,
+    raise_accesses,
+    verdict,
+)
 
-#: The check name of a memory-safety failure.
-CHECK = "memory safety (compute-sanitizer memcheck)"
 #: Where the GPU machines keep compute-sanitizer when it is not on PATH.
 DEFAULT_PATHS = ("/usr/local/cuda/bin/compute-sanitizer",)
 #: Environment variable naming the compute-sanitizer executable (tests plant a fake one).
@@ -90,102 +87,6 @@ PHASES = ("slot", "start", "ship", "load", "generate", "materialize", "compile",
           "verdict", "confirm", "other")
 #: The phases the child measures (:data:`PHASES`).
 CHILD_PHASES = ("load", "generate", "materialize", "compile", "queued", "kernel")
-
-
-@attrs.frozen
-class MemoryAccess:
-    """One invalid access of a report: ``access`` ("read"/"write"/"atomic"/other as printed), ``space``
-    ("global", "shared", "local"), ``size`` (bytes), ``kernel`` (name, without the ``+0x..`` offset), ``file`` and
-    ``line`` (the source line, None when not printed), ``address`` (hex text), ``offset`` (bytes from the nearest
-    allocation, None when not printed), ``side`` ("after" / "before" / None), ``allocation_size`` (bytes, or
-    None)."""
-
-    access: str
-    space: str
-    size: int
-    kernel: str | None = None
-    file: str | None = None
-    line: int | None = None
-    address: str | None = None
-    offset: int | None = None
-    side: str | None = None
-    allocation_size: int | None = None
-
-    @property
-    def location(self) -> str | None:
-        """``"file:line"`` with the file's basename (as a baseline entry's ``locations`` name it), or None when the
-        report printed no source line."""
-        return f"{Path(self.file).name}:{self.line}" if self.file and self.line is not None else None
-
-    def describe(self) -> str:
-        where = self.location or "(no source line)"
-        near = (f", {self.offset} bytes {self.side} the nearest allocation of {self.allocation_size} bytes"
-                if self.offset is not None else "")
-        return f"invalid {self.space} {self.access} of {self.size} bytes in {self.kernel} at {where}{near}"
-
-
-@attrs.frozen
-class MemcheckReport:
-    """A parsed report: the accesses, the ``ERROR SUMMARY`` count (None when the report has none: the child
-    did not finish) and the other errors' headlines (e.g. "Program hit cudaErrorLaunchFailure")."""
-
-    accesses: tuple[MemoryAccess, ...]
-    error_count: int | None
-    other: tuple[str, ...] = ()
-
-    @property
-    def clean(self) -> bool:
-        return self.error_count == 0 and not self.accesses
-
-    @property
-    def out_of_memory(self) -> bool:
-        """No invalid access, and every other error an allocation that failed ("Program hit
-        cudaErrorMemoryAllocation (error 2) due to "out of memory" on CUDA API call to ..."): the device was full,
-        so the example never ran under memcheck; nothing about the kernel's accesses."""
-        return not self.accesses and bool(self.other) and all(_OUT_OF_MEMORY.search(o) for o in self.other)
-
-
-_PREFIX = re.compile(r"^=+\s?")
-_INVALID = re.compile(r"Invalid (__\w+__|\w+) (\w+) of size (\d+) bytes?")
-_AT = re.compile(r"^\s*at (?:0x[0-9a-f]+ in )?(\S+?)(?:\+0x[0-9a-f]+)?(?: in (.+?):(\d+))?\s*$")
-_ADDRESS = re.compile(r"Address (0x[0-9a-f]+)")
-_NEAR = re.compile(r"is (\d+) bytes? (after|before) the nearest allocation at 0x[0-9a-f]+ of size (\d+) bytes?")
-_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
-_OUT_OF_MEMORY = re.compile(r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|out of memory")
-
-
-class DeviceFull(Exception):
-    """The sanitized run could not get device memory (:attr:`MemcheckReport.out_of_memory`: other processes had
-    filled the GPU, e.g. several campaigns sharing it): the example was not sanitized. Not a finding: a
-    campaign counts the example with the coverage label ``sanitize: skipped: device full``
-    (kvfuzz.fuzz.campaign.runner). memcheck reports it as an error of a CUDA API call ("Program hit
-    cudaErrorMemoryAllocation ... on CUDA API call to ..."), which is the device being full, not the kernel's
-    access."""
-
-
-def parse_memcheck(text: str) -> MemcheckReport:
-    """Parse compute-sanitizer memcheck output (module docstring); lines not prefixed ``=========`` (the
-    program's own output) are ignored. Never raises."""
-    accesses: list[dict] = []
-    other: list[str] = []
-    count = None
-    for raw in text.splitlines():
-        if not raw.startswith("="):
-            continue
-        line = _PREFIX.sub("", raw)
-        if m := _SUMMARY.search(line):
-            count = int(m.group(1))
-        elif m := _INVALID.search(line):
-            accesses.append(dict(space=m.group(1).strip("_"), access=m.group(2), size=int(m.group(3))))
-        elif accesses and (m := _AT.match(line)) and "kernel" not in accesses[-1]:
-            accesses[-1].update(kernel=m.group(1), file=m.group(2), line=int(m.group(3)) if m.group(3) else None)
-        elif accesses and (m := _ADDRESS.search(line)):
-            accesses[-1]["address"] = m.group(1)
-        elif accesses and (m := _NEAR.search(line)):
-            accesses[-1].update(offset=int(m.group(1)), side=m.group(2), allocation_size=int(m.group(3)))
-        elif line.startswith("Program hit") or line.startswith("Error"):
-            other.append(line.strip())
-    return MemcheckReport(tuple(MemoryAccess(**a) for a in accesses), count, tuple(other))
 
 
 def sanitizer_path() -> str | None:
@@ -270,28 +171,7 @@ def sanitize(target, example, spec: str, sanitizer: str | None = None, timeout: 
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_environment())
         except subprocess.TimeoutExpired:
             raise HarnessError("sanitized run timed out", f"{' '.join(cmd[:3])} ran past {timeout:.0f} s") from None
-    text = p.stdout + "\n" + p.stderr
-    report = parse_memcheck(text)
-    if report.clean:
-        return
-    if report.accesses:
-        _raise_accesses(report, text)
-    if report.out_of_memory:
-        raise DeviceFull(f"{' '.join(cmd[:3])}: {'; '.join(report.other)[:500]}")
-    if report.error_count:  # errors that are not invalid accesses (a launch failure, a leak): the kernel's too
-        raise MemorySafetyError(CHECK, f"{report.error_count} memcheck error(s): {'; '.join(report.other) or '?'}",
-                                {"accesses": [], "error_count": report.error_count, "report": text[-4000:]})
-    raise HarnessError("sanitized run gave no report", f"{' '.join(cmd[:3])} exited {p.returncode} without an "
-                       f"ERROR SUMMARY: {text[-1500:]}")
-
-
-def _raise_accesses(report: MemcheckReport, text: str):
-    """Raise the MemorySafetyError of ``report``'s first invalid access (``text``: the report, kept)."""
-    first = report.accesses[0]
-    more = f" (and {len(report.accesses) - 1} more)" if len(report.accesses) > 1 else ""
-    raise MemorySafetyError(CHECK, first.describe() + more, {"accesses": [attrs.asdict(a) for a in report.accesses],
-                                                            "error_count": report.error_count or len(report.accesses),
-                                                            "report": text[-4000:]})
+    verdict(p.stdout + "\n" + p.stderr, " ".join(cmd[:3]), p.returncode)
 
 
 @contextlib.contextmanager
@@ -348,19 +228,29 @@ class SanitizedChild:
     (~15 s under memcheck), not holding its GPU's sanitizer slot (:class:`~.campaign.runner.SanitizerSchedule`).
 
     :meth:`check` is a screen: an example it passes is clean; anything else (an invalid access, an error, a child
-    that died or hung) is decided by :func:`sanitize` in a fresh child, whose whole report (with its ERROR
-    SUMMARY) cannot belong to another example. A child that still answered is kept (``--destroy-on-device-error
-    kernel``); one that raised, died or hung is replaced on the next check. :meth:`close` ends it and removes its
-    folder; this process's end ends it too (its stdin closes).
+    that died or hung) is decided in a child that has run no example, whose whole report (with its ERROR SUMMARY)
+    cannot belong to another: ``confirmer``'s (kvfuzz.fuzz.harness.sanitizer_standby.StandbyConfirmer: a standby
+    child pre-started with this one or once it is ready), else :func:`sanitize`'s fresh child. A child that still
+    answered is kept (``--destroy-on-device-error kernel``); one that raised, died or hung is replaced on the next
+    check. :meth:`close` ends it and removes its folder (not its confirmer's standby: the caller's); this
+    process's end ends it too (its stdin closes).
 
     Where the time goes: after each :meth:`check`, :attr:`last` is ``{"seconds": {phase: s}, "child": c}``: its
     seconds per :data:`PHASES` (not ``slot`` nor ``other``: its caller's; a phase that did not happen left out), and
     what the child said of it: "first" (its first example), "new" (its kernel call compiled or loaded a kernel: the
-    first call of that configuration in this child), "seen", or None (no report: it raised, died or hung).
-    :attr:`started`: a start seen complete, ``{"seconds": spawn to ready marker, **the ready marker's phases}``."""
+    first call of that configuration in this child), "seen", or None (no report: it raised, died or hung); and
+    after a confirmation ``"confirm"``: where it ran (sanitizer_standby.CONFIRMS). :attr:`started`: a start seen
+    complete, ``{"seconds": spawn to ready marker, **the ready marker's phases}``."""
 
-    def __init__(self, spec: str, sanitizer: str | None = None, timeout: float = TIMEOUT_S):
-        self.spec, self.exe, self.timeout = spec, sanitizer, timeout
+    #: compute-sanitizer's options. --destroy-on-device-error kernel: an invalid access ends the kernel, not the
+    #: child's CUDA context, so the child answers the next example too (a shrink's candidates would otherwise each
+    #: start a child). --print-limit 0: memcheck's limit counts for the process's whole life (with a limit, a
+    #: long-lived child goes silent once it has printed that many errors); --show-backtrace no keeps each access to a
+    #: few lines.
+    FLAGS = ("--print-limit", "0", "--show-backtrace", "no", "--destroy-on-device-error", "kernel")
+
+    def __init__(self, spec: str, sanitizer: str | None = None, timeout: float = TIMEOUT_S, confirmer=None):
+        self.spec, self.exe, self.timeout, self.confirmer = spec, sanitizer, timeout, confirmer
         self._proc: subprocess.Popen | None = None
         self._lines: queue.Queue = queue.Queue()  # (time.perf_counter() when read, line; None at the end)
         self._dir: str | None = None
@@ -400,6 +290,8 @@ class SanitizedChild:
             return False
         self._ready, self._ready_at = True, at
         self.started = {"seconds": at - self._spawned, **_phases_of(parts[3] if len(parts) > 3 else "")}
+        if self.confirmer is not None:  # a standby started once this child is ready starts now
+            self.confirmer.prestart(screen_ready=True)
         return True
 
     def _start(self) -> None:
@@ -408,12 +300,7 @@ class SanitizedChild:
             raise HarnessError("compute-sanitizer not found", "kvfuzz fuzz --sanitize needs compute-sanitizer "
                                f"(CUDA's, /usr/local/cuda/bin) on PATH or named by ${ENV}")
         self._dir = self._dir or tempfile.mkdtemp(prefix="kvfuzz-sanitize-")
-        # --destroy-on-device-error kernel: an invalid access ends the kernel, not the child's CUDA context, so the
-        # child answers the next example too (a shrink's candidates would otherwise each start a child)
-        # --print-limit 0: memcheck's limit counts for the process's whole life (with a limit, a long-lived child
-        # goes silent once it has printed that many errors); --show-backtrace no keeps each access to a few lines
-        cmd = [exe, "--tool", "memcheck", "--print-limit", "0", "--show-backtrace", "no",
-               "--destroy-on-device-error", "kernel", sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer",
+        cmd = [exe, "--tool", "memcheck", *self.FLAGS, sys.executable, "-m", "kvfuzz.fuzz.harness.sanitizer",
                "--target", self.spec, "--serve"]
         self._spawned, self._ready_at = time.perf_counter(), None
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -421,6 +308,8 @@ class SanitizedChild:
         self._lines = queue.Queue()
         threading.Thread(target=self._read, args=(self._proc.stdout, self._lines), daemon=True).start()
         self._n, self._ready = 0, False
+        if self.confirmer is not None:  # its standby starts beside it (a no-op while one waits)
+            self.confirmer.prestart(screen_ready=False)
 
     @staticmethod
     def _read(stream, lines: queue.Queue) -> None:
@@ -448,10 +337,10 @@ class SanitizedChild:
 
     def check(self, target, example, confirm: bool = True) -> None:
         """Screen ``example`` in the long-lived child; returns when its run was clean. An invalid access in its
-        segment raises MemorySafetyError: with ``confirm``, as :func:`sanitize` in a fresh child decides (the
-        campaign's first memory-safety failure), without it from the segment itself (the shrink of a confirmed
-        one, whose candidates would each cost a fresh child). A child that raised, died or hung is replaced and
-        :func:`sanitize` decides. Its seconds per phase: :attr:`last`."""
+        segment raises MemorySafetyError: with ``confirm``, as a child that has run no example decides (the
+        campaign's first memory-safety failure; the class docstring), without it from the segment itself (the
+        shrink of a confirmed one, whose candidates would each cost a confirmation). A child that raised, died or
+        hung is replaced and the confirmation decides. Its seconds per phase: :attr:`last`."""
         began = time.perf_counter()
         starting = not self.running or not self._ready
         self.last = {"seconds": (phases := {}), "child": None}
@@ -478,12 +367,16 @@ class SanitizedChild:
         if status == "done" and not report.accesses and not report.other:
             return
         if status == "done" and report.accesses and not confirm:
-            _raise_accesses(report, text)
+            raise_accesses(report, text)
         confirming = time.perf_counter()
         try:
             if status != "done":  # it raised, died or hung (memcheck may have destroyed its context): a new one next
                 self.close(kill=status == "timed out")
-            sanitize(target, example, self.spec, self.exe, self.timeout)
+            if self.confirmer is None:
+                self.last["confirm"] = "fresh"
+                sanitize(target, example, self.spec, self.exe, self.timeout)
+            else:
+                self.confirmer.confirm(target, example, self.last)
         finally:
             phases["confirm"] = time.perf_counter() - confirming
 
@@ -526,6 +419,8 @@ class SanitizedChild:
                 pass
         p.kill()
         p.wait()
+        with contextlib.suppress(OSError):  # the program under it reads this pipe too: its end ends that one
+            p.stdin.close()
 
 
 def _phases_of(text: str) -> dict:
@@ -612,7 +507,8 @@ def _child(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["AUTO_TIME_SHARE", "CHECK", "CHILD_PHASES", "MARK", "PHASES", "START_SECONDS", "TIME_SHARE_MAX_TOKENS",
+__all__ = ["AUTO_TIME_SHARE", "CHECK", "CHILD_PHASES", "MARK", "PHASES", "START_SECONDS", "TIMEOUT_S",
+           "TIME_SHARE_MAX_TOKENS",
            "DeviceFull", "MemcheckReport", "MemoryAccess", "MemorySafetyError", "SanitizedChild", "applies",
            "child_environment", "exact_batch", "gpu_slot", "parse_memcheck", "sanitize", "sanitizer_path", "selected"]
 

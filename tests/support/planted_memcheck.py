@@ -110,3 +110,33 @@ class WarmUpWatch(PagedTorch):
             if os.environ.get("KVFUZZ_PLANTED_WARM") == "access":
                 print(ACCESS, flush=True)
         return super().build_call(batch, data, cache)
+
+
+STALE = ACCESS.replace("kernel_half_tile+0x40 in /planted/half_tile.py:7", "kernel_stale+0x10 in /planted/stale.py:9")
+
+#: FAKE_SANITIZER, but a standby child (``--serve`` with sanitize()'s options: no ``--destroy-on-device-error``)
+#: hangs before it runs its program, as a child stuck in its start would.
+HANGING_STANDBY = FAKE_SANITIZER.replace(
+    'print("========= COMPUTE-SANITIZER", flush=True)',
+    'print("========= COMPUTE-SANITIZER", flush=True)\n'
+    'if "--serve" in program and "--destroy-on-device-error" not in args:\n'
+    '    import time; time.sleep(3600)')
+
+
+class CarriesState(HalfTileOverrun):
+    """:class:`HalfTileOverrun`, but a process that ran an example before carries it: each later kernel call also
+    prints a stale invalid access (``/planted/stale.py:9``), as a child whose earlier example left its state behind
+    would. A confirmation in such a child counts that access; in a child that ran no example, it does not. Each call
+    prints ``planted: run under PID``, PID the process that started it (the compute-sanitizer running the child)."""
+
+    name = "planted.carries_state"
+    description = "HalfTileOverrun whose process reports a stale access once it has run an example"
+    calls = 0
+
+    def run(self, call):
+        if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+            print(f"planted: run under {os.getppid()}", flush=True)
+            if CarriesState.calls:
+                print(STALE, flush=True)
+        CarriesState.calls += 1
+        return super().run(call)

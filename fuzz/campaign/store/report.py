@@ -203,7 +203,7 @@ def time_section(summary: dict) -> list[str]:
 def _sanitize_table(targets: list[dict]) -> list[str]:
     """The ``sanitize`` stage by phase (summary.json's ``time.sanitize``, kvfuzz.fuzz.campaign.stages.SanitizeTable):
     per target, its examples with a sanitized run in all and per group, each phase's seconds and the examples it
-    occurred in; then its children's starts. Empty without sanitized runs."""
+    occurred in; then its children's starts and where its hits were confirmed. Empty without sanitized runs."""
     if not targets:
         return []
     phases = [p for p in PHASES if any(p in g.get("phases", {}) for t in targets for g in t.get("groups", {}).values())]
@@ -224,6 +224,9 @@ def _sanitize_table(targets: list[dict]) -> list[str]:
                          f"from spawn to ready (of it, in the child: the target loaded {st.get('target', 0):.1f} s, "
                          f"the CUDA context {st.get('cuda', 0):.1f} s, the warm-up {st.get('warm', 0):.1f} s with "
                          f"{st.get('warm_errors', 0):.0f} example(s) refused).")
+        if t.get("confirms"):  # where the long-lived child's hits were confirmed (sanitizer_standby.CONFIRMS)
+            lines.append(f"\n{t['target']}: hits confirmed in " + ", ".join(
+                f"{where}: {n}" for where, n in sorted(t["confirms"].items())) + ".")
     return lines
 
 

@@ -27,7 +27,7 @@ from kvfuzz.fuzz.campaign.store.baseline import (
 )
 from kvfuzz.fuzz.campaign.store.baseline_add import append_entry, entry_from_case
 from kvfuzz.fuzz.campaign.store.cases import Case
-from kvfuzz.fuzz.harness import properties, sanitizer
+from kvfuzz.fuzz.harness import properties, sanitizer, sanitizer_report
 from kvfuzz.fuzz.targets import BUILTIN, get_target
 
 PLANTED = SUPPORT / "planted_targets.py"
@@ -673,7 +673,7 @@ def memory_finding(*accesses: tuple[str, str, int]) -> MemorySafetyError:
     writes them)."""
     text = memcheck_report(*accesses)
     with pytest.raises(MemorySafetyError) as info:
-        sanitizer._raise_accesses(sanitizer.parse_memcheck(text), text)
+        sanitizer_report.raise_accesses(sanitizer_report.parse_memcheck(text), text)
     return info.value
 
 

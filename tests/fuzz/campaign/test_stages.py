@@ -102,15 +102,16 @@ def test_the_table_adds_idle_time_and_shares_from_the_wall_time():
 def test_the_sanitize_stage_by_phase_adds_up_per_group_and_keeps_a_shrink_apart():
     """StageTable's sanitize breakdown (summary.json's time.sanitize): the groups but the shrink's add up to the
     sanitize stage, each phase with its seconds and the examples it occurred in; a shrink's sanitized runs (their
-    seconds the shrink stage's) are a group apart; the children's starts are summed; the report shows a row per
-    group and one for them all; a campaign with no sanitized run has none."""
+    seconds the shrink stage's) are a group apart; the children's starts are summed, and the confirmations counted
+    by where they ran; the report shows a row per group and one for them all; a campaign with no sanitized run has
+    none."""
     table = StageTable()
     table.add("small", {"sanitize": 3.0}, examples=1, sanitize={
         "group": "first example", "seconds": {"start": 2.0, "kernel": 0.5, "readback": 0.5},
         "start": {"seconds": 2.5, "target": 1.0, "cuda": 0.5, "warm": 0.75, "warm_errors": 2}})
     table.add("wide", {"sanitize": 0.25}, examples=1,
-              sanitize={"group": "seen config", "seconds": {"kernel": 0.2, "other": 0.05}})
-    table.add("small", {"shrink": 1.0}, sanitize={"group": "shrink", "seconds": {"kernel": 0.75}})
+              sanitize={"group": "seen config", "seconds": {"kernel": 0.2, "other": 0.05}, "confirm": "standby"})
+    table.add("small", {"shrink": 1.0}, sanitize={"group": "shrink", "seconds": {"kernel": 0.75}, "confirm": None})
     t = time_table([("t", table)], wall=10.0, startup=0.0, workers=1)
     (s,) = t["sanitize"]
     assert s["target"] == "t" and s["examples"] == 2 and s["seconds"] == t["seconds"]["sanitize"] == 3.25
@@ -120,7 +121,9 @@ def test_the_sanitize_stage_by_phase_adds_up_per_group_and_keeps_a_shrink_apart(
     assert s["groups"]["shrink"] == {"examples": 1, "seconds": 0.75, "phases": {"kernel": {"seconds": 0.75,
                                                                                          "count": 1}}}
     assert s["starts"] == {"count": 1, "seconds": 2.5, "target": 1.0, "cuda": 0.5, "warm": 0.75, "warm_errors": 2}
+    assert s["confirms"] == {"standby": 1}  # where each hit was confirmed (sanitizer_standby.CONFIRMS)
     section = "\n".join(time_section({"time": t}))
+    assert "t: hits confirmed in standby: 1." in section
     assert "| t | all | 2 | 3.25 | 2.00 (1) | 0.70 (2) | 0.50 (1) | 0.05 (1) |" in section
     assert "| t | shrink | 1 | 0.75 | - | 0.75 (1) | - | - |" in section and "2.5 s from spawn to ready" in section
     assert "the warm-up 0.8 s with 2 example(s) refused" in section
