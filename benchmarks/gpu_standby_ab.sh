@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 52: confirming a memory-safety hit in the standby (fuzz/harness/sanitizer_standby.py) against a fresh child
 # started for it (the behaviour before), side by side at the same time on ONE GPU. ARMS (default "fresh standby"):
-# fresh is KVFUZZ_SANITIZE_STANDBY=0, standby the default (it starts with the long-lived child), ready
+# fresh is KVFUZZ_SANITIZE_STANDBY=0, standby KVFUZZ_SANITIZE_STANDBY=1 (it starts with the long-lived child; off
+# by default), ready
 # KVFUZZ_SANITIZE_STANDBY=ready (once the long-lived child is ready). For each seed, one `kvfuzz fuzz --target TARGET
 # --duration DURATIONs --seed S --baseline kvfuzz-baseline.toml` campaign per arm, all at once, each on its share of
 # the cores (taskset; kvfuzz's default workers count them), all else default (--sanitize auto).

@@ -23,10 +23,11 @@ ready marker, before it took the example, or without an ERROR SUMMARY), it hung 
 standbys in a row were lost a worker starts no more (``given up``): each confirmation is a fresh child. So a lost
 standby costs time, never an example nor a verdict. Memory: one more child per sanitizing worker (a CUDA context
 and an idle Python process with the target loaded), and never two standbys: a new one starts after the last one
-ended. When: with the long-lived child (the default: a hit soon after the long-lived child is ready finds its
-standby ready too), or, with ``KVFUZZ_SANITIZE_STANDBY=ready``, once the long-lived child is ready (the two starts
-do not share the host and GPU; a hit before the standby is ready waits for the rest of its start, less than a
-fresh child's whole start). ``KVFUZZ_SANITIZE_STANDBY=0`` turns it off (every confirmation in a fresh child).
+ended. Off by default (every confirmation in a fresh child, as before) until a GPU measures its cost and memory
+beside fresh confirmations (benchmarks/gpu_standby_ab.sh). When: ``KVFUZZ_SANITIZE_STANDBY=1``, with the long-lived
+child (a hit soon after the long-lived child is ready finds its standby ready too), or ``=ready``, once the
+long-lived child is ready (the two starts do not share the host and GPU; a hit before the standby is ready waits
+for the rest of its start, less than a fresh child's whole start).
 """
 
 from __future__ import annotations
@@ -208,11 +209,14 @@ class StandbyConfirmer:
 
 def screen(spec: str) -> SanitizedChild:
     """A campaign worker's long-lived child for target ``spec`` (not started), its hits confirmed by a
-    :class:`StandbyConfirmer` (``$KVFUZZ_SANITIZE_STANDBY``: unset or ``1``, its standby starts with it;
-    ``ready``, once it is ready), or in a fresh child each (no confirmer) when it is ``0``. Its caller closes both
-    (kvfuzz.fuzz.campaign.runner.SanitizerSchedule.close)."""
+    :class:`StandbyConfirmer` when ``$KVFUZZ_SANITIZE_STANDBY`` asks for one (``1``: its standby starts with it;
+    ``ready``: once it is ready), else in a fresh child each (no confirmer: unset, ``0`` or anything else; off by
+    default until a GPU measures the standby's cost and memory beside a fresh child, benchmarks/gpu_standby_ab.sh).
+    Its caller closes both (kvfuzz.fuzz.campaign.runner.SanitizerSchedule.close)."""
     mode = os.environ.get(ENV, "").strip()
-    return SanitizedChild(spec, confirmer=None if mode == "0" else StandbyConfirmer(spec, after_ready=mode == "ready"))
+    if mode not in ("1", "ready"):
+        return SanitizedChild(spec, confirmer=None)
+    return SanitizedChild(spec, confirmer=StandbyConfirmer(spec, after_ready=mode == "ready"))
 
 
 __all__ = ["CONFIRMS", "ENV", "MAX_LOST", "Standby", "StandbyConfirmer", "screen"]
