@@ -36,7 +36,8 @@ HARNESS = ("generate", "materialize", "check_caller", "reference", "check_output
 
 
 def _drain(conn) -> None:
-    """The supervisor's side of the pipe: read every message until the pipe closes."""
+    """The supervisor's side of the pipe: say it is ready, then read every message until the pipe closes."""
+    conn.send("ready")
     try:
         while True:
             conn.recv()
@@ -67,6 +68,7 @@ def run(args) -> dict:
     reader = ctx.Process(target=_drain, args=(theirs,), daemon=True)
     reader.start()
     theirs.close()
+    mine.recv()  # the reader runs: no send waits on its start
     pipe, outcomes = PipeListener(mine), []
     counting = engine._Counting
     end = counting.end
@@ -105,6 +107,67 @@ def run(args) -> dict:
             "harness_ms": round(sum(ms[k] for k in HARNESS), 3),
             "outcomes_sha1": hashlib.sha1(json.dumps(outcomes, sort_keys=True).encode()).hexdigest(),
             "outcomes": outcomes}
+
+
+def messages(args) -> dict:
+    """``--messages N``: what the worker's listener costs per example alone (its ``begin``: the example's dict,
+    pickled and sent; ``phase`` twice; ``end``), for ``N`` examples of ``--tier`` drawn from the target's strategy,
+    through a real pipe to a reading child: mean ms per example (this thread's CPU time with ``--clock thread``) and
+    the bytes ``begin`` sends."""
+    if args.clock == "thread":
+        time.perf_counter = time.thread_time
+    import multiprocessing
+    import pickle
+    import random
+    from pathlib import Path
+
+    from hypothesis.control import BuildContext
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    import kvfuzz
+    from kvfuzz.fuzz.campaign.records import Outcome
+    from kvfuzz.fuzz.campaign.workers.worker import PipeListener
+    from kvfuzz.fuzz.targets import get_target
+    from kvfuzz.strategies.batches import examples
+    from kvfuzz.strategies.limits import Limits
+    from kvfuzz.strategies.serving import serving_examples
+    from kvfuzz.strategies.tiers import tier_limits
+
+    target = get_target(args.target)
+    make = serving_examples if args.tier == "serving" else examples
+    strategy = make(target.capabilities, tier_limits(args.tier, Limits()))
+    drawn, i = [], 0
+    while len(drawn) < args.messages and i < 20 * args.messages:
+        data = ConjectureData(random=random.Random(i))
+        i += 1
+        try:
+            with BuildContext(data, wrapped_test=lambda: None):
+                drawn.append(data.draw(strategy))
+        except BaseException as e:  # an assumption rejected, a draw that overran its buffer
+            if not type(e).__module__.startswith("hypothesis"):
+                raise
+    ctx = multiprocessing.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    reader = ctx.Process(target=_drain, args=(theirs,), daemon=True)
+    reader.start()
+    theirs.close()
+    mine.recv()  # the reader runs: no send waits on its start
+    pipe = PipeListener(mine)
+    outcome = Outcome({"tier": args.tier}, stages={"draw": 0.001, "other": 0.001})
+    began = time.perf_counter()
+    for example in drawn:
+        pipe.begin(target.name, example)
+        pipe.phase("kernel")
+        pipe.phase("check")
+        pipe.end(target.name, outcome)
+    spent = time.perf_counter() - began
+    sizes = sorted(len(pickle.dumps(("begin", target.name, e.to_dict()))) for e in drawn)
+    mine.close()
+    reader.join(10)
+    return {"kvfuzz": str(Path(kvfuzz.__file__).parent), "target": args.target, "tier": args.tier,
+            "clock": args.clock, "examples": len(drawn),
+            "listener_ms_per_example": round(1e3 * spent / len(drawn), 3),
+            "begin_bytes_median": sizes[len(sizes) // 2], "begin_bytes_max": sizes[-1]}
 
 
 def compare(paths: list[str]) -> int:
@@ -146,6 +209,8 @@ def main() -> None:
     ap.add_argument("--clock", choices=("thread", "wall"), default="thread")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs="+")
+    ap.add_argument("--messages", type=int, default=0,
+                    help="only the worker's messages to its supervisor, for this many examples of --tier")
     args = ap.parse_args()
     if args.compare:
         sys.exit(compare(args.compare))
@@ -153,6 +218,9 @@ def main() -> None:
         if getattr(args, name) < 1:
             print(f"campaign_speed.py: --{name} {getattr(args, name)}: must be at least 1", file=sys.stderr)
             sys.exit(2)
+    if args.messages:
+        print(json.dumps(messages(args)))
+        return
     rec = run(args)
     print(json.dumps({k: v for k, v in rec.items() if k != "outcomes"}))
     if args.out:

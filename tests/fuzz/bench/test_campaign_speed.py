@@ -41,3 +41,11 @@ def test_a_run_reports_every_stage_and_compare_tells_a_changed_outcome(tmp_path)
 def test_a_count_under_one_exits_2_naming_the_option():
     done = _run("--examples", 0)
     assert done.returncode == 2 and done.stderr.strip() == "campaign_speed.py: --examples 0: must be at least 1"
+
+
+def test_messages_times_the_workers_listener_alone():
+    done = _run("--target", "vllm.cpu_attention", "--messages", 3, "--clock", "wall")
+    assert done.returncode == 0, done.stderr
+    rec = json.loads(done.stdout)
+    assert rec["examples"] == 3 and rec["tier"] == "small" and rec["listener_ms_per_example"] > 0
+    assert 0 < rec["begin_bytes_median"] <= rec["begin_bytes_max"]
