@@ -100,10 +100,10 @@ class Run:
 GPU_REFERENCE_MIN_KV = int(os.environ.get("KVFUZZ_GPU_REFERENCE_MIN_KV", 1 << 16))
 #: Batches of a CUDA target whose reference costs at least this many fp64 multiply-adds (:func:`reference_work`)
 #: get it on the GPU however few KV elements they hold; 0: off (the default, until measured on a GPU). The KV
-#: elements leave out the query heads (up to 16 per kv head) and the query rows: on a 2-core CPU, a third of FA3's
-#: small examples hold under 2**16 KV elements but need 2**22 or more multiply-adds, 9-42 ms of the CPU's time each
-#: on one thread, and 80-90% of the small tier's reference time (benchmarks/campaign_speed.py's docs/benchmarks.md
-#: entry). Environment: KVFUZZ_GPU_REFERENCE_MIN_WORK (e.g. 4194304).
+#: elements leave out the query heads (up to 16 per kv head) and the query rows: on a 2-core CPU, over a third of
+#: FA3's small examples hold under 2**16 KV elements yet need 2**22 or more multiply-adds, ~10 ms of one CPU thread
+#: each, and those examples take 88% of the tier's reference time (benchmarks/reference_placement.py).
+#: Environment: KVFUZZ_GPU_REFERENCE_MIN_WORK (e.g. 4194304).
 GPU_REFERENCE_MIN_WORK = int(os.environ.get("KVFUZZ_GPU_REFERENCE_MIN_WORK", 0))
 
 

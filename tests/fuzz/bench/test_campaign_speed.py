@@ -1,5 +1,6 @@
 """benchmarks/campaign_speed.py: a campaign worker's time per example by stage, on the engine's path, and whether two
-runs ran the same examples to the same verdicts."""
+runs ran the same examples to the same verdicts; benchmarks/reference_placement.py: the small tier's CPU reference
+time split by its arithmetic."""
 
 from __future__ import annotations
 
@@ -49,3 +50,11 @@ def test_messages_times_the_workers_listener_alone():
     rec = json.loads(done.stdout)
     assert rec["examples"] == 3 and rec["tier"] == "small" and rec["listener_ms_per_example"] > 0
     assert 0 < rec["begin_bytes_median"] <= rec["begin_bytes_max"]
+
+
+def test_reference_placement_splits_the_reference_time_by_its_work():
+    from support import benchmark_script
+
+    lines = benchmark_script("reference_placement").main(["--target", "vllm.unified_attention", "--examples", "4"])
+    assert len(lines) == 5 and lines[0].startswith("vllm.unified_attention: 4 small examples, ")
+    assert all("% of the reference time" in line for line in lines[1:])
