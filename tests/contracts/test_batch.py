@@ -110,3 +110,42 @@ def test_a_contiguous_batch_hands_out_blocks_sequence_after_sequence():
 def test_a_contiguous_batch_rejects_ids_that_run_short(change, match):
     with pytest.raises(ValueError, match=match):
         contiguous_batch([5, 1], [20, 0], block_size=16, num_heads=2, num_kv_heads=1, head_size=32, **change)
+
+
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 40)), min_size=1, max_size=4),
+       st.lists(st.integers(-1, 12), min_size=12, max_size=12), st.integers(1, 12), st.sampled_from([None, 3]))
+def test_the_quick_block_check_agrees_with_the_loop_that_names_faults(lens, ids, num_blocks, window):
+    """Batch's check of its block ids over all ids at once (_blocks_plainly_valid) only ever lets a batch through that
+    the loop over them passes; anything else the loop decides, with its message."""
+    import attrs
+
+    width = 3
+    table = [ids[i * width:(i + 1) * width] for i in range(len(lens))]
+    fields = dict(query_lens=[q for q, _ in lens], ctx_lens=[c for _, c in lens], num_heads=2, num_kv_heads=1,
+                  head_size=32, block_size=16, num_blocks=num_blocks, block_table=table, sliding_window=window)
+
+    def outcome():
+        try:
+            return attrs.asdict(Batch(**fields))
+        except ValueError as e:
+            return str(e)
+
+    quick = outcome()
+    original = Batch._blocks_plainly_valid
+    try:
+        Batch._blocks_plainly_valid = lambda self: False  # the loop alone
+        assert outcome() == quick
+    finally:
+        Batch._blocks_plainly_valid = original
+
+
+def test_the_quick_block_check_passes_plain_tables_and_leaves_shared_ones_to_the_loop():
+    plain = Batch(query_lens=[1, 3], ctx_lens=[17, 0], num_heads=2, num_kv_heads=1, head_size=32, block_size=16,
+                  num_blocks=5, block_table=[[4, 2], [0, 0]])
+    assert plain._blocks_plainly_valid()
+    shared = Batch(query_lens=[1, 1], ctx_lens=[16, 16], num_heads=2, num_kv_heads=1, head_size=32, block_size=16,
+                   num_blocks=5, block_table=[[3, 1], [3, 2]])  # block 3: a full shared prefix block
+    assert not shared._blocks_plainly_valid()
+    with pytest.raises(ValueError, match="outside"):
+        Batch(query_lens=[1], ctx_lens=[0], num_heads=2, num_kv_heads=1, head_size=32, block_size=16, num_blocks=2,
+              block_table=[[2]])
