@@ -8,8 +8,9 @@
 # batch's reference on the GPU by its arithmetic, kvfuzz.fuzz.harness.run.reference_work), compared with this tree's.
 # CAMPAIGN=N (0: none): then per target benchmarks/campaign_speed.py, the campaign's own path (Hypothesis, the runner,
 # the worker's pipe: the draw, hypothesis and other stages), N small and N/4 serving examples, old, new, new, old.
+# TIERS: the tiers (default "small serving"); HARNESS=0: the campaign runs alone, no harness_speed.py replays.
 # Usage: OUT=dir [TARGETS="vllm.flash_attn_varlen vllm.unified_attention"] [SMALL=200] [SERVING=60] [COUNT=40]
-#        [WORK=4194304] [CAMPAIGN=300] bash benchmarks/gpu_harness_speed.sh
+#        [WORK=4194304] [CAMPAIGN=300] [TIERS=small] [HARNESS=0] bash benchmarks/gpu_harness_speed.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
 gpu_out
@@ -22,7 +23,8 @@ OLD_PATH=$(echo ":$PYTHONPATH:" | sed 's#:/tmp/kv:#:/tmp/kv-old:#; s#^:##; s#:$#
 export TRITON_CACHE_DIR=$W/triton
 S=benchmarks/harness_speed.py
 for T in ${TARGETS:-vllm.flash_attn_varlen vllm.unified_attention}; do
-  for tier in small serving; do
+  for tier in ${TIERS:-small serving}; do
+    [ "${HARNESS:-1}" = 1 ] || continue
     n=$([ $tier = small ] && echo "${SMALL:-200}" || echo "${SERVING:-60}")
     tag=${T#vllm.}-$tier
     # the earlier tree draws, and fills the Triton cache (this pass is not compared); then the four replays
@@ -47,7 +49,7 @@ for T in ${TARGETS:-vllm.flash_attn_varlen vllm.unified_attention}; do
     fi
   done
   [ "${CAMPAIGN:-0}" -gt 0 ] || continue
-  for tier in small serving; do
+  for tier in ${TIERS:-small serving}; do
     n=$([ $tier = small ] && echo "$CAMPAIGN" || echo $(( (CAMPAIGN + 3) / 4 )))
     tag=${T#vllm.}-campaign-$tier
     for side in old new new2 old2; do
