@@ -204,6 +204,8 @@ class Batch:
         width = {len(row) for row in self.block_table}
         if len(width) != 1:
             raise ValueError(f"block_table rows must all have the same length, got {sorted(width)}")
+        if self._blocks_plainly_valid():
+            return
         used: dict[int, tuple[int, int]] = {}
         for i, row in enumerate(self.block_table):
             need = self.blocks_needed(i)
@@ -226,6 +228,20 @@ class Batch:
                     self._check_shared(blk, used[blk], (i, col))
                 else:
                     used[blk] = (i, col)
+
+    def _blocks_plainly_valid(self) -> bool:
+        """Whether every row holds its sequence's blocks, each id in range and none used twice (nothing shared, no
+        freed window): the common case, checked over all ids at once (a serving batch has thousands; the loop over
+        them cost ~1 ms a draw). False: the loop in ``__attrs_post_init__`` decides, and names the first fault."""
+        if self.freed_window_blocks:
+            return False
+        ids: list[int] = []
+        for row, seq_len in zip(self.block_table, self.seq_lens):
+            need = -(-seq_len // self.block_size)
+            if need > len(row):
+                return False
+            ids += row[:need]
+        return min(ids) >= 0 and max(ids) < self.num_blocks and len(set(ids)) == len(ids)
 
     def _check_latent(self) -> None:
         """A latent batch (``value_head_size`` set): ``1 <= Dv < head_size``, one kv head, one fp8 scale."""
@@ -453,11 +469,11 @@ class Batch:
 
     # ---- serialization ------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = attrs.asdict(self)
-        d["query_lens"] = list(self.query_lens)
-        d["ctx_lens"] = list(self.ctx_lens)
+        """The fields in their declared order, tuples as lists (what ``attrs.asdict`` gives, without its walk over
+        every element: a serving batch's block table has thousands, and a campaign worker sends this dict to its
+        supervisor before every example)."""
+        d = {name: list(v) if isinstance(v := getattr(self, name), tuple) else v for name in _FIELD_NAMES}
         d["block_table"] = [list(r) for r in self.block_table]
-        d["csr_tail"] = list(self.csr_tail)
         if self.value_head_size is None:  # absent unless latent: dicts of other batches stay as they were
             del d["value_head_size"]
         if not self.num_pad_seqs:  # absent unless padded, likewise
@@ -538,6 +554,9 @@ def contiguous_batch(query_lens, ctx_lens, *, block_size: int, spare_blocks: int
         j += n
     return Batch(query_lens=query_lens, ctx_lens=ctx_lens, block_size=block_size, num_blocks=num_blocks,
                  block_table=table, **fields)
+
+#: Batch's attrs fields in their declared order (:meth:`Batch.to_dict`).
+_FIELD_NAMES = tuple(a.name for a in attrs.fields(Batch))
 
 # DTYPES, FEATURES, KV_CACHE_DTYPES, VALUE_RANGES and positions are defined in .space and re-exported here,
 # where the batch's fields are described; NULL_BLOCK in .freed_window (the freed-window state's home)

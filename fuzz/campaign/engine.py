@@ -119,6 +119,41 @@ def duration_allowance(duration: float) -> float:
     return max(DURATION_SLACK_SHARE * duration, DURATION_SLACK_SECONDS)
 
 
+class SortKeys:
+    """Hypothesis's ``sort_key(nodes)`` (hypothesis.internal.conjecture.shrinker) remembered for the last ``size``
+    choice sequences it was asked about, by identity (each kept alive while remembered, so an id is never another
+    sequence's). Hypothesis keeps a Pareto front of a run's examples whenever it has a database and the examples
+    report ``hypothesis.target()`` (every campaign: kvfuzz.fuzz.campaign.runner.TARGET_LABEL), and each example
+    added to it recomputes the sort key (one ``choice_to_index`` per choice) of itself and of the members it is
+    compared with, ~10-20 times: ~2 ms of the ~3 ms Hypothesis spent between two small examples on a 2-core CPU
+    (benchmarks/campaign_speed.py). The key of a sequence never changes, so remembering it changes nothing the front
+    keeps or evicts, nor a draw (the front's random choices are the same)."""
+
+    def __init__(self, sort_key: Callable, size: int = 128) -> None:
+        self.sort_key, self.size = sort_key, size
+        self._memo: dict[int, tuple] = {}
+
+    def __call__(self, nodes):
+        hit = self._memo.get(id(nodes))
+        if hit is not None and hit[0] is nodes:
+            return hit[1]
+        key = self.sort_key(nodes)
+        if type(nodes) is tuple:  # a finished example's (ConjectureResult.nodes): never changes
+            self._memo[id(nodes)] = (nodes, key)
+            if len(self._memo) > self.size:
+                del self._memo[next(iter(self._memo))]  # the oldest
+        return key
+
+
+def remember_sort_keys() -> None:
+    """Make the Pareto front of Hypothesis runs in this process use :class:`SortKeys` (once; nothing where
+    Hypothesis's internals moved: the front then costs what it did)."""
+    from hypothesis.internal.conjecture import pareto
+
+    if callable(getattr(pareto, "sort_key", None)) and not isinstance(pareto.sort_key, SortKeys):
+        pareto.sort_key = SortKeys(pareto.sort_key)
+
+
 class Campaign:
     """One target's campaign in this process (see the module docstring). ``known``: signatures of failures
     already reported elsewhere (another worker): they are counted, not shrunk and written again. Its examples run
@@ -128,6 +163,7 @@ class Campaign:
     def __init__(self, target: Target, config: CampaignConfig, listener: Listener | None = None,
                  known: set[tuple[str, str]] | frozenset = frozenset(),
                  releases: memory.Releases | None = None) -> None:
+        remember_sort_keys()
         self.target = target
         self.config = config
         self.listener = listener or Quiet()
@@ -406,5 +442,5 @@ def fuzz_target(target: Target, config: CampaignConfig,
     return stats
 
 
-__all__ = ["DURATION_SLACK_SECONDS", "DURATION_SLACK_SHARE", "Campaign", "duration_allowance", "fuzz_target",
-           "strategy_for"]
+__all__ = ["DURATION_SLACK_SECONDS", "DURATION_SLACK_SHARE", "Campaign", "SortKeys", "duration_allowance",
+           "fuzz_target", "remember_sort_keys", "strategy_for"]

@@ -98,15 +98,35 @@ class Run:
 #: get their fp64 reference on the GPU; smaller ones on the CPU (a small reference is a few hundred tiny kernel
 #: launches, which workers sharing one GPU queue behind each other). Environment: KVFUZZ_GPU_REFERENCE_MIN_KV.
 GPU_REFERENCE_MIN_KV = int(os.environ.get("KVFUZZ_GPU_REFERENCE_MIN_KV", 1 << 16))
+#: Batches of a CUDA target whose reference costs at least this many fp64 multiply-adds (:func:`reference_work`)
+#: get it on the GPU however few KV elements they hold; 0: off (the default, until measured on a GPU). The KV
+#: elements leave out the query heads (up to 16 per kv head) and the query rows: on a 2-core CPU, over a third of
+#: FA3's small examples hold under 2**16 KV elements yet need 2**22 or more multiply-adds, ~10 ms of one CPU thread
+#: each, and those examples take 88% of the tier's reference time (benchmarks/reference_placement.py).
+#: Environment: KVFUZZ_GPU_REFERENCE_MIN_WORK (e.g. 4194304).
+GPU_REFERENCE_MIN_WORK = int(os.environ.get("KVFUZZ_GPU_REFERENCE_MIN_WORK", 0))
+
+
+def reference_work(batch) -> int:
+    """The fp64 multiply-adds of ``batch``'s reference, at most: every query head's logits over its sequence's keys
+    (``head_size`` each) and their products with the values (``head_size_v`` each),
+    ``num_heads * (head_size + head_size_v) * sum_i query_len_i * seq_len_i``."""
+    rows = sum(q * (c + q) for q, c in zip(batch.query_lens, batch.ctx_lens))
+    return batch.num_heads * (batch.head_size + batch.head_size_v) * rows
 
 
 def reference_device(target: Target, batch) -> str:
     """Where the attention property draws ``batch``'s data and computes its reference: the CPU, or a CUDA
-    target's GPU for a batch of at least :data:`GPU_REFERENCE_MIN_KV` KV elements."""
+    target's GPU for a batch of at least :data:`GPU_REFERENCE_MIN_KV` KV elements, or (when
+    :data:`GPU_REFERENCE_MIN_WORK` is set) of at least that much :func:`reference_work`."""
     device = target.device
-    if device == "cpu" or batch.kv_elements < GPU_REFERENCE_MIN_KV:
+    if device == "cpu":
         return "cpu"
-    return device
+    if batch.kv_elements >= GPU_REFERENCE_MIN_KV:
+        return device
+    if GPU_REFERENCE_MIN_WORK and reference_work(batch) >= GPU_REFERENCE_MIN_WORK:
+        return device
+    return "cpu"
 
 
 def generate(example: Example, device: str | torch.device = "cpu") -> tuple[BatchData, Timings]:
@@ -173,5 +193,5 @@ def error_name(crash: str) -> str:
     return head.split(":", 1)[0].split(" ", 1)[0]
 
 
-__all__ = ["GPU_REFERENCE_MIN_KV", "PHASES", "Run", "Timings", "error_name", "generate", "reference_device",
-           "run_kernel"]
+__all__ = ["GPU_REFERENCE_MIN_KV", "GPU_REFERENCE_MIN_WORK", "PHASES", "Run", "Timings", "error_name", "generate",
+           "reference_device", "reference_work", "run_kernel"]
