@@ -71,6 +71,7 @@ from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.batches import big_cache_examples, examples, undeclared_examples
 from kvfuzz.strategies.configs import KernelConfig
 from kvfuzz.strategies.focus import Focus, aim_pin
+from kvfuzz.strategies.seeding import seed_only
 from kvfuzz.strategies.serving import serving_examples
 from kvfuzz.strategies.tiers import tier_limits
 
@@ -241,7 +242,8 @@ class Campaign:
         self.runner.new_run()
         try:
             try:
-                test()
+                with seed_only():  # the chunk's draws depend on its seed, not on what this process imported
+                    test()
             finally:
                 self.runner.end_run()
         except PastDeadline:

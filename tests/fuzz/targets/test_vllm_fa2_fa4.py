@@ -3,25 +3,29 @@
 ``_vllm_fa2_C::varlen_fwd`` and FA4's ``cute.interface._flash_attn_fwd`` (tests/support/hopper_standins.py), which
 check what the kernels check and compute paged attention from exactly the arguments they receive. The calls are
 the backend's (ALiBi on FA2, fp32 sinks on FA4, no scheduler metadata, FA2's split counts), what each rejects is
-rejected, and a planted FA2 defect (ALiBi dropped on its decode path) is found by a campaign and shrunk."""
+rejected, a planted FA2 defect (ALiBi dropped on its decode path) is found by a campaign and shrunk, and Finding 16
+(FA2 reads the freed window blocks: 0 x NaN) is known to the shipped baseline while nothing else on FA2 is."""
 
 import tempfile
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis.database import InMemoryExampleDatabase
-from support import batch_of, hopper_standins
+from support import ROOT, batch_of, hopper_standins
 from support.hopper_standins import StandInFA2, StandInFA4
 from support.planted_fa import SinksDroppedOnDecodeFA4
 
-from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch
+from kvfuzz.contracts.checks.failures import KernelCrash, KernelMismatch, NonFiniteOutput
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign import engine
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.records import TargetStats
+from kvfuzz.fuzz.campaign.store.baseline import classify, load_baseline
+from kvfuzz.fuzz.campaign.store.cases import load_case
 from kvfuzz.fuzz.harness.attention import check_example
 from kvfuzz.fuzz.targets.registry import get_target
 from kvfuzz.strategies.batches import examples
@@ -140,3 +144,90 @@ def test_the_planted_fa4_defect_the_gpu_run_hunts_is_caught(fa):
         check_example(Planted(), Example(batch(((1, 30), (1, 7)), sinks=True), Poison.NAN))
     check_example(Planted(), Example(batch(((3, 30), (1, 7)), sinks=True), Poison.NAN))
     assert hopper_standins.SEEN["fa4"][-1]["learnable_sink"] is not None
+
+
+#: Finding 16's reproducer (an H200 campaign's shrunk case) and the shipped baseline that holds it.
+FINDING_16 = ROOT / "docs" / "findings" / "16-vllm-fa2-freed-window-blocks-nan"
+SHIPPED = ROOT / "kvfuzz-baseline.toml"
+#: The keys one tile of the planted FA2 loads (FA2's split-KV kernel tiles 64 to 256 keys by head size).
+TILE = 64
+
+
+def fa2_reads_freed_window_blocks(*args, tail=False):
+    """FA2 as Finding 16 reads it: the stand-in's output plus 0 x V of every key the window masks in the tile that
+    holds the window's first key (a freed block's NaN there makes the row NaN, as on the H200). ``tail``: a
+    different planted fault on top, 0 x V of the unwritten slots past ``seq_len`` in the sequence's last block."""
+    out = hopper_standins.fa2_varlen_fwd(*args)[0]
+    v, cu_seqlens_q, seqused_k, block_table, max_seqlen_k, left = (args[2], args[4], args[6], args[8], args[11],
+                                                                    args[16])
+    left = -1 if left >= max_seqlen_k else left  # mha_varlen_fwd's rewrite: a window past the keys is none
+    g, bs = out.shape[1] // v.shape[2], v.shape[1]
+    qsl = cu_seqlens_q.tolist()
+    for i, n in enumerate(seqused_k.tolist()):
+        rows = hopper_standins._rows(v, block_table[i], -(-n // bs) * bs)  # [whole blocks, Hkv, D]
+        for r in range(qsl[i], qsl[i + 1]):
+            pos = n - (qsl[i + 1] - qsl[i]) + (r - qsl[i])
+            first = max(0, pos - left) if left >= 0 else 0
+            masked = list(range(first // TILE * TILE, first)) + (list(range(n, len(rows))) if tail else [])
+            if masked:
+                zero_v = (0 * rows[masked].double()).sum(0).repeat_interleave(g, dim=0)
+                out[r] = (out[r].double() + zero_v).to(out.dtype)
+    return [out, None]
+
+
+class PlantedFA2(StandInFA2):
+    """The FA2 stand-in under FA2's own name, so that the shipped baseline's entries for it apply."""
+
+    name = "vllm.flash_attn_varlen_fa2"
+
+
+def non_finite(target, example):
+    with pytest.raises(NonFiniteOutput) as info:
+        check_example(target, example)
+    return info.value
+
+
+@no_cuda
+def test_the_shipped_baseline_knows_finding_16_on_fa2(fa, monkeypatch):
+    """Finding 16's shrunk case (one decode after 16 cached tokens, window 1, the block before the window freed to
+    the null block, NaN there): FA2 as it should be passes it; FA2 reading the freed block gives the H200's 32 NaN
+    elements, which the shipped ``finding-16`` takes (zeros in the null block make it pass), with NaN or inf."""
+    case = load_case(FINDING_16)
+    example, target = case.example, PlantedFA2()
+    assert case.target == target.name and example.batch.freed_window_blocks and example.poison == Poison.NAN
+    check_example(target, example)
+    monkeypatch.setattr(torch.ops._vllm_fa2_C, "varlen_fwd", fa2_reads_freed_window_blocks, raising=False)
+    f = non_finite(target, example)
+    assert f.details["oracle"]["bad_elements"] == case.raw["details"]["oracle"]["bad_elements"] == 32
+    assert f.details["path"] == case.raw["details"]["path"]
+    shipped = load_baseline(SHIPPED)
+    assert classify(shipped, target, example, f) == "finding-16" == f.known
+    inf = attrs.evolve(example, poison=Poison.INF)
+    assert classify(shipped, target, inf, non_finite(target, inf)) == "finding-16"
+    # the same NaN on another FlashAttention target is not FA2's known bug: the entry is keyed by target
+    other = type("OnFA3Name", (PlantedFA2,), {"name": "vllm.flash_attn_varlen"})()
+    g = non_finite(other, example)
+    assert classify(shipped, other, example, g) is None and g.known is None
+
+
+@no_cuda
+def test_the_shipped_baseline_keeps_every_other_fa2_failure_new(fa, monkeypatch):
+    """finding-16 takes only the freed window blocks' NaN: a NaN that also comes from the unwritten slots past
+    seq_len (on Finding 16's case, or on a batch with no window and no freed block), or a wrong finite output
+    (ALiBi dropped on decode), stays new, so an FA2 ``--baseline`` campaign still exits 1 on it."""
+    shipped, target = load_baseline(SHIPPED), PlantedFA2()
+    example = load_case(FINDING_16).example
+    monkeypatch.setattr(torch.ops._vllm_fa2_C, "varlen_fwd",
+                        lambda *a: fa2_reads_freed_window_blocks(*a, tail=True), raising=False)
+    f = non_finite(target, example)
+    assert classify(shipped, target, example, f) is None and f.known is None
+    assert "finding-16: the example still fails with zeros in its freed slots" in f.message
+    plain = Example(batch(((1, 20),), num_heads=2, num_kv_heads=1, head_size=32, block_size=16), Poison.NAN)
+    assert plain.batch.sliding_window is None and not plain.batch.freed_window_blocks
+    g = non_finite(target, plain)
+    assert classify(shipped, target, plain, g) is None and g.known is None
+    monkeypatch.setattr(torch.ops._vllm_fa2_C, "varlen_fwd", fa2_alibi_dropped_on_decode, raising=False)
+    alibi = Example(batch(((1, 5),), alibi=True), Poison.NAN)
+    with pytest.raises(KernelMismatch) as info:
+        check_example(target, alibi)
+    assert classify(shipped, target, alibi, info.value) is None and info.value.known is None
