@@ -6,6 +6,7 @@ the backend's (ALiBi on FA2, fp32 sinks on FA4, no scheduler metadata, FA2's spl
 rejected, a planted FA2 defect (ALiBi dropped on its decode path) is found by a campaign and shrunk, and Finding 16
 (FA2 reads the freed window blocks: 0 x NaN) is known to the shipped baseline while nothing else on FA2 is."""
 
+import sys
 import tempfile
 from pathlib import Path
 
@@ -231,3 +232,77 @@ def test_the_shipped_baseline_keeps_every_other_fa2_failure_new(fa, monkeypatch)
     with pytest.raises(KernelMismatch) as info:
         check_example(target, alibi)
     assert classify(shipped, target, alibi, info.value) is None and info.value.known is None
+
+
+def fa4_reads_the_last_page(*args, spare=False, **kw):
+    """FA4 as Finding 17 reads it: the stand-in's output plus 0 x V of the slots past ``seq_len`` in the sequence's
+    last page when pages are 128 tokens (a NaN there makes the row NaN, as on the H200). ``spare``: a different
+    planted fault on top, 0 x V of every block no sequence's table names."""
+    out = hopper_standins.fa4_flash_attn_fwd(*args, **kw)[0]
+    v, cu_seqlens_q, seqused_k, page_table = args[2], kw["cu_seqlens_q"], kw["seqused_k"], kw["page_table"]
+    g, bs = out.shape[1] // v.shape[2], v.shape[1]
+    qsl = cu_seqlens_q.tolist()
+    owned = set(page_table.flatten().tolist())
+    for i, n in enumerate(seqused_k.tolist()):
+        rows = hopper_standins._rows(v, page_table[i], -(-n // bs) * bs)  # [whole pages, Hkv, D]
+        read = [rows[n:]] if bs == 128 else []
+        if spare:
+            read += [v[b] for b in range(v.shape[0]) if b not in owned]
+        if read:
+            zero_v = (0 * torch.cat(read).double()).sum(0).repeat_interleave(g, dim=0)
+            out[qsl[i]:qsl[i + 1]] = (out[qsl[i]:qsl[i + 1]].double() + zero_v).to(out.dtype)
+    return out, None, None, None
+
+
+class PlantedFA4(StandInFA4):
+    """The FA4 stand-in under FA4's own name, so that the shipped baseline's entries for it apply."""
+
+    name = "vllm.flash_attn_varlen_fa4"
+
+
+def plant_fa4(monkeypatch, kernel):
+    """Put ``kernel`` where vLLM's wrapper imports FA4 from (the stand-in module ``install_fa2_fa4`` registered)."""
+    monkeypatch.setattr(sys.modules["vllm.vllm_flash_attn.cute.interface"], "_flash_attn_fwd", kernel)
+
+
+@no_cuda
+def test_the_shipped_baseline_knows_finding_17_on_fa4(fa, monkeypatch):
+    """Finding 17's shrunk case (one decode, seq_len 1, head size 64, a page of 128, NaN in the slots past seq_len):
+    FA4 as it should be passes it; FA4 reading the last page past seq_len turns it NaN, which the shipped
+    ``finding-17`` takes (zeros in the tail make it pass), with NaN or inf; pages of 64 are right."""
+    example = Example(batch(((1, 0),), num_heads=1, num_kv_heads=1, head_size=64, block_size=128), Poison.NAN)
+    target, shipped = PlantedFA4(), load_baseline(SHIPPED)
+    check_example(target, example)
+    plant_fa4(monkeypatch, fa4_reads_the_last_page)
+    f = non_finite(target, example)
+    assert classify(shipped, target, example, f) == "finding-17" == f.known
+    inf = attrs.evolve(example, poison=Poison.INF)
+    assert classify(shipped, target, inf, non_finite(target, inf)) == "finding-17"
+    longer = Example(batch(((1, 99), (3, 30)), block_size=128), Poison.NAN)  # 100 and 33 tokens, both tails read
+    assert classify(shipped, target, longer, non_finite(target, longer)) == "finding-17"
+    check_example(target, Example(batch(((1, 0),), head_size=64, block_size=64), Poison.NAN))
+    other = type("OnFA2Name", (PlantedFA4,), {"name": "vllm.flash_attn_varlen_fa2"})()
+    g = non_finite(other, example)
+    assert classify(shipped, other, example, g) is None and g.known is None
+
+
+@no_cuda
+def test_the_shipped_baseline_keeps_every_other_fa4_failure_new(fa, monkeypatch):
+    """finding-17 takes only the NaN of the last page's tail: a NaN that also comes from blocks no sequence owns, or
+    a wrong finite output (sinks dropped on decode), stays new, so an FA4 ``--baseline`` campaign still exits 1."""
+    shipped, target = load_baseline(SHIPPED), PlantedFA4()
+    example = Example(batch(((1, 0),), num_heads=1, num_kv_heads=1, head_size=64, block_size=128, spare=1),
+                      Poison.NAN)
+    plant_fa4(monkeypatch, lambda *a, **k: fa4_reads_the_last_page(*a, spare=True, **k))
+    f = non_finite(target, example)
+    assert classify(shipped, target, example, f) is None and f.known is None
+    assert "finding-17: the example still fails with zeros in its tail slots" in f.message
+
+    class Planted(SinksDroppedOnDecodeFA4, PlantedFA4):
+        name = PlantedFA4.name
+
+    plant_fa4(monkeypatch, hopper_standins.fa4_flash_attn_fwd)
+    sinks = Example(batch(((1, 30), (1, 7)), sinks=True), Poison.NAN)
+    with pytest.raises(KernelMismatch) as info:
+        check_example(Planted(), sinks)
+    assert classify(shipped, Planted(), sinks, info.value) is None and info.value.known is None
