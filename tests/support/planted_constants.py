@@ -26,4 +26,8 @@ def plant(tmp_path, monkeypatch, values, name: str = "kvfuzz_planted_constants")
     (folder / f"{name}.py").write_text("CONSTANTS = (\n" + "".join(f"    {v},\n" for v in values) + ")\n")
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.delitem(sys.modules, name, raising=False)
-    return importlib.import_module(name)
+    module = importlib.import_module(name)
+    # Hypothesis rescans sys.modules only when its length changed: an earlier test's copy of this module, dropped
+    # above, leaves the length as it was, so the new one would never be scanned without this
+    providers._sys_modules_len = None
+    return module
