@@ -45,10 +45,23 @@ def _drain(conn) -> None:
         pass
 
 
+def _reader():
+    """A spawned child reading a pipe as the supervisor does, ready before this returns (no send waits on its
+    start): this end of the pipe and the child."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    reader = ctx.Process(target=_drain, args=(theirs,), daemon=True)
+    reader.start()
+    theirs.close()
+    mine.recv()
+    return mine, reader
+
+
 def run(args) -> dict:
     if args.clock == "thread":
         time.perf_counter = time.thread_time  # before Hypothesis and kvfuzz import it
-    import multiprocessing
     import tempfile
     from pathlib import Path
 
@@ -63,12 +76,7 @@ def run(args) -> dict:
     torch.set_num_threads(1)
     target = get_target(args.target)
     poisons = tuple(Poison(p) for p in args.poison) if args.poison else tuple(Poison)
-    ctx = multiprocessing.get_context("spawn")
-    mine, theirs = ctx.Pipe()
-    reader = ctx.Process(target=_drain, args=(theirs,), daemon=True)
-    reader.start()
-    theirs.close()
-    mine.recv()  # the reader runs: no send waits on its start
+    mine, reader = _reader()
     pipe, outcomes = PipeListener(mine), []
     counting = engine._Counting
     end = counting.end
@@ -116,7 +124,6 @@ def messages(args) -> dict:
     the bytes ``begin`` sends."""
     if args.clock == "thread":
         time.perf_counter = time.thread_time
-    import multiprocessing
     import pickle
     import random
     from pathlib import Path
@@ -146,12 +153,7 @@ def messages(args) -> dict:
         except BaseException as e:  # an assumption rejected, a draw that overran its buffer
             if not type(e).__module__.startswith("hypothesis"):
                 raise
-    ctx = multiprocessing.get_context("spawn")
-    mine, theirs = ctx.Pipe()
-    reader = ctx.Process(target=_drain, args=(theirs,), daemon=True)
-    reader.start()
-    theirs.close()
-    mine.recv()  # the reader runs: no send waits on its start
+    mine, reader = _reader()
     pipe = PipeListener(mine)
     outcome = Outcome({"tier": args.tier}, stages={"draw": 0.001, "other": 0.001})
     began = time.perf_counter()
