@@ -35,7 +35,12 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 
 from kvfuzz.contracts.checks.oracles import RTOL, agreement_bound, row_floor
-from kvfuzz.contracts.checks.reference import flash_attention_model, reference_and_envelope, same_precision_attention
+from kvfuzz.contracts.checks.reference import (
+    FLASH_ATTENTION,
+    flash_attention_model,
+    reference_and_envelope,
+    same_precision_attention,
+)
 from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.contracts.model.space import VALUE_RANGES
 from kvfuzz.fuzz.harness.attention import prepare
@@ -45,11 +50,12 @@ from kvfuzz.strategies.batches import Limits, examples
 STATS = ("ratio", "envelope", "naive", "old_rule", "flash", "mean", "mean_naive", "mean_flash", "mean_rounded")
 
 
-def statistics(batch, data, out: torch.Tensor) -> dict[str, float]:
+def statistics(batch, data, out: torch.Tensor, numerics=FLASH_ATTENTION) -> dict[str, float]:
     """The statistics of the module docstring for one example (``out`` the kernel's output; rows past the batch's
-    tokens, a CUDA-graph padded call's pad rows, are the pad oracle's and left out here)."""
+    tokens, a CUDA-graph padded call's pad rows, are the pad oracle's and left out here), the envelope that of the
+    target's declared ``numerics`` (docs/tolerance.md, "Declared numerics")."""
     out = out[: batch.num_tokens]
-    ref, env = reference_and_envelope(batch, data)
+    ref, env = reference_and_envelope(batch, data, numerics)
     lowp = same_precision_attention(batch, data)
     err = (out.cpu().double() - ref).abs()
     tiny = torch.finfo(torch.float64).tiny
@@ -115,7 +121,7 @@ def main() -> None:
         if not torch.isfinite(out).all():
             skipped["non-finite output"] += 1
             return
-        r = statistics(b, run.data, out)
+        r = statistics(b, run.data, out, target.numerics)
         for g in groups(b):
             w = worst[g]
             w["n"] = w.get("n", 0) + 1

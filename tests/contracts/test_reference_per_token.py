@@ -19,7 +19,7 @@ from support import batch_of
 
 import kvfuzz.contracts.checks.reference as reference
 import kvfuzz.contracts.checks.reference_chunks as chunks
-from kvfuzz.contracts.checks.reference import ENVELOPE_TERMS, ulp
+from kvfuzz.contracts.checks.reference import ENVELOPE_TERMS, FLASH_ATTENTION, Numerics, ulp
 from kvfuzz.contracts.model.batch import VALUE_RANGES, Batch
 from kvfuzz.contracts.model.data import BatchData, make_batch_data
 from kvfuzz.strategies.batches import KV_SCALES, SOFTCAPS
@@ -27,10 +27,11 @@ from kvfuzz.strategies.batches import KV_SCALES, SOFTCAPS
 F64 = torch.float64
 
 
-def per_token(batch: Batch, data: BatchData) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def per_token(batch: Batch, data: BatchData,
+              numerics: Numerics = FLASH_ATTENTION) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(reference, envelope terms)``, each fp64 ``[num_tokens, num_heads, head_size]`` on the CPU: query token
     ``j`` of sequence ``i`` (position ``p = ctx_len + j``) over its visible keys ``lo .. p`` only, query head
-    ``h`` reading kv head ``h // gqa_ratio``."""
+    ``h`` reading kv head ``h // gqa_ratio``; the envelope for a kernel of ``numerics``."""
     H, D, g, dt = batch.num_heads, batch.head_size, batch.gqa_ratio, batch.torch_dtype
     tiny, u = torch.finfo(dt).tiny, torch.finfo(dt).eps / 2
     query, keys, values = (x.cpu().to(F64) for x in (data.query, data.keys, data.values))
@@ -59,9 +60,12 @@ def per_token(batch: Batch, data: BatchData) -> tuple[torch.Tensor, dict[str, to
             # the envelope, docs/tolerance.md: ds in units of u32, then the five terms
             ds = reference.DOT_LAMBDA * math.sqrt(D) * batch.scale * torch.einsum("hd,nhd->hn", q.abs(), k.abs())
             ds = ds + reference.LOGIT_ULPS * s.abs()
+            dm = reference.LOGIT_ULPS * m.abs()  # the row max's part of every ds_k
             if batch.softcap is not None:
                 ds = ds + 2 * reference.SOFTCAP_ULPS * batch.softcap
-            dm = reference.LOGIT_ULPS * m.abs()  # the row max's part of every ds_k
+                if numerics.tanh_approx:  # tanh.approx: a relative error on each capped logit and the row max
+                    ds = ds + reference.TANH_APPROX_ULPS * s.abs()
+                    dm = dm + reference.TANH_APPROX_ULPS * m.abs()
             pv = torch.einsum("hn,nhd->hd", pr.clamp_min(tiny), v.abs())
             row = (pr * ds).sum(-1) + dm * pr.sum(-1)  # what multiplies |o_d|
             if sink is not None:
@@ -69,7 +73,14 @@ def per_token(batch: Batch, data: BatchData) -> tuple[torch.Tensor, dict[str, to
             logits = torch.einsum("hn,nhd->hd", pr * ds, v.abs()) + dm[:, None] * pv + row[:, None] * o.abs()
             t = {"probabilities": u * pv, "logits": reference.FP32_UNIT * logits,
                  "accumulation": reference.FP32_UNIT * (p - lo + 1 + 2) * (pv + o.abs())}
-            t["output"] = 0.5 * ulp(o.abs() + t["probabilities"] + t["logits"] + t["accumulation"], dt)
+            y = o.abs() + t["probabilities"] + t["logits"] + t["accumulation"]
+            if numerics.v_scale_after_output and batch.fp8_dtype is not None and batch.v_scale != 1.0:
+                # rounded in the value codes' units, then times v_scale in fp32 and rounded again
+                first = batch.v_scale * 0.5 * ulp(y / batch.v_scale, dt)
+                first = first + 2 * reference.FP32_UNIT * (y + first)
+                t["output"] = first + 0.5 * ulp(y + first, dt)
+            else:
+                t["output"] = 0.5 * ulp(y, dt)
             t["underflow"] = reference.FP32_TINY * (2 * v.abs().sum(0) + 2 * (p - lo + 1) + 1)
             for name in ENVELOPE_TERMS:
                 terms[name][tok] = t[name]
@@ -97,13 +108,14 @@ def ragged_batches(draw) -> Batch:
                     value_range=draw(st.sampled_from(VALUE_RANGES)), seed=draw(st.integers(0, 2**16)), **scales)
 
 
-def assert_matches(batch: Batch, data: BatchData, expect: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> None:
-    """The module's reference, envelope and terms equal ``expect`` to fp64 rounding: relative 1e-12 (the
-    reference also absolute 1e-12 of the largest |value|, as its sums cancel; the terms are sums of
+def assert_matches(batch: Batch, data: BatchData, expect: tuple[torch.Tensor, dict[str, torch.Tensor]],
+                   numerics: Numerics = FLASH_ATTENTION) -> None:
+    """The module's reference, envelope and terms (for ``numerics``) equal ``expect`` to fp64 rounding: relative
+    1e-12 (the reference also absolute 1e-12 of the largest |value|, as its sums cancel; the terms are sums of
     non-negative parts)."""
     ref_e, terms_e = expect
-    ref, env = reference.reference_and_envelope(batch, data)
-    terms = reference.envelope_terms(batch, data)
+    ref, env = reference.reference_and_envelope(batch, data, numerics)
+    terms = reference.envelope_terms(batch, data, numerics)
     shape = (batch.num_tokens, batch.num_heads, batch.head_size)
     for x in (ref, env, *terms.values()):
         assert x.shape == shape and x.dtype == F64 and x.device == data.query.device
@@ -122,12 +134,16 @@ BUDGETS = {"cpu": chunks.CPU, "gpu": chunks.GPU, "none": chunks.Budget(1, 0),
            "small": chunks.Budget(2**11, 2**30)}
 
 
+#: Every combination of the declared numerics' knobs (kvfuzz.contracts.checks.reference.Numerics).
+NUMERICS = [Numerics(tanh_approx=t, v_scale_after_output=v) for t in (False, True) for v in (False, True)]
+
+
 @settings(max_examples=100, deadline=None)
-@given(ragged_batches(), st.sampled_from(sorted(BUDGETS)))
-def test_reference_and_envelope_equal_the_per_token_oracle(b, budget):
+@given(ragged_batches(), st.sampled_from(sorted(BUDGETS)), st.sampled_from(NUMERICS))
+def test_reference_and_envelope_equal_the_per_token_oracle(b, budget, numerics):
     d = make_batch_data(b)
     with mock.patch.object(chunks, "CPU", BUDGETS[budget]):
-        assert_matches(b, d, per_token(b, d))
+        assert_matches(b, d, per_token(b, d, numerics), numerics)
 
 
 @settings(max_examples=100, deadline=None)
@@ -184,10 +200,11 @@ def test_runs_on_the_meta_device(budget):
                                                kv_cache_dtype="fp8_e4m3", k_scale=3 / 64, v_scale=2.0)),
     ([(5, 3), (1, 40), (17, 0)], dict(num_heads=4, num_kv_heads=1, sliding_window=7, dtype="bfloat16")),
 ])
-def test_edges_equal_the_per_token_oracle(lens, kw):
+@pytest.mark.parametrize("numerics", NUMERICS, ids=str)
+def test_edges_equal_the_per_token_oracle(lens, kw, numerics):
     b = batch_of(lens, head_size=32, seed=3, **kw)
     d = make_batch_data(b)
-    assert_matches(b, d, per_token(b, d))
+    assert_matches(b, d, per_token(b, d, numerics), numerics)
 
 
 @pytest.mark.parametrize("budget", sorted(BUDGETS))
