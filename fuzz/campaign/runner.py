@@ -4,7 +4,8 @@ A :class:`~kvfuzz.fuzz.campaign.engine.Campaign` hands :meth:`ExampleRunner.body
 the structural shrink runs each candidate through :meth:`ExampleRunner.attempt`. For one example the runner:
 
 - stops the run at a stop request, or at ``--duration`` (:class:`PastDeadline`; a shrink of a failure found in time
-  gets :data:`SHRINK_GRACE_SECONDS` more);
+  gets :data:`SHRINK_GRACE_SECONDS` more); stops a pinned chunk's generation once it has had its share of
+  ``--duration`` (:meth:`ExampleRunner.limit_chunk`, :class:`ChunkTimeUp`);
 - skips an example that ended a worker before (the supervisor counted it);
 - prepares and checks it through the target's property (:mod:`kvfuzz.fuzz.harness.properties`), re-runs it under
   compute-sanitizer when :class:`SanitizerSchedule` says so, and names any error outside the kernel call a harness
@@ -93,6 +94,13 @@ class PastDeadline(BaseException):
     the Hypothesis run at once, generating or shrinking (a BaseException not Exception, SystemExit or GeneratorExit
     gets through: ``hypothesis.core.failure_exceptions_to_catch``); the campaign records each failure found so far as
     it stands."""
+
+
+class ChunkTimeUp(BaseException):
+    """A pinned chunk has explored its configuration for its share of ``--duration``
+    (:meth:`ExampleRunner.limit_chunk`): raised from the property body while Hypothesis generates and no new failure is
+    being shrunk, it ends the chunk's Hypothesis run (a BaseException, as :class:`PastDeadline`); the campaign goes
+    on with its next chunk."""
 
 
 def _conjecture_runner():
@@ -246,6 +254,11 @@ class ExampleRunner:
         self.deadline: float | None = None
         #: what the deadline cut short in this process ("shrinking <kind> (<check>)", "generating"), for the summary
         self.cut_short: list[str] = []
+        #: seconds the chunk in progress may generate for, counted from the end of its first example (which pays its
+        #: configuration's compiles); None: no limit (:meth:`limit_chunk`)
+        self.chunk_seconds: float | None = None
+        self._chunk_from: float | None = None  # ``time.monotonic()`` when the chunk's first example ended
+        self._chunk_examples = 0  # examples the chunk in progress has begun
         self.clock = Clock()  # the time outside examples, per stage (kvfuzz.fuzz.campaign.stages), from now on
         COMPILES.listen()  # a kernel call's compiles are told apart from its time (kvfuzz.fuzz.harness.kernel_clock)
         self._tasks = 0  # pieces of work begun (the first one's time includes the campaign's set-up)
@@ -267,6 +280,26 @@ class ExampleRunner:
         failure found before it, which has :data:`SHRINK_GRACE_SECONDS` more."""
         return self.deadline is not None and time.monotonic() > self.deadline + (SHRINK_GRACE_SECONDS if shrinking
                                                                                  else 0.0)
+
+    def limit_chunk(self, seconds: float | None) -> None:
+        """A chunk starts: it generates for at most ``seconds`` after its first example ends (None: no limit); past
+        them the property body raises :class:`ChunkTimeUp` before the next example, unless Hypothesis is not
+        generating or a new failure is being shrunk."""
+        self.chunk_seconds, self._chunk_from, self._chunk_examples = seconds, None, 0
+
+    def chunk_time_up(self) -> bool:
+        """Whether the chunk in progress has generated for its :meth:`limit_chunk` seconds (called once per example,
+        at its start: the second example's start is the first one's end)."""
+        if self.chunk_seconds is None:
+            return False
+        self._chunk_examples += 1
+        now = time.monotonic()
+        if self._chunk_from is None:
+            if self._chunk_examples > 1:
+                self._chunk_from = now
+            return False
+        return (now - self._chunk_from > self.chunk_seconds and self._phase == "generate" and not self._shrinks
+                and not self.ledger.pending())
 
     def reduces(self) -> bool:
         """Whether new failures get the structural shrink (not outside the declaration, nor on big caches, whose
@@ -314,6 +347,8 @@ class ExampleRunner:
                 grace = "shrinking past --duration (up to KVFUZZ_SHRINK_GRACE, %g s)" % SHRINK_GRACE_SECONDS
                 if grace not in self.cut_short:
                     self.cut_short.append(grace)
+            if self.chunk_time_up():
+                raise ChunkTimeUp()
             lab = {**labels(self.target, example.batch), "tier": self.tier}
             for k, v in lab.items():
                 note(f"{k}: {v}")
@@ -616,5 +651,5 @@ class ExampleRunner:
 
 
 
-__all__ = ["OUT_OF_MEMORY_PAUSES", "SHRINK_GRACE_SECONDS", "TARGET_LABEL", "ExampleRunner", "PastDeadline",
-           "SanitizerSchedule", "note"]
+__all__ = ["OUT_OF_MEMORY_PAUSES", "SHRINK_GRACE_SECONDS", "TARGET_LABEL", "ChunkTimeUp", "ExampleRunner",
+           "PastDeadline", "SanitizerSchedule", "note"]
