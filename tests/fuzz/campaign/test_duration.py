@@ -14,8 +14,8 @@ from support.planted_targets import SdpaPaged
 
 from kvfuzz import Poison
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.bench.paged_torch import PagedTorch
+from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import Campaign, duration_allowance
 
 PLANTED = SUPPORT / "planted_endings.py"
