@@ -91,6 +91,31 @@ def pinned_chunk_seconds(config: CampaignConfig, pinned: bool) -> float | None:
     return PINNED_CHUNK_SHARE * config.duration
 
 
+class ChunkTimeUp(BaseException):
+    """A pinned chunk has generated for its share of ``--duration`` (:class:`ChunkLimit`): raised from the property
+    body, it ends the chunk's Hypothesis run (a BaseException, as the runner's PastDeadline); the campaign goes on
+    with its next chunk."""
+
+
+class ChunkLimit:
+    """How long the chunk in progress may generate for (:func:`pinned_chunk_seconds`; None: no limit), counted from
+    the end of its first example, which pays its configuration's compiles (the kvfuzz.fuzz.campaign.runner
+    ExampleRunner asks :meth:`up` at the start of every example)."""
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds, self.since, self.begun = seconds, None, False
+
+    def up(self, now: float, may_stop: bool) -> bool:
+        """Whether the chunk's time is up at ``now`` (``time.monotonic()``, as an example starts) and it
+        ``may_stop`` (Hypothesis is generating and no new failure is being shrunk)."""
+        if self.seconds is None:
+            return False
+        if self.since is None:
+            self.since, self.begun = (now if self.begun else None), True
+            return False
+        return may_stop and now - self.since > self.seconds
+
+
 def chunk_tier(tiers: tuple[str, ...], chunk: int) -> str:
     """The size tier chunk ``chunk`` of a campaign of ``tiers`` draws from (a warm-up chunk ``-1 - i`` as chunk
     ``i``): the one place the engine and the supervisor choose it, today the fixed rotation
@@ -148,5 +173,5 @@ def record_tier_time(times: dict[str, list[float]], tier: str, examples: int, se
 
 
 __all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "PINNED_CHUNK_SHARE", "TIER_PROBE_EXAMPLES",
-           "WARMUP_EXAMPLES", "campaign_tiers", "chunk_config", "chunk_size", "chunk_tier", "examples_per_chunk",
-           "pinned_chunk_seconds", "pins_configs", "record_tier_time", "tier_chunk_size"]
+           "WARMUP_EXAMPLES", "ChunkLimit", "ChunkTimeUp", "campaign_tiers", "chunk_config", "chunk_size", "chunk_tier",
+           "examples_per_chunk", "pinned_chunk_seconds", "pins_configs", "record_tier_time", "tier_chunk_size"]

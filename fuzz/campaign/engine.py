@@ -52,6 +52,7 @@ from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.chunks import (
     CHUNK_SEED_STRIDE,
+    ChunkTimeUp,
     campaign_tiers,
     chunk_config,
     chunk_size,
@@ -65,7 +66,7 @@ from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.failure_ledger import Failing, FailureLedger
 from kvfuzz.fuzz.campaign.records import FailureRecord, Listener, Quiet, TargetStats
 from kvfuzz.fuzz.campaign.reduce import shrink_seconds, smaller, structural
-from kvfuzz.fuzz.campaign.runner import ChunkTimeUp, ExampleRunner, PastDeadline
+from kvfuzz.fuzz.campaign.runner import ExampleRunner, PastDeadline
 from kvfuzz.fuzz.campaign.steering import Plan, Steering
 from kvfuzz.fuzz.harness import memory
 from kvfuzz.fuzz.harness.isolation import STOP

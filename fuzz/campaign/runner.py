@@ -5,7 +5,7 @@ the structural shrink runs each candidate through :meth:`ExampleRunner.attempt`.
 
 - stops the run at a stop request, or at ``--duration`` (:class:`PastDeadline`; a shrink of a failure found in time
   gets :data:`SHRINK_GRACE_SECONDS` more); stops a pinned chunk's generation once it has had its share of
-  ``--duration`` (:meth:`ExampleRunner.limit_chunk`, :class:`ChunkTimeUp`);
+  ``--duration`` (:meth:`ExampleRunner.limit_chunk`);
 - skips an example that ended a worker before (the supervisor counted it);
 - prepares and checks it through the target's property (:mod:`kvfuzz.fuzz.harness.properties`), re-runs it under
   compute-sanitizer when :class:`SanitizerSchedule` says so, and names any error outside the kernel call a harness
@@ -45,11 +45,12 @@ from hypothesis.control import current_build_context
 from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.contracts.checks.failures import FailureKind, Finding, HarnessError, MemorySafetyError
 from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.campaign.chunks import ChunkLimit, ChunkTimeUp
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.failure_ledger import Failing, FailureLedger
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Listener, Outcome
 from kvfuzz.fuzz.campaign.reduce import structural
-from kvfuzz.fuzz.campaign.stages import TIMED, Clock
+from kvfuzz.fuzz.campaign.stages import TIMED, Clock, conjecture_runner
 from kvfuzz.fuzz.campaign.store.baseline import classify
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
@@ -94,27 +95,6 @@ class PastDeadline(BaseException):
     the Hypothesis run at once, generating or shrinking (a BaseException not Exception, SystemExit or GeneratorExit
     gets through: ``hypothesis.core.failure_exceptions_to_catch``); the campaign records each failure found so far as
     it stands."""
-
-
-class ChunkTimeUp(BaseException):
-    """A pinned chunk has explored its configuration for its share of ``--duration``
-    (:meth:`ExampleRunner.limit_chunk`): raised from the property body while Hypothesis generates and no new failure is
-    being shrunk, it ends the chunk's Hypothesis run (a BaseException, as :class:`PastDeadline`); the campaign goes
-    on with its next chunk."""
-
-
-def _conjecture_runner():
-    """The ``ConjectureRunner`` of the Hypothesis run that called the property, found up the stack (its
-    ``_current_phase`` says whether Hypothesis is generating or shrinking), or None (an explicit example, an example
-    run outside Hypothesis). Both are Hypothesis's internals (6.170): where they change, the phase reads as None
-    and Hypothesis's shrink phase counts as exploring; tests/fuzz/campaign/test_stages.py would see it."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        runner = frame.f_locals.get("self")
-        if type(runner).__name__ == "ConjectureRunner":
-            return runner
-        frame = frame.f_back
-    return None
 
 
 _UNSEARCHED = object()
@@ -254,11 +234,7 @@ class ExampleRunner:
         self.deadline: float | None = None
         #: what the deadline cut short in this process ("shrinking <kind> (<check>)", "generating"), for the summary
         self.cut_short: list[str] = []
-        #: seconds the chunk in progress may generate for, counted from the end of its first example (which pays its
-        #: configuration's compiles); None: no limit (:meth:`limit_chunk`)
-        self.chunk_seconds: float | None = None
-        self._chunk_from: float | None = None  # ``time.monotonic()`` when the chunk's first example ended
-        self._chunk_examples = 0  # examples the chunk in progress has begun
+        self.chunk = ChunkLimit()  # how long the chunk in progress may generate (:meth:`limit_chunk`)
         self.clock = Clock()  # the time outside examples, per stage (kvfuzz.fuzz.campaign.stages), from now on
         COMPILES.listen()  # a kernel call's compiles are told apart from its time (kvfuzz.fuzz.harness.kernel_clock)
         self._tasks = 0  # pieces of work begun (the first one's time includes the campaign's set-up)
@@ -282,24 +258,10 @@ class ExampleRunner:
                                                                                  else 0.0)
 
     def limit_chunk(self, seconds: float | None) -> None:
-        """A chunk starts: it generates for at most ``seconds`` after its first example ends (None: no limit); past
-        them the property body raises :class:`ChunkTimeUp` before the next example, unless Hypothesis is not
-        generating or a new failure is being shrunk."""
-        self.chunk_seconds, self._chunk_from, self._chunk_examples = seconds, None, 0
-
-    def chunk_time_up(self) -> bool:
-        """Whether the chunk in progress has generated for its :meth:`limit_chunk` seconds (called once per example,
-        at its start: the second example's start is the first one's end)."""
-        if self.chunk_seconds is None:
-            return False
-        self._chunk_examples += 1
-        now = time.monotonic()
-        if self._chunk_from is None:
-            if self._chunk_examples > 1:
-                self._chunk_from = now
-            return False
-        return (now - self._chunk_from > self.chunk_seconds and self._phase == "generate" and not self._shrinks
-                and not self.ledger.pending())
+        """A chunk starts: it generates for at most ``seconds`` after its first example ends (None: no limit); then
+        the body raises ChunkTimeUp before the next example, unless Hypothesis is not generating or a new failure is
+        being shrunk (kvfuzz.fuzz.campaign.chunks ``ChunkLimit``)."""
+        self.chunk = ChunkLimit(seconds)
 
     def reduces(self) -> bool:
         """Whether new failures get the structural shrink (not outside the declaration, nor on big caches, whose
@@ -332,7 +294,7 @@ class ExampleRunner:
         KeyboardInterrupt on a stop request."""
         self._entered = time.perf_counter()  # the time accounting: when, what Hypothesis is doing, how long it drew
         if self._hypothesis is _UNSEARCHED:
-            self._hypothesis = _conjecture_runner()
+            self._hypothesis = conjecture_runner()
         self._phase = getattr(self._hypothesis, "_current_phase", None)
         try:
             self._draw = math.fsum(current_build_context().data.draw_times.values())
@@ -347,7 +309,8 @@ class ExampleRunner:
                 grace = "shrinking past --duration (up to KVFUZZ_SHRINK_GRACE, %g s)" % SHRINK_GRACE_SECONDS
                 if grace not in self.cut_short:
                     self.cut_short.append(grace)
-            if self.chunk_time_up():
+            if self.chunk.up(time.monotonic(), self._phase == "generate" and not self._shrinks
+                             and not self.ledger.pending()):
                 raise ChunkTimeUp()
             lab = {**labels(self.target, example.batch), "tier": self.tier}
             for k, v in lab.items():
@@ -651,5 +614,5 @@ class ExampleRunner:
 
 
 
-__all__ = ["OUT_OF_MEMORY_PAUSES", "SHRINK_GRACE_SECONDS", "TARGET_LABEL", "ChunkTimeUp", "ExampleRunner",
-           "PastDeadline", "SanitizerSchedule", "note"]
+__all__ = ["OUT_OF_MEMORY_PAUSES", "SHRINK_GRACE_SECONDS", "TARGET_LABEL", "ExampleRunner", "PastDeadline",
+           "SanitizerSchedule", "note"]
