@@ -8,14 +8,18 @@
 # Compile cost: FlashInfer JIT-compiles one module per (q/kv/o dtype, head_size, window on/off, softcap on/off),
 # 72 for batch_decode (350, 4401) and 72 for batch_prefill (1416: 24 FA3 "sm90" modules for 16-bit caches, 48 FA2
 # ones for fp8 caches); heads, GQA group, page size and the window's size are run-time arguments. A campaign chunk
-# stays in one module (up to 1000 examples), so a seed compiles one module per chunk it starts: a decode module took
+# stays in one module (up to 1000 examples, and since 2026-11-28 at most a quarter of DURATION past its first
+# example; a group of three steered chunks shares one), so a seed compiles a module per group it starts (and per
+# focused chunk moved to another head size or window): a decode module took
 # 21 s alone and 23-30 s with 8 compiling at once on an H100, an FA2 prefill module 42-45 s, the sm90 one 86 s
 # (benchmarks/results/flashinfer-first-calls-h100.txt, flashinfer-speed-h100.md). Expect 2-4 modules per seed (30-
 # 90 s each here, 9 processes compiling at once) plus the widening shrink's (one module per configuration it tries,
 # within KVFUZZ_SHRINK_GRACE). A bug's copy is shared by its seeds' processes (FileLock per module), so a module two
 # seeds both draw compiles once. The bugs' targets restrict nothing: 350 needs a softcap-on module (36 of 72; then
 # softcap 4 in half the examples), 1416 an fp8 one (48 of 72; v_scale != 1 in 4 of 5 examples), 4401 every logit
-# of a row below -34,657, which the "shifted" value range draws (one example of six; a softcap-off module).
+# of a row below -34,657, which the "shifted" value range draws (one example of six; a softcap-off module: a seed's
+# second module, since the first two of a rotation differ in soft cap; benchmarks/bug_draws.py replays a seed's
+# draws on the CPU).
 #
 # Needs .device/ with flashinfer.tgz (FLASHINFER=1 make device-bundle, or bash benchmarks/flashinfer_bundle.sh).
 # Env: OUT (default /tmp/fi-bugs-out), BUGS (default the three), SEEDS (3), DURATION (180s per campaign), SHRINK_GRACE

@@ -20,6 +20,16 @@ CHUNK_SEED_STRIDE = 100_003
 #: 1,000 against ~1.5/s at 200; every declared value still comes up in each round of the rotation), which
 #: ``--chunk-examples`` trades back.
 CHUNK_EXAMPLES, PINNED_CHUNK_EXAMPLES = 25, 1000
+#: A pinned chunk generates for at most this share of ``--duration`` after its first example (which pays its
+#: configuration's compiles; :func:`pinned_chunk_seconds`), then gives way to the next chunk, so a campaign whose
+#: examples are slow still visits several configurations: a FlashInfer decode example took ~0.5 s on an H200, so a
+#: 1,000-example chunk outlasted a 240 s campaign and every seed stayed in its first JIT module (three seeds, three
+#: soft-cap-on modules: bug.flashinfer-4401, which needs a soft cap off, was never drawable;
+#: benchmarks/results/flashinfer-4401-h200.txt, benchmarks/bug_draws.py). Consecutive configurations of a round
+#: differ in every dimension with a value left to see (kvfuzz.strategies.configs), so two configurations already have a
+#: soft cap on and off. A fast target's chunk ends by its example count first once --duration is long enough: vLLM's
+#: Triton chunk of 1,000 examples took ~22 s per worker on an H100 (630/s over 14 workers), so from about 90 s.
+PINNED_CHUNK_SHARE = 0.25
 #: Examples of a warm-up chunk (CampaignConfig.warmup): one compiles the configuration, a second catches an
 #: integer specialization of its lengths.
 WARMUP_EXAMPLES = 2
@@ -70,6 +80,40 @@ def chunk_config(target: Target, config: CampaignConfig, chunk: int) -> KernelCo
         return None
     return config_for(target.capabilities, config.limits, config.seed, chunk if chunk >= 0 else -1 - chunk,
                       free=target.runtime_fields)
+
+
+def pinned_chunk_seconds(config: CampaignConfig, pinned: bool) -> float | None:
+    """Seconds a chunk may generate for after its first example (kvfuzz.fuzz.campaign.runner
+    ``ExampleRunner.limit_chunk``): :data:`PINNED_CHUNK_SHARE` of ``--duration`` for a chunk that stays in one kernel
+    configuration (``pinned``); None (no limit) for a free chunk or a campaign without ``--duration``."""
+    if not pinned or config.duration is None:
+        return None
+    return PINNED_CHUNK_SHARE * config.duration
+
+
+class ChunkTimeUp(BaseException):
+    """A pinned chunk has generated for its share of ``--duration`` (:class:`ChunkLimit`): raised from the property
+    body, it ends the chunk's Hypothesis run (a BaseException, as the runner's PastDeadline); the campaign goes on
+    with its next chunk."""
+
+
+class ChunkLimit:
+    """How long the chunk in progress may generate for (:func:`pinned_chunk_seconds`; None: no limit), counted from
+    the end of its first example, which pays its configuration's compiles (the kvfuzz.fuzz.campaign.runner
+    ExampleRunner asks :meth:`up` at the start of every example)."""
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds, self.since, self.begun = seconds, None, False
+
+    def up(self, now: float, may_stop: bool) -> bool:
+        """Whether the chunk's time is up at ``now`` (``time.monotonic()``, as an example starts) and it
+        ``may_stop`` (Hypothesis is generating and no new failure is being shrunk)."""
+        if self.seconds is None:
+            return False
+        if self.since is None:
+            self.since, self.begun = (now if self.begun else None), True
+            return False
+        return may_stop and now - self.since > self.seconds
 
 
 def chunk_tier(tiers: tuple[str, ...], chunk: int) -> str:
@@ -128,6 +172,6 @@ def record_tier_time(times: dict[str, list[float]], tier: str, examples: int, se
         entry[0], entry[1], entry[2] = entry[0] + 1, entry[1] + examples, entry[2] + seconds
 
 
-__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "TIER_PROBE_EXAMPLES", "WARMUP_EXAMPLES",
-           "campaign_tiers", "chunk_config", "chunk_size", "chunk_tier", "examples_per_chunk", "pins_configs",
-           "record_tier_time", "tier_chunk_size"]
+__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "PINNED_CHUNK_SHARE", "TIER_PROBE_EXAMPLES",
+           "WARMUP_EXAMPLES", "ChunkLimit", "ChunkTimeUp", "campaign_tiers", "chunk_config", "chunk_size", "chunk_tier",
+           "examples_per_chunk", "pinned_chunk_seconds", "pins_configs", "record_tier_time", "tier_chunk_size"]

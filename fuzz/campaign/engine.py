@@ -8,13 +8,14 @@ signatures of failures already known. A scheduler runs it piece by piece:
   (Hypothesis's reuse phase), so a new campaign tries them first;
 - :meth:`Campaign.run_chunk` explores ``n`` examples from chunk ``k``'s seed (``seed * 100_003 + k``), with the size
   tier and the bin its draws aim at that its :class:`~kvfuzz.fuzz.campaign.steering.Plan` gives, all inside
-  chunk ``k``'s kernel configuration (:func:`kvfuzz.strategies.configs.config_for`: dtype, heads, head size,
+  the kernel configuration the Plan names (:func:`kvfuzz.strategies.configs.config_for`: dtype, heads, head size,
   kv_cache_dtype, block size, features; what a compiled kernel specializes on, so a chunk compiles once and
-  then runs at the kernel's speed): a failure with a new signature (failure kind and check) is shrunk inside
-  the configuration (no recompiles), then *widened*: its choices replay unchanged in the free strategy, which
-  shrinks it across configurations (fewer heads, a smaller head size, no fp8, ...; compiling what it needs),
-  and the result is written as a reproducer; a failure whose signature is known is counted and exploration
-  goes on;
+  then runs at the kernel's speed; with ``--duration``, for at most a share of it past its first example,
+  :data:`~kvfuzz.fuzz.campaign.chunks.PINNED_CHUNK_SHARE`): a failure with a new signature (failure kind and
+  check) is shrunk inside the configuration (no recompiles), then *widened*: its choices replay unchanged in the
+  free strategy, which shrinks it across configurations (fewer heads, a smaller head size, no fp8, ...; compiling
+  what it needs), and the result is written as a reproducer; a failure whose signature is known is counted and
+  exploration goes on;
 - :meth:`Campaign.check_one` re-runs one given example (one a killed worker had in flight).
 
 Each example runs through the campaign's :class:`~kvfuzz.fuzz.campaign.runner.ExampleRunner` (Hypothesis's property
@@ -51,11 +52,13 @@ from kvfuzz.contracts.checks.failures import Finding
 from kvfuzz.contracts.model.example import Example
 from kvfuzz.fuzz.campaign.chunks import (
     CHUNK_SEED_STRIDE,
+    ChunkTimeUp,
     campaign_tiers,
     chunk_config,
     chunk_size,
     chunk_tier,
     examples_per_chunk,
+    pinned_chunk_seconds,
     record_tier_time,
     tier_chunk_size,
 )
@@ -246,6 +249,8 @@ class Campaign:
                     test()
             finally:
                 self.runner.end_run()
+        except ChunkTimeUp:
+            pass  # a pinned chunk's share of --duration is spent (no new failure pending): the next chunk goes on
         except PastDeadline:
             # --duration ran out mid-run: each failure seen and not yet recorded is recorded as it stands
             pending = self.ledger.pending()
@@ -325,10 +330,15 @@ class Campaign:
         if pin is None and focus is None:
             return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))
         pinned = InMemoryExampleDatabase()
-        # a focused draw is shrunk in the free strategy (widened), not in its focus first
-        self._execute(self._test([Phase.generate] + ([Phase.shrink] if pin is not None else []), chunk_seed, n,
-                                 strategy=strategy_for(self.target, self.config, pin, self.tier, focus),
-                                 database=pinned), record=False)
+        # a focused draw is shrunk in the free strategy (widened), not in its focus first; a pinned chunk gives way
+        # to the next configuration after its share of --duration (chunks.PINNED_CHUNK_SHARE)
+        self.runner.limit_chunk(pinned_chunk_seconds(self.config, pin is not None))
+        try:
+            self._execute(self._test([Phase.generate] + ([Phase.shrink] if pin is not None else []), chunk_seed, n,
+                                     strategy=strategy_for(self.target, self.config, pin, self.tier, focus),
+                                     database=pinned), record=False)
+        finally:
+            self.runner.limit_chunk(None)
         found = self.ledger.found_in_run()
         if not found:
             return []

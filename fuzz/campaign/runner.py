@@ -4,7 +4,8 @@ A :class:`~kvfuzz.fuzz.campaign.engine.Campaign` hands :meth:`ExampleRunner.body
 the structural shrink runs each candidate through :meth:`ExampleRunner.attempt`. For one example the runner:
 
 - stops the run at a stop request, or at ``--duration`` (:class:`PastDeadline`; a shrink of a failure found in time
-  gets :data:`SHRINK_GRACE_SECONDS` more);
+  gets :data:`SHRINK_GRACE_SECONDS` more); stops a pinned chunk's generation once it has had its share of
+  ``--duration`` (:meth:`ExampleRunner.limit_chunk`);
 - skips an example that ended a worker before (the supervisor counted it);
 - prepares and checks it through the target's property (:mod:`kvfuzz.fuzz.harness.properties`), re-runs it under
   compute-sanitizer when :class:`SanitizerSchedule` says so, and names any error outside the kernel call a harness
@@ -44,11 +45,12 @@ from hypothesis.control import current_build_context
 from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.contracts.checks.failures import FailureKind, Finding, HarnessError, MemorySafetyError
 from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.campaign.chunks import ChunkLimit, ChunkTimeUp
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.failure_ledger import Failing, FailureLedger
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Listener, Outcome
 from kvfuzz.fuzz.campaign.reduce import structural
-from kvfuzz.fuzz.campaign.stages import TIMED, Clock
+from kvfuzz.fuzz.campaign.stages import TIMED, Clock, conjecture_runner
 from kvfuzz.fuzz.campaign.store.baseline import classify
 from kvfuzz.fuzz.campaign.store.journal import OutOfSpace, disk_full
 from kvfuzz.fuzz.campaign.store.reproducers import write_reproducer
@@ -93,20 +95,6 @@ class PastDeadline(BaseException):
     the Hypothesis run at once, generating or shrinking (a BaseException not Exception, SystemExit or GeneratorExit
     gets through: ``hypothesis.core.failure_exceptions_to_catch``); the campaign records each failure found so far as
     it stands."""
-
-
-def _conjecture_runner():
-    """The ``ConjectureRunner`` of the Hypothesis run that called the property, found up the stack (its
-    ``_current_phase`` says whether Hypothesis is generating or shrinking), or None (an explicit example, an example
-    run outside Hypothesis). Both are Hypothesis's internals (6.170): where they change, the phase reads as None
-    and Hypothesis's shrink phase counts as exploring; tests/fuzz/campaign/test_stages.py would see it."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        runner = frame.f_locals.get("self")
-        if type(runner).__name__ == "ConjectureRunner":
-            return runner
-        frame = frame.f_back
-    return None
 
 
 _UNSEARCHED = object()
@@ -246,6 +234,7 @@ class ExampleRunner:
         self.deadline: float | None = None
         #: what the deadline cut short in this process ("shrinking <kind> (<check>)", "generating"), for the summary
         self.cut_short: list[str] = []
+        self.chunk = ChunkLimit()  # how long the chunk in progress may generate (:meth:`limit_chunk`)
         self.clock = Clock()  # the time outside examples, per stage (kvfuzz.fuzz.campaign.stages), from now on
         COMPILES.listen()  # a kernel call's compiles are told apart from its time (kvfuzz.fuzz.harness.kernel_clock)
         self._tasks = 0  # pieces of work begun (the first one's time includes the campaign's set-up)
@@ -267,6 +256,12 @@ class ExampleRunner:
         failure found before it, which has :data:`SHRINK_GRACE_SECONDS` more."""
         return self.deadline is not None and time.monotonic() > self.deadline + (SHRINK_GRACE_SECONDS if shrinking
                                                                                  else 0.0)
+
+    def limit_chunk(self, seconds: float | None) -> None:
+        """A chunk starts: it generates for at most ``seconds`` after its first example ends (None: no limit); then
+        the body raises ChunkTimeUp before the next example, unless Hypothesis is not generating or a new failure is
+        being shrunk (kvfuzz.fuzz.campaign.chunks ``ChunkLimit``)."""
+        self.chunk = ChunkLimit(seconds)
 
     def reduces(self) -> bool:
         """Whether new failures get the structural shrink (not outside the declaration, nor on big caches, whose
@@ -299,7 +294,7 @@ class ExampleRunner:
         KeyboardInterrupt on a stop request."""
         self._entered = time.perf_counter()  # the time accounting: when, what Hypothesis is doing, how long it drew
         if self._hypothesis is _UNSEARCHED:
-            self._hypothesis = _conjecture_runner()
+            self._hypothesis = conjecture_runner()
         self._phase = getattr(self._hypothesis, "_current_phase", None)
         try:
             self._draw = math.fsum(current_build_context().data.draw_times.values())
@@ -314,6 +309,9 @@ class ExampleRunner:
                 grace = "shrinking past --duration (up to KVFUZZ_SHRINK_GRACE, %g s)" % SHRINK_GRACE_SECONDS
                 if grace not in self.cut_short:
                     self.cut_short.append(grace)
+            if self.chunk.up(time.monotonic(), self._phase == "generate" and not self._shrinks
+                             and not self.ledger.pending()):
+                raise ChunkTimeUp()
             lab = {**labels(self.target, example.batch), "tier": self.tier}
             for k, v in lab.items():
                 note(f"{k}: {v}")

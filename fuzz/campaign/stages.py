@@ -29,6 +29,7 @@ configuration it had run before, ...).
 
 from __future__ import annotations
 
+import sys
 import time
 
 import attrs
@@ -195,5 +196,21 @@ def time_line(table: dict, top: int = 6) -> str:
     return f"time: {table.get('workers', 1)} worker(s), {wall:.0f} s of worker time: {parts}"
 
 
-__all__ = ["SANITIZE_GROUPS", "STAGES", "TIMED", "WORKER_STAGES", "Clock", "SanitizeTable", "StageTable", "time_line",
-           "time_table"]
+def conjecture_runner():
+    """The ``ConjectureRunner`` of the Hypothesis run that called the property (this is called from the property
+    body, kvfuzz.fuzz.campaign.runner ``ExampleRunner.body``), found up the stack (its ``_current_phase`` says
+    whether Hypothesis is generating or shrinking), or None (an explicit example, an example run outside Hypothesis).
+    Both are Hypothesis's internals (6.170): where they change, the phase reads as None and Hypothesis's shrink phase
+    counts as exploring (and a pinned chunk is never cut at its share of --duration); tests/fuzz/campaign/
+    test_stages.py would see it."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        runner = frame.f_locals.get("self")
+        if type(runner).__name__ == "ConjectureRunner":
+            return runner
+        frame = frame.f_back
+    return None
+
+
+__all__ = ["SANITIZE_GROUPS", "STAGES", "TIMED", "WORKER_STAGES", "Clock", "SanitizeTable", "StageTable",
+           "conjecture_runner", "time_line", "time_table"]

@@ -19,7 +19,9 @@ context runs past it). The tier is the cheapest that reaches the (ctx_len x quer
 ``serving`` before ``long``). A chunk aims only while some bin scores at least :data:`FOCUS_FROM` (fewer than about
 4 examples, or a near miss); then it is free. A focused chunk holds at most :data:`FOCUS_EXAMPLES` examples, so it
 moves on once its bin is reached. The strategies draw a :class:`~kvfuzz.strategies.focus.Focus` as the free
-strategy's own choices, narrowed, so a failure found in one is shrunk and saved in the free strategy.
+strategy's own choices, narrowed, so a failure found in one is shrunk and saved in the free strategy. In a pinned
+campaign the chunks of a group of :data:`FREE_EVERY` (a free chunk and the ones after it) share one kernel
+configuration, and the groups take the campaign's rotation in order (:attr:`Plan.pin_chunk`).
 
 Deterministic in its inputs: the same counts, seed and chunk give the same plan (one worker: the same campaign).
 """
@@ -120,9 +122,14 @@ def bin_counts(bins: dict[str, tuple[str, ...]], coverage: dict[str, dict[str, i
 @attrs.frozen
 class Plan:
     """One chunk's tier, and the focus its draws aim at (None: free) with the bins it was chosen for.
-    ``pin_chunk``: the chunk whose kernel configuration a focused chunk starts from (the free chunk before it:
-    a pinned campaign's focused chunks of 50 examples reuse what that chunk compiled instead of compiling a new
-    configuration each), None: its own."""
+    ``pin_chunk``: the place in the campaign's rotation of kernel configurations
+    (kvfuzz.fuzz.campaign.chunks ``chunk_config``) the chunk draws in, None: the chunk's own number. A steered
+    chunk ``k`` takes ``k // FREE_EVERY``: the chunks of one group (a free chunk and the two after it) share one
+    configuration (a pinned campaign's focused chunks of 50 examples reuse what the free chunk compiled instead of
+    compiling a new configuration each), and the groups visit the rotation in order, so every declared value of a
+    round comes up in the round's first groups (taking the group's first chunk's number skipped two
+    configurations of every three: bug.flashinfer-4401's seeds 0-2 visited only soft-cap-on ones,
+    benchmarks/bug_draws.py)."""
 
     tier: str
     focus: Focus | None = None
@@ -273,18 +280,18 @@ class Steering:
             return self._free_plan(chunk)
         tier = self.tier_for(shape, heads) or tier or self.tiers[0]
         bins = tuple((d, b) for d, b in ((shape_dim, shape), (heads_dim, heads)) if b is not None)
-        return Plan(tier, Focus.of_bins(shape, heads), bins, chunk - chunk % FREE_EVERY)
+        return Plan(tier, Focus.of_bins(shape, heads), bins, chunk // FREE_EVERY)
 
     def _free_plan(self, chunk: int) -> Plan:
         """A free chunk: the small tier on even chunks, the other tiers in turn on odd ones (every other chunk of
         each :data:`FREE_EVERY`)."""
-        k = chunk
+        k, config = chunk, chunk // FREE_EVERY
         others = [t for t in self.tiers if t != "small"]
         if "small" not in self.tiers:
-            return Plan(others[k % len(others)])
+            return Plan(others[k % len(others)], pin_chunk=config)
         if not others or k % 2 == 0:
-            return Plan("small")
-        return Plan(others[k // 2 % len(others)])
+            return Plan("small", pin_chunk=config)
+        return Plan(others[k // 2 % len(others)], pin_chunk=config)
 
 
 __all__ = ["CHEAPEST", "FAILED_WEIGHT", "FOCUS_EXAMPLES", "FOCUS_FROM", "FREE_EVERY", "NEAR_EXAMPLES", "NEAR_FROM",

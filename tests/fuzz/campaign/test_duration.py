@@ -14,6 +14,7 @@ from support.planted_targets import SdpaPaged
 
 from kvfuzz import Poison
 from kvfuzz.contracts.model.example import Example
+from kvfuzz.fuzz.bench.paged_torch import PagedTorch
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import Campaign, duration_allowance
 
@@ -90,3 +91,58 @@ def test_a_shrink_goes_on_past_the_deadline_within_its_grace(tmp_path, monkeypat
     assert any(n.startswith("shrinking past --duration") for n in c.cut_short), c.cut_short
     b = Example.from_dict(record.example).batch
     assert len(b.query_lens) == 1, b  # shrunk to one sequence, not left as drawn
+
+
+class _SlowPaged(PagedTorch):
+    name = "planted.slow_paged"
+
+
+class _SimClock:
+    """``time`` as the engine and the runner read it, with a simulated ``monotonic()`` (the rest is the real one)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def test_a_slow_pinned_campaign_gives_each_configuration_its_share_in_rotation_order(tmp_path, monkeypatch):
+    """Pinned and steered chunks (as on CUDA), examples of a simulated second each and --duration 60 s: a pinned chunk
+    gives way after its share of --duration (PINNED_CHUNK_SHARE, counted after its first example), and the groups of
+    FREE_EVERY chunks take the rotation's configurations in order, so the campaign sees the soft cap off and on.
+    Before: chunk 0 (1,000 examples) held all 60 s in configuration 0, and a later group would have taken
+    configuration 3, skipping 1 and 2 (bug.flashinfer-4401's seeds 0-2 stayed in soft-cap-on modules)."""
+    from kvfuzz.fuzz.campaign import engine, runner
+    from kvfuzz.fuzz.campaign.chunks import PINNED_CHUNK_SHARE
+    from kvfuzz.fuzz.campaign.steering import FREE_EVERY
+
+    clock, chunks, batches = _SimClock(), [], []
+    monkeypatch.setattr(engine, "time", clock)
+    monkeypatch.setattr(runner, "time", clock)
+    begin, run_chunk = engine._Counting.begin, engine.Campaign.run_chunk
+
+    def counted(listener, name, example):
+        clock.now += 1.0
+        batches.append((len(chunks) - 1, example.batch))
+        return begin(listener, name, example)
+
+    def chunk(campaign, k, n, plan=None):
+        chunks.append((k, plan.config_chunk(k), clock.now))
+        return run_chunk(campaign, k, n, plan)
+
+    monkeypatch.setattr(engine._Counting, "begin", counted)
+    monkeypatch.setattr(engine.Campaign, "run_chunk", chunk)
+    duration = 60.0
+    config = CampaignConfig(out=tmp_path, poisons=(Poison.ZEROS,), seed=0, duration=duration, pin_configs=True,
+                            tiers=("small",), max_examples=10_000)
+    stats = engine.fuzz_target(_SlowPaged(), config)
+    assert not stats.failures and stats.examples >= duration - 2
+    assert [c for _, c, _ in chunks] == [k // FREE_EVERY for k, _, _ in chunks] and len(chunks) > FREE_EVERY
+    for i, (k, _, start) in enumerate(chunks):  # each chunk: its first example, then at most its share
+        end = chunks[i + 1][2] if i + 1 < len(chunks) else clock.now
+        assert end - start <= 1 + PINNED_CHUNK_SHARE * duration + 1, chunks
+    assert {b.softcap is None for _, b in batches} == {True, False}

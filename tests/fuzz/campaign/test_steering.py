@@ -81,6 +81,9 @@ def test_the_policy_aims_at_what_is_not_covered_and_spreads_parallel_chunks():
     assert plan.bins[1] == (HEADS, "32 x 2^8") and plan.focus.window == (256, 511)  # the window nearest the context
     assert plan == s.plan(1) and Plan.from_dict(plan.to_dict()) == plan  # deterministic, and over a pipe
     assert plan.config_chunk(1) == 0 and Plan("small").config_chunk(5) == 5  # the free chunk's configuration
+    # a group of FREE_EVERY chunks shares one configuration, and the groups take the rotation in order (not the group's
+    # first chunk's number: that skipped two configurations of every three)
+    assert [s.plan(k).config_chunk(k) for k in range(2 * FREE_EVERY + 1)] == [0, 0, 0, 1, 1, 1, 2]
     assert plan.size(1000) == FOCUS_EXAMPLES and Plan("small").size(1000) == 1000
     s.started(plan, 40)  # handed to a worker: the next chunk aims elsewhere meanwhile
     assert s.plan(2).bins[0] != (SHAPE, "2^8 x 2^6")
