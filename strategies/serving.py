@@ -38,7 +38,7 @@ from kvfuzz.contracts.model.poison import Poison
 from .batches import (
     SEEDS,
     attention_params,
-    block_tables,
+    block_tables_per_call,
     cached_strategy,
     choice,
     csr_tails,
@@ -304,7 +304,7 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
         sm_scale /= head_size**0.5
     seed = draw(SEEDS)
     needed = [-(-(q + c) // block_size) for q, c in lens]
-    num_blocks, table, _ = draw(cached_strategy(block_tables, tuple(needed), limits.max_spare_blocks))
+    num_blocks, table, _ = draw(block_tables_per_call(tuple(needed), limits.max_spare_blocks))
     kw = draw_states(draw, capabilities, dict(query_lens=query_lens, ctx_lens=ctx_lens, block_size=block_size,
                                               num_blocks=num_blocks, block_table=table, **params), serving=True)
     if capabilities.metadata == "csr":
