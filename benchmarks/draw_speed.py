@@ -1,6 +1,6 @@
 """What Hypothesis and kvfuzz's strategies cost per example, without the harness (issue 51): the draw and
-Hypothesis's engine of a campaign chunk, for any tier on any machine (the serving tier's harness takes seconds an
-example on a CPU, so benchmarks/campaign_speed.py cannot run it there).
+Hypothesis's engine of a campaign chunk, for any tier on any machine (benchmarks/campaign_speed.py runs the harness
+too: it had not finished 45 serving examples of vllm.unified_attention after 20 minutes on a 2-core CPU).
 
     python benchmarks/draw_speed.py --target vllm.unified_attention --tier serving --examples 200 --out new.json
     python benchmarks/draw_speed.py --compare old.json new.json      # the same examples? ms per example
