@@ -34,6 +34,7 @@ from kvfuzz.contracts.model.poison import Poison
 from .configs import GQA_RATIOS, NUM_KV_HEADS, KernelConfig, window_edges
 from .focus import Focus, Range, index_range, intersect, ints
 from .limits import Limits
+from .per_call import per_call
 from .states import (  # noqa: F401 (re-exported: the states' draws moved to their home, kvfuzz.strategies.states)
     MAX_PAD_SEQS,
     cuda_graph_pads,
@@ -244,6 +245,11 @@ def block_tables(draw, blocks_needed: list[int], max_spare_blocks: int = 6):
     return num_blocks, table, arrangement
 
 
+#: :func:`block_tables` drawn per call (:mod:`kvfuzz.strategies.per_call`): its ``blocks_needed`` are each batch's own,
+#: so a strategy cached per arguments (cached_strategy) missed on most serving batches and built a new one
+block_tables_per_call = per_call(block_tables, [])
+
+
 @st.composite
 def _sequence(draw, block_sizes: tuple[int, ...], limits: Limits, allowed: tuple[str, ...], aim: tuple | None,
               on: bool | None):
@@ -336,7 +342,7 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     seed = draw(SEEDS)
     # the block tables after the lengths and parameters: what they hold depends on every length
     needed = [-(-(q + c) // block_size) for q, c in lens]
-    num_blocks, table, _ = draw(cached_strategy(block_tables, tuple(needed), limits.max_spare_blocks))
+    num_blocks, table, _ = draw(block_tables_per_call(tuple(needed), limits.max_spare_blocks))
     # the production states the target declares (kvfuzz.strategies.states): shared prefix blocks, freed window
     # blocks here; CUDA-graph pad sequences last (states.LAST: shrinks to no pads, then away)
     kw = draw_states(draw, capabilities, dict(query_lens=query_lens, ctx_lens=ctx_lens, block_size=block_size,
@@ -489,6 +495,6 @@ def examples(capabilities: Capabilities, limits: Limits = Limits(),
 
 __all__ = ["ARRANGEMENTS", "HIGH_IDS", "INT32_OFFSETS", "KINDS", "KV_SCALES", "SEEDS", "SOFTCAPS",
            "UNIVERSE_BLOCK_SIZES", "UNIVERSE_HEAD_SIZES", "attention_params", "batches", "big_cache_examples",
-           "block_tables", "boundary_lengths", "cached_strategy", "choice", "csr_tails", "cuda_graph_pads",
-           "examples", "freed_window_table", "gqa_heads", "head_size_of", "permutation", "pinned_field",
-           "relocate_high", "sampled", "sequence_lengths", "shared_prefixes", "undeclared_examples"]
+           "block_tables", "block_tables_per_call", "boundary_lengths", "cached_strategy", "choice", "csr_tails",
+           "cuda_graph_pads", "examples", "freed_window_table", "gqa_heads", "head_size_of", "permutation",
+           "pinned_field", "relocate_high", "sampled", "sequence_lengths", "shared_prefixes", "undeclared_examples"]

@@ -38,7 +38,7 @@ from kvfuzz.contracts.model.poison import Poison
 from .batches import (
     SEEDS,
     attention_params,
-    block_tables,
+    block_tables_per_call,
     cached_strategy,
     choice,
     csr_tails,
@@ -238,6 +238,14 @@ class _Aims:
                                None if self.c is None else (0, self.c[1]))
 
 
+@functools.lru_cache(maxsize=64)
+def _shapes(capabilities: Capabilities, max_num_heads: int) -> tuple:
+    """The model shapes a serving batch of ``capabilities`` may take (:func:`model_shapes`, at most
+    ``max_num_heads`` query heads), computed once per target and limit (it was per batch: ~0.2 ms of a serving
+    draw on a 2-core CPU)."""
+    return tuple(s for s in model_shapes(capabilities) if s.num_heads <= max_num_heads)
+
+
 @st.composite
 def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: KernelConfig | None = None,
                     focus: Focus | None = None) -> Batch:
@@ -260,7 +268,7 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     # a real model's shape: drawn always (off-table first, so a failure shrinks off the table)
     off_table = focus is not None and (focus.head_size is not None or focus.window is not None)
     use_model = bool(draw(ints(0, 0))) if off_table else draw(sampled((False, True)))
-    shapes = tuple(s for s in model_shapes(capabilities) if s.num_heads <= limits.max_num_heads)
+    shapes = _shapes(capabilities, limits.max_num_heads)
     row = draw(st.integers(0, max(0, len(shapes) - 1)))
     shape = shapes[row] if use_model and shapes else None
     if shape is not None and pin is not None and (
@@ -304,7 +312,7 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
         sm_scale /= head_size**0.5
     seed = draw(SEEDS)
     needed = [-(-(q + c) // block_size) for q, c in lens]
-    num_blocks, table, _ = draw(cached_strategy(block_tables, tuple(needed), limits.max_spare_blocks))
+    num_blocks, table, _ = draw(block_tables_per_call(tuple(needed), limits.max_spare_blocks))
     kw = draw_states(draw, capabilities, dict(query_lens=query_lens, ctx_lens=ctx_lens, block_size=block_size,
                                               num_blocks=num_blocks, block_table=table, **params), serving=True)
     if capabilities.metadata == "csr":

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.states import PRODUCTION_STATES
 
+from .per_call import per_call
+
 
 @st.composite
 def shared_prefixes(draw, table: list[list[int]], ctx_lens: list[int], block_size: int) -> list[list[int]]:
@@ -31,6 +33,12 @@ def shared_prefixes(draw, table: list[list[int]], ctx_lens: list[int], block_siz
             k = min(k, ctx_lens[src] // block_size)
             table[j][:k] = table[src][:k]
     return table
+
+
+#: :func:`shared_prefixes` drawn per call (:mod:`kvfuzz.strategies.per_call`): its arguments are each batch's own
+_shared_prefixes_per_call = per_call(shared_prefixes, [], [], 1)
+#: A coin, built once (``st.sampled_from`` of a tuple is a new strategy per call, validated on its first draw)
+_COIN = st.sampled_from((False, True))
 
 
 #: The most CUDA-graph pad sequences a batch draws (``Batch.num_pad_seqs``): vLLM's capture sizes step by 8
@@ -80,13 +88,13 @@ def _draw_shared_prefix(draw, capabilities: Capabilities, kw: dict[str, Any], se
     tables (its shapes are the engine's; sharing there is not modeled)."""
     if serving:
         return {}
-    return {"block_table": draw(shared_prefixes(kw["block_table"], kw["ctx_lens"], kw["block_size"]))}
+    return {"block_table": draw(_shared_prefixes_per_call(kw["block_table"], kw["ctx_lens"], kw["block_size"]))}
 
 
 def _draw_freed_window(draw, capabilities: Capabilities, kw: dict[str, Any], serving: bool) -> dict[str, Any]:
     """About half the windowed batches have their blocks before the window freed (:func:`freed_window_table`);
     drawn whether a window is on or not (no shifts while shrinking)."""
-    free = draw(st.sampled_from((False, True)))
+    free = draw(_COIN)
     if not free or kw.get("sliding_window") is None:
         return {}
     num_blocks, table = freed_window_table(kw["block_table"], kw["query_lens"], kw["ctx_lens"], kw["block_size"],
@@ -101,7 +109,7 @@ def _draw_padding(draw, capabilities: Capabilities, kw: dict[str, Any], serving:
     decode = all(q == 1 for q in kw["query_lens"])
     n = len(kw["query_lens"])
     if serving:
-        pad = draw(st.sampled_from((False, True)))
+        pad = draw(_COIN)
         return {"num_pad_seqs": capture_size(n) - n} if pad and decode else {}
     pads = draw(cuda_graph_pads())
     return {"num_pad_seqs": pads} if decode else {}

@@ -13,6 +13,7 @@ position) are drawn deterministically from ``seed`` by :func:`kvfuzz.contracts.m
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any
 
 import attrs
@@ -34,6 +35,14 @@ from .space import (  # noqa: F401 (re-exported)
 
 
 def _tuple_of_ints(value: Any) -> tuple[int, ...]:
+    """``tuple(int(v) for v in value)``. A list or tuple of integers (a drawn block table's rows: ~12,000 ids a
+    serving batch) goes through an int64 array, ~2x faster for the same ints (``__index__``, which an integer's
+    ``int()`` equals); anything else, or what the array refuses (floats, strings, past int64), takes the loop."""
+    if type(value) is list or type(value) is tuple:
+        try:
+            return tuple(array("q", value))
+        except (TypeError, OverflowError):
+            pass
     return tuple(int(v) for v in value)
 
 

@@ -149,3 +149,18 @@ def test_the_quick_block_check_passes_plain_tables_and_leaves_shared_ones_to_the
     with pytest.raises(ValueError, match="outside"):
         Batch(query_lens=[1], ctx_lens=[0], num_heads=2, num_kv_heads=1, head_size=32, block_size=16, num_blocks=2,
               block_table=[[2]])
+
+
+def test_int_lists_convert_as_int_would_whatever_the_path():
+    import numpy as np
+
+    from kvfuzz.contracts.model.batch import _tuple_of_ints
+
+    cases = [[1, 2, 3], (True, False), [2.0, 3.7], ["3"], [np.int64(5), np.int32(-2)], [2**70, 1], [-1], (),
+             [torch.tensor(4)], [np.float32(2.5)], torch.tensor([7, 8])]
+    for value in cases:
+        got = _tuple_of_ints(value)
+        assert got == tuple(int(v) for v in value) and all(type(v) is int for v in got), value
+    assert _tuple_of_ints(v for v in (1, 2.5, 3)) == (1, 2, 3)  # a generator: read once, by the loop
+    with pytest.raises(ValueError):
+        _tuple_of_ints(["x"])
