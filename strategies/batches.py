@@ -328,7 +328,8 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     lens = [(q, min(c, max(0, share - q))) for q, c in lens]
     # after the lengths, largest first: a case shrinks to its fewest tokens, then to the fewest blocks that
     # still show the bug with them
-    block_size = draw(choice(sorted(capabilities.block_sizes, reverse=True), *pinned_field(pin, "block_size")))
+    block_size = draw(choice(sorted(capabilities.block_sizes_for(kv_cache_dtype), reverse=True),
+                             *pinned_field(pin, "block_size")))
     query_lens = [q for q, _ in lens]
     ctx_lens = [c for _, c in lens]
     # None (the kernel's default), the default passed explicitly, or half of it: catches a kernel that

@@ -118,8 +118,9 @@ def _round(capabilities: Capabilities, limits: Limits, seed: int, r: int,
            free: frozenset[str] = frozenset()) -> tuple[KernelConfig, ...]:
     """Round ``r``: configurations until every value of every pinned dimension has appeared (each position
     takes, per dimension, a value not yet seen in the round when one is left; conflicts between dimensions, such
-    as a head size an fp8 cache does not take, keep the value not yet seen). ``free``: fields left to the
-    batches (:data:`RUNTIME_FIELDS`), whose dimensions do not lengthen the round."""
+    as a head size an fp8 cache does not take, keep the value not yet seen; a block size an fp8 cache does not
+    take moves to one it takes). ``free``: fields left to the batches (:data:`RUNTIME_FIELDS`), whose dimensions
+    do not lengthen the round."""
     rng = random.Random(f"kvfuzz-configs:{seed}:{r}")
     features = [f for f in FEATURES if f in capabilities.features]
     ratios = tuple(r for r in gqa_ratios(limits) if capabilities.gqa_ratios is None or r in capabilities.gqa_ratios)
@@ -156,6 +157,11 @@ def _round(capabilities: Capabilities, limits: Limits, seed: int, r: int,
                     c["head_size"] = pick("head_size", heads)
                 if c["ratio"] not in groups:
                     c["ratio"] = pick("ratio", groups)
+        if c["block_size"] not in capabilities.block_sizes_for(c["kv_cache_dtype"]):  # fp8 at its own block sizes
+            blocks = capabilities.block_sizes_for(c["kv_cache_dtype"])
+            if not blocks:
+                continue
+            c["block_size"] = pick("block_size", blocks)
         on = [f for f in features if c[f]]
         while not capabilities.combinable(on):  # an exclusive pair: drop a feature already seen on
             drop = next((f for f in on if True not in unseen[f]), on[-1])

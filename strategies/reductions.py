@@ -170,7 +170,8 @@ def _shorten(batch: Batch, capabilities: Capabilities) -> Iterator[Thunk]:
     token keeps its slot; only divisors) or with the table's block ids kept (each row's leading blocks now
     hold fewer tokens: a defect in how ids are used, not where tokens sit, keeps its trigger)."""
     bases: list[tuple[int, Callable[[], Batch] | None]] = [(batch.block_size, None)]
-    for bs in sorted((b for b in capabilities.block_sizes if b < batch.block_size), reverse=True):
+    for bs in sorted((b for b in capabilities.block_sizes_for(batch.kv_cache_dtype) if b < batch.block_size),
+                     reverse=True):
         if batch.block_size % bs == 0:
             bases.append((bs, lambda bs=bs: reexpress(batch, bs)))
         bases.append((bs, lambda bs=bs: batch))

@@ -283,7 +283,8 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
                     and capabilities.fp8_accepts_gqa(k, num_heads // num_kv_heads)]
     assume(cache_dtypes)
     kv_cache_dtype = draw(choice(cache_dtypes, *pinned_field(pin, "kv_cache_dtype")))
-    block_size = draw(choice(sorted(capabilities.block_sizes, reverse=True), *pinned_field(pin, "block_size")))
+    block_size = draw(choice(sorted(capabilities.block_sizes_for(kv_cache_dtype), reverse=True),
+                             *pinned_field(pin, "block_size")))
     budgets = tuple(min(b, limits.max_query_len) for b in TOKEN_BUDGETS)
     held = index_range(budgets, None if focus is None or focus.query_len is None else
                        (focus.query_len[0], limits.max_query_len))

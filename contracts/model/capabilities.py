@@ -38,6 +38,9 @@ class Capabilities:
         and asserts ``sinks is None``).
     fp8_head_sizes: head sizes accepted with an fp8 kv_cache_dtype (None: all of ``head_sizes``), e.g. the
         5-D cache needs ``head_size % 16 == 0`` for 1-byte elements.
+    fp8_block_sizes: block sizes accepted with an fp8 kv_cache_dtype (None: all of ``block_sizes``), e.g.
+        FlashAttention 4's SM90 fp8-KV-dequant kernel reads one 64-token page per TMA tile (vLLM's
+        ``_get_sm90_fa4_fp8_kv_block_size``: block size 64).
     gqa_ratios: GQA group sizes (``num_heads // num_kv_heads``) the kernel accepts at all (None: all), e.g.
         FlashInfer's CUDA-core decode dispatches group sizes 1, 2, 3, 4 and 8 only (``DISPATCH_GQA_GROUP_SIZE``;
         others raise "Unsupported group_size").
@@ -82,6 +85,8 @@ class Capabilities:
         default=None, converter=lambda v: None if v is None else tuple(v))
     fp8_gqa_ratios: tuple[int, ...] | None = attrs.field(
         default=None, converter=lambda v: None if v is None else tuple(v))
+    fp8_block_sizes: tuple[int, ...] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else tuple(v))
     gqa_ratios: tuple[int, ...] | None = attrs.field(
         default=None, converter=lambda v: None if v is None else tuple(v))
     min_sliding_window: int = 1
@@ -122,6 +127,12 @@ class Capabilities:
             return self.head_sizes
         return tuple(h for h in self.head_sizes if h in self.fp8_head_sizes)
 
+    def block_sizes_for(self, kv_cache_dtype: str) -> tuple[int, ...]:
+        """The block sizes accepted with ``kv_cache_dtype``."""
+        if kv_cache_dtype == "auto" or self.fp8_block_sizes is None:
+            return self.block_sizes
+        return tuple(b for b in self.block_sizes if b in self.fp8_block_sizes)
+
     def combinable(self, features) -> bool:
         """Whether ``features`` (names) are all declared and no declared-exclusive pair is among them."""
         f = set(features)
@@ -137,8 +148,9 @@ class Capabilities:
         if batch.head_size not in self.head_sizes_for(batch.kv_cache_dtype):
             out.append(f"head_size {batch.head_size}" + (
                 f" with kv_cache_dtype {batch.kv_cache_dtype}" if batch.head_size in self.head_sizes else ""))
-        if batch.block_size not in self.block_sizes:
-            out.append(f"block_size {batch.block_size}")
+        if batch.block_size not in self.block_sizes_for(batch.kv_cache_dtype):
+            out.append(f"block_size {batch.block_size}" + (
+                f" with kv_cache_dtype {batch.kv_cache_dtype}" if batch.block_size in self.block_sizes else ""))
         if self.gqa_ratios is not None and batch.gqa_ratio not in self.gqa_ratios:
             out.append(f"GQA group size {batch.gqa_ratio}")
         elif not self.fp8_accepts_gqa(batch.kv_cache_dtype, batch.gqa_ratio):
@@ -161,7 +173,7 @@ class Capabilities:
         """Whether ``batch`` (a :class:`~kvfuzz.contracts.model.batch.Batch`) is inside this declaration."""
         return (batch.dtype in self.dtypes and batch.kv_cache_dtype in self.kv_cache_dtypes
                 and batch.head_size in self.head_sizes_for(batch.kv_cache_dtype)
-                and batch.block_size in self.block_sizes
+                and batch.block_size in self.block_sizes_for(batch.kv_cache_dtype)
                 and self.fp8_accepts_gqa(batch.kv_cache_dtype, batch.gqa_ratio)
                 and (batch.sliding_window is None or batch.sliding_window >= self.min_sliding_window)
                 and not any(getattr(self, s.name) == s.off and s.in_batch(batch) for s in PRODUCTION_STATES.values())

@@ -130,10 +130,11 @@ def declared_twin(target: Target, batch: Batch) -> Batch | None:
               "head_size": batch.head_size if batch.head_size in sizes or not sizes else min(
                   sizes, key=lambda h: (abs(h - batch.head_size), h))}
     twin = attrs.evolve(batch, **fields)
-    if batch.block_size not in caps.block_sizes:
-        if any(s.in_batch(batch) for s in PRODUCTION_STATES.values()):
+    blocks = caps.block_sizes_for(kv)
+    if batch.block_size not in blocks:
+        if not blocks or any(s.in_batch(batch) for s in PRODUCTION_STATES.values()):
             return None
-        block_size = min(caps.block_sizes, key=lambda b: (abs(b - batch.block_size), b))
+        block_size = min(blocks, key=lambda b: (abs(b - batch.block_size), b))
         rest = {k: v for k, v in attrs.asdict(twin, recurse=False).items()
                 if k not in ("query_lens", "ctx_lens", "block_size", "num_blocks", "block_table")}
         twin = contiguous_batch(batch.query_lens, batch.ctx_lens, block_size=block_size, **rest)

@@ -41,8 +41,8 @@ def warm_examples(capabilities) -> list[Example]:
     """Tiny examples, one for each of :func:`warm_pairs` (an fp8 cache at ``k_scale = v_scale = 0.5``): one decode
     and one 2-token prefill (two decodes on a decode-only target) after 3 cached tokens; then one decode long enough
     (at least 2**16 KV elements) that its data is drawn on the device (kvfuzz.fuzz.harness.run.reference_device).
-    One query head per kv head, the first declared head and block sizes, latent where the target is
-    (``value_head_size``). At most :data:`MAX_PAIRS` + 1 examples."""
+    One query head per kv head, the first declared head and block sizes (of those the pair's kv_cache_dtype takes),
+    latent where the target is (``value_head_size``). At most :data:`MAX_PAIRS` + 1 examples."""
     head_size = capabilities.head_sizes[0]
     fields = {"block_size": capabilities.block_sizes[0], "num_heads": 1, "num_kv_heads": 1, "head_size": head_size,
               "value_head_size": capabilities.value_head_size}  # a latent (MLA) target's batches are latent
@@ -50,7 +50,10 @@ def warm_examples(capabilities) -> list[Example]:
     out = []
     for dtype, kv in warm_pairs(capabilities):
         scales = {} if kv == "auto" else {"k_scale": 0.5, "v_scale": 0.5}
-        out.append(Example(contiguous_batch(queries, [3, 3], dtype=dtype, kv_cache_dtype=kv, **scales, **fields)))
+        fit = {"head_size": (capabilities.head_sizes_for(kv) or (head_size,))[0],  # an fp8 cache's own sizes
+               "block_size": (capabilities.block_sizes_for(kv) or (fields["block_size"],))[0]}
+        out.append(Example(contiguous_batch(queries, [3, 3], dtype=dtype, kv_cache_dtype=kv, **scales,
+                                            **{**fields, **fit})))
     long_ctx = -(-(1 << 16) // head_size)
     out.append(Example(contiguous_batch([1], [long_ctx], dtype=capabilities.dtypes[0], **fields)))
     return out
