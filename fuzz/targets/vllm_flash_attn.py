@@ -77,7 +77,7 @@ from kvfuzz.contracts.model.contract import Contract
 from kvfuzz.contracts.model.data import BatchData
 from kvfuzz.contracts.model.padding import padding
 
-from .base import NOT_LOADED, Availability, KernelCall
+from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall
 from .signature import KernelSignature
 from .triton_runtime import HopperKernel, HopperTarget, quiet_vllm, vllm_files_missing
 
@@ -272,14 +272,39 @@ class VllmFlashAttnVarlen(HopperTarget):
     @staticmethod
     def backend_views(batch: Batch, cache: CacheState) -> tuple[torch.Tensor, torch.Tensor]:
         """The key and value caches as the backend hands them over: the materialized caches copied into one
-        ``[NB, Hkv, BS, 2D]`` buffer, ``kv_cache.transpose(1, 2).split(D, dim=-1)``, size-1 strides canonical."""
+        ``[NB, Hkv, BS, 2D]`` buffer, ``kv_cache.transpose(1, 2).split(D, dim=-1)``, size-1 strides canonical; an
+        fp8 cache allocated as uint8 (vLLM's storage for every fp8 ``kv_cache_dtype``) and each view then viewed as
+        ``current_platform.fp8_dtype()`` (e4m3fn on CUDA), as ``FlashAttentionImpl.forward`` does."""
         kc, vc = cache.key_cache, cache.value_cache
         nb, bs, hkv, d = kc.shape
+        fp8 = batch.fp8_dtype is not None
+        if fp8:
+            kc, vc = kc.view(torch.uint8), vc.view(torch.uint8)
         kv = torch.empty((nb, hkv, bs, 2 * d), dtype=kc.dtype, device=kc.device)
         k_view, v_view = kv.transpose(1, 2).split(d, dim=-1)
         k_view.copy_(kc)
         v_view.copy_(vc)
-        return _canonical_singleton_strides(k_view), _canonical_singleton_strides(v_view)
+        k_view, v_view = _canonical_singleton_strides(k_view), _canonical_singleton_strides(v_view)
+        if fp8:
+            k_view, v_view = k_view.view(torch.float8_e4m3fn), v_view.view(torch.float8_e4m3fn)
+        return k_view, v_view
+
+    #: Whether the call passes ``q_descale`` (``FlashAttentionImpl.supports_quant_query_input``): FA3's fp8 forward
+    #: takes the query in fp8; FA4's SM90 fp8-KV path (``uses_sm90_fa4_fp8_kv_dequant``) takes it in fp16/bf16.
+    fp8_query: ClassVar[bool] = True
+
+    def descales(self, batch: Batch, num_seqs: int, dev) -> dict[str, torch.Tensor | None]:
+        """``q_descale``/``k_descale``/``v_descale`` as ``forward`` passes them: ``layer._q_scale``/``_k_scale``/
+        ``_v_scale`` (fp32 scalars: 1.0 for a 16-bit cache, ``batch.k_scale``/``v_scale`` for fp8)
+        ``.expand((num_seqs, num_kv_heads))``; ``q_descale`` None for an fp8 cache when :attr:`fp8_query` is off."""
+        shape = (num_seqs, batch.num_kv_heads)
+
+        def scale(x: float) -> torch.Tensor:
+            return torch.tensor(float(x), dtype=torch.float32, device=dev).expand(shape)
+
+        fp8 = batch.fp8_dtype is not None
+        return dict(q_descale=scale(1.0) if (self.fp8_query or not fp8) else None,
+                    k_descale=scale(batch.k_scale if fp8 else 1.0), v_descale=scale(batch.v_scale if fp8 else 1.0))
 
     #: The ``fa_version`` the backend passes (``get_flash_attn_version``).
     fa_version: ClassVar[int] = 3
@@ -314,7 +339,6 @@ class VllmFlashAttnVarlen(HopperTarget):
                 num_heads_kv=batch.num_kv_heads, headdim=d, cache_seqlens=seq_lens, qkv_dtype=batch.torch_dtype,
                 cu_seqlens_q=qsl, page_size=batch.block_size, causal=True, window_size=tuple(window),
                 num_splits=splits)
-        ones = torch.ones((), dtype=torch.float32, device=dev).expand((n, batch.num_kv_heads))
         out = torch.empty((t, h, d), dtype=batch.torch_dtype, device=dev)
         kwargs = dict(
             q=pad.query(data.query.to(dev)), k=k_cache, v=v_cache, out=out, cu_seqlens_q=qsl,
@@ -322,7 +346,7 @@ class VllmFlashAttnVarlen(HopperTarget):
             softmax_scale=batch.scale, causal=True, alibi_slopes=alibi, window_size=window,
             block_table=pad.block_table_tensor(dev), softcap=batch.softcap or 0,
             scheduler_metadata=scheduler_metadata, fa_version=self.fa_version,
-            q_descale=ones, k_descale=ones, v_descale=ones, num_splits=splits,
+            **self.descales(batch, n, dev), num_splits=splits,
             s_aux=None if data.sinks is None else data.sinks.to(device=dev, dtype=self.sink_dtype),
         )
         return KernelCall(kwargs, cache.layout, k_cache, v_cache, out)
@@ -442,20 +466,33 @@ class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
     512 (which only FA4 takes on Hopper; 288, 320, 384 and 448, which vLLM routes here too, fail to compile on
     SM90: docs/findings.md, Finding 18, so they are not declared); block sizes 16, 32, 64, 128 (multiples of 16);
     sliding window, softcap and sinks (``learnable_sink`` may be fp32: ``_LEARNABLE_SINK_DTYPES``, so kvfuzz's fp32
-    sink logits go in unrounded); no ALiBi (the wrapper asserts "Alibi is not supported in FA4"). Needs a GPU of
+    sink logits go in unrounded); no ALiBi (the wrapper asserts "Alibi is not supported in FA4"); kv_cache_dtype
+    fp8/fp8_e4m3 at head size 512 and block size 64 only (``fp8_head_sizes``/``fp8_block_sizes``; SM90's
+    fp8-KV-dequant kernel, flash_fwd_sm90.py ``fp8_kv_dequant``: vLLM views the cache as e4m3, passes
+    ``k_descale``/``v_descale`` fp32 ``[N, Hkv]`` and no ``q_descale``, the query stays fp16/bf16; the kernel
+    widens K/V e4m3 -> fp16 exactly, narrows a bf16 query to fp16, computes in fp16 with fp32 accumulation and
+    folds ``k_descale`` into the score scale and ``v_descale`` into the final output scale, both fp32; not
+    declared on other GPU families, whose FA4 fp8 forward takes an fp8 query: :func:`_not_sm90_fields`). Not yet
+    run on a GPU: tested on CPU through vLLM's wrapper over the stand-in. Needs a GPU of
     compute capability 9.x or newer, ``nvidia-cutlass-dsl`` and ``quack-kernels`` (vLLM pins 4.8.0 and 0.6.5;
     benchmarks/fa_bundle.sh); each configuration compiles on first use."""
 
     name = "vllm.flash_attn_varlen_fa4"
     fa_version = 4
     sink_dtype = torch.float32
+    #: SM90's fp8-KV path takes the query in fp16/bf16 (``uses_sm90_fa4_fp8_kv_dequant``: no ``q_descale``)
+    fp8_query = False
     description = ("FlashAttention 4 (CuTe DSL) paged varlen forward as vLLM's FLASH_ATTN backend calls it "
                    "(Hopper past FA3's head sizes, Blackwell; unified contract)")
-    capabilities = attrs.evolve(
+    capabilities = DeviceCapabilities(attrs.evolve(
         VllmFlashAttnVarlen.capabilities,
         head_sizes=(64, 128, 256, 512), block_sizes=(16, 32, 64, 128),
         features=("sliding_window", "softcap", "sinks"),
-    )
+        # SM90's fp8-KV-dequant kernel (flash_fwd_sm90.py fp8_kv_dequant): e4m3 K/V at head size 512
+        # (flash_attn_supports_kv_cache_dtype: FA4 on SM90 takes fp8 at head_size 512 only) and block size 64
+        # (_get_sm90_fa4_fp8_kv_block_size: "a 64-token TMA tile/page"); fp8_e5m2 never (ibid.)
+        kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), fp8_head_sizes=(512,), fp8_block_sizes=(64,),
+    ), lambda cls: _not_sm90_fields())
 
     def installed(self) -> Availability:
         missing = next((m for m in ("cutlass", "quack") if importlib.util.find_spec(m) is None), None)
@@ -476,7 +513,21 @@ class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
         return False
 
     def path(self, batch: Batch) -> str:
-        return f"fa4,gqa={batch.gqa_ratio},{'paged64' if batch.block_size == 64 else 'paged'}"
+        kv = ",fp8_kv_dequant" if batch.fp8_dtype is not None else ""  # SM90's fp8-KV kernel (flash_fwd_sm90.py)
+        return f"fa4,gqa={batch.gqa_ratio},{'paged64' if batch.block_size == 64 else 'paged'}{kv}"
+
+
+def _not_sm90_fields() -> dict[str, Any]:
+    """FA4's declaration on a CUDA device of another family than SM90 (Blackwell): no fp8 cache (its fp8 forward
+    takes the query in fp8 too, ``is_fp8``, which the target does not build); on SM90 or without a readable device
+    (a CPU: the stand-ins are SM90's) nothing changes."""
+    if not torch.cuda.is_available():
+        return {}
+    try:
+        major = torch.cuda.get_device_capability()[0]
+    except Exception:  # no driver behind a patched is_available (benchmarks/draw_identity.py)
+        return {}
+    return {} if major == 9 else {"kv_cache_dtypes": ("auto",)}
 
 
 def _canonical_singleton_strides(t: torch.Tensor) -> torch.Tensor:

@@ -287,12 +287,14 @@ def install_fa3(monkeypatch) -> types.ModuleType:
 
 def install_fa2_fa4(monkeypatch) -> types.ModuleType:
     """:func:`install_fa3` plus the FA2 stand-in as ``torch.ops._vllm_fa2_C.varlen_fwd`` and the FA4 stand-in as
-    ``vllm.vllm_flash_attn.cute.interface._flash_attn_fwd`` (the module the wrapper imports it from); returns the
-    interface module."""
+    ``vllm.vllm_flash_attn.cute.interface._flash_attn_fwd`` (the module the wrapper imports it from), with
+    ``torch.cuda.get_device_capability`` an SM90's; returns the interface module."""
     iface = install_fa3(monkeypatch)
     SEEN["fa2"].clear()
     SEEN["fa4"].clear()
     monkeypatch.setattr(torch.ops._vllm_fa2_C, "varlen_fwd", fa2_varlen_fwd, raising=False)
+    # the FA4 stand-in is SM90's: the wrapper asks the device's major for its fp8-KV path (fa4_fp8_kv_dequant)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cute = types.ModuleType("vllm.vllm_flash_attn.cute")
     cute.__path__ = []
     interface = types.ModuleType("vllm.vllm_flash_attn.cute.interface")

@@ -53,7 +53,11 @@ def test_the_declarations_are_read_off_the_kernels():
     assert all(d % 8 == 0 for d in fa2.head_sizes) and all(b % 16 == 0 for b in fa2.block_sizes)
     assert "sinks" in fa4.features and "alibi" not in fa4.features and 512 in fa4.head_sizes
     assert 320 not in fa4.head_sizes  # Finding 18: FA4 does not compile it on SM90
-    assert fa2.kv_cache_dtypes == fa4.kv_cache_dtypes == ("auto",)
+    assert fa2.kv_cache_dtypes == ("auto",)  # flash_attn_supports_kv_cache_dtype: no fp8 on FA2
+    # FA4's SM90 fp8-KV-dequant path: e4m3 at head size 512, block size 64 (_get_sm90_fa4_fp8_kv_block_size)
+    assert fa4.kv_cache_dtypes == ("auto", "fp8", "fp8_e4m3")
+    assert fa4.head_sizes_for("fp8") == (512,) and fa4.block_sizes_for("fp8_e4m3") == (64,)
+    assert fa4.block_sizes_for("auto") == fa4.block_sizes
     assert fa2.cuda_graph_padding == fa4.cuda_graph_padding == "vllm"
 
 
@@ -62,7 +66,8 @@ def test_the_declarations_are_read_off_the_kernels():
 def test_drawn_examples_agree_through_vllms_wrapper(fa, target):
     t = target()
 
-    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck),
+              derandomize=True)
     @given(examples(t.capabilities, LIMITS))
     def prop(example):
         check_example(t, example)
@@ -70,6 +75,8 @@ def test_drawn_examples_agree_through_vllms_wrapper(fa, target):
     prop()
     calls = hopper_standins.SEEN["fa2" if target is StandInFA2 else "fa4"]
     assert calls and hopper_standins.SEEN["fwd"] == [] and hopper_standins.SEEN["sched"] == {}
+    if target is StandInFA4:  # fp8 caches drawn (head size 512, block size 64) and run through fp8_kv_dequant
+        assert any(c["fp8_kv_dequant"] for c in calls)
 
 
 @no_cuda
@@ -91,6 +98,57 @@ def test_fa4_gets_fp32_sinks_and_its_window_and_no_descales(fa):
     assert call["learnable_sink"].dtype == torch.float32 and (call["window_size_left"], call["window_size_right"]) \
         == (4, 0)
     assert call["q_descale"] is None and call["k_descale"] is None and call["page_table"].dtype == torch.int32
+
+
+def fp8_batch(lens=((1, 70), (5, 60), (1, 0)), **kw):
+    kw = dict(dict(head_size=512, block_size=64, kv_cache_dtype="fp8_e4m3", dtype="bfloat16", k_scale=0.5,
+                   v_scale=2.0), **kw)
+    return batch(lens, **kw)
+
+
+@no_cuda
+def test_fa4_gets_an_fp8_cache_as_vllms_backend_hands_it_over(fa):
+    """FlashAttentionImpl.forward on SM90 with kv_cache_dtype fp8: the caches viewed as e4m3, k/v descales
+    ``layer._k_scale/_v_scale.expand((num_seqs, num_kv_heads))`` fp32, no q_descale (the query stays bf16:
+    uses_sm90_fa4_fp8_kv_dequant); the wrapper then calls FA4 with fp8_kv_dequant."""
+    b = fp8_batch()
+    assert StandInFA4().capabilities.accepts(b)
+    check_example(StandInFA4(), Example(b, Poison.NAN))
+    call = hopper_standins.SEEN["fa4"][-1]
+    assert call["fp8_kv_dequant"] is True and call["q"].dtype == torch.bfloat16 and call["q_descale"] is None
+    assert call["k"].dtype == call["v"].dtype == torch.float8_e4m3fn and call["k"].shape[1:] == (64, 2, 512)
+    for name, value in (("k_descale", 0.5), ("v_descale", 2.0)):
+        t = call[name]
+        assert t.dtype == torch.float32 and tuple(t.shape) == (3, 2) and bool((t == value).all()), name
+    for kvd in ("fp8", "fp8_e4m3"):  # and outside it: the stand-in asserts FA4's block size
+        assert not StandInFA4().capabilities.accepts(fp8_batch(kv_cache_dtype=kvd, block_size=32))
+    with pytest.raises(KernelCrash, match="page_size"):
+        check_example(StandInFA4(), Example(fp8_batch(block_size=32), Poison.NAN))
+
+
+def fa4_descale_swap(**kw):
+    """FA4 that applies ``k_descale`` to V too (a defect in the descale plumbing)."""
+    return hopper_standins.fa4_flash_attn_fwd(**dict(kw, v_descale=kw["k_descale"]))
+
+
+def fa4_no_v_descale(**kw):
+    """FA4 that ignores ``v_descale`` (an fp8 V read as if its scale were 1)."""
+    v = kw["v_descale"]
+    return hopper_standins.fa4_flash_attn_fwd(**dict(kw, v_descale=None if v is None else torch.ones_like(v)))
+
+
+@no_cuda
+@pytest.mark.parametrize("planted", [fa4_descale_swap, fa4_no_v_descale])
+def test_a_planted_fa4_descale_defect_is_caught(fa, planted):
+    import vllm.vllm_flash_attn.cute.interface as cute
+
+    def wrapped(q, k, v, **kw):
+        return planted(q=q, k=k, v=v, **kw)
+
+    cute._flash_attn_fwd = wrapped
+    with pytest.raises(KernelMismatch):
+        check_example(StandInFA4(), Example(fp8_batch(), Poison.NAN))
+    check_example(StandInFA4(), Example(fp8_batch(k_scale=1.0, v_scale=1.0), Poison.NAN))  # unit scales: no trace
 
 
 @no_cuda
