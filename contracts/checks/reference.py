@@ -86,11 +86,24 @@ class Numerics:
     v_scale_after_output: with an fp8 cache and ``v_scale != 1``, the kernel accumulates P@V over the value codes,
         rounds the output to the dtype in those units, and the caller multiplies it by ``v_scale`` in the dtype:
         the output is rounded twice (FlashInfer's wrappers: ``out *= v_scale`` after the kernel).
+    p_fp8_e4m3: the unnormalized probabilities go into P@V as float8_e4m3fn instead of the dtype, scaled by
+        2**8 first (FlashAttention 3's fp8 forward: vllm-project/flash-attention hopper/softmax.h
+        ``scale_apply_exp2`` with ``Max_offset = 8``, "the value after exp2 is in the range of [0, 256]"; the
+        mainloop's ``convert_type_out`` to ``Element``, e4m3, before the P@V GEMM; the row sum in fp32 of the
+        unrounded values, divided by 2**8 in ``finalize``): the ``probabilities`` term with e4m3's unit roundoff
+        :data:`P_FP8_UNIT` and smallest normal over 2**8, :data:`P_FP8_TINY`.
     """
 
     tanh_approx: bool = False
     v_scale_after_output: bool = False
+    p_fp8_e4m3: bool = False
 
+
+#: float8_e4m3fn's unit roundoff (3 mantissa bits): a probability rounded to e4m3 is off by at most this share.
+P_FP8_UNIT = 2.0**-4
+#: e4m3's smallest normal (2**-6) in units of the unnormalized probability that FlashAttention 3 scales by 2**8
+#: before rounding it (``Max_offset = 8``): below it, an absolute error of at most ``P_FP8_UNIT * P_FP8_TINY``.
+P_FP8_TINY = 2.0**-6 / 2.0**8
 
 #: The FlashAttention family's numerics, the envelope's default: no knob on.
 FLASH_ATTENTION = Numerics()
@@ -240,7 +253,10 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
             dlogit.add_(seq.s.masked_fill(seq.masked, 0.0).abs_(), alpha=TANH_APPROX_ULPS)
             drow = drow + TANH_APPROX_ULPS * m.abs()
     av = seq.v.abs()
-    pv = seq.times_v(torch.maximum(p, torch.finfo(batch.torch_dtype).tiny * visible), av)
+    tiny = torch.finfo(batch.torch_dtype).tiny
+    if numerics.p_fp8_e4m3:  # P rounded to e4m3 after FA3's 2**8 offset: its own subnormal threshold
+        tiny = max(tiny, P_FP8_TINY)
+    pv = seq.times_v(torch.maximum(p, tiny * visible), av)
     pd = p * dlogit
     row = pd.sum(-1, keepdim=True) + drow * p.sum(-1, keepdim=True)
     if seq.sink is not None:
@@ -258,7 +274,8 @@ def _envelope(batch: Batch, o: torch.Tensor, sums: dict[str, torch.Tensor],
     fi = torch.finfo(dt)
     ao, pv = o.abs(), sums["pv"]
     logits = sums["pdv"] + sums["drow"] * pv + sums["row"] * ao
-    terms = {"probabilities": (fi.eps / 2) * pv, "logits": FP32_UNIT * logits,
+    unit = P_FP8_UNIT if numerics.p_fp8_e4m3 else fi.eps / 2  # what P is rounded to before P@V
+    terms = {"probabilities": unit * pv, "logits": FP32_UNIT * logits,
              "accumulation": FP32_UNIT * (sums["keys"] + 2) * (pv + ao)}
     y = ao + terms["probabilities"] + terms["logits"] + terms["accumulation"]  # bounds the fp32 result
     if numerics.v_scale_after_output and batch.fp8_dtype is not None and batch.v_scale != 1.0:
@@ -393,7 +410,8 @@ def reference_and_envelope(batch: Batch, data: BatchData,
     "Accuracy and Stability of Numerical Algorithms", 2nd ed., plus the division and exp). ``numerics``: the
     kernel's departures from that family (:class:`Numerics`: tanh.approx in the softcap adds
     ``TANH_APPROX_ULPS * (|s_k| + |m|)`` to ``ds_k``; an output rounded in the value codes' units and then scaled
-    by ``v_scale`` adds that first rounding, ``v_scale * ulp_dtype(y / v_scale) / 2``, to ``output``). Costs
+    by ``v_scale`` adds that first rounding, ``v_scale * ulp_dtype(y / v_scale) / 2``, to ``output``; P rounded
+    to e4m3 after FA3's 2**8 offset makes ``probabilities`` ``P_FP8_UNIT * sum_k max(p_k, P_FP8_TINY) |v_kd|``). Costs
     three batched matmuls per chunk of sequences more than the reference."""
     got = _exact(batch, data, ("reference", "envelope"), numerics)
     return got["reference"], got["envelope"]
@@ -425,5 +443,6 @@ def same_precision_attention(batch: Batch, data: BatchData) -> torch.Tensor:
 
 
 __all__ = ["DOT_LAMBDA", "ENVELOPE_TERMS", "FLASH_ATTENTION", "FP32_TINY", "FP32_UNIT", "LOGIT_ULPS", "Numerics",
-           "SOFTCAP_ULPS", "TANH_APPROX_ULPS", "envelope_terms", "flash_attention_model", "reference_and_envelope",
+           "P_FP8_TINY", "P_FP8_UNIT", "SOFTCAP_ULPS", "TANH_APPROX_ULPS", "envelope_terms", "flash_attention_model",
+           "reference_and_envelope",
            "reference_attention", "same_precision_attention", "ulp"]
