@@ -66,5 +66,5 @@ def test_reductions_of_an_fp8_batch_keep_its_block_size():
                            dtype="bfloat16", k_scale=0.5, v_scale=0.5, num_heads=2, num_kv_heads=1)
     smaller = reductions(fp8, CAPS, LIMITS)
     assert smaller and all(CAPS.accepts(b) for b in smaller)
-    assert any(b.block_size < 64 for b in reductions(attrs.evolve(fp8, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0), CAPS,
-                                                             LIMITS))
+    auto = attrs.evolve(fp8, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0)
+    assert any(b.block_size < 64 for b in reductions(auto, CAPS, LIMITS))
