@@ -48,7 +48,11 @@ support bf16 dtype for S aux."; gpt-oss's sinks are a parameter in the model dty
 (``get_flash_attn_version`` drops to FA2 with ALiBi; ``flash_attn_varlen_func`` asserts ``alibi_slopes is None`` for
 FA3); int32 index tensors (FA3's flash_api.cpp checks them). kv_cache_dtype fp8/fp8_e4m3 (not e5m2) is supported by the
 backend, but FA3's fp8 forward takes the *query* in fp8 too (vLLM's attention layer quantizes it with ``_q_scale``), and
-kvfuzz's reference has no fp8 query: the target does not declare fp8 (its guard signature checks fp8 calls). Nor sinks:
+kvfuzz's reference has no fp8 query: the target does not declare fp8 (its guard signature checks fp8 calls). What
+declaring it needs: the query quantized as the layer does (``scaled_fp8_quant(query, _q_scale)``) and the reference
+handed those exact values; FA3's P rounded to e4m3 in the envelope (``Numerics(p_fp8_e4m3=True)``, docs/tolerance.md);
+bf16 only (hopper/flash_api.cpp: "For FP8 input, output must have dtype BF16", and vLLM hands it the model-dtype
+``output``). Nor sinks:
 kvfuzz draws fp32 sink logits, which a bf16 ``s_aux`` rounds by up to 2^-9 relative, more than the reference's tolerance
 allows for a dominant sink; an undeclared sink batch is called with ``s_aux`` in bf16.
 
