@@ -13,6 +13,9 @@
 # scaling.json (the table), log.txt. Needs the .device/ bundle (benchmarks/gpu_env.sh); no network.
 # Start-up and shutdown cost ~25 s per run, the install ~40 s: WARMUP + 3 x RUN_SECONDS + ~2.5 min (~7.5 min with
 # the defaults; AB=0 saves a run), within one 10-minute device call.
+# SIDE=1 (issue 51: "side by side, at the same time, never one run after another"): after the warm-up, one GPU (the
+# first, cores 0 .. C-1) and two GPUs (the next two, cores C .. 3C-1) run at the same time, C = CORES_PER_GPU (default
+# 16 here), so neither pays compiles or noise the other does not; needs 3 GPUs and 3C cores; AB is not run.
 # SKIP_ONE=1 leaves out the one-GPU run (one measured in an earlier call on the same kind of host).
 # CORES_PER_GPU=N gives each run N cores per GPU it uses (taskset 0 .. N*GPUs-1), as the lent machines are sized
 # (16 cores a GPU): one GPU is then measured on a one-GPU machine's share of the host, not on all its cores; the
@@ -34,10 +37,10 @@ run() {  # name devices seconds [env...]
   nvidia-smi --query-gpu=index,utilization.gpu --format=csv,noheader,nounits -l 1 > "$R/util-$name.txt" 2>/dev/null &
   local smi=$!
   read -r b0 t0 <<< "$(cpu_ticks)"
-  local pin=()
+  local pin=() off=${CORE_OFFSET:-0}
   if [ -n "${CORES_PER_GPU:-}" ]; then
     local n; n=$(echo "$devs" | tr ',' '\n' | wc -l)
-    pin=(taskset -c "0-$((n * CORES_PER_GPU - 1))")
+    pin=(taskset -c "$off-$((off + n * CORES_PER_GPU - 1))")
   fi
   env "$@" CUDA_VISIBLE_DEVICES=$devs "${pin[@]}" timeout $((secs + 150)) $KV fuzz --target "$T" --seed 0 \
     --triton-cache "$W/tc" --out "$W/$name" --duration "${secs}s" "${EXTRA[@]}" > "$W/$name.log" 2>&1 &
@@ -91,17 +94,29 @@ EXTRA=("$@")
   : > "$R/rows.jsonl"
   echo "== warm-up on $ALL for ${WARMUP:-30}s (fills the shared Triton cache)"
   run warmup "$ALL" "${WARMUP:-30}"
-  if [ "${SKIP_ONE:-0}" != 1 ]; then
+  if [ "${SIDE:-0}" = 1 ]; then
+    export CORES_PER_GPU=${CORES_PER_GPU:-16}
+    TWO=$(echo "$ALL" | cut -d, -f2-3)
+    echo "== at the same time: one GPU ($FIRST, cores 0-$((CORES_PER_GPU - 1))) and two GPUs ($TWO, cores" \
+      "$CORES_PER_GPU-$((3 * CORES_PER_GPU - 1)))"
+    run one "$FIRST" "$S" > "$W/side-one.txt" 2>&1 &
+    CORE_OFFSET=$CORES_PER_GPU run two "$TWO" "$S" > "$W/side-two.txt" 2>&1 &
+    wait
+    cat "$W/side-one.txt" "$W/side-two.txt"
+    AB=0
+  elif [ "${SKIP_ONE:-0}" != 1 ]; then
     echo "== one GPU ($FIRST)"
     run one "$FIRST" "$S"
   fi
-  TWO=$(echo "$ALL" | cut -d, -f1-2)
-  if [ "$TWO" != "$ALL" ]; then
+  [ "${SIDE:-0}" = 1 ] || TWO=$(echo "$ALL" | cut -d, -f1-2)
+  if [ "${SIDE:-0}" != 1 ] && [ "$TWO" != "$ALL" ]; then
     echo "== two GPUs ($TWO), one MPS daemon per GPU"
     run two "$TWO" "$S"
   fi
-  echo "== all GPUs ($ALL), one MPS daemon per GPU"
-  run all "$ALL" "$S"
+  if [ "${SIDE:-0}" != 1 ]; then
+    echo "== all GPUs ($ALL), one MPS daemon per GPU"
+    run all "$ALL" "$S"
+  fi
   if [ "${AB:-1}" = 1 ]; then
     echo "== all GPUs ($ALL), one MPS daemon for all (KVFUZZ_MPS_PER_GPU=0, as before)"
     run all-one-daemon "$ALL" "$S" KVFUZZ_MPS_PER_GPU=0
