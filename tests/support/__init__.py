@@ -65,6 +65,30 @@ def available(target, *args):
     return t
 
 
+def campaign_outcomes(out: Path) -> list:
+    """Each example's labels, failure signature, agreement ratio and KV tokens, in order, in a 40-example
+    vllm.cpu_attention campaign of seed 5 (zeros poison) writing under ``out``: two runs that must draw and decide
+    alike (a Hypothesis internal replaced or not) compare these lists."""
+    from kvfuzz.contracts.model.poison import Poison
+    from kvfuzz.fuzz.campaign import engine
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+
+    seen = []
+    end = engine._Counting.end
+
+    def recording(self, target, outcome):
+        seen.append((sorted(outcome.labels.items()), outcome.signature, repr(outcome.ratio), outcome.kv_tokens))
+        end(self, target, outcome)
+
+    engine._Counting.end = recording
+    try:
+        engine.fuzz_target(get_target("vllm.cpu_attention"), CampaignConfig(out=out, max_examples=40,
+                                                                           poisons=(Poison.ZEROS,), seed=5))
+    finally:
+        engine._Counting.end = end
+    return seen
+
+
 def batch_of(lens, *, block_size=16, spare=0, reverse=False, pad_columns=0, **kw):
     """:func:`kvfuzz.contiguous_batch` of ``(query_len, ctx_len)`` pairs: sequence after sequence, each its
     ceil(seq_len / block_size) blocks. ``spare``: unused blocks past them; ``reverse``: block ids handed out from the

@@ -9,34 +9,15 @@ from hypothesis import strategies as st
 from hypothesis.control import BuildContext
 from hypothesis.internal.conjecture import data as conjecture
 from hypothesis.internal.conjecture.data import ConjectureData, Spans, _mutator_groups
+from support import campaign_outcomes
 
-from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign import engine
-from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.engine import fast_mutator_groups, mutator_groups
 from kvfuzz.fuzz.targets import get_target
 from kvfuzz.strategies.batches import examples
 from kvfuzz.strategies.limits import Limits
 from kvfuzz.strategies.serving import serving_examples
 from kvfuzz.strategies.tiers import tier_limits
-
-
-def _outcomes(tmp_path, name: str) -> list:
-    """Each example's labels, failure signature, agreement ratio and KV tokens in a 40-example campaign of seed 5."""
-    seen = []
-    end = engine._Counting.end
-
-    def recording(self, target, outcome):
-        seen.append((sorted(outcome.labels.items()), outcome.signature, repr(outcome.ratio), outcome.kv_tokens))
-        end(self, target, outcome)
-
-    engine._Counting.end = recording
-    try:
-        engine.fuzz_target(get_target("vllm.cpu_attention"), CampaignConfig(
-            out=tmp_path / name, max_examples=40, poisons=(Poison.ZEROS,), seed=5))
-    finally:
-        engine._Counting.end = end
-    return seen
 
 
 def _spans(strategy, seed: int) -> Spans:
@@ -86,11 +67,11 @@ def test_installed_once_and_a_campaign_runs_the_same_examples(tmp_path, monkeypa
     original.__set_name__(Spans, "mutator_groups")
     monkeypatch.setattr(conjecture.Spans, "mutator_groups", original)
     monkeypatch.setattr(engine, "fast_mutator_groups", lambda: None)
-    plain = _outcomes(tmp_path, "plain")
+    plain = campaign_outcomes(tmp_path / "plain")
     assert conjecture.Spans.__dict__["mutator_groups"] is original
     monkeypatch.undo()
     monkeypatch.setattr(conjecture.Spans, "mutator_groups", original)  # put back when the test ends
-    fast = _outcomes(tmp_path, "fast")
+    fast = campaign_outcomes(tmp_path / "fast")
     installed = conjecture.Spans.__dict__["mutator_groups"]
     assert isinstance(installed, functools.cached_property) and installed.func is mutator_groups
     fast_mutator_groups()  # once: a second call leaves it

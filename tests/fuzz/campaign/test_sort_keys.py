@@ -2,12 +2,10 @@
 computed once per choice sequence, and a campaign draws and decides exactly what it did without them."""
 
 from hypothesis.internal.conjecture import pareto, shrinker
+from support import campaign_outcomes
 
-from kvfuzz.contracts.model.poison import Poison
 from kvfuzz.fuzz.campaign import engine
-from kvfuzz.fuzz.campaign.config import CampaignConfig
-from kvfuzz.fuzz.campaign.engine import SortKeys, fuzz_target
-from kvfuzz.fuzz.targets import get_target
+from kvfuzz.fuzz.campaign.engine import SortKeys
 
 
 def test_a_key_is_computed_once_per_sequence_and_never_handed_to_another():
@@ -33,29 +31,13 @@ def test_a_key_is_computed_once_per_sequence_and_never_handed_to_another():
     assert keys(live) == (2, (7, 8))
 
 
-def _outcomes(tmp_path, name: str) -> list:
-    seen = []
-    end = engine._Counting.end
-
-    def recording(self, target, outcome):
-        seen.append((sorted(outcome.labels.items()), outcome.signature, repr(outcome.ratio), outcome.kv_tokens))
-        end(self, target, outcome)
-
-    engine._Counting.end = recording
-    try:
-        fuzz_target(get_target("vllm.cpu_attention"), CampaignConfig(out=tmp_path / name, max_examples=40,
-                                                              poisons=(Poison.ZEROS,), seed=5))
-    finally:
-        engine._Counting.end = end
-    return seen
-
 
 def test_a_campaign_runs_the_same_examples_with_the_keys_remembered(tmp_path, monkeypatch):
     monkeypatch.setattr(pareto, "sort_key", shrinker.sort_key)
     monkeypatch.setattr(engine, "remember_sort_keys", lambda: None)
-    plain = _outcomes(tmp_path, "plain")
+    plain = campaign_outcomes(tmp_path / "plain")
     monkeypatch.undo()
     monkeypatch.setattr(pareto, "sort_key", shrinker.sort_key)  # put back when the test ends
-    remembered = _outcomes(tmp_path, "remembered")
+    remembered = campaign_outcomes(tmp_path / "remembered")
     assert isinstance(pareto.sort_key, SortKeys) and pareto.sort_key._memo  # installed by the campaign, and used
     assert len(plain) >= 40 and remembered == plain
