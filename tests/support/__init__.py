@@ -30,6 +30,12 @@ def benchmark_script(name: str):
     return mod
 
 
+def run_benchmark(name: str, *args, timeout=600) -> subprocess.CompletedProcess:
+    """``python benchmarks/NAME.py ARGS`` from the checkout with this interpreter, output captured as text."""
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
 def kvfuzz(*args, cwd=ROOT, env=None, timeout=600, input=None) -> subprocess.CompletedProcess:
     """Run ``kvfuzz ARGS`` in a child process and wait for it: stdout and stderr captured as text.
 

@@ -6,18 +6,13 @@ module, which has a soft cap (benchmarks/results/flashinfer-4401-draws-cpu.txt).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from support import ROOT
-
-SCRIPT = ROOT / "benchmarks" / "bug_draws.py"
+from support import run_benchmark
 
 
 def test_a_240_s_campaign_of_flashinfer_4401_draws_a_triggering_row(tmp_path):
     out = tmp_path / "draws.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "0", "--duration", "240", "--until-trigger",
-                           "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    done = run_benchmark("bug_draws", "--seeds", 0, "--duration", 240, "--until-trigger", "--json", out, timeout=900)
     assert done.returncode == 0, done.stderr
     (summary,) = json.loads(out.read_text())["summaries"]
     assert summary["first triggering example"] is not None, summary

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
-from support import ROOT
-
-SCRIPT = ROOT / "benchmarks" / "campaign_speed.py"
+from support import run_benchmark
 
 
 def _run(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                          timeout=600)
+    return run_benchmark("campaign_speed", *args)
 
 
 def test_a_run_reports_every_stage_and_compare_tells_a_changed_outcome(tmp_path):
