@@ -20,14 +20,15 @@
 # CORES_PER_GPU=N gives each run N cores per GPU it uses (taskset 0 .. N*GPUs-1), as the lent machines are sized
 # (16 cores a GPU): one GPU is then measured on a one-GPU machine's share of the host, not on all its cores; the
 # defaults (workers) count that affinity mask. Unset: every run sees all the host's cores.
-# Usage: OUT=dir [RUN_SECONDS=90] [WARMUP=30] [AB=1] [SKIP_ONE=1] bash benchmarks/gpu_multi_scaling.sh [TARGET] [-- kvfuzz fuzz args]
+# GPUS=0,1,2 uses those GPUs alone (the rest of the host free for other work in the same call).
+# Usage: OUT=dir [GPUS=i,j,..] [RUN_SECONDS=90] [WARMUP=30] [AB=1] [SKIP_ONE=1] bash benchmarks/gpu_multi_scaling.sh [TARGET] [-- kvfuzz fuzz args]
 set -uo pipefail
 T=${1:-vllm.unified_attention}
 shift 1 2>/dev/null; [ "${1:-}" = "--" ] && shift
 export S=${RUN_SECONDS:-90}  # not $SECONDS: bash counts its own seconds there
 source "$(dirname "$0")/gpu_env.sh" >/dev/null 2>&1
 gpu_out
-ALL=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+ALL=${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)}
 FIRST=${ALL%%,*}
 
 cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$6+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
