@@ -221,12 +221,13 @@ def test_a_changed_big_cache_is_found_by_its_block_digests(monkeypatch):
     import kvfuzz.contracts.checks.oracles as oracles
 
     monkeypatch.setattr(oracles, "DIGEST_SLICE_ELEMENTS", 3 * 16 * 2 * 8)  # three blocks a slice: several slices
-    kv = torch.randn(7, 2, 16, 2, 8).to(torch.float16)  # [blocks, k/v, slots, heads, dim]: v is not contiguous
+    kv = torch.randn(7, 2, 16, 2, 8, generator=torch.Generator().manual_seed(0)).to(torch.float16)
+    # [blocks, k/v, slots, heads, dim]: v is not contiguous
     for cache in (kv[:, 0], kv[:, 1], kv[:, 1].to(torch.float8_e4m3fn), kv[:, 0].float()):
         before = oracles.block_digests(cache)
         assert before.shape == (7,) and oracles.check_cache_digests(before, cache) is None
         after = cache.clone()
-        after[5, 3, 1, 2] = 1.5
+        after[5, 3, 1, 2] = 100.0  # no randn value (1.5 was one in 1 of ~30 unseeded fp8 draws: a flaky test)
         fail = oracles.check_cache_digests(before, after)
         assert (fail.oracle, fail.token, fail.bad_rows, fail.bad_elements) == (Oracle.PAD_WRITES, 5, 1, -1)
         assert "1 blocks, first block 5" in fail.message() and "digests" in fail.message()
