@@ -257,8 +257,11 @@ def agreement_bound(ref: torch.Tensor, lowp: torch.Tensor, envelope: torch.Tenso
     return torch.maximum(naive, envelope)
 
 
-#: The same-precision output: a tensor, or a function computing it (called only when needed).
-LowPrecision = torch.Tensor | Callable[[], torch.Tensor]
+#: The same-precision output: a tensor ``[num_tokens, num_heads, head_size]``, or a function of output rows (token
+#: indices, ascending) computing those rows alone, ``[len(tokens), num_heads, head_size]`` (called only when an
+#: element is over the envelope, with the rows that have one: a long sequence's naive model costs its whole
+#: ``[H, Q, K]`` of logits, hundreds of GB at serving sizes).
+LowPrecision = torch.Tensor | Callable[[list[int]], torch.Tensor]
 
 
 def over_envelope(out: torch.Tensor, ref: torch.Tensor, envelope: torch.Tensor) -> torch.Tensor:
@@ -276,12 +279,14 @@ def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPreci
     """The element-wise rule of the module docstring, with its ratio: ``(failure, ratio)``.
 
     ``out`` any float dtype, ``ref`` and ``envelope`` fp64, all ``[num_tokens, num_heads, head_size]`` and on
-    one device (``out`` is moved to ``ref``'s); ``lowp`` fp64 that shape, or a zero-argument function returning
-    it. ``failure``: None when every element passes, else the failure at the element with the largest
+    one device (``out`` is moved to ``ref``'s); ``lowp`` fp64 that shape, or a function of token indices returning
+    those rows (:data:`LowPrecision`), called with the rows that have an element over the envelope.
+    ``failure``: None when every element passes, else the failure at the element with the largest
     ``|out - ref| / bound``. ``ratio``: the largest ``|out - ref| / bound`` of a passing output (0.0 when it
     fails). Every element under the envelope passes whatever ``lowp`` is (the bound is at least the envelope),
-    so ``lowp`` is computed only when some element exceeds it, and the ratio is then taken against the
-    envelope alone: an upper bound of the ratio against the full bound. One host sync when every element is
+    so ``lowp`` is computed only when some element exceeds it, and only for the rows with such an element; the
+    ratio is taken against the envelope alone where ``lowp`` was not computed: an upper bound of the ratio against
+    the full bound. One host sync when every element is
     under the envelope; none when ``over``, :func:`over_envelope`'s value for these tensors, is given and at
     most 1."""
     if over is None:
@@ -290,7 +295,12 @@ def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPreci
         return None, over
     err = (out.to(ref.device, torch.float64) - ref).abs()
     err, ref, envelope = err.cpu(), ref.cpu(), envelope.cpu()
-    bound = agreement_bound(ref, (lowp() if callable(lowp) else lowp).cpu(), envelope, rtol)
+    if callable(lowp):  # the naive model of the rows with an element over the envelope alone: the rest pass by it
+        tokens = [int(i) for i in torch.nonzero(~(err <= envelope).flatten(1).all(dim=1)).flatten()]
+        bound = envelope.clone()
+        bound[tokens] = agreement_bound(ref[tokens], lowp(tokens).cpu(), envelope[tokens], rtol)
+    else:
+        bound = agreement_bound(ref, lowp.cpu(), envelope, rtol)
     bad = ~(err <= bound)  # NaN counts as bad
     if not bad.any():
         return None, float((err / bound).max())

@@ -25,8 +25,8 @@ first Dv dims (512), the output ``[T, H, Dv]``; nothing else changes (the dot pr
 Both are computed for all sequences at once, in a few batched ops per chunk of sequences (the layout:
 :mod:`~kvfuzz.contracts.checks.reference_chunks`), on the device of ``data.query``, without reading a device
 tensor back to the host. The two low-precision models (:func:`same_precision_attention`,
-:func:`flash_attention_model`) loop over sequences: the harness computes the first only for an output outside
-the envelope, and the second only tests use.
+:func:`flash_attention_model`) loop over sequences: the harness computes the first only for the output rows outside
+the envelope (over the keys each can see, a few rows at a time), and the second only tests use.
 """
 
 from __future__ import annotations
@@ -109,18 +109,30 @@ P_FP8_TINY = 2.0**-6 / 2.0**8
 FLASH_ATTENTION = Numerics()
 
 
-def _sequence(batch: Batch, data: BatchData, i: int, dtype: torch.dtype):
+def _sequence(batch: Batch, data: BatchData, i: int, dtype: torch.dtype, rows: torch.Tensor | None = None):
     """Sequence ``i``'s queries ``[Q, H, D]``, GQA-expanded keys and values ``[K, H, D]``, its masked logits
-    ``[H, Q, K]`` (``-inf`` where masked) and its sink logits ``[H, Q, 1]`` (or None), all in ``dtype``."""
+    ``[H, Q, K]`` (``-inf`` where masked) and its sink logits ``[H, Q, 1]`` (or None), all in ``dtype``.
+
+    ``rows``: int64 query rows of the sequence (0-based, ascending) to compute alone, or None for all; with it,
+    ``Q`` is ``len(rows)`` and the keys are only the span those rows can see (from the first row's window start,
+    or 0, to the last row's position), ``K`` that span's length."""
     g = batch.gqa_ratio
     qsl, ssl = batch.query_start_loc, batch.seq_start_loc
-    q = data.query[qsl[i] : qsl[i + 1]].to(dtype)
-    k = data.keys[ssl[i] : ssl[i + 1]].to(dtype).repeat_interleave(g, dim=1)
-    v = data.values[ssl[i] : ssl[i + 1]].to(dtype).repeat_interleave(g, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) * batch.scale
     dev = data.query.device
-    qpos = batch.ctx_lens[i] + torch.arange(batch.query_lens[i], device=dev)
-    kpos = torch.arange(batch.seq_lens[i], device=dev)
+    if rows is None:
+        q = data.query[qsl[i] : qsl[i + 1]].to(dtype)
+        qpos = batch.ctx_lens[i] + torch.arange(batch.query_lens[i], device=dev)
+        k0, k1 = 0, batch.seq_lens[i]
+    else:
+        q = data.query[qsl[i] + rows.to(dev)].to(dtype)
+        qpos = batch.ctx_lens[i] + rows.to(dev)
+        first, last = batch.ctx_lens[i] + int(rows[0]), batch.ctx_lens[i] + int(rows[-1])
+        k0 = max(0, first - batch.sliding_window + 1) if batch.sliding_window is not None else 0
+        k1 = last + 1
+    k = data.keys[ssl[i] + k0 : ssl[i] + k1].to(dtype).repeat_interleave(g, dim=1)
+    v = data.values[ssl[i] + k0 : ssl[i] + k1].to(dtype).repeat_interleave(g, dim=1)
+    scores = _einsum("qhd,khd->hqk", q, k) * batch.scale
+    kpos = torch.arange(k0, k1, device=dev)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     if batch.softcap is not None:
         scores = batch.softcap * torch.tanh(scores.to(acc) / batch.softcap).to(dtype)
@@ -138,20 +150,72 @@ def _sequence(batch: Batch, data: BatchData, i: int, dtype: torch.dtype):
     return q, k, v, scores, sink
 
 
-def _attend(batch: Batch, data: BatchData, dtype: torch.dtype) -> torch.Tensor:
-    """The attention computed naively in ``dtype`` with torch ops (softmax accumulated in fp32 for 16-bit
-    dtypes, as torch does): ``[num_tokens, num_heads, head_size]`` in ``dtype``."""
-    out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size_v), dtype=dtype, device=data.query.device)
+def _attend_rows(batch: Batch, data: BatchData, dtype: torch.dtype, i: int, rows: torch.Tensor | None):
+    """:func:`_attend` for sequence ``i``'s query ``rows`` (see :func:`_sequence`): ``[Q, H, Dv]`` in ``dtype``."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    qsl = batch.query_start_loc
-    for i in range(batch.num_seqs):  # one vectorized block per sequence (not per token)
-        _, _, v, scores, sink = _sequence(batch, data, i, dtype)
-        if sink is not None:  # the sink's probability is dropped after the softmax
-            p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1, dtype=acc)[..., :-1]
-        else:
-            p = torch.softmax(scores, dim=-1, dtype=acc)
-        out[qsl[i] : qsl[i + 1]] = torch.einsum("hqk,khd->qhd", p.to(dtype), v)
+    _, _, v, scores, sink = _sequence(batch, data, i, dtype, rows)
+    if sink is not None:  # the sink's probability is dropped after the softmax
+        p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1, dtype=acc)[..., :-1]
+    else:
+        p = torch.softmax(scores, dim=-1, dtype=acc)
+    return _einsum("hqk,khd->qhd", p.to(dtype), v)
+
+
+def _einsum(eq: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.einsum(eq, a, b)`` in ``a``'s dtype; a 16-bit product computed as a GPU's half-precision GEMM
+    computes it (cuBLAS, and torch's own CPU GEMM: products accumulated in fp32, the sum rounded to the dtype once)
+    through fp32 matmuls: the same values up to the fp32 summation order, at fp32 speed (a 16-bit einsum on a CPU
+    without native 16-bit GEMM ran about 0.5 GFLOP/s: minutes for one long sequence's model)."""
+    if a.dtype in (torch.float16, torch.bfloat16):
+        return torch.einsum(eq, a.float(), b.float()).to(a.dtype)
+    return torch.einsum(eq, a, b)
+
+
+#: The most logits (``heads x rows x keys``) one block of :func:`_attend`'s ``tokens`` form computes at once: 2**24
+#: (its fp32 probabilities 64 MiB, the ALiBi bias in fp64 128 MiB), so an over-envelope row of a long sequence
+#: costs its own keys' work, not the whole sequence's ``[H, Q, K]`` (which reached hundreds of GB).
+ROWS_BLOCK_LOGITS = 1 << 24
+
+
+def _row_blocks(batch: Batch, i: int, rows: list[int]) -> list[torch.Tensor]:
+    """Sequence ``i``'s query ``rows`` (ascending) cut into runs whose ``heads x rows x visible keys`` stays
+    within :data:`ROWS_BLOCK_LOGITS` (a run of one row may exceed it)."""
+    out, cur = [], []
+    for r in rows:
+        trial = cur + [r]
+        first, last = batch.ctx_lens[i] + trial[0], batch.ctx_lens[i] + r
+        k0 = max(0, first - batch.sliding_window + 1) if batch.sliding_window is not None else 0
+        if cur and batch.num_heads * len(trial) * (last + 1 - k0) > ROWS_BLOCK_LOGITS:
+            out.append(torch.tensor(cur, dtype=torch.int64))
+            trial = [r]
+        cur = trial
+    if cur:
+        out.append(torch.tensor(cur, dtype=torch.int64))
     return out
+
+
+def _attend(batch: Batch, data: BatchData, dtype: torch.dtype, tokens: list[int] | None = None) -> torch.Tensor:
+    """The attention computed naively in ``dtype`` with torch ops (softmax accumulated in fp32 for 16-bit
+    dtypes, as torch does): ``[num_tokens, num_heads, head_size]`` in ``dtype``; with ``tokens`` (output rows,
+    query order, ascending), only those rows, ``[len(tokens), num_heads, head_size]``, each computed over the
+    keys it can see, in blocks of at most :data:`ROWS_BLOCK_LOGITS` logits."""
+    qsl = batch.query_start_loc
+    if tokens is None:
+        out = torch.empty((batch.num_tokens, batch.num_heads, batch.head_size_v), dtype=dtype,
+                          device=data.query.device)
+        for i in range(batch.num_seqs):  # one vectorized block per sequence (not per token)
+            out[qsl[i] : qsl[i + 1]] = _attend_rows(batch, data, dtype, i, None)
+        return out
+    parts, i = [], 0
+    by_seq: dict[int, list[int]] = {}
+    for t in tokens:
+        while qsl[i + 1] <= t:
+            i += 1
+        by_seq.setdefault(i, []).append(t - qsl[i])
+    for i, rows in by_seq.items():
+        parts += [_attend_rows(batch, data, dtype, i, block) for block in _row_blocks(batch, i, rows)]
+    return torch.cat(parts) if parts else torch.empty((0, batch.num_heads, batch.head_size_v), dtype=dtype,
+                                                      device=data.query.device)
 
 
 def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -434,12 +498,15 @@ def flash_attention_model(batch: Batch, data: BatchData) -> torch.Tensor:
     return out.to(torch.float64)
 
 
-def same_precision_attention(batch: Batch, data: BatchData) -> torch.Tensor:
+def same_precision_attention(batch: Batch, data: BatchData, tokens: list[int] | None = None) -> torch.Tensor:
     """The same math done naively in ``batch.dtype`` (softmax accumulated in fp32, as torch does), returned
-    as fp64. Its distance from :func:`reference_attention` measures how much error the dtype itself costs;
+    as fp64 ``[num_tokens, num_heads, head_size_v]``, or with ``tokens`` (output rows in query order, ascending)
+    only those rows, ``[len(tokens), num_heads, head_size_v]``, each over the keys it can see (what the agreement
+    oracle computes for the rows outside the envelope alone: :func:`~kvfuzz.contracts.checks.oracles.agreement`).
+    Its distance from :func:`reference_attention` measures how much error the dtype itself costs;
     the tolerance rule (:mod:`kvfuzz.contracts.checks.oracles`) allows a kernel a multiple of it, as
     FlashAttention's tests do (tests/test_flash_attn.py, ``out_pt``)."""
-    return _attend(batch, data, batch.torch_dtype).to(torch.float64)
+    return _attend(batch, data, batch.torch_dtype, tokens).to(torch.float64)
 
 
 __all__ = ["DOT_LAMBDA", "ENVELOPE_TERMS", "FLASH_ATTENTION", "FP32_TINY", "FP32_UNIT", "LOGIT_ULPS", "Numerics",

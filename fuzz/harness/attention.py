@@ -205,10 +205,10 @@ def _raise_finding(run: Run, violations: list, crash: str | None, finite_fail, a
         raise kind(state_fail.oracle.value, state_fail.message(), {**common, "oracle": state_fail.to_dict()})
 
 
-def _same_precision_on_cpu(batch: Batch, data: BatchData) -> torch.Tensor:
-    """:func:`~kvfuzz.contracts.checks.reference.same_precision_attention` on the CPU, wherever ``data`` is:
-    the same on every machine (a GPU's low-precision matmuls are not)."""
-    return same_precision_attention(batch, data.to("cpu"))
+def _same_precision_on_cpu(batch: Batch, data: BatchData, tokens: list[int]) -> torch.Tensor:
+    """:func:`~kvfuzz.contracts.checks.reference.same_precision_attention` of output rows ``tokens`` on the CPU,
+    wherever ``data`` is: the same on every machine (a GPU's low-precision matmuls are not)."""
+    return same_precision_attention(batch, data.to("cpu"), tokens)
 
 
 __all__ = ["GPU_REFERENCE_MIN_KV", "call_violations", "caller_finding", "caller_violations", "check_example",

@@ -532,23 +532,25 @@ def test_catches_a_wrong_scale(make_batch):
 
 def test_the_same_precision_model_is_computed_only_when_the_envelope_is_exceeded(make_batch):
     """agreement() takes lowp lazily: an output inside the envelope never calls it (its ratio is then against
-    the envelope, an upper bound of the exact one); an output outside calls it once, and the verdict and the
+    the envelope, an upper bound of the exact one); an output outside calls it once (for the rows over the
+    envelope; the ratio is then exact on them and against the envelope on the others), and the verdict and the
     located failure equal those of the eager call."""
     from kvfuzz.contracts.checks.oracles import agreement
 
     b, d, ref, lowp, env = case(make_batch)
     calls = []
 
-    def lazy():
+    def lazy(tokens):
         calls.append(1)
-        return lowp
+        return lowp[tokens]
 
     inside = emulate(b, d)  # FlashAttention-style: inside the envelope
     fail, ratio = agreement(b, inside, ref, lazy, env)
     assert fail is None and not calls and exact_ratio(inside, ref, lowp, env) <= ratio <= 1.0
     naive = _attend(b, d, b.torch_dtype)  # outside the envelope, inside the naive term
     fail, ratio = agreement(b, naive, ref, lazy, env)
-    assert fail is None and calls == [1] and ratio == pytest.approx(exact_ratio(naive, ref, lowp, env))
+    # the model of the rows over the envelope alone: the ratio is exact there, against the envelope elsewhere
+    assert fail is None and calls == [1] and exact_ratio(naive, ref, lowp, env) <= ratio <= 1.0
     wrong = naive.clone()
     wrong[5] += 0.01
     fail, ratio = agreement(b, wrong, ref, lazy, env)
