@@ -274,6 +274,56 @@ def over_envelope(out: torch.Tensor, ref: torch.Tensor, envelope: torch.Tensor) 
     return (err / envelope).nan_to_num(float("inf")).max()  # envelope > 0
 
 
+#: The most work the naive model of one output may cost the agreement oracle, in multiply-adds (``heads x keys seen x
+#: (head_size + head_size_v)`` summed over the rows it computes): 2**37, about 10 s of fp32 matmuls on a few cores.
+#: Past it (a kernel wrong on thousands of rows of a long sequence without a window: 8,192 rows of 40,960 keys and 96
+#: heads cost 2**43) the rows worst first, and the rest left unjudged by the naive term (:func:`_rows_bound`).
+NAIVE_WORK_BUDGET = 1 << 37
+
+
+def _row_work(batch: Batch, tokens: list[int]) -> list[int]:
+    """Multiply-adds of the naive model of each output row in ``tokens`` (:data:`NAIVE_WORK_BUDGET`)."""
+    qsl, per_key = batch.query_start_loc, batch.num_heads * (batch.head_size + batch.head_size_v)
+    out, i = [], 0
+    for t in sorted(tokens):
+        while qsl[i + 1] <= t:
+            i += 1
+        keys = batch.ctx_lens[i] + t - qsl[i] + 1
+        if batch.sliding_window is not None:
+            keys = min(keys, batch.sliding_window)
+        out.append(keys * per_key)
+    return out
+
+
+def _rows_bound(batch: Batch, err: torch.Tensor, ref: torch.Tensor, lowp: Callable[[list[int]], torch.Tensor],
+                envelope: torch.Tensor, rtol: float) -> torch.Tensor:
+    """The bound of :func:`agreement_bound` with the naive model computed by ``lowp`` for the rows that have an element
+    over the envelope (the others' bound is the envelope: they pass by it). Within :data:`NAIVE_WORK_BUDGET` every
+    such row; past it the rows by their largest ``err / envelope``, worst first, in a few calls, until the budget is
+    spent, and the rows left get an infinite bound: not judged (never a failure the naive term might have excused)."""
+    rows = ~(err <= envelope).flatten(1).all(dim=1)
+    tokens = [int(i) for i in torch.nonzero(rows).flatten()]
+    bound = envelope.clone()
+    work = dict(zip(tokens, _row_work(batch, tokens)))
+    if sum(work.values()) <= NAIVE_WORK_BUDGET:
+        bound[tokens] = agreement_bound(ref[tokens], lowp(tokens).cpu(), envelope[tokens], rtol)
+        return bound
+    worst = (err[tokens] / envelope[tokens]).nan_to_num(float("inf")).flatten(1).amax(dim=1)
+    order = [tokens[int(i)] for i in torch.argsort(worst, descending=True, stable=True)]
+    spent, k = 0, 0
+    while k < len(order) and spent < NAIVE_WORK_BUDGET:
+        group, part = [], 0
+        while k < len(order) and part < NAIVE_WORK_BUDGET // 8:
+            group.append(order[k])
+            part += work[order[k]]
+            k += 1
+        group.sort()
+        bound[group] = agreement_bound(ref[group], lowp(group).cpu(), envelope[group], rtol)
+        spent += part
+    bound[order[k:]] = float("inf")
+    return bound
+
+
 def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPrecision, envelope: torch.Tensor,
               rtol: float = LOWP_RTOL, over: float | None = None) -> tuple[OracleFailure | None, float]:
     """The element-wise rule of the module docstring, with its ratio: ``(failure, ratio)``.
@@ -284,11 +334,11 @@ def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPreci
     ``failure``: None when every element passes, else the failure at the element with the largest
     ``|out - ref| / bound``. ``ratio``: the largest ``|out - ref| / bound`` of a passing output (0.0 when it
     fails). Every element under the envelope passes whatever ``lowp`` is (the bound is at least the envelope),
-    so ``lowp`` is computed only when some element exceeds it, and only for the rows with such an element; the
-    ratio is taken against the envelope alone where ``lowp`` was not computed: an upper bound of the ratio against
-    the full bound. One host sync when every element is
-    under the envelope; none when ``over``, :func:`over_envelope`'s value for these tensors, is given and at
-    most 1."""
+    so ``lowp`` is computed only when some element exceeds it, and only for the rows with such an element (within
+    :data:`NAIVE_WORK_BUDGET`: past it the worst rows, and the rest not judged); the ratio is taken against the
+    envelope alone where ``lowp`` was not computed: an upper bound of the ratio against the full bound. One host
+    sync when every element is under the envelope; none when ``over``, :func:`over_envelope`'s value for these
+    tensors, is given and at most 1."""
     if over is None:
         over = float(over_envelope(out, ref, envelope))
     if over <= 1.0:
@@ -296,9 +346,7 @@ def agreement(batch: Batch, out: torch.Tensor, ref: torch.Tensor, lowp: LowPreci
     err = (out.to(ref.device, torch.float64) - ref).abs()
     err, ref, envelope = err.cpu(), ref.cpu(), envelope.cpu()
     if callable(lowp):  # the naive model of the rows with an element over the envelope alone: the rest pass by it
-        tokens = [int(i) for i in torch.nonzero(~(err <= envelope).flatten(1).all(dim=1)).flatten()]
-        bound = envelope.clone()
-        bound[tokens] = agreement_bound(ref[tokens], lowp(tokens).cpu(), envelope[tokens], rtol)
+        bound = _rows_bound(batch, err, ref, lowp, envelope, rtol)
     else:
         bound = agreement_bound(ref, lowp.cpu(), envelope, rtol)
     bad = ~(err <= bound)  # NaN counts as bad
@@ -379,6 +427,7 @@ def row_floor(batch: Batch, ref: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["DIGEST_MESSAGE", "DIGEST_SLICE_ELEMENTS", "FLOOR_MAGNITUDE", "LEGACY_NAMES", "LOWP_RTOL", "MESSAGES",
-           "RTOL", "LowPrecision", "Oracle", "OracleFailure", "agreement", "agreement_bound", "atol_floor",
+           "NAIVE_WORK_BUDGET", "RTOL", "LowPrecision", "Oracle", "OracleFailure", "agreement", "agreement_bound",
+           "atol_floor",
            "block_digests", "check_agreement", "check_cache_digests", "check_cache_unchanged", "check_finite",
            "check_label", "check_output", "check_pad_rows", "locate", "over_envelope", "row_floor"]

@@ -70,3 +70,36 @@ def test_agreement_asks_for_the_rows_over_the_envelope_alone():
     assert asked == [[10, 30]]
     want, _ = agreement(b, out, ref, whole, env)  # the whole batch's model: the same verdict, the same failure
     assert fail is not None and repr(fail) == repr(want)
+
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.5])
+def test_past_the_work_budget_the_worst_rows_are_judged_and_the_rest_never_fail(shift, monkeypatch):
+    """``shift`` 0: the output is the naive model itself (a naive-style kernel: rows over the envelope, excused by the
+    naive term); 0.5: it is wrong everywhere."""
+    from kvfuzz.contracts.checks import oracles
+
+    b = batch_of([(24, 8), (16, 40)], num_heads=4, num_kv_heads=2, head_size=32, dtype="float16", seed=3)
+    d = make_batch_data(b)
+    ref, env = reference_and_envelope(b, d)
+    out = same_precision_attention(b, d) + shift
+    ratio = ((out - ref).abs() / env).flatten(1).amax(dim=1)
+    over = [t for t in range(b.num_tokens) if ratio[t] > 1]
+    assert len(over) >= 4
+    full, _ = agreement(b, out, ref, same_precision_attention(b, d), env)  # the verdict with every row's model
+    asked = []
+
+    def lowp(tokens):
+        asked.extend(tokens)
+        return same_precision_attention(b, d, tokens)
+
+    work = dict(zip(over, oracles._row_work(b, over)))
+    monkeypatch.setattr(oracles, "NAIVE_WORK_BUDGET", sum(work.values()) // 4)
+    fail, _ = agreement(b, out, ref, lowp, env)
+    assert 0 < len(asked) < len(over) and set(asked) <= set(over) and len(set(asked)) == len(asked)
+    assert sum(work[t] for t in asked) < sum(work.values()) // 4 + 8 * max(work.values())  # + the last group's overrun
+    left = [t for t in over if t not in asked]
+    assert ratio[asked].min() >= ratio[left].max()  # worst first
+    assert (fail is None) == (full is None) == (shift == 0.0)  # excused everywhere: passes; wrong: still fails
+    if fail is not None:  # found among the rows judged
+        assert fail.token in asked and set(fail.bad_tokens) <= set(asked)
