@@ -65,7 +65,8 @@ SOFTCAP_ULPS = 4.0
 #: PTX ``tanh.approx.f32`` (the softcap of FlashInfer, math.cuh ``math::tanh``, and of FlashAttention 2/3,
 #: ``cutlass::fast_tanh``): its largest relative error, in units of FP32_UNIT. The PTX ISA documents 2**-11; N.
 #: Juffa's exhaustive test of the instruction (MUFU.TANH, sm_75; NVIDIA developer forums, "Hardware-accelerated
-#: tanh() on Turing", 2021) measured 1.113e-5 = 2**-16.45 at most; 2**-16 = 256 units rounds that up
+#: tanh() on Turing", 2021) measured 1.113e-5 = 2**-16.45 at most, and benchmarks/tanh_approx_probe.py the same on an
+#: H200 (1.1126e-5, every fp32 input); 2**-16 = 256 units rounds that up
 #: (docs/tolerance.md, "Declared numerics": at 2**-11, fp16 softcap batches of FlashInfer's emulated arithmetic use
 #: up to 2.6 times the bound, which the GPU campaigns never showed).
 TANH_APPROX_ULPS = 256.0
