@@ -27,7 +27,7 @@ import attrs
 import torch
 
 from ..model.batch import Batch
-from .reference import SOFTCAP_ULPS
+from .reference import SOFTCAP_ULPS, same_precision_work
 
 #: Multiple of the naive same-precision row error a kernel may make: FlashAttention's 2, for every dtype (the
 #: envelope, not this constant, carries fp32 kernels' larger blocked/online-softmax rounding; RTOL 128 did).
@@ -274,25 +274,12 @@ def over_envelope(out: torch.Tensor, ref: torch.Tensor, envelope: torch.Tensor) 
     return (err / envelope).nan_to_num(float("inf")).max()  # envelope > 0
 
 
-#: The most work the naive model of one output may cost the agreement oracle, in multiply-adds (``heads x keys seen x
-#: (head_size + head_size_v)`` summed over the rows it computes): 2**37, about 10 s of fp32 matmuls on a few cores.
-#: Past it (a kernel wrong on thousands of rows of a long sequence without a window: 8,192 rows of 40,960 keys and 96
-#: heads cost 2**43) the rows worst first, and the rest left unjudged by the naive term (:func:`_rows_bound`).
+#: The most work the naive model of one output may cost the agreement oracle, in multiply-adds summed over the rows it
+#: computes (:func:`~kvfuzz.contracts.checks.reference.same_precision_work`): 2**37, about 10 s of fp32 matmuls on a
+#: few cores. Past it (a kernel wrong on thousands of rows of a long sequence without a window: 8,192 rows of 40,960
+#: keys and 96 heads cost 2**43) the rows worst first, and the rest left unjudged by the naive term
+#: (:func:`_rows_bound`).
 NAIVE_WORK_BUDGET = 1 << 37
-
-
-def _row_work(batch: Batch, tokens: list[int]) -> list[int]:
-    """Multiply-adds of the naive model of each output row in ``tokens`` (:data:`NAIVE_WORK_BUDGET`)."""
-    qsl, per_key = batch.query_start_loc, batch.num_heads * (batch.head_size + batch.head_size_v)
-    out, i = [], 0
-    for t in sorted(tokens):
-        while qsl[i + 1] <= t:
-            i += 1
-        keys = batch.ctx_lens[i] + t - qsl[i] + 1
-        if batch.sliding_window is not None:
-            keys = min(keys, batch.sliding_window)
-        out.append(keys * per_key)
-    return out
 
 
 def _rows_bound(batch: Batch, err: torch.Tensor, ref: torch.Tensor, lowp: Callable[[list[int]], torch.Tensor],
@@ -304,7 +291,7 @@ def _rows_bound(batch: Batch, err: torch.Tensor, ref: torch.Tensor, lowp: Callab
     rows = ~(err <= envelope).flatten(1).all(dim=1)
     tokens = [int(i) for i in torch.nonzero(rows).flatten()]
     bound = envelope.clone()
-    work = dict(zip(tokens, _row_work(batch, tokens)))
+    work = same_precision_work(batch, tokens)
     if sum(work.values()) <= NAIVE_WORK_BUDGET:
         bound[tokens] = agreement_bound(ref[tokens], lowp(tokens).cpu(), envelope[tokens], rtol)
         return bound

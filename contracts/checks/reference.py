@@ -125,11 +125,10 @@ def _sequence(batch: Batch, data: BatchData, i: int, dtype: torch.dtype, rows: t
         qpos = batch.ctx_lens[i] + torch.arange(batch.query_lens[i], device=dev)
         k0, k1 = 0, batch.seq_lens[i]
     else:
-        q = data.query[qsl[i] + rows.to(dev)].to(dtype)
-        qpos = batch.ctx_lens[i] + rows.to(dev)
-        first, last = batch.ctx_lens[i] + int(rows[0]), batch.ctx_lens[i] + int(rows[-1])
-        k0 = max(0, first - batch.sliding_window + 1) if batch.sliding_window is not None else 0
-        k1 = last + 1
+        rows = rows.to(dev)
+        q = data.query[qsl[i] + rows].to(dtype)
+        qpos = batch.ctx_lens[i] + rows
+        k0, k1 = _first_key(batch, batch.ctx_lens[i] + int(rows[0])), batch.ctx_lens[i] + int(rows[-1]) + 1
     k = data.keys[ssl[i] + k0 : ssl[i] + k1].to(dtype).repeat_interleave(g, dim=1)
     v = data.values[ssl[i] + k0 : ssl[i] + k1].to(dtype).repeat_interleave(g, dim=1)
     scores = _einsum("qhd,khd->hqk", q, k) * batch.scale
@@ -178,20 +177,32 @@ def _einsum(eq: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 ROWS_BLOCK_LOGITS = 1 << 24
 
 
+def _first_key(batch: Batch, pos: int) -> int:
+    """The first key position a query at position ``pos`` sees: its window's start, or 0."""
+    return max(0, pos - batch.sliding_window + 1) if batch.sliding_window is not None else 0
+
+
+def _rows_by_sequence(batch: Batch, tokens: list[int]) -> dict[int, list[int]]:
+    """Output rows ``tokens`` (query order, ascending) by sequence: ``{sequence: its query rows, 0-based}``."""
+    qsl, i, out = batch.query_start_loc, 0, {}
+    for t in tokens:
+        while qsl[i + 1] <= t:
+            i += 1
+        out.setdefault(i, []).append(t - qsl[i])
+    return out
+
+
 def _row_blocks(batch: Batch, i: int, rows: list[int]) -> list[torch.Tensor]:
     """Sequence ``i``'s query ``rows`` (ascending) cut into runs whose ``heads x rows x visible keys`` stays
     within :data:`ROWS_BLOCK_LOGITS` (a run of one row may exceed it)."""
-    out, cur = [], []
-    for r in rows:
-        trial = cur + [r]
-        first, last = batch.ctx_lens[i] + trial[0], batch.ctx_lens[i] + r
-        k0 = max(0, first - batch.sliding_window + 1) if batch.sliding_window is not None else 0
-        if cur and batch.num_heads * len(trial) * (last + 1 - k0) > ROWS_BLOCK_LOGITS:
-            out.append(torch.tensor(cur, dtype=torch.int64))
-            trial = [r]
-        cur = trial
-    if cur:
-        out.append(torch.tensor(cur, dtype=torch.int64))
+    ctx, out, start = batch.ctx_lens[i], [], 0
+    for j, r in enumerate(rows):
+        keys = ctx + r + 1 - _first_key(batch, ctx + rows[start])
+        if j > start and batch.num_heads * (j - start + 1) * keys > ROWS_BLOCK_LOGITS:
+            out.append(torch.tensor(rows[start:j], dtype=torch.int64))
+            start = j
+    if rows:
+        out.append(torch.tensor(rows[start:], dtype=torch.int64))
     return out
 
 
@@ -207,16 +218,22 @@ def _attend(batch: Batch, data: BatchData, dtype: torch.dtype, tokens: list[int]
         for i in range(batch.num_seqs):  # one vectorized block per sequence (not per token)
             out[qsl[i] : qsl[i + 1]] = _attend_rows(batch, data, dtype, i, None)
         return out
-    parts, i = [], 0
-    by_seq: dict[int, list[int]] = {}
-    for t in tokens:
-        while qsl[i + 1] <= t:
-            i += 1
-        by_seq.setdefault(i, []).append(t - qsl[i])
-    for i, rows in by_seq.items():
-        parts += [_attend_rows(batch, data, dtype, i, block) for block in _row_blocks(batch, i, rows)]
+    parts = [_attend_rows(batch, data, dtype, i, block) for i, rows in _rows_by_sequence(batch, tokens).items()
+             for block in _row_blocks(batch, i, rows)]
     return torch.cat(parts) if parts else torch.empty((0, batch.num_heads, batch.head_size_v), dtype=dtype,
                                                       device=data.query.device)
+
+
+def same_precision_work(batch: Batch, tokens: list[int]) -> dict[int, int]:
+    """Multiply-adds of :func:`same_precision_attention` for each output row in ``tokens`` (query order,
+    ascending): ``num_heads x keys it sees x (head_size + head_size_v)``, by row."""
+    qsl, per_key = batch.query_start_loc, batch.num_heads * (batch.head_size + batch.head_size_v)
+    work = {}
+    for i, rows in _rows_by_sequence(batch, tokens).items():
+        for r in rows:
+            pos = batch.ctx_lens[i] + r
+            work[qsl[i] + r] = (pos + 1 - _first_key(batch, pos)) * per_key
+    return work
 
 
 def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -513,4 +530,4 @@ def same_precision_attention(batch: Batch, data: BatchData, tokens: list[int] | 
 __all__ = ["DOT_LAMBDA", "ENVELOPE_TERMS", "FLASH_ATTENTION", "FP32_TINY", "FP32_UNIT", "LOGIT_ULPS", "Numerics",
            "P_FP8_TINY", "P_FP8_UNIT", "SOFTCAP_ULPS", "TANH_APPROX_ULPS", "envelope_terms", "flash_attention_model",
            "reference_and_envelope",
-           "reference_attention", "same_precision_attention", "ulp"]
+           "reference_attention", "same_precision_attention", "same_precision_work", "ulp"]
