@@ -104,23 +104,22 @@ EXTRA=("$@")
     CORE_OFFSET=$CORES_PER_GPU run two "$TWO" "$S" > "$W/side-two.txt" 2>&1 &
     wait
     cat "$W/side-one.txt" "$W/side-two.txt"
-    AB=0
-  elif [ "${SKIP_ONE:-0}" != 1 ]; then
-    echo "== one GPU ($FIRST)"
-    run one "$FIRST" "$S"
-  fi
-  [ "${SIDE:-0}" = 1 ] || TWO=$(echo "$ALL" | cut -d, -f1-2)
-  if [ "${SIDE:-0}" != 1 ] && [ "$TWO" != "$ALL" ]; then
-    echo "== two GPUs ($TWO), one MPS daemon per GPU"
-    run two "$TWO" "$S"
-  fi
-  if [ "${SIDE:-0}" != 1 ]; then
+  else
+    if [ "${SKIP_ONE:-0}" != 1 ]; then
+      echo "== one GPU ($FIRST)"
+      run one "$FIRST" "$S"
+    fi
+    TWO=$(echo "$ALL" | cut -d, -f1-2)
+    if [ "$TWO" != "$ALL" ]; then
+      echo "== two GPUs ($TWO), one MPS daemon per GPU"
+      run two "$TWO" "$S"
+    fi
     echo "== all GPUs ($ALL), one MPS daemon per GPU"
     run all "$ALL" "$S"
-  fi
-  if [ "${AB:-1}" = 1 ]; then
-    echo "== all GPUs ($ALL), one MPS daemon for all (KVFUZZ_MPS_PER_GPU=0, as before)"
-    run all-one-daemon "$ALL" "$S" KVFUZZ_MPS_PER_GPU=0
+    if [ "${AB:-1}" = 1 ]; then
+      echo "== all GPUs ($ALL), one MPS daemon for all (KVFUZZ_MPS_PER_GPU=0, as before)"
+      run all-one-daemon "$ALL" "$S" KVFUZZ_MPS_PER_GPU=0
+    fi
   fi
   python3 - "$R" <<'PY'
 import json, os, sys
