@@ -46,6 +46,18 @@ CASES = {
               num_pad_seqs=1),
         batch(DECODES, num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="float16", seed=12,
               num_pad_seqs=3),
+        # an fp8 cache (bf16 only; the layer's e4m3 query): every declared fp8 head size, each block size,
+        # the window and softcap, the scales, a padded decode batch
+        *(batch(MIXED, num_heads=8, num_kv_heads=2, head_size=d, block_size=bs, dtype="bfloat16", seed=20 + i,
+                kv_cache_dtype=kv, k_scale=ks, v_scale=vs, **extra)
+          for i, (d, bs, kv, ks, vs, extra) in enumerate((
+              (32, 16, "fp8", 1.0, 1.0, {}), (64, 32, "fp8_e4m3", 0.5, 0.75, {}),
+              (80, 48, "fp8", 0.25, 0.5, dict(sliding_window=20)), (96, 64, "fp8", 1.0, 0.5, dict(softcap=30.0)),
+              (128, 16, "fp8_e4m3", 0.5, 0.5, dict(value_range="dominant")),
+              (192, 544, "fp8", 0.75, 1.0, dict(sliding_window=33, softcap=20.0)),
+              (256, 16, "fp8", 0.5, 0.25, dict(value_range="extreme"))))),
+        batch(DECODES, num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="bfloat16", seed=13,
+              kv_cache_dtype="fp8", k_scale=0.5, v_scale=0.5, num_pad_seqs=3),
     ],
     "vllm.flashmla_decode": [
         batch([(1, 0), (1, 64), (1, 300)], num_heads=16, dtype="bfloat16", seed=1, **LATENT),

@@ -162,6 +162,11 @@ def _round(capabilities: Capabilities, limits: Limits, seed: int, r: int,
             if not blocks:
                 continue
             c["block_size"] = pick("block_size", blocks)
+        if c["dtype"] not in capabilities.dtypes_for(c["kv_cache_dtype"]):  # fp8 with its own dtypes
+            dtypes = capabilities.dtypes_for(c["kv_cache_dtype"])
+            if not dtypes:
+                continue
+            c["dtype"] = pick("dtype", dtypes)
         on = [f for f in features if c[f]]
         while not capabilities.combinable(on):  # an exclusive pair: drop a feature already seen on
             drop = next((f for f in on if True not in unseen[f]), on[-1])

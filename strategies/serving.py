@@ -279,7 +279,7 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
     if shape is not None:
         num_heads, num_kv_heads, head_size = shape.num_heads, shape.num_kv_heads, shape.head_size
     cache_dtypes = [k for k in capabilities.kv_cache_dtypes
-                    if head_size in capabilities.head_sizes_for(k)
+                    if head_size in capabilities.head_sizes_for(k) and dtype in capabilities.dtypes_for(k)
                     and capabilities.fp8_accepts_gqa(k, num_heads // num_kv_heads)]
     assume(cache_dtypes)
     kv_cache_dtype = draw(choice(cache_dtypes, *pinned_field(pin, "kv_cache_dtype")))

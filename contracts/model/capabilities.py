@@ -41,6 +41,8 @@ class Capabilities:
     fp8_block_sizes: block sizes accepted with an fp8 kv_cache_dtype (None: all of ``block_sizes``), e.g.
         FlashAttention 4's SM90 fp8-KV-dequant kernel reads one 64-token page per TMA tile (vLLM's
         ``_get_sm90_fa4_fp8_kv_block_size``: block size 64).
+    fp8_dtypes: model dtypes accepted with an fp8 kv_cache_dtype (None: all of ``dtypes``), e.g. FlashAttention
+        3's fp8 forward writes bf16 only (hopper/flash_api.cpp: "For FP8 input, output must have dtype BF16").
     gqa_ratios: GQA group sizes (``num_heads // num_kv_heads``) the kernel accepts at all (None: all), e.g.
         FlashInfer's CUDA-core decode dispatches group sizes 1, 2, 3, 4 and 8 only (``DISPATCH_GQA_GROUP_SIZE``;
         others raise "Unsupported group_size").
@@ -87,6 +89,8 @@ class Capabilities:
         default=None, converter=lambda v: None if v is None else tuple(v))
     fp8_block_sizes: tuple[int, ...] | None = attrs.field(
         default=None, converter=lambda v: None if v is None else tuple(v))
+    fp8_dtypes: tuple[str, ...] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else tuple(v))
     gqa_ratios: tuple[int, ...] | None = attrs.field(
         default=None, converter=lambda v: None if v is None else tuple(v))
     min_sliding_window: int = 1
@@ -105,7 +109,7 @@ class Capabilities:
         bad = sorted(set(self.features).union(*self.exclusive) - set(FEATURES))
         if bad:
             raise ValueError(f"unknown features {bad}; known: {list(FEATURES)}")
-        bad = [d for d in self.dtypes if d not in DTYPES]
+        bad = [d for d in (*self.dtypes, *(self.fp8_dtypes or ())) if d not in DTYPES]
         if bad:
             raise ValueError(f"unknown dtypes {bad}; known: {list(DTYPES)}")
         bad = [d for d in self.kv_cache_dtypes if d not in KV_CACHE_DTYPES]
@@ -133,6 +137,12 @@ class Capabilities:
             return self.block_sizes
         return tuple(b for b in self.block_sizes if b in self.fp8_block_sizes)
 
+    def dtypes_for(self, kv_cache_dtype: str) -> tuple[str, ...]:
+        """The model dtypes accepted with ``kv_cache_dtype``."""
+        if kv_cache_dtype == "auto" or self.fp8_dtypes is None:
+            return self.dtypes
+        return tuple(d for d in self.dtypes if d in self.fp8_dtypes)
+
     def combinable(self, features) -> bool:
         """Whether ``features`` (names) are all declared and no declared-exclusive pair is among them."""
         f = set(features)
@@ -141,8 +151,9 @@ class Capabilities:
     def outside(self, batch) -> list[str]:
         """What of ``batch`` this declaration does not accept, one phrase each (empty when it accepts it)."""
         out = []
-        if batch.dtype not in self.dtypes:
-            out.append(f"dtype {batch.dtype}")
+        if batch.dtype not in self.dtypes_for(batch.kv_cache_dtype):
+            out.append(f"dtype {batch.dtype}" + (
+                f" with kv_cache_dtype {batch.kv_cache_dtype}" if batch.dtype in self.dtypes else ""))
         if batch.kv_cache_dtype not in self.kv_cache_dtypes:
             out.append(f"kv_cache_dtype {batch.kv_cache_dtype}")
         if batch.head_size not in self.head_sizes_for(batch.kv_cache_dtype):
@@ -171,7 +182,7 @@ class Capabilities:
 
     def accepts(self, batch) -> bool:
         """Whether ``batch`` (a :class:`~kvfuzz.contracts.model.batch.Batch`) is inside this declaration."""
-        return (batch.dtype in self.dtypes and batch.kv_cache_dtype in self.kv_cache_dtypes
+        return (batch.dtype in self.dtypes_for(batch.kv_cache_dtype) and batch.kv_cache_dtype in self.kv_cache_dtypes
                 and batch.head_size in self.head_sizes_for(batch.kv_cache_dtype)
                 and batch.block_size in self.block_sizes_for(batch.kv_cache_dtype)
                 and self.fp8_accepts_gqa(batch.kv_cache_dtype, batch.gqa_ratio)

@@ -42,7 +42,9 @@ def targets(as_json: bool, check: bool) -> None:
         rows.append({"name": name, "contract": contract, "metadata": c.metadata,
                      "shared_prefix_blocks": c.shared_prefix_blocks, "devices": list(c.devices),
                      "dtypes": list(c.dtypes), "head_sizes": list(c.head_sizes), "block_sizes": list(c.block_sizes),
-                     "kv_cache_dtypes": list(c.kv_cache_dtypes), "features": sorted(c.features),
+                     "kv_cache_dtypes": list(c.kv_cache_dtypes), "kv_cache": _kv_cell(c),
+                     "fp8_dtypes": _listed(c.fp8_dtypes), "fp8_head_sizes": _listed(c.fp8_head_sizes),
+                     "fp8_block_sizes": _listed(c.fp8_block_sizes), "features": sorted(c.features),
                      "exclusive": [sorted(p) for p in c.exclusive], "states": list(c.states),
                      "tiers": list(t.size_tiers()), "available": a.ok, "loaded": loaded,
                      "device": a.device, "reason": a.reason, "description": t.description})
@@ -53,7 +55,7 @@ def targets(as_json: bool, check: bool) -> None:
         click.echo("\t".join(("target", "contract", "dtypes", "kv_cache_dtypes", "head_sizes", "block_sizes",
                               "features", "states", "tiers", "here")))
         for r in rows:
-            click.echo("\t".join((r["name"], r["contract"], ",".join(r["dtypes"]), ",".join(r["kv_cache_dtypes"]),
+            click.echo("\t".join((r["name"], r["contract"], ",".join(r["dtypes"]), r["kv_cache"],
                                   ",".join(map(str, r["head_sizes"])), ",".join(map(str, r["block_sizes"])),
                                   ",".join(r["features"]) or "-", ",".join(r["states"]) or "-",
                                   ",".join(r["tiers"]), ("yes: " if r["available"] else "no: ") + r["reason"])))
@@ -64,11 +66,30 @@ def targets(as_json: bool, check: bool) -> None:
         table.add_column(col, overflow="fold")
     for r in rows:
         here = f"[green]yes[/]: {escape(r['reason'])}" if r["available"] else f"[red]no[/]: {escape(r['reason'])}"
-        table.add_row(r["name"], r["contract"], ",".join(r["dtypes"]), ",".join(r["kv_cache_dtypes"]),
+        table.add_row(r["name"], r["contract"], ",".join(r["dtypes"]), r["kv_cache"],
                       ",".join(map(str, r["head_sizes"])), ",".join(map(str, r["block_sizes"])),
                       ",".join(r["features"]) or "-", ",".join(r["states"]) or "-",
                       ",".join(r["tiers"]), here)
     console.print(table)
+
+
+def _listed(values):
+    return None if values is None else list(values)
+
+
+def _kv_cell(c) -> str:
+    """The kv_cache_dtypes, and what an fp8 cache narrows (its dtypes, head and block sizes), e.g.
+    ``auto,fp8,fp8_e4m3 (fp8: bfloat16; head sizes 32,64)``."""
+    cell = ",".join(c.kv_cache_dtypes)
+    if c.kv_cache_dtypes == ("auto",):
+        return cell
+    narrowed = [", ".join(c.dtypes_for("fp8")) if c.fp8_dtypes is not None else "",
+                "head sizes " + ",".join(map(str, c.head_sizes_for("fp8"))) if c.fp8_head_sizes is not None else "",
+                "block sizes " + ",".join(map(str, c.block_sizes_for("fp8"))) if c.fp8_block_sizes is not None
+                else "",
+                "GQA " + ",".join(map(str, c.fp8_gqa_ratios)) if c.fp8_gqa_ratios is not None else ""]
+    narrowed = [n for n in narrowed if n]
+    return cell + (f" (fp8: {'; '.join(narrowed)})" if narrowed else "")
 
 
 __all__ = ["targets"]

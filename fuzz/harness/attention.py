@@ -54,6 +54,7 @@ def prepare(target: Target, example: Example, fault: CallerFault | None = None,
     else:
         t = Timings()
     s = time.perf_counter()
+    data = target.call_data(batch, data)  # what the caller hands the kernel (an fp8 query): the reference's too
     lens = target.capabilities.contract.cached_lens(batch)
     if fault is not None:
         lens = fault.cached_lens(batch, lens)
@@ -143,7 +144,7 @@ def check_example(target: Target, example: Example, fault: CallerFault | None = 
         reference = run.device_reference.to(envelope.device)
     else:
         reference, envelope = reference_and_envelope(batch, run.data.to(reference_device(target, batch)),
-                                                     target.numerics)
+                                                     target.numerics_for(batch))
     t.reference = time.perf_counter() - s
 
     s = time.perf_counter()

@@ -126,7 +126,8 @@ def declared_twin(target: Target, batch: Batch) -> Batch | None:
     caps = target.capabilities
     kv = batch.kv_cache_dtype if batch.kv_cache_dtype in caps.kv_cache_dtypes else caps.kv_cache_dtypes[0]
     sizes = caps.head_sizes_for(kv)
-    fields = {"dtype": batch.dtype if batch.dtype in caps.dtypes else caps.dtypes[0], "kv_cache_dtype": kv,
+    dtypes = caps.dtypes_for(kv) or caps.dtypes
+    fields = {"dtype": batch.dtype if batch.dtype in dtypes else dtypes[0], "kv_cache_dtype": kv,
               "head_size": batch.head_size if batch.head_size in sizes or not sizes else min(
                   sizes, key=lambda h: (abs(h - batch.head_size), h))}
     twin = attrs.evolve(batch, **fields)

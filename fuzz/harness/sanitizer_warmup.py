@@ -29,12 +29,13 @@ MAX_PAIRS = 7
 def warm_pairs(capabilities) -> list[tuple[str, str]]:
     """The (``dtype``, ``kv_cache_dtype``) pairs warmed up: first a diagonal in which every declared dtype and every
     declared kv_cache_dtype occurs (each selects other torch kernels: a cast, an fp8 quantize and copy), then the
-    rest of their product, in declaration order, at most :data:`MAX_PAIRS`."""
+    rest of their product, in declaration order, without a dtype the cache dtype does not take (``fp8_dtypes``), at
+    most :data:`MAX_PAIRS`."""
     dtypes, kvs = capabilities.dtypes, capabilities.kv_cache_dtypes
     diagonal = list(dict.fromkeys((dtypes[i % len(dtypes)], kvs[i % len(kvs)])
                                   for i in range(max(len(dtypes), len(kvs)))))
     rest = [p for p in itertools.product(dtypes, kvs) if p not in diagonal]
-    return (diagonal + rest)[:MAX_PAIRS]
+    return [(d, k) for d, k in diagonal + rest if d in capabilities.dtypes_for(k)][:MAX_PAIRS]
 
 
 def warm_examples(capabilities) -> list[Example]:

@@ -209,6 +209,18 @@ class Target(abc.ABC):
     def device(self) -> str:
         return self.availability().device
 
+    def numerics_for(self, batch: Batch) -> Numerics:
+        """The numerics of this batch's call (:attr:`numerics` unless a path of the kernel computes otherwise, e.g.
+        FlashAttention 3's fp8 forward rounds P to e4m3 for fp8 caches only)."""
+        return self.numerics
+
+    def call_data(self, batch: Batch, data: BatchData) -> BatchData:
+        """The ground truth as the kernel's caller hands it over, when the caller rounds an input before the kernel
+        (e.g. vLLM's attention layer quantizes the query to fp8 for FlashAttention 3's fp8 forward:
+        ``Attention.query_quant``): the reference and the reproducer then hold exactly what the kernel gets. Default:
+        ``data`` unchanged. Must be idempotent (a replay hands the stored, already rounded data back)."""
+        return data
+
     @abc.abstractmethod
     def build_call(self, batch: Batch, data: BatchData, cache: CacheState) -> KernelCall:
         """The arguments of one kernel call for ``batch`` with ``cache`` as the paged cache."""

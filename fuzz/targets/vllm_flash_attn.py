@@ -46,13 +46,17 @@ What FA3 accepts (read off the backend): dtypes fp16/bf16 (``supported_dtypes``)
 window and softcap; sinks (``flash_attn_supports_sinks``: FA3 and 4) in bf16 only (the extension checks "We only
 support bf16 dtype for S aux."; gpt-oss's sinks are a parameter in the model dtype); no ALiBi
 (``get_flash_attn_version`` drops to FA2 with ALiBi; ``flash_attn_varlen_func`` asserts ``alibi_slopes is None`` for
-FA3); int32 index tensors (FA3's flash_api.cpp checks them). kv_cache_dtype fp8/fp8_e4m3 (not e5m2) is supported by the
-backend, but FA3's fp8 forward takes the *query* in fp8 too (vLLM's attention layer quantizes it with ``_q_scale``), and
-kvfuzz's reference has no fp8 query: the target does not declare fp8 (its guard signature checks fp8 calls). What
-declaring it needs: the query quantized as the layer does (``scaled_fp8_quant(query, _q_scale)``) and the reference
-handed those exact values; FA3's P rounded to e4m3 in the envelope (``Numerics(p_fp8_e4m3=True)``, docs/tolerance.md);
-bf16 only (hopper/flash_api.cpp: "For FP8 input, output must have dtype BF16", and vLLM hands it the model-dtype
-``output``). Nor sinks:
+FA3); int32 index tensors (FA3's flash_api.cpp checks them). kv_cache_dtype fp8/fp8_e4m3 (not e5m2;
+``supported_kv_cache_dtypes``), where FA3's fp8 forward takes the *query* in fp8 too: vLLM's attention layer quantizes
+it first (vllm/model_executor/layers/attention/attention.py ``Attention.forward``: ``query_quant``, a static
+per-tensor ``QuantFP8`` with ``_q_scale``, 1.0 by default), the backend views the cache as e4m3, passes
+``q_descale``/``k_descale``/``v_descale`` ``[N, Hkv]`` and computes ``scheduler_metadata`` with ``qkv_dtype`` e4m3.
+The target quantizes the query the same way in :meth:`VllmFlashAttnVarlen.call_data`, so the reference gets the
+e4m3 values the kernel gets, and declares P rounded to e4m3 for those calls (``Numerics(p_fp8_e4m3=True)``,
+docs/tolerance.md). An fp8 forward writes bf16 only (hopper/flash_api.cpp: "For FP8 input, output must have dtype
+BF16"; vLLM hands it the model-dtype ``output``, so an fp16 model with an fp8 cache fails there) and takes head sizes
+that are multiples of 16 ("head_size should be a multiple of 16"): fp8 is declared with bf16 and those head sizes
+(``fp8_dtypes``, ``fp8_head_sizes``). Not sinks:
 kvfuzz draws fp32 sink logits, which a bf16 ``s_aux`` rounds by up to 2^-9 relative, more than the reference's tolerance
 allows for a dominant sink; an undeclared sink batch is called with ``s_aux`` in bf16.
 
@@ -78,7 +82,7 @@ from kvfuzz.contracts.checks.reference import Numerics
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
-from kvfuzz.contracts.model.data import BatchData
+from kvfuzz.contracts.model.data import BatchData, quantize_fp8
 from kvfuzz.contracts.model.padding import padding
 
 from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall
@@ -95,6 +99,9 @@ CUDA_GRAPH_MAX_SPLITS = 32
 #: The split counts the target draws from a batch's seed (``batch.seed % 4``): FA3's heuristic (0, eager mode), the
 #: CUDA-graph value, and two forced counts (1: no split; 3: splits that do not divide the blocks evenly).
 SPLIT_CHOICES = (0, CUDA_GRAPH_MAX_SPLITS, 1, 3)
+#: ``layer._q_scale`` as vLLM sets it without checkpoint scales (``set_default_quant_scales``): the query's fp8
+#: quantization scale and ``q_descale`` of an fp8 FA3 call.
+Q_SCALE = 1.0
 
 #: Why the target cannot run without a Hopper GPU (``kvfuzz targets`` prints it).
 HOPPER_ONLY = ("FlashAttention 3 runs on a Hopper GPU (SM 9.x) only; this machine has no CUDA device (on an H100: "
@@ -207,8 +214,9 @@ class VllmFlashAttnVarlen(HopperTarget):
 
     Declared (module docstring): fp16/bf16; head sizes 32-256 in multiples of 8 (40, 72, 80 and 96 are padded to
     FA3's compiled sizes); block sizes 16, 32, 48, 64 and 544 (multiples of 16); sliding window (``[W - 1, 0]``)
-    and softcap; kv_cache_dtype auto. Not declared: fp8 (the query would be fp8 too) and sinks (``s_aux`` is bf16
-    only); an undeclared sink batch gets ``s_aux`` as bf16 ``[H]``. States: shared prefix, freed window blocks and
+    and softcap; kv_cache_dtype auto, and fp8/fp8_e4m3 with bf16 at head sizes that are multiples of 16 (the
+    query quantized to e4m3 as vLLM's layer does, :meth:`call_data`; P rounded to e4m3, :meth:`numerics_for`). Not
+    declared: sinks (``s_aux`` is bf16 only); an undeclared sink batch gets ``s_aux`` as bf16 ``[H]``. States: shared prefix, freed window blocks and
     CUDA-graph padding (``"vllm"``: pads of seq_len 0 and query_len 0 after a decode batch, module docstring).
     Needs a Hopper GPU and the extension (:data:`HOPPER_ONLY`).
 
@@ -237,7 +245,12 @@ class VllmFlashAttnVarlen(HopperTarget):
         dtypes=("float16", "bfloat16"),
         head_sizes=(32, 40, 64, 72, 80, 96, 128, 192, 256),
         block_sizes=(16, 32, 48, 64, 544),
-        kv_cache_dtypes=("auto",),
+        # fp8/fp8_e4m3 (FlashAttentionBackend.supported_kv_cache_dtypes; e4m3 on CUDA): the layer quantizes the query
+        # too (call_data); FA3's fp8 forward writes bf16 only (hopper/flash_api.cpp "For FP8 input, output must have
+        # dtype BF16": an fp16 model with an fp8 cache fails there, in vLLM as here) and takes head sizes that are
+        # multiples of 16 ("head_size should be a multiple of 16": alignment 16 for e4m3)
+        kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), fp8_dtypes=("bfloat16",),
+        fp8_head_sizes=(32, 64, 80, 96, 128, 192, 256),
         features=("sliding_window", "softcap"),
         shared_prefix_blocks=True,  # vLLM's prefix caching shares full blocks
         # FLASH_ATTN supports sliding windows (vllm/v1/attention/backends/flash_attn.py supports_sliding_window);
@@ -252,6 +265,29 @@ class VllmFlashAttnVarlen(HopperTarget):
 
     def layout(self, batch: Batch) -> CacheLayout:
         return NHDLayout()
+
+    def quantizes_query(self, batch: Batch) -> bool:
+        """Whether vLLM's attention layer hands this kernel an fp8 query: an fp8 cache and :attr:`fp8_query`
+        (``Attention.query_quant`` exists when ``impl.supports_quant_query_input`` and the cache is fp8)."""
+        return self.fp8_query and batch.fp8_dtype is not None
+
+    def call_data(self, batch: Batch, data: BatchData) -> BatchData:
+        """For an fp8 cache (:meth:`quantizes_query`), the query as vLLM's attention layer quantizes it before the
+        backend (vllm/model_executor/layers/attention/attention.py ``Attention.forward``: ``query_quant``, a static
+        per-tensor ``QuantFP8``, with ``layer._q_scale``, 1.0 unless a checkpoint sets it): ``round_e4m3(q / 1.0)``
+        saturated at +-448, kept in ``batch.dtype`` (exact: every e4m3 value is a bf16 value), so the reference
+        computes with the query the kernel gets. Idempotent. Other batches: ``data`` unchanged."""
+        if not self.quantizes_query(batch):
+            return data
+        q8 = quantize_fp8(data.query, torch.float8_e4m3fn, Q_SCALE)
+        return attrs.evolve(data, query=q8.to(data.query.dtype))
+
+    def numerics_for(self, batch: Batch) -> Numerics:
+        """FA3's fp8 forward (:meth:`quantizes_query`) also rounds P to e4m3 before P@V
+        (``Numerics.p_fp8_e4m3``, docs/tolerance.md); its 16-bit forward does not."""
+        if self.quantizes_query(batch) and self.fa_version == 3:
+            return attrs.evolve(self.numerics, p_fp8_e4m3=True)
+        return self.numerics
 
     @staticmethod
     def num_splits(batch: Batch) -> int:
@@ -307,7 +343,7 @@ class VllmFlashAttnVarlen(HopperTarget):
             return torch.tensor(float(x), dtype=torch.float32, device=dev).expand(shape)
 
         fp8 = batch.fp8_dtype is not None
-        return dict(q_descale=scale(1.0) if (self.fp8_query or not fp8) else None,
+        return dict(q_descale=scale(Q_SCALE) if (self.fp8_query or not fp8) else None,
                     k_descale=scale(batch.k_scale if fp8 else 1.0), v_descale=scale(batch.v_scale if fp8 else 1.0))
 
     #: The ``fa_version`` the backend passes (``get_flash_attn_version``).
@@ -340,12 +376,16 @@ class VllmFlashAttnVarlen(HopperTarget):
             _, get_scheduler_metadata = self.kernels()
             scheduler_metadata = get_scheduler_metadata(
                 batch_size=n, max_seqlen_q=batch.max_query_len, max_seqlen_k=batch.max_seq_len, num_heads_q=h,
-                num_heads_kv=batch.num_kv_heads, headdim=d, cache_seqlens=seq_lens, qkv_dtype=batch.torch_dtype,
+                num_heads_kv=batch.num_kv_heads, headdim=d, cache_seqlens=seq_lens,
+                qkv_dtype=torch.float8_e4m3fn if batch.fp8_dtype is not None else batch.torch_dtype,
                 cu_seqlens_q=qsl, page_size=batch.block_size, causal=True, window_size=tuple(window),
                 num_splits=splits)
         out = torch.empty((t, h, d), dtype=batch.torch_dtype, device=dev)
+        q = pad.query(data.query.to(dev))
+        if self.quantizes_query(batch):  # call_data rounded it to e4m3 already: the cast is exact
+            q = q.to(torch.float8_e4m3fn)
         kwargs = dict(
-            q=pad.query(data.query.to(dev)), k=k_cache, v=v_cache, out=out, cu_seqlens_q=qsl,
+            q=q, k=k_cache, v=v_cache, out=out, cu_seqlens_q=qsl,
             max_seqlen_q=batch.max_query_len, seqused_k=seq_lens, max_seqlen_k=batch.max_seq_len,
             softmax_scale=batch.scale, causal=True, alibi_slopes=alibi, window_size=window,
             block_table=pad.block_table_tensor(dev), softcap=batch.softcap or 0,
@@ -366,7 +406,8 @@ class VllmFlashAttnVarlen(HopperTarget):
     def path(self, batch: Batch) -> str:
         splits = self.num_splits(batch)
         return (f"splits={'heuristic' if splits == 0 else splits},"
-                f"sched={'aot' if self.aot_schedule(batch) else 'none'},gqa={batch.gqa_ratio}")
+                f"sched={'aot' if self.aot_schedule(batch) else 'none'},gqa={batch.gqa_ratio}"
+                + (",fp8" if self.quantizes_query(batch) else ""))
 
 
 def _fa_available(version: int, label: str, pre: Availability) -> Availability:
@@ -427,6 +468,7 @@ class VllmFlashAttn2Varlen(VllmFlashAttnVarlen):
         VllmFlashAttnVarlen.capabilities,
         head_sizes=(32, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 224, 256),
         features=("sliding_window", "softcap", "alibi"),
+        kv_cache_dtypes=("auto",), fp8_dtypes=None, fp8_head_sizes=None,  # no fp8 on FA2
     )
 
     def installed(self) -> Availability:
@@ -496,6 +538,7 @@ class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
         # (flash_attn_supports_kv_cache_dtype: FA4 on SM90 takes fp8 at head_size 512 only) and block size 64
         # (_get_sm90_fa4_fp8_kv_block_size: "a 64-token TMA tile/page"); fp8_e5m2 never (ibid.)
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), fp8_head_sizes=(512,), fp8_block_sizes=(64,),
+        fp8_dtypes=None,  # the SM90 fp8-KV path takes a fp16 or bf16 query and writes that dtype
     ), lambda cls: _not_sm90_fields())
 
     def installed(self) -> Availability:

@@ -34,10 +34,12 @@ from kvfuzz.fuzz.targets.vllm_mla import VllmFlashMlaDecode
 SEEN: dict = {"fwd": [], "sched": {}, "mla": [], "fa2": [], "fa4": []}
 
 
-def _attend(q, k_rows, v_rows, scale, *, left=-1, right=0, causal=True, softcap=0.0, sink=None, alibi=None):
+def _attend(q, k_rows, v_rows, scale, *, left=-1, right=0, causal=True, softcap=0.0, sink=None, alibi=None,
+            p_fp8=False):
     """fp64 attention of ``q [s_q, H, D]`` over ``k_rows/v_rows [L, Hkv, *]``, the query rows the last s_q
-    positions; ``alibi`` fp32 ``[H]`` slopes: FlashAttention's bias ``-slope * |pos_q - pos_k|``; returns
-    ``(out [s_q, H, Dv], lse [H, s_q])``."""
+    positions; ``alibi`` fp32 ``[H]`` slopes: FlashAttention's bias ``-slope * |pos_q - pos_k|``; ``p_fp8``: P goes
+    into P@V as FA3's fp8 forward hands it over, ``exp(s - m) * 2**8`` rounded to e4m3 (the row sum unrounded);
+    returns ``(out [s_q, H, Dv], lse [H, s_q])``."""
     s_q, h, _ = q.shape
     n_k, hkv = k_rows.shape[0], k_rows.shape[1]
     g = h // hkv
@@ -67,6 +69,8 @@ def _attend(q, k_rows, v_rows, scale, *, left=-1, right=0, causal=True, softcap=
     den = p.sum(-1, keepdim=True)
     if sink is not None:
         den = den + torch.exp(sink.double()[:, None, None] - m)
+    if p_fp8:  # hopper/softmax.h Max_offset = 8, convert_type_out to e4m3 before the P@V GEMM
+        p = (p * 2.0**8).to(torch.float8_e4m3fn).double() / 2.0**8
     w = torch.where(den > 0, p / den.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(p))
     out = torch.einsum("hqk,khd->qhd", w, v)  # a row with no visible key: 0 (FlashAttention's convention)
     return out, (torch.log(den) + m).squeeze(-1)
@@ -86,8 +90,13 @@ def fa3_fwd(q, k, v, k_new, v_new, q_v, out, cu_seqlens_q, cu_seqlens_k, cu_seql
             s_aux, cp_world_size, cp_rank, cp_tot_seqused_k):
     """``_vllm_fa3_C::fwd`` on a paged cache, as a torch computation with the extension's checks."""
     SEEN["fwd"].append(dict(locals()))
-    assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and v.dtype == q.dtype, \
-        "query and key must have the same dtype"
+    fp8 = q.dtype == torch.float8_e4m3fn
+    assert q.dtype in (torch.float16, torch.bfloat16, torch.float8_e4m3fn) and k.dtype == q.dtype \
+        and v.dtype == q.dtype, "query and key must have the same dtype"
+    out_type = torch.bfloat16 if fp8 else q.dtype
+    assert out is None or out.dtype == out_type, \
+        "For FP16/BF16 input, output must have the same dtype as inputs. For FP8 input, output must have dtype BF16"
+    assert q.shape[-1] % (16 if fp8 else 8) == 0, "head_size should be a multiple of 16 (fp8) or 8"
     assert page_table is not None and page_table.dtype == torch.int32 and page_table.stride(-1) == 1
     assert cu_seqlens_q.dtype == torch.int32 and seqused_k.dtype == torch.int32
     assert cu_seqlens_k is None and k_new is None and kv_batch_idx is None and leftpad_k is None
@@ -116,14 +125,16 @@ def fa3_fwd(q, k, v, k_new, v_new, q_v, out, cu_seqlens_q, cu_seqlens_k, cu_seql
         a, b = qsl[i], qsl[i + 1]
         if a == b:  # a query_len-0 sequence (a CUDA-graph pad): no query row, nothing computed
             continue
-        o, ls = _attend(q[a:b], _rows(k, page_table[i], lens[i]), _rows(v, page_table[i], lens[i]), softmax_scale,
-                        left=window_size_left, right=window_size_right, causal=is_causal, softcap=softcap,
-                        sink=s_aux)
+        qi, ki, vi = q[a:b].double(), _rows(k, page_table[i], lens[i]).double(), _rows(v, page_table[i], lens[i]).double()
+        if fp8:  # the descales [N, Hkv]: per sequence and kv head (a query head's is its kv head's)
+            qi = qi * q_descale[i].double().repeat_interleave(h // hkv)[None, :, None]
+            ki, vi = ki * k_descale[i].double()[None, :, None], vi * v_descale[i].double()[None, :, None]
+        o, ls = _attend(qi, ki, vi, softmax_scale, left=window_size_left, right=window_size_right, causal=is_causal,
+                        softcap=softcap, sink=s_aux, p_fp8=fp8)
         res[a:b], lse[:, a:b] = o, ls
     if out is None:
-        out = torch.empty_like(q)
-    assert out.dtype == q.dtype
-    out.copy_(res.to(q.dtype))
+        out = torch.empty(q.shape, dtype=out_type)
+    out.copy_(res.to(out_type))
     return [out, lse, torch.empty(0), torch.empty(0)]
 
 
