@@ -93,11 +93,22 @@ class Numerics:
         mainloop's ``convert_type_out`` to ``Element``, e4m3, before the P@V GEMM; the row sum in fp32 of the
         unrounded values, divided by 2**8 in ``finalize``): the ``probabilities`` term with e4m3's unit roundoff
         :data:`P_FP8_UNIT` and smallest normal over 2**8, :data:`P_FP8_TINY`.
+    fp8_mma: Q@K^T and P@V run on fp8 tensor cores (SM89/SM90 WGMMA/QMMA, :data:`FP8_MMA_K` elements an
+        instruction), whose accumulator keeps :data:`FP8_MMA_BITS` fraction bits and truncates: each instruction
+        aligns the running sum and its products to the largest exponent among them, cuts each below
+        ``2**-FP8_MMA_BITS`` of it, and cuts the sum again (e8m13, "FP22": SageAttention2, Zhang et al. 2024;
+        DeepSeek-V3 technical report 3.3.2; Khattak and Mikaitis, arXiv 2512.07004, bit-accurate H100 models). An
+        instruction is then off by less than ``(FP8_MMA_K + 2) * 2**-FP8_MMA_BITS`` times the sum of the absolute
+        values it accumulates (each of its ``FP8_MMA_K + 1`` addends by less than ``2**-FP8_MMA_BITS`` of the
+        largest, the sum by as much of itself): a logit by ``ceil(D / FP8_MMA_K)`` such instructions of
+        ``scale * sum_i |q_i k_i|``, an output by ``ceil(keys / FP8_MMA_K)`` of ``sum_k p_k |v_kd|`` (FlashAttention
+        3's fp8 forward; its H200 outputs are the emulated accumulator's to the bit, docs/tolerance.md).
     """
 
     tanh_approx: bool = False
     v_scale_after_output: bool = False
     p_fp8_e4m3: bool = False
+    fp8_mma: bool = False
 
 
 #: float8_e4m3fn's unit roundoff (3 mantissa bits): a probability rounded to e4m3 is off by at most this share.
@@ -105,6 +116,16 @@ P_FP8_UNIT = 2.0**-4
 #: e4m3's smallest normal (2**-6) in units of the unnormalized probability that FlashAttention 3 scales by 2**8
 #: before rounding it (``Max_offset = 8``): below it, an absolute error of at most ``P_FP8_UNIT * P_FP8_TINY``.
 P_FP8_TINY = 2.0**-6 / 2.0**8
+
+#: Fraction bits the fp8 tensor cores' accumulator keeps (e8m13; ``Numerics.fp8_mma``).
+FP8_MMA_BITS = 13
+#: fp8 elements one tensor-core instruction accumulates (k of SM90's m64nNk32 WGMMA for e4m3).
+FP8_MMA_K = 32
+#: The fp8 accumulator's unit, ``2**-FP8_MMA_BITS``, in units of FP32_UNIT (``Numerics.fp8_mma``).
+FP8_MMA_ULPS = 2.0**-FP8_MMA_BITS / FP32_UNIT
+#: lambda of the fp8 accumulation terms, ``FP8_MMA_LAMBDA * sqrt(n + ceil(n / FP8_MMA_K)) * 2**-FP8_MMA_BITS`` of
+#: the sum of absolute values over ``n`` elements (``Numerics.fp8_mma``; the form of DOT_LAMBDA's fp32 term).
+FP8_MMA_LAMBDA = 1.0
 
 #: The FlashAttention family's numerics, the envelope's default: no knob on.
 FLASH_ATTENTION = Numerics()
@@ -324,7 +345,8 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
     # each logit's fp32 error, in units of FP32_UNIT: the dot product and the logit's magnitude
     dlogit = seq.heads(torch.bmm(seq.q.abs(), seq.k.abs().transpose(1, 2)))
     dlogit *= batch.scale  # scale * sum_i |q_i k_i|
-    dlogit *= DOT_LAMBDA * math.sqrt(batch.head_size)
+    dlogit *= DOT_LAMBDA * math.sqrt(batch.head_size) + (
+        _fp8_mma_count(batch.head_size) if numerics.fp8_mma else 0.0)
     # + LOGIT_ULPS * |s| (0 where masked), in one pass: LOGIT_ULPS is a power of two, so alpha * |s| is exact and
     # the sum rounds once, the bits of a multiply and an add
     dlogit.add_(seq.s.masked_fill(seq.masked, 0.0).abs_(), alpha=LOGIT_ULPS)
@@ -348,6 +370,14 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
             "v": seq.times_v(visible.to(p.dtype).expand_as(p), av)}
 
 
+def _fp8_mma_count(n):
+    """The fp8 accumulation term's factor over ``n`` elements (an int or a tensor of counts), in units of
+    FP32_UNIT: ``FP8_MMA_LAMBDA * sqrt(n + ceil(n / FP8_MMA_K)) * FP8_MMA_ULPS`` (``Numerics.fp8_mma``)."""
+    if isinstance(n, torch.Tensor):
+        return FP8_MMA_LAMBDA * FP8_MMA_ULPS * torch.sqrt(n + torch.ceil(n / FP8_MMA_K))
+    return FP8_MMA_LAMBDA * FP8_MMA_ULPS * math.sqrt(n + math.ceil(n / FP8_MMA_K))
+
+
 def _envelope(batch: Batch, o: torch.Tensor, sums: dict[str, torch.Tensor],
               numerics: Numerics = FLASH_ATTENTION) -> dict[str, torch.Tensor]:
     """The envelope terms (:data:`ENVELOPE_TERMS`) of the reference ``o [T, H, D]`` from the row sums of
@@ -359,6 +389,9 @@ def _envelope(batch: Batch, o: torch.Tensor, sums: dict[str, torch.Tensor],
     unit = P_FP8_UNIT if numerics.p_fp8_e4m3 else fi.eps / 2  # what P is rounded to before P@V
     terms = {"probabilities": unit * pv, "logits": FP32_UNIT * logits,
              "accumulation": FP32_UNIT * (sums["keys"] + 2) * (pv + ao)}
+    if numerics.fp8_mma:  # P@V's instructions, each off by FP8_MMA_ULPS of what it sums (P rounded up to e4m3)
+        terms["accumulation"] = terms["accumulation"] + FP32_UNIT * _fp8_mma_count(sums["keys"]) * (
+            1.0 + P_FP8_UNIT) * pv
     y = ao + terms["probabilities"] + terms["logits"] + terms["accumulation"]  # bounds the fp32 result
     if numerics.v_scale_after_output and batch.fp8_dtype is not None and batch.v_scale != 1.0:
         # rounded to the dtype in the value codes' units (y / v_scale), then times v_scale (fp32: the scale's
@@ -528,6 +561,6 @@ def same_precision_attention(batch: Batch, data: BatchData, tokens: list[int] | 
 
 
 __all__ = ["DOT_LAMBDA", "ENVELOPE_TERMS", "FLASH_ATTENTION", "FP32_TINY", "FP32_UNIT", "LOGIT_ULPS", "Numerics",
-           "P_FP8_TINY", "P_FP8_UNIT", "SOFTCAP_ULPS", "TANH_APPROX_ULPS", "envelope_terms", "flash_attention_model",
+           "FP8_MMA_BITS", "FP8_MMA_K", "FP8_MMA_ULPS", "P_FP8_TINY", "P_FP8_UNIT", "SOFTCAP_ULPS", "TANH_APPROX_ULPS", "envelope_terms", "flash_attention_model",
            "reference_and_envelope",
            "reference_attention", "same_precision_attention", "same_precision_work", "ulp"]

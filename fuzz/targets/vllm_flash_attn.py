@@ -283,10 +283,11 @@ class VllmFlashAttnVarlen(HopperTarget):
         return attrs.evolve(data, query=q8.to(data.query.dtype))
 
     def numerics_for(self, batch: Batch) -> Numerics:
-        """FA3's fp8 forward (:meth:`quantizes_query`) also rounds P to e4m3 before P@V
-        (``Numerics.p_fp8_e4m3``, docs/tolerance.md); its 16-bit forward does not."""
+        """FA3's fp8 forward (:meth:`quantizes_query`) also rounds P to e4m3 before P@V (``p_fp8_e4m3``) and runs
+        both GEMMs on fp8 tensor cores, whose accumulator keeps 13 fraction bits (``fp8_mma``; docs/tolerance.md);
+        its 16-bit forward does neither."""
         if self.quantizes_query(batch) and self.fa_version == 3:
-            return attrs.evolve(self.numerics, p_fp8_e4m3=True)
+            return attrs.evolve(self.numerics, p_fp8_e4m3=True, fp8_mma=True)
         return self.numerics
 
     @staticmethod
