@@ -125,7 +125,7 @@ FP8_MMA_K = 32
 FP8_MMA_ULPS = 2.0**-FP8_MMA_BITS / FP32_UNIT
 #: lambda of the fp8 accumulation terms, ``FP8_MMA_LAMBDA * sqrt(n + ceil(n / FP8_MMA_K)) * 2**-FP8_MMA_BITS`` of
 #: the sum of absolute values over ``n`` elements (``Numerics.fp8_mma``; the form of DOT_LAMBDA's fp32 term).
-FP8_MMA_LAMBDA = 1.0
+FP8_MMA_LAMBDA = 4.0
 
 #: The FlashAttention family's numerics, the envelope's default: no knob on.
 FLASH_ATTENTION = Numerics()

@@ -61,18 +61,21 @@ def dot_mma(a: torch.Tensor, b: torch.Tensor, bits: int = FP8_MMA_BITS) -> torch
     return acc
 
 
-def fa3_fp8_model(batch: Batch, data: BatchData, acc_bits: int = FP8_MMA_BITS, q_scale: float = 1.0) -> torch.Tensor:
+def fa3_fp8_model(batch: Batch, data: BatchData, acc_bits: int = FP8_MMA_BITS, q_scale: float = 1.0,
+                  last_rows: int | None = None) -> torch.Tensor:
     """FA3's fp8 forward for ``batch`` (fp8 cache, bf16, no ALiBi, no sinks), ``data`` as the target hands it over
     (the query already e4m3 values: :meth:`~kvfuzz.fuzz.targets.vllm_flash_attn.VllmFlashAttnVarlen.call_data`);
-    fp64 ``[num_tokens, num_heads, head_size]`` holding bf16 values."""
+    fp64 ``[num_tokens, num_heads, head_size]`` holding bf16 values. ``last_rows``: emulate only each sequence's
+    last ``last_rows`` query rows (the others NaN), for long prefills."""
     assert batch.fp8_dtype is not None and not batch.alibi and data.sinks is None
     g = batch.gqa_ratio
     f32 = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
     scale_log2 = float(f32(batch.scale) * f32(q_scale) * f32(batch.k_scale) * f32(LOG2E))
     qsl, ssl = batch.query_start_loc, batch.seq_start_loc
-    out = torch.zeros(data.query.shape, dtype=F64)
+    out = torch.full(data.query.shape, float("nan"), dtype=F64)
     for i in range(batch.num_seqs):
-        q = (data.query[qsl[i]:qsl[i + 1]].double() / q_scale)  # e4m3 values
+        first = qsl[i] if last_rows is None else max(qsl[i], qsl[i + 1] - last_rows)
+        q = (data.query[first:qsl[i + 1]].double() / q_scale)  # e4m3 values
         kc = data.cache_keys[ssl[i]:ssl[i + 1]].double().repeat_interleave(g, dim=1)  # [K, H, D] codes
         vc = data.cache_values[ssl[i]:ssl[i + 1]].double().repeat_interleave(g, dim=1)
         nq, nk = q.shape[0], kc.shape[0]
@@ -81,7 +84,7 @@ def fa3_fp8_model(batch: Batch, data: BatchData, acc_bits: int = FP8_MMA_BITS, q
         if batch.softcap is not None:  # tanh(s * scale / c) * c, then scale_log2 = log2e * c... as FA3: in fp32
             c = batch.softcap
             s = (torch.tanh((s * (scale_log2 / LOG2E) / c).float()).double() * c) / (scale_log2 / LOG2E)
-        qpos = batch.ctx_lens[i] + torch.arange(nq)
+        qpos = batch.ctx_lens[i] + (first - qsl[i]) + torch.arange(nq)
         kpos = torch.arange(nk)
         masked = kpos[None, :] > qpos[:, None]
         if batch.sliding_window is not None:
@@ -94,5 +97,5 @@ def fa3_fp8_model(batch: Batch, data: BatchData, acc_bits: int = FP8_MMA_BITS, q
         p8 = p.to(torch.float8_e4m3fn).double()
         acc = dot_mma(p8[:, :, None, :], vc.permute(1, 2, 0)[:, None, :, :], acc_bits)  # [H, Q, D]
         o = (acc.float() * torch.tensor(batch.v_scale, dtype=torch.float32) / row.float()).to(torch.bfloat16)
-        out[qsl[i]:qsl[i + 1]] = o.double().permute(1, 0, 2)
+        out[first:qsl[i + 1]] = o.double().permute(1, 0, 2)
     return out

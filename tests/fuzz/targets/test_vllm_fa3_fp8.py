@@ -162,9 +162,9 @@ class DroppedVDescale(StandInFA3):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_each_part_of_the_fp8_model_is_needed(fa3, seed):
     """The correct stand-in passes where each model part left out fails: the query's e4m3 rounding (2**-4 relative)
-    moves large logits ("dominant" values) past the envelope; P's e4m3 rounding is past a 16-bit forward's envelope
+    moves large logits ("large" values) past the envelope; P's e4m3 rounding is past a 16-bit forward's envelope
     for ordinary values; a dropped v_descale is the caller's."""
-    for value_range, wrong, finding in (("dominant", UnquantizedReference, KernelMismatch),
+    for value_range, wrong, finding in (("large", UnquantizedReference, KernelMismatch),
                                         ("normal", NoPRounding, KernelMismatch),
                                         # the call's v_descale is the cache's scale to the caller checks: the
                                         # cached new tokens no longer match it, so it is the caller's fault
