@@ -356,6 +356,13 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
         if numerics.tanh_approx:  # tanh.approx's relative error on each capped logit and on the row max
             dlogit.add_(seq.s.masked_fill(seq.masked, 0.0).abs_(), alpha=TANH_APPROX_ULPS)
             drow = drow + TANH_APPROX_ULPS * m.abs()
+    if numerics.fp8_mma:
+        # the fp8 accumulator's logit errors reach whole units at large logits ("extreme" values: 8 of 13,265 on an
+        # H200), where the first-order bound p_k * ds_k fails: p_k moves by a factor up to exp(ds_k) over the
+        # row's normalizer, itself off by up to a factor exp(ds): ds_k becomes exp(ds_k) * expm1(ds_k), ds_k to
+        # first order (the argument capped below fp64's overflow: such a row's bound is beyond any output, not NaN)
+        x = (dlogit * FP32_UNIT).clamp_(max=300.0)
+        dlogit = torch.expm1(x).mul_(torch.exp(x)).div_(FP32_UNIT)
     av = seq.v.abs()
     tiny = torch.finfo(batch.torch_dtype).tiny
     if numerics.p_fp8_e4m3:  # P rounded to e4m3 after FA3's 2**8 offset: its own subnormal threshold
