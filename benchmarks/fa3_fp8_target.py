@@ -4,7 +4,7 @@ loaded by file as a user loads theirs:
 
     kvfuzz fuzz --target benchmarks/fa3_fp8_target.py:FA3Fp8 --duration 5m --baseline kvfuzz-baseline.toml
 
-(run by benchmarks/gpu_fa3_fp8.sh on a lent H100/H200; results in benchmarks/results/fa3-fp8-h200.txt).
+(run on a lent H200 beside a default FA3 campaign, with `--baseline`: benchmarks/results/fa3-fp8-h200.txt).
 """
 
 import attrs

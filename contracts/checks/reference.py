@@ -567,7 +567,7 @@ def same_precision_attention(batch: Batch, data: BatchData, tokens: list[int] | 
     return _attend(batch, data, batch.torch_dtype, tokens).to(torch.float64)
 
 
-__all__ = ["DOT_LAMBDA", "ENVELOPE_TERMS", "FLASH_ATTENTION", "FP32_TINY", "FP32_UNIT", "LOGIT_ULPS", "Numerics",
-           "FP8_MMA_BITS", "FP8_MMA_K", "FP8_MMA_ULPS", "P_FP8_TINY", "P_FP8_UNIT", "SOFTCAP_ULPS", "TANH_APPROX_ULPS", "envelope_terms", "flash_attention_model",
-           "reference_and_envelope",
+__all__ = ["DOT_LAMBDA", "ENVELOPE_TERMS", "FLASH_ATTENTION", "FP32_TINY", "FP32_UNIT", "FP8_MMA_BITS", "FP8_MMA_K",
+           "FP8_MMA_LAMBDA", "FP8_MMA_ULPS", "LOGIT_ULPS", "Numerics", "P_FP8_TINY", "P_FP8_UNIT", "SOFTCAP_ULPS",
+           "TANH_APPROX_ULPS", "envelope_terms", "flash_attention_model", "reference_and_envelope",
            "reference_attention", "same_precision_attention", "same_precision_work", "ulp"]

@@ -215,10 +215,10 @@ class VllmFlashAttnVarlen(HopperTarget):
     Declared (module docstring): fp16/bf16; head sizes 32-256 in multiples of 8 (40, 72, 80 and 96 are padded to
     FA3's compiled sizes); block sizes 16, 32, 48, 64 and 544 (multiples of 16); sliding window (``[W - 1, 0]``)
     and softcap; kv_cache_dtype auto, and fp8/fp8_e4m3 with bf16 at head sizes that are multiples of 16 (the
-    query quantized to e4m3 as vLLM's layer does, :meth:`call_data`; P rounded to e4m3, :meth:`numerics_for`). Not
-    declared: sinks (``s_aux`` is bf16 only); an undeclared sink batch gets ``s_aux`` as bf16 ``[H]``. States: shared prefix, freed window blocks and
-    CUDA-graph padding (``"vllm"``: pads of seq_len 0 and query_len 0 after a decode batch, module docstring).
-    Needs a Hopper GPU and the extension (:data:`HOPPER_ONLY`).
+    query quantized to e4m3 as vLLM's layer does, :meth:`call_data`; P rounded to e4m3 and the fp8 accumulator,
+    :meth:`numerics_for`). Not declared: sinks (``s_aux`` is bf16 only); an undeclared sink batch gets ``s_aux`` as
+    bf16 ``[H]``. States: shared prefix, freed window blocks and CUDA-graph padding (``"vllm"``: pads of seq_len 0
+    and query_len 0 after a decode batch, module docstring). Needs a Hopper GPU and the extension (:data:`HOPPER_ONLY`).
 
     ``kernels()`` returns ``(flash_attn_varlen_func, get_scheduler_metadata)``; a subclass may hand others
     (tests run a torch stand-in on CPU with the exact arguments).

@@ -3,8 +3,9 @@ accumulator keeps 13 fraction bits and truncates (tests/support/fa3_fp8_numerics
 H100 models). On an H200 two batches of the first fp8 campaigns failed the envelope of P's e4m3 rounding alone (1.47
 and 1.29 times the bound; benchmarks/results/fa3-fp8-h200.txt): the emulated accumulator gives the first one's output
 within one bf16 unit and the same ratios, and with the accumulator's term both pass. A third failed the term at
-its first lambda, 1 (1.33 times the bound, the emulation's ratio at the same element): lambda is 4 since. The term is needed, not vacuous
-(a 6-bit accumulator fails), and the emulated arithmetic stays inside it on drawn batches of every value range."""
+its first lambda, 1 (1.33 times the bound, the emulation's ratio at the same element): lambda is 4 since. The
+term is needed, not vacuous (a 6-bit accumulator fails), and the emulated arithmetic stays inside it on drawn
+batches of every value range."""
 
 import attrs
 import pytest

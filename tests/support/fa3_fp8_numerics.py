@@ -17,8 +17,6 @@ softmax's rescaling (exact powers of two for the row max's updates only when the
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from kvfuzz.contracts.model.batch import Batch

@@ -125,7 +125,8 @@ def fa3_fwd(q, k, v, k_new, v_new, q_v, out, cu_seqlens_q, cu_seqlens_k, cu_seql
         a, b = qsl[i], qsl[i + 1]
         if a == b:  # a query_len-0 sequence (a CUDA-graph pad): no query row, nothing computed
             continue
-        qi, ki, vi = q[a:b].double(), _rows(k, page_table[i], lens[i]).double(), _rows(v, page_table[i], lens[i]).double()
+        qi = q[a:b].double()
+        ki, vi = _rows(k, page_table[i], lens[i]).double(), _rows(v, page_table[i], lens[i]).double()
         if fp8:  # the descales [N, Hkv]: per sequence and kv head (a query head's is its kv head's)
             qi = qi * q_descale[i].double().repeat_interleave(h // hkv)[None, :, None]
             ki, vi = ki * k_descale[i].double()[None, :, None], vi * v_descale[i].double()[None, :, None]

@@ -12,8 +12,6 @@ from hypothesis import given, settings
 from support import batch_of, hopper_standins
 from support.hopper_standins import StandInFA3
 
-from kvfuzz.contracts.caches.layouts import NHDLayout
-from kvfuzz.contracts.caches.materialize import materialize
 from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelCrash, KernelMismatch
 from kvfuzz.contracts.checks.reference import FLASH_ATTENTION
 from kvfuzz.contracts.model.data import make_batch_data
