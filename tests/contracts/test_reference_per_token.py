@@ -182,7 +182,12 @@ def test_layout_covers_every_query_row_once_within_its_budget(b, budget):
 @pytest.mark.parametrize("budget", sorted(BUDGETS))
 def test_runs_on_the_meta_device(budget):
     """On the meta device every op runs without data: ``.item()``, ``.tolist()`` or ``bool()`` of a device
-    tensor (a host synchronization on CUDA) raises there, and so does mixing in a tensor made on the CPU."""
+    tensor (a host synchronization on CUDA) raises there, and so does mixing in a tensor made on the CPU. Torch's
+    meta kernels import triton: on a machine without CUDA it comes up interpreted, as kvfuzz's Triton targets need
+    it (imported plainly, a later Triton test in the same process could not run)."""
+    from kvfuzz.fuzz.targets.triton_runtime import prepare_triton_runtime
+
+    prepare_triton_runtime()
     b = batch_of([(1, 200), (12, 0), (1, 0), (3, 60)], num_heads=4, num_kv_heads=2, head_size=16,
                  sliding_window=9, alibi=True, sinks=True, softcap=4.0, seed=1)
     d = make_batch_data(b).to("meta")
