@@ -23,8 +23,9 @@ from kvfuzz.fuzz.cli.common import console
                    "it, whether a target runs is told from what is installed, and says it was not loaded.")
 def targets(as_json: bool, check: bool) -> None:
     """List the targets, their contracts and declarations (the production cache states each declares, e.g.
-    freed_window_blocks, under "states"; the size tiers it runs, under "tiers"), and whether they run here. Piped,
-    one tab-separated line per target."""
+    freed_window_blocks, under "states"; the size tiers it runs, under "tiers"; what an fp8 cache narrows, its dtypes,
+    head and block sizes and GQA groups, beside the kv_cache_dtypes), and whether they run here. Piped, one
+    tab-separated line per target."""
     from kvfuzz.fuzz.targets import get_target, registered
 
     rows = []

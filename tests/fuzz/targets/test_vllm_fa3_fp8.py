@@ -183,3 +183,12 @@ def test_an_fp16_model_with_an_fp8_cache_is_fa3s_own_error(fa3):
     with pytest.raises(KernelCrash, match="output must have dtype BF16"):
         check_example(StandInFA3(), Example(b, Poison.NAN))
     assert FLASH_ATTENTION.p_fp8_e4m3 is False
+
+
+def test_kvfuzz_targets_says_what_an_fp8_cache_narrows():
+    from kvfuzz.fuzz.cli.targets import _kv_cell
+
+    assert _kv_cell(FA3.capabilities) == "auto,fp8,fp8_e4m3 (fp8: bfloat16; head sizes 32,64,80,96,128,192,256)"
+    assert _kv_cell(VllmFlashAttn4Varlen.capabilities) in (
+        "auto,fp8,fp8_e4m3 (fp8: head sizes 512; block sizes 64)", "auto")  # "auto" on a GPU other than SM90
+    assert _kv_cell(get_target("vllm.flash_attn_varlen_fa2").capabilities) == "auto"
