@@ -311,9 +311,7 @@ def batches(draw, capabilities: Capabilities, limits: Limits = Limits(), pin: Ke
     if capabilities.value_head_size is not None:  # a latent cache: MQA, one kv head for the group drawn
         num_heads, num_kv_heads = num_heads // num_kv_heads, 1
     head_size = draw(choice(sorted(capabilities.head_sizes), *head_size_of(pin, focus, capabilities)))
-    cache_dtypes = [k for k in capabilities.kv_cache_dtypes
-                    if head_size in capabilities.head_sizes_for(k) and dtype in capabilities.dtypes_for(k)
-                    and capabilities.fp8_accepts_gqa(k, num_heads // num_kv_heads)]
+    cache_dtypes = list(capabilities.kv_cache_dtypes_for(dtype, head_size, num_heads // num_kv_heads))
     assume(cache_dtypes)  # a target declaring only fp8 caches, none with this head size or GQA group
     kv_cache_dtype = draw(choice(cache_dtypes, *pinned_field(pin, "kv_cache_dtype")))
     allowed = ("decode",) if capabilities.decode_only else KINDS

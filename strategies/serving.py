@@ -278,9 +278,7 @@ def serving_batches(draw, capabilities: Capabilities, limits: Limits, pin: Kerne
         shape = None  # the pinned configuration wins: a row it does not fit is not used
     if shape is not None:
         num_heads, num_kv_heads, head_size = shape.num_heads, shape.num_kv_heads, shape.head_size
-    cache_dtypes = [k for k in capabilities.kv_cache_dtypes
-                    if head_size in capabilities.head_sizes_for(k) and dtype in capabilities.dtypes_for(k)
-                    and capabilities.fp8_accepts_gqa(k, num_heads // num_kv_heads)]
+    cache_dtypes = list(capabilities.kv_cache_dtypes_for(dtype, head_size, num_heads // num_kv_heads))
     assume(cache_dtypes)
     kv_cache_dtype = draw(choice(cache_dtypes, *pinned_field(pin, "kv_cache_dtype")))
     block_size = draw(choice(sorted(capabilities.block_sizes_for(kv_cache_dtype), reverse=True),

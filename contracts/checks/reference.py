@@ -97,12 +97,14 @@ class Numerics:
         instruction), whose accumulator keeps :data:`FP8_MMA_BITS` fraction bits and truncates: each instruction
         aligns the running sum and its products to the largest exponent among them, cuts each below
         ``2**-FP8_MMA_BITS`` of it, and cuts the sum again (e8m13, "FP22": SageAttention2, Zhang et al. 2024;
-        DeepSeek-V3 technical report 3.3.2; Khattak and Mikaitis, arXiv 2512.07004, bit-accurate H100 models). An
-        instruction is then off by less than ``(FP8_MMA_K + 2) * 2**-FP8_MMA_BITS`` times the sum of the absolute
-        values it accumulates (each of its ``FP8_MMA_K + 1`` addends by less than ``2**-FP8_MMA_BITS`` of the
-        largest, the sum by as much of itself): a logit by ``ceil(D / FP8_MMA_K)`` such instructions of
-        ``scale * sum_i |q_i k_i|``, an output by ``ceil(keys / FP8_MMA_K)`` of ``sum_k p_k |v_kd|`` (FlashAttention
-        3's fp8 forward; its H200 outputs are the emulated accumulator's to the bit, docs/tolerance.md).
+        DeepSeek-V3 technical report 3.3.2; Khattak and Mikaitis, arXiv 2512.07004, bit-accurate H100 models). The
+        envelope adds ``FP8_MMA_LAMBDA * sqrt(n + ceil(n / FP8_MMA_K)) * 2**-FP8_MMA_BITS`` of the sum of absolute
+        values accumulated over ``n`` elements (the form of the fp32 dot product's ``DOT_LAMBDA`` term, lambda
+        calibrated on H200 failures; the rigorous bound, ``(FP8_MMA_K + 2) * 2**-FP8_MMA_BITS`` an instruction, is
+        8-60 times the errors seen): on each logit over ``D`` of ``scale * sum_i |q_i k_i|``, on the output over the
+        keys of ``sum_k p_k |v_kd|``; and each logit error ``ds`` enters as ``exp(ds) * expm1(ds)`` (first order
+        ``ds``), past which a row's bound exceeds any output (FlashAttention 3's fp8 forward: its H200 outputs are
+        the emulated accumulator's to a bf16 unit, docs/tolerance.md, "Why fp8_mma is that").
     """
 
     tanh_approx: bool = False
@@ -380,9 +382,7 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
 def _fp8_mma_count(n):
     """The fp8 accumulation term's factor over ``n`` elements (an int or a tensor of counts), in units of
     FP32_UNIT: ``FP8_MMA_LAMBDA * sqrt(n + ceil(n / FP8_MMA_K)) * FP8_MMA_ULPS`` (``Numerics.fp8_mma``)."""
-    if isinstance(n, torch.Tensor):
-        return FP8_MMA_LAMBDA * FP8_MMA_ULPS * torch.sqrt(n + torch.ceil(n / FP8_MMA_K))
-    return FP8_MMA_LAMBDA * FP8_MMA_ULPS * math.sqrt(n + math.ceil(n / FP8_MMA_K))
+    return FP8_MMA_LAMBDA * FP8_MMA_ULPS * (n - (-n // FP8_MMA_K)) ** 0.5
 
 
 def _envelope(batch: Batch, o: torch.Tensor, sums: dict[str, torch.Tensor],

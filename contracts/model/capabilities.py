@@ -143,6 +143,13 @@ class Capabilities:
             return self.dtypes
         return tuple(d for d in self.dtypes if d in self.fp8_dtypes)
 
+    def kv_cache_dtypes_for(self, dtype: str, head_size: int, gqa_ratio: int) -> tuple[str, ...]:
+        """The kv_cache_dtypes accepted with model ``dtype``, ``head_size`` and GQA group size ``gqa_ratio``, in
+        declaration order (empty when none is)."""
+        return tuple(k for k in self.kv_cache_dtypes
+                     if head_size in self.head_sizes_for(k) and dtype in self.dtypes_for(k)
+                     and self.fp8_accepts_gqa(k, gqa_ratio))
+
     def combinable(self, features) -> bool:
         """Whether ``features`` (names) are all declared and no declared-exclusive pair is among them."""
         f = set(features)

@@ -182,12 +182,17 @@ class Relation:
         self._check(target, example)
 
 
+def _call_data(target: Target, batch: Batch) -> BatchData:
+    """The batch's ground truth as its caller hands it to the kernel (:meth:`Target.call_data`: an fp8 query)."""
+    return target.call_data(batch, make_batch_data(batch))
+
+
 def _poison_invariance(level: Poison) -> Callable[[Target, Example], None]:
     name = f"poison-invariance[{level.value}]"
 
     def check(target: Target, example: Example) -> None:
         b = example.batch
-        data = target.call_data(b, make_batch_data(b))  # as the caller hands it over (an fp8 query)
+        data = _call_data(target, b)
         # different seeds too, so two stale fills differ everywhere; zeros is the clean baseline
         clean = call_kernel(target, b, data, materialize_with(target, b, data, Poison.ZEROS))
         dirty = call_kernel(target, b, data, materialize_with(target, b, data, level, (b.seed + 11, b.seed + 12)))
@@ -219,7 +224,7 @@ def relocated(batch: Batch) -> Batch:
 def _block_relocation(target: Target, example: Example) -> None:
     b = example.batch
     b2 = relocated(b)
-    data = target.call_data(b, make_batch_data(b))  # as the caller hands it over (an fp8 query)
+    data = _call_data(target, b)
     out1 = call_kernel(target, b, data, materialize_with(target, b, data, example.poison))
     out2 = call_kernel(target, b2, data, materialize_with(target, b2, data, example.poison))
     compare_bits("block-relocation", b, out1, out2,
@@ -240,7 +245,7 @@ def _batch_order(target: Target, example: Example) -> None:
     b = example.batch
     order = sequence_permutation(b)
     b2 = _sub_batch(b, order)
-    data = target.call_data(b, make_batch_data(b))  # as the caller hands it over (an fp8 query)
+    data = _call_data(target, b)
     data2 = _sub_data(b, data, order)
     out1 = call_kernel(target, b, data, materialize_with(target, b, data, example.poison))
     out2 = call_kernel(target, b2, data2, materialize_with(target, b2, data2, example.poison))
@@ -252,7 +257,7 @@ def _batch_order(target: Target, example: Example) -> None:
 
 def _batch_invariance(target: Target, example: Example) -> None:
     b = example.batch
-    data = target.call_data(b, make_batch_data(b))  # as the caller hands it over (an fp8 query)
+    data = _call_data(target, b)
     full = call_kernel(target, b, data, materialize_with(target, b, data, example.poison))
     for i in range(b.num_seqs):
         solo = _sub_batch(b, [i])
@@ -265,7 +270,7 @@ def _batch_invariance(target: Target, example: Example) -> None:
 
 def _determinism(target: Target, example: Example) -> None:
     b = example.batch
-    data = target.call_data(b, make_batch_data(b))  # as the caller hands it over (an fp8 query)
+    data = _call_data(target, b)
     out1 = call_kernel(target, b, data, materialize_with(target, b, data, example.poison))
     out2 = call_kernel(target, b, data, materialize_with(target, b, data, example.poison))
     compare_bits("determinism", b, out1, out2, "the first run", "the second run on the same input")
@@ -288,7 +293,7 @@ def decode_probe(batch: Batch, data: BatchData, j_of: Callable[[int], int]) -> t
 
 def _decode_prefill(target: Target, example: Example) -> None:
     b = example.batch
-    data = target.call_data(b, make_batch_data(b))  # as the caller hands it over (an fp8 query)
+    data = _call_data(target, b)
     full = call_kernel(target, b, data, materialize_with(target, b, data, example.poison))
     ref, lowp = reference_attention(b, data), same_precision_attention(b, data)
     floor = row_floor(b, ref)
