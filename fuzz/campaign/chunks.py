@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import os
+
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.targets.base import Target
 from kvfuzz.strategies.configs import KernelConfig, config_for
@@ -30,6 +32,14 @@ CHUNK_EXAMPLES, PINNED_CHUNK_EXAMPLES = 25, 1000
 #: soft cap on and off. A fast target's chunk ends by its example count first once --duration is long enough: vLLM's
 #: Triton chunk of 1,000 examples took ~22 s per worker on an H100 (630/s over 14 workers), so from about 90 s.
 PINNED_CHUNK_SHARE = 0.25
+#: A chunk aimed at a bin (kvfuzz.fuzz.campaign.steering, at most ``FOCUS_EXAMPLES`` examples) generates for at most
+#: this many seconds after its first example (which pays its configuration's compiles), with ``--duration``: it is
+#: there to reach its bin. A serving bin's examples cost ~0.45 s each on an H200 (FA3, 8 workers), so 50 of them held
+#: a worker ~22 s per bin, and 57 of FA3's 258 (ctx_len x query_len) bins were still empty after 300 s; with 3 s, 21
+#: (benchmarks/results/focus-ab-h200.txt). A small example (~25 ms) still runs the chunk's 50.
+#: Environment: KVFUZZ_FOCUS_SECONDS (:func:`focus_chunk_seconds`; 0: no time limit, only the example count).
+FOCUS_CHUNK_SECONDS = 3.0
+FOCUS_SECONDS_ENV = "KVFUZZ_FOCUS_SECONDS"
 #: Examples of a warm-up chunk (CampaignConfig.warmup): one compiles the configuration, a second catches an
 #: integer specialization of its lengths.
 WARMUP_EXAMPLES = 2
@@ -82,13 +92,34 @@ def chunk_config(target: Target, config: CampaignConfig, chunk: int) -> KernelCo
                       free=target.runtime_fields)
 
 
-def pinned_chunk_seconds(config: CampaignConfig, pinned: bool) -> float | None:
+def focus_chunk_seconds() -> float:
+    """A focused chunk's seconds after its first example: ``$KVFUZZ_FOCUS_SECONDS`` when set (0: no limit), else
+    :data:`FOCUS_CHUNK_SECONDS`. Raises ValueError naming the variable when it is not a number >= 0 (the fuzz
+    command checks it before any worker starts: exit 2)."""
+    raw = os.environ.get(FOCUS_SECONDS_ENV, "").strip()
+    if not raw:
+        return FOCUS_CHUNK_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{FOCUS_SECONDS_ENV}={raw!r}: a focused chunk's seconds after its first example, a number "
+                         f">= 0 (0: no time limit; unset: {FOCUS_CHUNK_SECONDS:g})")
+    return seconds
+
+
+def pinned_chunk_seconds(config: CampaignConfig, pinned: bool, focused: bool = False) -> float | None:
     """Seconds a chunk may generate for after its first example (kvfuzz.fuzz.campaign.runner
-    ``ExampleRunner.limit_chunk``): :data:`PINNED_CHUNK_SHARE` of ``--duration`` for a chunk that stays in one kernel
-    configuration (``pinned``); None (no limit) for a free chunk or a campaign without ``--duration``."""
-    if not pinned or config.duration is None:
+    ``ExampleRunner.limit_chunk``), with ``--duration`` (None without one: a campaign bounded by examples stays
+    deterministic in its seed): :data:`PINNED_CHUNK_SHARE` of ``--duration`` for a chunk that stays in one kernel
+    configuration (``pinned``), at most :func:`focus_chunk_seconds` for one aimed at a bin (``focused``); None (no
+    limit) for a free unpinned chunk."""
+    if config.duration is None:
         return None
-    return PINNED_CHUNK_SHARE * config.duration
+    focus = focus_chunk_seconds() if focused else 0.0
+    limits = ([PINNED_CHUNK_SHARE * config.duration] if pinned else []) + ([focus] if focus > 0 else [])
+    return min(limits) if limits else None
 
 
 class ChunkTimeUp(BaseException):

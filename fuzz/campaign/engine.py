@@ -390,8 +390,9 @@ class Campaign:
             return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))
         pinned = InMemoryExampleDatabase()
         # a focused draw is shrunk in the free strategy (widened), not in its focus first; a pinned chunk gives way
-        # to the next configuration after its share of --duration (chunks.PINNED_CHUNK_SHARE)
-        self.runner.limit_chunk(pinned_chunk_seconds(self.config, pin is not None))
+        # to the next configuration after its share of --duration (chunks.PINNED_CHUNK_SHARE), a focused one after
+        # FOCUS_CHUNK_SECONDS (it is there to reach its bin)
+        self.runner.limit_chunk(pinned_chunk_seconds(self.config, pin is not None, focus is not None))
         try:
             self._execute(self._test([Phase.generate] + ([Phase.shrink] if pin is not None else []), chunk_seed, n,
                                      strategy=strategy_for(self.target, self.config, pin, self.tier, focus),

@@ -228,6 +228,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
     if jit_cache:  # before any target is loaded: flashinfer reads it when first imported
         os.environ["FLASHINFER_WORKSPACE_BASE"] = str(Path(jit_cache).resolve())  # the workers inherit it
     limits = _limits(max_num_seqs, max_ctx_len, max_query_len)
+    _check_environment()
     baseline = _baseline(baseline_file)
     budget = parse_duration(duration)
     if max_examples is None:
@@ -267,6 +268,19 @@ def _limits(max_num_seqs: int, max_ctx_len: int, max_query_len: int) -> Limits:
                                f"{max_query_len}) = {limits.batch_tokens:,} tokens in the largest batch; at most "
                                f"{MAX_BATCH_TOKENS:,} (lower one of them)")
     return limits
+
+
+def _check_environment() -> None:
+    """Exit 2 naming the variable when one of the campaign's environment settings (KVFUZZ_FOCUS_SECONDS,
+    KVFUZZ_SANITIZE_STANDBY) holds a value it does not take, before any worker starts."""
+    from kvfuzz.fuzz.campaign.chunks import focus_chunk_seconds
+    from kvfuzz.fuzz.harness.sanitizer_standby import standby_mode
+
+    for check in (focus_chunk_seconds, standby_mode):
+        try:
+            check()
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
 
 
 def _check_big_cache(chosen, big_cache: bool, tiers) -> None:

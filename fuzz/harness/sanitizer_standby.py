@@ -23,11 +23,13 @@ ready marker, before it took the example, or without an ERROR SUMMARY), it hung 
 standbys in a row were lost a worker starts no more (``given up``): each confirmation is a fresh child. So a lost
 standby costs time, never an example nor a verdict. Memory: one more child per sanitizing worker (a CUDA context
 and an idle Python process with the target loaded), and never two standbys: a new one starts after the last one
-ended. Off by default (every confirmation in a fresh child, as before) until a GPU measures its cost and memory
-beside fresh confirmations (benchmarks/gpu_standby_ab.sh). When: ``KVFUZZ_SANITIZE_STANDBY=1``, with the long-lived
-child (a hit soon after the long-lived child is ready finds its standby ready too), or ``=ready``, once the
-long-lived child is ready (the two starts do not share the host and GPU; a hit before the standby is ready waits
-for the rest of its start, less than a fresh child's whole start).
+ended. On by default since a GPU measured it beside fresh confirmations (benchmarks/gpu_standby_ab.sh,
+benchmarks/results/standby-ab-h200.txt: vllm#56862 first at 35.7-62.0 s against 55.4-82.9 s, 4.7-7.7 s for three
+confirmations against 19.3-21.3 s for one or two, +3.0-3.7 GiB of host memory under the sanitizers of 6 workers).
+``KVFUZZ_SANITIZE_STANDBY=0`` turns it off (every confirmation in a fresh child, the behaviour before); ``1`` or
+unset starts the standby with the long-lived child (a hit soon after the long-lived child is ready finds its standby
+ready too); ``ready`` once the long-lived child is ready (the two starts do not share the host and GPU; a hit before
+the standby is ready waits for the rest of its start, less than a fresh child's whole start).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from kvfuzz.fuzz.harness.sanitizer import MARK, TIMEOUT_S, SanitizedChild, sanit
 from kvfuzz.fuzz.harness.sanitizer_report import parse_memcheck, verdict
 
 #: Environment variable: ``0`` turns the standby off (every hit confirmed in a fresh child, started for it);
-#: ``ready`` starts it once the long-lived child is ready, not with it (:func:`screen`).
+#: ``ready`` starts it once the long-lived child is ready, not with it; unset or ``1``: with it (:func:`screen`).
 ENV = "KVFUZZ_SANITIZE_STANDBY"
 #: Standbys lost in a row (died, hung, not clean) after which a worker starts no more.
 MAX_LOST = 3
@@ -207,16 +209,26 @@ class StandbyConfirmer:
             standby.close(kill=True)
 
 
+def standby_mode() -> str:
+    """``$KVFUZZ_SANITIZE_STANDBY`` checked: ``0``, ``1`` (also when unset) or ``ready``. Raises ValueError naming the
+    variable and its values otherwise (the fuzz command checks it before any worker starts: exit 2)."""
+    mode = os.environ.get(ENV, "").strip() or "1"
+    if mode not in ("0", "1", "ready"):
+        raise ValueError(f"{ENV}={mode!r}: use 0 (confirm each hit in a fresh child), 1 (a standby, the default) or "
+                         "ready (a standby started once the long-lived child is ready)")
+    return mode
+
+
 def screen(spec: str) -> SanitizedChild:
     """A campaign worker's long-lived child for target ``spec`` (not started), its hits confirmed by a
-    :class:`StandbyConfirmer` when ``$KVFUZZ_SANITIZE_STANDBY`` asks for one (``1``: its standby starts with it;
-    ``ready``: once it is ready), else in a fresh child each (no confirmer: unset, ``0`` or anything else; off by
-    default until a GPU measures the standby's cost and memory beside a fresh child, benchmarks/gpu_standby_ab.sh).
-    Its caller closes both (kvfuzz.fuzz.campaign.runner.SanitizerSchedule.close)."""
-    mode = os.environ.get(ENV, "").strip()
-    if mode not in ("1", "ready"):
+    :class:`StandbyConfirmer` unless ``$KVFUZZ_SANITIZE_STANDBY`` is ``0`` (unset or ``1``: its standby starts with
+    it; ``ready``: once it is ready); with ``0``, in a fresh child each (no confirmer). Any other value raises
+    ValueError (:func:`standby_mode`). Its caller closes both
+    (kvfuzz.fuzz.campaign.runner.SanitizerSchedule.close)."""
+    mode = standby_mode()
+    if mode == "0":
         return SanitizedChild(spec, confirmer=None)
     return SanitizedChild(spec, confirmer=StandbyConfirmer(spec, after_ready=mode == "ready"))
 
 
-__all__ = ["CONFIRMS", "ENV", "MAX_LOST", "Standby", "StandbyConfirmer", "screen"]
+__all__ = ["CONFIRMS", "ENV", "MAX_LOST", "Standby", "StandbyConfirmer", "screen", "standby_mode"]

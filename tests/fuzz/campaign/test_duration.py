@@ -146,3 +146,49 @@ def test_a_slow_pinned_campaign_gives_each_configuration_its_share_in_rotation_o
         end = chunks[i + 1][2] if i + 1 < len(chunks) else clock.now
         assert end - start <= 1 + PINNED_CHUNK_SHARE * duration + 1, chunks
     assert {b.softcap is None for _, b in batches} == {True, False}
+
+
+def test_a_focused_chunk_gives_way_after_its_seconds_and_only_with_a_duration(tmp_path, monkeypatch):
+    """Examples of a simulated second each, steered, unpinned: with --duration a chunk aimed at a bin ends
+    focus_chunk_seconds() after its first example (it is there to reach its bin; 50 serving examples of FA3 held a
+    worker ~22 s per bin), while a free chunk runs its examples; without --duration the campaign is bounded by its
+    examples and every focused chunk runs its FOCUS_EXAMPLES (deterministic in the seed). Planted: a focus limit
+    that is not applied (the focused chunks ran 25 examples each, the tier's whole chunk)."""
+    from kvfuzz.fuzz.campaign import chunks as chunk_module, engine, runner
+    from kvfuzz.fuzz.campaign.steering import FOCUS_EXAMPLES
+
+    def run(duration, max_examples):
+        clock, chunks = _SimClock(), []
+        monkeypatch.setattr(engine, "time", clock)
+        monkeypatch.setattr(runner, "time", clock)
+        begin, run_chunk = engine._Counting.begin, engine.Campaign.run_chunk
+
+        def counted(listener, name, example):
+            clock.now += 1.0
+            chunks[-1][2] += 1
+            return begin(listener, name, example)
+
+        def chunk(campaign, k, n, plan=None):
+            chunks.append([k, plan is not None and plan.focus is not None, 0])
+            return run_chunk(campaign, k, n, plan)
+
+        monkeypatch.setattr(engine._Counting, "begin", counted)
+        monkeypatch.setattr(engine.Campaign, "run_chunk", chunk)
+        config = CampaignConfig(out=tmp_path / str(duration), poisons=(Poison.ZEROS,), seed=0, duration=duration,
+                                pin_configs=False, tiers=("small",), max_examples=max_examples)
+        stats = engine.fuzz_target(_SlowPaged(), config)
+        assert not stats.failures
+        return chunks
+
+    monkeypatch.delenv(chunk_module.FOCUS_SECONDS_ENV, raising=False)
+    limit = chunk_module.focus_chunk_seconds()
+    assert limit == chunk_module.FOCUS_CHUNK_SECONDS > 0
+    timed = run(60.0, 10_000)
+    focused = [n for _, f, n in timed[:-1] if f]  # the last chunk may end with the campaign
+    assert focused and max(focused) <= 1 + limit + 1, timed
+    assert max(n for _, f, n in timed[:-1] if not f) > 1 + limit + 1, timed  # free chunks are not limited
+    counted = run(None, 200)
+    assert [n for _, f, n in counted[:-1] if f] and all(
+        n == min(FOCUS_EXAMPLES, 25) for _, f, n in counted[:-1] if f), counted
+    monkeypatch.setenv(chunk_module.FOCUS_SECONDS_ENV, "0")  # planted: no focus limit
+    assert max(n for _, f, n in run(60.0, 10_000)[:-1] if f) > 1 + limit + 1

@@ -607,3 +607,14 @@ def test_every_option_is_walked_with_a_bad_value():
     missing = [(name, p.opts[0]) for name, cmd in leaf_commands().items() for p in cmd.params
                if isinstance(p, click.Option) and not p.is_flag and (name, p.opts[0]) not in walked | anything_goes]
     assert not missing, f"options with no bad value in BAD_VALUES or TYPED: {missing}"
+
+
+@pytest.mark.parametrize("var, value", [("KVFUZZ_FOCUS_SECONDS", "soon"), ("KVFUZZ_FOCUS_SECONDS", "-1"),
+                                        ("KVFUZZ_SANITIZE_STANDBY", "yes")])
+@pytest.mark.cli_text
+def test_a_bad_campaign_environment_variable_exits_2_naming_it(tmp_path, var, value):
+    """The environment variables a campaign reads are checked before any worker starts: exit 2, the variable and its
+    values named, no traceback, no campaign run."""
+    r = kvfuzz("fuzz", "--target", f"{PLANTED}:Correct", "--out", str(tmp_path / "o"), env={**os.environ, var: value})
+    assert r.returncode == 2 and f"{var}={value!r}" in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "o" / "summary.json").exists()

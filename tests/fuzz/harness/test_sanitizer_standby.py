@@ -172,7 +172,10 @@ def test_a_campaign_confirms_in_the_standby_and_with_it_off_in_a_fresh_child(tmp
     monkeypatch.setattr(sanitizer, "applies", lambda target: True)  # the stand-in runs on CPU
     assert (sanitizer_standby.screen("x").confirmer is None) == (standby == "0")
     monkeypatch.delenv(sanitizer_standby.ENV)
-    assert sanitizer_standby.screen("x").confirmer is None  # off by default until measured on a GPU
+    assert not sanitizer_standby.screen("x").confirmer.after_ready  # on by default since measured on a GPU
+    monkeypatch.setenv(sanitizer_standby.ENV, "yes")
+    with pytest.raises(ValueError, match="KVFUZZ_SANITIZE_STANDBY='yes'"):
+        sanitizer_standby.screen("x")
     monkeypatch.setenv(sanitizer_standby.ENV, "ready")
     assert sanitizer_standby.screen("x").confirmer.after_ready
     monkeypatch.setenv(sanitizer_standby.ENV, standby)
