@@ -504,6 +504,7 @@ def fuzz_target(target: Target, config: CampaignConfig,
         n = plan.size(min(n, config.max_examples - stats.examples))
         campaign.run_chunk(chunk, n, plan)
         record_tier_time(tier_times, tier, stats.examples - before, time.monotonic() - start - elapsed)
+        stats.add_chunk(plan.focus is not None, stats.examples - before, time.monotonic() - start - elapsed)
         chunk += 1
         if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
             break

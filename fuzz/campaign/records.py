@@ -136,6 +136,11 @@ class TargetStats:
     #: Kernel runs that replayed the example database or shrank a failure: not examples (``--max-examples`` bounds
     #: the examples drawn), so counted apart; their time is in kernel_seconds, harness_seconds and the stages.
     shrink_runs: int = 0
+    #: Per kind of chunk ("free" or "focused": a steered campaign's, kvfuzz.fuzz.campaign.steering; "free" for all
+    #: without steering): [chunks, examples, seconds], each chunk's seconds from its hand-out to its end (its worker's
+    #: wall time, the first example's compiles and any shrink included): where a campaign's time goes between aiming
+    #: at empty bins and drawing freely.
+    chunk_kinds: dict = attrs.Factory(dict)
 
     @property
     def examples_per_second(self) -> float:
@@ -181,6 +186,12 @@ class TargetStats:
         """Add a worker's seconds on this target outside its examples (``{stage: seconds}``, of size tier ``tier``)."""
         self.stages.add(tier, seconds)
 
+    def add_chunk(self, focused: bool, examples: int, seconds: float) -> None:
+        """Count one chunk that ended (:attr:`chunk_kinds`): aimed at a bin (``focused``) or free, the ``examples``
+        it counted and its ``seconds``."""
+        row = self.chunk_kinds.setdefault("focused" if focused else "free", [0, 0, 0.0])
+        row[0], row[1], row[2] = row[0] + 1, row[1] + examples, row[2] + seconds
+
     def add_failure(self, record: FailureRecord) -> bool:
         """Keep a new distinct failure; returns False when its signature is already known (then its count
         grows: a second worker found it, or a recovered crash repeated)."""
@@ -202,6 +213,8 @@ class TargetStats:
             "tiers": {t: {"examples": n, "kernel_s": round(k, 3), "harness_s": round(h, 3)}
                       for t, (n, k, h) in self.tier_seconds.items()},
             "stages": self.stages.to_dict(),
+            "chunks": {k: {"chunks": c, "examples": n, "seconds": round(sec, 3)}
+                       for k, (c, n, sec) in sorted(self.chunk_kinds.items())},
             "paths": dict(self.paths),
             "coverage": self.coverage.to_dict(),
             "rejections": dict(self.rejections.most_common(20)),

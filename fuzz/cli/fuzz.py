@@ -196,8 +196,8 @@ OPTIONS = [
     click.option("--sanitize", "sanitize", default="auto", show_default=True, callback=_sanitize_share,
                  help="Examples re-run under compute-sanitizer memcheck (CUDA's, on PATH or /usr/local/cuda/bin) in "
                       "a long-lived child with exact-size allocations: an invalid access is a 'memory safety' "
-                      "failure, confirmed in a fresh child (KVFUZZ_SANITIZE_STANDBY=1: a standby started "
-                      "beforehand) and shrunk like any other. auto: up to 10% of each "
+                      "failure, confirmed in a child that ran no other example (a standby started beforehand; "
+                      "KVFUZZ_SANITIZE_STANDBY=0: a fresh child started for it) and shrunk like any other. auto: up to 10% of each "
                       "worker's time (auto:0.05: 5%), on the targets that declare it (vLLM's and SGLang's Triton "
                       "kernels), one sanitized run at a time per GPU; 0 or "
                       "none: off; a fraction of the examples (0.1); all. CUDA targets only (off on CPU: the Triton "

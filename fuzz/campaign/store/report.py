@@ -128,6 +128,19 @@ def _tier_table(stages: dict[str, dict]) -> list[str]:
     return lines
 
 
+def _chunk_kinds(chunks: dict[str, dict]) -> list[str]:
+    """A steered campaign's chunks by kind (summary.json's ``chunks``: free, and focused on an empty or near-miss
+    bin): how many, their examples, and their share of the chunks' seconds (hand-out to end, per worker)."""
+    total = sum(row.get("seconds", 0.0) for row in chunks.values())
+    lines = ["", "Chunks, free and aimed at a bin (steering), their examples and their share of the workers' chunk time:",
+             "", "| chunks | count | examples | seconds | share of time |", "|---|---|---|---|---|"]
+    for name, row in sorted(chunks.items()):
+        sec = row.get("seconds", 0.0)
+        lines.append(f"| {name} | {row.get('chunks', 0)} | {row.get('examples', 0)} | {sec:.1f} | "
+                     f"{100 * sec / total if total else 0:.1f}% |")
+    return lines
+
+
 def plot_shapes(target: dict, path: Path) -> Path | None:
     """Heat maps of the shape dimensions (:func:`shape_grid`), or None without matplotlib or shapes: colours on
     a log scale with a colour bar, each cell's count written in it, a declared bin never reached marked red with a
@@ -405,6 +418,8 @@ def _report_lines(summary: dict, out: Path) -> list[str]:
             lines.append(f"![coverage of {t['target']}]({png.name})")
         if len(t.get("stages", {})) > 1:
             lines += _tier_table(t["stages"])
+        if "focused" in t.get("chunks", {}):
+            lines += _chunk_kinds(t["chunks"])
         for dim in SHAPE_DIMENSIONS:
             if t.get("coverage", {}).get(dim) or t.get("bins", {}).get(dim):
                 lines += _shape_table(dim, t.get("coverage", {}).get(dim, {}), t.get("bins", {}).get(dim))

@@ -375,6 +375,8 @@ class Supervisor:
             t.replayed = True
         elif task.kind == "chunk" and task.chunk >= 0:
             record_tier_time(t.tier_times, task.tier, task.counted, time.monotonic() - task.sent)
+            t.stats.add_chunk(task.plan is not None and task.plan.focus is not None, task.counted,
+                              time.monotonic() - task.sent)
             if t.steer is not None:
                 t.steer.finished(task.plan, task.n)
 

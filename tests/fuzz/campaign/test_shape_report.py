@@ -60,7 +60,10 @@ def test_the_report_marks_declared_bins_never_reached_and_tier_shares(tmp_path):
     summary = {"seed": 0, "workers": 1, "targets": [{"target": "t.x", "examples": 5, "examples_per_s": 1.0,
                                                      "kernel_s": 2.0, "harness_s": 6.0, "failures": [failure],
                                                      "coverage": coverage, "bins": bins, "stages": stages,
-                                                     "declared": {"dtype": {"float16": 5}}}]}
+                                                     "declared": {"dtype": {"float16": 5}},
+                                                     "chunks": {"free": {"chunks": 1, "examples": 4, "seconds": 6.0},
+                                                                "focused": {"chunks": 2, "examples": 1,
+                                                                            "seconds": 2.0}}}]}
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     report = write_report(tmp_path).read_text()
     assert "| 2^1 | 3 | · |" in report  # (2^1, 2^1) is not declared: no tier of the target draws it
@@ -69,6 +72,7 @@ def test_the_report_marks_declared_bins_never_reached_and_tier_shares(tmp_path):
     assert "| 64 | **0** | 5 |" in report and "Declared bins never reached: 1 of 2 (64 x 2^4)." in report
     assert "| small | 4 | 80.0% | 2.0 | 25.0% |" in report and "| serving | 1 | 20.0% | 6.0 | 75.0% |" in report
     assert "| 1.2 + 30.0 + 2.0 s |" in report  # how long each shrink took
+    assert "| free | 1 | 4 | 6.0 | 75.0% |" in report and "| focused | 2 | 1 | 2.0 | 25.0% |" in report
     assert "| production states | **freed-window: 0** |" in report  # a declared state never drawn
     try:
         import matplotlib  # noqa: F401

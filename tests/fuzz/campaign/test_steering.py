@@ -147,6 +147,11 @@ def test_the_steered_campaign_finds_a_defect_in_one_mid_range_bin_the_fixed_spli
     assert "2^8 x 2^6" not in fixed.coverage.to_dict()[SHAPE]
     # and the steered campaign reached more of the declared bins on the way
     assert len(steered.coverage.to_dict()[SHAPE]) > len(fixed.coverage.to_dict()[SHAPE])
+    # summary.json's chunks: where each campaign's chunks went, every example counted in one
+    kinds = steered.to_dict()["chunks"]
+    assert set(kinds) == {"free", "focused"} and all(k["chunks"] > 0 and k["seconds"] > 0 for k in kinds.values())
+    assert sum(k["examples"] for k in kinds.values()) == steered.examples
+    assert set(fixed.to_dict()["chunks"]) == {"free"} and fixed.to_dict()["chunks"]["free"]["examples"] == fixed.examples
 
 
 class _GraceEndsAfterTheFirstPass(Quiet):

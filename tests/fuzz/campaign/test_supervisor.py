@@ -392,3 +392,16 @@ def test_compiler_running_finds_a_compiler_among_the_descendants(tmp_path):
     assert compiler_running(10, tmp_path) == "ninja"
     assert compiler_running(20, tmp_path) is None
     assert compiler_running(10, tmp_path / "missing") is None
+
+
+def test_the_summary_says_where_the_chunks_went(tmp_path):
+    """summary.json's ``chunks`` (free, and aimed at a bin) under the supervisor, two workers: every example
+    counted in one chunk of one kind, each kind's seconds measured, and report.md's table of them."""
+    r, summary, calls = fuzz_planted("Correct", tmp_path, "--max-examples", "80", "--workers", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (t,) = summary["targets"]
+    kinds = t["chunks"]
+    assert set(kinds) == {"free", "focused"} and all(k["chunks"] > 0 and k["seconds"] > 0 for k in kinds.values())
+    assert sum(k["examples"] for k in kinds.values()) == t["examples"] == 80
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| focused | %d | %d |" % (kinds["focused"]["chunks"], kinds["focused"]["examples"]) in report
