@@ -45,7 +45,8 @@ def targets(as_json: bool, check: bool) -> None:
                      "dtypes": list(c.dtypes), "head_sizes": list(c.head_sizes), "block_sizes": list(c.block_sizes),
                      "kv_cache_dtypes": list(c.kv_cache_dtypes), "kv_cache": _kv_cell(c),
                      "fp8_dtypes": _listed(c.fp8_dtypes), "fp8_head_sizes": _listed(c.fp8_head_sizes),
-                     "fp8_block_sizes": _listed(c.fp8_block_sizes), "features": sorted(c.features),
+                     "fp8_block_sizes": _listed(c.fp8_block_sizes), "fp8_gqa_ratios": _listed(c.fp8_gqa_ratios),
+                     "features": sorted(c.features),
                      "exclusive": [sorted(p) for p in c.exclusive], "states": list(c.states),
                      "tiers": list(t.size_tiers()), "available": a.ok, "loaded": loaded,
                      "device": a.device, "reason": a.reason, "description": t.description})

@@ -109,6 +109,10 @@ def test_targets_lists_the_states_each_target_declares():
     assert rows["vllm.flashmla_decode"]["states"] == ["shared prefix", "cuda-graph padding (vllm)"]  # FLASHMLA
     assert rows["vllm.flash_attn_varlen"]["states"] == ["shared prefix", "freed window blocks",
                                                         "cuda-graph padding (vllm)"]  # FLASH_ATTN (FA3)
+    # what an fp8 cache narrows, each list in the JSON as the table's cell says it (null: not narrowed)
+    assert rows["sglang.decode_attention_fwd"]["fp8_gqa_ratios"] == [1]  # MHA only with an fp8 cache
+    assert rows["vllm.flash_attn_varlen"]["fp8_dtypes"] == ["bfloat16"] and rows["vllm.flash_attn_varlen"][
+        "fp8_gqa_ratios"] is None
     piped = kvfuzz("targets").stdout.splitlines()
     header = piped[0].split("\t")
     line = next(row.split("\t") for row in piped if row.startswith("vllm.unified_attention\t"))
