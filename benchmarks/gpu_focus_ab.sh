@@ -3,14 +3,15 @@
 # kvfuzz.fuzz.campaign.chunks FOCUS_CHUNK_SECONDS) against focused chunks of FOCUS_EXAMPLES examples whatever they cost
 # (KVFUZZ_FOCUS_SECONDS=0, the behaviour before), side by side at the same time on ONE GPU, each arm on its share of
 # the cores (taskset; kvfuzz's default workers count them). One tree: the arms differ only in the variable.
-# ARMS: the values of KVFUZZ_FOCUS_SECONDS, one campaign each (default "0 3"). Per arm: a plain
+# VAR: the variable the arms set (default KVFUZZ_FOCUS_SECONDS; KVFUZZ_FREE_SECONDS limits the steered free chunks,
+# kvfuzz.fuzz.campaign.chunks FREE_CHUNK_SECONDS, off by default). ARMS: its values, one campaign each (default "0 3"). Per arm: a plain
 # `kvfuzz fuzz --target TARGET --duration DURATIONs --seed SEED --baseline kvfuzz-baseline.toml` (known findings are
 # not shrunk, so the campaign keeps drawing), stopped with SIGTERM CAP s past --duration.
 # Prints a JSON line per arm (OUT/focus.jsonl): exit status, examples, first failure (s) and what failed, the
 # declared bins by dimension and how many are empty (summary.json bins), the empty ones, the examples per aimed-at
 # (ctx_len x query_len) bin's quartiles, each tier's share of the examples and of the time; then a table.
 # Each campaign's summary.json is kept as OUT/summary-ARM.json. Carry .device/ (with FA3: `make device-bundle FA3=1`).
-# Usage: OUT=dir [TARGET=vllm.flash_attn_varlen] [DURATION=300] [CAP=60] [SEED=1] [ARMS="0 3"]
+# Usage: OUT=dir [TARGET=vllm.flash_attn_varlen] [DURATION=300] [CAP=60] [SEED=1] [VAR=KVFUZZ_FOCUS_SECONDS] [ARMS="0 3"]
 #        [EXTRA="more kvfuzz fuzz options"] bash benchmarks/gpu_focus_ab.sh
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -18,17 +19,18 @@ source "$HERE/gpu_env.sh" >/dev/null 2>&1 || { echo "gpu_env.sh failed (carry .d
 gpu_out
 export PATH=$PATH:/usr/local/cuda/bin
 T=${TARGET:-vllm.flash_attn_varlen}; S=${DURATION:-300}; CAP=${CAP:-60}; SEED=${SEED:-1}
+V=${VAR:-KVFUZZ_FOCUS_SECONDS}
 read -ra A <<< "${ARMS:-0 3}"
 C=$(( $(nproc) / ${#A[@]} ))
 [ "$C" -ge 1 ] || { echo "ARMS: ${#A[@]} arms for $(nproc) cores"; exit 2; }
 {
   gpu_machine
   echo "$T, ${S}s, seed $SEED, --baseline kvfuzz-baseline.toml; arms at once on GPU 0, $C cores each:" \
-       "KVFUZZ_FOCUS_SECONDS ${A[*]}"
+       "$V ${A[*]}"
 } | tee "$R/machine.txt"
 pids=(); i=0
 for arm in "${A[@]}"; do
-  KVFUZZ_FOCUS_SECONDS=$arm timeout -s TERM $((S + CAP)) taskset -c "$((i * C))-$((i * C + C - 1))" \
+  env "$V=$arm" timeout -s TERM $((S + CAP)) taskset -c "$((i * C))-$((i * C + C - 1))" \
     $KV fuzz --target "$T" --duration "${S}s" --seed "$SEED" --baseline kvfuzz-baseline.toml --out "$W/$arm" \
     ${EXTRA:-} > "$R/focus-$arm.log" 2>&1 &
   pids+=("$arm=$!"); i=$((i + 1))
@@ -40,7 +42,7 @@ for ap in "${pids[@]}"; do
   python3 - "$W/$arm/summary.json" "$arm" "$rc" <<'PY' | tee -a "$R/focus.jsonl"
 import json, statistics, sys
 path, arm, rc = sys.argv[1:]
-row = {"focus_seconds": arm, "exit": int(rc)}
+row = {"arm": arm, "exit": int(rc)}
 try:
     (t,) = json.load(open(path))["targets"]
 except (OSError, ValueError) as e:
@@ -50,7 +52,7 @@ tiers = t.get("stages", {})
 n = sum(v["examples"] for v in tiers.values()) or 1
 secs = {k: sum(v["seconds"].values()) for k, v in tiers.items()}
 bins = t.get("bins", {})
-row.update({k: t.get(k) for k in ("examples", "elapsed_s", "first_failure_s")})
+row.update({k: t.get(k) for k in ("examples", "elapsed_s", "first_failure_s", "chunks")})
 row["failures"] = [f.get("known") or f.get("kind") for f in t.get("failures", [])]
 row["bins_declared"] = {d: len(b) for d, b in bins.items()}
 row["bins_empty_n"] = {d: sum(1 for c in b.values() if not c) for d, b in bins.items()}
@@ -64,13 +66,13 @@ PY
 done
 python3 - "$R/focus.jsonl" <<'PY' | tee "$R/table.txt"
 import json, sys
-print(f"{'focus s':>7} {'exit':>4} {'examples':>8} {'first failure s':>15}  empty bins (of declared)  tiers % examples")
+print(f"{'arm':>7} {'exit':>4} {'examples':>8} {'first failure s':>15}  empty bins (of declared)  tiers % examples")
 for line in open(sys.argv[1]):
     r = json.loads(line)
     if "error" in r:
-        print(f"{r['focus_seconds']:>7} {r['exit']:>4} {r['error']}")
+        print(f"{r['arm']:>7} {r['exit']:>4} {r['error']}")
         continue
     empty = ", ".join(f"{d}: {r['bins_empty_n'][d]}/{r['bins_declared'][d]}" for d in r["bins_declared"])
-    print(f"{r['focus_seconds']:>7} {r['exit']:>4} {r['examples']:>8} {str(r['first_failure_s']):>15}  {empty}  "
+    print(f"{r['arm']:>7} {r['exit']:>4} {r['examples']:>8} {str(r['first_failure_s']):>15}  {empty}  "
           f"{r['tier_examples_pct']}")
 PY

@@ -40,6 +40,14 @@ PINNED_CHUNK_SHARE = 0.25
 #: Environment: KVFUZZ_FOCUS_SECONDS (:func:`focus_chunk_seconds`; 0: no time limit, only the example count).
 FOCUS_CHUNK_SECONDS = 3.0
 FOCUS_SECONDS_ENV = "KVFUZZ_FOCUS_SECONDS"
+#: A steered campaign's free chunk (every FREE_EVERY-th) generates for at most this many seconds after its first
+#: example, with ``--duration`` (0: no limit of its own, only a pinned chunk's share of ``--duration``). Off until a
+#: GPU measures it (benchmarks/gpu_focus_ab.sh VAR=KVFUZZ_FREE_SECONDS): a free pinned chunk may hold its worker for
+#: a quarter of ``--duration`` (75 s of 300; ~29 s for 1,000 small FA3 examples) where a focused one takes ~3-4 s, so
+#: one free chunk in three may take most of the time, and 21 of FA3's 258 (ctx_len x query_len) bins stayed empty
+#: after 300 s (summary.json's ``chunks`` says how the time went). Environment: KVFUZZ_FREE_SECONDS.
+FREE_CHUNK_SECONDS = 0.0
+FREE_SECONDS_ENV = "KVFUZZ_FREE_SECONDS"
 #: Examples of a warm-up chunk (CampaignConfig.warmup): one compiles the configuration, a second catches an
 #: integer specialization of its lengths.
 WARMUP_EXAMPLES = 2
@@ -92,33 +100,45 @@ def chunk_config(target: Target, config: CampaignConfig, chunk: int) -> KernelCo
                       free=target.runtime_fields)
 
 
-def focus_chunk_seconds() -> float:
-    """A focused chunk's seconds after its first example: ``$KVFUZZ_FOCUS_SECONDS`` when set (0: no limit), else
-    :data:`FOCUS_CHUNK_SECONDS`. Raises ValueError naming the variable when it is not a number >= 0 (the fuzz
-    command checks it before any worker starts: exit 2)."""
-    raw = os.environ.get(FOCUS_SECONDS_ENV, "").strip()
+def _env_seconds(name: str, default: float, what: str) -> float:
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return FOCUS_CHUNK_SECONDS
+        return default
     try:
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
     if not 0 <= seconds < float("inf"):
-        raise ValueError(f"{FOCUS_SECONDS_ENV}={raw!r}: a focused chunk's seconds after its first example, a number "
-                         f">= 0 (0: no time limit; unset: {FOCUS_CHUNK_SECONDS:g})")
+        raise ValueError(f"{name}={raw!r}: {what}, a number >= 0 (0: no time limit; unset: {default:g})")
     return seconds
 
 
-def pinned_chunk_seconds(config: CampaignConfig, pinned: bool, focused: bool = False) -> float | None:
+def focus_chunk_seconds() -> float:
+    """A focused chunk's seconds after its first example: ``$KVFUZZ_FOCUS_SECONDS`` when set (0: no limit), else
+    :data:`FOCUS_CHUNK_SECONDS`. Raises ValueError naming the variable when it is not a number >= 0 (the fuzz
+    command checks it before any worker starts: exit 2)."""
+    return _env_seconds(FOCUS_SECONDS_ENV, FOCUS_CHUNK_SECONDS, "a focused chunk's seconds after its first example")
+
+
+def free_chunk_seconds() -> float:
+    """A steered campaign's free chunk's seconds after its first example: ``$KVFUZZ_FREE_SECONDS`` when set, else
+    :data:`FREE_CHUNK_SECONDS` (0: no limit but a pinned chunk's share of ``--duration``). Raises ValueError as
+    :func:`focus_chunk_seconds`."""
+    return _env_seconds(FREE_SECONDS_ENV, FREE_CHUNK_SECONDS, "a steered free chunk's seconds after its first example")
+
+
+def pinned_chunk_seconds(config: CampaignConfig, pinned: bool, focused: bool = False,
+                         free: bool = False) -> float | None:
     """Seconds a chunk may generate for after its first example (kvfuzz.fuzz.campaign.runner
     ``ExampleRunner.limit_chunk``), with ``--duration`` (None without one: a campaign bounded by examples stays
-    deterministic in its seed): :data:`PINNED_CHUNK_SHARE` of ``--duration`` for a chunk that stays in one kernel
-    configuration (``pinned``), at most :func:`focus_chunk_seconds` for one aimed at a bin (``focused``); None (no
-    limit) for a free unpinned chunk."""
+    deterministic in its seed): the least of :data:`PINNED_CHUNK_SHARE` of ``--duration`` for a chunk that stays in
+    one kernel configuration (``pinned``), :func:`focus_chunk_seconds` for one aimed at a bin (``focused``) and
+    :func:`free_chunk_seconds` for a steered campaign's free chunk (``free``), those that apply and are not 0; None
+    (no limit) when none does."""
     if config.duration is None:
         return None
-    focus = focus_chunk_seconds() if focused else 0.0
-    limits = ([PINNED_CHUNK_SHARE * config.duration] if pinned else []) + ([focus] if focus > 0 else [])
+    limits = [PINNED_CHUNK_SHARE * config.duration] if pinned else []
+    limits += [s for s in (focus_chunk_seconds() if focused else 0.0, free_chunk_seconds() if free else 0.0) if s > 0]
     return min(limits) if limits else None
 
 

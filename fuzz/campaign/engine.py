@@ -386,13 +386,16 @@ class Campaign:
     def _chunk(self, chunk: int, n: int, plan: Plan) -> list[FailureRecord]:
         chunk_seed, focus = self.config.seed * CHUNK_SEED_STRIDE + chunk, plan.focus
         pin = aim_pin(chunk_config(self.target, self.config, plan.config_chunk(chunk)), focus, self.target.capabilities)
+        # a pinned chunk gives way to the next configuration after its share of --duration
+        # (chunks.PINNED_CHUNK_SHARE), a focused one after FOCUS_CHUNK_SECONDS (it is there to reach its bin), a
+        # steered free one after FREE_CHUNK_SECONDS (0: off)
+        self.runner.limit_chunk(pinned_chunk_seconds(self.config, pin is not None, focus is not None, plan.free))
         if pin is None and focus is None:
-            return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))
-        pinned = InMemoryExampleDatabase()
-        # a focused draw is shrunk in the free strategy (widened), not in its focus first; a pinned chunk gives way
-        # to the next configuration after its share of --duration (chunks.PINNED_CHUNK_SHARE), a focused one after
-        # FOCUS_CHUNK_SECONDS (it is there to reach its bin)
-        self.runner.limit_chunk(pinned_chunk_seconds(self.config, pin is not None, focus is not None))
+            try:
+                return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))
+            finally:
+                self.runner.limit_chunk(None)
+        pinned = InMemoryExampleDatabase()  # a focused draw is shrunk in the free strategy (widened), not its focus
         try:
             self._execute(self._test([Phase.generate] + ([Phase.shrink] if pin is not None else []), chunk_seed, n,
                                      strategy=strategy_for(self.target, self.config, pin, self.tier, focus),

@@ -135,6 +135,9 @@ class Plan:
     focus: Focus | None = None
     bins: tuple[tuple[str, str], ...] = ()
     pin_chunk: int | None = None
+    #: A steered campaign's free chunk (:meth:`Steering._free_plan`; kvfuzz.fuzz.campaign.chunks
+    #: ``free_chunk_seconds`` may limit it), not a chunk of an unsteered campaign.
+    free: bool = False
 
     def config_chunk(self, chunk: int) -> int:
         """The chunk index whose kernel configuration chunk ``chunk`` of this plan draws in
@@ -147,13 +150,13 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {"tier": self.tier, "focus": None if self.focus is None else self.focus.to_dict(),
-                "bins": [list(b) for b in self.bins], "pin_chunk": self.pin_chunk}
+                "bins": [list(b) for b in self.bins], "pin_chunk": self.pin_chunk, "free": self.free}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
         focus = d.get("focus")
         return cls(d["tier"], None if focus is None else Focus.from_dict(focus),
-                   tuple(tuple(b) for b in d.get("bins", ())), d.get("pin_chunk"))
+                   tuple(tuple(b) for b in d.get("bins", ())), d.get("pin_chunk"), bool(d.get("free", False)))
 
 
 def _neighbours(label: str) -> list[str]:
@@ -288,10 +291,10 @@ class Steering:
         k, config = chunk, chunk // FREE_EVERY
         others = [t for t in self.tiers if t != "small"]
         if "small" not in self.tiers:
-            return Plan(others[k % len(others)], pin_chunk=config)
+            return Plan(others[k % len(others)], pin_chunk=config, free=True)
         if not others or k % 2 == 0:
-            return Plan("small", pin_chunk=config)
-        return Plan(others[k // 2 % len(others)], pin_chunk=config)
+            return Plan("small", pin_chunk=config, free=True)
+        return Plan(others[k // 2 % len(others)], pin_chunk=config, free=True)
 
 
 __all__ = ["CHEAPEST", "FAILED_WEIGHT", "FOCUS_EXAMPLES", "FOCUS_FROM", "FREE_EVERY", "NEAR_EXAMPLES", "NEAR_FROM",

@@ -153,7 +153,8 @@ def test_a_focused_chunk_gives_way_after_its_seconds_and_only_with_a_duration(tm
     focus_chunk_seconds() after its first example (it is there to reach its bin; 50 serving examples of FA3 held a
     worker ~22 s per bin), while a free chunk runs its examples; without --duration the campaign is bounded by its
     examples and every focused chunk runs its FOCUS_EXAMPLES (deterministic in the seed). Planted: a focus limit
-    that is not applied (the focused chunks ran 25 examples each, the tier's whole chunk)."""
+    that is not applied (the focused chunks ran 25 examples each, the tier's whole chunk). KVFUZZ_FREE_SECONDS, off
+    by default, limits the free chunks as well."""
     from kvfuzz.fuzz.campaign import chunks as chunk_module, engine, runner
     from kvfuzz.fuzz.campaign.steering import FOCUS_EXAMPLES
 
@@ -192,3 +193,9 @@ def test_a_focused_chunk_gives_way_after_its_seconds_and_only_with_a_duration(tm
         n == min(FOCUS_EXAMPLES, 25) for _, f, n in counted[:-1] if f), counted
     monkeypatch.setenv(chunk_module.FOCUS_SECONDS_ENV, "0")  # planted: no focus limit
     assert max(n for _, f, n in run(60.0, 10_000)[:-1] if f) > 1 + limit + 1
+    # KVFUZZ_FREE_SECONDS (off by default, above: the free chunks ran longer) limits the steered free chunks too
+    monkeypatch.delenv(chunk_module.FOCUS_SECONDS_ENV)
+    monkeypatch.setenv(chunk_module.FREE_SECONDS_ENV, "2")
+    both = run(60.0, 10_000)
+    assert max(n for _, _, n in both[:-1]) <= 1 + max(limit, 2) + 1, both
+    assert max(n for _, f, n in both[:-1] if not f) <= 1 + 2 + 1, both

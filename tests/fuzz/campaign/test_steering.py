@@ -72,6 +72,7 @@ def _steering(**kw) -> Steering:
 def test_the_policy_aims_at_what_is_not_covered_and_spreads_parallel_chunks():
     s = _steering()
     assert all(s.plan(k).focus is None and s.plan(k).tier == "small" for k in (0, 2 * FREE_EVERY))
+    assert s.plan(0).free and Plan.from_dict(s.plan(0).to_dict()).free and not Plan("small").free  # a steered free one
     assert s.plan(FREE_EVERY).tier == "serving"  # every other free chunk: the other tiers in turn
     for label in ("0 x 2^0", "2^3 x 2^2", "2^9 x 2^6"):
         s.observe({SHAPE: label, HEADS: "32 x none"})
@@ -79,7 +80,7 @@ def test_the_policy_aims_at_what_is_not_covered_and_spreads_parallel_chunks():
     assert plan.bins[0] == (SHAPE, "2^8 x 2^6") and plan.tier == "serving"  # the empty bin, by the tier reaching it
     assert plan.focus.ctx_len == (256, 511) and plan.focus.query_len == (64, 127)
     assert plan.bins[1] == (HEADS, "32 x 2^8") and plan.focus.window == (256, 511)  # the window nearest the context
-    assert plan == s.plan(1) and Plan.from_dict(plan.to_dict()) == plan  # deterministic, and over a pipe
+    assert plan == s.plan(1) and Plan.from_dict(plan.to_dict()) == plan and not plan.free  # and over a pipe
     assert plan.config_chunk(1) == 0 and Plan("small").config_chunk(5) == 5  # the free chunk's configuration
     # a group of FREE_EVERY chunks shares one configuration, and the groups take the rotation in order (not the group's
     # first chunk's number: that skipped two configurations of every three)
