@@ -23,7 +23,7 @@ CHUNK_SEED_STRIDE = 100_003
 #: ``--chunk-examples`` trades back.
 CHUNK_EXAMPLES, PINNED_CHUNK_EXAMPLES = 25, 1000
 #: A pinned chunk generates for at most this share of ``--duration`` after its first example (which pays its
-#: configuration's compiles; :func:`pinned_chunk_seconds`), then gives way to the next chunk, so a campaign whose
+#: configuration's compiles; :func:`chunk_time_limit`), then gives way to the next chunk, so a campaign whose
 #: examples are slow still visits several configurations: a FlashInfer decode example took ~0.5 s on an H200, so a
 #: 1,000-example chunk outlasted a 240 s campaign and every seed stayed in its first JIT module (three seeds, three
 #: soft-cap-on modules: bug.flashinfer-4401, which needs a soft cap off, was never drawable;
@@ -127,7 +127,7 @@ def free_chunk_seconds() -> float:
     return _env_seconds(FREE_SECONDS_ENV, FREE_CHUNK_SECONDS, "a steered free chunk's seconds after its first example")
 
 
-def pinned_chunk_seconds(config: CampaignConfig, pinned: bool, focused: bool = False,
+def chunk_time_limit(config: CampaignConfig, pinned: bool, focused: bool = False,
                          free: bool = False) -> float | None:
     """Seconds a chunk may generate for after its first example (kvfuzz.fuzz.campaign.runner
     ``ExampleRunner.limit_chunk``), with ``--duration`` (None without one: a campaign bounded by examples stays
@@ -149,7 +149,7 @@ class ChunkTimeUp(BaseException):
 
 
 class ChunkLimit:
-    """How long the chunk in progress may generate for (:func:`pinned_chunk_seconds`; None: no limit), counted from
+    """How long the chunk in progress may generate for (:func:`chunk_time_limit`; None: no limit), counted from
     the end of its first example, which pays its configuration's compiles (the kvfuzz.fuzz.campaign.runner
     ExampleRunner asks :meth:`up` at the start of every example)."""
 
@@ -223,6 +223,8 @@ def record_tier_time(times: dict[str, list[float]], tier: str, examples: int, se
         entry[0], entry[1], entry[2] = entry[0] + 1, entry[1] + examples, entry[2] + seconds
 
 
-__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "PINNED_CHUNK_EXAMPLES", "PINNED_CHUNK_SHARE", "TIER_PROBE_EXAMPLES",
-           "WARMUP_EXAMPLES", "ChunkLimit", "ChunkTimeUp", "campaign_tiers", "chunk_config", "chunk_size", "chunk_tier",
-           "examples_per_chunk", "pinned_chunk_seconds", "pins_configs", "record_tier_time", "tier_chunk_size"]
+__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "FOCUS_CHUNK_SECONDS", "FOCUS_SECONDS_ENV", "FREE_CHUNK_SECONDS",
+           "FREE_SECONDS_ENV", "PINNED_CHUNK_EXAMPLES", "PINNED_CHUNK_SHARE", "TIER_PROBE_EXAMPLES", "WARMUP_EXAMPLES",
+           "ChunkLimit", "ChunkTimeUp", "campaign_tiers", "chunk_config", "chunk_size", "chunk_tier",
+           "chunk_time_limit", "examples_per_chunk", "focus_chunk_seconds", "free_chunk_seconds", "pins_configs",
+           "record_tier_time", "tier_chunk_size"]

@@ -57,8 +57,8 @@ from kvfuzz.fuzz.campaign.chunks import (
     chunk_config,
     chunk_size,
     chunk_tier,
+    chunk_time_limit,
     examples_per_chunk,
-    pinned_chunk_seconds,
     record_tier_time,
     tier_chunk_size,
 )
@@ -389,7 +389,7 @@ class Campaign:
         # a pinned chunk gives way to the next configuration after its share of --duration
         # (chunks.PINNED_CHUNK_SHARE), a focused one after FOCUS_CHUNK_SECONDS (it is there to reach its bin), a
         # steered free one after FREE_CHUNK_SECONDS (0: off)
-        self.runner.limit_chunk(pinned_chunk_seconds(self.config, pin is not None, focus is not None, plan.free))
+        self.runner.limit_chunk(chunk_time_limit(self.config, pin is not None, focus is not None, plan.free))
         if pin is None and focus is None:
             try:
                 return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))

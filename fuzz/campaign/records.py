@@ -137,9 +137,9 @@ class TargetStats:
     #: the examples drawn), so counted apart; their time is in kernel_seconds, harness_seconds and the stages.
     shrink_runs: int = 0
     #: Per kind of chunk ("free" or "focused": a steered campaign's, kvfuzz.fuzz.campaign.steering; "free" for all
-    #: without steering): [chunks, examples, seconds], each chunk's seconds from its hand-out to its end (its worker's
-    #: wall time, the first example's compiles and any shrink included): where a campaign's time goes between aiming
-    #: at empty bins and drawing freely.
+    #: without steering): [chunks, examples, seconds] of the chunks that ended (one a worker died in is not counted),
+    #: each chunk's seconds from its hand-out to its end (its worker's wall time, the first example's compiles and
+    #: any shrink included): where a campaign's time goes between aiming at empty bins and drawing freely.
     chunk_kinds: dict = attrs.Factory(dict)
 
     @property

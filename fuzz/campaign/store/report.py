@@ -132,7 +132,8 @@ def _chunk_kinds(chunks: dict[str, dict]) -> list[str]:
     """A steered campaign's chunks by kind (summary.json's ``chunks``: free, and focused on an empty or near-miss
     bin): how many, their examples, and their share of the chunks' seconds (hand-out to end, per worker)."""
     total = sum(row.get("seconds", 0.0) for row in chunks.values())
-    lines = ["", "Chunks, free and aimed at a bin (steering), their examples and their share of the workers' chunk time:",
+    lines = ["", "Chunks, free and aimed at a bin (steering), their examples and their share of the workers' chunk "
+             "time:",
              "", "| chunks | count | examples | seconds | share of time |", "|---|---|---|---|---|"]
     for name, row in sorted(chunks.items()):
         sec = row.get("seconds", 0.0)

@@ -155,7 +155,8 @@ def test_a_focused_chunk_gives_way_after_its_seconds_and_only_with_a_duration(tm
     examples and every focused chunk runs its FOCUS_EXAMPLES (deterministic in the seed). Planted: a focus limit
     that is not applied (the focused chunks ran 25 examples each, the tier's whole chunk). KVFUZZ_FREE_SECONDS, off
     by default, limits the free chunks as well."""
-    from kvfuzz.fuzz.campaign import chunks as chunk_module, engine, runner
+    from kvfuzz.fuzz.campaign import chunks as chunk_module
+    from kvfuzz.fuzz.campaign import engine, runner
     from kvfuzz.fuzz.campaign.steering import FOCUS_EXAMPLES
 
     def run(duration, max_examples):

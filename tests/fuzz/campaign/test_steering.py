@@ -152,7 +152,8 @@ def test_the_steered_campaign_finds_a_defect_in_one_mid_range_bin_the_fixed_spli
     kinds = steered.to_dict()["chunks"]
     assert set(kinds) == {"free", "focused"} and all(k["chunks"] > 0 and k["seconds"] > 0 for k in kinds.values())
     assert sum(k["examples"] for k in kinds.values()) == steered.examples
-    assert set(fixed.to_dict()["chunks"]) == {"free"} and fixed.to_dict()["chunks"]["free"]["examples"] == fixed.examples
+    fixed_kinds = fixed.to_dict()["chunks"]
+    assert set(fixed_kinds) == {"free"} and fixed_kinds["free"]["examples"] == fixed.examples
 
 
 class _GraceEndsAfterTheFirstPass(Quiet):
