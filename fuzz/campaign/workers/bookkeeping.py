@@ -11,6 +11,7 @@ import attrs
 
 from kvfuzz.contracts.checks.failures import FailureKind
 from kvfuzz.contracts.checks.oracles import check_label
+from kvfuzz.fuzz.campaign.chunks import record_tier_time
 from kvfuzz.fuzz.campaign.records import FailureRecord, TargetStats
 from kvfuzz.fuzz.campaign.store.cases import Case, earlier_cases
 
@@ -92,6 +93,14 @@ class TargetState:
     @property
     def name(self) -> str:
         return self.target.name
+
+    def chunk_ended(self, task: Task, seconds: float) -> None:
+        """Chunk ``task`` ended after ``seconds`` (hand-out to end): its tier's time (chunks.tier_chunk_size), its kind
+        in the stats (``TargetStats.add_chunk``: free or aimed at a bin), and its bins' examples no longer coming."""
+        record_tier_time(self.tier_times, task.tier, task.counted, seconds)
+        self.stats.add_chunk(task.plan is not None and task.plan.focus is not None, task.counted, seconds)
+        if self.steer is not None:
+            self.steer.finished(task.plan, task.n)
 
 
 @attrs.define

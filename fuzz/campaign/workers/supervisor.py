@@ -42,7 +42,7 @@ import attrs
 
 from kvfuzz.contracts.checks.oracles import check_label
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.campaign.chunks import campaign_tiers, pins_configs, record_tier_time
+from kvfuzz.fuzz.campaign.chunks import campaign_tiers, pins_configs
 from kvfuzz.fuzz.campaign.config import CampaignConfig, CrashPolicy, WorkerPool, config_to_dict
 from kvfuzz.fuzz.campaign.engine import duration_allowance
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Outcome, TargetStats, example_key
@@ -374,11 +374,7 @@ class Supervisor:
         if task.kind == "replay":
             t.replayed = True
         elif task.kind == "chunk" and task.chunk >= 0:
-            record_tier_time(t.tier_times, task.tier, task.counted, time.monotonic() - task.sent)
-            t.stats.add_chunk(task.plan is not None and task.plan.focus is not None, task.counted,
-                              time.monotonic() - task.sent)
-            if t.steer is not None:
-                t.steer.finished(task.plan, task.n)
+            t.chunk_ended(task, time.monotonic() - task.sent)
 
     def _add_failure(self, t: TargetState, record: FailureRecord) -> bool:
         """Keep a new distinct failure (False: already kept); with a shared ``--db``, one another campaign (another
