@@ -448,3 +448,24 @@ def test_a_stdout_whose_reader_went_away_exits_3_not_1(tmp_path):
     assert p.wait(timeout=600) == 3
     assert p.stderr.read() == ""
     assert json.loads((tmp_path / "o" / "state.json").read_text())["running"] is False
+
+
+@pytest.mark.cli_text
+def test_a_signal_while_the_report_is_drawn_keeps_the_campaigns_verdict(tmp_path, monkeypatch):
+    """SIGTERM (a `timeout` past --duration) arriving once summary.json is written, while report.md is drawn: the
+    campaign is over and its verdict is in summary.json, so the command exits with it (0 here), says the report was
+    not written and how to draw it; before, it exited 3 ("interrupted") while summary.json said 0."""
+    from kvfuzz.fuzz.campaign.store import report
+    from kvfuzz.fuzz.cli.common import Interrupted
+
+    def interrupted(out):
+        raise Interrupted("SIGTERM")
+
+    monkeypatch.setattr(report, "write_report", interrupted)
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["fuzz", "--target", f"{PLANTED}:Correct", "--max-examples", "4", "--workers", "1",
+                                  "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert r.exit_code == summary["exit_status"] == 0, r.output
+    assert "report not written" in r.output and "SIGTERM" in r.output and "kvfuzz report" in r.output, r.output
+    assert not (out / "report.md").exists()
