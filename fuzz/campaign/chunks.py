@@ -127,8 +127,7 @@ def free_chunk_seconds() -> float:
     return _env_seconds(FREE_SECONDS_ENV, FREE_CHUNK_SECONDS, "a steered free chunk's seconds after its first example")
 
 
-def chunk_time_limit(config: CampaignConfig, pinned: bool, focused: bool = False,
-                         free: bool = False) -> float | None:
+def chunk_time_limit(config: CampaignConfig, pinned: bool, focused: bool = False, free: bool = False) -> float | None:
     """Seconds a chunk may generate for after its first example (kvfuzz.fuzz.campaign.runner
     ``ExampleRunner.limit_chunk``), with ``--duration`` (None without one: a campaign bounded by examples stays
     deterministic in its seed): the least of :data:`PINNED_CHUNK_SHARE` of ``--duration`` for a chunk that stays in

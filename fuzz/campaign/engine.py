@@ -390,13 +390,10 @@ class Campaign:
         # (chunks.PINNED_CHUNK_SHARE), a focused one after FOCUS_CHUNK_SECONDS (it is there to reach its bin), a
         # steered free one after FREE_CHUNK_SECONDS (0: off)
         self.runner.limit_chunk(chunk_time_limit(self.config, pin is not None, focus is not None, plan.free))
-        if pin is None and focus is None:
-            try:
-                return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))
-            finally:
-                self.runner.limit_chunk(None)
-        pinned = InMemoryExampleDatabase()  # a focused draw is shrunk in the free strategy (widened), not its focus
         try:
+            if pin is None and focus is None:
+                return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))
+            pinned = InMemoryExampleDatabase()  # a focused draw is shrunk in the free strategy (widened), not its focus
             self._execute(self._test([Phase.generate] + ([Phase.shrink] if pin is not None else []), chunk_seed, n,
                                      strategy=strategy_for(self.target, self.config, pin, self.tier, focus),
                                      database=pinned), record=False)
@@ -506,8 +503,9 @@ def fuzz_target(target: Target, config: CampaignConfig,
             n = chunk_size(config, stats.examples, elapsed, per_chunk=per_chunk)
         n = plan.size(min(n, config.max_examples - stats.examples))
         campaign.run_chunk(chunk, n, plan)
-        record_tier_time(tier_times, tier, stats.examples - before, time.monotonic() - start - elapsed)
-        stats.add_chunk(plan.focus is not None, stats.examples - before, time.monotonic() - start - elapsed)
+        ran, spent = stats.examples - before, time.monotonic() - start - elapsed
+        record_tier_time(tier_times, tier, ran, spent)
+        stats.add_chunk(plan.focus is not None, ran, spent)
         chunk += 1
         if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
             break

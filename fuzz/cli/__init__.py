@@ -18,9 +18,9 @@ from rich.markup import escape
 from kvfuzz.fuzz.cli import baseline, bench, check, fuzz, relations, replay, report, targets
 from kvfuzz.fuzz.cli.common import (
     EXIT_INTERRUPTED,
-    Interrupted,
     console,
     errors,
+    interruption,
     set_verbosity,
     signals_interrupt,
     verbosity,
@@ -44,8 +44,7 @@ class KvfuzzGroup(click.Group):
                 blame_config(e, ctx.meta.get(CONFIG))
                 raise
             except KeyboardInterrupt as e:
-                what = e.args[0] if isinstance(e, Interrupted) and e.args else "SIGINT"
-                console.print(f"[yellow]interrupted ({escape(what)})[/]: stopped before it finished (exit "
+                console.print(f"[yellow]interrupted ({escape(interruption(e))})[/]: stopped before it finished (exit "
                               f"{EXIT_INTERRUPTED})", highlight=False)
                 ctx.exit(EXIT_INTERRUPTED)
             except BrokenPipeError:  # stdout's reader went away (`| head`): stopped, as SIGPIPE ends a Unix tool,

@@ -79,6 +79,11 @@ class Interrupted(KeyboardInterrupt):
     every ``except KeyboardInterrupt`` runs as for Ctrl-C, and the command ends with :data:`EXIT_INTERRUPTED`."""
 
 
+def interruption(e: KeyboardInterrupt) -> str:
+    """What interrupted a command, for its one line: the signal's name of an :class:`Interrupted`, else "SIGINT"."""
+    return e.args[0] if isinstance(e, Interrupted) and e.args else "SIGINT"
+
+
 def _interrupt(signum, frame) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
@@ -345,6 +350,7 @@ def available_targets(target_names) -> list:
 
 
 __all__ = ["EXIT_INTERRUPTED", "Interrupted", "MAX_DURATION", "REDIS_URL_SCHEMES", "UNWRAPPED_WIDTH", "URL_LIKE",
-           "available_targets", "console", "db_option", "duration_option", "errors", "finite_range", "make_console",
-           "named_targets", "next_steps", "nonempty_option", "out_dir_option", "parse_duration", "say", "set_verbosity",
-           "signals_interrupt", "unique", "verbosity", "writable_dir_option", "writable_file_option", "write_output"]
+           "available_targets", "console", "db_option", "duration_option", "errors", "finite_range", "interruption",
+           "make_console", "named_targets", "next_steps", "nonempty_option", "out_dir_option", "parse_duration", "say",
+           "set_verbosity", "signals_interrupt", "unique", "verbosity", "writable_dir_option", "writable_file_option",
+           "write_output"]

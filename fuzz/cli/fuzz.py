@@ -28,6 +28,7 @@ from kvfuzz.fuzz.cli.common import (
     db_option,
     duration_option,
     finite_range,
+    interruption,
     named_targets,
     out_dir_option,
     parse_duration,
@@ -450,9 +451,9 @@ def _finish(result, targets, config, out: Path) -> int:
     try:
         console.print(f"report: {write_report(out)}")
     except KeyboardInterrupt as e:  # Ctrl-C or a signal once the campaign is over: summary.json holds its verdict
-        what = e.args[0] if e.args else "SIGINT"
-        console.print(f"[yellow]report not written[/]: interrupted ({escape(str(what))}) after the campaign ended; "
-                      f"summary.json holds everything (`kvfuzz report {escape(str(out))}` draws it)", highlight=False)
+        console.print(f"[yellow]report not written[/]: interrupted ({escape(interruption(e))}) after the campaign "
+                      f"ended; summary.json holds everything (`kvfuzz report {escape(str(out))}` draws it)",
+                      highlight=False)
         return code
     except Exception as e:  # a report that cannot be drawn costs nothing found: it is all in summary.json
         why = str(e) if isinstance(e, ReportError) else repr(e)
