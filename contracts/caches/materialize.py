@@ -128,12 +128,56 @@ def referenced_blocks(batch: Batch) -> torch.Tensor:
     return torch.unique(torch.tensor(batch.block_table, dtype=torch.int64).flatten())
 
 
+def referenced_slots(batch: Batch) -> torch.Tensor:
+    """int64 every slot of the blocks :func:`referenced_blocks` names (``block * block_size + offset``), block by
+    block."""
+    offsets = torch.arange(batch.block_size, dtype=torch.int64)
+    return (referenced_blocks(batch)[:, None] * batch.block_size + offsets).flatten()
+
+
+def block_major(batch: Batch, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether both caches have the block index as dimension 0 (every layout but torch's PagedAttention
+    ``[1, Hkv, num_blocks * block_size, D]``, kvfuzz.fuzz.targets.torch_flex)."""
+    return key_cache.shape[0] == value_cache.shape[0] == batch.num_blocks
+
+
+def referenced_rows(batch: Batch, layout: CacheLayout, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The blocks :func:`referenced_blocks` names, key and value: ``cache[blocks]`` for a block-major layout
+    (:func:`block_major`), else their slots read through ``layout.gather`` as ``[blocks, block_size, Hkv, D]``."""
+    if block_major(batch, key_cache, value_cache):
+        ids = referenced_blocks(batch)
+        return key_cache[ids.to(key_cache.device)], value_cache[ids.to(value_cache.device)]
+    k, v = layout.gather(key_cache, value_cache, referenced_slots(batch).to(key_cache.device))
+    return k.unflatten(0, (-1, batch.block_size)), v.unflatten(0, (-1, batch.block_size))
+
+
 def _poison_blocks(t: torch.Tensor, poison: Poison, seed: int, blocks: torch.Tensor) -> None:
     part = torch.empty((len(blocks), *t.shape[1:]), dtype=t.dtype, device=t.device)
     fill_poison(part, poison, seed)
     if t.element_size() == 1:  # index_copy_ has no fp8 kernel on CUDA: copy the bytes
         t, part = t.view(torch.uint8), part.view(torch.uint8)
     t.index_copy_(0, blocks.to(t.device), part)
+
+
+def _poison_referenced(batch: Batch, layout: CacheLayout, kc: torch.Tensor, vc: torch.Tensor, poison: Poison,
+                       seeds: tuple[int, int]) -> None:
+    """Poison the blocks the block table references: along dim 0 of a block-major cache; otherwise (torch's
+    PagedAttention, whose dim 0 is 1: an index_copy_ of block ids there was a device-side assert on an H200 at
+    65,537 blocks) their slots through ``layout.write``, rows of the cache's dtype."""
+    if block_major(batch, kc, vc):
+        blocks = referenced_blocks(batch)
+        _poison_blocks(kc, poison, seeds[0], blocks)
+        _poison_blocks(vc, poison, seeds[1], blocks)
+        return
+    slots = referenced_slots(batch).to(kc.device)
+    dv = batch.value_head_size or batch.head_size
+    rows = []
+    for t, d, seed in ((kc, batch.head_size, seeds[0]), (vc, dv, seeds[1])):
+        part = torch.empty((len(slots), batch.num_kv_heads, d), dtype=t.dtype, device=t.device)
+        fill_poison(part, poison, seed)
+        rows.append(part)
+    layout.write(kc, vc, slots, *rows)
 
 
 def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens: tuple[int, ...],
@@ -159,9 +203,7 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
     kc, vc = layout.allocate(batch, device=device)
     ks, vs = poison_seeds if poison_seeds is not None else (batch.seed + 1, batch.seed + 2)
     if is_big(kc, vc):
-        blocks = referenced_blocks(batch)
-        _poison_blocks(kc, poison, ks, blocks)
-        _poison_blocks(vc, poison, vs, blocks)
+        _poison_referenced(batch, layout, kc, vc, poison, (ks, vs))
     else:
         fill_poison(kc, poison, ks)
         fill_poison(vc, poison, vs)
@@ -181,4 +223,5 @@ def materialize(batch: Batch, data: BatchData, layout: CacheLayout, cached_lens:
 
 
 __all__ = ["FULL_POISON_MAX_BYTES", "STALE_MAGNITUDE", "STALE_PERIOD", "STALE_POOL_SEED", "STALE_POOL_SIZE",
-           "CacheState", "fill_poison", "is_big", "materialize", "referenced_blocks", "stale_pattern"]
+           "CacheState", "block_major", "fill_poison", "is_big", "materialize", "referenced_blocks", "referenced_rows",
+           "referenced_slots", "stale_pattern"]

@@ -113,16 +113,15 @@ def _tensors(run: Run) -> dict:
     ``value_cache_blocks``) with their ids (``cache_block_ids``), not as several GiB."""
     import torch
 
-    from kvfuzz.contracts.caches.materialize import is_big, referenced_blocks
+    from kvfuzz.contracts.caches.materialize import is_big, referenced_blocks, referenced_rows
 
     t: dict[str, torch.Tensor] = {
         "query": run.data.query, "keys_ground_truth": run.data.keys, "values_ground_truth": run.data.values,
     }
     kc, vc = run.call.key_cache, run.call.value_cache
     if is_big(kc, vc):
-        ids = referenced_blocks(run.example.batch)
-        t["cache_block_ids"] = ids
-        t["key_cache_blocks"], t["value_cache_blocks"] = kc[ids.to(kc.device)], vc[ids.to(vc.device)]
+        t["cache_block_ids"] = referenced_blocks(run.example.batch)
+        t["key_cache_blocks"], t["value_cache_blocks"] = referenced_rows(run.example.batch, run.call.layout, kc, vc)
     else:
         t["key_cache"], t["value_cache"] = kc, vc
     if run.data.sinks is not None:

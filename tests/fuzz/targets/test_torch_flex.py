@@ -89,6 +89,35 @@ def test_layout_writes_where_paged_attention_assign_writes():
     assert torch.equal(got_k, exp_k) and torch.equal(got_v, exp_v)
 
 
+def test_a_big_cache_is_poisoned_and_stored_through_the_layouts_slots(monkeypatch):
+    """A big cache (over FULL_POISON_MAX_BYTES: only the referenced blocks are poisoned) in torch's layout, whose
+    dim 0 is 1, not the block: kvfuzz's index_copy_ of block ids along dim 0 was a device-side assert on an H200
+    (a --baseline sweep, one decode on page 65,536 of 65,537; on the CPU an index error). Now the referenced
+    blocks' slots are poisoned through FlexPagedLayout.write, the sequences' tokens written over them, and a
+    reproducer stores those blocks as [blocks, block_size, Hkv, D]."""
+    import importlib
+
+    m = importlib.import_module("kvfuzz.contracts.caches.materialize")
+    monkeypatch.setattr(m, "FULL_POISON_MAX_BYTES", 1024)
+    b = Batch(query_lens=[1, 3], ctx_lens=[5, 9], num_heads=4, num_kv_heads=2, head_size=16, block_size=16,
+              num_blocks=9, block_table=[[8], [2]], dtype="float16")
+    layout = FlexPagedLayout()
+    kc, vc = layout.allocate(b)
+    assert not m.block_major(b, kc, vc) and m.is_big(kc, vc)
+    with pytest.raises((IndexError, RuntimeError)):  # the block-major path on this layout: what the H200 met
+        m._poison_blocks(kc, Poison.NAN, 1, m.referenced_blocks(b))
+    data = make_batch_data(b)
+    state = m.materialize(b, data, layout, b.seq_lens, Poison.NAN)
+    k, v = layout.gather(state.key_cache, state.value_cache, b.slots(*positions(b.seq_lens)))
+    assert torch.equal(k, data.keys) and torch.equal(v, data.values)
+    tail = torch.tensor([8 * 16 + 6, 2 * 16 + 12, 2 * 16 + 15])  # past seq_len in each referenced block
+    tk, tv = layout.gather(state.key_cache, state.value_cache, tail)
+    assert torch.isnan(tk).all() and torch.isnan(tv).all()
+    kb, vb = m.referenced_rows(b, layout, state.key_cache, state.value_cache)
+    assert kb.shape == vb.shape == (2, 16, 2, 16)  # blocks 2 and 8, in that order
+    assert torch.equal(kb[1, :6], data.keys[:6]) and torch.isnan(kb[1, 6:]).all()
+
+
 # ---- end to end ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_flex_paged_agrees_with_the_reference(make_batch, dtype):
