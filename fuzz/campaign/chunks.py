@@ -41,11 +41,14 @@ PINNED_CHUNK_SHARE = 0.25
 FOCUS_CHUNK_SECONDS = 3.0
 FOCUS_SECONDS_ENV = "KVFUZZ_FOCUS_SECONDS"
 #: A steered campaign's free chunk (every FREE_EVERY-th) generates for at most this many seconds after its first
-#: example, with ``--duration`` (0: no limit of its own, only a pinned chunk's share of ``--duration``). Off until a
-#: GPU measures it (benchmarks/gpu_focus_ab.sh VAR=KVFUZZ_FREE_SECONDS): a free pinned chunk may hold its worker for
-#: a quarter of ``--duration`` (75 s of 300; ~29 s for 1,000 small FA3 examples) where a focused one takes ~3-4 s, so
-#: one free chunk in three may take most of the time, and 21 of FA3's 258 (ctx_len x query_len) bins stayed empty
-#: after 300 s (summary.json's ``chunks`` says how the time went). Environment: KVFUZZ_FREE_SECONDS.
+#: example, with ``--duration`` (0: no limit of its own, only a pinned chunk's share of ``--duration``), unless its
+#: target sets its own (``Target.free_chunk_seconds``; FlashAttention 3: 5). A free pinned chunk may hold its worker
+#: for a quarter of ``--duration`` where a focused one takes ~3-4 s: in 300 s on half an H200 the free chunks took
+#: 75% (FA3) and 65% (unified) of the workers' time and left 12 of 258 (ctx_len x query_len) bins empty on each; with
+#: 5 s none was empty on either, and FA3 found its window bug sooner on 3 of 3 seeds, while vLLM's Triton unified
+#: kernel, which compiles each configuration, drew 6.5x fewer examples and found vllm#56862 later on 3 of 3 seeds
+#: (benchmarks/results/free-ab-h200.txt). So the default stays 0 and targets opt in. Environment: KVFUZZ_FREE_SECONDS
+#: (every target).
 FREE_CHUNK_SECONDS = 0.0
 FREE_SECONDS_ENV = "KVFUZZ_FREE_SECONDS"
 #: Examples of a warm-up chunk (CampaignConfig.warmup): one compiles the configuration, a second catches an
@@ -120,24 +123,26 @@ def focus_chunk_seconds() -> float:
     return _env_seconds(FOCUS_SECONDS_ENV, FOCUS_CHUNK_SECONDS, "a focused chunk's seconds after its first example")
 
 
-def free_chunk_seconds() -> float:
+def free_chunk_seconds(default: float = FREE_CHUNK_SECONDS) -> float:
     """A steered campaign's free chunk's seconds after its first example: ``$KVFUZZ_FREE_SECONDS`` when set, else
-    :data:`FREE_CHUNK_SECONDS` (0: no limit but a pinned chunk's share of ``--duration``). Raises ValueError as
-    :func:`focus_chunk_seconds`."""
-    return _env_seconds(FREE_SECONDS_ENV, FREE_CHUNK_SECONDS, "a steered free chunk's seconds after its first example")
+    ``default`` (the target's ``Target.free_chunk_seconds``; :data:`FREE_CHUNK_SECONDS`; 0: no limit but a pinned
+    chunk's share of ``--duration``). Raises ValueError as :func:`focus_chunk_seconds`."""
+    return _env_seconds(FREE_SECONDS_ENV, default, "a steered free chunk's seconds after its first example")
 
 
-def chunk_time_limit(config: CampaignConfig, pinned: bool, focused: bool = False, free: bool = False) -> float | None:
+def chunk_time_limit(config: CampaignConfig, pinned: bool, focused: bool = False, free: bool = False,
+                     free_default: float = FREE_CHUNK_SECONDS) -> float | None:
     """Seconds a chunk may generate for after its first example (kvfuzz.fuzz.campaign.runner
     ``ExampleRunner.limit_chunk``), with ``--duration`` (None without one: a campaign bounded by examples stays
     deterministic in its seed): the least of :data:`PINNED_CHUNK_SHARE` of ``--duration`` for a chunk that stays in
     one kernel configuration (``pinned``), :func:`focus_chunk_seconds` for one aimed at a bin (``focused``) and
-    :func:`free_chunk_seconds` for a steered campaign's free chunk (``free``), those that apply and are not 0; None
-    (no limit) when none does."""
+    :func:`free_chunk_seconds` (``free_default``: the target's own) for a steered campaign's free chunk (``free``),
+    those that apply and are not 0; None (no limit) when none does."""
     if config.duration is None:
         return None
     limits = [PINNED_CHUNK_SHARE * config.duration] if pinned else []
-    limits += [s for s in (focus_chunk_seconds() if focused else 0.0, free_chunk_seconds() if free else 0.0) if s > 0]
+    limits += [s for s in (focus_chunk_seconds() if focused else 0.0,
+                           free_chunk_seconds(free_default) if free else 0.0) if s > 0]
     return min(limits) if limits else None
 
 

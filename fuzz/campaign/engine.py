@@ -388,8 +388,9 @@ class Campaign:
         pin = aim_pin(chunk_config(self.target, self.config, plan.config_chunk(chunk)), focus, self.target.capabilities)
         # a pinned chunk gives way to the next configuration after its share of --duration
         # (chunks.PINNED_CHUNK_SHARE), a focused one after FOCUS_CHUNK_SECONDS (it is there to reach its bin), a
-        # steered free one after FREE_CHUNK_SECONDS (0: off)
-        self.runner.limit_chunk(chunk_time_limit(self.config, pin is not None, focus is not None, plan.free))
+        # steered free one after its target's free_chunk_seconds (0: off)
+        self.runner.limit_chunk(chunk_time_limit(self.config, pin is not None, focus is not None, plan.free,
+                                                 self.target.free_chunk_seconds))
         try:
             if pin is None and focus is None:
                 return self._execute(self._test([Phase.generate, Phase.shrink], chunk_seed, n))

@@ -143,6 +143,13 @@ class Target(abc.ABC):
     #: Size tiers (kvfuzz.strategies.tiers.TIERS) this target runs: None declares the default,
     #: :meth:`size_tiers`. ``kvfuzz fuzz`` mixes them on CUDA (``--tier``; docs/fuzzing.md).
     tiers: ClassVar[tuple[str, ...] | None] = None
+    #: Seconds a steered campaign's free chunk of this target generates for after its first example, with
+    #: ``--duration`` (kvfuzz.fuzz.campaign.chunks ``chunk_time_limit``; 0: only a pinned chunk's share of
+    #: ``--duration``); ``KVFUZZ_FREE_SECONDS`` overrides it for every target. 0 by default: on a kernel compiled per
+    #: configuration (Triton, CuTe DSL, JIT modules) a short chunk is mostly its compiles, and 5 s free chunks of
+    #: vLLM's Triton unified kernel found vllm#56862 later on 3 of 3 seeds on an H200
+    #: (benchmarks/results/free-ab-h200.txt). A target compiled ahead of time may set it (FlashAttention 3: 5).
+    free_chunk_seconds: ClassVar[float] = 0.0
 
     def gate_capabilities(self):
         """``capabilities`` less :attr:`gate_states_off` (the declaration the pre-merge gate draws from)."""

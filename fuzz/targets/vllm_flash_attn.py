@@ -226,6 +226,10 @@ class VllmFlashAttnVarlen(HopperTarget):
 
     name = "vllm.flash_attn_varlen"
     checked_kernel = FLASH_ATTN_VARLEN_FUNC
+    #: compiled ahead of time, so a short free chunk costs no compiles: with 5 s free chunks, 300 s on half an H200
+    #: left no declared bin empty (12 of 258 and 4 of 171 without) and the window bug came sooner on 3 of 3 seeds
+    #: (benchmarks/results/free-ab-h200.txt; kvfuzz.fuzz.campaign.chunks FREE_CHUNK_SECONDS)
+    free_chunk_seconds = 5.0
     #: The softcap is ``cutlass::fast_tanh(scores * softmax_scale / softcap)`` (vllm-project/flash-attention
     #: hopper/utils.h ``apply_softcap``; FA2: csrc/flash_attn/src/utils.h, the same), PTX ``tanh.approx.f32`` on sm_75
     #: and later (cutlass/fast_math.h ``fast_tanh(float)``); FA4: ``cute.math.tanh(..., fastmath=True)``
@@ -463,6 +467,8 @@ class VllmFlashAttn2Varlen(VllmFlashAttnVarlen):
 
     name = "vllm.flash_attn_varlen_fa2"
     fa_version = 2
+    #: the driver compiles FA2's PTX for an H100/H200 in each kernel's first call (2-10 s): not FA3's short free chunks
+    free_chunk_seconds = 0.0
     description = ("FlashAttention 2 paged varlen forward as vLLM's FLASH_ATTN backend calls it "
                    "(Ampere/Ada; Hopper with ALiBi; unified contract)")
     capabilities = attrs.evolve(
@@ -519,13 +525,16 @@ class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
     ``k_descale``/``v_descale`` fp32 ``[N, Hkv]`` and no ``q_descale``, the query stays fp16/bf16; the kernel
     widens K/V e4m3 -> fp16 exactly, narrows a bf16 query to fp16, computes in fp16 with fp32 accumulation and
     folds ``k_descale`` into the score scale and ``v_descale`` into the final output scale, both fp32; not
-    declared on other GPU families, whose FA4 fp8 forward takes an fp8 query: :func:`_not_sm90_fields`). Not yet
-    run on a GPU: tested on CPU through vLLM's wrapper over the stand-in. Needs a GPU of
+    declared on other GPU families, whose FA4 fp8 forward takes an fp8 query: :func:`_not_sm90_fields`). Tested on
+    CPU through vLLM's wrapper over the stand-in; on an H200 (30 examples of a 5-minute sweep) it met only Finding 17's
+    tail read, at head size 512 and pages of 64 (benchmarks/results/sweep-baseline-h200.txt). Needs a GPU of
     compute capability 9.x or newer, ``nvidia-cutlass-dsl`` and ``quack-kernels`` (vLLM pins 4.8.0 and 0.6.5;
     benchmarks/fa_bundle.sh); each configuration compiles on first use."""
 
     name = "vllm.flash_attn_varlen_fa4"
     fa_version = 4
+    #: each configuration JIT-compiles (CuTe DSL): not FA3's short free chunks
+    free_chunk_seconds = 0.0
     sink_dtype = torch.float32
     #: SM90's fp8-KV path takes the query in fp16/bf16 (``uses_sm90_fa4_fp8_kv_dequant``: no ``q_descale``)
     fp8_query = False

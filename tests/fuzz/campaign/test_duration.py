@@ -159,7 +159,7 @@ def test_a_focused_chunk_gives_way_after_its_seconds_and_only_with_a_duration(tm
     from kvfuzz.fuzz.campaign import engine, runner
     from kvfuzz.fuzz.campaign.steering import FOCUS_EXAMPLES
 
-    def run(duration, max_examples):
+    def run(duration, max_examples, target=None):
         clock, chunks = _SimClock(), []
         monkeypatch.setattr(engine, "time", clock)
         monkeypatch.setattr(runner, "time", clock)
@@ -176,9 +176,11 @@ def test_a_focused_chunk_gives_way_after_its_seconds_and_only_with_a_duration(tm
 
         monkeypatch.setattr(engine._Counting, "begin", counted)
         monkeypatch.setattr(engine.Campaign, "run_chunk", chunk)
-        config = CampaignConfig(out=tmp_path / str(duration), poisons=(Poison.ZEROS,), seed=0, duration=duration,
-                                pin_configs=False, tiers=("small",), max_examples=max_examples)
-        stats = engine.fuzz_target(_SlowPaged(), config)
+        target = target or _SlowPaged()
+        out = tmp_path / f"{target.name}-{duration}-{len(list(tmp_path.iterdir()))}"  # a fresh --out each run
+        config = CampaignConfig(out=out, poisons=(Poison.ZEROS,), seed=0, duration=duration, pin_configs=False,
+                                tiers=("small",), max_examples=max_examples)
+        stats = engine.fuzz_target(target, config)
         assert not stats.failures
         return chunks
 
@@ -200,3 +202,15 @@ def test_a_focused_chunk_gives_way_after_its_seconds_and_only_with_a_duration(tm
     both = run(60.0, 10_000)
     assert max(n for _, _, n in both[:-1]) <= 1 + max(limit, 2) + 1, both
     assert max(n for _, f, n in both[:-1] if not f) <= 1 + 2 + 1, both
+    # a target's own free_chunk_seconds (FlashAttention 3: 5) limits its free chunks without the variable, which
+    # overrides it for every target (0: off)
+    monkeypatch.delenv(chunk_module.FREE_SECONDS_ENV)
+
+    class OwnFreeLimit(_SlowPaged):
+        name = "planted.slow_paged_free_limit"
+        free_chunk_seconds = 2.0
+
+    own = run(60.0, 10_000, OwnFreeLimit())
+    assert max(n for _, f, n in own[:-1] if not f) <= 1 + 2 + 1, own
+    monkeypatch.setenv(chunk_module.FREE_SECONDS_ENV, "0")
+    assert max(n for _, f, n in run(60.0, 10_000, OwnFreeLimit())[:-1] if not f) > 1 + limit + 1
