@@ -13,6 +13,9 @@
 #                             apache-tvm-ffi, torch-c-dlpack-ext, einops (FA4's Python itself is in vLLM's tree,
 #                             vllm_flash_attn/cute); gpu_env.sh puts nvidia_cutlass_dsl/dsl_packages on PYTHONPATH (the
 #                             .pth file that does it in a site directory is not read from PYTHONPATH)
+#   stable/_C_stable_libtorch.abi3.so   with STABLE=1 only: vLLM's stable-ABI extension (92.6 MB; its CUDA ops,
+#                             merge_attn_states among them, for vllm.merge_attn_states_cuda; the device bundle holds an
+#                             empty stand-in for it), from the installed vllm or the wheel
 # One tar of both, `xz -9e` (the GPU image has xz and no zstd; FA2 alone 76 MiB: 3 parts of 26 MiB), split into .device-fa/part-<k>/fa.tar.xz.<k>
 # of at most $PART_MIB MiB (50),
 # with .device-fa/part-<k>/MANIFEST (parts, sizes, sha256 of the whole stream) in every part. A device call carries
@@ -23,7 +26,8 @@
 # dropping its sm_80 cubins (no nvprune here; zeroing them in a copy) left 62.5 MiB, still a call of its own and
 # an H100-only file: not done. FA4=0 packs FA2's extension alone; PART_MIB=26 then makes 3 parts that each ride
 # beside .device in a call of other work. Usage: bash benchmarks/fa_bundle.sh   (env: PY, DEVICE_CACHE, PART_MIB,
-# DEST, FA4, FA2: FA2=0 packs FA4's packages alone, for a machine that has FA2 already or does not need it)
+# DEST, FA4, FA2: FA2=0 packs FA4's packages alone, for a machine that has FA2 already or does not need it; STABLE=1
+# adds vLLM's _C_stable_libtorch, which benchmarks/gpu_env.sh installs only if it loads there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -60,6 +64,16 @@ import glob, os, shutil, sys, zipfile
 source, fa4, work = sys.argv[1:]
 name = "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
 os.makedirs(f"{work}/fa2")
+os.makedirs(f"{work}/stable")
+if os.environ.get("STABLE", "0") == "1":  # vLLM's stable-ABI extension (vllm.merge_attn_states_cuda's op)
+    stable = "vllm/_C_stable_libtorch.abi3.so"
+    with open(f"{work}/stable/_C_stable_libtorch.abi3.so", "wb") as dst:
+        if source.endswith(".so"):  # next to the installed FA2 extension: vllm/vllm_flash_attn/ -> vllm/
+            with open(os.path.join(os.path.dirname(os.path.dirname(source)), "_C_stable_libtorch.abi3.so"), "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        else:
+            with zipfile.ZipFile(source) as z, z.open(stable) as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
 if os.environ.get("FA2", "1") != "0":
     with open(f"{work}/fa2/_vllm_fa2_C.abi3.so", "wb") as dst:
         if source.endswith(".so"):  # the installed file
@@ -75,7 +89,7 @@ print(f"fa_bundle: {os.listdir(work + '/fa2') or 'no FA2'} and {len(glob.glob(fa
 EOF
 
 rm -rf "$DEST" && mkdir -p "$DEST"
-tar -C "$WORK" -cf - fa2 fa4-site | xz -9e -T0 -q > "$WORK/fa.tar.xz"
+tar -C "$WORK" -cf - fa2 fa4-site stable | xz -9e -T0 -q > "$WORK/fa.tar.xz"
 total=$(stat -c %s "$WORK/fa.tar.xz")
 sum=$(sha256sum "$WORK/fa.tar.xz" | cut -d' ' -f1)
 split -b "${PART_MIB}M" -d -a 1 "$WORK/fa.tar.xz" "$WORK/fa.tar.xz."

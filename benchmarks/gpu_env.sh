@@ -91,6 +91,14 @@ if [ -d .fa-stage/unpacked/fa2 ]; then
   # nvidia-cutlass-dsl puts its dsl_packages on sys.path through a .pth file, which PYTHONPATH does not read
   export PYTHONPATH=$PWD/.fa-stage/unpacked/fa4-site/nvidia_cutlass_dsl/dsl_packages:$PWD/.fa-stage/unpacked/fa4-site:$PYTHONPATH
   export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-$PWD/.fa-stage/nv-cache} CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
+  # vLLM's stable-ABI extension (fa_bundle.sh STABLE=1; vllm.merge_attn_states_cuda): kept only if it loads with this
+  # torch, else the bundle's empty stand-in stays the module (vllm.platforms must still import)
+  s=.fa-stage/unpacked/stable/_C_stable_libtorch.abi3.so
+  if [ -f "$s" ] && ! kept /tmp/vllm/vllm/_C_stable_libtorch.abi3.so; then
+    cp "$s" /tmp/vllm/vllm/ && (cd /tmp/vllm && python3 -c "import torch, vllm._C_stable_libtorch" >/dev/null 2>&1) || {
+      echo "gpu_env: vllm/_C_stable_libtorch.abi3.so does not load here; the stand-in stays" >&2
+      rm -f /tmp/vllm/vllm/_C_stable_libtorch.abi3.so; }
+  fi
 fi
 KV="python3 -m kvfuzz.fuzz.cli"
 export KVFUZZ_GPU_ENV=1
