@@ -4,7 +4,8 @@
 # (KVFUZZ_FOCUS_SECONDS=0, the behaviour before), side by side at the same time on ONE GPU, each arm on its share of
 # the cores (taskset; kvfuzz's default workers count them). One tree: the arms differ only in the variable.
 # VAR: the variable the arms set (default KVFUZZ_FOCUS_SECONDS; KVFUZZ_FREE_SECONDS limits the steered free chunks,
-# kvfuzz.fuzz.campaign.chunks FREE_CHUNK_SECONDS, off by default). ARMS: its values, one campaign each (default "0 3"). Per arm: a plain
+# kvfuzz.fuzz.campaign.chunks FREE_CHUNK_SECONDS and Target.free_chunk_seconds; KVFUZZ_CHUNK_CLOCK, ARMS="wall work":
+# whether the limits count the worker's compiles; other variables, e.g. KVFUZZ_FREE_SECONDS=5, pass to every arm). ARMS: its values, one campaign each (default "0 3"). Per arm: a plain
 # `kvfuzz fuzz --target TARGET --duration DURATIONs --seed SEED --baseline kvfuzz-baseline.toml` (known findings are
 # not shrunk, so the campaign keeps drawing), stopped with SIGTERM CAP s past --duration.
 # Prints a JSON line per arm (OUT/focus.jsonl): exit status, examples, first failure (s) and what failed, the

@@ -51,6 +51,14 @@ FOCUS_SECONDS_ENV = "KVFUZZ_FOCUS_SECONDS"
 #: (every target).
 FREE_CHUNK_SECONDS = 0.0
 FREE_SECONDS_ENV = "KVFUZZ_FREE_SECONDS"
+#: What a chunk's time limit counts (:func:`chunk_clock`): "wall", every second after its first example (the
+#: default), or "work", those seconds less the worker's kernel compiles and loads in them
+#: (kvfuzz.fuzz.harness.kernel_clock ``COMPILES``). A candidate for the Triton targets, not measured: 5 s free chunks of
+#: vLLM's unified kernel spent 62% of their workers' time compiling and found vllm#56862 later
+#: (benchmarks/results/free-ab-h200.txt); with "work" each would get its 5 s of examples whatever its compiles cost.
+#: Environment: KVFUZZ_CHUNK_CLOCK.
+CHUNK_CLOCKS = ("wall", "work")
+CHUNK_CLOCK_ENV = "KVFUZZ_CHUNK_CLOCK"
 #: Examples of a warm-up chunk (CampaignConfig.warmup): one compiles the configuration, a second catches an
 #: integer specialization of its lengths.
 WARMUP_EXAMPLES = 2
@@ -130,6 +138,17 @@ def free_chunk_seconds(default: float = FREE_CHUNK_SECONDS) -> float:
     return _env_seconds(FREE_SECONDS_ENV, default, "a steered free chunk's seconds after its first example")
 
 
+def chunk_clock() -> str:
+    """What a chunk's time limit counts: ``$KVFUZZ_CHUNK_CLOCK`` when set, else "wall" (:data:`CHUNK_CLOCKS`).
+    Raises ValueError naming the variable for another value (the fuzz command checks it before any worker starts:
+    exit 2)."""
+    raw = os.environ.get(CHUNK_CLOCK_ENV, "").strip() or CHUNK_CLOCKS[0]
+    if raw not in CHUNK_CLOCKS:
+        raise ValueError(f"{CHUNK_CLOCK_ENV}={raw!r}: what a chunk's time limit counts, one of "
+                         f"{', '.join(CHUNK_CLOCKS)} (wall: every second; work: less the kernel compiles; unset: wall)")
+    return raw
+
+
 def chunk_time_limit(config: CampaignConfig, pinned: bool, focused: bool = False, free: bool = False,
                      free_default: float = FREE_CHUNK_SECONDS) -> float | None:
     """Seconds a chunk may generate for after its first example (kvfuzz.fuzz.campaign.runner
@@ -155,10 +174,12 @@ class ChunkTimeUp(BaseException):
 class ChunkLimit:
     """How long the chunk in progress may generate for (:func:`chunk_time_limit`; None: no limit), counted from
     the end of its first example, which pays its configuration's compiles (the kvfuzz.fuzz.campaign.runner
-    ExampleRunner asks :meth:`up` at the start of every example)."""
+    ExampleRunner asks :meth:`up` at the start of every example). ``compiled``: a running total of the worker's
+    compile seconds (``COMPILES.seconds``, :func:`chunk_clock` "work"), whose growth since the first example is not
+    counted; None counts every second."""
 
-    def __init__(self, seconds: float | None = None) -> None:
-        self.seconds, self.since, self.begun = seconds, None, False
+    def __init__(self, seconds: float | None = None, compiled=None) -> None:
+        self.seconds, self.since, self.begun, self.compiled, self.compiled_since = seconds, None, False, compiled, 0.0
 
     def up(self, now: float, may_stop: bool) -> bool:
         """Whether the chunk's time is up at ``now`` (``time.monotonic()``, as an example starts) and it
@@ -167,8 +188,11 @@ class ChunkLimit:
             return False
         if self.since is None:
             self.since, self.begun = (now if self.begun else None), True
+            if self.compiled is not None:
+                self.compiled_since = self.compiled()
             return False
-        return may_stop and now - self.since > self.seconds
+        spent = now - self.since - (self.compiled() - self.compiled_since if self.compiled is not None else 0.0)
+        return may_stop and spent > self.seconds
 
 
 def chunk_tier(tiers: tuple[str, ...], chunk: int) -> str:
@@ -227,8 +251,8 @@ def record_tier_time(times: dict[str, list[float]], tier: str, examples: int, se
         entry[0], entry[1], entry[2] = entry[0] + 1, entry[1] + examples, entry[2] + seconds
 
 
-__all__ = ["CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "FOCUS_CHUNK_SECONDS", "FOCUS_SECONDS_ENV", "FREE_CHUNK_SECONDS",
-           "FREE_SECONDS_ENV", "PINNED_CHUNK_EXAMPLES", "PINNED_CHUNK_SHARE", "TIER_PROBE_EXAMPLES", "WARMUP_EXAMPLES",
-           "ChunkLimit", "ChunkTimeUp", "campaign_tiers", "chunk_config", "chunk_size", "chunk_tier",
-           "chunk_time_limit", "examples_per_chunk", "focus_chunk_seconds", "free_chunk_seconds", "pins_configs",
-           "record_tier_time", "tier_chunk_size"]
+__all__ = ["CHUNK_CLOCKS", "CHUNK_CLOCK_ENV", "CHUNK_EXAMPLES", "CHUNK_SEED_STRIDE", "ChunkLimit", "ChunkTimeUp",
+           "FOCUS_CHUNK_SECONDS", "FOCUS_SECONDS_ENV", "FREE_CHUNK_SECONDS", "FREE_SECONDS_ENV",
+           "PINNED_CHUNK_EXAMPLES", "PINNED_CHUNK_SHARE", "TIER_PROBE_EXAMPLES", "WARMUP_EXAMPLES", "campaign_tiers",
+           "chunk_clock", "chunk_config", "chunk_size", "chunk_tier", "chunk_time_limit", "examples_per_chunk",
+           "focus_chunk_seconds", "free_chunk_seconds", "pins_configs", "record_tier_time", "tier_chunk_size"]

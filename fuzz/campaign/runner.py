@@ -45,7 +45,7 @@ from hypothesis.control import current_build_context
 from kvfuzz.contracts.caches.layouts import LayoutError
 from kvfuzz.contracts.checks.failures import FailureKind, Finding, HarnessError, MemorySafetyError
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.campaign.chunks import ChunkLimit, ChunkTimeUp
+from kvfuzz.fuzz.campaign.chunks import ChunkLimit, ChunkTimeUp, chunk_clock
 from kvfuzz.fuzz.campaign.config import CampaignConfig
 from kvfuzz.fuzz.campaign.failure_ledger import Failing, FailureLedger
 from kvfuzz.fuzz.campaign.records import SKIPPED_FOR_MEMORY, FailureRecord, Listener, Outcome
@@ -260,8 +260,9 @@ class ExampleRunner:
     def limit_chunk(self, seconds: float | None) -> None:
         """A chunk starts: it generates for at most ``seconds`` after its first example ends (None: no limit); then
         the body raises ChunkTimeUp before the next example, unless Hypothesis is not generating or a new failure is
-        being shrunk (kvfuzz.fuzz.campaign.chunks ``ChunkLimit``)."""
-        self.chunk = ChunkLimit(seconds)
+        being shrunk (kvfuzz.fuzz.campaign.chunks ``ChunkLimit``), the worker's compiles not counted with
+        ``KVFUZZ_CHUNK_CLOCK=work`` (``chunk_clock``)."""
+        self.chunk = ChunkLimit(seconds, COMPILES.seconds if seconds is not None and chunk_clock() == "work" else None)
 
     def reduces(self) -> bool:
         """Whether new failures get the structural shrink (not outside the declaration, nor on big caches, whose

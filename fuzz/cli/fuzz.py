@@ -274,11 +274,12 @@ def _limits(max_num_seqs: int, max_ctx_len: int, max_query_len: int) -> Limits:
 
 def _check_environment() -> None:
     """Exit 2 naming the variable when one of the campaign's environment settings (KVFUZZ_FOCUS_SECONDS,
-    KVFUZZ_FREE_SECONDS, KVFUZZ_SANITIZE_STANDBY) holds a value it does not take, before any worker starts."""
-    from kvfuzz.fuzz.campaign.chunks import focus_chunk_seconds, free_chunk_seconds
+    KVFUZZ_FREE_SECONDS, KVFUZZ_CHUNK_CLOCK, KVFUZZ_SANITIZE_STANDBY) holds a value it does not take, before any
+    worker starts."""
+    from kvfuzz.fuzz.campaign.chunks import chunk_clock, focus_chunk_seconds, free_chunk_seconds
     from kvfuzz.fuzz.harness.sanitizer_standby import standby_mode
 
-    for check in (focus_chunk_seconds, free_chunk_seconds, standby_mode):
+    for check in (focus_chunk_seconds, free_chunk_seconds, chunk_clock, standby_mode):
         try:
             check()
         except ValueError as e:

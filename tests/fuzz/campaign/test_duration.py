@@ -9,6 +9,7 @@ import json
 import os
 import time
 
+import pytest
 from support import SUPPORT, kvfuzz
 from support.planted_targets import SdpaPaged
 
@@ -214,3 +215,33 @@ def test_a_focused_chunk_gives_way_after_its_seconds_and_only_with_a_duration(tm
     assert max(n for _, f, n in own[:-1] if not f) <= 1 + 2 + 1, own
     monkeypatch.setenv(chunk_module.FREE_SECONDS_ENV, "0")
     assert max(n for _, f, n in run(60.0, 10_000, OwnFreeLimit())[:-1] if not f) > 1 + limit + 1
+
+
+def test_a_chunk_limit_on_the_work_clock_leaves_out_the_compiles(monkeypatch):
+    """KVFUZZ_CHUNK_CLOCK=work: a chunk's seconds after its first example less the worker's compiles in them (a
+    Triton chunk that compiles for 8 s of 10 has spent 2); the wall clock (the default) counts all 10; a bad value
+    is refused naming the variable; the runner hands the limit its compile total only on the work clock."""
+    import types
+
+    from kvfuzz.fuzz.campaign import chunks
+    from kvfuzz.fuzz.campaign.runner import ExampleRunner
+    from kvfuzz.fuzz.harness.kernel_clock import COMPILES
+
+    compiled = [3.0]  # compiles before the chunk's clock starts do not count either way
+    wall, work = chunks.ChunkLimit(5.0), chunks.ChunkLimit(5.0, lambda: compiled[0])
+    for limit in (wall, work):
+        assert not limit.up(0.0, True) and not limit.up(1.0, True)  # the first example, then its end: the clock starts
+    compiled[0] = 11.0  # 8 s of compiles in the next 10 s
+    assert wall.up(11.0, True) and not work.up(11.0, True)
+    assert work.up(15.0, True) and not work.up(15.0, False)  # 14 - 8 = 6 > 5, once the chunk may stop
+    monkeypatch.delenv(chunks.CHUNK_CLOCK_ENV, raising=False)
+    assert chunks.chunk_clock() == "wall"
+    runner = types.SimpleNamespace()
+    ExampleRunner.limit_chunk(runner, 5.0)
+    assert runner.chunk.compiled is None
+    monkeypatch.setenv(chunks.CHUNK_CLOCK_ENV, "work")
+    ExampleRunner.limit_chunk(runner, 5.0)
+    assert runner.chunk.compiled == COMPILES.seconds
+    monkeypatch.setenv(chunks.CHUNK_CLOCK_ENV, "cpu")
+    with pytest.raises(ValueError, match="KVFUZZ_CHUNK_CLOCK='cpu'"):
+        chunks.chunk_clock()

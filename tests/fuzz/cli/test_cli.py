@@ -614,7 +614,8 @@ def test_every_option_is_walked_with_a_bad_value():
 
 
 @pytest.mark.parametrize("var, value", [("KVFUZZ_FOCUS_SECONDS", "soon"), ("KVFUZZ_FOCUS_SECONDS", "-1"),
-                                        ("KVFUZZ_FREE_SECONDS", "inf"), ("KVFUZZ_SANITIZE_STANDBY", "yes")])
+                                        ("KVFUZZ_FREE_SECONDS", "inf"), ("KVFUZZ_CHUNK_CLOCK", "cpu"),
+                                        ("KVFUZZ_SANITIZE_STANDBY", "yes")])
 @pytest.mark.cli_text
 def test_a_bad_campaign_environment_variable_exits_2_naming_it(tmp_path, var, value):
     """The environment variables a campaign reads are checked before any worker starts: exit 2, the variable and its
