@@ -105,12 +105,22 @@ class Numerics:
         keys of ``sum_k p_k |v_kd|``; and each logit error ``ds`` enters as ``exp(ds) * expm1(ds)`` (first order
         ``ds``), past which a row's bound exceeds any output (FlashAttention 3's fp8 forward: its H200 outputs are
         the emulated accumulator's to a bf16 unit, docs/tolerance.md, "Why fp8_mma is that").
+    compute_dtype: a 16-bit dtype ("float16") the kernel computes in whatever ``batch.dtype`` is: the query is
+        narrowed to it before Q@K^T and P rounded to it before P@V (FlashAttention 4's SM90 fp8-KV kernel,
+        vllm/vllm_flash_attn/cute/flash_fwd_sm90.py ``fp8_kv_dequant``: "compute is always fp16", a bf16 query
+        narrowed in-kernel by ``_narrow_q_to_compute``). The ``probabilities`` term takes the larger unit roundoff
+        and the larger smallest normal of the two dtypes (fp16's 2**-14: a probability below it is off by up to
+        half its subnormal spacing, 2**-25); each query element below fp16's smallest normal is off by up to
+        2**-25 on narrowing, which the logit error ``ds_k`` adds as ``scale * sum_i [|q_i| < 2**-14] 2**-25 |k_i|``
+        (normal bf16 values narrow exactly: fp16 keeps more fraction bits). A query beyond fp16's range (65,504)
+        overflows there: outside the path's contract, and no value range draws one (SHIFTED_MAX_QUERY is 2**15).
     """
 
     tanh_approx: bool = False
     v_scale_after_output: bool = False
     p_fp8_e4m3: bool = False
     fp8_mma: bool = False
+    compute_dtype: str | None = None
 
 
 #: float8_e4m3fn's unit roundoff (3 mantissa bits): a probability rounded to e4m3 is off by at most this share.
@@ -352,6 +362,12 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
     # + LOGIT_ULPS * |s| (0 where masked), in one pass: LOGIT_ULPS is a power of two, so alpha * |s| is exact and
     # the sum rounds once, the bits of a multiply and an add
     dlogit.add_(seq.s.masked_fill(seq.masked, 0.0).abs_(), alpha=LOGIT_ULPS)
+    if numerics.compute_dtype is not None:  # query elements below the compute dtype's smallest normal, narrowed
+        # there off by up to half its subnormal spacing (fp16: 2**-25 = FP32_UNIT / 2), times scale * |k_i|
+        fc = torch.finfo(getattr(torch, numerics.compute_dtype))
+        sub = (seq.q.abs() < fc.tiny).to(seq.q.dtype)
+        half_spacing = fc.tiny * fc.eps / 2 / FP32_UNIT  # in units of FP32_UNIT
+        dlogit.add_(seq.heads(torch.bmm(sub, seq.k.abs().transpose(1, 2))), alpha=half_spacing * batch.scale)
     drow = LOGIT_ULPS * m.abs()  # the row max, common to the row
     if batch.softcap is not None:
         dlogit += SOFTCAP_ULPS * batch.softcap * 2.0  # eps(fp32) = 2 * FP32_UNIT
@@ -367,6 +383,8 @@ def _row_sums(batch: Batch, seq: _Padded, p: torch.Tensor, psink: torch.Tensor |
         dlogit = torch.expm1(x).mul_(torch.exp(x)).div_(FP32_UNIT)
     av = seq.v.abs()
     tiny = torch.finfo(batch.torch_dtype).tiny
+    if numerics.compute_dtype is not None:  # P rounded to the compute dtype: the larger smallest normal
+        tiny = max(tiny, torch.finfo(getattr(torch, numerics.compute_dtype)).tiny)
     if numerics.p_fp8_e4m3:  # P rounded to e4m3 after FA3's 2**8 offset: its own subnormal threshold
         tiny = max(tiny, P_FP8_TINY)
     pv = seq.times_v(torch.maximum(p, tiny * visible), av)
@@ -394,6 +412,8 @@ def _envelope(batch: Batch, o: torch.Tensor, sums: dict[str, torch.Tensor],
     ao, pv = o.abs(), sums["pv"]
     logits = sums["pdv"] + sums["drow"] * pv + sums["row"] * ao
     unit = P_FP8_UNIT if numerics.p_fp8_e4m3 else fi.eps / 2  # what P is rounded to before P@V
+    if numerics.compute_dtype is not None and not numerics.p_fp8_e4m3:  # the larger of the two unit roundoffs
+        unit = max(unit, torch.finfo(getattr(torch, numerics.compute_dtype)).eps / 2)
     terms = {"probabilities": unit * pv, "logits": FP32_UNIT * logits,
              "accumulation": FP32_UNIT * (sums["keys"] + 2) * (pv + ao)}
     if numerics.fp8_mma:  # P@V's instructions, each off by FP8_MMA_ULPS of what it sums (P rounded up to e4m3)

@@ -569,6 +569,15 @@ class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
     def aot_schedule(batch: Batch) -> bool:
         return False
 
+    def numerics_for(self, batch: Batch) -> Numerics:
+        """SM90's fp8-KV kernel computes in fp16 whatever the query's dtype (flash_fwd_sm90.py ``fp8_kv_dequant``,
+        "compute is always fp16"): the query narrowed and P rounded to fp16 (``Numerics.compute_dtype``; without
+        it a bf16 batch's probabilities below 2**-14, which fp16 flushes, were a false alarm on an H200). Its
+        16-bit forward computes in the batch's dtype."""
+        if batch.fp8_dtype is not None:
+            return attrs.evolve(self.numerics, compute_dtype="float16")
+        return self.numerics
+
     def path(self, batch: Batch) -> str:
         kv = ",fp8_kv_dequant" if batch.fp8_dtype is not None else ""  # SM90's fp8-KV kernel (flash_fwd_sm90.py)
         return f"fa4,gqa={batch.gqa_ratio},{'paged64' if batch.block_size == 64 else 'paged'}{kv}"

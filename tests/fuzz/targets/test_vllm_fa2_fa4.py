@@ -106,6 +106,15 @@ def fp8_batch(lens=((1, 70), (5, 60), (1, 0)), **kw):
     return batch(lens, **kw)
 
 
+def test_fa4s_fp8_path_declares_its_fp16_arithmetic():
+    """SM90's fp8-KV kernel computes in fp16 (flash_fwd_sm90.py fp8_kv_dequant): the envelope of its calls takes
+    fp16's P rounding (tests/contracts/test_fa4_fp8_numerics.py); 16-bit caches and FA3 keep their own."""
+    fa4 = StandInFA4()
+    assert fa4.numerics_for(fp8_batch()).compute_dtype == "float16"
+    assert fa4.numerics_for(fp8_batch()).tanh_approx  # the family's softcap knob kept
+    assert fa4.numerics_for(batch(((1, 70),), head_size=512, block_size=64)).compute_dtype is None
+
+
 @no_cuda
 def test_fa4_gets_an_fp8_cache_as_vllms_backend_hands_it_over(fa):
     """FlashAttentionImpl.forward on SM90 with kv_cache_dtype fp8: the caches viewed as e4m3, k/v descales
