@@ -390,13 +390,15 @@ def _reusable(target, example, run) -> bool:
             and run.example.batch == example.batch)
 
 
-def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
-    """Whether ``example`` passes every check (no finding, nothing raised) with the entry's slot class holding
-    zeros instead of its poison, in this process. ``run``: the example's failing Run; its data, reference and
-    envelope are reused (:func:`_reusable`) and the cache, the call, the kernel and the output checks are done
-    again. So are the caller checks, unless ``run`` was prepared without a caller fault: then its call passed
-    them (its finding is not a caller violation), the re-run's call is built the same way from the same data,
-    and its cache differs only in slots the contract leaves unwritten, which no caller check reads."""
+def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> str:
+    """What ``example`` still fails with the entry's slot class holding zeros instead of its poison, in this
+    process: "" when it passes every check (no finding, nothing raised), else the failure's kind and message
+    (another finding there is not the entry's bug: a near miss that names it). ``run``: the example's failing Run;
+    its data, reference and envelope are reused (:func:`_reusable`) and the cache, the call, the kernel and the
+    output checks are done again. So are the caller checks, unless ``run`` was prepared without a caller fault:
+    then its call passed them (its finding is not a caller violation), the re-run's call is built the same way
+    from the same data, and its cache differs only in slots the contract leaves unwritten, which no caller check
+    reads."""
     from kvfuzz.contracts.checks.failures import Finding
     from kvfuzz.contracts.model.poison import Poison
     from kvfuzz.fuzz.harness import attention, properties
@@ -419,7 +421,7 @@ def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
                 attention.check_example(target, zeros, run=again(zeros), caller_checked=checked)
             else:
                 properties.check(target, zeros)
-            return True
+            return ""
 
         def finite_tail(batch, data, cache) -> None:
             slots = freed_slots(batch) if entry.slots == "freed" else tail_slots(batch, cache, entry.tail_tokens)
@@ -433,11 +435,11 @@ def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> bool:
             attention.check_example(target, example, run=again(example, finite_tail), caller_checked=checked)
         else:
             properties.check(target, example, run=again(example, finite_tail))
-        return True
-    except Finding:
-        return False
-    except Exception:  # anything unexpected: not shown to be the known bug, so it stays new
-        return False
+        return ""
+    except Finding as f:
+        return str(f)[:300]  # "[kind] check: message"
+    except Exception as e:  # anything unexpected: not shown to be the known bug, so it stays new
+        return f"{type(e).__name__}: {str(e)[:300]}"
 
 
 def match(entry: KnownFinding, target, example, finding, run=None, others=()) -> tuple[bool, str]:
@@ -468,9 +470,10 @@ def match(entry: KnownFinding, target, example, finding, run=None, others=()) ->
             return False, f"baseline {entry.id} covers poisons {', '.join(entry.poisons)}, not {example.poison.value}"
         if entry.slots == "none":
             return _scoped_match(entry, target, example, finding, others)
-        if not _passes_with_finite(entry, target, example, run):
+        still = _passes_with_finite(entry, target, example, run)
+        if still:
             return False, (f"baseline {entry.id}: the example still fails with zeros in its {entry.slots} slots, so "
-                           "the non-finite output does not come (only) from there")
+                           f"the non-finite output does not come (only) from there ({still})")
         return True, ""
     if entry.max_ratio is not None:
         oracle = finding.details.get("oracle") or {}

@@ -178,6 +178,7 @@ def test_a_nan_tail_is_known_only_while_finite_tail_slots_make_it_pass():
     entry = tail_entry(planted.name)
     ok, why = match(entry, planted, one, g)
     assert not ok and "still fails with zeros in its tail slots" in why
+    assert "([non-finite output] finite output: " in why  # and says what it still fails
     assert classify(SimpleNamespace(for_target=lambda name: (entry,)), planted, one, g) is None
     assert g.known is None and g.signature == ("non-finite output", Oracle.FINITE.value)
     assert "new: baseline nan-tail" in g.message
