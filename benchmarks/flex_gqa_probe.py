@@ -8,7 +8,9 @@ Cases: ``gqa`` (default) that decode at groups 16, 24, 32 and 64, pages 16 and 6
 heads over 4, head size 256, page 128, fp16 (the crash of flex's defaults); ``sizes`` a 16-token prefill at a
 GQA group of 8 for each head size 16..256 and page 16..128 (``--dtype`` picks the dtype): the declared CUDA space
 under vLLM's options, whose BLOCK_N is the whole page (with FORCE_USE_FLEX_ATTENTION a decode runs the same
-kernel). Prints one line a case and option (``passed`` or the error's type and last lines) and a count of those
+kernel); ``groups`` decodes and 16-token prefills at groups 24, 32 and 64 (one or two kv heads, head sizes 128
+and 64, pages 16 and 64, ``--dtype``): what declaring those groups on CUDA needs. Prints one line a case and
+option (``passed`` or the error's type and last lines) and a count of those
 that did not pass; exits 0 once it ran (2 for a bad option). Runs on the CPU too (eager: the options are not
 used), which tests/fuzz/bench/test_flex_gqa_probe.py checks.
 
@@ -37,12 +39,16 @@ OPTIONS = {
 
 
 def cases(which: str, dtype: str) -> list[dict]:
-    """The batches of ``which`` ("gqa" or "sizes"), as Batch keyword arguments (one sequence, no context)."""
+    """The batches of ``which`` ("gqa", "groups" or "sizes"), as Batch keyword arguments (one sequence, no context)."""
     if which == "gqa":
         out = [dict(query_lens=[1], num_heads=h, num_kv_heads=1, head_size=16, block_size=p, dtype="float32")
                for h in (16, 24, 32, 64) for p in (16, 64)]
         return out + [dict(query_lens=[16], num_heads=64, num_kv_heads=4, head_size=256, block_size=128,
                            dtype="float16")]
+    if which == "groups":
+        return [dict(query_lens=[q], num_heads=g * kv, num_kv_heads=kv, head_size=d, block_size=p, dtype=dtype)
+                for g in (24, 32, 64) for q, kv, d, p in ((1, 1, 128, 16), (1, 1, 128, 64), (16, 1, 128, 16),
+                                                          (16, 2, 64, 64))]
     return [dict(query_lens=[16], num_heads=16, num_kv_heads=2, head_size=d, block_size=p, dtype=dtype)
             for d in (16, 32, 64, 128, 256) for p in (16, 32, 64, 128)]
 
@@ -70,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--options", default="target,former,defaults",
                     help="comma-separated, each of: " + ", ".join(OPTIONS))
-    ap.add_argument("--cases", choices=("gqa", "sizes"), default="gqa")
+    ap.add_argument("--cases", choices=("gqa", "groups", "sizes"), default="gqa")
     ap.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float16",
-                    help="the dtype of --cases sizes")
+                    help="the dtype of --cases sizes and groups")
     args = ap.parse_args(argv)
     labels = [s for s in args.options.split(",") if s]
     bad = [s for s in labels if s not in OPTIONS]

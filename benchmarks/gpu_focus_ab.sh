@@ -5,13 +5,15 @@
 # the cores (taskset; kvfuzz's default workers count them). One tree: the arms differ only in the variable.
 # VAR: the variable the arms set (default KVFUZZ_FOCUS_SECONDS; KVFUZZ_FREE_SECONDS limits the steered free chunks,
 # kvfuzz.fuzz.campaign.chunks FREE_CHUNK_SECONDS and Target.free_chunk_seconds; KVFUZZ_CHUNK_CLOCK, ARMS="wall work":
-# whether the limits count the worker's compiles; other variables, e.g. KVFUZZ_FREE_SECONDS=5, pass to every arm). ARMS: its values, one campaign each (default "0 3"). Per arm: a plain
+# whether the limits count the worker's compiles; other variables, e.g. KVFUZZ_FREE_SECONDS=5, pass to every arm). ARMS: its values, one campaign each (default "0 3");
+# an arm holding '=' is its own assignments instead, comma-separated, e.g. ARMS="KVFUZZ_FREE_SECONDS=0
+# KVFUZZ_FREE_SECONDS=5,KVFUZZ_CHUNK_CLOCK=work" (VAR is then unused; files name the arm with '=' and ',' as '_'). Per arm: a plain
 # `kvfuzz fuzz --target TARGET --duration DURATIONs --seed SEED --baseline kvfuzz-baseline.toml` (known findings are
 # not shrunk, so the campaign keeps drawing), stopped with SIGTERM CAP s past --duration.
 # Prints a JSON line per arm (OUT/focus.jsonl): exit status, examples, first failure (s) and what failed, the
 # declared bins by dimension and how many are empty (summary.json bins), the empty ones, the examples per aimed-at
 # (ctx_len x query_len) bin's quartiles, each tier's share of the examples and of the time; then a table.
-# Each campaign's summary.json is kept as OUT/summary-ARM.json. Carry .device/ (with FA3: `make device-bundle FA3=1`).
+# Each campaign's summary.json is kept as OUT/summary-ARM.json, its failures' reproducer folders in OUT/cases-ARM/. Carry .device/ (with FA3: `make device-bundle FA3=1`).
 # Usage: OUT=dir [TARGET=vllm.flash_attn_varlen] [DURATION=300] [CAP=60] [SEED=1] [VAR=KVFUZZ_FOCUS_SECONDS] [ARMS="0 3"]
 #        [EXTRA="more kvfuzz fuzz options"] bash benchmarks/gpu_focus_ab.sh
 set -uo pipefail
@@ -31,7 +33,9 @@ C=$(( $(nproc) / ${#A[@]} ))
 } | tee "$R/machine.txt"
 pids=(); i=0
 for arm in "${A[@]}"; do
-  env "$V=$arm" timeout -s TERM $((S + CAP)) taskset -c "$((i * C))-$((i * C + C - 1))" \
+  if [[ $arm == *=* ]]; then IFS=, read -ra set <<< "$arm"; else set=("$V=$arm"); fi
+  arm=${arm//[=,]/_}
+  env "${set[@]}" timeout -s TERM $((S + CAP)) taskset -c "$((i * C))-$((i * C + C - 1))" \
     $KV fuzz --target "$T" --duration "${S}s" --seed "$SEED" --baseline kvfuzz-baseline.toml --out "$W/$arm" \
     ${EXTRA:-} > "$R/focus-$arm.log" 2>&1 &
   pids+=("$arm=$!"); i=$((i + 1))
@@ -40,6 +44,9 @@ for ap in "${pids[@]}"; do
   arm=${ap%%=*}
   wait "${ap#*=}"; rc=$?
   cp "$W/$arm/summary.json" "$R/summary-$arm.json" 2>/dev/null
+  for c in "$W/$arm"/*/case.json; do  # each failure's reproducer folder, kept (W goes when the script exits)
+    [ -f "$c" ] && mkdir -p "$R/cases-$arm" && cp -r "$(dirname "$c")" "$R/cases-$arm/"
+  done
   python3 - "$W/$arm/summary.json" "$arm" "$rc" <<'PY' | tee -a "$R/focus.jsonl"
 import json, statistics, sys
 path, arm, rc = sys.argv[1:]
