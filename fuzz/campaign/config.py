@@ -37,7 +37,8 @@ class CampaignConfig:
     #: :data:`~kvfuzz.fuzz.campaign.chunks.PINNED_CHUNK_EXAMPLES` (pinned).
     chunk_examples: int | None = None
     database: ExampleDatabase | None = None
-    #: Stop exploring after the first distinct failure is shrunk (benchmarks of time-to-first-failure).
+    #: Stop exploring after the first distinct failure no baseline entry accepts is shrunk (benchmarks of
+    #: time-to-first-failure; a known failure, ``baseline``, does not stop it).
     stop_at_first_failure: bool = False
     #: Hypothesis database: None for ``out/hypothesis-db``, a directory path, or ``redis://host:port/db``.
     db_spec: str | None = None

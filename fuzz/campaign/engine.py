@@ -510,7 +510,7 @@ def fuzz_target(target: Target, config: CampaignConfig,
         chunk += 1
         if stats.examples == before:  # nothing ran (e.g. every example rejected): do not spin
             break
-        if config.stop_at_first_failure and stats.failures:
+        if config.stop_at_first_failure and stats.new_failures:  # a baseline's known failures do not stop it
             break
     campaign.close()
     stats.elapsed = time.monotonic() - start

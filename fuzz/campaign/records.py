@@ -120,6 +120,10 @@ class TargetStats:
     #: shrinking; None while nothing failed.
     first_failure_s: float | None = None
     first_failure_examples: int | None = None
+    #: The same for the first failure no baseline entry accepts (CampaignConfig.baseline; without one, the first
+    #: failure): what a known failure's hits must not stand for (``kvfuzz bench bugs --baseline``).
+    first_new_failure_s: float | None = None
+    first_new_failure_examples: int | None = None
     #: Examples a worker was running when it was killed from outside and a retry could not complete.
     lost: int = 0
     #: Why the campaign stopped giving this target work early ("" if it did not).
@@ -160,8 +164,7 @@ class TargetStats:
             self.elapsed = max(self.elapsed, elapsed)
             self.kernel_seconds += outcome.kernel_s
             self.harness_seconds += outcome.harness_s
-            if outcome.signature is not None and self.first_failure_s is None:  # a database replay's failure
-                self.first_failure_s, self.first_failure_examples = round(elapsed, 3), self.examples
+            self._first(outcome.signature, elapsed)  # a database replay's failure
             return
         self.examples += 1
         self.kv_tokens += outcome.kv_tokens
@@ -176,11 +179,25 @@ class TargetStats:
         if outcome.rejection is not None:
             self.rejections[outcome.rejection] += 1
         if outcome.signature is not None:
-            if self.first_failure_s is None:
-                self.first_failure_s, self.first_failure_examples = round(elapsed, 3), self.examples
+            self._first(outcome.signature, elapsed)
             known = self.failures.get(tuple(outcome.signature))
             if known is not None:
                 known.count += 1
+
+    def _first(self, signature, elapsed: float) -> None:
+        """Note a failing example's time and count if it is the first failure, or the first new one: a signature of
+        two parts (kind, check) is new, of three (kind, check, known id) a baseline entry's."""
+        if signature is None:
+            return
+        if self.first_failure_s is None:
+            self.first_failure_s, self.first_failure_examples = round(elapsed, 3), self.examples
+        if len(signature) == 2 and self.first_new_failure_s is None:
+            self.first_new_failure_s, self.first_new_failure_examples = round(elapsed, 3), self.examples
+
+    @property
+    def new_failures(self) -> list:
+        """The failures no baseline entry accepts (all of them without a baseline)."""
+        return [r for r in self.failures.values() if r.known is None]
 
     def add_spent(self, tier: str, seconds: dict[str, float]) -> None:
         """Add a worker's seconds on this target outside its examples (``{stage: seconds}``, of size tier ``tier``)."""
@@ -221,6 +238,8 @@ class TargetStats:
             "max_error_ratio": self.max_error_ratio,
             "first_failure_s": self.first_failure_s,
             "first_failure_examples": self.first_failure_examples,
+            "first_new_failure_s": self.first_new_failure_s,
+            "first_new_failure_examples": self.first_new_failure_examples,
             "lost": self.lost,
             "skipped_for_memory": self.skipped_memory,
             "shrink_runs": self.shrink_runs,

@@ -306,7 +306,11 @@ def _check_patches(names) -> None:
 @click.option("--live", is_flag=True,
               help="The live upstream bugs instead (open in the pinned versions; kvfuzz.fuzz.bench.bugs.live): a "
                    "plain campaign of each one's unpatched target; --bug takes live.<slug> or <slug>.")
-def bugs(bugs, seeds, first_seed, duration, max_examples, json_path, live) -> None:
+@click.option("--baseline", "baseline_file", default=None, type=click.Path(dir_okay=False),
+              help="A findings baseline (e.g. kvfuzz-baseline.toml): a known finding, such as a live upstream bug in "
+                   "the same kernel, neither ends a campaign nor counts as the re-injected bug found. Not with --live "
+                   "(the baseline lists the live bugs).")
+def bugs(bugs, seeds, first_seed, duration, max_examples, json_path, live, baseline_file) -> None:
     """Real upstream bugs re-injected into the pinned kernels (fuzz/bench/bugs/patches/): time and examples to
     the first failure of a default campaign, its kind and blame, the shrunk batch against the smallest trigger,
     and whether the reproducer replays. With --live, the bugs still open upstream (docs/bugs.md)."""
@@ -316,12 +320,19 @@ def bugs(bugs, seeds, first_seed, duration, max_examples, json_path, live) -> No
     if live:
         if first_seed:
             raise click.BadParameter("--live runs seeds 0..N-1; leave --first-seed out", param_hint="--first-seed")
+        if baseline_file is not None:
+            raise click.BadParameter("--live fuzzes the bugs a baseline lists as known; leave --baseline out",
+                                     param_hint="--baseline")
         return _live_bugs(bugs, seeds, duration, max_examples, json_path)
     names = _bug_names(bugs, BUGS, "unknown bug(s)")
     seconds = parse_duration(duration)
+    if baseline_file is not None:
+        from kvfuzz.fuzz.cli.fuzz import _baseline
+
+        _baseline(baseline_file)  # a bad file: exit 2 naming the file, the field and the fix
     _check_patches(names or list(BUGS))
     doc = bench_bugs(names or None, seeds, seconds, max_examples, on_result=_bug_progress(live=False),
-                     first_seed=first_seed)
+                     first_seed=first_seed, baseline=baseline_file)
     _bug_report(doc, f"kvfuzz bench bugs on {doc['settings']['machine']} ({seeds} seeds, <= {duration} each)",
                 live=False, json_path=json_path)
 

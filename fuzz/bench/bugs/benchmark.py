@@ -92,6 +92,15 @@ def _found(out: dict, example: dict, kind: str, blame: str, check: str, seconds_
 DEFAULTS = {"tiers": ("auto",), "sanitize_time_share": AUTO_TIME_SHARE}
 
 
+def _load(baseline: str | None):
+    """The baseline file loaded (None without one); raises BaselineError naming the file, field and fix."""
+    if baseline is None:
+        return None
+    from kvfuzz.fuzz.campaign.store.baseline import load_baseline
+
+    return load_baseline(baseline)
+
+
 def ended_how(stats) -> dict:
     """What a run's counts say about how it ended besides its failures: examples skipped for device memory, lost
     ones, and why the campaign stopped early ("" when it did not)."""
@@ -99,10 +108,12 @@ def ended_how(stats) -> dict:
 
 
 def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: int = 100_000,
-            limits: Limits = Limits(), target=None) -> dict:
+            limits: Limits = Limits(), target=None, baseline: str | None = None) -> dict:
     """One default campaign of seed ``seed`` on bug ``name``; returns the run's result dict (module docstring).
     ``target``: the bug's target to use (default :func:`~kvfuzz.fuzz.bench.bugs.get_bug`'s; e.g. one whose
-    declaration is narrowed to the configuration the bug lives in)."""
+    declaration is narrowed to the configuration the bug lives in). ``baseline``: a findings baseline file; its
+    known findings (a live upstream bug in the same kernel) neither end the campaign nor count as the bug found.
+    Raises BaselineError for a bad baseline file."""
     bug = BUGS[name]
     target = target if target is not None else get_bug(name)
     start = time.monotonic()
@@ -110,14 +121,15 @@ def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: 
     with tempfile.TemporaryDirectory(prefix="kvfuzz-bugs-") as d:
         config = CampaignConfig(out=Path(d), max_examples=max_examples, duration=duration, seed=seed,
                                 limits=limits, database=InMemoryExampleDatabase(), stop_at_first_failure=True,
-                                big_cache=bug.big_cache, **DEFAULTS)
+                                big_cache=bug.big_cache, baseline=_load(baseline), **DEFAULTS)
         stats = fuzz_target(target, config)
         elapsed = time.monotonic() - start
-        out.update(examples_total=stats.examples, seconds_total=round(elapsed, 3), **ended_how(stats))
-        if stats.failures:
-            rec = min(stats.failures.values(), key=lambda r: size_key(Example.from_dict(r.example).batch))
+        out.update(examples_total=stats.examples, seconds_total=round(elapsed, 3), **ended_how(stats),
+                   known_hits=sorted({r.known for r in stats.failures.values() if r.known}))
+        if stats.new_failures:
+            rec = min(stats.new_failures, key=lambda r: size_key(Example.from_dict(r.example).batch))
             example = _found(out, rec.example, rec.kind, rec.blame, rec.check,
-                             round(stats.first_failure_s or elapsed, 3), stats.first_failure_examples,
+                             round(stats.first_new_failure_s or elapsed, 3), stats.first_new_failure_examples,
                              round(elapsed, 3))
             out.update(rerun_kinds=rerun_kinds(target, example))
             if rec.reproducer:
@@ -127,9 +139,9 @@ def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: 
 
 
 def run_bug_supervised(name: str, seed: int, duration: float | None = 120.0, max_examples: int = 100_000,
-                       limits: Limits = Limits()) -> dict:
+                       limits: Limits = Limits(), baseline: str | None = None) -> dict:
     """As :func:`run_bug`, through ``kvfuzz fuzz --big-cache`` in a child process (a bug whose trigger crashes
-    the process: the supervisor records the crash and its reproducer)."""
+    the process: the supervisor records the crash and its reproducer); ``baseline`` passed as ``--baseline``."""
     bug = BUGS[name]
     start = time.monotonic()
     out = _result(name, seed)
@@ -142,17 +154,21 @@ def run_bug_supervised(name: str, seed: int, duration: float | None = 120.0, max
             cmd += ["--duration", f"{duration}s"]
         if bug.big_cache:
             cmd.append("--big-cache")
+        if baseline is not None:
+            cmd += ["--baseline", str(baseline)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         summary = Path(d) / "summary.json"
         if not summary.exists():
             raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode} without a summary: {p.stderr[-2000:]}")
         doc = json.loads(summary.read_text())
         (t,) = doc["targets"]
-        out.update(examples_total=t["examples"], seconds_total=round(time.monotonic() - start, 3))
-        if t["failures"]:
-            rec = min(t["failures"], key=lambda f: size_key(Example.from_dict(f["example"]).batch))
-            _found(out, rec["example"], rec["kind"], rec["blame"], rec["check"], t.get("first_failure_s"),
-                   t.get("first_failure_examples"), t["elapsed_s"])
+        new = [f for f in t["failures"] if not f.get("known")]
+        out.update(examples_total=t["examples"], seconds_total=round(time.monotonic() - start, 3),
+                   known_hits=sorted({f["known"] for f in t["failures"] if f.get("known")}))
+        if new:
+            rec = min(new, key=lambda f: size_key(Example.from_dict(f["example"]).batch))
+            _found(out, rec["example"], rec["kind"], rec["blame"], rec["check"], t.get("first_new_failure_s"),
+                   t.get("first_new_failure_examples"), t["elapsed_s"])
             if rec.get("reproducer"):
                 r = replay(rec["reproducer"], target_spec=bug.spec)
                 out.update(replays=r.reproduced, replay_message=r.message)
@@ -194,16 +210,19 @@ def in_own_process(names: list[str]) -> list[str]:
     return package
 
 
-def run_bug_child(name: str, seeds: list[int], duration: float | None, max_examples: int) -> dict:
+def run_bug_child(name: str, seeds: list[int], duration: float | None, max_examples: int,
+                  baseline: str | None = None) -> dict:
     """Bug ``name``'s entry of ``kvfuzz bench bugs --bug NAME`` run in a child process for ``seeds`` (consecutive)
-    (a package bug beside others, :func:`in_own_process`). Raises RuntimeError with the child's stderr when it
-    writes no JSON."""
+    (a package bug beside others, :func:`in_own_process`), with ``--baseline`` when given. Raises RuntimeError
+    with the child's stderr when it writes no JSON."""
     with tempfile.TemporaryDirectory(prefix="kvfuzz-bugs-") as d:
         out = Path(d) / "bug.json"
         cmd = [sys.executable, "-m", "kvfuzz.fuzz.cli", "bench", "bugs", "--bug", name, "--seeds", str(len(seeds)),
                "--first-seed", str(seeds[0]), "--max-examples", str(max_examples), "--json", str(out)]
         if duration is not None:
             cmd += ["--duration", f"{duration}s"]
+        if baseline is not None:
+            cmd += ["--baseline", str(baseline)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if not out.exists():
             raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode} without its JSON: {p.stderr[-2000:]}")
@@ -213,15 +232,19 @@ def run_bug_child(name: str, seeds: list[int], duration: float | None, max_examp
 
 def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float | None = 120.0,
                max_examples: int = 100_000, limits: Limits = Limits(),
-               on_result: Callable[[dict], None] = lambda r: None, first_seed: int = 0) -> dict:
+               on_result: Callable[[dict], None] = lambda r: None, first_seed: int = 0,
+               baseline: str | None = None) -> dict:
     """Run every bug (``names``, default: all, skipping those this machine cannot reach) for seeds
-    ``first_seed .. first_seed + seeds - 1``; returns the JSON document. Raises KeyError for an unknown bug name,
-    ValueError for ``limits`` other than the default with package bugs that run in child processes."""
+    ``first_seed .. first_seed + seeds - 1``; returns the JSON document. ``baseline``: a findings baseline file
+    (e.g. the shipped kvfuzz-baseline.toml) whose known findings do not count as a bug found (:func:`run_bug`).
+    Raises KeyError for an unknown bug name, ValueError for ``limits`` other than the default with package bugs
+    that run in child processes, BaselineError for a bad baseline file."""
     explicit = names is not None
     names = list(names or BUGS)
     for n in names:
         if n not in BUGS:
             raise KeyError(f"unknown bug {n!r}; known: {', '.join(sorted(BUGS))}")
+    _load(baseline)  # a bad file fails before any campaign
     started = time.time()
     on_gpu = torch.cuda.is_available()
     seed_list = list(range(first_seed, first_seed + seeds))
@@ -247,7 +270,7 @@ def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float |
             results.append(entry)
             continue
         if name in children:
-            child = run_bug_child(name, seed_list, duration, max_examples)
+            child = run_bug_child(name, seed_list, duration, max_examples, baseline)
             for r in child["runs"]:
                 on_result(r)
             entry.update({k: child[k] for k in ("summary", "runs") if k in child})
@@ -258,7 +281,7 @@ def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float |
         runs = []
         for seed in seed_list:
             run = run_bug_supervised if bug.big_cache else run_bug
-            r = run(name, seed, duration, max_examples, limits)
+            r = run(name, seed, duration, max_examples, limits, baseline=baseline)
             on_result(r)
             runs.append(r)
         entry.update(summary=summarize(name, runs), runs=runs)
@@ -272,6 +295,7 @@ def bench_bugs(names: list[str] | None = None, seeds: int = 3, duration: float |
             return None
 
     return {"settings": {"seeds": seed_list, "duration_s": duration, "max_examples": max_examples,
+                         "baseline": None if baseline is None else str(baseline),
                          "machine": machine(), "device": "cuda" if on_gpu else "cpu",
                          "torch": torch.__version__, "triton": version("triton"), "vllm": version("vllm"),
                          "flashinfer": version("flashinfer-python"),

@@ -104,7 +104,7 @@ class Scheduler:
         elapsed = now - (t.start or now)
         if config.duration is not None and elapsed > config.duration:
             return None
-        if config.stop_at_first_failure and t.stats.failures:
+        if config.stop_at_first_failure and t.stats.new_failures:
             return None
         pending = sum(max(0, x.n - x.counted) for x in t.in_flight if x.kind == "chunk")
         done = t.stats.examples + pending

@@ -243,10 +243,12 @@ def test_cli_bench_bugs(tmp_path):
     """``kvfuzz bench bugs`` end to end on vllm-47305 (the other bug the default campaign finds): the table and
     the JSON; an unknown bug exits 2 naming the option and the known bugs."""
     out = tmp_path / "bugs.json"
+    shipped = ROOT / "kvfuzz-baseline.toml"  # its known findings would not count as the bug found
     p = kvfuzz("bench", "bugs", "--bug", "vllm-47305", "--seeds", "1", "--duration", "120s", "--max-examples", "300",
-               "--json", out)
+               "--json", out, "--baseline", shipped)
     assert p.returncode == 0, p.stderr
     doc = json.loads(out.read_text())
+    assert doc["settings"]["baseline"] == str(shipped) and doc["bugs"][0]["runs"][0]["known_hits"] == []
     (entry,) = doc["bugs"]
     assert entry["bug"] == "bug.vllm-47305" and entry["summary"]["found"] == 1 and entry["summary"]["replayed"] == 1
     run = entry["runs"][0]
@@ -255,3 +257,8 @@ def test_cli_bench_bugs(tmp_path):
     bad = kvfuzz("bench", "bugs", "--bug", "nope")
     assert bad.returncode == 2 and "--bug" in bad.stderr and "bug.vllm-47305" in bad.stderr
     assert "Traceback" not in bad.stderr
+    (tmp_path / "bad.toml").write_text('[[known]]\nid = "x"\n')
+    bad = kvfuzz("bench", "bugs", "--bug", "vllm-47305", "--baseline", tmp_path / "bad.toml")
+    assert bad.returncode == 2 and "bad.toml" in bad.stderr and "--baseline" in bad.stderr, bad.stderr
+    live = kvfuzz("bench", "bugs", "--live", "--baseline", shipped)
+    assert live.returncode == 2 and "--baseline" in live.stderr and "Traceback" not in live.stderr + bad.stderr

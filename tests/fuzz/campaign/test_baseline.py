@@ -833,6 +833,42 @@ def test_a_known_memory_safety_finding_keeps_the_sanitized_share(tmp_path, monke
     assert stats.examples == 40 and 1 <= len(calls) <= 20, len(calls)
 
 
+def test_a_known_finding_does_not_end_a_campaign_that_stops_at_its_first_failure(tmp_path, monkeypatch):
+    """``stop_at_first_failure`` (kvfuzz bench bugs) stops at the first failure no baseline entry accepts: on an
+    H200 the live vllm#56862 in the unified kernel ended re-injected bugs' campaigns and counted as the bug found.
+    A campaign whose every example hits a known memory-safety finding runs its whole budget, its first new failure
+    none; the same report's new access ends it at once."""
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from kvfuzz.fuzz.bench.paged_torch import PagedTorch
+    from kvfuzz.fuzz.campaign.config import CampaignConfig
+    from kvfuzz.fuzz.campaign.engine import fuzz_target
+    from kvfuzz.fuzz.campaign.store.baseline import Baseline
+
+    monkeypatch.setattr(sanitizer, "applies", lambda target: True)  # the planted sanitizer stands in for CUDA
+    exe = tmp_path / "compute-sanitizer"
+    exe.write_text(f"#!/bin/sh\ncat '{tmp_path / 'report.txt'}'\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv(sanitizer.ENV, str(exe))
+    baseline = Baseline("b.toml", (memory_entry(target=PagedTorch.name),))
+
+    def campaign(report: str, out: str):
+        (tmp_path / "report.txt").write_text(report)
+        config = CampaignConfig(out=tmp_path / out, max_examples=12, chunk_examples=4, duration=120, seed=0,
+                                sanitize=1.0, database=InMemoryExampleDatabase(), stop_at_first_failure=True,
+                                structural_shrink=0, baseline=baseline)
+        return fuzz_target(PagedTorch(), config)
+
+    known = campaign(memcheck_report(("kernel_unified_attention", UNIFIED, 432)), "known")
+    assert [r.known for r in known.failures.values()] == ["m1"] and not known.new_failures
+    assert known.examples == 12 and known.first_failure_s is not None and known.first_new_failure_s is None
+    assert sum(c for c, _, _ in known.chunk_kinds.values()) == 3  # every chunk of the budget
+    new = campaign(memcheck_report(("_fwd_kernel", "/x/pp.py", 91)), "new")
+    assert [r.known for r in new.new_failures] == [None]
+    assert sum(c for c, _, _ in new.chunk_kinds.values()) == 1  # ended by its first (new) failure
+    assert new.first_new_failure_s is not None and new.to_dict()["first_new_failure_s"] == new.first_new_failure_s
+
+
 def test_a_bad_memory_safety_entry_exits_2_naming_the_field(tmp_path):
     (tmp_path / "b.toml").write_text(MEMORY.replace('"triton_unified_attention.py:432"', '"432"'))
     r = kvfuzz("fuzz", "--target", "mutant.tail_v_unmasked", "--baseline", str(tmp_path / "b.toml"),
