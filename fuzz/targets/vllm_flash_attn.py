@@ -525,9 +525,10 @@ class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
     ``k_descale``/``v_descale`` fp32 ``[N, Hkv]`` and no ``q_descale``, the query stays fp16/bf16; the kernel
     widens K/V e4m3 -> fp16 exactly, narrows a bf16 query to fp16, computes in fp16 with fp32 accumulation and
     folds ``k_descale`` into the score scale and ``v_descale`` into the final output scale, both fp32; not
-    declared on other GPU families, whose FA4 fp8 forward takes an fp8 query: :func:`_not_sm90_fields`). Tested on
-    CPU through vLLM's wrapper over the stand-in; on an H200 (30 examples of a 5-minute sweep) it met only Finding 17's
-    tail read, at head size 512 and pages of 64 (benchmarks/results/sweep-baseline-h200.txt). Needs a GPU of
+    declared on other GPU families, whose FA4 fp8 forward takes an fp8 query: :func:`_not_sm90_fields`); the fp16
+    arithmetic is declared (:meth:`numerics_for`). Tested on CPU through vLLM's wrapper over the stand-in; on an H200
+    (392 examples in 5 minutes) it met Finding 17's tail read at head size 512 and pages of 64, and two false alarms
+    the fp16 declaration ends (benchmarks/results/sweep-baseline-h200.txt). Needs a GPU of
     compute capability 9.x or newer, ``nvidia-cutlass-dsl`` and ``quack-kernels`` (vLLM pins 4.8.0 and 0.6.5;
     benchmarks/fa_bundle.sh); each configuration compiles on first use."""
 
