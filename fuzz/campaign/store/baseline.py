@@ -390,7 +390,7 @@ def _reusable(target, example, run) -> bool:
             and run.example.batch == example.batch)
 
 
-def _passes_with_finite(entry: KnownFinding, target, example, run=None) -> str:
+def _still_fails_with_finite(entry: KnownFinding, target, example, run=None) -> str:
     """What ``example`` still fails with the entry's slot class holding zeros instead of its poison, in this
     process: "" when it passes every check (no finding, nothing raised), else the failure's kind and message
     (another finding there is not the entry's bug: a near miss that names it). ``run``: the example's failing Run;
@@ -470,7 +470,7 @@ def match(entry: KnownFinding, target, example, finding, run=None, others=()) ->
             return False, f"baseline {entry.id} covers poisons {', '.join(entry.poisons)}, not {example.poison.value}"
         if entry.slots == "none":
             return _scoped_match(entry, target, example, finding, others)
-        still = _passes_with_finite(entry, target, example, run)
+        still = _still_fails_with_finite(entry, target, example, run)
         if still:
             return False, (f"baseline {entry.id}: the example still fails with zeros in its {entry.slots} slots, so "
                            f"the non-finite output does not come (only) from there ({still})")
