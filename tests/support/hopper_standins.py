@@ -35,11 +35,14 @@ SEEN: dict = {"fwd": [], "sched": {}, "mla": [], "fa2": [], "fa4": []}
 
 
 def _attend(q, k_rows, v_rows, scale, *, left=-1, right=0, causal=True, softcap=0.0, sink=None, alibi=None,
-            p_fp8=False):
+            p_fp8=False, compute=None):
     """fp64 attention of ``q [s_q, H, D]`` over ``k_rows/v_rows [L, Hkv, *]``, the query rows the last s_q
     positions; ``alibi`` fp32 ``[H]`` slopes: FlashAttention's bias ``-slope * |pos_q - pos_k|``; ``p_fp8``: P goes
     into P@V as FA3's fp8 forward hands it over, ``exp(s - m) * 2**8`` rounded to e4m3 (the row sum unrounded);
-    returns ``(out [s_q, H, Dv], lse [H, s_q])``."""
+    ``compute``: the dtype the kernel computes in (FA4's SM90 fp8-KV path: fp16), the query narrowed to it and P
+    rounded to it before P@V (the row sum unrounded); returns ``(out [s_q, H, Dv], lse [H, s_q])``."""
+    if compute is not None:
+        q = q.to(compute)
     s_q, h, _ = q.shape
     n_k, hkv = k_rows.shape[0], k_rows.shape[1]
     g = h // hkv
@@ -71,6 +74,8 @@ def _attend(q, k_rows, v_rows, scale, *, left=-1, right=0, causal=True, softcap=
         den = den + torch.exp(sink.double()[:, None, None] - m)
     if p_fp8:  # hopper/softmax.h Max_offset = 8, convert_type_out to e4m3 before the P@V GEMM
         p = (p * 2.0**8).to(torch.float8_e4m3fn).double() / 2.0**8
+    if compute is not None:  # cute/flash_fwd_sm90.py fp8_kv_dequant: "compute is always fp16", P too
+        p = p.to(compute).double()
     w = torch.where(den > 0, p / den.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(p))
     out = torch.einsum("hqk,khd->qhd", w, v)  # a row with no visible key: 0 (FlashAttention's convention)
     return out, (torch.log(den) + m).squeeze(-1)
@@ -201,7 +206,7 @@ def fa4_flash_attn_fwd(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, s
                        q_descale=None, k_descale=None, v_descale=None, output_scale=None, fp8_kv_dequant=False):
     """``vllm.vllm_flash_attn.cute.interface._flash_attn_fwd`` (FA4) on a paged cache, with its checks on SM90
     (``_validate_head_dims``, the dtypes, ``page_table``, ``learnable_sink``, descales only for fp8) and its
-    fp8-KV dequant (k/v e4m3 times ``k_descale``/``v_descale [N, Hkv]``)."""
+    fp8-KV dequant (k/v e4m3 times ``k_descale``/``v_descale [N, Hkv]``, computed in fp16 as the kernel does)."""
     SEEN["fa4"].append(dict(locals()))
     assert page_table is not None and page_table.dtype == torch.int32 and page_table.stride(-1) == 1
     assert cu_seqlens_k is None, "page_table is not supported with cu_seqlens_k"
@@ -232,7 +237,8 @@ def fa4_flash_attn_fwd(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, s
         o, _ = _attend(q[a:b], _rows(kd, page_table[i], lens[i]), _rows(vd, page_table[i], lens[i]), softmax_scale,
                        left=-1 if window_size_left is None else window_size_left,
                        right=-1 if window_size_right is None else window_size_right, causal=causal,
-                       softcap=softcap or 0.0, sink=learnable_sink)
+                       softcap=softcap or 0.0, sink=learnable_sink,
+                       compute=torch.float16 if fp8_kv_dequant else None)
         res[a:b] = o
     out.copy_(res.to(out.dtype))
     return out, None, None, None

@@ -116,6 +116,19 @@ def test_fa4s_fp8_path_declares_its_fp16_arithmetic():
 
 
 @no_cuda
+def test_fa4s_fp16_arithmetic_passes_only_with_its_declaration(fa, monkeypatch):
+    """The stand-in computes FA4's fp8-KV path in fp16 as the kernel does (P and the query rounded to fp16). The
+    H200 example whose probability (~1e-24) fp16 flushes passes through the target; with the FlashAttention family's
+    envelope instead of the fp16 declaration it is the false alarm the H200 run reported (0 against -3.2e-24)."""
+    b = batch(((2, 0),), num_heads=6, num_kv_heads=2, head_size=512, block_size=64, dtype="bfloat16",
+              kv_cache_dtype="fp8_e4m3", k_scale=0.5, value_range="large", seed=16777217)
+    check_example(StandInFA4(), Example(b, Poison.STALE))
+    monkeypatch.setattr(StandInFA4, "numerics_for", lambda self, batch: self.numerics)
+    with pytest.raises(KernelMismatch):
+        check_example(StandInFA4(), Example(b, Poison.STALE))
+
+
+@no_cuda
 def test_fa4_gets_an_fp8_cache_as_vllms_backend_hands_it_over(fa):
     """FlashAttentionImpl.forward on SM90 with kv_cache_dtype fp8: the caches viewed as e4m3, k/v descales
     ``layer._k_scale/_v_scale.expand((num_seqs, num_kv_heads))`` fp32, no q_descale (the query stays bf16:
