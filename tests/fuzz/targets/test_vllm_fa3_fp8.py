@@ -94,8 +94,9 @@ def test_p_rounded_to_e4m3_is_declared_for_the_fp8_forward_only():
     assert FA3.numerics_for(b).p_fp8_e4m3 and FA3.numerics_for(b).tanh_approx
     plain = attrs.evolve(b, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0)
     assert not FA3.numerics_for(plain).p_fp8_e4m3
+    # FA4's SM90 fp8-KV path: P not in e4m3, but computed in fp16 (Numerics.compute_dtype)
     assert VllmFlashAttn4Varlen().numerics_for(fp8_batch([(1, 20)], head_size=512, block_size=64)) == \
-        VllmFlashAttn4Varlen.numerics
+        attrs.evolve(VllmFlashAttn4Varlen.numerics, compute_dtype="float16")
 
 
 # ---- the call and end to end ---------------------------------------------------------------------------------
