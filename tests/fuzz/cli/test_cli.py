@@ -508,6 +508,7 @@ BAD_VALUES = [  # (command, option, bad value): options whose values click's typ
     ("bench bugs", "--bug", "nope"),
     ("bench bugs", "--duration", "soon"),
     ("bench bugs", "--json", "{file}/x.json"),
+    ("bench bugs", "--baseline", "{file}.missing"),
     ("bench upstream", "--tree", "{file}"),
     ("bench upstream", "--tree", "{file}.missing"),
     ("bench upstream --tree {case}", "--bug", "nope"),
