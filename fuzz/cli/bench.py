@@ -18,6 +18,7 @@ from kvfuzz.fuzz.cli.common import (
     available_targets,
     console,
     duration_option,
+    load_baseline_option,
     parse_duration,
     unique,
     writable_dir_option,
@@ -326,10 +327,7 @@ def bugs(bugs, seeds, first_seed, duration, max_examples, json_path, live, basel
         return _live_bugs(bugs, seeds, duration, max_examples, json_path)
     names = _bug_names(bugs, BUGS, "unknown bug(s)")
     seconds = parse_duration(duration)
-    if baseline_file is not None:
-        from kvfuzz.fuzz.cli.fuzz import _baseline
-
-        _baseline(baseline_file)  # a bad file: exit 2 naming the file, the field and the fix
+    load_baseline_option(baseline_file)  # a bad file: exit 2 naming the file, the field and the fix
     _check_patches(names or list(BUGS))
     doc = bench_bugs(names or None, seeds, seconds, max_examples, on_result=_bug_progress(live=False),
                      first_seed=first_seed, baseline=baseline_file)

@@ -349,8 +349,21 @@ def available_targets(target_names) -> list:
     return named_targets(target_names)[0]
 
 
+def load_baseline_option(path: str | None):
+    """The --baseline file, loaded and validated (None without one); click.BadParameter (exit 2) naming the
+    file, the field and the fix otherwise."""
+    if path is None:
+        return None
+    from kvfuzz.fuzz.campaign.store.baseline import BaselineError, load_baseline
+
+    try:
+        return load_baseline(path)
+    except BaselineError as e:
+        raise click.BadParameter(str(e), param_hint="--baseline") from None
+
+
 __all__ = ["EXIT_INTERRUPTED", "Interrupted", "MAX_DURATION", "REDIS_URL_SCHEMES", "UNWRAPPED_WIDTH", "URL_LIKE",
            "available_targets", "console", "db_option", "duration_option", "errors", "finite_range", "interruption",
-           "make_console", "named_targets", "next_steps", "nonempty_option", "out_dir_option", "parse_duration", "say",
-           "set_verbosity", "signals_interrupt", "unique", "verbosity", "writable_dir_option", "writable_file_option",
-           "write_output"]
+           "load_baseline_option", "make_console", "named_targets", "next_steps", "nonempty_option", "out_dir_option",
+           "parse_duration", "say", "set_verbosity", "signals_interrupt", "unique", "verbosity", "writable_dir_option",
+           "writable_file_option", "write_output"]

@@ -29,6 +29,7 @@ from kvfuzz.fuzz.cli.common import (
     duration_option,
     finite_range,
     interruption,
+    load_baseline_option,
     named_targets,
     out_dir_option,
     parse_duration,
@@ -231,7 +232,7 @@ def fuzz(target_names, duration, max_examples, seed, out_dir, caller_fault, max_
         os.environ["FLASHINFER_WORKSPACE_BASE"] = str(Path(jit_cache).resolve())  # the workers inherit it
     limits = _limits(max_num_seqs, max_ctx_len, max_query_len)
     _check_environment()
-    baseline = _baseline(baseline_file)
+    baseline = load_baseline_option(baseline_file)
     budget = parse_duration(duration)
     if max_examples is None:
         max_examples = UNLIMITED if budget is not None else 30
@@ -370,19 +371,6 @@ def _pool(chosen, config, stack, *, workers, threads, mps_mode, observe):
         console.print(f"[yellow]--workers {n} on {usable_cpus()} CPU cores[/]: workers will share cores "
                       "(one per core is the most that helps on CPU)")
     return WorkerPool(workers=n, threads=threads, gpus=gpus, observe=observe)
-
-
-def _baseline(path: str | None):
-    """The --baseline file, loaded and validated (None without one); click.BadParameter (exit 2) naming the
-    file, the field and the fix otherwise."""
-    if path is None:
-        return None
-    from kvfuzz.fuzz.campaign.store.baseline import BaselineError, load_baseline
-
-    try:
-        return load_baseline(path)
-    except BaselineError as e:
-        raise click.BadParameter(str(e), param_hint="--baseline") from None
 
 
 def _supervise(chosen, specs, config, pool, policy):

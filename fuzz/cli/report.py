@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from kvfuzz.fuzz.cli.common import console
+from kvfuzz.fuzz.cli.common import console, load_baseline_option
 
 #: The baseline ``--issue`` cites by default, when it exists (the one `make fuzz` and `kvfuzz baseline add` use).
 DEFAULT_BASELINE = "kvfuzz-baseline.toml"
@@ -57,12 +57,7 @@ def _baseline(path: str):
     file, the field and the fix) when it cannot be read."""
     if path == DEFAULT_BASELINE and not Path(path).exists():
         return None
-    from kvfuzz.fuzz.campaign.store.baseline import BaselineError, load_baseline
-
-    try:
-        return load_baseline(path)
-    except BaselineError as e:
-        raise click.BadParameter(str(e), param_hint="--baseline") from None
+    return load_baseline_option(path)
 
 
 __all__ = ["DEFAULT_BASELINE", "report"]
