@@ -14,7 +14,9 @@
 # declared bins by dimension and how many are empty (summary.json bins), the empty ones, the examples per aimed-at
 # (ctx_len x query_len) bin's quartiles, each tier's share of the examples and of the time; then a table.
 # Each campaign's summary.json is kept as OUT/summary-ARM.json, its failures' reproducer folders in OUT/cases-ARM/. Carry .device/ (with FA3: `make device-bundle FA3=1`).
-# Usage: OUT=dir [TARGET=vllm.flash_attn_varlen] [DURATION=300] [CAP=60] [SEED=1] [VAR=KVFUZZ_FOCUS_SECONDS] [ARMS="0 3"]
+# SEEDS="2 3" runs every arm on each seed at once (arms x seeds campaigns, the cores split evenly; an arm's files then
+# end in -sSEED); SEED=1 is the one seed otherwise.
+# Usage: OUT=dir [TARGET=vllm.flash_attn_varlen] [DURATION=300] [CAP=60] [SEED=1 | SEEDS="2 3"] [VAR=KVFUZZ_FOCUS_SECONDS] [ARMS="0 3"]
 #        [EXTRA="more kvfuzz fuzz options"] bash benchmarks/gpu_focus_ab.sh
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -24,21 +26,25 @@ export PATH=$PATH:/usr/local/cuda/bin
 T=${TARGET:-vllm.flash_attn_varlen}; S=${DURATION:-300}; CAP=${CAP:-60}; SEED=${SEED:-1}
 V=${VAR:-KVFUZZ_FOCUS_SECONDS}
 read -ra A <<< "${ARMS:-0 3}"
-C=$(( $(nproc) / ${#A[@]} ))
-[ "$C" -ge 1 ] || { echo "ARMS: ${#A[@]} arms for $(nproc) cores"; exit 2; }
+read -ra SS <<< "${SEEDS:-$SEED}"
+C=$(( $(nproc) / (${#A[@]} * ${#SS[@]}) ))
+[ "$C" -ge 1 ] || { echo "ARMS x SEEDS: $((${#A[@]} * ${#SS[@]})) campaigns for $(nproc) cores"; exit 2; }
 {
   gpu_machine
-  echo "$T, ${S}s, seed $SEED, --baseline kvfuzz-baseline.toml; arms at once on GPU 0, $C cores each:" \
+  echo "$T, ${S}s, seeds ${SS[*]}, --baseline kvfuzz-baseline.toml; arms at once on GPU 0, $C cores each:" \
        "$V ${A[*]}"
 } | tee "$R/machine.txt"
 pids=(); i=0
-for arm in "${A[@]}"; do
-  if [[ $arm == *=* ]]; then IFS=, read -ra set <<< "$arm"; else set=("$V=$arm"); fi
-  arm=${arm//[=,]/_}
-  env "${set[@]}" timeout -s TERM $((S + CAP)) taskset -c "$((i * C))-$((i * C + C - 1))" \
-    $KV fuzz --target "$T" --duration "${S}s" --seed "$SEED" --baseline kvfuzz-baseline.toml --out "$W/$arm" \
-    ${EXTRA:-} > "$R/focus-$arm.log" 2>&1 &
-  pids+=("$arm=$!"); i=$((i + 1))
+for seed in "${SS[@]}"; do
+  for arm in "${A[@]}"; do
+    if [[ $arm == *=* ]]; then IFS=, read -ra set <<< "$arm"; else set=("$V=$arm"); fi
+    arm=${arm//[=,]/_}
+    [ "${#SS[@]}" -gt 1 ] && arm=$arm-s$seed
+    env "${set[@]}" timeout -s TERM $((S + CAP)) taskset -c "$((i * C))-$((i * C + C - 1))" \
+      $KV fuzz --target "$T" --duration "${S}s" --seed "$seed" --baseline kvfuzz-baseline.toml --out "$W/$arm" \
+      ${EXTRA:-} > "$R/focus-$arm.log" 2>&1 &
+    pids+=("$arm=$!"); i=$((i + 1))
+  done
 done
 for ap in "${pids[@]}"; do
   arm=${ap%%=*}
