@@ -39,7 +39,7 @@ import torch
 from hypothesis.database import InMemoryExampleDatabase
 
 from kvfuzz.contracts.model.example import Example
-from kvfuzz.fuzz.bench.bugs import BUGS, get_bug, smallest_trigger
+from kvfuzz.fuzz.bench.bugs import BUGS, Bug, get_bug, smallest_trigger
 from kvfuzz.fuzz.bench.bugs.package_copy import MARK
 from kvfuzz.fuzz.bench.detection import rerun_kinds
 from kvfuzz.fuzz.bench.paged_torch import batch_size
@@ -92,13 +92,17 @@ def _found(out: dict, example: dict, kind: str, blame: str, check: str, seconds_
 DEFAULTS = {"tiers": ("auto",), "sanitize_time_share": AUTO_TIME_SHARE}
 
 
-def _load(baseline: str | None):
-    """The baseline file loaded (None without one); raises BaselineError naming the file, field and fix."""
+def _load(baseline: str | None, bug: Bug | None = None, target: str | None = None):
+    """The baseline file loaded (None without one); raises BaselineError naming the file, field and fix. With
+    ``bug`` and its target's name ``target``: the entries of the bug's base target apply to ``target`` too
+    (``Baseline.retarget``: the re-injected kernel still holds its base kernel's live upstream bugs, e.g.
+    vllm#56862 under ``bug.vllm-30887``)."""
     if baseline is None:
         return None
     from kvfuzz.fuzz.campaign.store.baseline import load_baseline
 
-    return load_baseline(baseline)
+    loaded = load_baseline(baseline)
+    return loaded if bug is None else loaded.retarget(bug.base.name, target or bug.name)
 
 
 def ended_how(stats) -> dict:
@@ -121,7 +125,7 @@ def run_bug(name: str, seed: int, duration: float | None = 120.0, max_examples: 
     with tempfile.TemporaryDirectory(prefix="kvfuzz-bugs-") as d:
         config = CampaignConfig(out=Path(d), max_examples=max_examples, duration=duration, seed=seed,
                                 limits=limits, database=InMemoryExampleDatabase(), stop_at_first_failure=True,
-                                big_cache=bug.big_cache, baseline=_load(baseline), **DEFAULTS)
+                                big_cache=bug.big_cache, baseline=_load(baseline, bug, target.name), **DEFAULTS)
         stats = fuzz_target(target, config)
         elapsed = time.monotonic() - start
         out.update(examples_total=stats.examples, seconds_total=round(elapsed, 3), **ended_how(stats),
@@ -154,8 +158,10 @@ def run_bug_supervised(name: str, seed: int, duration: float | None = 120.0, max
             cmd += ["--duration", f"{duration}s"]
         if bug.big_cache:
             cmd.append("--big-cache")
-        if baseline is not None:
-            cmd += ["--baseline", str(baseline)]
+        if baseline is not None:  # the child's target is the bug's: its base target's entries re-targeted
+            retargeted = Path(d) / "baseline.toml"
+            retargeted.write_text(_load(baseline, bug).to_toml(), encoding="utf-8")
+            cmd += ["--baseline", str(retargeted)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         summary = Path(d) / "summary.json"
         if not summary.exists():
@@ -221,8 +227,10 @@ def run_bug_child(name: str, seeds: list[int], duration: float | None, max_examp
                "--first-seed", str(seeds[0]), "--max-examples", str(max_examples), "--json", str(out)]
         if duration is not None:
             cmd += ["--duration", f"{duration}s"]
-        if baseline is not None:
-            cmd += ["--baseline", str(baseline)]
+        if baseline is not None:  # the child's target is the bug's: its base target's entries re-targeted
+            retargeted = Path(d) / "baseline.toml"
+            retargeted.write_text(_load(baseline, bug).to_toml(), encoding="utf-8")
+            cmd += ["--baseline", str(retargeted)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if not out.exists():
             raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode} without its JSON: {p.stderr[-2000:]}")

@@ -3,7 +3,10 @@
 The installed package is never edited: the patched source is written to a private folder of this process
 (``tempfile``), outside site-packages, and imported from there under a module name of its own
 (``kvfuzz_bug_<slug>.<original name>``), so the real module and its users stay as they are. Triton's JIT reads a
-kernel's source with ``inspect``, which needs a file: hence a file, not ``exec`` of a string.
+kernel's source with ``inspect``, which needs a file: hence a file, not ``exec`` of a string. The file keeps the
+upstream module's basename (in a folder of its own per private module), so a memcheck report on the copy names
+the upstream file and line, as a known finding's ``locations`` do (vllm#56862 at triton_unified_attention.py:432
+under the unified kernel's re-injected bugs).
 
 A patch is a unified diff (``diff -u``) with free text before its first ``---`` line (the header saying what
 the upstream fix changed and what undoing it does). It must apply exactly: every hunk's context and removed
@@ -185,7 +188,9 @@ def load_source(source: str, private_name: str, package: str, globals_: dict | N
     :func:`load_patched`)."""
     if private_name in sys.modules:
         return sys.modules[private_name]
-    path = _private_root() / (private_name.replace(".", "_") + ".py")
+    folder = _private_root() / private_name.replace(".", "_")
+    folder.mkdir(exist_ok=True)
+    path = folder / (private_name.rpartition(".")[2] + ".py")  # the upstream basename (module docstring)
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(private_name, path)
     module = importlib.util.module_from_spec(spec)

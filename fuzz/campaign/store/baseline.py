@@ -169,6 +169,19 @@ class Baseline:
     def for_target(self, target: str) -> tuple[KnownFinding, ...]:
         return tuple(e for e in self.entries if e.target == target)
 
+    def retarget(self, source: str, target: str) -> Baseline:
+        """This baseline with target ``source``'s entries moved to ``target`` (their ids kept, so a match still
+        names the upstream bug): a target that runs ``source``'s kernel under another name (``kvfuzz bench
+        bugs``'s ``bug.<slug>`` targets, whose base kernel's live upstream bugs are still there) is held to the
+        same known findings."""
+        return attrs.evolve(self, entries=tuple(attrs.evolve(e, target=target) if e.target == source else e
+                                                for e in self.entries))
+
+    def to_toml(self) -> str:
+        """Every entry as a ``[[known]]`` table (:meth:`KnownFinding.to_toml`), a file :func:`parse_baseline`
+        reads back as this baseline."""
+        return "\n".join(e.to_toml() for e in self.entries)
+
 
 def _field(path, i: int, table: dict, name: str, typ, what: str, required: bool = True, default=None):
     where = f"known[{i}].{name}"

@@ -237,6 +237,71 @@ def test_big_cache_campaign_finds_the_int32_offset_bug():
     assert r["replays"] is True
 
 
+@pytest.mark.parametrize("name", sorted(n for n in MODULE_BUGS if BUGS[n].base.name == "vllm.unified_attention"))
+def test_a_reinjected_kernels_file_keeps_upstreams_name_and_the_known_lines(name):
+    """A memcheck report on the re-injected kernel names its source file and line; the base target's known
+    memory-safety entries match on the upstream basename and line (vllm#56862: triton_unified_attention.py:432).
+    On an H200 the private copy was named kvfuzz_bug_<slug>_..._triton_unified_attention.py, so vllm#56862 under
+    bug.vllm-56579 stayed new with --baseline (a 9-token prefill, 80.3 s). The copy keeps the basename, and each
+    known location's line reads as upstream's."""
+    import inspect
+
+    from kvfuzz.fuzz.campaign.store.baseline import load_baseline
+
+    fn = BUGS[name].kernel()
+    path = Path(inspect.getsourcefile(getattr(fn, "fn", fn)))
+    upstream = installed_file(BUGS[name].kernel_module or BUGS[name].patched_module)
+    assert path.name == upstream.name and path != upstream
+    mine, theirs = path.read_text().splitlines(), upstream.read_text().splitlines()
+    entries = [e for e in load_baseline(ROOT / "kvfuzz-baseline.toml").for_target(BUGS[name].base.name) if e.locations]
+    assert entries
+    for loc in (loc for e in entries for loc in e.locations):
+        file, line = loc.rsplit(":", 1)
+        assert file == path.name and mine[int(line) - 1] == theirs[int(line) - 1], loc
+
+
+def test_bench_bugs_holds_a_bug_target_to_its_base_kernels_known_findings(tmp_path, monkeypatch):
+    """A re-injected bug's target (``bug.vllm-30887``) runs its base target's kernel (``vllm.unified_attention``),
+    live upstream bugs included, so ``--baseline`` holds it to the base target's entries. On an H200 it did not:
+    vllm#56862's entry names vllm.unified_attention, the campaign's target was bug.vllm-30887, and the live bug's
+    memcheck hit counted as 30887 found (seed 1, 109.6 s, known_hits []). In process (:func:`run_bug`) the campaign
+    gets the base target's entries under the bug target's name, ids kept; under the supervisor
+    (:func:`run_bug_supervised`) the child's ``--baseline`` file holds them so."""
+    from kvfuzz.fuzz.bench.bugs import benchmark
+    from kvfuzz.fuzz.campaign.store.baseline import load_baseline
+
+    shipped = load_baseline(ROOT / "kvfuzz-baseline.toml")
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_fuzz(target, config):
+        seen["in process"] = (target.name, config.baseline)
+        raise Stop
+
+    monkeypatch.setattr(benchmark, "fuzz_target", fake_fuzz)
+    with pytest.raises(Stop):
+        benchmark.run_bug("bug.vllm-30887", 0, duration=1, baseline=str(ROOT / "kvfuzz-baseline.toml"))
+
+    def fake_child(cmd, **kwargs):
+        assert cmd[cmd.index("--target") + 1] == BUGS["bug.vllm-47671"].spec
+        seen["child"] = ("bug.vllm-47671", load_baseline(cmd[cmd.index("--baseline") + 1]))
+        return benchmark.subprocess.CompletedProcess(cmd, 1, "", "")
+
+    monkeypatch.setattr(benchmark.subprocess, "run", fake_child)
+    with pytest.raises(RuntimeError, match="without a summary"):  # the planted child wrote none
+        benchmark.run_bug_supervised("bug.vllm-47671", 0, duration=1, baseline=str(ROOT / "kvfuzz-baseline.toml"))
+    for (target, baseline), bug in zip((seen["in process"], seen["child"]), ("bug.vllm-30887", "bug.vllm-47671")):
+        base = BUGS[bug].base.name
+        want = [e.id for e in shipped.for_target(base)]
+        assert want and [e.id for e in baseline.for_target(target)] == want, (bug, target)
+        assert baseline.for_target(base) == ()
+        others = [e for e in shipped.entries if e.target != base]
+        assert [e for e in baseline.entries if e.target not in (base, target)] == others
+    assert seen["in process"][0] == "bug.vllm-30887" and "vllm-56862" in [e.id for e in seen["in process"][1].entries]
+
+
 @pytest.mark.kernel
 @pytest.mark.cli_text
 def test_cli_bench_bugs(tmp_path):
