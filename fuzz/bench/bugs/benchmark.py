@@ -227,10 +227,8 @@ def run_bug_child(name: str, seeds: list[int], duration: float | None, max_examp
                "--first-seed", str(seeds[0]), "--max-examples", str(max_examples), "--json", str(out)]
         if duration is not None:
             cmd += ["--duration", f"{duration}s"]
-        if baseline is not None:  # the child's target is the bug's: its base target's entries re-targeted
-            retargeted = Path(d) / "baseline.toml"
-            retargeted.write_text(_load(baseline, bug).to_toml(), encoding="utf-8")
-            cmd += ["--baseline", str(retargeted)]
+        if baseline is not None:  # the child's bench bugs re-targets it (run_bug)
+            cmd += ["--baseline", str(baseline)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if not out.exists():
             raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode} without its JSON: {p.stderr[-2000:]}")
