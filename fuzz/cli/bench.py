@@ -348,7 +348,8 @@ def _live_bugs(bugs, seeds, duration, max_examples, json_path) -> None:
 def _bug_progress(live: bool):
     """The line ``kvfuzz bench bugs`` prints as each campaign ends (``on_result`` of
     :func:`~kvfuzz.fuzz.bench.bugs.benchmark.bench_bugs` and :func:`~kvfuzz.fuzz.bench.bugs.live.bench_live`): a
-    live bug's names the failed check, a re-injected bug's whether the reproducer replays."""
+    live bug's names the failed check, a re-injected bug's whether the reproducer replays, and (``--baseline``) the
+    known findings the campaign met and let pass."""
     from kvfuzz.fuzz.bench.detection import size_str
 
     def show(r: dict) -> None:
@@ -358,7 +359,8 @@ def _bug_progress(live: bool):
                     f"({r['blame']}){check}, shrunk to {size_str(r['size'])}{replays}")
         else:
             what = f"not found ({r['examples_total']} examples, {r['seconds_total']} s)"
-        console.print(f"  {r['bug']} seed {r['seed']}: {what}", highlight=False)
+        known = f"; known, passed: {', '.join(r['known_hits'])}" if r.get("known_hits") else ""
+        console.print(f"  {r['bug']} seed {r['seed']}: {what}{known}", highlight=False)
 
     return show
 

@@ -167,3 +167,18 @@ def test_a_pyproject_without_the_table_is_none_of_kvfuzzs_business(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(main, ["fuzz", "--help"])
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.cli_text
+def test_bench_bugs_says_which_known_findings_a_campaign_met_and_let_pass(capsys):
+    """With ``--baseline``, a campaign that met a live bug (vllm#56862 under bug.vllm-56579 on an H200) and went on
+    says so on its line; one that met none says nothing more."""
+    from kvfuzz.fuzz.cli import bench
+
+    show = bench._bug_progress(live=False)
+    run = {"bug": "bug.vllm-56579", "seed": 0, "found": False, "examples_total": 248, "seconds_total": 90.1}
+    show({**run, "known_hits": ["vllm-56862"]})
+    show({**run, "seed": 1, "known_hits": []})
+    met, plain = capsys.readouterr().out.splitlines()
+    assert met.endswith("; known, passed: vllm-56862") and "seed 0: not found" in met
+    assert "known" not in plain and "seed 1: not found" in plain
