@@ -13,7 +13,7 @@
 # Prints a JSON line per arm (OUT/focus.jsonl): exit status, examples, first failure (s) and what failed, the
 # declared bins by dimension and how many are empty (summary.json bins), the empty ones, the examples per aimed-at
 # (ctx_len x query_len) bin's quartiles, each tier's share of the examples and of the time; then a table.
-# Each campaign's summary.json is kept as OUT/summary-ARM.json, its failures' reproducer folders in OUT/cases-ARM/. Carry .device/ (with FA3: `make device-bundle FA3=1`).
+# Each campaign's summary.json is kept as OUT/summary-ARM.json, its failures' reproducer folders in OUT/cases-ARM.tgz. Carry .device/ (with FA3: `make device-bundle FA3=1`).
 # SEEDS="2 3" runs every arm on each seed at once (arms x seeds campaigns, the cores split evenly; an arm's files then
 # end in -sSEED); SEED=1 is the one seed otherwise.
 # Usage: OUT=dir [TARGET=vllm.flash_attn_varlen] [DURATION=300] [CAP=60] [SEED=1 | SEEDS="2 3"] [VAR=KVFUZZ_FOCUS_SECONDS] [ARMS="0 3"]
@@ -50,9 +50,10 @@ for ap in "${pids[@]}"; do
   arm=${ap%%=*}
   wait "${ap#*=}"; rc=$?
   cp "$W/$arm/summary.json" "$R/summary-$arm.json" 2>/dev/null
-  for c in "$W/$arm"/*/case.json; do  # each failure's reproducer folder, kept (W goes when the script exits)
-    [ -f "$c" ] && mkdir -p "$R/cases-$arm" && cp -r "$(dirname "$c")" "$R/cases-$arm/"
-  done
+  # each failure's reproducer folder, kept (W goes when the script exits) as one archive: a device call returns
+  # files, not folders this deep
+  cases=(); for c in "$W/$arm"/*/case.json; do [ -f "$c" ] && cases+=("$(basename "$(dirname "$c")")"); done
+  [ "${#cases[@]}" -gt 0 ] && tar czf "$R/cases-$arm.tgz" -C "$W/$arm" "${cases[@]}"
   python3 - "$W/$arm/summary.json" "$arm" "$rc" <<'PY' | tee -a "$R/focus.jsonl"
 import json, statistics, sys
 path, arm, rc = sys.argv[1:]
