@@ -160,7 +160,7 @@ def run_bug_supervised(name: str, seed: int, duration: float | None = 120.0, max
             cmd.append("--big-cache")
         if baseline is not None:  # the child's target is the bug's: its base target's entries re-targeted
             retargeted = Path(d) / "baseline.toml"
-            retargeted.write_text(_load(baseline, bug).to_toml(), encoding="utf-8")
+            retargeted.write_text("\n".join(e.to_toml() for e in _load(baseline, bug).entries), encoding="utf-8")
             cmd += ["--baseline", str(retargeted)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         summary = Path(d) / "summary.json"

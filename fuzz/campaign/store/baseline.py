@@ -177,11 +177,6 @@ class Baseline:
         return attrs.evolve(self, entries=tuple(attrs.evolve(e, target=target) if e.target == source else e
                                                 for e in self.entries))
 
-    def to_toml(self) -> str:
-        """Every entry as a ``[[known]]`` table (:meth:`KnownFinding.to_toml`), a file :func:`parse_baseline`
-        reads back as this baseline."""
-        return "\n".join(e.to_toml() for e in self.entries)
-
 
 def _field(path, i: int, table: dict, name: str, typ, what: str, required: bool = True, default=None):
     where = f"known[{i}].{name}"
