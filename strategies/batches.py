@@ -371,7 +371,8 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
                      max_seq_len: int, pin: KernelConfig | None = None,
                      value_ranges: tuple[str, ...] = VALUE_RANGES, window: Range | None = None) -> dict:
     """The optional parameters of a call, as :class:`Batch` keyword arguments, each off by default (Hypothesis
-    shrinks to the plain call): fp8 ``k_scale``/``v_scale`` (:data:`KV_SCALES`), the features the target
+    shrinks to the plain call): fp8 ``k_scale``/``v_scale`` (:data:`KV_SCALES`), and ``q_scale`` for a target
+    that takes an fp8 query (``Capabilities.quant_query``), the features the target
     declares (``sliding_window`` biased to 1, 2 and ``block_size - 1 .. + 1``; ``alibi``; ``sinks``;
     ``softcap`` from :data:`SOFTCAPS`), skipping a feature declared exclusive with one already drawn, and the
     ``value_range`` (one of ``value_ranges``, :data:`~kvfuzz.contracts.model.batch.VALUE_RANGES` by default). ``pin``:
@@ -380,6 +381,7 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
     leaves it free."""
     # every value is drawn whether it is used or not (module docstring: no shifts while shrinking)
     k_scale, v_scale = draw(sampled(KV_SCALES)), draw(sampled(KV_SCALES))
+    q_scale = draw(sampled(KV_SCALES)) if capabilities.quant_query else 1.0  # a checkpoint's query scale
     aimed = _aimed_features(capabilities, window) if pin is None and window is not None else {}
     wanted = [f for f in FEATURES
               if draw(choice((False, True), *((f in pin.features,) if pin is not None else
@@ -407,6 +409,8 @@ def attention_params(draw, capabilities: Capabilities, kv_cache_dtype: str, bloc
     out: dict = {"value_range": value_range, "alibi": "alibi" in chosen, "sinks": "sinks" in chosen}
     if kv_cache_dtype != "auto":
         out["k_scale"], out["v_scale"] = k_scale, v_scale
+        if capabilities.quant_query:
+            out["q_scale"] = q_scale
     if "sliding_window" in chosen:
         out["sliding_window"] = max(window, capabilities.min_sliding_window)
     if "softcap" in chosen:

@@ -103,6 +103,13 @@ class Batch:
     k_scale, v_scale:
         Per-tensor dequantization scales of an fp8 cache (vLLM's ``layer._k_scale``); must be 1.0 for
         ``"auto"``, where kernels ignore them.
+    q_scale:
+        The per-tensor scale vLLM's attention layer quantizes the query with for a kernel that takes an fp8 query
+        with an fp8 cache (``layer._q_scale``: a checkpoint's calibrated ``q_scale``, 1.0 without one,
+        vllm/model_executor/layers/quantization/kv_cache.py ``process_weights_after_loading``; applied by
+        ``Attention.forward``'s ``query_quant`` and passed as ``q_descale``, vllm/v1/attention/backends/flash_attn.py):
+        the kernel gets ``round_e4m3(q / q_scale)`` and ``q_descale = q_scale``. Drawn only for targets that declare
+        ``Capabilities.quant_query``; must be 1.0 for ``"auto"``.
     sliding_window:
         ``None`` or ``W >= 1``: query position ``p`` attends to key positions ``p - W + 1 .. p`` (``W`` keys,
         itself included): the model config's ``sliding_window``, which vLLM's backends hand to kernels in
@@ -168,6 +175,7 @@ class Batch:
     sm_scale: float | None = attrs.field(default=None, converter=_optional_float, validator=_positive_float)
     k_scale: float = attrs.field(default=1.0, converter=float, validator=_positive_float)
     v_scale: float = attrs.field(default=1.0, converter=float, validator=_positive_float)
+    q_scale: float = attrs.field(default=1.0, converter=float, validator=_positive_float)
     sliding_window: int | None = attrs.field(default=None, converter=_optional_int)
     alibi: bool = attrs.field(default=False, converter=bool)
     sinks: bool = attrs.field(default=False, converter=bool)
@@ -186,6 +194,11 @@ class Batch:
                 f"k_scale={self.k_scale} / v_scale={self.v_scale} apply to fp8 caches only; with "
                 "kv_cache_dtype='auto' kernels ignore them: set kv_cache_dtype='fp8_e4m3' or 'fp8_e5m2', or "
                 "leave the scales at 1.0"
+            )
+        if self.kv_cache_dtype == "auto" and self.q_scale != 1.0:
+            raise ValueError(
+                f"q_scale={self.q_scale} applies with an fp8 cache only (vLLM quantizes the query for an fp8 "
+                "cache's kernel alone): set kv_cache_dtype='fp8_e4m3', or leave q_scale at 1.0"
             )
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be None (no window) or >= 1 keys, got {self.sliding_window}")
@@ -489,6 +502,8 @@ class Batch:
             del d["num_pad_seqs"]
         if not self.freed_window_blocks:  # absent unless set, likewise
             del d["freed_window_blocks"]
+        if self.q_scale == 1.0:  # absent unless calibrated, likewise
+            del d["q_scale"]
         return d
 
     @classmethod
@@ -504,6 +519,8 @@ class Batch:
         extra = ""
         if self.kv_cache_dtype != "auto":
             extra += f" k_scale={self.k_scale:g} v_scale={self.v_scale:g}"
+            if self.q_scale != 1.0:
+                extra += f" q_scale={self.q_scale:g}"
         if self.sliding_window is not None:
             extra += f" sliding_window={self.sliding_window}"
         if self.alibi:

@@ -71,6 +71,11 @@ class Capabilities:
         vllm/v1/core/single_type_kv_cache_manager.py ``remove_skipped_blocks``), and its kernel must never read
         them; strategies draw such batches (about half the windowed ones) only for targets that declare it.
         Needs ``"sliding_window"`` in ``features``.
+    quant_query: with an fp8 cache the kernel takes the query in fp8 with its ``q_descale``, as vLLM's attention
+        layer hands it to a backend whose ``supports_quant_query_input`` (vllm/model_executor/layers/attention/
+        attention.py ``Attention.forward``, ``query_quant``; FlashAttention 3's fp8 forward): strategies draw
+        ``Batch.q_scale`` (a checkpoint's calibrated query scale) only for targets that declare it. Needs an fp8
+        ``kv_cache_dtypes`` entry.
     """
 
     contract: Contract
@@ -99,6 +104,7 @@ class Capabilities:
     value_head_size: int | None = None
     cuda_graph_padding: str | None = None
     freed_window_blocks: bool = False
+    quant_query: bool = False
 
     def __attrs_post_init__(self) -> None:
         for state in PRODUCTION_STATES.values():  # each state's own rules (its home module)
@@ -115,6 +121,9 @@ class Capabilities:
         bad = [d for d in self.kv_cache_dtypes if d not in KV_CACHE_DTYPES]
         if bad:
             raise ValueError(f"unknown kv_cache_dtypes {bad}; known: {list(KV_CACHE_DTYPES)}")
+        if self.quant_query and all(d == "auto" for d in self.kv_cache_dtypes):
+            raise ValueError("Capabilities.quant_query (an fp8 query with an fp8 cache) needs an fp8 kv_cache_dtype; "
+                             f"kv_cache_dtypes is {list(self.kv_cache_dtypes)}")
         if self.metadata not in METADATA:
             raise ValueError(f"unknown metadata {self.metadata!r}; known: {list(METADATA)}")
 

@@ -83,9 +83,10 @@ def quantize_fp8(x: torch.Tensor, fp8: torch.dtype, scale: float) -> torch.Tenso
     return (x.float() / host_tensor(scale, torch.float32, x.device)).clamp(-m, m).to(fp8)
 
 
-def _exactly_dequantized(codes: torch.Tensor, scale: float, dt: torch.dtype) -> torch.Tensor:
-    """``codes * scale`` in ``dt``; raises ValueError if that is not exact (then a kernel dequantizing in
-    fp32 and the reference would see different keys)."""
+def exactly_dequantized(codes: torch.Tensor, scale: float, dt: torch.dtype) -> torch.Tensor:
+    """``codes * scale`` in ``dt`` (fp8 codes times a per-tensor scale: an fp8 cache's keys and values, an fp8
+    query); raises ValueError if that is not exact (then a kernel dequantizing in fp32 and the reference would see
+    different keys or queries)."""
     deq = codes.float() * scale
     out = deq.to(dt)
     if not torch.equal(out.float(), deq):
@@ -199,9 +200,9 @@ def fp8_batch_data(batch: Batch, query: torch.Tensor, keys: torch.Tensor, values
     ``batch.dtype``."""
     dt, fp8 = batch.torch_dtype, batch.fp8_dtype
     kc, vc = quantize_fp8(keys, fp8, batch.k_scale), quantize_fp8(values, fp8, batch.v_scale)
-    return BatchData(query=query.to(dt), keys=_exactly_dequantized(kc, batch.k_scale, dt),
-                     values=_exactly_dequantized(vc, batch.v_scale, dt), cache_keys=kc, cache_values=vc,
+    return BatchData(query=query.to(dt), keys=exactly_dequantized(kc, batch.k_scale, dt),
+                     values=exactly_dequantized(vc, batch.v_scale, dt), cache_keys=kc, cache_values=vc,
                      sinks=sinks)
 
 
-__all__ = ["BatchData", "fp8_batch_data", "make_batch_data", "quantize_fp8", "shifted_query"]
+__all__ = ["BatchData", "exactly_dequantized", "fp8_batch_data", "make_batch_data", "quantize_fp8", "shifted_query"]

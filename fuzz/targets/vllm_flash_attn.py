@@ -49,7 +49,8 @@ support bf16 dtype for S aux."; gpt-oss's sinks are a parameter in the model dty
 FA3); int32 index tensors (FA3's flash_api.cpp checks them). kv_cache_dtype fp8/fp8_e4m3 (not e5m2;
 ``supported_kv_cache_dtypes``), where FA3's fp8 forward takes the *query* in fp8 too: vLLM's attention layer quantizes
 it first (vllm/model_executor/layers/attention/attention.py ``Attention.forward``: ``query_quant``, a static
-per-tensor ``QuantFP8`` with ``_q_scale``, 1.0 by default), the backend views the cache as e4m3, passes
+per-tensor ``QuantFP8`` with ``_q_scale``: a checkpoint's calibrated ``q_scale``, 1.0 without one; ``Batch.q_scale``,
+drawn from ``Capabilities.quant_query``), the backend views the cache as e4m3, passes
 ``q_descale``/``k_descale``/``v_descale`` ``[N, Hkv]`` and computes ``scheduler_metadata`` with ``qkv_dtype`` e4m3.
 The target quantizes the query the same way in :meth:`VllmFlashAttnVarlen.call_data`, so the reference gets the
 e4m3 values the kernel gets, and declares P rounded to e4m3 for those calls (``Numerics(p_fp8_e4m3=True)``,
@@ -82,7 +83,7 @@ from kvfuzz.contracts.checks.reference import Numerics
 from kvfuzz.contracts.model.batch import Batch
 from kvfuzz.contracts.model.capabilities import Capabilities
 from kvfuzz.contracts.model.contract import Contract
-from kvfuzz.contracts.model.data import BatchData, quantize_fp8
+from kvfuzz.contracts.model.data import BatchData, exactly_dequantized, quantize_fp8
 from kvfuzz.contracts.model.padding import padding
 
 from .base import NOT_LOADED, Availability, DeviceCapabilities, KernelCall
@@ -99,10 +100,6 @@ CUDA_GRAPH_MAX_SPLITS = 32
 #: The split counts the target draws from a batch's seed (``batch.seed % 4``): FA3's heuristic (0, eager mode), the
 #: CUDA-graph value, and two forced counts (1: no split; 3: splits that do not divide the blocks evenly).
 SPLIT_CHOICES = (0, CUDA_GRAPH_MAX_SPLITS, 1, 3)
-#: ``layer._q_scale`` as vLLM sets it without checkpoint scales (``set_default_quant_scales``): the query's fp8
-#: quantization scale and ``q_descale`` of an fp8 FA3 call.
-Q_SCALE = 1.0
-
 #: Why the target cannot run without a Hopper GPU (``kvfuzz targets`` prints it).
 HOPPER_ONLY = ("FlashAttention 3 runs on a Hopper GPU (SM 9.x) only; this machine has no CUDA device (on an H100: "
                "vLLM 0.33.0 with vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so, e.g. `make device-bundle FA3=1`)")
@@ -261,6 +258,7 @@ class VllmFlashAttnVarlen(HopperTarget):
         # vLLM's KV manager frees the blocks before the window for it as for every backend
         # (SlidingWindowManager, vllm/v1/core/single_type_kv_cache_manager.py, remove_skipped_blocks)
         freed_window_blocks=True,
+        quant_query=True,  # supports_quant_query_input: an fp8 query, q_descale = layer._q_scale (Batch.q_scale)
         # FlashAttentionMetadataBuilder: AttentionCGSupport.ALWAYS for FA3, so uniform decode batches replay FULL
         # CUDA graphs, padded by gpu_model_runner.py (seq_lens 0, NULL_BLOCK_ID rows, query_start_loc repeated,
         # num_actual_tokens = num_tokens_padded) and passed through build() and forward() unchanged (module docstring)
@@ -278,13 +276,13 @@ class VllmFlashAttnVarlen(HopperTarget):
     def call_data(self, batch: Batch, data: BatchData) -> BatchData:
         """For an fp8 cache (:meth:`quantizes_query`), the query as vLLM's attention layer quantizes it before the
         backend (vllm/model_executor/layers/attention/attention.py ``Attention.forward``: ``query_quant``, a static
-        per-tensor ``QuantFP8``, with ``layer._q_scale``, 1.0 unless a checkpoint sets it): ``round_e4m3(q / 1.0)``
-        saturated at +-448, kept in ``batch.dtype`` (exact: every e4m3 value is a bf16 value), so the reference
-        computes with the query the kernel gets. Idempotent. Other batches: ``data`` unchanged."""
+        per-tensor ``QuantFP8``, with ``layer._q_scale``: ``batch.q_scale``, 1.0 unless a checkpoint sets it):
+        ``round_e4m3(q / q_scale)`` saturated at +-448, times ``q_scale``, in ``batch.dtype`` (exact for the drawn
+        scales; ValueError otherwise): the query the kernel gets times its ``q_descale``. Idempotent."""
         if not self.quantizes_query(batch):
             return data
-        q8 = quantize_fp8(data.query, torch.float8_e4m3fn, Q_SCALE)
-        return attrs.evolve(data, query=q8.to(data.query.dtype))
+        q8 = quantize_fp8(data.query, torch.float8_e4m3fn, batch.q_scale)
+        return attrs.evolve(data, query=exactly_dequantized(q8, batch.q_scale, data.query.dtype))
 
     def numerics_for(self, batch: Batch) -> Numerics:
         """FA3's fp8 forward (:meth:`quantizes_query`) also rounds P to e4m3 before P@V (``p_fp8_e4m3``) and runs
@@ -340,7 +338,7 @@ class VllmFlashAttnVarlen(HopperTarget):
 
     def descales(self, batch: Batch, num_seqs: int, dev) -> dict[str, torch.Tensor | None]:
         """``q_descale``/``k_descale``/``v_descale`` as ``forward`` passes them: ``layer._q_scale``/``_k_scale``/
-        ``_v_scale`` (fp32 scalars: 1.0 for a 16-bit cache, ``batch.k_scale``/``v_scale`` for fp8)
+        ``_v_scale`` (fp32 scalars: 1.0 for a 16-bit cache, ``batch.q_scale``/``k_scale``/``v_scale`` for fp8)
         ``.expand((num_seqs, num_kv_heads))``; ``q_descale`` None for an fp8 cache when :attr:`fp8_query` is off."""
         shape = (num_seqs, batch.num_kv_heads)
 
@@ -348,7 +346,7 @@ class VllmFlashAttnVarlen(HopperTarget):
             return torch.tensor(float(x), dtype=torch.float32, device=dev).expand(shape)
 
         fp8 = batch.fp8_dtype is not None
-        return dict(q_descale=scale(Q_SCALE) if (self.fp8_query or not fp8) else None,
+        return dict(q_descale=scale(batch.q_scale if fp8 else 1.0) if (self.fp8_query or not fp8) else None,
                     k_descale=scale(batch.k_scale if fp8 else 1.0), v_descale=scale(batch.v_scale if fp8 else 1.0))
 
     #: The ``fa_version`` the backend passes (``get_flash_attn_version``).
@@ -387,8 +385,8 @@ class VllmFlashAttnVarlen(HopperTarget):
                 num_splits=splits)
         out = torch.empty((t, h, d), dtype=batch.torch_dtype, device=dev)
         q = pad.query(data.query.to(dev))
-        if self.quantizes_query(batch):  # call_data rounded it to e4m3 already: the cast is exact
-            q = q.to(torch.float8_e4m3fn)
+        if self.quantizes_query(batch):  # call_data made it e4m3 values times q_scale: the division is exact
+            q = quantize_fp8(q, torch.float8_e4m3fn, batch.q_scale)
         kwargs = dict(
             q=q, k=k_cache, v=v_cache, out=out, cu_seqlens_q=qsl,
             max_seqlen_q=batch.max_query_len, seqused_k=seq_lens, max_seqlen_k=batch.max_seq_len,
@@ -475,7 +473,7 @@ class VllmFlashAttn2Varlen(VllmFlashAttnVarlen):
         VllmFlashAttnVarlen.capabilities,
         head_sizes=(32, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 224, 256),
         features=("sliding_window", "softcap", "alibi"),
-        kv_cache_dtypes=("auto",), fp8_dtypes=None, fp8_head_sizes=None,  # no fp8 on FA2
+        kv_cache_dtypes=("auto",), fp8_dtypes=None, fp8_head_sizes=None, quant_query=False,  # no fp8 on FA2
     )
 
     def installed(self) -> Availability:
@@ -550,6 +548,7 @@ class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
         # (_get_sm90_fa4_fp8_kv_block_size: "a 64-token TMA tile/page"); fp8_e5m2 never (ibid.)
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), fp8_head_sizes=(512,), fp8_block_sizes=(64,),
         fp8_dtypes=None,  # the SM90 fp8-KV path takes a fp16 or bf16 query and writes that dtype
+        quant_query=False,  # ... with no q_descale (fp8_query)
     ), lambda cls: _not_sm90_fields())
 
     def installed(self) -> Availability:

@@ -77,9 +77,11 @@ def test_its_dict_is_attrs_asdict_of_its_fields_less_the_defaults_left_out():
                   num_blocks=5, block_table=[[4, 2], [0, 0]], csr_tail=[7], sliding_window=4)
     latent = attrs.evolve(plain, num_kv_heads=1, head_size=576, value_head_size=512, num_pad_seqs=2,
                           freed_window_blocks=True, ctx_lens=[40, 0], block_table=[[0, 0, 2], [3, 4, 1]])
-    for b in (plain, latent):
+    calibrated = attrs.evolve(plain, kv_cache_dtype="fp8_e4m3", k_scale=0.5, q_scale=3 / 64)
+    for b in (plain, latent, calibrated):
         expected = attr.asdict(b)  # the classic API: tuples as lists
-        for name, unset in (("value_head_size", None), ("num_pad_seqs", 0), ("freed_window_blocks", False)):
+        for name, unset in (("value_head_size", None), ("num_pad_seqs", 0), ("freed_window_blocks", False),
+                            ("q_scale", 1.0)):
             if getattr(b, name) == unset:
                 del expected[name]
         got = b.to_dict()

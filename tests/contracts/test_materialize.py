@@ -87,6 +87,15 @@ def test_scales_need_an_fp8_cache(make_batch):
     import attrs
     with pytest.raises(ValueError, match="apply to fp8 caches only"):
         attrs.evolve(make_batch([(1, 5)]), k_scale=0.5)
+    with pytest.raises(ValueError, match="q_scale=0.375 applies with an fp8 cache only"):
+        attrs.evolve(make_batch([(1, 5)]), q_scale=0.375)
+    assert attrs.evolve(make_batch([(1, 5)]), kv_cache_dtype="fp8_e4m3", q_scale=0.375).q_scale == 0.375
+    from kvfuzz.contracts.model.capabilities import Capabilities
+    from kvfuzz.contracts.model.contract import Contract
+
+    with pytest.raises(ValueError, match="quant_query .* needs an fp8 kv_cache_dtype"):
+        Capabilities(contract=Contract.UNIFIED, devices=("cuda",), dtypes=("bfloat16",), head_sizes=(64,),
+                     block_sizes=(16,), quant_query=True)
 
 
 def test_big_caches_are_poisoned_only_where_referenced(make_batch, monkeypatch):

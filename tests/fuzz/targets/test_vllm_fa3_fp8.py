@@ -1,9 +1,9 @@
 """FlashAttention 3 with an fp8 KV cache, as vLLM 0.33.0 runs it: the attention layer quantizes the query to e4m3
-(``Attention.query_quant``, ``_q_scale`` 1.0), the backend views the cache as e4m3 and passes the layer's descales
-``[N, Hkv]``, and FA3's fp8 forward rounds P to e4m3 before P@V and writes bf16. Through vLLM's real wrapper over
-the stand-in op (tests/support/hopper_standins.py), which checks the extension's fp8 rules (bf16 output, head size
-a multiple of 16) and computes with the descales and FA3's P rounding; the real kernel runs on an H100/H200
-(benchmarks/results/fa3-fp8-h200.txt)."""
+(``Attention.query_quant`` with ``_q_scale``: a checkpoint's calibrated ``q_scale``, ``Batch.q_scale``), the backend
+views the cache as e4m3 and passes the layer's descales ``[N, Hkv]``, and FA3's fp8 forward rounds P to e4m3 before
+P@V and writes bf16. Through vLLM's real wrapper over the stand-in op (tests/support/hopper_standins.py), which checks
+the extension's fp8 rules (bf16 output, head size a multiple of 16) and computes with the descales and FA3's P
+rounding; the real kernel runs on an H100/H200 (benchmarks/results/fa3-fp8-h200.txt)."""
 
 import attrs
 import pytest
@@ -89,6 +89,44 @@ def test_the_query_is_quantized_to_e4m3_for_fp8_caches_only_and_idempotently():
     assert VllmFlashAttn4Varlen().call_data(b4, d4) is d4
 
 
+def test_a_calibrated_q_scale_divides_the_query_before_e4m3_and_the_reference_gets_it_back():
+    """vLLM quantizes the query with ``layer._q_scale`` (a checkpoint's ``q_scale``, 1.0 without one): the kernel
+    gets round_e4m3(q / q_scale) and ``q_descale = q_scale``; the reference their product, exactly. A scale of
+    3/64 (amax 21 over e4m3's 448) saturates "extreme" queries at 448 * 3/64, as vLLM's QuantFP8 does."""
+    for q_scale, value_range in ((0.375, "normal"), (3 / 64, "extreme"), (2.0, "normal")):
+        b = fp8_batch([(5, 3), (1, 20)], seed=4, q_scale=q_scale, value_range=value_range)
+        d = make_batch_data(b)
+        q = FA3.call_data(b, d).query
+        codes = (d.query.float() / q_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+        assert torch.equal(q.float(), codes.float() * q_scale), q_scale
+        assert torch.equal(FA3.call_data(b, FA3.call_data(b, d)).query, q)  # idempotent at any scale
+        if value_range == "extreme":
+            assert q.float().abs().max().item() == 448 * q_scale  # saturated, as the kernel's query is
+    assert "q_scale=0.375" in fp8_batch([(1, 20)], q_scale=0.375).summary()
+    assert "q_scale" not in fp8_batch([(1, 20)]).summary()
+
+
+def test_q_scale_is_drawn_for_the_targets_that_take_an_fp8_query_only():
+    from hypothesis import HealthCheck, find
+
+    limits = Limits(max_ctx_len=64, max_query_len=16)
+    found = find(batches(FA3.capabilities, limits), lambda b: b.q_scale != 1.0,
+                 settings=settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck)))
+    assert found.kv_cache_dtype != "auto" and FA3.capabilities.accepts(found)
+    for name in ("vllm.unified_attention", "vllm.flash_attn_varlen_fa2"):
+        caps = get_target(name).capabilities
+        assert not caps.quant_query
+
+        @settings(max_examples=60, database=None, deadline=None)
+        @given(batches(caps, limits))
+        def never(b):
+            assert b.q_scale == 1.0
+
+        never()
+    assert not VllmFlashAttn4Varlen.capabilities.quant_query and FA3.capabilities.quant_query
+    assert FA3.fp8_query and not VllmFlashAttn4Varlen.fp8_query  # the declaration says what the call does
+
+
 def test_p_rounded_to_e4m3_is_declared_for_the_fp8_forward_only():
     b = fp8_batch([(1, 20)])
     assert FA3.numerics_for(b).p_fp8_e4m3 and FA3.numerics_for(b).tanh_approx
@@ -111,6 +149,10 @@ def test_the_fp8_call_is_built_as_the_backend_builds_it(fa3):
     assert kw["out"].dtype == torch.bfloat16
     for name, scale in (("q_descale", 1.0), ("k_descale", 0.5), ("v_descale", 0.75)):
         assert kw[name].shape == (2, 2) and bool((kw[name] == scale).all())
+    calibrated = prepare(StandInFA3(), Example(fp8_batch([(5, 3), (1, 20)], seed=5, q_scale=3 / 64), Poison.NAN))
+    ckw = calibrated.call.kwargs
+    assert bool((ckw["q_descale"] == 3 / 64).all()) and ckw["q_descale"].shape == (2, 2)
+    assert torch.equal(ckw["q"].float() * (3 / 64), calibrated.data.query.float())  # codes times q_descale
     made = hopper_standins.SEEN["sched"][kw["scheduler_metadata"].data_ptr()]
     assert made["qkv_dtype"] == torch.float8_e4m3fn  # fp8_dtype() for a quantized cache (the builder)
     assert StandInFA3().path(b).endswith(",fp8")
@@ -119,7 +161,8 @@ def test_the_fp8_call_is_built_as_the_backend_builds_it(fa3):
 @no_cuda
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 12])
 @pytest.mark.parametrize("features", [{}, dict(sliding_window=5), dict(softcap=3.0), dict(value_range="dominant"),
-                                      dict(kv_cache_dtype="fp8", k_scale=1.0, v_scale=1.0, head_size=80)])
+                                      dict(kv_cache_dtype="fp8", k_scale=1.0, v_scale=1.0, head_size=80),
+                                      dict(q_scale=3 / 64), dict(q_scale=2.0, value_range="extreme")])
 def test_fa3s_fp8_forward_through_the_real_wrapper_agrees_with_the_reference(fa3, seed, features):
     b = fp8_batch([(1, 30), (7, 12), (1, 0), (16, 0)], seed=seed, **features)
     run = check_example(StandInFA3(), Example(b, Poison.NAN))
@@ -156,6 +199,28 @@ class DroppedVDescale(StandInFA3):
     def descales(self, batch, num_seqs, dev):
         d = super().descales(batch, num_seqs, dev)
         return dict(d, v_descale=torch.ones_like(d["v_descale"]))
+
+
+class IgnoredQDescale(StandInFA3):
+    """A kernel that does not apply ``q_descale`` (the call hands it 1.0): right while every query scale is 1.0,
+    as the target drew them before ``Batch.q_scale``."""
+
+    name = "test.fa3_fp8_ignored_q_descale"
+
+    def descales(self, batch, num_seqs, dev):
+        d = super().descales(batch, num_seqs, dev)
+        return dict(d, q_descale=torch.ones_like(d["q_descale"]))
+
+
+@no_cuda
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_kernel_that_ignores_q_descale_is_found_once_q_scale_is_calibrated(fa3, seed):
+    uncalibrated = Example(fp8_batch([(16, 40), (1, 30)], seed=seed), Poison.NAN)
+    check_example(IgnoredQDescale(), uncalibrated)  # q_scale 1.0: nothing to see
+    calibrated = Example(fp8_batch([(16, 40), (1, 30)], seed=seed, q_scale=0.375), Poison.NAN)
+    check_example(StandInFA3(), calibrated)
+    with pytest.raises(KernelMismatch):
+        check_example(IgnoredQDescale(), calibrated)
 
 
 @no_cuda
