@@ -240,6 +240,10 @@ class VllmFlashAttnVarlen(HopperTarget):
     runtime_fields = frozenset({"heads", "block_size", "window"})
     description = ("FlashAttention 3 paged varlen forward as vLLM's FLASH_ATTN backend calls it "
                    "(Hopper; unified contract)")
+    #: Whether the call passes ``q_descale`` (``FlashAttentionImpl.supports_quant_query_input``): FA3's fp8 forward
+    #: takes the query in fp8; FA4's SM90 fp8-KV path (``uses_sm90_fa4_fp8_kv_dequant``) takes it in fp16/bf16.
+    #: Declared as ``Capabilities.quant_query`` from it (the strategies then draw ``Batch.q_scale``).
+    fp8_query: ClassVar[bool] = True
     capabilities = Capabilities(
         contract=Contract.UNIFIED,
         devices=("cuda",),
@@ -258,7 +262,7 @@ class VllmFlashAttnVarlen(HopperTarget):
         # vLLM's KV manager frees the blocks before the window for it as for every backend
         # (SlidingWindowManager, vllm/v1/core/single_type_kv_cache_manager.py, remove_skipped_blocks)
         freed_window_blocks=True,
-        quant_query=True,  # supports_quant_query_input: an fp8 query, q_descale = layer._q_scale (Batch.q_scale)
+        quant_query=fp8_query,  # an fp8 query, q_descale = layer._q_scale (Batch.q_scale)
         # FlashAttentionMetadataBuilder: AttentionCGSupport.ALWAYS for FA3, so uniform decode batches replay FULL
         # CUDA graphs, padded by gpu_model_runner.py (seq_lens 0, NULL_BLOCK_ID rows, query_start_loc repeated,
         # num_actual_tokens = num_tokens_padded) and passed through build() and forward() unchanged (module docstring)
@@ -332,10 +336,6 @@ class VllmFlashAttnVarlen(HopperTarget):
             k_view, v_view = k_view.view(torch.float8_e4m3fn), v_view.view(torch.float8_e4m3fn)
         return k_view, v_view
 
-    #: Whether the call passes ``q_descale`` (``FlashAttentionImpl.supports_quant_query_input``): FA3's fp8 forward
-    #: takes the query in fp8; FA4's SM90 fp8-KV path (``uses_sm90_fa4_fp8_kv_dequant``) takes it in fp16/bf16.
-    fp8_query: ClassVar[bool] = True
-
     def descales(self, batch: Batch, num_seqs: int, dev) -> dict[str, torch.Tensor | None]:
         """``q_descale``/``k_descale``/``v_descale`` as ``forward`` passes them: ``layer._q_scale``/``_k_scale``/
         ``_v_scale`` (fp32 scalars: 1.0 for a 16-bit cache, ``batch.q_scale``/``k_scale``/``v_scale`` for fp8)
@@ -346,7 +346,7 @@ class VllmFlashAttnVarlen(HopperTarget):
             return torch.tensor(float(x), dtype=torch.float32, device=dev).expand(shape)
 
         fp8 = batch.fp8_dtype is not None
-        return dict(q_descale=scale(batch.q_scale if fp8 else 1.0) if (self.fp8_query or not fp8) else None,
+        return dict(q_descale=scale(batch.q_scale) if (self.fp8_query or not fp8) else None,  # 1.0 unless fp8
                     k_descale=scale(batch.k_scale if fp8 else 1.0), v_descale=scale(batch.v_scale if fp8 else 1.0))
 
     #: The ``fa_version`` the backend passes (``get_flash_attn_version``).
@@ -548,7 +548,7 @@ class VllmFlashAttn4Varlen(VllmFlashAttnVarlen):
         # (_get_sm90_fa4_fp8_kv_block_size: "a 64-token TMA tile/page"); fp8_e5m2 never (ibid.)
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), fp8_head_sizes=(512,), fp8_block_sizes=(64,),
         fp8_dtypes=None,  # the SM90 fp8-KV path takes a fp16 or bf16 query and writes that dtype
-        quant_query=False,  # ... with no q_descale (fp8_query)
+        quant_query=fp8_query,
     ), lambda cls: _not_sm90_fields())
 
     def installed(self) -> Availability:
