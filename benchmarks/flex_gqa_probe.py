@@ -8,8 +8,8 @@ Cases: ``gqa`` (default) that decode at groups 16, 24, 32 and 64, pages 16 and 6
 heads over 4, head size 256, page 128, fp16 (the crash of flex's defaults); ``sizes`` a 16-token prefill at a
 GQA group of 8 for each head size 16..256 and page 16..128 (``--dtype`` picks the dtype): the declared CUDA space
 under vLLM's options, whose BLOCK_N is the whole page (with FORCE_USE_FLEX_ATTENTION a decode runs the same
-kernel); ``groups`` decodes and 16-token prefills at groups 24, 32 and 64 (one or two kv heads, head sizes 128
-and 64, pages 16 and 64, ``--dtype``): what declaring those groups on CUDA needs. Prints one line a case and
+kernel); ``groups`` decodes and 16-token prefills at groups 24, 32 and 64 (one or two kv heads, head sizes 64,
+128 and 256, pages 16 and 64, ``--dtype``): what declaring those groups on CUDA needs. Prints one line a case and
 option (``passed`` or the error's type and last lines) and a count of those
 that did not pass; exits 0 once it ran (2 for a bad option). Runs on the CPU too (eager: the options are not
 used), which tests/fuzz/bench/test_flex_gqa_probe.py checks.
@@ -48,7 +48,8 @@ def cases(which: str, dtype: str) -> list[dict]:
     if which == "groups":
         return [dict(query_lens=[q], num_heads=g * kv, num_kv_heads=kv, head_size=d, block_size=p, dtype=dtype)
                 for g in (24, 32, 64) for q, kv, d, p in ((1, 1, 128, 16), (1, 1, 128, 64), (16, 1, 128, 16),
-                                                          (16, 2, 64, 64))]
+                                                          (16, 2, 64, 64), (1, 1, 256, 16), (1, 1, 256, 64),
+                                                          (16, 1, 256, 16), (16, 2, 256, 64))]
     return [dict(query_lens=[16], num_heads=16, num_kv_heads=2, head_size=d, block_size=p, dtype=dtype)
             for d in (16, 32, 64, 128, 256) for p in (16, 32, 64, 128)]
 

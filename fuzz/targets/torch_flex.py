@@ -128,8 +128,8 @@ class TorchFlexPaged(Target):
     Declared: what vLLM's backend runs (vllm/v1/attention/backends/flex_attention.py, ``FlexAttentionBackend``):
     float32/float16/bfloat16, kv_cache_dtype "auto", page sizes that are powers of two and multiples of 16 (16..128
     here; ``get_supported_kernel_block_sizes``, ``_get_block_sizes``); head sizes 16..256 including non powers of
-    two (48, 80) and any GQA group on this CPU (eager); on CUDA (the compiled kernel) the powers of two (48/80 not
-    tried there) and groups up to 16 (:attr:`cuda_gqa_ratios`). Features: sliding windows (vLLM's too), and ALiBi
+    two (48, 80) and any GQA group; on CUDA (the compiled kernel) the powers of two (48/80 not tried there).
+    Features: sliding windows (vLLM's too), and ALiBi
     and softcap as ``score_mod``, which vLLM's backend refuses (``FlexAttentionImpl.__init__`` raises
     NotImplementedError) but torch's flex runs (Finding 8 is one).
     Needs torch >= 2.9: before it vLLM masks in 128 x 128 blocks, which a paged mask (KV block = page) cannot be.
@@ -152,15 +152,14 @@ class TorchFlexPaged(Target):
         block_sizes=(16, 32, 64, 128),  # each one vllm_runs_block_size (a test holds them together)
         features=("sliding_window", "alibi", "softcap"),  # window in the block mask, the others as score_mod
         shared_prefix_blocks=True,  # a page table may map one full page into several sequences
-    ), lambda cls: {"head_sizes": cls.cuda_head_sizes, "gqa_ratios": cls.cuda_gqa_ratios} if on_cuda() else {})
+    ), lambda cls: {"head_sizes": cls.cuda_head_sizes} if on_cuda() else {})
     #: head sizes on CUDA (the compiled kernel), in place of the declared ones (the class and its instances read
     #: them alike: DeviceCapabilities)
     cuda_head_sizes = (16, 32, 64, 128, 256)
-    #: GQA groups on CUDA. At 64 (64 query heads over one kv head, head size 16, fp32, one decode) the compile
-    #: raised InductorError on an H200 with kvfuzz's former fixed kernel options, while flex's defaults passed
-    #: (docs/benchmarks.md); groups past 16 stay undeclared on CUDA until benchmarks/flex_gqa_probe.py confirms
-    #: vLLM's options there.
-    cuda_gqa_ratios = (1, 2, 3, 4, 7, 8, 16)
+    # GQA groups: any, on CUDA too. Groups past 16 were undeclared there after a compile crash at 64 with kvfuzz's
+    # former fixed kernel options; with vLLM's options, benchmarks/flex_gqa_probe.py --cases groups passed groups
+    # 24, 32 and 64 at head sizes 64, 128 and 256, pages 16 and 64, decodes and prefills, fp16 and bf16 (48 of 48,
+    # H200, 2026-11-29; benchmarks/results/flex-gqa-probe-h200.txt).
 
     def availability(self) -> Availability:
         flex_options.keep_triton_interpretable()
