@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from support import batch_of, hopper_standins
 from support.hopper_standins import StandInFA3
+from support.planted_fa import QDescaleIgnoredFA3
 
 from kvfuzz.contracts.checks.failures import CallerContractViolation, KernelCrash, KernelMismatch
 from kvfuzz.contracts.checks.reference import FLASH_ATTENTION
@@ -201,15 +202,12 @@ class DroppedVDescale(StandInFA3):
         return dict(d, v_descale=torch.ones_like(d["v_descale"]))
 
 
-class IgnoredQDescale(StandInFA3):
+class IgnoredQDescale(QDescaleIgnoredFA3, StandInFA3):
     """A kernel that does not apply ``q_descale`` (the call hands it 1.0): right while every query scale is 1.0,
-    as the target drew them before ``Batch.q_scale``."""
+    as the target drew them before ``Batch.q_scale``. The defect is the one a GPU campaign hunts on the real FA3
+    (tests/support/planted_fa.py), here over the stand-in."""
 
     name = "test.fa3_fp8_ignored_q_descale"
-
-    def descales(self, batch, num_seqs, dev):
-        d = super().descales(batch, num_seqs, dev)
-        return dict(d, q_descale=torch.ones_like(d["q_descale"]))
 
 
 @no_cuda
