@@ -14,8 +14,9 @@ targets build exactly those calls from :mod:`kvfuzz.contracts.model.merge` (the 
 kernel returns them) and draw, from the batch's seed (:func:`merge_path`), what varies between callers: an empty
 part's log-sum-exp (FlashAttention 3's ``-inf`` or FlashAttention 2's ``+inf``), whether ``output_lse`` is written,
 the in-place form, log-sum-exps as a transposed ``[num_tokens, num_heads]`` buffer, parts padded in the head dim
-(a backend's ``[..., :v_head_dim]`` slice), and ``prefill_tokens_with_context`` (None, or the first sequence's
-tokens: the rest are copied from the suffix).
+(a backend's ``[..., :v_head_dim]`` slice), ``prefill_tokens_with_context`` (None, or the first sequence's
+tokens: the rest are copied from the suffix), and, on CUDA, other work sharing the GPU's SMs during the call
+(:func:`side_load`: the in-place form races between warps only then, docs/findings.md 19).
 
 Contract :attr:`~kvfuzz.contracts.model.contract.Contract.MERGE`; the property (kvfuzz.fuzz.harness.merge) checks
 the arguments (kvfuzz.contracts.calls.merge_checks), that the parts are the batch's (ground truth), and the output
@@ -48,8 +49,40 @@ TRITON_MERGE = ("vllm.v1.attention.ops.triton_merge_attn_states", "merge_attn_st
 CUDA_MERGE = ("vllm._custom_ops", "merge_attn_states")
 CUDA_LIBRARY = "_C_stable_libtorch.abi3.so"
 #: Head sizes declared: powers of two and not (the Triton kernel pads to the next power of two), MLA's value head
-#: sizes (128; 512 for the absorbed latent), all multiples of 8 (the CUDA op's 16-byte packs).
-HEAD_SIZES = (32, 40, 64, 80, 128, 512)
+#: sizes (128; 512 for the absorbed latent; 192, DeepSeek's qk head size, for a context partial whose V a prefill
+#: backend padded: FlashAttnPrefillBackend's ``requires_v_padding``), all multiples of 8 (the CUDA op's 16-byte
+#: packs; 40, 80, 96 and 192 put a (token, head)'s threads across two warps there).
+HEAD_SIZES = (32, 40, 64, 80, 96, 128, 192, 512)
+#: The side stream's work (:func:`side_load`): fp32 elements of the buffer each call sweeps, and sweeps a call.
+SIDE_LOAD_ELEMENTS = 1 << 26
+SIDE_LOAD_SWEEPS = 4
+_SIDE: dict[torch.device, tuple[Any, torch.Tensor]] = {}
+
+
+def side_load(device: torch.device) -> bool:
+    """Queue memory-bound work on a side CUDA stream of ``device`` (``SIDE_LOAD_SWEEPS`` in-place sweeps over a
+    256 MiB fp32 buffer, allocated once per process and device) after what the current stream has queued, so the
+    merge launched next shares the SMs with its small blocks, as kernels of another stream or of other processes
+    under CUDA MPS do in serving. Returns whether it queued anything (False off CUDA). The buffer's values are never
+    read."""
+    if device.type != "cuda":
+        return False
+    if device not in _SIDE:
+        _SIDE[device] = (torch.cuda.Stream(device), torch.ones(SIDE_LOAD_ELEMENTS, device=device))
+    stream, buf = _SIDE[device]
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(SIDE_LOAD_SWEEPS):
+            buf.mul_(1.0)
+    return True
+
+
+@attrs.define
+class MergeCall(KernelCall):
+    """A merge call: :class:`~kvfuzz.fuzz.targets.base.KernelCall` and whether it runs beside a side stream's
+    work (:attr:`MergePath.concurrent`)."""
+
+    concurrent: bool = False
 
 
 @attrs.frozen
@@ -58,7 +91,8 @@ class MergePath:
     log-sum-exp. output_lse: ``output_lse`` written. in_place: ``output``/``output_lse`` are the prefix's own
     tensors (``accumulate_mla_context_chunk``). lse_transposed: the log-sum-exps are ``[T, H]`` buffers handed as
     ``.t()`` views. padded: the parts are ``[..., :D]`` slices of ``[T, H, D + 8]`` buffers. first_seq_only:
-    ``prefill_tokens_with_context`` is the first sequence's token count (else None)."""
+    ``prefill_tokens_with_context`` is the first sequence's token count (else None). concurrent: on CUDA, a side
+    stream's work shares the SMs during the call (:func:`side_load`; nothing off CUDA)."""
 
     empty_lse: float
     output_lse: bool
@@ -66,10 +100,11 @@ class MergePath:
     lse_transposed: bool
     padded: bool
     first_seq_only: bool
+    concurrent: bool = False
 
     def describe(self) -> str:
         """``empty_lse=-inf,output_lse,in_place,...``: the convention and every variant that is on."""
-        names = ("output_lse", "in_place", "lse_transposed", "padded", "first_seq_only")
+        names = ("output_lse", "in_place", "lse_transposed", "padded", "first_seq_only", "concurrent")
         flags = [n for n in names if getattr(self, n)]
         return f"empty_lse={'+inf' if self.empty_lse > 0 else '-inf'}" + "".join(f",{f}" for f in flags)
 
@@ -77,9 +112,9 @@ class MergePath:
 def merge_path(batch: Batch) -> MergePath:
     """The call variant of ``batch`` (:class:`MergePath`), one bit of ``batch.seed`` each (so every variant and
     combination comes up, and a failure shrinks the seed with the rest)."""
-    bits = [(batch.seed >> i) & 1 for i in range(6)]
+    bits = [(batch.seed >> i) & 1 for i in range(7)]
     return MergePath(float("inf") if bits[0] else float("-inf"), bool(bits[1]), bool(bits[1] and bits[2]),
-                     bool(bits[3]), bool(bits[4]), bool(bits[5]))
+                     bool(bits[3]), bool(bits[4]), bool(bits[5]), bool(bits[6]))
 
 
 class _Merge(Target):
@@ -93,10 +128,18 @@ class _Merge(Target):
         return NHDLayout()  # no cache is read: a placeholder for the tools that name one
 
     def path(self, batch: Batch) -> str:
-        """In place or not, and the empty part's convention (the other variants of :class:`MergePath` are
-        argument layouts, not paths)."""
+        """In place or not, the empty part's convention, and ``,concurrent`` on CUDA when a side stream's work runs
+        beside the call (the other variants of :class:`MergePath` are argument layouts, not paths)."""
         p = merge_path(batch)
-        return f"{'in-place' if p.in_place else 'out-of-place'},empty_lse={'+inf' if p.empty_lse > 0 else '-inf'}"
+        loaded = ",concurrent" if p.concurrent and str(self.device).startswith("cuda") else ""
+        return (f"{'in-place' if p.in_place else 'out-of-place'},empty_lse={'+inf' if p.empty_lse > 0 else '-inf'}"
+                + loaded)
+
+    @staticmethod
+    def load(call: KernelCall) -> None:
+        """Before the kernel: the side stream's work when the call is :attr:`MergeCall.concurrent` (on CUDA)."""
+        if getattr(call, "concurrent", False):
+            side_load(call.output.device)
 
     @staticmethod
     def empty_lse(batch: Batch) -> float:
@@ -133,7 +176,7 @@ class _Merge(Target):
         kwargs: dict[str, Any] = dict(output=output, prefix_output=prefix, prefix_lse=prefix_lse,
                                       suffix_output=suffix, suffix_lse=suffix_lse, output_lse=output_lse,
                                       prefill_tokens_with_context=batch.query_lens[0] if p.first_seq_only else None)
-        return KernelCall(kwargs, NHDLayout(), prefix, suffix, output)
+        return MergeCall(kwargs, NHDLayout(), prefix, suffix, output, concurrent=p.concurrent)
 
 
 class VllmTritonMerge(_Merge, VllmTritonTarget):
@@ -151,6 +194,10 @@ class VllmTritonMerge(_Merge, VllmTritonTarget):
 
     def kernel_module(self) -> str:
         return TRITON_MERGE[0]
+
+    def run(self, call: KernelCall) -> torch.Tensor:
+        self.load(call)
+        return super().run(call)
 
 
 class VllmTorchMerge(_Merge):
@@ -221,6 +268,7 @@ class VllmCudaMerge(_Merge):
         return getattr(importlib.import_module(CUDA_MERGE[0]), CUDA_MERGE[1])
 
     def run(self, call: KernelCall) -> torch.Tensor:
+        self.load(call)
         self.kernels()(**call.kwargs)
         return call.output
 
@@ -229,5 +277,6 @@ class VllmCudaMerge(_Merge):
 TARGETS = (VllmTritonMerge, VllmTorchMerge, VllmCudaMerge)
 SIGNATURES = ()
 
-__all__ = ["CUDA_LIBRARY", "CUDA_MERGE", "HEAD_SIZES", "SIGNATURES", "TARGETS", "TRITON_MERGE", "MergePath",
-           "VllmCudaMerge", "VllmTorchMerge", "VllmTritonMerge", "merge_path"]
+__all__ = ["CUDA_LIBRARY", "CUDA_MERGE", "HEAD_SIZES", "SIDE_LOAD_ELEMENTS", "SIDE_LOAD_SWEEPS", "SIGNATURES",
+           "TARGETS", "TRITON_MERGE", "MergeCall", "MergePath", "VllmCudaMerge", "VllmTorchMerge", "VllmTritonMerge",
+           "merge_path", "side_load"]

@@ -107,6 +107,64 @@ def test_the_cuda_op_through_vllms_wrapper_on_a_stand_in(monkeypatch):
     assert SEEN and SEEN[-1]["prefill_tokens_with_context"] == 1  # seed 63: the first sequence only
 
 
+class HalfHeadWrongUnderLoad(StandInCudaMerge):
+    """Planted: a merge that is right alone and, in place with other work on the GPU, gets half of each head wrong
+    (Finding 19's shape: one warp's share weighted with the wrong log-sum-exp; here the merged output's second half
+    halved). ``loaded`` says whether the side stream's work ran before this call."""
+
+    name = "test.merge_half_head_wrong_under_load"
+    loaded = False
+
+    def run(self, call):
+        type(self).loaded = False  # set by the side stream's work, which super().run queues first when concurrent
+        out = super().run(call)
+        if type(self).loaded and call.kwargs["output_lse"] is call.kwargs["prefix_lse"]:
+            out[..., out.shape[-1] // 2:] *= 0.5
+        return out
+
+
+def test_a_concurrent_call_queues_the_side_streams_work_first_and_only_it(monkeypatch):
+    """Seed bit 6 draws MergePath.concurrent; the call carries it (MergeCall) and each merge target runs the side
+    stream's work (vllm_merge.side_load) right before the kernel when it is set, and not otherwise. Off CUDA the real
+    side_load queues nothing, and the path names no load."""
+    from kvfuzz.fuzz.targets import vllm_merge
+
+    assert vllm_merge.side_load(torch.device("cpu")) is False and not vllm_merge._SIDE
+    install_cuda_merge(monkeypatch)
+    queued = []
+    monkeypatch.setattr(vllm_merge, "side_load", lambda device: queued.append(device) or True)
+    for target in (available("vllm.merge_attn_states"), StandInCudaMerge()):
+        for seed, concurrent in ((6, False), (70, True), (64, True), (63, False)):
+            queued.clear()
+            b = batch(seed, dtype="float16")
+            assert merge_path(b).concurrent == concurrent and merge_path(b).describe().endswith(",concurrent") == \
+                concurrent
+            run = check_example(target, Example(b, Poison.NAN))
+            assert run.call.concurrent == concurrent and queued == ([torch.device("cpu")] if concurrent else [])
+            assert ",concurrent" not in run.path  # on a CPU no work shares the call
+
+
+def test_a_defect_that_shows_only_under_load_is_found_through_the_concurrent_path(monkeypatch):
+    """Planted (HalfHeadWrongUnderLoad): the same in-place batch passes without the side stream's work and fails the
+    exact merge with it; an out-of-place call passes either way."""
+    from kvfuzz.fuzz.targets import vllm_merge
+
+    install_cuda_merge(monkeypatch)
+
+    def side_load(device):
+        HalfHeadWrongUnderLoad.loaded = True
+        return True
+
+    monkeypatch.setattr(vllm_merge, "side_load", side_load)
+    monkeypatch.setattr(HalfHeadWrongUnderLoad, "loaded", False)
+    check_example(HalfHeadWrongUnderLoad(), Example(batch(6, dtype="bfloat16"), Poison.NAN))  # in place, alone
+    check_example(HalfHeadWrongUnderLoad(), Example(batch(64, dtype="bfloat16"), Poison.NAN))  # loaded, out of place
+    assert HalfHeadWrongUnderLoad.loaded  # the load ran, and out of place nothing went wrong
+    check_example(HalfHeadWrongUnderLoad(), Example(batch(6, dtype="bfloat16"), Poison.NAN))  # in place, alone again
+    with pytest.raises(KernelMismatch):
+        check_example(HalfHeadWrongUnderLoad(), Example(batch(70, dtype="bfloat16"), Poison.NAN))
+
+
 # ---- the caller's side ----------------------------------------------------------------------------------------
 
 class WrongLseShape(VllmTorchMerge):
